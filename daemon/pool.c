@@ -1,0 +1,709 @@
+/* SPDX-License-Identifier: MIT */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "macro.h"
+#include "pool.h"
+
+#define POOL_MAX_CLASSES 48
+
+/* Free slabs of one size class that may be handed to one uid; most recently cached first. */
+struct CacheBucket {
+        uid_t uid;
+        unsigned n;
+        List slabs;
+        List link;              /* in PoolDevice.cache[class] */
+};
+
+struct PoolDevice {
+        Pool *pool;
+        CudaDeviceInfo info;
+        CUcontext ctx;
+        CUstream stream;                /* the scrub stream */
+        uint64_t capacity;
+        uint64_t created_bytes;         /* every live slab: leased, scrubbing or cached */
+        unsigned n_classes;
+        List cache[POOL_MAX_CLASSES];   /* CacheBucket, one per uid that has cached slabs of the class */
+        List lru;                       /* cached Slab, least recently used first */
+        List leased;                    /* Slab handed out */
+        List scrubbing;                 /* Slab, in stream order */
+        uint64_t scrubs_issued;
+        _Atomic uint64_t scrubs_done;   /* written by the driver's thread */
+        PoolDeviceStats stats;
+};
+
+struct Pool {
+        CudaDriver *cu;
+        uint64_t max_slab;
+        PoolDevice *devices;
+        size_t n_devices;
+        uint64_t clock;                 /* orders cached slabs for LRU */
+        int event_fd;
+        char last_error[256];
+};
+
+/* Every Driver API call of the pool goes through this, so stats.driver_calls counts them. */
+#define DRV(dev, fn) ((dev)->stats.driver_calls++, (dev)->pool->cu->fn)
+
+_printf_(2, 3) static void set_error(Pool *p, const char *fmt, ...) {
+        va_list ap;
+
+        va_start(ap, fmt);
+        vsnprintf(p->last_error, sizeof(p->last_error), fmt, ap);
+        va_end(ap);
+}
+
+static void driver_error(PoolDevice *dev, const char *call, CUresult r) {
+        set_error(dev->pool, "%s on device %d: %s", call, dev->info.index, cuda_result_name(dev->pool->cu, r));
+}
+
+const char *pool_last_error(Pool *p) {
+        return p->last_error;
+}
+
+const char *pool_strerror(int r) {
+        switch (r) {
+        case 0:
+                return "success";
+        case POOL_E_NOMEM:
+                return "out of device memory";
+        case POOL_E_TOO_LARGE:
+                return "request larger than the device can serve";
+        case POOL_E_NO_DEVICE:
+                return "no such device";
+        case POOL_E_DRIVER:
+                return "driver failure";
+        default:
+                return r < 0 ? strerror(-r) : "unknown pool error";
+        }
+}
+
+size_t pool_plan(uint64_t size, uint64_t granularity, uint64_t max_slab, uint64_t *sizes, size_t max_sizes) {
+        uint64_t rest;
+        size_t n = 0;
+
+        if (size == 0 || size > UINT64_MAX - granularity)
+                return 0;
+        size = ALIGN_UP(size, granularity);
+
+        for (uint64_t k = size / max_slab; k > 0; k--, n++)
+                if (sizes && n < max_sizes)
+                        sizes[n] = max_slab;
+        rest = size % max_slab;
+        for (uint64_t s = max_slab >> 1; s >= granularity && rest > 0; s >>= 1)
+                if (rest & s) {
+                        if (sizes && n < max_sizes)
+                                sizes[n] = s;
+                        n++;
+                        rest -= s;
+                }
+        return n;
+}
+
+static unsigned size_class(const PoolDevice *dev, uint64_t size) {
+        return (unsigned)(__builtin_ctzll(size) - __builtin_ctzll(dev->info.granularity));
+}
+
+/* Stream work needs the device's context current on this thread. (Callers may switch it, so always set it.) */
+static int make_current(PoolDevice *dev) {
+        CUresult r = DRV(dev, cuCtxSetCurrent)(dev->ctx);
+
+        if (r != CUDA_SUCCESS) {
+                driver_error(dev, "cuCtxSetCurrent", r);
+                return -EIO;
+        }
+        return 0;
+}
+
+/* --- the cache ------------------------------------------------------------------------------------------ */
+
+static CacheBucket *bucket_find(PoolDevice *dev, unsigned cls, uid_t uid) {
+        CacheBucket *b;
+
+        list_for_each_entry(b, &dev->cache[cls], link)
+                if (b->uid == uid)
+                        return b;
+        return NULL;
+}
+
+/*
+ * Links a slab into the device's LRU list, which is ordered by last_used, oldest
+ * first. A slab cached now goes to the end at once; one put back after a failed
+ * request finds its old place again.
+ */
+static void lru_insert(PoolDevice *dev, Slab *slab) {
+        List *pos = &dev->lru;  /* insert before pos */
+
+        for (List *l = dev->lru.prev; l != &dev->lru; l = l->prev) {
+                if (list_entry(l, Slab, link_lru)->last_used <= slab->last_used) {
+                        pos = l->next;
+                        break;
+                }
+                pos = l;
+        }
+        list_link_between(&slab->link_lru, pos->prev, pos);
+}
+
+/* Puts a zeroed slab into its uid's bucket, as the most recently used. */
+static int cache_insert(PoolDevice *dev, Slab *slab) {
+        CacheBucket *b = bucket_find(dev, slab->size_class, slab->uid);
+
+        if (!b) {
+                b = calloc(1, sizeof(*b));
+                if (!b)
+                        return -ENOMEM;
+                b->uid = slab->uid;
+                list_init(&b->slabs);
+                list_link_tail(&dev->cache[slab->size_class], &b->link);
+        }
+        slab->state = SLAB_CACHED;
+        slab->bucket = b;
+        list_link_front(&b->slabs, &slab->link_state);
+        b->n++;
+
+        lru_insert(dev, slab);
+
+        dev->stats.cached += slab->size;
+        dev->stats.n_cached++;
+        return 0;
+}
+
+static void cache_remove(PoolDevice *dev, Slab *slab) {
+        CacheBucket *b = slab->bucket;
+
+        list_unlink(&slab->link_state);
+        list_unlink(&slab->link_lru);
+        slab->bucket = NULL;
+        dev->stats.cached -= slab->size;
+        dev->stats.n_cached--;
+        if (--b->n == 0) {
+                list_unlink(&b->link);
+                free(b);
+        }
+}
+
+/* --- slabs ---------------------------------------------------------------------------------------------- */
+
+/* Gives a slab back to the driver. The slab must not be on any list. */
+static void slab_release(PoolDevice *dev, Slab *slab) {
+        if (slab->scrub_va) {
+                (void)DRV(dev, cuMemUnmap)(slab->scrub_va, slab->size);
+                (void)DRV(dev, cuMemAddressFree)(slab->scrub_va, slab->size);
+        }
+        (void)DRV(dev, cuMemRelease)(slab->handle);
+        safe_close(slab->fd);
+        dev->created_bytes -= slab->size;
+        dev->stats.released++;
+        free(slab);
+}
+
+/* Releases the least recently used cached slab. Returns false if the cache is empty. */
+static bool release_oldest(PoolDevice *dev) {
+        Slab *slab = list_first_entry(&dev->lru, Slab, link_lru);
+
+        if (!slab)
+                return false;
+        cache_remove(dev, slab);
+        slab_release(dev, slab);
+        return true;
+}
+
+/* The same, to make room for a request. */
+static bool evict_one(PoolDevice *dev) {
+        if (!release_oldest(dev))
+                return false;
+        dev->stats.evicted++;
+        return true;
+}
+
+/*
+ * Creates and exports one slab: one cuMemCreate and one export. When the
+ * driver is out of memory, cached slabs are released (oldest first) and the
+ * create is tried again.
+ */
+static int slab_create(PoolDevice *dev, uint64_t size, uid_t uid, Slab **ret) {
+        CUmemAllocationProp prop = cuda_slab_prop(dev->info.device);
+        _cleanup_free_ Slab *slab = NULL;
+        CUresult r;
+        int fd = -EBADF;
+
+        slab = calloc(1, sizeof(*slab));
+        if (!slab)
+                return -ENOMEM;
+
+        for (;;) {
+                r = DRV(dev, cuMemCreate)(&slab->handle, size, &prop, 0);
+                if (r != CUDA_ERROR_OUT_OF_MEMORY || !evict_one(dev))
+                        break;
+        }
+        if (r != CUDA_SUCCESS) {
+                driver_error(dev, "cuMemCreate", r);
+                return r == CUDA_ERROR_OUT_OF_MEMORY ? POOL_E_NOMEM : POOL_E_DRIVER;
+        }
+        r = DRV(dev, cuMemExportToShareableHandle)(&fd, slab->handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+        if (r != CUDA_SUCCESS) {
+                driver_error(dev, "cuMemExportToShareableHandle", r);
+                (void)DRV(dev, cuMemRelease)(slab->handle);
+                return POOL_E_DRIVER;
+        }
+
+        slab->device = dev;
+        slab->size = size;
+        slab->size_class = size_class(dev, size);
+        slab->uid = uid;
+        slab->state = SLAB_LEASED;
+        slab->fd = fd;
+        list_init(&slab->link_state);
+        list_init(&slab->link_lru);
+        dev->created_bytes += size;
+        dev->stats.created++;
+        *ret = TAKE_PTR(slab);
+        return 0;
+}
+
+/* Maps a slab into the pool's own address space for scrubbing, once per slab. */
+static int slab_map(PoolDevice *dev, Slab *slab) {
+        CUmemAccessDesc access = {
+                .location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = dev->info.device },
+                .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        CUdeviceptr va = 0;
+        CUresult r;
+
+        if (slab->scrub_va)
+                return 0;
+        r = DRV(dev, cuMemAddressReserve)(&va, slab->size, slab->size, 0, 0);
+        if (r != CUDA_SUCCESS) {
+                driver_error(dev, "cuMemAddressReserve", r);
+                return -EIO;
+        }
+        r = DRV(dev, cuMemMap)(va, slab->size, 0, slab->handle, 0);
+        if (r != CUDA_SUCCESS) {
+                driver_error(dev, "cuMemMap", r);
+                (void)DRV(dev, cuMemAddressFree)(va, slab->size);
+                return -EIO;
+        }
+        r = DRV(dev, cuMemSetAccess)(va, slab->size, &access, 1);
+        if (r != CUDA_SUCCESS) {
+                driver_error(dev, "cuMemSetAccess", r);
+                (void)DRV(dev, cuMemUnmap)(va, slab->size);
+                (void)DRV(dev, cuMemAddressFree)(va, slab->size);
+                return -EIO;
+        }
+        slab->scrub_va = va;
+        return 0;
+}
+
+/* Runs on the driver's thread when the stream reaches it: no Driver API calls here. */
+static void scrub_done(void *userdata) {
+        PoolDevice *dev = userdata;
+        uint64_t one = 1;
+
+        atomic_fetch_add_explicit(&dev->scrubs_done, 1, memory_order_release);
+        (void)!write(dev->pool->event_fd, &one, sizeof(one));
+}
+
+/* Queues the zeroing of a slab on the device's stream, followed by a completion callback. */
+static int slab_scrub(PoolDevice *dev, Slab *slab) {
+        CUresult r;
+        int k;
+
+        k = make_current(dev);
+        if (k < 0)
+                return k;
+        k = slab_map(dev, slab);
+        if (k < 0)
+                return k;
+        r = DRV(dev, cuMemsetD8Async)(slab->scrub_va, 0, slab->size, dev->stream);
+        if (r != CUDA_SUCCESS) {
+                driver_error(dev, "cuMemsetD8Async", r);
+                return -EIO;
+        }
+        r = DRV(dev, cuLaunchHostFunc)(dev->stream, scrub_done, dev);
+        if (r != CUDA_SUCCESS) {
+                /* The memset is queued but nothing will tell us when it is done: wait for it, then give up the
+                 * slab rather than trust a scrub we did not see complete. */
+                driver_error(dev, "cuLaunchHostFunc", r);
+                (void)DRV(dev, cuStreamSynchronize)(dev->stream);
+                return -EIO;
+        }
+        slab->scrub_seq = ++dev->scrubs_issued;
+        return 0;
+}
+
+void pool_reclaim(Pool *p, Slab *slab) {
+        PoolDevice *dev = slab->device;
+
+        if (slab->state != SLAB_LEASED)
+                return;
+        list_unlink(&slab->link_state);
+        dev->stats.leased -= slab->size;
+        dev->stats.n_leased--;
+
+        if (slab_scrub(dev, slab) < 0) {
+                /* Memory we could not zero is never handed out again. */
+                slab_release(dev, slab);
+                return;
+        }
+        slab->state = SLAB_SCRUBBING;
+        list_link_tail(&dev->scrubbing, &slab->link_state);
+        dev->stats.scrubbing += slab->size;
+        dev->stats.n_scrubbing++;
+}
+
+unsigned pool_dispatch(Pool *p) {
+        unsigned n = 0;
+        uint64_t counter;
+
+        /* Clear the eventfd first: a completion after this read makes it readable again. */
+        (void)!read(p->event_fd, &counter, sizeof(counter));
+
+        for (size_t i = 0; i < p->n_devices; i++) {
+                PoolDevice *dev = &p->devices[i];
+                uint64_t done = atomic_load_explicit(&dev->scrubs_done, memory_order_acquire);
+                Slab *slab, *tmp;
+
+                list_for_each_entry_safe(slab, tmp, &dev->scrubbing, link_state) {
+                        if (slab->scrub_seq > done)
+                                break;
+                        list_unlink(&slab->link_state);
+                        dev->stats.scrubbing -= slab->size;
+                        dev->stats.n_scrubbing--;
+                        dev->stats.scrubs++;
+                        dev->stats.scrubbed_bytes += slab->size;
+                        slab->last_used = ++p->clock;
+                        if (cache_insert(dev, slab) < 0)
+                                slab_release(dev, slab);
+                        n++;
+                }
+        }
+        return n;
+}
+
+int pool_drain(Pool *p) {
+        int ret = 0;
+
+        for (size_t i = 0; i < p->n_devices; i++) {
+                PoolDevice *dev = &p->devices[i];
+                CUresult r;
+
+                if (list_is_empty(&dev->scrubbing))
+                        continue;
+                r = DRV(dev, cuStreamSynchronize)(dev->stream);
+                if (r != CUDA_SUCCESS) {
+                        driver_error(dev, "cuStreamSynchronize", r);
+                        ret = -EIO;
+                }
+        }
+        pool_dispatch(p);
+        return ret;
+}
+
+int pool_get_fd(Pool *p) {
+        return p->event_fd;
+}
+
+/* --- requests ------------------------------------------------------------------------------------------- */
+
+int pool_find_device(Pool *p, int device) {
+        for (size_t i = 0; i < p->n_devices; i++)
+                if (p->devices[i].info.index == device)
+                        return (int)i;
+        return -1;
+}
+
+/* Takes a cached slab of `cls` for `uid`, most recently used first, or NULL. */
+static Slab *cache_take(PoolDevice *dev, unsigned cls, uid_t uid) {
+        CacheBucket *b = bucket_find(dev, cls, uid);
+        Slab *slab;
+
+        if (!b)
+                return NULL;
+        slab = list_first_entry(&b->slabs, Slab, link_state);
+        cache_remove(dev, slab);
+        return slab;
+}
+
+/* Undoes a request that failed: created slabs go back to the driver, cached ones back to the cache. */
+static void alloc_rollback(PoolDevice *dev, Slab **slabs, size_t n) {
+        for (size_t i = n; i-- > 0;) {
+                Slab *slab = slabs[i];
+
+                if (!slab)
+                        continue;
+                if (slab->state == SLAB_CACHED) {
+                        if (cache_insert(dev, slab) < 0)
+                                slab_release(dev, slab);
+                } else
+                        slab_release(dev, slab);
+                slabs[i] = NULL;
+        }
+}
+
+int pool_alloc(Pool *p, int device, uint64_t size, uid_t uid, Slab **ret_slabs, size_t *ret_n) {
+        uint64_t sizes[POOL_MAX_SLABS], fresh = 0, in_use;
+        Slab *slabs[POOL_MAX_SLABS] = {};
+        PoolDevice *dev;
+        size_t n;
+        int i, k;
+
+        i = pool_find_device(p, device);
+        if (i < 0)
+                return POOL_E_NO_DEVICE;
+        dev = &p->devices[i];
+
+        n = pool_plan(size, dev->info.granularity, p->max_slab, sizes, ELEMENTSOF(sizes));
+        if (n == 0)
+                return size == 0 ? -EINVAL : POOL_E_TOO_LARGE;
+        if (n > POOL_MAX_SLABS || ALIGN_UP(size, dev->info.granularity) > dev->capacity)
+                return POOL_E_TOO_LARGE;
+
+        /* Cached slabs first. They stay marked SLAB_CACHED until the request succeeds, for the rollback. */
+        for (size_t j = 0; j < n; j++) {
+                slabs[j] = cache_take(dev, size_class(dev, sizes[j]), uid);
+                if (!slabs[j])
+                        fresh += sizes[j];
+        }
+
+        /*
+         * Will the fresh slabs fit once every other cached slab is released? If not, fail before releasing
+         * anything. (The hits are out of the cache now but still alive, so they count as in use.)
+         */
+        in_use = dev->created_bytes - dev->stats.cached;
+        if (in_use + fresh > dev->capacity) {
+                set_error(p, "device %d has %" PRIu64 " of its capacity of %" PRIu64 " bytes in use", dev->info.index,
+                          in_use, dev->capacity);
+                alloc_rollback(dev, slabs, n);
+                return POOL_E_NOMEM;
+        }
+        while (dev->created_bytes + fresh > dev->capacity)
+                if (!evict_one(dev))
+                        break;
+
+        for (size_t j = 0; j < n; j++) {
+                if (slabs[j])
+                        continue;
+                k = slab_create(dev, sizes[j], uid, &slabs[j]);
+                if (k != 0) {
+                        alloc_rollback(dev, slabs, n);
+                        return k;
+                }
+        }
+
+        for (size_t j = 0; j < n; j++) {
+                if (slabs[j]->state == SLAB_CACHED)
+                        dev->stats.hits++;
+                slabs[j]->state = SLAB_LEASED;
+                list_link_tail(&dev->leased, &slabs[j]->link_state);
+                dev->stats.leased += slabs[j]->size;
+                dev->stats.n_leased++;
+                ret_slabs[j] = slabs[j];
+        }
+        *ret_n = n;
+        return 0;
+}
+
+/* --- the pool ------------------------------------------------------------------------------------------- */
+
+static int device_init(Pool *p, PoolDevice *dev, int index, const PoolConfig *config, char **ret_message) {
+        size_t free_mem = 0, total = 0;
+        CUresult r;
+        int k;
+
+        dev->pool = p;
+        list_init(&dev->lru);
+        list_init(&dev->leased);
+        list_init(&dev->scrubbing);
+        for (size_t c = 0; c < POOL_MAX_CLASSES; c++)
+                list_init(&dev->cache[c]);
+
+        k = cuda_device_probe(p->cu, index, &dev->info, ret_message);
+        if (k < 0)
+                return k;
+        if (p->max_slab < dev->info.granularity) {
+                if (ret_message && asprintf(ret_message,
+                                            "The maximum slab size (%" PRIu64 " bytes) is smaller than the "
+                                            "allocation granularity of device %d (%" PRIu64 " bytes).",
+                                            p->max_slab, index, dev->info.granularity) < 0)
+                        *ret_message = NULL;
+                return -EINVAL;
+        }
+        dev->n_classes = (unsigned)(__builtin_ctzll(p->max_slab) - __builtin_ctzll(dev->info.granularity)) + 1;
+        if (dev->n_classes > POOL_MAX_CLASSES)
+                return -EINVAL;
+
+        r = DRV(dev, cuDevicePrimaryCtxRetain)(&dev->ctx, dev->info.device);
+        if (r != CUDA_SUCCESS) {
+                if (ret_message && asprintf(ret_message, "Cannot open a context on CUDA device %d: %s.", index,
+                                            cuda_result_name(p->cu, r)) < 0)
+                        *ret_message = NULL;
+                return -ENODEV;
+        }
+        k = make_current(dev);
+        if (k < 0)
+                goto fail;
+        r = DRV(dev, cuStreamCreate)(&dev->stream, CU_STREAM_NON_BLOCKING);
+        if (r != CUDA_SUCCESS) {
+                driver_error(dev, "cuStreamCreate", r);
+                k = -EIO;
+                goto fail;
+        }
+
+        if (config->capacity > 0)
+                dev->capacity = config->capacity;
+        else {
+                r = DRV(dev, cuMemGetInfo)(&free_mem, &total);
+                if (r != CUDA_SUCCESS) {
+                        driver_error(dev, "cuMemGetInfo", r);
+                        k = -EIO;
+                        goto fail;
+                }
+                dev->capacity = (uint64_t)free_mem / 100 * POOL_DEFAULT_CAPACITY_PERCENT;
+        }
+        dev->capacity -= dev->capacity % dev->info.granularity;
+
+        dev->stats.index = index;
+        dev->stats.name = dev->info.name;
+        dev->stats.total = dev->info.total_memory;
+        dev->stats.granularity = dev->info.granularity;
+        return 0;
+
+fail:
+        if (ret_message && asprintf(ret_message, "Cannot set up CUDA device %d: %s.", index, p->last_error) < 0)
+                *ret_message = NULL;
+        if (dev->stream)
+                (void)DRV(dev, cuStreamDestroy)(dev->stream);
+        dev->stream = NULL;
+        (void)DRV(dev, cuDevicePrimaryCtxRelease)(dev->info.device);
+        dev->ctx = NULL;
+        return k;
+}
+
+static void device_done(PoolDevice *dev) {
+        Slab *slab, *tmp;
+
+        if (!dev->ctx)
+                return;
+        if (make_current(dev) == 0 && dev->stream)
+                (void)DRV(dev, cuStreamSynchronize)(dev->stream);
+        list_for_each_entry_safe(slab, tmp, &dev->scrubbing, link_state) {
+                list_unlink(&slab->link_state);
+                slab_release(dev, slab);
+        }
+        list_for_each_entry_safe(slab, tmp, &dev->leased, link_state) {
+                list_unlink(&slab->link_state);
+                slab_release(dev, slab);
+        }
+        while (release_oldest(dev))
+                ;
+        if (dev->stream)
+                (void)DRV(dev, cuStreamDestroy)(dev->stream);
+        (void)DRV(dev, cuDevicePrimaryCtxRelease)(dev->info.device);
+        dev->ctx = NULL;
+}
+
+Pool *pool_free(Pool *p) {
+        if (!p)
+                return NULL;
+        for (size_t i = 0; i < p->n_devices; i++)
+                device_done(&p->devices[i]);
+        free(p->devices);
+        safe_close(p->event_fd);
+        free(p);
+        return NULL;
+}
+
+DEFINE_TRIVIAL_CLEANUP_FUNC(Pool, pool_free);
+
+int pool_new(Pool **ret, CudaDriver *cu, const PoolConfig *config, char **ret_message) {
+        _cleanup_(pool_freep) Pool *p = NULL;
+        static const PoolConfig defaults = {};
+        int count = 0, k;
+        CUresult r;
+
+        if (!config)
+                config = &defaults;
+
+        p = calloc(1, sizeof(*p));
+        if (!p)
+                return -ENOMEM;
+        p->cu = cu;
+        p->event_fd = -EBADF;
+        p->max_slab = config->max_slab ? config->max_slab : POOL_DEFAULT_MAX_SLAB;
+        if (!IS_POWER_OF_2(p->max_slab)) {
+                if (ret_message && asprintf(ret_message, "The maximum slab size (%" PRIu64 " bytes) is not a "
+                                            "power of two.", p->max_slab) < 0)
+                        *ret_message = NULL;
+                return -EINVAL;
+        }
+
+        p->event_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (p->event_fd < 0)
+                return -errno;
+
+        if (config->devices)
+                count = (int)config->n_devices;
+        else {
+                r = cu->cuDeviceGetCount(&count);
+                if (r != CUDA_SUCCESS)
+                        count = 0;
+        }
+        if (count <= 0) {
+                if (ret_message && asprintf(ret_message, "No CUDA device to serve.") < 0)
+                        *ret_message = NULL;
+                return -ENODEV;
+        }
+        p->devices = calloc((size_t)count, sizeof(*p->devices));
+        if (!p->devices)
+                return -ENOMEM;
+
+        for (int i = 0; i < count; i++) {
+                int index = config->devices ? config->devices[i] : i;
+
+                if (pool_find_device(p, index) >= 0) {
+                        if (ret_message && asprintf(ret_message, "CUDA device %d is listed twice.", index) < 0)
+                                *ret_message = NULL;
+                        return -EINVAL;
+                }
+                k = device_init(p, &p->devices[i], index, config, ret_message);
+                if (k < 0)
+                        return k;
+                p->n_devices++;
+        }
+
+        *ret = TAKE_PTR(p);
+        return 0;
+}
+
+unsigned pool_trim(Pool *p) {
+        unsigned n = 0;
+
+        for (size_t i = 0; i < p->n_devices; i++)
+                while (release_oldest(&p->devices[i]))
+                        n++;
+        return n;
+}
+
+int pool_use_device(Pool *p, size_t i) {
+        return make_current(&p->devices[i]);
+}
+
+size_t pool_n_devices(Pool *p) {
+        return p->n_devices;
+}
+
+void pool_device_stats(Pool *p, size_t i, PoolDeviceStats *ret) {
+        PoolDevice *dev = &p->devices[i];
+
+        *ret = dev->stats;
+        ret->capacity = dev->capacity;
+}

@@ -1,0 +1,152 @@
+/* SPDX-License-Identifier: MIT */
+#pragma once
+
+/*
+ * The slab pool: the daemon's CUDA VMM physical allocations ("slabs"), per
+ * device.
+ *
+ * - Sizes: slabs come in size classes, powers of two from the device's
+ *   allocation granularity up to the maximum slab size. A request is rounded
+ *   up to the granularity and served by its binary decomposition plus whole
+ *   maximum slabs: the fewest slabs, never more than POOL_MAX_SLABS.
+ * - Export once: a slab is exported (POSIX fd) when it is created and the fd
+ *   is kept for the slab's life. Handing a slab out is sending that fd again.
+ * - Isolation: a slab belongs to the uid it was first leased to; once freed it
+ *   is cached for that uid only. Another uid gets fresh slabs.
+ * - Zeroed: a freed slab is scrubbed asynchronously, on the pool's own
+ *   mapping and stream, and is cached only when the scrub has completed.
+ * - Capacity: each device has a capacity; when a request needs room, cached
+ *   slabs are released, least recently used first, whoever they belonged to.
+ * - Transactions: a request that fails leaves every slab as it was, except
+ *   cached slabs released to make room for it.
+ *
+ * Single-threaded: every call comes from the daemon's event loop thread. The
+ * only other thread is the driver's, which signals scrub completion through
+ * pool_get_fd().
+ */
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "driver.h"
+#include "list.h"
+
+#define POOL_MAX_SLABS 253                      /* the kernel's limit on fds in one message */
+#define POOL_DEFAULT_MAX_SLAB (UINT64_C(1) << 30)
+#define POOL_DEFAULT_CAPACITY_PERCENT 95        /* of the device memory free when the pool starts */
+
+/* Expected outcomes of pool_alloc(), positive; negative errno values are fatal. */
+enum {
+        POOL_E_NOMEM = 1,       /* no room on the device: capacity reached, or the driver is out of memory */
+        POOL_E_TOO_LARGE,       /* more than the device's capacity, or more than POOL_MAX_SLABS slabs */
+        POOL_E_NO_DEVICE,       /* the pool does not serve that device */
+        POOL_E_DRIVER,          /* the driver failed; pool_last_error() says how */
+};
+
+typedef struct PoolConfig {
+        uint64_t max_slab;      /* largest slab: a power of two, at least the granularity; 0 = 1 GiB */
+        uint64_t capacity;      /* bytes per device; 0 = POOL_DEFAULT_CAPACITY_PERCENT of the free memory */
+        const int *devices;     /* device indices to serve; NULL = every device */
+        size_t n_devices;
+} PoolConfig;
+
+typedef enum SlabState {
+        SLAB_LEASED,            /* handed out; reclaim it with pool_reclaim() */
+        SLAB_SCRUBBING,         /* being zeroed; not usable */
+        SLAB_CACHED,            /* zeroed, waiting for its uid to ask again */
+} SlabState;
+
+typedef struct Pool Pool;
+typedef struct PoolDevice PoolDevice;
+typedef struct CacheBucket CacheBucket;
+
+typedef struct Slab {
+        PoolDevice *device;
+        uint64_t size;
+        unsigned size_class;            /* log2(size / granularity) */
+        uid_t uid;                      /* whose data it may hold */
+        SlabState state;
+        CUmemGenericAllocationHandle handle;
+        int fd;                         /* exported once, at creation */
+        CUdeviceptr scrub_va;           /* the pool's own mapping, made at the first scrub; 0 if none */
+        uint64_t scrub_seq;             /* which completion of the device's stream ends its scrub */
+        uint64_t last_used;             /* pool clock when it was last cached */
+        CacheBucket *bucket;            /* while cached */
+        List link_state;                /* in the leased list, the scrub queue or its cache bucket */
+        List link_lru;                  /* in the device's least-recently-used list, while cached */
+} Slab;
+
+typedef struct PoolDeviceStats {
+        int index;
+        const char *name;
+        uint64_t total;                 /* device memory */
+        uint64_t granularity;
+        uint64_t capacity;
+        uint64_t leased;                /* bytes in leased slabs */
+        uint64_t scrubbing;             /* bytes being scrubbed */
+        uint64_t cached;                /* bytes in cached slabs */
+        unsigned n_leased, n_scrubbing, n_cached;
+        /* counters since the pool started */
+        uint64_t hits;                  /* slabs served from the cache */
+        uint64_t created;               /* slabs created (each exported once) */
+        uint64_t released;              /* slabs released back to the driver */
+        uint64_t evicted;               /* of those, cached slabs released to make room */
+        uint64_t scrubs;                /* scrubs completed */
+        uint64_t scrubbed_bytes;
+        uint64_t driver_calls;          /* Driver API calls the pool made for this device */
+} PoolDeviceStats;
+
+/*
+ * Creates the pool: probes each device, retains its primary context, creates
+ * its scrub stream and sets its capacity. Returns 0, -ENODEV/-EOPNOTSUPP/-EINVAL
+ * with a sentence in *ret_message (malloc'd), or another negative errno.
+ */
+int pool_new(Pool **ret, CudaDriver *cu, const PoolConfig *config, char **ret_message);
+
+/* Waits for scrubs in flight and releases every slab, leased or not. Accepts NULL. */
+Pool *pool_free(Pool *p);
+
+/*
+ * Leases `size` bytes on `device` to `uid`: fills ret_slabs (room for
+ * POOL_MAX_SLABS) in mapping order, largest first, and sets *ret_n. Cached
+ * slabs of that uid are used first; the rest are created. Returns 0, a
+ * POOL_E_* code, or a negative errno.
+ */
+int pool_alloc(Pool *p, int device, uint64_t size, uid_t uid, Slab **ret_slabs, size_t *ret_n);
+
+/* Takes a leased slab back: it is scrubbed, then cached for its uid (or released if the scrub cannot start). */
+void pool_reclaim(Pool *p, Slab *slab);
+
+/* An eventfd that becomes readable when scrubs have completed; then call pool_dispatch(). */
+int pool_get_fd(Pool *p);
+
+/* Moves slabs whose scrub has completed into the cache. Returns how many. */
+unsigned pool_dispatch(Pool *p);
+
+/* Blocks until every scrub in flight has completed, then dispatches them. Returns 0 or a negative errno. */
+int pool_drain(Pool *p);
+
+/* Releases every cached slab on every device back to the driver. Returns how many. */
+unsigned pool_trim(Pool *p);
+
+/* The devices served, in configuration order. */
+size_t pool_n_devices(Pool *p);
+void pool_device_stats(Pool *p, size_t i, PoolDeviceStats *ret);
+
+/* Makes the context of device i (pool_device_stats() order) current on this thread, for callers that
+ * touch the device's memory themselves. Returns 0 or -EIO (see pool_last_error()). */
+int pool_use_device(Pool *p, size_t i);
+
+/* Index into pool_device_stats() order for a CUDA device index, or -1. */
+int pool_find_device(Pool *p, int device);
+
+/* The last driver failure, "cuMemCreate: CUDA_ERROR_OUT_OF_MEMORY", for POOL_E_DRIVER and POOL_E_NOMEM. */
+const char *pool_last_error(Pool *p);
+
+/* The requested size rounded up to the granularity, split into the slab sizes that serve it, largest first.
+ * Returns the number of slabs (which may exceed POOL_MAX_SLABS: the caller checks), or 0 if size is 0 or
+ * overflows. sizes may be NULL to only count; otherwise it has room for max_sizes entries. */
+size_t pool_plan(uint64_t size, uint64_t granularity, uint64_t max_slab, uint64_t *sizes, size_t max_sizes);
+
+const char *pool_strerror(int r);
