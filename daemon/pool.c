@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "macro.h"
+#include "message.h"
 #include "pool.h"
 
 #define POOL_MAX_CLASSES 48
@@ -530,11 +531,9 @@ static int device_init(Pool *p, PoolDevice *dev, int index, const PoolConfig *co
         if (k < 0)
                 return k;
         if (p->max_slab < dev->info.granularity) {
-                if (ret_message && asprintf(ret_message,
-                                            "The maximum slab size (%" PRIu64 " bytes) is smaller than the "
+                set_message(ret_message, "The maximum slab size (%" PRIu64 " bytes) is smaller than the "
                                             "allocation granularity of device %d (%" PRIu64 " bytes).",
-                                            p->max_slab, index, dev->info.granularity) < 0)
-                        *ret_message = NULL;
+                                            p->max_slab, index, dev->info.granularity);
                 return -EINVAL;
         }
         dev->n_classes = (unsigned)(__builtin_ctzll(p->max_slab) - __builtin_ctzll(dev->info.granularity)) + 1;
@@ -543,9 +542,8 @@ static int device_init(Pool *p, PoolDevice *dev, int index, const PoolConfig *co
 
         r = DRV(dev, cuDevicePrimaryCtxRetain)(&dev->ctx, dev->info.device);
         if (r != CUDA_SUCCESS) {
-                if (ret_message && asprintf(ret_message, "Cannot open a context on CUDA device %d: %s.", index,
-                                            cuda_result_name(p->cu, r)) < 0)
-                        *ret_message = NULL;
+                set_message(ret_message, "Cannot open a context on CUDA device %d: %s.", index,
+                                            cuda_result_name(p->cu, r));
                 return -ENODEV;
         }
         k = make_current(dev);
@@ -578,8 +576,7 @@ static int device_init(Pool *p, PoolDevice *dev, int index, const PoolConfig *co
         return 0;
 
 fail:
-        if (ret_message && asprintf(ret_message, "Cannot set up CUDA device %d: %s.", index, p->last_error) < 0)
-                *ret_message = NULL;
+        set_message(ret_message, "Cannot set up CUDA device %d: %s.", index, p->last_error);
         if (dev->stream)
                 (void)DRV(dev, cuStreamDestroy)(dev->stream);
         dev->stream = NULL;
@@ -640,9 +637,8 @@ int pool_new(Pool **ret, CudaDriver *cu, const PoolConfig *config, char **ret_me
         p->event_fd = -EBADF;
         p->max_slab = config->max_slab ? config->max_slab : POOL_DEFAULT_MAX_SLAB;
         if (!IS_POWER_OF_2(p->max_slab)) {
-                if (ret_message && asprintf(ret_message, "The maximum slab size (%" PRIu64 " bytes) is not a "
-                                            "power of two.", p->max_slab) < 0)
-                        *ret_message = NULL;
+                set_message(ret_message, "The maximum slab size (%" PRIu64 " bytes) is not a "
+                                            "power of two.", p->max_slab);
                 return -EINVAL;
         }
 
@@ -658,8 +654,7 @@ int pool_new(Pool **ret, CudaDriver *cu, const PoolConfig *config, char **ret_me
                         count = 0;
         }
         if (count <= 0) {
-                if (ret_message && asprintf(ret_message, "No CUDA device to serve.") < 0)
-                        *ret_message = NULL;
+                set_message(ret_message, "No CUDA device to serve.");
                 return -ENODEV;
         }
         p->devices = calloc((size_t)count, sizeof(*p->devices));
@@ -670,8 +665,7 @@ int pool_new(Pool **ret, CudaDriver *cu, const PoolConfig *config, char **ret_me
                 int index = config->devices ? config->devices[i] : i;
 
                 if (pool_find_device(p, index) >= 0) {
-                        if (ret_message && asprintf(ret_message, "CUDA device %d is listed twice.", index) < 0)
-                                *ret_message = NULL;
+                        set_message(ret_message, "CUDA device %d is listed twice.", index);
                         return -EINVAL;
                 }
                 k = device_init(p, &p->devices[i], index, config, ret_message);

@@ -3,28 +3,13 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "driver.h"
 #include "macro.h"
-
-_printf_(2, 3) static int fail(char **ret_message, const char *fmt, ...) {
-        va_list ap;
-        char *m = NULL;
-
-        if (!ret_message)
-                return 0;
-        va_start(ap, fmt);
-        if (vasprintf(&m, fmt, ap) < 0)
-                m = NULL;
-        va_end(ap);
-        free(*ret_message);
-        *ret_message = m;
-        return 0;
-}
+#include "message.h"
 
 CudaDriver *cuda_driver_close(CudaDriver *cu) {
         if (!cu)
@@ -103,7 +88,7 @@ int cuda_driver_open(CudaDriver **ret, const char *path, char **ret_message) {
 
         cu->library = dlopen(cu->path, RTLD_NOW | RTLD_LOCAL);
         if (!cu->library) {
-                fail(ret_message,
+                set_message(ret_message,
                      "No CUDA driver: cannot load %s (%s). Install the NVIDIA driver, or set %s to a libcuda.so.1 "
                      "(the simulated device, tests/simcuda, builds one).",
                      cu->path, dlerror(), CUDA_DRIVER_LIBRARY_ENV);
@@ -112,7 +97,7 @@ int cuda_driver_open(CudaDriver **ret, const char *path, char **ret_message) {
 
         get_proc = (PFN_cuGetProcAddress_v12000)dlsym(cu->library, "cuGetProcAddress_v2");
         if (!get_proc) {
-                fail(ret_message,
+                set_message(ret_message,
                      "CUDA driver too old: %s has no cuGetProcAddress_v2; vmmbroker needs a driver for CUDA %d.%d "
                      "or newer. Upgrade the NVIDIA driver.",
                      cu->path, CUDA_DRIVER_MIN_VERSION / 1000, CUDA_DRIVER_MIN_VERSION % 1000 / 10);
@@ -125,7 +110,7 @@ int cuda_driver_open(CudaDriver **ret, const char *path, char **ret_message) {
                 CUdriverProcAddressQueryResult found = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;           \
                 r = get_proc(#name, &pfn, abi, CU_GET_PROC_ADDRESS_DEFAULT, &found);                   \
                 if (r != CUDA_SUCCESS || !pfn || found != CU_GET_PROC_ADDRESS_SUCCESS) {               \
-                        fail(ret_message,                                                              \
+                        set_message(ret_message,                                                              \
                              "CUDA driver too old or incomplete: %s does not provide %s (ABI %d). "     \
                              "Upgrade the NVIDIA driver.",                                             \
                              cu->path, #name, abi);                                                    \
@@ -138,12 +123,12 @@ int cuda_driver_open(CudaDriver **ret, const char *path, char **ret_message) {
 
         r = cu->cuDriverGetVersion(&cu->version);
         if (r != CUDA_SUCCESS) {
-                fail(ret_message, "CUDA driver at %s does not report its version: %s.", cu->path,
+                set_message(ret_message, "CUDA driver at %s does not report its version: %s.", cu->path,
                      cuda_result_name(cu, r));
                 return -EPROTONOSUPPORT;
         }
         if (cu->version < CUDA_DRIVER_MIN_VERSION) {
-                fail(ret_message,
+                set_message(ret_message,
                      "CUDA driver too old: %s supports CUDA %d.%d; vmmbroker needs %d.%d or newer. Upgrade the "
                      "NVIDIA driver.",
                      cu->path, cu->version / 1000, cu->version % 1000 / 10, CUDA_DRIVER_MIN_VERSION / 1000,
@@ -153,7 +138,7 @@ int cuda_driver_open(CudaDriver **ret, const char *path, char **ret_message) {
 
         r = cu->cuInit(0);
         if (r != CUDA_SUCCESS) {
-                fail(ret_message,
+                set_message(ret_message,
                      "No CUDA device: cuInit failed with %s. Check that the NVIDIA kernel module is loaded and "
                      "that /dev/nvidia* is accessible.",
                      cuda_result_name(cu, r));
@@ -161,7 +146,7 @@ int cuda_driver_open(CudaDriver **ret, const char *path, char **ret_message) {
         }
         r = cu->cuDeviceGetCount(&count);
         if (r != CUDA_SUCCESS || count <= 0) {
-                fail(ret_message, "No CUDA device: the driver at %s reports %d devices%s%s.", cu->path,
+                set_message(ret_message, "No CUDA device: the driver at %s reports %d devices%s%s.", cu->path,
                      r == CUDA_SUCCESS ? count : 0, r == CUDA_SUCCESS ? "" : ", ",
                      r == CUDA_SUCCESS ? "" : cuda_result_name(cu, r));
                 return -ENODEV;
@@ -188,13 +173,13 @@ int cuda_device_probe(CudaDriver *cu, int index, CudaDeviceInfo *ret, char **ret
         if (r != CUDA_SUCCESS)
                 count = 0;
         if (index < 0 || index >= count) {
-                fail(ret_message, "No CUDA device %d: the driver reports %d device%s (0 to %d).", index, count,
+                set_message(ret_message, "No CUDA device %d: the driver reports %d device%s (0 to %d).", index, count,
                      count == 1 ? "" : "s", count - 1);
                 return -ENODEV;
         }
         r = cu->cuDeviceGet(&info.device, index);
         if (r != CUDA_SUCCESS) {
-                fail(ret_message, "Cannot open CUDA device %d: %s.", index, cuda_result_name(cu, r));
+                set_message(ret_message, "Cannot open CUDA device %d: %s.", index, cuda_result_name(cu, r));
                 return -ENODEV;
         }
         r = cu->cuDeviceGetName(info.name, sizeof(info.name), info.device);
@@ -219,14 +204,14 @@ int cuda_device_probe(CudaDriver *cu, int index, CudaDeviceInfo *ret, char **ret
         *ret = info;
 
         if (!info.vmm) {
-                fail(ret_message,
+                set_message(ret_message,
                      "CUDA device %d (%s) does not support virtual memory management "
                      "(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED is 0); the broker cannot serve it.",
                      index, info.name);
                 return -EOPNOTSUPP;
         }
         if (!info.posix_fd) {
-                fail(ret_message,
+                set_message(ret_message,
                      "CUDA device %d (%s) does not support POSIX file descriptor handles "
                      "(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED is 0); the broker cannot "
                      "pass its memory to other processes.",
@@ -234,7 +219,7 @@ int cuda_device_probe(CudaDriver *cu, int index, CudaDeviceInfo *ret, char **ret
                 return -EOPNOTSUPP;
         }
         if (info.granularity == 0 || !IS_POWER_OF_2(info.granularity)) {
-                fail(ret_message, "CUDA device %d (%s) reports an unusable allocation granularity (%zu).", index,
+                set_message(ret_message, "CUDA device %d (%s) reports an unusable allocation granularity (%zu).", index,
                      info.name, gran);
                 return -EOPNOTSUPP;
         }
@@ -288,7 +273,7 @@ int cuda_map_fds(CudaDriver *cu, CUdevice device, const int *fds, const uint64_t
 
         r = cu->cuMemAddressReserve(&va, total, sizes[0], 0, 0);
         if (r != CUDA_SUCCESS) {
-                fail(ret_message, "Cannot reserve %" PRIu64 " bytes of device address space: %s.", total,
+                set_message(ret_message, "Cannot reserve %" PRIu64 " bytes of device address space: %s.", total,
                      cuda_result_name(cu, r));
                 return cuda_result_to_errno(r);
         }
@@ -298,14 +283,14 @@ int cuda_map_fds(CudaDriver *cu, CUdevice device, const int *fds, const uint64_t
                 r = cu->cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)fds[mapped],
                                                        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
                 if (r != CUDA_SUCCESS) {
-                        fail(ret_message, "Cannot import slab %zu (fd %d): %s.", mapped, fds[mapped],
+                        set_message(ret_message, "Cannot import slab %zu (fd %d): %s.", mapped, fds[mapped],
                              cuda_result_name(cu, r));
                         goto fail;
                 }
                 r = cu->cuMemMap(va + offset, sizes[mapped], 0, h, 0);
                 (void)cu->cuMemRelease(h);
                 if (r != CUDA_SUCCESS) {
-                        fail(ret_message, "Cannot map slab %zu (%" PRIu64 " bytes): %s.", mapped, sizes[mapped],
+                        set_message(ret_message, "Cannot map slab %zu (%" PRIu64 " bytes): %s.", mapped, sizes[mapped],
                              cuda_result_name(cu, r));
                         goto fail;
                 }
@@ -313,7 +298,7 @@ int cuda_map_fds(CudaDriver *cu, CUdevice device, const int *fds, const uint64_t
         }
         r = cu->cuMemSetAccess(va, total, &access, 1);
         if (r != CUDA_SUCCESS) {
-                fail(ret_message, "Cannot set access to %" PRIu64 " bytes of device memory: %s.", total,
+                set_message(ret_message, "Cannot set access to %" PRIu64 " bytes of device memory: %s.", total,
                      cuda_result_name(cu, r));
                 goto fail;
         }
