@@ -1,0 +1,42 @@
+/* SPDX-License-Identifier: MIT */
+#pragma once
+
+/*
+ * Test hooks of the simulated CUDA device (tests/simcuda, see its README).
+ *
+ * The library is dlopen()ed like the real driver, so a test looks the hooks
+ * up with dlsym() on the library the driver layer loaded:
+ *
+ *     void *lib = dlopen(cu->path, RTLD_NOW | RTLD_NOLOAD);
+ *     __typeof__(&simcuda_fail) fail = (__typeof__(&simcuda_fail))dlsym(lib, "simcuda_fail");
+ *
+ * Every hook is thread-safe and works before cuInit().
+ */
+
+#include <stdint.h>
+
+/*
+ * While held (hold != 0), work queued on created streams waits, host
+ * functions included; cuStreamQuery() says CUDA_ERROR_NOT_READY and anything
+ * that waits for those streams blocks. hold == 0 lets it run.
+ */
+void simcuda_hold_streams(int hold);
+
+/* Allocations alive in this process: those that a handle or a mapping refers to. */
+unsigned long simcuda_live_allocations(void);
+
+/* Bytes charged to a device's memory budget in this process; 0 for a device that does not exist. */
+uint64_t simcuda_charged(int device);
+
+/*
+ * Appends fault rules, in the syntax of $SIMCUDA_FAIL: a comma-separated list
+ * of ENTRY:N[:ERROR], "the Nth call of ENTRY from now fails with ERROR".
+ * Returns 0, or -EINVAL for a bad spec (then nothing is added).
+ */
+int simcuda_fail(const char *spec);
+
+/* Drops every pending fault rule. */
+void simcuda_reset_faults(void);
+
+/* How many times an entry point ("cuMemCreate") was called in this process; 0 for an unknown name. */
+uint64_t simcuda_calls(const char *entry);
