@@ -1,0 +1,976 @@
+/* SPDX-License-Identifier: MIT */
+
+/*
+ * The driver conformance suite: the Driver API behaviour vmmbroker relies on,
+ * checked the same way against the simulated device (tests/simcuda, in CI)
+ * and against the real NVIDIA driver (the same binary with VMMBROKER_LIBCUDA
+ * unset). Where the two disagree, the simulator is wrong.
+ *
+ * Every check that expects an error asserts the CUresult the CUDA
+ * documentation implies and prints what the driver returned, as
+ *
+ *     observed: <check> -> <CUresult name or outcome>
+ *
+ * on stderr, so that the lines of two runs can be diffed. A few checks are
+ * report-only ("(report only)" in their line): the documentation does not
+ * settle them, and the broker does not depend on the answer; they print what
+ * the driver did and pass either way.
+ *
+ * Check runs every test in a forked process (CK_FORK, the default); the runner
+ * process never loads the driver, because CUDA does not survive fork(). Each
+ * test opens the driver itself (checked fixture). Checks that need a second
+ * process re-execute this binary as a peer (peers.c).
+ */
+
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "conformance.h"
+#include "fdpass.h"
+#include "size.h"
+
+#define TCASE_TIMEOUT 60
+
+/* A helper's failure, with its reason. */
+#define ASSERT_OK(expr) ck_assert_msg((expr), "%s", why)
+/* A driver call that must succeed. */
+#define ASSERT_CU(call) ASSERT_OK(CU(call))
+
+#define G (gpu.granularity)
+
+static void setup(void) {
+        why_reset();
+        ASSERT_OK(gpu_open());
+}
+
+static void teardown(void) {
+        ASSERT_OK(gpu_close());
+}
+
+/*
+ * Asserts that a result already printed with observe() is the expected one:
+ * the code the CUDA documentation implies, or, where the documentation names
+ * none, the code the real driver returned (each such check says so).
+ */
+static void assert_result(const char *check, CUresult observed, CUresult expected) {
+        char o[RESULT_NAME_MAX], e[RESULT_NAME_MAX];
+
+        ck_assert_msg(observed == expected, "%s: expected %s, the driver returned %s.", check,
+                      result_name(expected, e, sizeof(e)), result_name(observed, o, sizeof(o)));
+}
+
+/* Prints the observed result, then asserts it. */
+static void expect_result(const char *check, CUresult observed, CUresult expected) {
+        observe(check, observed);
+        assert_result(check, observed, expected);
+}
+
+static const char *size_text(size_t bytes, char *buf, size_t len) {
+        return format_size(bytes, buf, len);
+}
+
+/* --- Peers: this binary again, as `--peer ROLE FD`. */
+
+typedef struct Peer {
+        pid_t pid;
+        int sock;
+} Peer;
+
+static Peer peer_start(const char *role) {
+        char fd_arg[16];
+        char *argv[] = { program_invocation_name, (char *)"--peer", (char *)role, fd_arg, NULL };
+        int sv[2];
+        pid_t pid;
+
+        ck_assert_msg(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0, "socketpair: %s",
+                      strerror(errno));
+        snprintf(fd_arg, sizeof(fd_arg), "%d", sv[1]);
+        pid = fork();
+        ck_assert_msg(pid >= 0, "fork: %s", strerror(errno));
+        if (pid == 0) {
+                /* The peer gets its socket and stdio, nothing else: no driver fds, no exported fds. */
+                if (sv[1] > 3)
+                        (void)close_range(3, (unsigned)sv[1] - 1, 0);
+                (void)close_range((unsigned)sv[1] + 1, ~0U, 0);
+                if (fcntl(sv[1], F_SETFD, 0) < 0)
+                        _exit(127);
+                execv("/proc/self/exe", argv);
+                _exit(127);
+        }
+        (void)safe_close(sv[1]);
+        return (Peer){ .pid = pid, .sock = sv[0] };
+}
+
+static const char *status_text(int status, char *buf, size_t len) {
+        if (WIFEXITED(status))
+                snprintf(buf, len, "exit status %d", WEXITSTATUS(status));
+        else if (WIFSIGNALED(status))
+                snprintf(buf, len, "signal %d (%s)", WTERMSIG(status), strsignal(WTERMSIG(status)));
+        else
+                snprintf(buf, len, "wait status 0x%x", (unsigned)status);
+        return buf;
+}
+
+/* Receives the peer's report, waits for it to exit, and asserts that it succeeded. */
+static void peer_finish(Peer *p, PeerMsg *report) {
+        char status_buf[64];
+        int status = 0;
+        bool got;
+        pid_t k;
+
+        got = msg_recv(p->sock, report, NULL);
+        p->sock = safe_close(p->sock);
+        do
+                k = waitpid(p->pid, &status, 0);
+        while (k < 0 && errno == EINTR);
+        ck_assert_msg(k == p->pid, "waitpid: %s", strerror(errno));
+        ck_assert_msg(got, "No report from the peer (%s): %s", status_text(status, status_buf, sizeof(status_buf)),
+                      why);
+        ck_assert_msg(report->ok, "%s", report->text);
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "The peer reported success but ended with %s.",
+                      status_text(status, status_buf, sizeof(status_buf)));
+}
+
+/* --- 1. The device. */
+
+START_TEST(device_supports_vmm_and_fds) {
+        _cleanup_free_ char *message = NULL;
+        CUmemAllocationProp prop = cuda_slab_prop(gpu.info.device);
+        CudaDeviceInfo info;
+        char total[FORMAT_SIZE_MAX], g[FORMAT_SIZE_MAX], rg[FORMAT_SIZE_MAX];
+        size_t recommended = 0;
+        int k;
+
+        k = cuda_device_probe(gpu.cu, gpu.info.index, &info, &message);
+        fprintf(stderr, "info: driver %s, CUDA %d.%d\n", gpu.cu->path, gpu.cu->version / 1000,
+                gpu.cu->version % 1000 / 10);
+        fprintf(stderr, "info: device %d: %s, %s\n", info.index, info.name,
+                size_text(info.total_memory, total, sizeof(total)));
+        observe_text("virtual memory management supported", info.vmm ? "yes" : "no");
+        observe_text("POSIX fd handles supported", info.posix_fd ? "yes" : "no");
+        ck_assert_msg(k == 0, "cuda_device_probe: %s", message);
+        ck_assert(info.vmm && info.posix_fd);
+
+        ASSERT_CU(gpu.cu->cuMemGetAllocationGranularity(&recommended, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+        fprintf(stderr, "info: granularity: minimum %s (%zu), recommended %s (%zu)\n",
+                size_text(info.granularity, g, sizeof(g)), (size_t)info.granularity,
+                size_text(recommended, rg, sizeof(rg)), recommended);
+        ck_assert_msg(IS_POWER_OF_2(info.granularity), "granularity %" PRIu64 " is not a power of two",
+                      info.granularity);
+        ck_assert_msg(recommended >= info.granularity && recommended % info.granularity == 0,
+                      "recommended granularity %zu is not a multiple of the minimum %" PRIu64, recommended,
+                      info.granularity);
+        ck_assert_uint_gt(info.total_memory, 0);
+}
+END_TEST
+
+/* --- 2. Round trip in one process. */
+
+static void round_trip(size_t size) {
+        const uint32_t seed = UINT32_C(0x2b7e1516), fill = UINT32_C(0xc0ffee11);
+        const size_t words = size / sizeof(uint32_t), half = words / 2;
+        _cleanup_free_ uint32_t *buf = NULL;
+        CUmemGenericAllocationHandle h;
+        CUdeviceptr va;
+        int fd = -EBADF;
+
+        ASSERT_OK(mem_create(size, &h));
+        ASSERT_OK(mem_export(h, &fd));
+        ASSERT_OK(mem_map(h, size, &va));
+        ASSERT_OK(mem_write_pattern(va, size, seed));
+        ASSERT_CU(gpu.cu->cuMemsetD32(va + half * sizeof(uint32_t), fill, words - half));
+        ASSERT_OK(mem_read(va, size, &buf));
+        ASSERT_OK(pattern_check(buf, 0, half, seed, "the first half, written with cuMemcpyHtoD"));
+        ASSERT_OK(fill_check(buf, half, words - half, fill, "the second half, written with cuMemsetD32"));
+        ASSERT_OK(mem_unmap(va, size));
+        ASSERT_OK(mem_release(h));
+        ck_assert_msg(close(fd) == 0, "closing the exported fd: %s", strerror(errno));
+}
+
+START_TEST(round_trip_2mib) {
+        round_trip(2 * MiB);
+}
+END_TEST
+
+START_TEST(round_trip_64mib) {
+        round_trip(64 * MiB);
+}
+END_TEST
+
+/* --- 3. Fresh allocations read zero. */
+
+#define FRESH_ROUNDS 4
+
+/*
+ * Creates, fills with 0xA5 and releases an allocation, then FRESH_ROUNDS
+ * times creates one of the same size, reads it, and dirties it again. Returns
+ * whether every fresh allocation read zero, and prints what was seen.
+ */
+static bool fresh_allocations_zeroed(size_t size) {
+        char what[96], s[FORMAT_SIZE_MAX], outcome[160] = "zeroed";
+        bool zeroed = true;
+
+        for (int round = 0; round <= FRESH_ROUNDS; round++) {
+                CUmemGenericAllocationHandle h;
+                CUdeviceptr va;
+
+                ASSERT_OK(mem_create(size, &h));
+                ASSERT_OK(mem_map(h, size, &va));
+                if (round > 0) {
+                        _cleanup_free_ uint32_t *buf = NULL;
+
+                        ASSERT_OK(mem_read(va, size, &buf));
+                        for (size_t i = 0; zeroed && i < size / sizeof(uint32_t); i++)
+                                if (buf[i] != 0) {
+                                        zeroed = false;
+                                        snprintf(outcome, sizeof(outcome),
+                                                 "NOT ZEROED (creation %d: word at offset %zu holds 0x%08" PRIx32 ")",
+                                                 round + 1, i * sizeof(uint32_t), buf[i]);
+                                }
+                }
+                ASSERT_CU(gpu.cu->cuMemsetD8(va, 0xa5, size));
+                ASSERT_CU(gpu.cu->cuCtxSynchronize());
+                ASSERT_OK(mem_unmap(va, size));
+                ASSERT_OK(mem_release(h));
+        }
+        snprintf(what, sizeof(what), "fresh %s allocation after one filled with 0xA5 was released",
+                 size_text(size, s, sizeof(s)));
+        observe_text(what, outcome);
+        return zeroed;
+}
+
+START_TEST(fresh_allocations_read_zero) {
+        bool small = fresh_allocations_zeroed(2 * MiB);
+        bool large = fresh_allocations_zeroed(64 * MiB);
+
+        /* Both sizes are printed before judging, so that a GPU run shows both. */
+        ck_assert_msg(small && large,
+                      "A fresh allocation held old data (see the observed lines): the broker must scrub new slabs.");
+}
+END_TEST
+
+/* --- 4. Import in another process. */
+
+START_TEST(import_in_another_process) {
+        const size_t size = 8 * MiB;
+        const uint32_t seed_a = UINT32_C(0x11111111), seed_b = UINT32_C(0x2222abcd);
+        PeerMsg req = { .magic = PEER_MAGIC, .size = size, .seed = { seed_a, seed_b } }, report;
+        _cleanup_close_ int fd = -EBADF;
+        CUmemGenericAllocationHandle h;
+        CUdeviceptr va;
+        Peer p;
+
+        ASSERT_OK(mem_create(size, &h));
+        ASSERT_OK(mem_export(h, &fd));
+        ASSERT_OK(mem_map(h, size, &va));
+        ASSERT_OK(mem_write_pattern(va, size, seed_a));
+
+        p = peer_start("import");
+        ASSERT_OK(msg_send(p.sock, &req, fd));
+        peer_finish(&p, &report);
+
+        ASSERT_OK(mem_check_pattern(va, size, seed_b, "the exporter's mapping, after the peer wrote"));
+        ASSERT_OK(mem_unmap(va, size));
+        ASSERT_OK(mem_release(h));
+}
+END_TEST
+
+/* --- 5. An exported fd keeps the memory after its exporter released it and exited. */
+
+START_TEST(fd_outlives_its_exporter) {
+        const size_t size = 8 * MiB;
+        const uint32_t seed = UINT32_C(0x5a5a0f0f);
+        PeerMsg req = { .magic = PEER_MAGIC, .size = size, .seed = { seed } }, carrier, report;
+        _cleanup_close_ int fd = -EBADF;
+        CUmemGenericAllocationHandle h;
+        CUdeviceptr va;
+        Peer p;
+
+        p = peer_start("export-and-exit");
+        ASSERT_OK(msg_send(p.sock, &req, -1));
+        if (!msg_recv(p.sock, &carrier, &fd) || fd < 0) {
+                if (why[0] == '\0')
+                        set_why("The peer's message carried no fd.");
+                peer_finish(&p, &report); /* says how the peer ended */
+                ck_abort_msg("%s", why);
+        }
+        peer_finish(&p, &report); /* returns once the exporter has exited */
+
+        ASSERT_OK(mem_import(fd, &h));
+        ASSERT_OK(mem_map(h, size, &va));
+        ASSERT_OK(mem_check_pattern(va, size, seed, "memory imported after its exporter exited"));
+        ASSERT_OK(mem_unmap(va, size));
+        ASSERT_OK(mem_release(h));
+}
+END_TEST
+
+/* --- 6. The same fd imported twice in one process. */
+
+START_TEST(import_same_fd_twice) {
+        const size_t size = 4 * MiB;
+        _cleanup_close_ int fd = -EBADF;
+        CUmemGenericAllocationHandle h0;
+        CUdeviceptr va0;
+
+        ASSERT_OK(mem_create(size, &h0));
+        ASSERT_OK(mem_export(h0, &fd));
+        ASSERT_OK(mem_map(h0, size, &va0));
+
+        /* Round 0 releases the first import first, round 1 the second first. */
+        for (int round = 0; round < 2; round++) {
+                const uint32_t seed = UINT32_C(0x600d0000) + (uint32_t)round;
+                const uint32_t fill = UINT32_C(0xfeed0000) + (uint32_t)round;
+                CUmemGenericAllocationHandle h[2];
+                CUdeviceptr va[2];
+
+                ASSERT_OK(mem_import(fd, &h[0]));
+                ASSERT_OK(mem_import(fd, &h[1]));
+                if (round == 0)
+                        observe_text("import the same fd twice in one process",
+                                     h[0] == h[1] ? "same handle" : "distinct handles");
+                ASSERT_OK(mem_map(h[0], size, &va[0]));
+                ASSERT_OK(mem_map(h[1], size, &va[1]));
+
+                ASSERT_OK(mem_write_pattern(va[0], size, seed));
+                ASSERT_OK(mem_check_pattern(va[1], size, seed, "the second import, written through the first"));
+                ASSERT_CU(gpu.cu->cuMemsetD32(va[1], fill, size / sizeof(uint32_t)));
+                ASSERT_OK(mem_check_fill(va[0], size, fill, "the first import, written through the second"));
+
+                ASSERT_OK(mem_unmap(va[0], size));
+                ASSERT_OK(mem_unmap(va[1], size));
+                ASSERT_OK(mem_release(h[round]));
+                ASSERT_OK(mem_release(h[1 - round]));
+
+                /* Releasing the imports leaves the memory to the original handle. */
+                ASSERT_OK(mem_check_fill(va0, size, fill, "the exporter's mapping, after both imports were released"));
+        }
+
+        ASSERT_OK(mem_unmap(va0, size));
+        ASSERT_OK(mem_release(h0));
+}
+END_TEST
+
+/* --- 7. Release while mapped. */
+
+START_TEST(release_while_mapped) {
+        const size_t size = 4 * MiB;
+        const uint32_t seed = UINT32_C(0x7e1ea5ed), fill = UINT32_C(0x0badf00d);
+        CUmemGenericAllocationHandle h;
+        CUdeviceptr va;
+
+        ASSERT_OK(mem_create(size, &h));
+        ASSERT_OK(mem_map(h, size, &va));
+        ASSERT_OK(mem_release(h));
+
+        /* The mapping alone keeps the memory until cuMemUnmap. */
+        ASSERT_OK(mem_write_pattern(va, size, seed));
+        ASSERT_OK(mem_check_pattern(va, size, seed, "a mapping whose handle was released"));
+        ASSERT_CU(gpu.cu->cuMemsetD32(va, fill, size / sizeof(uint32_t)));
+        ASSERT_OK(mem_check_fill(va, size, fill, "a mapping whose handle was released, after cuMemsetD32"));
+        ASSERT_OK(mem_unmap(va, size));
+}
+END_TEST
+
+/* --- 8. Several allocations in one range: what the client library does with a lease. */
+
+START_TEST(contiguous_allocations_in_one_range) {
+        /* A lease's slabs: largest first, as the pool's binary decomposition hands them out. */
+        const size_t sizes[] = { 4 * G, 2 * G, G, G };
+        const uint32_t seed = UINT32_C(0xb0a7d00d), fill = UINT32_C(0xb0b0b0b0);
+        const size_t window = 8192; /* bytes of cuMemsetD32 on each side of a boundary */
+        CUmemGenericAllocationHandle h[ELEMENTSOF(sizes)];
+        _cleanup_free_ uint32_t *buf = NULL;
+        size_t total = 0, offset;
+        CUdeviceptr va = 0;
+
+        for (size_t i = 0; i < ELEMENTSOF(sizes); i++)
+                total += sizes[i];
+
+        ASSERT_CU(gpu.cu->cuMemAddressReserve(&va, total, sizes[0], 0, 0));
+        offset = 0;
+        for (size_t i = 0; i < ELEMENTSOF(sizes); i++) {
+                ASSERT_OK(mem_create(sizes[i], &h[i]));
+                ASSERT_CU(gpu.cu->cuMemMap(va + offset, sizes[i], 0, h[i], 0));
+                offset += sizes[i];
+        }
+        ASSERT_OK(mem_set_access(va, total)); /* one call for the whole range */
+
+        /* One pattern across every boundary, then a memset straddling each boundary. */
+        ASSERT_OK(mem_write_pattern(va, total, seed));
+        ASSERT_OK(mem_check_pattern(va, total, seed, "a range of several allocations"));
+        offset = 0;
+        for (size_t i = 0; i + 1 < ELEMENTSOF(sizes); i++) {
+                offset += sizes[i];
+                ASSERT_CU(gpu.cu->cuMemsetD32(va + offset - window, fill, 2 * window / sizeof(uint32_t)));
+        }
+        ASSERT_OK(mem_read(va, total, &buf));
+        offset = 0;
+        for (size_t i = 0; i < ELEMENTSOF(sizes); i++) {
+                const size_t w = window / sizeof(uint32_t);
+                size_t first = offset / sizeof(uint32_t), n = sizes[i] / sizeof(uint32_t);
+                size_t lo = i > 0 ? w : 0, hi = i + 1 < ELEMENTSOF(sizes) ? w : 0;
+                char what[64];
+
+                snprintf(what, sizeof(what), "allocation %zu of the range", i);
+                ASSERT_OK(fill_check(buf, first, lo, fill, what));
+                ASSERT_OK(pattern_check(buf, first + lo, n - lo - hi, seed, what));
+                ASSERT_OK(fill_check(buf, first + n - hi, hi, fill, what));
+                offset += sizes[i];
+        }
+
+        /* Each allocation, mapped again on its own, holds its own slice: the order is right. */
+        offset = 0;
+        for (size_t i = 0; i < ELEMENTSOF(sizes); i++) {
+                _cleanup_free_ uint32_t *own = NULL;
+                CUdeviceptr single;
+                char what[64];
+
+                snprintf(what, sizeof(what), "allocation %zu, mapped on its own", i);
+                ASSERT_OK(mem_map(h[i], sizes[i], &single));
+                ASSERT_OK(mem_read(single, sizes[i], &own));
+                ck_assert_msg(memcmp(own, buf + offset / sizeof(uint32_t), sizes[i]) == 0,
+                              "%s does not hold bytes %zu to %zu of the range", what, offset, offset + sizes[i]);
+                ASSERT_OK(mem_unmap(single, sizes[i]));
+                offset += sizes[i];
+        }
+        /* One cuMemUnmap for the whole range, as the client library does. */
+        expect_result("unmap a range of several mappings at once", gpu.cu->cuMemUnmap(va, total), CUDA_SUCCESS);
+        ASSERT_CU(gpu.cu->cuMemAddressFree(va, total));
+        for (size_t i = 0; i < ELEMENTSOF(sizes); i++)
+                ASSERT_OK(mem_release(h[i]));
+}
+END_TEST
+
+/* The driver layer's own helper (proto/driver.c) on exported slabs, as a lease holder uses it. */
+START_TEST(driver_layer_maps_fds) {
+        const uint64_t sizes[] = { 2 * G, G };
+        const uint32_t seed = UINT32_C(0xd15c0ded);
+        _cleanup_free_ char *message = NULL;
+        CUmemGenericAllocationHandle h[2];
+        CUdeviceptr va[2], lease = 0;
+        int fds[2] = { -EBADF, -EBADF };
+
+        for (size_t i = 0; i < 2; i++) {
+                ASSERT_OK(mem_create(sizes[i], &h[i]));
+                ASSERT_OK(mem_export(h[i], &fds[i]));
+                ASSERT_OK(mem_map(h[i], sizes[i], &va[i]));
+        }
+        ck_assert_msg(cuda_map_fds(gpu.cu, gpu.info.device, fds, sizes, 2, false, &lease, &message) == 0, "%s",
+                      message);
+        ASSERT_OK(mem_write_pattern(lease, sizes[0] + sizes[1], seed));
+        {
+                _cleanup_free_ uint32_t *a = NULL, *b = NULL;
+
+                ASSERT_OK(mem_read(va[0], sizes[0], &a));
+                ASSERT_OK(mem_read(va[1], sizes[1], &b));
+                ASSERT_OK(pattern_check(a, 0, sizes[0] / sizeof(uint32_t), seed, "slab 0 through its own mapping"));
+                for (size_t i = 0; i < sizes[1] / sizeof(uint32_t); i++)
+                        ck_assert_msg(b[i] == pattern_word(seed, sizes[0] / sizeof(uint32_t) + i),
+                                      "slab 1 through its own mapping differs at byte %zu", i * sizeof(uint32_t));
+        }
+        ck_assert_int_eq(cuda_unmap(gpu.cu, lease, sizes, 2), 0);
+        for (size_t i = 0; i < 2; i++) {
+                ASSERT_OK(mem_unmap(va[i], sizes[i]));
+                ASSERT_OK(mem_release(h[i]));
+        }
+        close_many(fds, 2);
+}
+END_TEST
+
+/* --- 9. Alignment and mapping rules. */
+
+START_TEST(create_size_not_a_granularity_multiple) {
+        CUmemAllocationProp prop = cuda_slab_prop(gpu.info.device);
+        CUmemGenericAllocationHandle h;
+        CUresult r;
+
+        /* "The size of this allocation must be a multiple of the [minimum granularity]." */
+        r = gpu.cu->cuMemCreate(&h, G + (size_t)sysconf(_SC_PAGESIZE), &prop, 0);
+        if (r == CUDA_SUCCESS)
+                (void)gpu.cu->cuMemRelease(h);
+        expect_result("create, size not a multiple of the granularity", r, CUDA_ERROR_INVALID_VALUE);
+}
+END_TEST
+
+START_TEST(reserve_size_not_a_page_multiple) {
+        CUdeviceptr va = 0;
+        CUresult r;
+
+        /* "The size and address parameters must be a multiple of the host page size." */
+        r = gpu.cu->cuMemAddressReserve(&va, G + 1, 0, 0, 0);
+        if (r == CUDA_SUCCESS)
+                (void)gpu.cu->cuMemAddressFree(va, G + 1);
+        expect_result("reserve, size not a multiple of the page size", r, CUDA_ERROR_INVALID_VALUE);
+}
+END_TEST
+
+/*
+ * The documentation asks reservations only for host-page multiples, but the
+ * real driver (H200, driver 580.159.04, CUDA 13.0) refuses a size that is a
+ * page multiple and not a granularity multiple with CUDA_ERROR_INVALID_VALUE,
+ * and the simulator must do the same. (The broker always reserves whole slabs.)
+ */
+START_TEST(reserve_size_not_a_granularity_multiple) {
+        const size_t size = G + (size_t)sysconf(_SC_PAGESIZE);
+        CUdeviceptr va = 0;
+        CUresult r;
+
+        r = gpu.cu->cuMemAddressReserve(&va, size, 0, 0, 0);
+        if (r == CUDA_SUCCESS)
+                (void)gpu.cu->cuMemAddressFree(va, size);
+        expect_result("reserve, size a page multiple but not a granularity multiple", r, CUDA_ERROR_INVALID_VALUE);
+}
+END_TEST
+
+START_TEST(map_with_nonzero_offset) {
+        CUmemGenericAllocationHandle h;
+        CUdeviceptr va;
+        CUresult r;
+
+        ASSERT_OK(mem_create(2 * G, &h));
+        ASSERT_OK(mem_reserve(2 * G, &va));
+        /*
+         * "offset ... Note: currently must be zero." The real driver (H200,
+         * driver 580.159.04, CUDA 13.0) answers CUDA_ERROR_NOT_SUPPORTED, one of
+         * cuMemMap's documented codes: not yet supported, rather than invalid.
+         * (A nonzero offset cannot be tried without a partial mapping, which the
+         * same driver also refuses with CUDA_ERROR_NOT_SUPPORTED.)
+         */
+        r = gpu.cu->cuMemMap(va, G, G, h, 0);
+        if (r == CUDA_SUCCESS)
+                (void)gpu.cu->cuMemUnmap(va, G);
+        expect_result("map with a nonzero offset", r, CUDA_ERROR_NOT_SUPPORTED);
+        ASSERT_CU(gpu.cu->cuMemAddressFree(va, 2 * G));
+        ASSERT_OK(mem_release(h));
+}
+END_TEST
+
+/*
+ * Report only: the broker maps whole allocations only (ARCHITECTURE.md), and
+ * the documentation's "offset + size must be less than the size of the memory
+ * allocation" reads as if a smaller mapping were allowed. What the driver does
+ * is recorded, and the check passes either way (a driver that allows it gets
+ * the partial mapping written and read back). The real driver (H200, driver
+ * 580.159.04, CUDA 13.0) refuses it with CUDA_ERROR_NOT_SUPPORTED.
+ */
+START_TEST(map_part_of_an_allocation) {
+        CUmemGenericAllocationHandle h;
+        CUdeviceptr va;
+        CUresult r;
+
+        ASSERT_OK(mem_create(2 * G, &h));
+        ASSERT_OK(mem_reserve(2 * G, &va));
+        r = gpu.cu->cuMemMap(va, G, 0, h, 0);
+        observe("map part of an allocation (report only)", r);
+        if (r == CUDA_SUCCESS) {
+                ASSERT_OK(mem_set_access(va, G));
+                ASSERT_OK(mem_write_pattern(va, G, UINT32_C(0x9a47ed00)));
+                ASSERT_OK(mem_check_pattern(va, G, UINT32_C(0x9a47ed00), "a partial mapping"));
+                ASSERT_CU(gpu.cu->cuMemUnmap(va, G));
+        }
+        ASSERT_CU(gpu.cu->cuMemAddressFree(va, 2 * G));
+        ASSERT_OK(mem_release(h));
+}
+END_TEST
+
+START_TEST(map_at_unaligned_address) {
+        CUmemGenericAllocationHandle h;
+        CUdeviceptr va;
+        CUresult r;
+
+        ASSERT_OK(mem_create(G, &h));
+        ASSERT_OK(mem_reserve(2 * G, &va));
+        /* Page-aligned, inside the reservation, but not a multiple of the granularity. */
+        r = gpu.cu->cuMemMap(va + G / 2, G, 0, h, 0);
+        if (r == CUDA_SUCCESS)
+                (void)gpu.cu->cuMemUnmap(va + G / 2, G);
+        expect_result("map at an address not aligned to the granularity", r, CUDA_ERROR_INVALID_VALUE);
+        ASSERT_CU(gpu.cu->cuMemAddressFree(va, 2 * G));
+        ASSERT_OK(mem_release(h));
+}
+END_TEST
+
+START_TEST(map_over_a_mapped_range) {
+        CUmemGenericAllocationHandle big, small;
+        CUdeviceptr va;
+        CUresult r1, r2;
+
+        ASSERT_OK(mem_create(2 * G, &big));
+        ASSERT_OK(mem_create(G, &small));
+        ASSERT_OK(mem_reserve(2 * G, &va));
+        ASSERT_CU(gpu.cu->cuMemMap(va, 2 * G, 0, big, 0));
+
+        /* "cuMemMap can only create mappings on VA range reservations that are not currently mapped." */
+        r1 = gpu.cu->cuMemMap(va, G, 0, small, 0);
+        if (r1 == CUDA_SUCCESS)
+                (void)gpu.cu->cuMemUnmap(va, G);
+        r2 = gpu.cu->cuMemMap(va + G, G, 0, small, 0);
+        if (r2 == CUDA_SUCCESS)
+                (void)gpu.cu->cuMemUnmap(va + G, G);
+        observe("map over the start of a mapped range", r1);
+        observe("map over the end of a mapped range", r2);
+        assert_result("map over the start of a mapped range", r1, CUDA_ERROR_INVALID_VALUE);
+        assert_result("map over the end of a mapped range", r2, CUDA_ERROR_INVALID_VALUE);
+
+        ASSERT_OK(mem_unmap(va, 2 * G));
+        ASSERT_OK(mem_release(big));
+        ASSERT_OK(mem_release(small));
+}
+END_TEST
+
+START_TEST(map_outside_a_reservation) {
+        CUmemGenericAllocationHandle h;
+        CUdeviceptr va;
+        CUresult r1, r2;
+
+        ASSERT_OK(mem_create(2 * G, &h));
+
+        /* A range that was reserved and freed again: no reservation is there now. */
+        ASSERT_OK(mem_reserve(2 * G, &va));
+        ASSERT_CU(gpu.cu->cuMemAddressFree(va, 2 * G));
+        r1 = gpu.cu->cuMemMap(va, 2 * G, 0, h, 0);
+        if (r1 == CUDA_SUCCESS)
+                (void)gpu.cu->cuMemUnmap(va, 2 * G);
+
+        /* A mapping that would run past the end of its reservation. */
+        ASSERT_OK(mem_reserve(G, &va));
+        r2 = gpu.cu->cuMemMap(va, 2 * G, 0, h, 0);
+        if (r2 == CUDA_SUCCESS)
+                (void)gpu.cu->cuMemUnmap(va, 2 * G);
+        ASSERT_CU(gpu.cu->cuMemAddressFree(va, G));
+
+        observe("map where nothing is reserved", r1);
+        observe("map past the end of a reservation", r2);
+        assert_result("map where nothing is reserved", r1, CUDA_ERROR_INVALID_VALUE);
+        assert_result("map past the end of a reservation", r2, CUDA_ERROR_INVALID_VALUE);
+        ASSERT_OK(mem_release(h));
+}
+END_TEST
+
+START_TEST(unmap_part_of_a_mapping) {
+        CUmemGenericAllocationHandle h;
+        CUdeviceptr va;
+        CUresult r;
+
+        ASSERT_OK(mem_create(2 * G, &h));
+        ASSERT_OK(mem_map(h, 2 * G, &va));
+        /* "cuMemUnmap cannot unmap a sub-range of an address range mapped by cuMemCreate / cuMemMap." */
+        r = gpu.cu->cuMemUnmap(va, G);
+        expect_result("unmap part of a mapping", r, CUDA_ERROR_INVALID_VALUE);
+        /* The whole mapping is still there and still works. */
+        ASSERT_OK(mem_write_pattern(va, 2 * G, UINT32_C(0x0a0b0c0d)));
+        ASSERT_OK(mem_check_pattern(va, 2 * G, UINT32_C(0x0a0b0c0d), "a mapping after a refused partial unmap"));
+        ASSERT_OK(mem_unmap(va, 2 * G));
+        ASSERT_OK(mem_release(h));
+}
+END_TEST
+
+START_TEST(set_access_on_a_partly_mapped_range) {
+        CUmemAccessDesc access = {
+                .location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = gpu.info.device },
+                .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        CUmemGenericAllocationHandle h;
+        CUdeviceptr va;
+        CUresult r;
+
+        ASSERT_OK(mem_create(G, &h));
+        ASSERT_OK(mem_reserve(2 * G, &va));
+        ASSERT_CU(gpu.cu->cuMemMap(va, G, 0, h, 0));
+        /* "The range must be a fully mapped address range." */
+        r = gpu.cu->cuMemSetAccess(va, 2 * G, &access, 1);
+        expect_result("set access on a range only partly mapped", r, CUDA_ERROR_INVALID_VALUE);
+        ASSERT_CU(gpu.cu->cuMemUnmap(va, G));
+        ASSERT_CU(gpu.cu->cuMemAddressFree(va, 2 * G));
+        ASSERT_OK(mem_release(h));
+}
+END_TEST
+
+/*
+ * Report only: the documentation does not say whether a reservation that
+ * still holds mappings can be freed. The broker always unmaps first. The real
+ * driver (H200, driver 580.159.04, CUDA 13.0) refuses with
+ * CUDA_ERROR_INVALID_VALUE and leaves the mapping in place.
+ */
+START_TEST(address_free_while_mapped) {
+        CUmemGenericAllocationHandle h;
+        CUdeviceptr va;
+        CUresult r;
+
+        ASSERT_OK(mem_create(G, &h));
+        ASSERT_OK(mem_map(h, G, &va));
+        r = gpu.cu->cuMemAddressFree(va, G);
+        observe("free a reservation that still has a mapping (report only)", r);
+        if (r == CUDA_SUCCESS)
+                observe("unmap after its reservation was freed (report only)", gpu.cu->cuMemUnmap(va, G));
+        else
+                ASSERT_OK(mem_unmap(va, G));
+        ASSERT_OK(mem_release(h));
+}
+END_TEST
+
+/*
+ * --- 10. No access before cuMemSetAccess (in a peer: the error may be sticky).
+ *
+ * The documentation names no code, so the check asks only that the copy or
+ * the synchronize after it fail. The real driver (H200, driver 580.159.04,
+ * CUDA 13.0) fails the copy with CUDA_ERROR_INVALID_VALUE, and the context
+ * stays usable (the synchronize succeeds).
+ */
+
+START_TEST(no_access_before_set_access) {
+        PeerMsg req = { .magic = PEER_MAGIC, .size = 2 * MiB, .seed = { UINT32_C(0xacce55ed) } }, report;
+        CUresult copy, sync;
+        Peer p;
+
+        p = peer_start("no-access");
+        ASSERT_OK(msg_send(p.sock, &req, -1));
+        peer_finish(&p, &report);
+        copy = (CUresult)report.result[0];
+        sync = (CUresult)report.result[1];
+        observe("copy into a mapping without access", copy);
+        observe("synchronize after copying into a mapping without access", sync);
+        ck_assert_msg(copy != CUDA_SUCCESS || sync != CUDA_SUCCESS,
+                      "Copying into memory mapped without cuMemSetAccess succeeded, and so did the synchronize.");
+}
+END_TEST
+
+/* --- 11. The device memory budget. */
+
+START_TEST(device_memory_budget) {
+        const size_t size = 64 * MiB;
+        CUmemAllocationProp prop = cuda_slab_prop(gpu.info.device);
+        char a[FORMAT_SIZE_MAX], b[FORMAT_SIZE_MAX], t[FORMAT_SIZE_MAX];
+        size_t free0 = 0, total0 = 0, free1 = 0, total1 = 0, too_big;
+        CUmemGenericAllocationHandle h;
+        bool dropped = false;
+        CUresult r;
+
+        /* Another user of a real GPU may free memory meanwhile: a short drop is retried. */
+        for (int attempt = 1; attempt <= 5 && !dropped; attempt++) {
+                ASSERT_CU(gpu.cu->cuMemGetInfo(&free0, &total0));
+                ASSERT_OK(mem_create(size, &h));
+                ASSERT_CU(gpu.cu->cuMemGetInfo(&free1, &total1));
+                ASSERT_OK(mem_release(h));
+                dropped = free1 <= free0 && free0 - free1 >= size;
+                fprintf(stderr, "info: attempt %d: free %s before creating %zu MiB, %s after: %+.3f MiB (total %s)\n",
+                        attempt, size_text(free0, a, sizeof(a)), size / MiB, size_text(free1, b, sizeof(b)),
+                        ((double)free1 - (double)free0) / (double)MiB, size_text(total1, t, sizeof(t)));
+                ck_assert_uint_eq(total0, total1);
+        }
+        observe_text("free memory while a 64 MiB allocation exists",
+                     dropped ? "at least 64 MiB less" : "less than 64 MiB less");
+        ck_assert_msg(dropped, "cuMemGetInfo: free memory dropped by less than %zu bytes (from %zu to %zu).", size,
+                      free0, free1);
+
+        /* Never really allocate most of a GPU: ask for more than it has, which must fail at once. */
+        too_big = ALIGN_UP((total0 > gpu.info.total_memory ? total0 : (size_t)gpu.info.total_memory) + G, G);
+        r = gpu.cu->cuMemCreate(&h, too_big, &prop, 0);
+        if (r == CUDA_SUCCESS)
+                (void)gpu.cu->cuMemRelease(h);
+        expect_result("create more than the device's total memory", r, CUDA_ERROR_OUT_OF_MEMORY);
+}
+END_TEST
+
+/* --- 12. Export once, send many. */
+
+START_TEST(export_once_send_many) {
+        const size_t size = 4 * MiB;
+        const uint32_t seed_a = UINT32_C(0x0e0e0e0e), seed_b = UINT32_C(0x5e4d0002);
+        PeerMsg req = { .magic = PEER_MAGIC, .size = size, .seed = { seed_a, seed_b } }, report;
+        _cleanup_close_ int fd = -EBADF;
+        CUmemGenericAllocationHandle h, again;
+        CUdeviceptr va, va_again;
+        Peer p;
+
+        ASSERT_OK(mem_create(size, &h));
+        ASSERT_OK(mem_export(h, &fd));
+        ASSERT_OK(mem_map(h, size, &va));
+        ASSERT_OK(mem_write_pattern(va, size, seed_a));
+
+        /* The one exported fd, sent twice: the peer receives two duplicates and imports each. */
+        p = peer_start("import-twice");
+        ASSERT_OK(msg_send(p.sock, &req, fd));
+        ASSERT_OK(msg_send(p.sock, &req, fd));
+        peer_finish(&p, &report);
+        ASSERT_OK(mem_check_pattern(va, size, seed_b, "the exporter's mapping, after the peer wrote"));
+
+        /* The fd still works here after being sent, imported elsewhere, released and closed there. */
+        ASSERT_OK(mem_import(fd, &again));
+        ASSERT_OK(mem_map(again, size, &va_again));
+        ASSERT_OK(mem_check_pattern(va_again, size, seed_b, "the exported fd imported again by the exporter"));
+        ASSERT_OK(mem_unmap(va_again, size));
+        ASSERT_OK(mem_release(again));
+
+        ASSERT_OK(mem_unmap(va, size));
+        ASSERT_OK(mem_release(h));
+}
+END_TEST
+
+/* --- 13. Asynchronous memset and host functions on a stream. */
+
+typedef struct HostCalls {
+        atomic_int count;
+        int order[4];
+} HostCalls;
+
+static void CUDA_CB host_call(void *userdata) {
+        HostCalls *c = userdata;
+        int n = atomic_fetch_add(&c->count, 1);
+
+        /* No CUDA calls in here: a host function must not make any. */
+        if (n < (int)ELEMENTSOF(c->order))
+                c->order[n] = n;
+}
+
+static void CUDA_CB host_call_second(void *userdata) {
+        HostCalls *c = userdata;
+        int n = atomic_fetch_add(&c->count, 1);
+
+        if (n < (int)ELEMENTSOF(c->order))
+                c->order[n] = 100 + n;
+}
+
+START_TEST(async_memset_then_host_function) {
+        const size_t size = 4 * MiB, words = size / sizeof(uint32_t);
+        const uint32_t first = UINT32_C(0x5eed0001), second = UINT32_C(0x5eed0002);
+        _cleanup_free_ uint32_t *buf = NULL;
+        HostCalls calls = { .order = { -1, -1, -1, -1 } };
+        CUmemGenericAllocationHandle h;
+        CUstream stream;
+        CUdeviceptr va;
+        CUresult r;
+
+        ASSERT_OK(mem_create(size, &h));
+        ASSERT_OK(mem_map(h, size, &va));
+        ASSERT_CU(gpu.cu->cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+
+        /* memset, host function, memset over the first half, host function: all in stream order. */
+        ASSERT_CU(gpu.cu->cuMemsetD32Async(va, first, words, stream));
+        ASSERT_CU(gpu.cu->cuLaunchHostFunc(stream, host_call, &calls));
+        ASSERT_CU(gpu.cu->cuMemsetD32Async(va, second, words / 2, stream));
+        ASSERT_CU(gpu.cu->cuLaunchHostFunc(stream, host_call_second, &calls));
+        ASSERT_CU(gpu.cu->cuStreamSynchronize(stream));
+
+        ck_assert_msg(atomic_load(&calls.count) == 2, "The host functions ran %d times in all, not once each.",
+                      atomic_load(&calls.count));
+        ck_assert_msg(calls.order[0] == 0 && calls.order[1] == 101,
+                      "The host functions ran out of stream order (%d, %d).", calls.order[0], calls.order[1]);
+        r = gpu.cu->cuStreamQuery(stream);
+        expect_result("query a stream after synchronizing it", r, CUDA_SUCCESS);
+
+        ASSERT_OK(mem_read(va, size, &buf));
+        ASSERT_OK(fill_check(buf, 0, words / 2, second, "the half both memsets wrote"));
+        ASSERT_OK(fill_check(buf, words / 2, words - words / 2, first, "the half only the first memset wrote"));
+
+        ASSERT_CU(gpu.cu->cuStreamDestroy(stream));
+        ASSERT_OK(mem_unmap(va, size));
+        ASSERT_OK(mem_release(h));
+}
+END_TEST
+
+/* --- The suite. */
+
+static TCase *tcase(Suite *s, const char *name) {
+        TCase *tc = tcase_create(name);
+
+        tcase_add_checked_fixture(tc, setup, teardown); /* in the forked test process, never the runner */
+        tcase_set_timeout(tc, TCASE_TIMEOUT);
+        suite_add_tcase(s, tc);
+        return tc;
+}
+
+static Suite *conformance_suite(void) {
+        Suite *s = suite_create("conformance");
+        TCase *tc;
+
+        tc = tcase(s, "device");
+        tcase_add_test(tc, device_supports_vmm_and_fds);
+
+        tc = tcase(s, "round_trip");
+        tcase_add_test(tc, round_trip_2mib);
+        tcase_add_test(tc, round_trip_64mib);
+
+        tc = tcase(s, "fresh");
+        tcase_add_test(tc, fresh_allocations_read_zero);
+
+        tc = tcase(s, "sharing");
+        tcase_add_test(tc, import_in_another_process);
+        tcase_add_test(tc, fd_outlives_its_exporter);
+        tcase_add_test(tc, import_same_fd_twice);
+        tcase_add_test(tc, export_once_send_many);
+
+        tc = tcase(s, "mapping");
+        tcase_add_test(tc, release_while_mapped);
+        tcase_add_test(tc, contiguous_allocations_in_one_range);
+        tcase_add_test(tc, driver_layer_maps_fds);
+
+        tc = tcase(s, "rules");
+        tcase_add_test(tc, create_size_not_a_granularity_multiple);
+        tcase_add_test(tc, reserve_size_not_a_page_multiple);
+        tcase_add_test(tc, reserve_size_not_a_granularity_multiple);
+        tcase_add_test(tc, map_with_nonzero_offset);
+        tcase_add_test(tc, map_part_of_an_allocation);
+        tcase_add_test(tc, map_at_unaligned_address);
+        tcase_add_test(tc, map_over_a_mapped_range);
+        tcase_add_test(tc, map_outside_a_reservation);
+        tcase_add_test(tc, unmap_part_of_a_mapping);
+        tcase_add_test(tc, set_access_on_a_partly_mapped_range);
+        tcase_add_test(tc, address_free_while_mapped);
+
+        tc = tcase(s, "access");
+        tcase_add_test(tc, no_access_before_set_access);
+
+        tc = tcase(s, "budget");
+        tcase_add_test(tc, device_memory_budget);
+
+        tc = tcase(s, "streams");
+        tcase_add_test(tc, async_memset_then_host_function);
+
+        return s;
+}
+
+int main(int argc, char **argv) {
+        const char *lib = getenv(CUDA_DRIVER_LIBRARY_ENV);
+        SRunner *sr;
+        int failed;
+
+        if (argc >= 2 && strcmp(argv[1], "--peer") == 0) {
+                char *end = NULL;
+                long fd;
+
+                if (argc != 4) {
+                        fprintf(stderr, "usage: %s --peer ROLE FD\n", program_invocation_short_name);
+                        return 2;
+                }
+                errno = 0;
+                fd = strtol(argv[3], &end, 10);
+                if (errno != 0 || !end || *end != '\0' || fd < 0 || fd > INT32_MAX) {
+                        fprintf(stderr, "%s: bad socket fd \"%s\"\n", program_invocation_short_name, argv[3]);
+                        return 2;
+                }
+                return peer_main(argv[2], (int)fd);
+        }
+
+        /* Nothing here loads the driver: each test does, in its own process. */
+        fprintf(stderr, "info: driver under test: %s\n",
+                lib && *lib ? lib : CUDA_DRIVER_LIBRARY " (the system's, " CUDA_DRIVER_LIBRARY_ENV " unset)");
+        sr = srunner_create(conformance_suite());
+        if (srunner_fork_status(sr) == CK_NOFORK)
+                fprintf(stderr, "info: CK_FORK=no: every test shares one process; on a real GPU a failure in "
+                                "one check can break the checks after it.\n");
+        srunner_run_all(sr, CK_VERBOSE);
+        failed = srunner_ntests_failed(sr);
+        srunner_free(sr);
+        return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

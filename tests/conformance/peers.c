@@ -1,0 +1,184 @@
+/* SPDX-License-Identifier: MIT */
+
+/*
+ * The second process of the checks that need one. The test re-executes this
+ * binary as `vmmb-conformance --peer ROLE FD` (a fresh process: CUDA does not
+ * survive fork), with FD one end of a socketpair. The peer opens the driver,
+ * does what its role says, sends one report (PeerMsg with ok set, and what
+ * failed in text) and exits 0 when everything succeeded, 1 otherwise.
+ */
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "conformance.h"
+
+/*
+ * "import": receives {size, seed A, seed B} and an fd; imports it, maps it,
+ * checks pattern A, writes pattern B, and releases everything.
+ */
+static bool peer_import(int sock, PeerMsg *report) {
+        _cleanup_close_ int fd = -EBADF;
+        CUmemGenericAllocationHandle h;
+        CUdeviceptr va;
+        PeerMsg req;
+        bool ok;
+
+        if (!msg_recv(sock, &req, &fd))
+                return false;
+        if (fd < 0)
+                return set_why("No fd came with the request.");
+        if (!mem_import(fd, &h))
+                return false;
+        if (!mem_map(h, req.size, &va)) {
+                (void)mem_release(h);
+                return false;
+        }
+        ok = mem_check_pattern(va, req.size, req.seed[0], "the importer's mapping, before it wrote") &&
+             mem_write_pattern(va, req.size, req.seed[1]);
+        ok = mem_unmap(va, req.size) && ok;
+        ok = mem_release(h) && ok;
+        return ok;
+}
+
+/*
+ * "export-and-exit": receives {size, seed A}; creates an allocation, writes
+ * pattern A, exports it, sends the fd, then releases its handle, unmaps, and
+ * (after its report) exits: only the fd in flight keeps the memory.
+ */
+static bool peer_export_and_exit(int sock, PeerMsg *report) {
+        _cleanup_close_ int fd = -EBADF;
+        PeerMsg req, carrier = { .magic = PEER_MAGIC, .ok = 1 };
+        CUmemGenericAllocationHandle h;
+        CUdeviceptr va;
+        bool ok;
+
+        if (!msg_recv(sock, &req, NULL))
+                return false;
+        if (!mem_create(req.size, &h))
+                return false;
+        if (!mem_map(h, req.size, &va)) {
+                (void)mem_release(h);
+                return false;
+        }
+        ok = mem_write_pattern(va, req.size, req.seed[0]) && mem_export(h, &fd) && msg_send(sock, &carrier, fd);
+        fd = safe_close(fd);
+        ok = mem_release(h) && ok;
+        ok = mem_unmap(va, req.size) && ok;
+        return ok;
+}
+
+/*
+ * "import-twice": receives two messages, each carrying the same exported fd
+ * (sent twice by the test, so two descriptors here); imports both, maps each
+ * in its own range, checks pattern A through both, writes pattern B through
+ * the second and checks it through the first.
+ */
+static bool peer_import_twice(int sock, PeerMsg *report) {
+        int fds[2] = { -EBADF, -EBADF };
+        CUmemGenericAllocationHandle h[2];
+        CUdeviceptr va[2];
+        size_t imported = 0, mapped = 0;
+        PeerMsg req[2];
+        bool ok = true;
+
+        for (size_t i = 0; i < 2 && ok; i++) {
+                ok = msg_recv(sock, &req[i], &fds[i]);
+                if (ok && fds[i] < 0)
+                        ok = set_why("No fd came with message %zu.", i + 1);
+        }
+        for (size_t i = 0; i < 2 && ok; i++)
+                if ((ok = mem_import(fds[i], &h[i])))
+                        imported++;
+        for (size_t i = 0; i < 2 && ok; i++)
+                if ((ok = mem_map(h[i], req[0].size, &va[i])))
+                        mapped++;
+
+        ok = ok && mem_check_pattern(va[0], req[0].size, req[0].seed[0], "the first import's mapping");
+        ok = ok && mem_check_pattern(va[1], req[0].size, req[0].seed[0], "the second import's mapping");
+        ok = ok && mem_write_pattern(va[1], req[0].size, req[0].seed[1]);
+        ok = ok && mem_check_pattern(va[0], req[0].size, req[0].seed[1],
+                                     "the first import's mapping, after writing through the second");
+
+        for (size_t i = 0; i < mapped; i++)
+                ok = mem_unmap(va[i], req[0].size) && ok;
+        for (size_t i = 0; i < imported; i++)
+                ok = mem_release(h[i]) && ok;
+        for (size_t i = 0; i < 2; i++)
+                fds[i] = safe_close(fds[i]);
+        return ok;
+}
+
+/*
+ * "no-access": receives {size}; creates and maps an allocation but does not
+ * call cuMemSetAccess, then copies into it. Reports the copy's result and
+ * that of the cuCtxSynchronize after it in result[0] and result[1]. This runs
+ * in a peer because the error may be sticky and poison the context.
+ */
+static bool peer_no_access(int sock, PeerMsg *report) {
+        _cleanup_free_ uint32_t *buf = NULL;
+        CUmemGenericAllocationHandle h;
+        CUdeviceptr va = 0;
+        PeerMsg req;
+
+        if (!msg_recv(sock, &req, NULL))
+                return false;
+        buf = malloc(req.size);
+        if (!buf)
+                return set_why("Cannot allocate %zu bytes.", (size_t)req.size);
+        pattern_fill(buf, 0, req.size / sizeof(uint32_t), req.seed[0]);
+        if (!mem_create(req.size, &h))
+                return false;
+        if (!mem_reserve(req.size, &va) || !CU(gpu.cu->cuMemMap(va, req.size, 0, h, 0))) {
+                (void)mem_release(h);
+                return false;
+        }
+        report->result[0] = gpu.cu->cuMemcpyHtoD(va, buf, req.size);
+        report->result[1] = gpu.cu->cuCtxSynchronize();
+        /* The context may be broken now: clean up as far as it lets us, and do not judge. */
+        (void)gpu.cu->cuMemUnmap(va, req.size);
+        (void)gpu.cu->cuMemAddressFree(va, req.size);
+        (void)gpu.cu->cuMemRelease(h);
+        return true;
+}
+
+static const struct {
+        const char *name;
+        bool (*run)(int sock, PeerMsg *report);
+        bool may_break_context; /* a failed gpu_close() is expected, not a failure */
+} roles[] = {
+        { "import", peer_import, false },
+        { "export-and-exit", peer_export_and_exit, false },
+        { "import-twice", peer_import_twice, false },
+        { "no-access", peer_no_access, true },
+};
+
+int peer_main(const char *role, int sock) {
+        PeerMsg report = { .magic = PEER_MAGIC };
+        bool ok, closed;
+        size_t i;
+
+        for (i = 0; i < ELEMENTSOF(roles); i++)
+                if (strcmp(roles[i].name, role) == 0)
+                        break;
+        if (i == ELEMENTSOF(roles)) {
+                fprintf(stderr, "vmmb-conformance: unknown peer role \"%s\"\n", role);
+                return 2;
+        }
+
+        why_reset();
+        ok = gpu_open() && roles[i].run(sock, &report);
+        closed = gpu_close();
+        if (!closed && !roles[i].may_break_context)
+                ok = false;
+        report.ok = ok;
+        if (!ok)
+                snprintf(report.text, sizeof(report.text), "peer \"%s\": %s", role, why);
+        if (!msg_send(sock, &report, -1)) {
+                fprintf(stderr, "vmmb-conformance: peer \"%s\": %s\n", role, why);
+                return 1;
+        }
+        sock = safe_close(sock);
+        return ok ? 0 : 1;
+}
