@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+#
+# What a GPU run proves for this tree, in one command on a machine with the
+# NVIDIA driver (the lent GPU: see docs/gpu.md): the driver conformance suite
+# against the real driver, the daemon's self-check, and the pool benchmark;
+# then the same benchmark on the simulated device for comparison.
+#
+#   tests/gpu/run.sh BUILD_DIR [OUT_DIR]
+#
+# BUILD_DIR is a build folder made on the development machine (the GPU
+# machine's Meson differs, so this script runs the programs directly).
+# Libraries missing on the GPU machine (libsubunit, libjson-c) are looked for
+# in .carry/lib. Logs go to OUT_DIR (default: $OUT, else /tmp).
+set -uo pipefail
+build=${1:?usage: tests/gpu/run.sh BUILD_DIR [OUT_DIR]}
+out=${2:-${OUT:-/tmp}}
+export LD_LIBRARY_PATH="$PWD/.carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+sim="$PWD/$build/tests/simcuda/libcuda.so.1"
+unset VMMBROKER_LIBCUDA
+status=0
+
+step() { printf '\n=== %s\n' "$*"; }
+
+step "GPU"
+nvidia-smi --query-gpu=index,name,driver_version,memory.total,memory.used --format=csv,noheader
+
+step "conformance suite, real driver"
+"$build/tests/conformance/vmmb-conformance" >"$out/conformance-gpu.log" 2>&1 || status=1
+grep -E '^observed:|%:|Checks' "$out/conformance-gpu.log"
+step "conformance suite, simulated device (to compare the observed lines)"
+VMMBROKER_LIBCUDA=$sim "$build/tests/conformance/vmmb-conformance" >"$out/conformance-sim.log" 2>&1 || status=1
+grep -E '%:|Checks' "$out/conformance-sim.log"
+step "observed error codes that differ (real < > simulated)"
+diff <(grep '^observed:' "$out/conformance-gpu.log" | sort) <(grep '^observed:' "$out/conformance-sim.log" | sort) &&
+        echo "none"
+
+step "vmmbrokerd --check, real driver"
+"$build/daemon/vmmbrokerd" --check 2>&1 | tee "$out/check.log" || status=1
+
+step "pool benchmark, simulated device"
+VMMBROKER_LIBCUDA=$sim SIMCUDA_MEMORY=8G "$build/tests/bench/bench-pool" 10 2>&1 | tee "$out/bench-sim.log" || status=1
+step "pool benchmark, real driver"
+"$build/tests/bench/bench-pool" 20 2>&1 | tee "$out/bench-gpu.log" || status=1
+
+exit $status

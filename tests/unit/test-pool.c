@@ -1,0 +1,519 @@
+/* SPDX-License-Identifier: MIT */
+
+/*
+ * The slab pool against the simulated device: caching, isolation between
+ * uids, LRU eviction, capacity, asynchronous scrubbing, and requests that fail
+ * in the driver leaving the pool as it was.
+ */
+
+#include <check.h>
+#include <dlfcn.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "driver.h"
+#include "macro.h"
+#include "pool.h"
+#include "simcuda.h"
+
+#define MiB (UINT64_C(1) << 20)
+#define UID_A 1000
+#define UID_B 1001
+#define UID_C 1002
+
+static CudaDriver *cu;
+static Pool *pool;
+
+/* The simulator's test hooks, from the same library the driver layer loaded. */
+static struct {
+        void (*hold_streams)(int);
+        unsigned long (*live_allocations)(void);
+        int (*inject)(const char *);
+} sim;
+
+static void open_driver(void) {
+        _cleanup_free_ char *message = NULL;
+        void *lib;
+
+        ck_assert_msg(cuda_driver_open(&cu, NULL, &message) == 0, "%s", message);
+        lib = dlopen(cu->path, RTLD_NOW | RTLD_NOLOAD);
+        ck_assert_ptr_nonnull(lib);
+        sim.hold_streams = (void (*)(int))dlsym(lib, "simcuda_hold_streams");
+        sim.live_allocations = (unsigned long (*)(void))dlsym(lib, "simcuda_live_allocations");
+        sim.inject = (int (*)(const char *))dlsym(lib, "simcuda_fail");
+        ck_assert(sim.hold_streams && sim.live_allocations && sim.inject);
+        dlclose(lib);
+}
+
+static void open_pool(uint64_t capacity, uint64_t max_slab) {
+        _cleanup_free_ char *message = NULL;
+        PoolConfig config = { .capacity = capacity, .max_slab = max_slab };
+
+        open_driver();
+        ck_assert_msg(pool_new(&pool, cu, &config, &message) == 0, "%s", message);
+        ck_assert_int_eq(pool_use_device(pool, 0), 0);
+}
+
+static void teardown(void) {
+        pool = pool_free(pool);
+        if (cu) {
+                ck_assert_uint_eq(sim.live_allocations(), 0);
+                cu = cuda_driver_close(cu);
+        }
+}
+
+static PoolDeviceStats stats(void) {
+        PoolDeviceStats s;
+
+        pool_device_stats(pool, 0, &s);
+        return s;
+}
+
+/* Waits (on the pool's eventfd, no sleeping) until `n` more scrubs have completed. */
+static void wait_scrubs(unsigned n) {
+        unsigned done = 0;
+
+        while (done < n) {
+                struct pollfd p = { .fd = pool_get_fd(pool), .events = POLLIN };
+
+                ck_assert_int_eq(poll(&p, 1, 30000), 1);
+                done += pool_dispatch(pool);
+        }
+        ck_assert_uint_eq(done, n);
+}
+
+static int alloc(uint64_t size, uid_t uid, Slab **slabs, size_t *n) {
+        return pool_alloc(pool, 0, size, uid, slabs, n);
+}
+
+static void reclaim_all(Slab **slabs, size_t n) {
+        for (size_t i = 0; i < n; i++)
+                pool_reclaim(pool, slabs[i]);
+}
+
+/* Maps a lease as a client would and either fills it with `fill` or checks it reads `expect`. */
+static void lease_io(Slab **slabs, size_t n, int fill, int expect) {
+        uint64_t sizes[POOL_MAX_SLABS], total = 0;
+        int fds[POOL_MAX_SLABS];
+        _cleanup_free_ char *message = NULL;
+        _cleanup_free_ uint8_t *host = NULL;
+        CUdeviceptr va;
+
+        for (size_t i = 0; i < n; i++) {
+                fds[i] = slabs[i]->fd;
+                sizes[i] = slabs[i]->size;
+                total += sizes[i];
+        }
+        ck_assert_msg(cuda_map_fds(cu, 0, fds, sizes, n, false, &va, &message) == 0, "%s", message);
+        if (fill >= 0)
+                ck_assert_int_eq(cu->cuMemsetD8(va, (unsigned char)fill, total), CUDA_SUCCESS);
+        else {
+                host = malloc(total);
+                ck_assert_ptr_nonnull(host);
+                ck_assert_int_eq(cu->cuMemcpyDtoH(host, va, total), CUDA_SUCCESS);
+                for (uint64_t i = 0; i < total; i++)
+                        if (host[i] != expect)
+                                ck_abort_msg("byte %" PRIu64 " of the lease reads %#x, expected %#x", i, host[i],
+                                             expect);
+        }
+        ck_assert_int_eq(cuda_unmap(cu, va, sizes, n), 0);
+}
+
+/* The parts of the stats that describe the pool's state (not its history). */
+static void assert_same_state(PoolDeviceStats a, PoolDeviceStats b) {
+        ck_assert_uint_eq(a.leased, b.leased);
+        ck_assert_uint_eq(a.cached, b.cached);
+        ck_assert_uint_eq(a.scrubbing, b.scrubbing);
+        ck_assert_uint_eq(a.n_leased, b.n_leased);
+        ck_assert_uint_eq(a.n_cached, b.n_cached);
+        ck_assert_uint_eq(a.n_scrubbing, b.n_scrubbing);
+        ck_assert_uint_eq(a.created - a.released, b.created - b.released);
+}
+
+START_TEST(test_plan) {
+        uint64_t s[POOL_MAX_SLABS + 8];
+        const uint64_t G = 1024 * MiB;
+
+        ck_assert_uint_eq(pool_plan(0, 2 * MiB, G, s, ELEMENTSOF(s)), 0);
+        ck_assert_uint_eq(pool_plan(UINT64_MAX, 2 * MiB, G, s, ELEMENTSOF(s)), 0);
+
+        ck_assert_uint_eq(pool_plan(1, 2 * MiB, G, s, ELEMENTSOF(s)), 1);
+        ck_assert_uint_eq(s[0], 2 * MiB);
+
+        /* 3 MiB rounds up to 4 MiB: one slab, not two. */
+        ck_assert_uint_eq(pool_plan(3 * MiB, 2 * MiB, G, s, ELEMENTSOF(s)), 1);
+        ck_assert_uint_eq(s[0], 4 * MiB);
+
+        ck_assert_uint_eq(pool_plan(66 * MiB, 2 * MiB, G, s, ELEMENTSOF(s)), 2);
+        ck_assert_uint_eq(s[0], 64 * MiB);
+        ck_assert_uint_eq(s[1], 2 * MiB);
+
+        /* 3 GiB + 1022 MiB: three maximum slabs, then 512+256+128+64+32+16+8+4+2 MiB, largest first. */
+        ck_assert_uint_eq(pool_plan(3 * G + 1022 * MiB, 2 * MiB, G, s, ELEMENTSOF(s)), 12);
+        ck_assert_uint_eq(s[2], G);
+        ck_assert_uint_eq(s[3], 512 * MiB);
+        ck_assert_uint_eq(s[11], 2 * MiB);
+
+        /* Counting only, and counts past the fd limit are reported for the caller to refuse. */
+        ck_assert_uint_eq(pool_plan(300 * G, 2 * MiB, G, NULL, 0), 300);
+        ck_assert_uint_eq(pool_plan(300 * G, 2 * MiB, G, s, 4), 300);
+}
+END_TEST
+
+START_TEST(test_fresh_then_cached) {
+        Slab *a[POOL_MAX_SLABS], *b[POOL_MAX_SLABS];
+        PoolDeviceStats s;
+        uint64_t calls;
+        size_t n, m;
+
+        open_pool(64 * MiB, 0);
+        calls = stats().driver_calls;
+        ck_assert_int_eq(alloc(6 * MiB, UID_A, a, &n), 0);
+        ck_assert_uint_eq(n, 2);
+        ck_assert_uint_eq(a[0]->size, 4 * MiB);
+        ck_assert_uint_eq(a[1]->size, 2 * MiB);
+        ck_assert_int_ge(a[0]->fd, 0);
+        ck_assert_int_ne(a[0]->fd, a[1]->fd);
+        s = stats();
+        ck_assert_uint_eq(s.leased, 6 * MiB);
+        ck_assert_uint_eq(s.created, 2);
+        /* A fresh slab costs one create and one export, nothing else. */
+        ck_assert_uint_eq(s.driver_calls - calls, 4);
+
+        lease_io(a, n, 0, 0);           /* fresh memory reads zero */
+        lease_io(a, n, 0xab, -1);       /* the holder dirties it */
+        reclaim_all(a, n);
+        s = stats();
+        ck_assert_uint_eq(s.leased, 0);
+        ck_assert_uint_eq(s.scrubbing, 6 * MiB);
+        wait_scrubs(2);
+        s = stats();
+        ck_assert_uint_eq(s.scrubbing, 0);
+        ck_assert_uint_eq(s.cached, 6 * MiB);
+        ck_assert_uint_eq(s.n_cached, 2);
+
+        calls = s.driver_calls;
+        ck_assert_int_eq(alloc(6 * MiB, UID_A, b, &m), 0);
+        s = stats();
+        ck_assert_uint_eq(s.driver_calls, calls);       /* a cached hit costs no driver call */
+        ck_assert_uint_eq(s.hits, 2);
+        ck_assert_uint_eq(s.created, 2);
+        ck_assert_ptr_eq(b[0], a[0]);
+        ck_assert_ptr_eq(b[1], a[1]);
+        lease_io(b, m, -1, 0);          /* and it was scrubbed */
+        reclaim_all(b, m);
+}
+END_TEST
+
+START_TEST(test_scrubbing_slab_not_reused) {
+        Slab *a[POOL_MAX_SLABS], *b[POOL_MAX_SLABS];
+        size_t n, m;
+
+        open_pool(64 * MiB, 0);
+        ck_assert_int_eq(alloc(2 * MiB, UID_A, a, &n), 0);
+        sim.hold_streams(1);
+        reclaim_all(a, n);
+        ck_assert_uint_eq(pool_dispatch(pool), 0);
+        ck_assert_uint_eq(stats().n_scrubbing, 1);
+
+        /* The only slab of that size is still being scrubbed: a new one is created. */
+        ck_assert_int_eq(alloc(2 * MiB, UID_A, b, &m), 0);
+        ck_assert_ptr_ne(b[0], a[0]);
+        ck_assert_uint_eq(stats().created, 2);
+        ck_assert_uint_eq(stats().hits, 0);
+
+        sim.hold_streams(0);
+        wait_scrubs(1);
+        ck_assert_uint_eq(stats().n_cached, 1);
+        reclaim_all(b, m);
+        wait_scrubs(1);
+        ck_assert_uint_eq(stats().n_cached, 2);
+}
+END_TEST
+
+START_TEST(test_uid_isolation) {
+        Slab *a[POOL_MAX_SLABS], *b[POOL_MAX_SLABS], *c[POOL_MAX_SLABS];
+        size_t n, m, k;
+
+        open_pool(64 * MiB, 0);
+        ck_assert_int_eq(alloc(2 * MiB, UID_A, a, &n), 0);
+        reclaim_all(a, n);
+        wait_scrubs(1);
+
+        /* Another uid never gets A's slab, even scrubbed. */
+        ck_assert_int_eq(alloc(2 * MiB, UID_B, b, &m), 0);
+        ck_assert_ptr_ne(b[0], a[0]);
+        ck_assert_uint_eq(b[0]->uid, UID_B);
+        ck_assert_uint_eq(stats().hits, 0);
+        ck_assert_uint_eq(stats().created, 2);
+
+        ck_assert_int_eq(alloc(2 * MiB, UID_A, c, &k), 0);
+        ck_assert_ptr_eq(c[0], a[0]);
+        ck_assert_uint_eq(stats().hits, 1);
+        reclaim_all(b, m);
+        reclaim_all(c, k);
+        ck_assert_int_eq(pool_drain(pool), 0);
+}
+END_TEST
+
+START_TEST(test_lru_eviction) {
+        Slab *a[POOL_MAX_SLABS], *b[POOL_MAX_SLABS], *c[POOL_MAX_SLABS], *d[POOL_MAX_SLABS];
+        PoolDeviceStats before;
+        size_t n, m, k, l;
+
+        open_pool(8 * MiB, 0);
+        ck_assert_int_eq(alloc(4 * MiB, UID_A, a, &n), 0);
+        ck_assert_int_eq(alloc(4 * MiB, UID_B, b, &m), 0);
+        reclaim_all(a, n);              /* A's is older */
+        wait_scrubs(1);
+        reclaim_all(b, m);
+        wait_scrubs(1);
+        ck_assert_uint_eq(stats().n_cached, 2);
+
+        /* The device is full of cached slabs: C's request releases the least recently used, A's. */
+        ck_assert_int_eq(alloc(4 * MiB, UID_C, c, &k), 0);
+        ck_assert_uint_eq(stats().evicted, 1);
+        ck_assert_uint_eq(stats().n_cached, 1);
+        ck_assert_int_eq(alloc(4 * MiB, UID_B, d, &l), 0);
+        ck_assert_ptr_eq(d[0], b[0]);   /* B's survived */
+
+        /* Now everything is leased: A's request fails and changes nothing. */
+        before = stats();
+        ck_assert_int_eq(alloc(2 * MiB, UID_A, a, &n), POOL_E_NOMEM);
+        assert_same_state(before, stats());
+        ck_assert_ptr_nonnull(strstr(pool_last_error(pool), "capacity"));
+        reclaim_all(c, k);
+        reclaim_all(d, l);
+        ck_assert_int_eq(pool_drain(pool), 0);
+}
+END_TEST
+
+START_TEST(test_too_large) {
+        Slab *a[POOL_MAX_SLABS];
+        size_t n;
+
+        open_pool(64 * MiB, 2 * MiB);
+        ck_assert_int_eq(alloc(0, UID_A, a, &n), -EINVAL);
+        ck_assert_int_eq(alloc(66 * MiB, UID_A, a, &n), POOL_E_TOO_LARGE);
+        ck_assert_int_eq(pool_alloc(pool, 7, 2 * MiB, UID_A, a, &n), POOL_E_NO_DEVICE);
+        pool = pool_free(pool);
+        cu = cuda_driver_close(cu);
+
+        /* 254 slabs of the maximum size: one more than fits in one message. */
+        open_pool(1024 * MiB, 2 * MiB);
+        ck_assert_int_eq(alloc(254 * 2 * MiB, UID_A, a, &n), POOL_E_TOO_LARGE);
+        ck_assert_int_eq(alloc(253 * 2 * MiB, UID_A, a, &n), 0);
+        ck_assert_uint_eq(n, 253);
+        reclaim_all(a, n);
+        ck_assert_int_eq(pool_drain(pool), 0);
+        ck_assert_uint_eq(stats().n_cached, 253);
+}
+END_TEST
+
+START_TEST(test_bad_config) {
+        _cleanup_free_ char *message = NULL;
+        PoolConfig config = { .max_slab = 3 * MiB };
+        int dup[] = { 0, 0 };
+
+        open_driver();
+        ck_assert_int_eq(pool_new(&pool, cu, &config, &message), -EINVAL);
+        ck_assert_ptr_nonnull(strstr(message, "power of two"));
+        config.max_slab = 1 * MiB;
+        ck_assert_int_eq(pool_new(&pool, cu, &config, &message), -EINVAL);
+        ck_assert_ptr_nonnull(strstr(message, "granularity"));
+        config = (PoolConfig){ .devices = dup, .n_devices = 2 };
+        ck_assert_int_eq(pool_new(&pool, cu, &config, &message), -EINVAL);
+        ck_assert_ptr_nonnull(strstr(message, "twice"));
+        config = (PoolConfig){ .devices = (int[]){ 5 }, .n_devices = 1 };
+        ck_assert_int_eq(pool_new(&pool, cu, &config, &message), -ENODEV);
+        ck_assert_ptr_null(pool);
+}
+END_TEST
+
+START_TEST(test_default_capacity) {
+        size_t free_mem, total;
+
+        open_pool(0, 0);
+        ck_assert_int_eq(cu->cuMemGetInfo(&free_mem, &total), CUDA_SUCCESS);
+        ck_assert_uint_eq(stats().capacity, ((uint64_t)free_mem / 100 * POOL_DEFAULT_CAPACITY_PERCENT) &
+                                                    ~(stats().granularity - 1));
+        ck_assert_uint_eq(stats().total, total);
+}
+END_TEST
+
+/* The simulated device has a budget of 16 MiB (see the tcase); the pool is allowed more. */
+START_TEST(test_driver_oom_evicts_cache) {
+        Slab *a[POOL_MAX_SLABS], *b[POOL_MAX_SLABS];
+        size_t n, m;
+
+        open_pool(64 * MiB, 0);
+        ck_assert_int_eq(alloc(8 * MiB, UID_A, a, &n), 0);
+        reclaim_all(a, n);
+        wait_scrubs(1);
+        /* 16 MiB does not fit beside A's cached 8 MiB in the driver: the pool releases A's and tries again. */
+        ck_assert_int_eq(alloc(16 * MiB, UID_B, b, &m), 0);
+        ck_assert_uint_eq(stats().evicted, 1);
+        ck_assert_uint_eq(stats().n_cached, 0);
+        reclaim_all(b, m);
+        ck_assert_int_eq(pool_drain(pool), 0);
+}
+END_TEST
+
+START_TEST(test_driver_oom_fails_cleanly) {
+        Slab *a[POOL_MAX_SLABS];
+        PoolDeviceStats before;
+        unsigned long live;
+        size_t n;
+
+        open_pool(64 * MiB, 0);
+        before = stats();
+        live = sim.live_allocations();
+        /* 6 MiB is 4 + 2: the first create succeeds, the second finds the device out of memory. */
+        ck_assert_int_eq(sim.inject("cuMemCreate:2:CUDA_ERROR_OUT_OF_MEMORY"), 0);
+        ck_assert_int_eq(alloc(6 * MiB, UID_A, a, &n), POOL_E_NOMEM);
+        ck_assert_ptr_nonnull(strstr(pool_last_error(pool), "CUDA_ERROR_OUT_OF_MEMORY"));
+        assert_same_state(before, stats());
+        ck_assert_uint_eq(sim.live_allocations(), live);
+}
+END_TEST
+
+START_TEST(test_export_failure) {
+        Slab *a[POOL_MAX_SLABS];
+        PoolDeviceStats before;
+        size_t n;
+
+        open_pool(64 * MiB, 0);
+        before = stats();
+        ck_assert_int_eq(sim.inject("cuMemExportToShareableHandle:2:CUDA_ERROR_INVALID_VALUE"), 0);
+        ck_assert_int_eq(alloc(6 * MiB, UID_A, a, &n), POOL_E_DRIVER);
+        ck_assert_ptr_nonnull(strstr(pool_last_error(pool), "cuMemExportToShareableHandle"));
+        assert_same_state(before, stats());
+        ck_assert_uint_eq(sim.live_allocations(), 0);
+        /* The pool goes on serving. */
+        ck_assert_int_eq(alloc(6 * MiB, UID_A, a, &n), 0);
+        reclaim_all(a, n);
+        ck_assert_int_eq(pool_drain(pool), 0);
+}
+END_TEST
+
+START_TEST(test_failed_request_returns_hits) {
+        Slab *a[POOL_MAX_SLABS], *b[POOL_MAX_SLABS], *c[POOL_MAX_SLABS];
+        PoolDeviceStats before;
+        size_t n, m, k;
+
+        open_pool(64 * MiB, 0);
+        ck_assert_int_eq(alloc(4 * MiB, UID_A, a, &n), 0);
+        ck_assert_int_eq(alloc(4 * MiB, UID_A, b, &m), 0);
+        reclaim_all(a, n);
+        wait_scrubs(1);
+        reclaim_all(b, m);
+        wait_scrubs(1);
+
+        /* 6 MiB takes the cached 4 MiB slab cached last (B's) and needs a fresh 2 MiB one, whose create
+         * fails. The 4 MiB slab goes back where it was. */
+        before = stats();
+        ck_assert_int_eq(sim.inject("cuMemCreate:1:CUDA_ERROR_UNKNOWN"), 0);
+        ck_assert_int_eq(alloc(6 * MiB, UID_A, c, &k), POOL_E_DRIVER);
+        assert_same_state(before, stats());
+        ck_assert_uint_eq(stats().hits, 0);
+
+        /* Most recently cached first, as before the failure. */
+        ck_assert_int_eq(alloc(4 * MiB, UID_A, c, &k), 0);
+        ck_assert_ptr_eq(c[0], b[0]);
+        reclaim_all(c, k);
+        ck_assert_int_eq(pool_drain(pool), 0);
+}
+END_TEST
+
+START_TEST(test_scrub_failure_releases) {
+        Slab *a[POOL_MAX_SLABS];
+        PoolDeviceStats s;
+        size_t n;
+
+        open_pool(64 * MiB, 0);
+        ck_assert_int_eq(alloc(2 * MiB, UID_A, a, &n), 0);
+        ck_assert_int_eq(sim.inject("cuMemsetD8Async:1:CUDA_ERROR_UNKNOWN"), 0);
+        reclaim_all(a, n);
+        s = stats();
+        ck_assert_uint_eq(s.n_scrubbing, 0);
+        ck_assert_uint_eq(s.n_cached, 0);
+        ck_assert_uint_eq(s.released, 1);
+        ck_assert_uint_eq(sim.live_allocations(), 0);
+}
+END_TEST
+
+START_TEST(test_free_releases_everything) {
+        Slab *a[POOL_MAX_SLABS], *b[POOL_MAX_SLABS], *c[POOL_MAX_SLABS];
+        size_t n, m, k;
+
+        open_pool(64 * MiB, 0);
+        ck_assert_int_eq(alloc(2 * MiB, UID_A, a, &n), 0);      /* cached */
+        reclaim_all(a, n);
+        wait_scrubs(1);
+        ck_assert_int_eq(alloc(4 * MiB, UID_A, b, &m), 0);      /* being scrubbed */
+        sim.hold_streams(1);
+        reclaim_all(b, m);
+        ck_assert_int_eq(alloc(8 * MiB, UID_B, c, &k), 0);      /* leased */
+        ck_assert_uint_gt(sim.live_allocations(), 0);
+        sim.hold_streams(0);
+        /* teardown() frees the pool and checks that nothing is left */
+}
+END_TEST
+
+static Suite *pool_suite(void) {
+        Suite *s = suite_create("pool");
+        TCase *tc;
+
+        tc = tcase_create("plan");
+        tcase_add_test(tc, test_plan);
+        suite_add_tcase(s, tc);
+
+        tc = tcase_create("pool");
+        tcase_add_checked_fixture(tc, NULL, teardown);
+        tcase_add_test(tc, test_fresh_then_cached);
+        tcase_add_test(tc, test_scrubbing_slab_not_reused);
+        tcase_add_test(tc, test_uid_isolation);
+        tcase_add_test(tc, test_lru_eviction);
+        tcase_add_test(tc, test_too_large);
+        tcase_add_test(tc, test_bad_config);
+        tcase_add_test(tc, test_default_capacity);
+        tcase_add_test(tc, test_driver_oom_fails_cleanly);
+        tcase_add_test(tc, test_export_failure);
+        tcase_add_test(tc, test_failed_request_returns_hits);
+        tcase_add_test(tc, test_scrub_failure_releases);
+        tcase_add_test(tc, test_free_releases_everything);
+        suite_add_tcase(s, tc);
+
+        return s;
+}
+
+static Suite *pool_budget_suite(void) {
+        Suite *s = suite_create("pool-budget");
+        TCase *tc = tcase_create("small device");
+
+        tcase_add_checked_fixture(tc, NULL, teardown);
+        tcase_add_test(tc, test_driver_oom_evicts_cache);
+        suite_add_tcase(s, tc);
+        return s;
+}
+
+static int run(Suite *s) {
+        SRunner *sr = srunner_create(s);
+        int failed;
+
+        srunner_run_all(sr, CK_NORMAL);
+        failed = srunner_ntests_failed(sr);
+        srunner_free(sr);
+        return failed;
+}
+
+int main(void) {
+        int failed = run(pool_suite());
+
+        /* Every test runs in a child forked after this, so the simulated device they open has 16 MiB. */
+        setenv("SIMCUDA_MEMORY", "16M", 1);
+        failed += run(pool_budget_suite());
+        return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
