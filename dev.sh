@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+#
+# Set-up and everyday commands for vmmbroker on Debian 12. Each command first
+# installs the Debian packages it needs when they are missing.
+#
+#   ./dev.sh run     build, then run the broker: on the machine's GPU, or on
+#                    the simulated device when there is no driver (it says which)
+#   ./dev.sh test    build and run every test, then again under
+#                    AddressSanitizer + UndefinedBehaviorSanitizer
+#   ./dev.sh bench   build, then run the benchmarks (GPU or simulated device)
+#
+# Build folders: build/ (plain) and build-sanitize/ (ASan + UBSan). Extra
+# arguments after `test` go to `meson test` (e.g. ./dev.sh test pool).
+set -euo pipefail
+cd "$(dirname "$0")"
+
+PACKAGES=(meson ninja-build gcc pkg-config libjson-c-dev libsystemd-dev check)
+
+say() { printf '==> %s\n' "$*" >&2; }
+
+install_packages() {
+        local missing=()
+        for p in "${PACKAGES[@]}"; do
+                dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
+        done
+        [ ${#missing[@]} -eq 0 ] && return 0
+        say "installing ${missing[*]}"
+        local sudo=()
+        [ "$(id -u)" -eq 0 ] || sudo=(sudo)
+        "${sudo[@]}" apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+check_cuda_headers() {
+        local dir
+        for dir in ${CUDA_PATH:+"$CUDA_PATH/include"} /usr/local/cuda/include; do
+                [ -f "$dir/cuda.h" ] && return 0
+        done
+        say "cuda.h not found in \$CUDA_PATH/include or /usr/local/cuda/include."
+        say "Install the CUDA toolkit headers (NVIDIA's CUDA 12 or 13 toolkit), or set CUDA_PATH to the toolkit."
+        exit 1
+}
+
+# setup DIR [meson options...]: configure DIR once, then build it.
+build() {
+        local dir=$1
+        shift
+        if [ ! -f "$dir/build.ninja" ]; then
+                meson setup "$dir" "$@"
+        fi
+        ninja -C "$dir"
+}
+
+# Prints which driver the broker will use, and exports VMMBROKER_LIBCUDA for the simulated one.
+pick_driver() {
+        if [ -n "${VMMBROKER_LIBCUDA:-}" ]; then
+                say "driver: $VMMBROKER_LIBCUDA (from VMMBROKER_LIBCUDA)"
+        elif ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 ' && [ -e /dev/nvidiactl ]; then
+                say "driver: the NVIDIA driver's libcuda.so.1 (real GPU)"
+        else
+                export VMMBROKER_LIBCUDA="$PWD/build/tests/simcuda/libcuda.so.1"
+                say "driver: no NVIDIA driver here, using the SIMULATED device ($VMMBROKER_LIBCUDA)"
+        fi
+}
+
+# Prints "OK FAILED SKIPPED" counts from a build folder's meson test log.
+counts() {
+        python3 - "$1/meson-logs/testlog.json" <<'EOF'
+import json, sys
+ok = fail = skip = 0
+try:
+    for line in open(sys.argv[1]):
+        r = json.loads(line)["result"]
+        if r in ("OK", "EXPECTEDFAIL"): ok += 1
+        elif r == "SKIP": skip += 1
+        else: fail += 1
+except OSError:
+    fail = 1
+print(ok, fail, skip)
+EOF
+}
+
+cmd=${1:-}
+[ $# -gt 0 ] && shift
+case "$cmd" in
+run)
+        install_packages
+        check_cuda_headers
+        build build
+        pick_driver
+        say "running: build/daemon/vmmbrokerd --check"
+        exec build/daemon/vmmbrokerd --check "$@"
+        ;;
+test)
+        install_packages
+        check_cuda_headers
+        status=0
+        say "build/: plain build"
+        build build
+        meson test -C build --print-errorlogs "$@" || status=1
+        read -r ok1 fail1 skip1 < <(counts build)
+        say "build-sanitize/: AddressSanitizer + UndefinedBehaviorSanitizer"
+        build build-sanitize -Db_sanitize=address,undefined -Db_lundef=false
+        meson test -C build-sanitize --print-errorlogs "$@" || status=1
+        read -r ok2 fail2 skip2 < <(counts build-sanitize)
+        echo "plain build: $ok1 passed, $fail1 failed; sanitizers: $ok2 passed, $fail2 failed"
+        echo "$((ok1 + ok2)) passed, $((fail1 + fail2)) failed, $((skip1 + skip2)) skipped"
+        exit $status
+        ;;
+bench)
+        install_packages
+        check_cuda_headers
+        build build
+        pick_driver
+        exec build/tests/bench/bench-pool "$@"
+        ;;
+*)
+        sed -n '3,15p' "$0" | sed 's/^# \{0,1\}//'
+        [ -z "$cmd" ] || [ "$cmd" = help ] || [ "$cmd" = --help ] || exit 2
+        ;;
+esac
