@@ -12,7 +12,8 @@
  * - Export once: a slab is exported (POSIX fd) when it is created and the fd
  *   is kept for the slab's life. Handing a slab out is sending that fd again.
  * - Isolation: a slab belongs to the uid it was first leased to; once freed it
- *   is cached for that uid only. Another uid gets fresh slabs.
+ *   is cached for that uid only. Another uid gets fresh slabs, or unbound ones
+ *   (created ahead by pool_idle() and never leased).
  * - Zeroed: a freed slab is scrubbed asynchronously, on the pool's own
  *   mapping and stream, and is cached only when the scrub has completed.
  * - Capacity: each device has a capacity; when a request needs room, cached
@@ -35,6 +36,7 @@
 #define POOL_MAX_SLABS 253                      /* the kernel's limit on fds in one message */
 #define POOL_DEFAULT_MAX_SLAB (UINT64_C(1) << 30)
 #define POOL_DEFAULT_CAPACITY_PERCENT 95        /* of the device memory free when the pool starts */
+#define UID_UNBOUND ((uid_t)-1)                 /* owner of a slab never leased: any uid may have it */
 
 /* Expected outcomes of pool_alloc(), positive; negative errno values are fatal. */
 enum {
@@ -94,6 +96,7 @@ typedef struct PoolDeviceStats {
         uint64_t evicted;               /* of those, cached slabs released to make room */
         uint64_t scrubs;                /* scrubs completed */
         uint64_t scrubbed_bytes;
+        uint64_t primed;                /* unbound slabs created by pool_idle() */
         uint64_t driver_calls;          /* Driver API calls the pool made for this device */
 } PoolDeviceStats;
 
@@ -126,6 +129,16 @@ unsigned pool_dispatch(Pool *p);
 
 /* Blocks until every scrub in flight has completed, then dispatches them. Returns 0 or a negative errno. */
 int pool_drain(Pool *p);
+
+/*
+ * Work the pool keeps out of requests; the daemon calls it when it has nothing
+ * else to do. It closes the exported fds of released slabs (which frees their
+ * memory) and, when it closed any, creates one unbound slab of the smallest
+ * class: closing an exported fd makes the driver's next export slow, and that
+ * export is better paid here than in a client's request. Returns true if it
+ * did anything.
+ */
+bool pool_idle(Pool *p);
 
 /* Releases every cached slab on every device back to the driver. Returns how many. */
 unsigned pool_trim(Pool *p);

@@ -5,9 +5,14 @@
  * GPU's, or the simulated device through VMMBROKER_LIBCUDA).
  *
  * For each slab size it measures, as medians over repetitions:
- *   fresh        pool_alloc() of one slab when nothing is cached
+ *   fresh        pool_alloc() of one slab for a uid with nothing cached
  *   floor        cuMemCreate + cuMemExportToShareableHandle of the same size,
- *                called directly: what a fresh slab cannot be cheaper than
+ *                called directly in the same state: what a fresh slab cannot
+ *                be cheaper than
+ *   released     pool_alloc() for a new uid right after cached slabs were
+ *                released and pool_idle() ran, as the daemon does between
+ *                requests (for the smallest class, the unbound slab that
+ *                pool_idle() made serves it)
  *   hit          pool_alloc() served from the cache
  *   calls        Driver API calls the pool made per fresh request and per hit
  *   scrub        time from pool_reclaim() to the scrub's completion being
@@ -33,7 +38,7 @@
 #include "size.h"
 
 #define MiB (UINT64_C(1) << 20)
-#define MAX_REPS 1000
+#define MAX_REPS 100
 
 static double now_us(void) {
         struct timespec ts;
@@ -82,9 +87,20 @@ static double reclaim_and_wait(Pool *pool, Slab *slab) {
 
 typedef struct Row {
         uint64_t size;
-        double fresh, floor, hit, scrub_first, scrub;
+        double fresh, floor, released, hit, scrub_first, scrub;
         double calls_fresh, calls_hit;
 } Row;
+
+/*
+ * The floor's allocations are kept until the end: closing an exported fd
+ * makes the process's next export slow (docs/pool.md), which would charge the
+ * pool's next measurement for the floor's clean-up.
+ */
+static struct {
+        CUmemGenericAllocationHandle handle;
+        int fd;
+} kept[3 * MAX_REPS];
+static unsigned n_kept;
 
 static void bench_floor(CudaDriver *cu, uint64_t size, unsigned reps, Row *row) {
         CUmemAllocationProp prop = cuda_slab_prop(0);
@@ -100,8 +116,8 @@ static void bench_floor(CudaDriver *cu, uint64_t size, unsigned reps, Row *row) 
                 if (r == CUDA_SUCCESS) {
                         r = cu->cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
                         t[i] = now_us() - t0;
-                        safe_close(fd);
-                        (void)cu->cuMemRelease(h);
+                        kept[n_kept].handle = h;
+                        kept[n_kept++].fd = fd;
                 }
                 if (r != CUDA_SUCCESS) {
                         fprintf(stderr, "bench-pool: cuMemCreate/export of %" PRIu64 " bytes: %s\n", size,
@@ -112,42 +128,52 @@ static void bench_floor(CudaDriver *cu, uint64_t size, unsigned reps, Row *row) 
         row->floor = median(t, reps);
 }
 
-static void bench_size(Pool *pool, CudaDriver *cu, uint64_t size, unsigned reps, Row *row) {
-        double fresh[MAX_REPS], hit[MAX_REPS], scrub[MAX_REPS], first[MAX_REPS];
-        uint64_t calls_fresh = 0, calls_hit = 0;
+static double timed_alloc(Pool *pool, uint64_t size, uid_t uid, Slab **slab, uint64_t *calls) {
         Slab *slabs[POOL_MAX_SLABS];
+        uint64_t c0 = driver_calls(pool);
+        double t0 = now_us(), t;
         size_t n;
         int k;
+
+        k = pool_alloc(pool, 0, size, uid, slabs, &n);
+        t = now_us() - t0;
+        if (k != 0)
+                die("pool_alloc", k, pool);
+        *calls += driver_calls(pool) - c0;
+        *slab = slabs[0];
+        return t;
+}
+
+static void bench_size(Pool *pool, CudaDriver *cu, uint64_t size, unsigned reps, Row *row) {
+        double fresh[MAX_REPS], released[MAX_REPS], hit[MAX_REPS], scrub[MAX_REPS], first[MAX_REPS];
+        uint64_t calls_fresh = 0, calls_hit = 0, ignored = 0;
+        uid_t uid = 1000;
+        Slab *slab;
 
         row->size = size;
         bench_floor(cu, size, reps, row);
 
         for (unsigned i = 0; i < reps; i++) {
-                uint64_t c0;
-                double t0;
-
-                /* Fresh: nothing cached. */
-                pool_trim(pool);
-                c0 = driver_calls(pool);
-                t0 = now_us();
-                k = pool_alloc(pool, 0, size, 1000, slabs, &n);
-                fresh[i] = now_us() - t0;
-                if (k != 0)
-                        die("pool_alloc (fresh)", k, pool);
-                calls_fresh += driver_calls(pool) - c0;
-                first[i] = reclaim_and_wait(pool, slabs[0]);
+                /* Fresh: a uid with nothing cached, nothing released since the last export. */
+                fresh[i] = timed_alloc(pool, size, ++uid, &slab, &calls_fresh);
+                first[i] = reclaim_and_wait(pool, slab);
 
                 /* Hit: the slab just scrubbed. */
-                c0 = driver_calls(pool);
-                t0 = now_us();
-                k = pool_alloc(pool, 0, size, 1000, slabs, &n);
-                hit[i] = now_us() - t0;
-                if (k != 0)
-                        die("pool_alloc (hit)", k, pool);
-                calls_hit += driver_calls(pool) - c0;
-                scrub[i] = reclaim_and_wait(pool, slabs[0]);
+                hit[i] = timed_alloc(pool, size, uid, &slab, &calls_hit);
+                scrub[i] = reclaim_and_wait(pool, slab);
         }
+        for (unsigned i = 0; i < reps; i++) {
+                /* After the cache was released and the daemon went idle once. */
+                pool_trim(pool);
+                pool_idle(pool);
+                released[i] = timed_alloc(pool, size, ++uid, &slab, &ignored);
+                reclaim_and_wait(pool, slab);
+        }
+        pool_trim(pool);
+        pool_idle(pool);
+
         row->fresh = median(fresh, reps);
+        row->released = median(released, reps);
         row->hit = median(hit, reps);
         row->scrub_first = median(first, reps);
         row->scrub = median(scrub, reps);
@@ -158,7 +184,7 @@ static void bench_size(Pool *pool, CudaDriver *cu, uint64_t size, unsigned reps,
 int main(int argc, char *argv[]) {
         static const uint64_t sizes[] = { 2 * MiB, 64 * MiB, 1024 * MiB };
         _cleanup_free_ char *message = NULL;
-        PoolConfig config = { .capacity = 4096 * MiB };
+        PoolConfig config = {};
         Row rows[ELEMENTSOF(sizes)];
         PoolDeviceStats s;
         CudaDriver *cu;
@@ -194,15 +220,19 @@ int main(int argc, char *argv[]) {
         pool_device_stats(pool, 0, &s);
         printf("bench-pool: device 0 (%s), driver %s (CUDA %d.%d), %u repetitions, medians\n", s.name, cu->path,
                cu->version / 1000, cu->version % 1000 / 10, reps);
-        printf("%-8s %10s %12s %9s %11s %9s %12s %12s %11s\n", "size", "fresh us", "create+exp us", "hit us",
-               "calls/fresh", "calls/hit", "1st scrub us", "scrub us", "scrub GB/s");
+        printf("%-8s %9s %9s %11s %8s %11s %9s %12s %10s %10s\n", "size", "fresh us", "floor us", "released us",
+               "hit us", "calls/fresh", "calls/hit", "1st scrub us", "scrub us", "scrub GB/s");
         for (size_t i = 0; i < ELEMENTSOF(sizes); i++) {
                 char b[FORMAT_SIZE_MAX];
 
-                printf("%-8s %10.1f %12.1f %9.2f %11.1f %9.1f %12.1f %12.1f %11.1f\n",
-                       format_size(rows[i].size, b, sizeof(b)), rows[i].fresh, rows[i].floor, rows[i].hit,
-                       rows[i].calls_fresh, rows[i].calls_hit, rows[i].scrub_first, rows[i].scrub,
+                printf("%-8s %9.1f %9.1f %11.1f %8.2f %11.1f %9.1f %12.1f %10.1f %10.1f\n",
+                       format_size(rows[i].size, b, sizeof(b)), rows[i].fresh, rows[i].floor, rows[i].released,
+                       rows[i].hit, rows[i].calls_fresh, rows[i].calls_hit, rows[i].scrub_first, rows[i].scrub,
                        (double)rows[i].size / rows[i].scrub / 1e3);
+        }
+        for (unsigned i = 0; i < n_kept; i++) {
+                safe_close(kept[i].fd);
+                (void)cu->cuMemRelease(kept[i].handle);
         }
         pool_free(pool);
         cuda_driver_close(cu);

@@ -39,7 +39,9 @@ step "vmmbrokerd --check, real driver"
 "$build/daemon/vmmbrokerd" --check 2>&1 | tee "$out/check.log" || status=1
 
 step "pool benchmark, simulated device"
-VMMBROKER_LIBCUDA=$sim SIMCUDA_MEMORY=8G "$build/tests/bench/bench-pool" 10 2>&1 | tee "$out/bench-sim.log" || status=1
+VMMBROKER_LIBCUDA=$sim "$build/tests/bench/bench-pool" 3 2>&1 | tee "$out/bench-sim.log" || status=1
+step "driver costs, real driver"
+"$build/tests/bench/bench-driver" 20 2>&1 | tee "$out/bench-driver.log" || status=1
 step "pool benchmark, real driver"
 "$build/tests/bench/bench-pool" 20 2>&1 | tee "$out/bench-gpu.log" || status=1
 

@@ -12,6 +12,7 @@
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "driver.h"
 #include "macro.h"
@@ -462,6 +463,54 @@ START_TEST(test_free_releases_everything) {
 }
 END_TEST
 
+static ino_t fd_inode(int fd) {
+        struct stat st;
+
+        return fstat(fd, &st) < 0 ? 0 : st.st_ino;
+}
+
+START_TEST(test_idle_closes_and_primes) {
+        Slab *a[POOL_MAX_SLABS], *b[POOL_MAX_SLABS];
+        uint64_t calls;
+        ino_t ino;
+        size_t n, m;
+        int fd;
+
+        open_pool(64 * MiB, 0);
+        ck_assert(!pool_idle(pool));            /* nothing to do yet */
+        ck_assert_int_eq(alloc(2 * MiB, UID_A, a, &n), 0);
+        fd = a[0]->fd;
+        ino = fd_inode(fd);
+        reclaim_all(a, n);
+        wait_scrubs(1);
+
+        /* Released, but its exported fd stays open until the pool is idle: no close inside a request. */
+        ck_assert_uint_eq(pool_trim(pool), 1);
+        ck_assert_uint_eq(fd_inode(fd), ino);
+        ck_assert(pool_idle(pool));
+        ck_assert_uint_ne(fd_inode(fd), ino);   /* closed (or the number reused by another file) */
+
+        /* ... and it made one unbound slab of the smallest class, which any uid gets, with no driver call. */
+        ck_assert_uint_eq(stats().primed, 1);
+        ck_assert_uint_eq(stats().n_cached, 1);
+        calls = stats().driver_calls;
+        ck_assert_int_eq(alloc(2 * MiB, UID_B, b, &m), 0);
+        ck_assert_uint_eq(stats().driver_calls, calls);
+        ck_assert_uint_eq(b[0]->uid, UID_B);
+        lease_io(b, m, -1, 0);
+
+        /* Nothing closed since: idle has nothing to do. */
+        ck_assert(!pool_idle(pool));
+        reclaim_all(b, m);
+        wait_scrubs(1);
+        /* Once leased, it is B's: A does not get it back. */
+        ck_assert_int_eq(alloc(2 * MiB, UID_A, a, &n), 0);
+        ck_assert_ptr_ne(a[0], b[0]);
+        reclaim_all(a, n);
+        ck_assert_int_eq(pool_drain(pool), 0);
+}
+END_TEST
+
 static Suite *pool_suite(void) {
         Suite *s = suite_create("pool");
         TCase *tc;
@@ -484,6 +533,7 @@ static Suite *pool_suite(void) {
         tcase_add_test(tc, test_failed_request_returns_hits);
         tcase_add_test(tc, test_scrub_failure_releases);
         tcase_add_test(tc, test_free_releases_everything);
+        tcase_add_test(tc, test_idle_closes_and_primes);
         suite_add_tcase(s, tc);
 
         return s;
