@@ -25,27 +25,10 @@
 #include "driver.h"
 #include "macro.h"
 #include "size.h"
+#include "timing.h"
 
 #define MiB (UINT64_C(1) << 20)
 #define MAX_REPS 200
-
-static double now_us(void) {
-        struct timespec ts;
-
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
-}
-
-static int cmp_double(const void *a, const void *b) {
-        double x = *(const double *)a, y = *(const double *)b;
-
-        return x < y ? -1 : x > y;
-}
-
-static double median(double *v, unsigned n) {
-        qsort(v, n, sizeof(*v), cmp_double);
-        return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 static void check(CudaDriver *cu, CUresult r, const char *what) {
         if (r != CUDA_SUCCESS) {

@@ -36,27 +36,10 @@
 #include "macro.h"
 #include "pool.h"
 #include "size.h"
+#include "timing.h"
 
 #define MiB (UINT64_C(1) << 20)
 #define MAX_REPS 100
-
-static double now_us(void) {
-        struct timespec ts;
-
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
-}
-
-static int cmp_double(const void *a, const void *b) {
-        double x = *(const double *)a, y = *(const double *)b;
-
-        return x < y ? -1 : x > y;
-}
-
-static double median(double *v, unsigned n) {
-        qsort(v, n, sizeof(*v), cmp_double);
-        return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 static void die(const char *what, int k, Pool *pool) {
         fprintf(stderr, "bench-pool: %s failed: %s (%s)\n", what, pool_strerror(k), pool ? pool_last_error(pool) : "");

@@ -6,13 +6,13 @@
  * in its own process, so each loads the simulator afresh.
  */
 
-#include <check.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "driver.h"
 #include "macro.h"
+#include "unit.h"
 
 static CudaDriver *cu;
 static char *message;
@@ -123,24 +123,8 @@ START_TEST(test_map_fds_failure) {
 END_TEST
 
 int main(void) {
-        Suite *s = suite_create("driver");
-        TCase *tc = tcase_create("driver");
-        SRunner *sr;
-        int failed;
+        Suite *s = UNIT_SUITE("driver", teardown, test_open, test_missing_library, test_too_old, test_no_device,
+                              test_bad_index, test_no_vmm, test_no_posix_fd, test_map_fds_failure);
 
-        tcase_add_checked_fixture(tc, NULL, teardown);
-        tcase_add_test(tc, test_open);
-        tcase_add_test(tc, test_missing_library);
-        tcase_add_test(tc, test_too_old);
-        tcase_add_test(tc, test_no_device);
-        tcase_add_test(tc, test_bad_index);
-        tcase_add_test(tc, test_no_vmm);
-        tcase_add_test(tc, test_no_posix_fd);
-        tcase_add_test(tc, test_map_fds_failure);
-        suite_add_tcase(s, tc);
-        sr = srunner_create(s);
-        srunner_run_all(sr, CK_NORMAL);
-        failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+        return run_suite(s) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

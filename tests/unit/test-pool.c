@@ -18,6 +18,7 @@
 #include "macro.h"
 #include "pool.h"
 #include "simcuda.h"
+#include "unit.h"
 
 #define MiB (UINT64_C(1) << 20)
 #define UID_A 1000
@@ -549,21 +550,11 @@ static Suite *pool_budget_suite(void) {
         return s;
 }
 
-static int run(Suite *s) {
-        SRunner *sr = srunner_create(s);
-        int failed;
-
-        srunner_run_all(sr, CK_NORMAL);
-        failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed;
-}
-
 int main(void) {
-        int failed = run(pool_suite());
+        int failed = run_suite(pool_suite());
 
         /* Every test runs in a child forked after this, so the simulated device they open has 16 MiB. */
         setenv("SIMCUDA_MEMORY", "16M", 1);
-        failed += run(pool_budget_suite());
+        failed += run_suite(pool_budget_suite());
         return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

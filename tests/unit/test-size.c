@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 
-#include <check.h>
 #include <errno.h>
 #include <stdlib.h>
 
 #include "size.h"
+#include "unit.h"
 
 START_TEST(test_parse_size) {
         uint64_t v;
@@ -43,17 +43,6 @@ START_TEST(test_format_size) {
 END_TEST
 
 int main(void) {
-        Suite *s = suite_create("size");
-        TCase *tc = tcase_create("size");
-        SRunner *sr;
-        int failed;
-
-        tcase_add_test(tc, test_parse_size);
-        tcase_add_test(tc, test_format_size);
-        suite_add_tcase(s, tc);
-        sr = srunner_create(s);
-        srunner_run_all(sr, CK_NORMAL);
-        failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+        return run_suite(UNIT_SUITE("size", NULL, test_parse_size, test_format_size)) == 0 ? EXIT_SUCCESS
+                                                                                           : EXIT_FAILURE;
 }
