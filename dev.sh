@@ -15,7 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-PACKAGES=(meson ninja-build gcc pkg-config libjson-c-dev libsystemd-dev check)
+PACKAGES=(meson ninja-build gcc pkg-config libjson-c-dev libsystemd-dev check varlink-go)
 
 say() { printf '==> %s\n' "$*" >&2; }
 

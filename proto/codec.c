@@ -1,0 +1,481 @@
+/* SPDX-License-Identifier: MIT */
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codec.h"
+#include "json.h"
+#include "macro.h"
+#include "message.h"
+#include "varlink.h"
+
+#ifndef VMMBROKER_VERSION
+#error "VMMBROKER_VERSION must be defined by the build"
+#endif
+
+/* The project's home page for GetInfo; empty until it has a public one. */
+#define VMMBROKER_URL ""
+
+const char varlink_service_interface_description[] =
+        "# The Varlink Service Interface is provided by every varlink service. It\n"
+        "# describes the service and the interfaces it implements.\n"
+        "interface org.varlink.service\n"
+        "\n"
+        "# Get a list of all the interfaces a service provides and information\n"
+        "# about the implementation.\n"
+        "method GetInfo() -> (\n"
+        "  vendor: string,\n"
+        "  product: string,\n"
+        "  version: string,\n"
+        "  url: string,\n"
+        "  interfaces: []string\n"
+        ")\n"
+        "\n"
+        "# Get the description of an interface that is implemented by this service.\n"
+        "method GetInterfaceDescription(interface: string) -> (description: string)\n"
+        "\n"
+        "# The requested interface was not found.\n"
+        "error InterfaceNotFound (interface: string)\n"
+        "\n"
+        "# The requested method was not found\n"
+        "error MethodNotFound (method: string)\n"
+        "\n"
+        "# The interface defines the requested method, but the service does not\n"
+        "# implement it.\n"
+        "error MethodNotImplemented (method: string)\n"
+        "\n"
+        "# One of the passed parameters is invalid.\n"
+        "error InvalidParameter (parameter: string)\n"
+        "\n"
+        "# Client is denied access\n"
+        "error PermissionDenied ()\n"
+        "\n"
+        "# Method is expected to be called with 'more' set to true, but wasn't\n"
+        "error ExpectedMore ()\n";
+
+/* ---- Tables ---- */
+
+static const JsonField alloc_params_fields[] = {
+        JSON_FIELD_UINT64("size", AllocParams, size),
+        JSON_FIELD_INT64("device", AllocParams, device, false, true),
+        JSON_FIELD_STRING("label", AllocParams, label, false, VMMB_LABEL_MAX),
+        JSON_FIELD_END,
+};
+
+static const JsonField free_params_fields[] = {
+        JSON_FIELD_STRING("id", FreeParams, id, true, VMMB_ID_MAX),
+        JSON_FIELD_END,
+};
+
+static const JsonField list_params_fields[] = {
+        JSON_FIELD_BOOL("all", ListParams, all, false),
+        JSON_FIELD_END,
+};
+
+static const JsonField empty_fields[] = {
+        JSON_FIELD_END,
+};
+
+static const JsonField slab_fields[] = {
+        JSON_FIELD_UINT64("size", WireSlab, size),
+        JSON_FIELD_UINT64("fd", WireSlab, fd),
+        JSON_FIELD_END,
+};
+
+static const JsonField lease_fields[] = {
+        JSON_FIELD_STRING("id", WireLease, id, true, VMMB_ID_MAX),
+        JSON_FIELD_INT64("device", WireLease, device, true, true),
+        JSON_FIELD_UINT64("size", WireLease, size),
+        JSON_FIELD_ARRAY("slabs", WireLease, slabs, n_slabs, WireSlab, slab_fields, true, 0),
+        JSON_FIELD_END,
+};
+
+static const JsonField alloc_reply_fields[] = {
+        JSON_FIELD_OBJECT("lease", AllocReply, lease, WireLease, lease_fields),
+        JSON_FIELD_END,
+};
+
+static const JsonField lease_info_fields[] = {
+        JSON_FIELD_STRING("id", WireLeaseInfo, id, true, VMMB_ID_MAX),
+        JSON_FIELD_INT64("device", WireLeaseInfo, device, true, true),
+        JSON_FIELD_UINT64("size", WireLeaseInfo, size),
+        JSON_FIELD_UINT64("slabs", WireLeaseInfo, slabs),
+        JSON_FIELD_INT64("pid", WireLeaseInfo, pid, true, true),
+        JSON_FIELD_INT64("uid", WireLeaseInfo, uid, true, true),
+        JSON_FIELD_STRING("comm", WireLeaseInfo, comm, false, VMMB_NAME_MAX),
+        JSON_FIELD_STRING("label", WireLeaseInfo, label, false, VMMB_LABEL_MAX),
+        JSON_FIELD_INT64("created", WireLeaseInfo, created, true, false),
+        JSON_FIELD_END,
+};
+
+static const JsonField list_reply_fields[] = {
+        JSON_FIELD_ARRAY("leases", ListReply, leases, n_leases, WireLeaseInfo, lease_info_fields, true, 0),
+        JSON_FIELD_END,
+};
+
+static const JsonField device_fields[] = {
+        JSON_FIELD_INT64("index", WireDevice, index, true, true),
+        JSON_FIELD_STRING("name", WireDevice, name, true, VMMB_NAME_MAX),
+        JSON_FIELD_UINT64("total", WireDevice, total),
+        JSON_FIELD_UINT64("granularity", WireDevice, granularity),
+        JSON_FIELD_UINT64("capacity", WireDevice, capacity),
+        JSON_FIELD_UINT64("leased", WireDevice, leased),
+        JSON_FIELD_UINT64("scrubbing", WireDevice, scrubbing),
+        JSON_FIELD_UINT64("cached", WireDevice, cached),
+        JSON_FIELD_UINT64("leases", WireDevice, leases),
+        JSON_FIELD_END,
+};
+
+static const JsonField status_reply_fields[] = {
+        JSON_FIELD_ARRAY("devices", StatusReply, devices, n_devices, WireDevice, device_fields, true, 0),
+        JSON_FIELD_END,
+};
+
+static const JsonField info_fields[] = {
+        JSON_FIELD_STRING("vendor", VarlinkInfo, vendor, true, VMMB_NAME_MAX),
+        JSON_FIELD_STRING("product", VarlinkInfo, product, true, VMMB_NAME_MAX),
+        JSON_FIELD_STRING("version", VarlinkInfo, version, true, VMMB_NAME_MAX),
+        JSON_FIELD_STRING("url", VarlinkInfo, url, true, VMMB_NAME_MAX),
+        JSON_FIELD_STRV("interfaces", VarlinkInfo, interfaces, n_interfaces, true, VARLINK_MAX_NAME),
+        JSON_FIELD_END,
+};
+
+static const JsonField interface_params_fields[] = {
+        JSON_FIELD_STRING("interface", InterfaceParams, interface, true, VARLINK_MAX_NAME),
+        JSON_FIELD_END,
+};
+
+static const JsonField interface_description_fields[] = {
+        JSON_FIELD_TEXT("description", InterfaceDescription, description, true, VMMB_DESCRIPTION_MAX),
+        JSON_FIELD_END,
+};
+
+/* Errors: one table per error, all over VmmbError. */
+static const JsonField error_out_of_memory_fields[] = {
+        JSON_FIELD_INT64("device", VmmbError, device, true, true),
+        JSON_FIELD_UINT64("requested", VmmbError, requested),
+        JSON_FIELD_UINT64("available", VmmbError, available),
+        JSON_FIELD_STRING("message", VmmbError, message, true, VMMB_MESSAGE_MAX),
+        JSON_FIELD_END,
+};
+
+static const JsonField error_quota_exceeded_fields[] = {
+        JSON_FIELD_STRING("resource", VmmbError, resource, true, VMMB_NAME_MAX),
+        JSON_FIELD_UINT64("limit", VmmbError, limit),
+        JSON_FIELD_UINT64("current", VmmbError, current),
+        JSON_FIELD_STRING("message", VmmbError, message, true, VMMB_MESSAGE_MAX),
+        JSON_FIELD_END,
+};
+
+static const JsonField error_no_such_lease_fields[] = {
+        /* echoes what the caller sent, which may be longer than a real id */
+        JSON_FIELD_STRING("id", VmmbError, id, true, VMMB_ID_MAX),
+        JSON_FIELD_END,
+};
+
+static const JsonField error_no_such_device_fields[] = {
+        JSON_FIELD_INT64("device", VmmbError, device, true, true),
+        JSON_FIELD_END,
+};
+
+static const JsonField error_invalid_parameter_fields[] = {
+        JSON_FIELD_STRING("parameter", VmmbError, parameter, true, VMMB_NAME_MAX),
+        JSON_FIELD_STRING("message", VmmbError, message, true, VMMB_MESSAGE_MAX),
+        JSON_FIELD_END,
+};
+
+static const JsonField error_message_fields[] = {
+        JSON_FIELD_STRING("message", VmmbError, message, true, VMMB_MESSAGE_MAX),
+        JSON_FIELD_END,
+};
+
+static const JsonField error_method_fields[] = {
+        JSON_FIELD_STRING("method", VmmbError, method, true, VARLINK_MAX_NAME),
+        JSON_FIELD_END,
+};
+
+static const JsonField error_interface_fields[] = {
+        JSON_FIELD_STRING("interface", VmmbError, interface, true, VARLINK_MAX_NAME),
+        JSON_FIELD_END,
+};
+
+static const JsonField error_parameter_fields[] = {
+        JSON_FIELD_STRING("parameter", VmmbError, parameter, true, VMMB_NAME_MAX),
+        JSON_FIELD_END,
+};
+
+static const struct {
+        const char *name;
+        const JsonField *fields;
+        int error;
+} error_table[] = {
+        { VMMB_ERROR_OUT_OF_MEMORY, error_out_of_memory_fields, -ENOMEM },
+        { VMMB_ERROR_QUOTA_EXCEEDED, error_quota_exceeded_fields, -EDQUOT },
+        { VMMB_ERROR_NO_SUCH_LEASE, error_no_such_lease_fields, -ENOENT },
+        { VMMB_ERROR_NO_SUCH_DEVICE, error_no_such_device_fields, -ENODEV },
+        { VMMB_ERROR_INVALID_PARAMETER, error_invalid_parameter_fields, -EINVAL },
+        { VMMB_ERROR_PERMISSION_DENIED, error_message_fields, -EACCES },
+        { VMMB_ERROR_DRIVER_ERROR, error_message_fields, -EIO },
+        { VARLINK_ERROR_METHOD_NOT_FOUND, error_method_fields, -EOPNOTSUPP },
+        { VARLINK_ERROR_METHOD_NOT_IMPLEMENTED, error_method_fields, -EOPNOTSUPP },
+        { VARLINK_ERROR_INTERFACE_NOT_FOUND, error_interface_fields, -EOPNOTSUPP },
+        { VARLINK_ERROR_INVALID_PARAMETER, error_parameter_fields, -EINVAL },
+};
+
+/* ---- Codecs ---- */
+
+#define DEFINE_ENCODE(name, type, fields)                                      \
+        int name##_encode(const type *in, json_object **ret) {                 \
+                return json_build(fields, in, ret);                            \
+        }
+#define DEFINE_DONE(name, type, fields)                                        \
+        void name##_done(type *p) {                                            \
+                json_dispatch_free(fields, p);                                 \
+        }
+/* For parameters: the bad field is reported for an InvalidParameter error. */
+#define DEFINE_PARAMS_CODEC(name, type, fields)                                \
+        int name##_decode(json_object *params, type *ret, const char **ret_bad_field, \
+                          char **ret_message) {                                \
+                return json_dispatch(params, fields, ret, ret_bad_field, ret_message); \
+        }                                                                      \
+        DEFINE_ENCODE(name, type, fields)
+/* For replies: the client only needs the sentence. */
+#define DEFINE_REPLY_CODEC(name, type, fields)                                 \
+        int name##_decode(json_object *params, type *ret, char **ret_message) { \
+                return json_dispatch(params, fields, ret, NULL, ret_message);  \
+        }                                                                      \
+        DEFINE_ENCODE(name, type, fields)                                      \
+        DEFINE_DONE(name, type, fields)
+
+int alloc_params_decode(json_object *params, AllocParams *ret, const char **ret_bad_field, char **ret_message) {
+        int r;
+
+        r = json_dispatch(params, alloc_params_fields, ret, ret_bad_field, ret_message);
+        if (r < 0)
+                return r;
+        if (ret->size == 0) {
+                alloc_params_done(ret);
+                if (ret_bad_field)
+                        *ret_bad_field = "size";
+                set_message(ret_message, "Parameter 'size' must be at least 1.");
+                return -EINVAL;
+        }
+        return 0;
+}
+DEFINE_ENCODE(alloc_params, AllocParams, alloc_params_fields)
+DEFINE_DONE(alloc_params, AllocParams, alloc_params_fields)
+
+DEFINE_PARAMS_CODEC(free_params, FreeParams, free_params_fields)
+DEFINE_DONE(free_params, FreeParams, free_params_fields)
+
+DEFINE_PARAMS_CODEC(list_params, ListParams, list_params_fields)
+
+DEFINE_PARAMS_CODEC(interface_params, InterfaceParams, interface_params_fields)
+DEFINE_DONE(interface_params, InterfaceParams, interface_params_fields)
+
+int empty_params_decode(json_object *params, const char **ret_bad_field, char **ret_message) {
+        EmptyParams p;
+
+        return json_dispatch(params, empty_fields, &p, ret_bad_field, ret_message);
+}
+
+int empty_params_encode(json_object **ret) {
+        EmptyParams p = {};
+
+        return json_build(empty_fields, &p, ret);
+}
+
+int alloc_reply_decode(json_object *params, size_t n_fds, AllocReply *ret, char **ret_message) {
+        _cleanup_free_ bool *seen = NULL;
+        int r;
+
+        r = json_dispatch(params, alloc_reply_fields, ret, NULL, ret_message);
+        if (r < 0)
+                return r;
+        if (ret->lease.n_slabs != n_fds) {
+                set_message(ret_message, "The lease has %zu slabs but came with %zu file descriptors.",
+                            ret->lease.n_slabs, n_fds);
+                r = -EINVAL;
+                goto fail;
+        }
+        seen = calloc(n_fds ?: 1, sizeof(bool));
+        if (!seen) {
+                r = -ENOMEM;
+                goto fail;
+        }
+        for (size_t i = 0; i < ret->lease.n_slabs; i++) {
+                uint64_t fd = ret->lease.slabs[i].fd;
+
+                if (fd >= n_fds || seen[fd]) {
+                        set_message(ret_message, "Slab %zu names file descriptor %llu, which is %s.", i,
+                                    (unsigned long long)fd, fd >= n_fds ? "not there" : "taken");
+                        r = -EINVAL;
+                        goto fail;
+                }
+                seen[fd] = true;
+        }
+        return 0;
+
+fail:
+        alloc_reply_done(ret);
+        return r;
+}
+DEFINE_ENCODE(alloc_reply, AllocReply, alloc_reply_fields)
+DEFINE_DONE(alloc_reply, AllocReply, alloc_reply_fields)
+
+DEFINE_REPLY_CODEC(list_reply, ListReply, list_reply_fields)
+DEFINE_REPLY_CODEC(status_reply, StatusReply, status_reply_fields)
+
+int varlink_info_encode(json_object **ret) {
+        char *interfaces[] = { (char *)VARLINK_SERVICE_INTERFACE, (char *)VMMB_INTERFACE, NULL };
+        VarlinkInfo info = {
+                .vendor = (char *)"vmmbroker",
+                .product = (char *)"vmmbrokerd",
+                .version = (char *)VMMBROKER_VERSION,
+                .url = (char *)VMMBROKER_URL,
+                .interfaces = interfaces,
+                .n_interfaces = ELEMENTSOF(interfaces) - 1,
+        };
+
+        return json_build(info_fields, &info, ret);
+}
+
+int varlink_info_decode(json_object *params, VarlinkInfo *ret, char **ret_message) {
+        return json_dispatch(params, info_fields, ret, NULL, ret_message);
+}
+DEFINE_DONE(varlink_info, VarlinkInfo, info_fields)
+
+int interface_description_encode(const char *interface, json_object **ret) {
+        InterfaceDescription d;
+
+        if (interface && strcmp(interface, VMMB_INTERFACE) == 0)
+                d.description = (char *)vmmb_interface_description;
+        else if (interface && strcmp(interface, VARLINK_SERVICE_INTERFACE) == 0)
+                d.description = (char *)varlink_service_interface_description;
+        else
+                return -ENOENT;
+        return json_build(interface_description_fields, &d, ret);
+}
+
+int interface_description_decode(json_object *params, InterfaceDescription *ret, char **ret_message) {
+        return json_dispatch(params, interface_description_fields, ret, NULL, ret_message);
+}
+DEFINE_DONE(interface_description, InterfaceDescription, interface_description_fields)
+
+/* ---- Errors ---- */
+
+static const JsonField *error_fields(const char *error) {
+        for (size_t i = 0; i < ELEMENTSOF(error_table); i++)
+                if (strcmp(error_table[i].name, error) == 0)
+                        return error_table[i].fields;
+        return NULL;
+}
+
+static int error_build(const char *error, const VmmbError *e, json_object **ret) {
+        _cleanup_(json_object_putp) json_object *params = NULL;
+        int r;
+
+        r = json_build(error_fields(error), e, &params);
+        if (r < 0)
+                return r;
+        return varlink_error_new(error, params, ret);
+}
+
+int vmmb_error_out_of_memory(int64_t device, uint64_t requested, uint64_t available, const char *message,
+                             json_object **ret) {
+        VmmbError e = {
+                .device = device,
+                .requested = requested,
+                .available = available,
+                .message = (char *)message,
+        };
+
+        return error_build(VMMB_ERROR_OUT_OF_MEMORY, &e, ret);
+}
+
+int vmmb_error_quota_exceeded(const char *resource, uint64_t limit, uint64_t current, const char *message,
+                              json_object **ret) {
+        VmmbError e = {
+                .resource = (char *)resource,
+                .limit = limit,
+                .current = current,
+                .message = (char *)message,
+        };
+
+        return error_build(VMMB_ERROR_QUOTA_EXCEEDED, &e, ret);
+}
+
+int vmmb_error_no_such_lease(const char *id, json_object **ret) {
+        VmmbError e = { .id = (char *)id };
+
+        return error_build(VMMB_ERROR_NO_SUCH_LEASE, &e, ret);
+}
+
+int vmmb_error_no_such_device(int64_t device, json_object **ret) {
+        VmmbError e = { .device = device };
+
+        return error_build(VMMB_ERROR_NO_SUCH_DEVICE, &e, ret);
+}
+
+int vmmb_error_invalid_parameter(const char *parameter, const char *message, json_object **ret) {
+        VmmbError e = { .parameter = (char *)parameter, .message = (char *)message };
+
+        return error_build(VMMB_ERROR_INVALID_PARAMETER, &e, ret);
+}
+
+int vmmb_error_permission_denied(const char *message, json_object **ret) {
+        VmmbError e = { .message = (char *)message };
+
+        return error_build(VMMB_ERROR_PERMISSION_DENIED, &e, ret);
+}
+
+int vmmb_error_driver_error(const char *message, json_object **ret) {
+        VmmbError e = { .message = (char *)message };
+
+        return error_build(VMMB_ERROR_DRIVER_ERROR, &e, ret);
+}
+
+int varlink_error_method_not_found(const char *method, json_object **ret) {
+        VmmbError e = { .method = (char *)method };
+
+        return error_build(VARLINK_ERROR_METHOD_NOT_FOUND, &e, ret);
+}
+
+int varlink_error_interface_not_found(const char *interface, json_object **ret) {
+        VmmbError e = { .interface = (char *)interface };
+
+        return error_build(VARLINK_ERROR_INTERFACE_NOT_FOUND, &e, ret);
+}
+
+int varlink_error_invalid_parameter(const char *parameter, json_object **ret) {
+        VmmbError e = { .parameter = (char *)parameter };
+
+        return error_build(VARLINK_ERROR_INVALID_PARAMETER, &e, ret);
+}
+
+int vmmb_error_decode(const char *error, json_object *params, VmmbError *ret, char **ret_message) {
+        const JsonField *fields = error ? error_fields(error) : NULL;
+
+        *ret = (VmmbError){ .device = -1 };
+        if (!fields)
+                return 0;
+        return json_dispatch(params, fields, ret, NULL, ret_message);
+}
+
+void vmmb_error_done(VmmbError *e) {
+        free(e->resource);
+        free(e->id);
+        free(e->parameter);
+        free(e->method);
+        free(e->interface);
+        free(e->message);
+        *e = (VmmbError){ .device = -1 };
+}
+
+int vmmb_error_to_errno(const char *error) {
+        for (size_t i = 0; error && i < ELEMENTSOF(error_table); i++)
+                if (strcmp(error_table[i].name, error) == 0)
+                        return error_table[i].error;
+        return -EPROTO;
+}

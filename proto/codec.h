@@ -1,0 +1,299 @@
+/* SPDX-License-Identifier: MIT */
+#pragma once
+
+/*
+ * The io.vmmbroker calls and replies (see io.vmmbroker.varlink), and the
+ * parts of org.varlink.service the daemon serves, as C structs with one
+ * JsonField table each. Both sides use the same tables: the daemon decodes
+ * parameters and encodes replies, the client the other way round.
+ *
+ * Every codec has three functions:
+ *   - NAME_decode(params, ret, ret_bad_field, ret_message): json_dispatch()
+ *     into *ret (-EINVAL names the field; see json.h); params may be NULL;
+ *   - NAME_encode(in, ret): a new parameters object for the envelope
+ *     (varlink_call_new(), varlink_reply_new());
+ *   - NAME_done(p): frees the strings and arrays of a decoded struct.
+ * Optional members hold their absent value (json.h): NULL strings, -1 for an
+ * absent device, false.
+ */
+
+#include <json-c/json.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define VMMB_INTERFACE "io.vmmbroker"
+#define VMMB_METHOD_ALLOC VMMB_INTERFACE ".Alloc"
+#define VMMB_METHOD_FREE VMMB_INTERFACE ".Free"
+#define VMMB_METHOD_LIST VMMB_INTERFACE ".List"
+#define VMMB_METHOD_STATUS VMMB_INTERFACE ".Status"
+
+#define VMMB_ERROR_OUT_OF_MEMORY VMMB_INTERFACE ".OutOfMemory"
+#define VMMB_ERROR_QUOTA_EXCEEDED VMMB_INTERFACE ".QuotaExceeded"
+#define VMMB_ERROR_NO_SUCH_LEASE VMMB_INTERFACE ".NoSuchLease"
+#define VMMB_ERROR_NO_SUCH_DEVICE VMMB_INTERFACE ".NoSuchDevice"
+#define VMMB_ERROR_INVALID_PARAMETER VMMB_INTERFACE ".InvalidParameter"
+#define VMMB_ERROR_PERMISSION_DENIED VMMB_INTERFACE ".PermissionDenied"
+#define VMMB_ERROR_DRIVER_ERROR VMMB_INTERFACE ".DriverError"
+
+#define VARLINK_SERVICE_INTERFACE "org.varlink.service"
+#define VARLINK_METHOD_GET_INFO VARLINK_SERVICE_INTERFACE ".GetInfo"
+#define VARLINK_METHOD_GET_INTERFACE_DESCRIPTION VARLINK_SERVICE_INTERFACE ".GetInterfaceDescription"
+#define VARLINK_ERROR_INTERFACE_NOT_FOUND VARLINK_SERVICE_INTERFACE ".InterfaceNotFound"
+#define VARLINK_ERROR_METHOD_NOT_FOUND VARLINK_SERVICE_INTERFACE ".MethodNotFound"
+#define VARLINK_ERROR_METHOD_NOT_IMPLEMENTED VARLINK_SERVICE_INTERFACE ".MethodNotImplemented"
+#define VARLINK_ERROR_INVALID_PARAMETER VARLINK_SERVICE_INTERFACE ".InvalidParameter"
+
+/* Limits on strings, in bytes. */
+#define VMMB_LABEL_MAX 128      /* Alloc's label, as the interface says */
+#define VMMB_ID_MAX 64          /* lease identifiers */
+#define VMMB_NAME_MAX 256       /* device names, process names, error resources */
+#define VMMB_MESSAGE_MAX 1024   /* messages for a person */
+#define VMMB_DESCRIPTION_MAX (60U * 1024U) /* an interface description (fits a 64 KiB reply) */
+
+/* Value of AllocParams.device when no device was asked for. */
+#define VMMB_DEVICE_ANY INT64_C(-1)
+
+/* The interface file, embedded at build time (generated from io.vmmbroker.varlink). */
+extern const char vmmb_interface_description[];
+
+/* The org.varlink.service interface, as the varlink specification gives it. */
+extern const char varlink_service_interface_description[];
+
+/* Alloc(size: int, device: ?int, label: ?string) */
+typedef struct AllocParams {
+        uint64_t size;          /* at least 1 */
+        int64_t device;         /* VMMB_DEVICE_ANY when absent */
+        char *label;            /* NULL when absent */
+} AllocParams;
+
+/* Free(id: string) */
+typedef struct FreeParams {
+        char *id;
+} FreeParams;
+
+/* List(all: ?bool) */
+typedef struct ListParams {
+        bool all;
+} ListParams;
+
+/* Parameters of a method that takes none (Status) and the empty reply (Free). */
+typedef struct EmptyParams {
+        char dummy_;
+} EmptyParams;
+
+/* Slab (size: int, fd: int) */
+typedef struct WireSlab {
+        uint64_t size;
+        uint64_t fd;            /* index among the fds sent with the reply */
+} WireSlab;
+
+/* Lease (id, device, size, slabs: []Slab) */
+typedef struct WireLease {
+        char *id;
+        int64_t device;
+        uint64_t size;
+        WireSlab *slabs;
+        size_t n_slabs;
+} WireLease;
+
+/* Alloc's reply: (lease: Lease) */
+typedef struct AllocReply {
+        WireLease lease;
+} AllocReply;
+
+/* LeaseInfo (id, device, size, slabs, pid, uid, comm: ?string, label: ?string, created) */
+typedef struct WireLeaseInfo {
+        char *id;
+        int64_t device;
+        uint64_t size;
+        uint64_t slabs;
+        int64_t pid;
+        int64_t uid;
+        char *comm;             /* NULL when absent */
+        char *label;            /* NULL when absent */
+        int64_t created;        /* µs since the epoch */
+} WireLeaseInfo;
+
+/* List's reply: (leases: []LeaseInfo) */
+typedef struct ListReply {
+        WireLeaseInfo *leases;
+        size_t n_leases;
+} ListReply;
+
+/* Device (index, name, total, granularity, capacity, leased, scrubbing, cached, leases) */
+typedef struct WireDevice {
+        int64_t index;
+        char *name;
+        uint64_t total;
+        uint64_t granularity;
+        uint64_t capacity;
+        uint64_t leased;
+        uint64_t scrubbing;
+        uint64_t cached;
+        uint64_t leases;
+} WireDevice;
+
+/* Status's reply: (devices: []Device) */
+typedef struct StatusReply {
+        WireDevice *devices;
+        size_t n_devices;
+} StatusReply;
+
+/* org.varlink.service.GetInfo's reply */
+typedef struct VarlinkInfo {
+        char *vendor;
+        char *product;
+        char *version;
+        char *url;
+        char **interfaces;
+        size_t n_interfaces;
+} VarlinkInfo;
+
+/* org.varlink.service.GetInterfaceDescription(interface: string) */
+typedef struct InterfaceParams {
+        char *interface;
+} InterfaceParams;
+
+/* org.varlink.service.GetInterfaceDescription's reply: (description: string) */
+typedef struct InterfaceDescription {
+        char *description;
+} InterfaceDescription;
+
+/*
+ * The parameters of every error this interface and org.varlink.service name;
+ * each error uses some of them (see io.vmmbroker.varlink). Unused strings are
+ * NULL, unused integers 0 (device: -1).
+ */
+typedef struct VmmbError {
+        int64_t device;         /* OutOfMemory, NoSuchDevice */
+        uint64_t requested;     /* OutOfMemory */
+        uint64_t available;     /* OutOfMemory */
+        char *resource;         /* QuotaExceeded */
+        uint64_t limit;         /* QuotaExceeded */
+        uint64_t current;       /* QuotaExceeded */
+        char *id;               /* NoSuchLease */
+        char *parameter;        /* InvalidParameter (both interfaces) */
+        char *method;           /* MethodNotFound, MethodNotImplemented */
+        char *interface;        /* InterfaceNotFound */
+        char *message;          /* OutOfMemory, QuotaExceeded, InvalidParameter, PermissionDenied, DriverError */
+} VmmbError;
+
+/* Decodes Alloc's parameters; a size of 0 is refused as well (-EINVAL naming "size"). */
+int alloc_params_decode(json_object *params, AllocParams *ret, const char **ret_bad_field, char **ret_message);
+/* Encodes Alloc's parameters. Returns 0, -EINVAL, -ERANGE or -ENOMEM (json_build()). */
+int alloc_params_encode(const AllocParams *in, json_object **ret);
+/* Frees AllocParams' strings. */
+void alloc_params_done(AllocParams *p);
+
+/* Decodes Free's parameters. */
+int free_params_decode(json_object *params, FreeParams *ret, const char **ret_bad_field, char **ret_message);
+/* Encodes Free's parameters. */
+int free_params_encode(const FreeParams *in, json_object **ret);
+/* Frees FreeParams' strings. */
+void free_params_done(FreeParams *p);
+
+/* Decodes List's parameters. */
+int list_params_decode(json_object *params, ListParams *ret, const char **ret_bad_field, char **ret_message);
+/* Encodes List's parameters. */
+int list_params_encode(const ListParams *in, json_object **ret);
+
+/* Decodes an empty parameter object (Status's call, Free's reply): any key is unknown. */
+int empty_params_decode(json_object *params, const char **ret_bad_field, char **ret_message);
+/* Makes an empty parameters object. */
+int empty_params_encode(json_object **ret);
+
+/*
+ * Decodes Alloc's reply and checks it against the `n_fds` fds that came with
+ * it: one fd per slab, each index used once (-EINVAL otherwise).
+ */
+int alloc_reply_decode(json_object *params, size_t n_fds, AllocReply *ret, char **ret_message);
+/* Encodes Alloc's reply. */
+int alloc_reply_encode(const AllocReply *in, json_object **ret);
+/* Frees AllocReply's strings and slabs. */
+void alloc_reply_done(AllocReply *p);
+
+/* Decodes List's reply. */
+int list_reply_decode(json_object *params, ListReply *ret, char **ret_message);
+/* Encodes List's reply; comm and label are made printable (json_build()). */
+int list_reply_encode(const ListReply *in, json_object **ret);
+/* Frees ListReply's leases. */
+void list_reply_done(ListReply *p);
+
+/* Decodes Status's reply. */
+int status_reply_decode(json_object *params, StatusReply *ret, char **ret_message);
+/* Encodes Status's reply. */
+int status_reply_encode(const StatusReply *in, json_object **ret);
+/* Frees StatusReply's devices. */
+void status_reply_done(StatusReply *p);
+
+/* Encodes GetInfo's reply: vendor "vmmbroker", product "vmmbrokerd", the version, the URL, the interfaces. */
+int varlink_info_encode(json_object **ret);
+/* Decodes GetInfo's reply. */
+int varlink_info_decode(json_object *params, VarlinkInfo *ret, char **ret_message);
+/* Frees VarlinkInfo's strings. */
+void varlink_info_done(VarlinkInfo *p);
+
+/* Decodes GetInterfaceDescription's parameters. */
+int interface_params_decode(json_object *params, InterfaceParams *ret, const char **ret_bad_field,
+                            char **ret_message);
+/* Encodes GetInterfaceDescription's parameters. */
+int interface_params_encode(const InterfaceParams *in, json_object **ret);
+/* Frees InterfaceParams' strings. */
+void interface_params_done(InterfaceParams *p);
+
+/*
+ * Encodes GetInterfaceDescription's reply for `interface`: io.vmmbroker or
+ * org.varlink.service. Returns -ENOENT for another interface (answer with
+ * varlink_error_interface_not_found()).
+ */
+int interface_description_encode(const char *interface, json_object **ret);
+/* Decodes GetInterfaceDescription's reply. */
+int interface_description_decode(json_object *params, InterfaceDescription *ret, char **ret_message);
+/* Frees InterfaceDescription's string. */
+void interface_description_done(InterfaceDescription *p);
+
+/*
+ * Error replies: each builds a whole error envelope ({"error": ...,
+ * "parameters": {...}}) for varlink_conn_send(). Messages are made printable
+ * and cut to VMMB_MESSAGE_MAX. Return 0 or -ENOMEM (-EINVAL for a NULL string).
+ */
+int vmmb_error_out_of_memory(int64_t device, uint64_t requested, uint64_t available, const char *message,
+                             json_object **ret);
+/* QuotaExceeded: `resource` is "bytes", "leases" or "connections". */
+int vmmb_error_quota_exceeded(const char *resource, uint64_t limit, uint64_t current, const char *message,
+                              json_object **ret);
+/* NoSuchLease for the identifier asked for. */
+int vmmb_error_no_such_lease(const char *id, json_object **ret);
+/* NoSuchDevice for the device asked for. */
+int vmmb_error_no_such_device(int64_t device, json_object **ret);
+/* io.vmmbroker.InvalidParameter naming the parameter, e.g. from json_dispatch()'s outputs. */
+int vmmb_error_invalid_parameter(const char *parameter, const char *message, json_object **ret);
+/* PermissionDenied. */
+int vmmb_error_permission_denied(const char *message, json_object **ret);
+/* DriverError. */
+int vmmb_error_driver_error(const char *message, json_object **ret);
+/* org.varlink.service.MethodNotFound for an unknown method. */
+int varlink_error_method_not_found(const char *method, json_object **ret);
+/* org.varlink.service.InterfaceNotFound for an unknown interface. */
+int varlink_error_interface_not_found(const char *interface, json_object **ret);
+/* org.varlink.service.InvalidParameter, for the org.varlink.service methods. */
+int varlink_error_invalid_parameter(const char *parameter, json_object **ret);
+
+/*
+ * Decodes the parameters of the error `error` (a name from above) into *ret;
+ * an unknown error name leaves *ret empty and returns 0. Returns -EINVAL (with
+ * *ret_message) when the parameters do not match the error, -ENOMEM.
+ */
+int vmmb_error_decode(const char *error, json_object *params, VmmbError *ret, char **ret_message);
+/* Frees VmmbError's strings. */
+void vmmb_error_done(VmmbError *e);
+
+/*
+ * The negative errno a client returns for an error name: OutOfMemory -ENOMEM,
+ * QuotaExceeded -EDQUOT, NoSuchLease -ENOENT, NoSuchDevice -ENODEV,
+ * InvalidParameter (either) -EINVAL, PermissionDenied -EACCES, DriverError
+ * -EIO, MethodNotFound/MethodNotImplemented/InterfaceNotFound -EOPNOTSUPP,
+ * anything else -EPROTO.
+ */
+int vmmb_error_to_errno(const char *error);

@@ -1,0 +1,162 @@
+/* SPDX-License-Identifier: MIT */
+#pragma once
+
+/*
+ * Strict JSON for the wire, on json-c.
+ *
+ * json-c alone is lenient even with JSON_TOKENER_STRICT (it takes NaN,
+ * Infinity, single quotes, raw control characters in strings, overlong UTF-8
+ * and UTF-16 surrogates, clamps out-of-range integers and keeps the last of
+ * duplicate keys), so json_parse_message() first checks the text against the
+ * RFC 8259 grammar itself, then lets json-c build the tree.
+ *
+ * Parameters are read through a table of JsonField, in the style of systemd's
+ * json_dispatch(): each field names a member of a C struct, its type and its
+ * limits. The same table serialises the struct (json_build()), so a codec is
+ * one table and the two sides cannot disagree.
+ *
+ * Optional fields have an "absent" value instead of a presence flag; dispatch
+ * always writes every member of the table, so the struct needs no set-up:
+ *   - JSON_STRING: NULL;
+ *   - JSON_INT64 with .nonnegative: -1 (JSON_ABSENT);
+ *   - JSON_BOOL: false;
+ *   - JSON_ARRAY, JSON_STRV: NULL (and a count of 0);
+ *   - JSON_VARIANT: NULL.
+ * JSON null is taken as absent for an optional field. Other types cannot be
+ * optional (dispatch returns -EINVAL for such a table). json_build() omits a
+ * field holding its absent value (NULL string, array or variant, negative
+ * optional integer, false optional boolean).
+ *
+ * Strings are copied (strdup) into the struct: they outlive the JSON object.
+ * json_dispatch_free() frees them, and every array, and sets them to NULL.
+ */
+
+#include <json-c/json.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Most containers nested in one message (the top-level object counts as 1). */
+#define VARLINK_MAX_DEPTH 16
+
+/* Value of an optional, non-negative JSON_INT64 member when the field is absent. */
+#define JSON_ABSENT INT64_C(-1)
+
+typedef enum JsonType {
+        JSON_INT64,  /* int64_t; with .nonnegative, 0..INT64_MAX */
+        JSON_UINT64, /* uint64_t, 0..INT64_MAX (the range every varlink peer can read) */
+        JSON_BOOL,   /* bool */
+        JSON_STRING, /* char *: printable UTF-8 of at most .max_len bytes */
+        JSON_OBJECT, /* a struct embedded at .offset, described by .fields */
+        JSON_ARRAY,  /* an array of objects: a pointer at .offset to .elem_size-byte elements
+                        described by .fields, their count a size_t at .count_offset */
+        JSON_VARIANT, /* json_object *: any JSON object, kept as a new reference that
+                         json_dispatch_free() drops */
+        JSON_STRV,   /* char **: a NULL-terminated array of strings of at most .max_len bytes
+                        each, their count a size_t at .count_offset */
+} JsonType;
+
+typedef struct JsonField {
+        const char *name;        /* the JSON key; NULL ends a table */
+        JsonType type;
+        bool required;           /* absent or null is an error */
+        bool nonnegative;        /* JSON_INT64: refuse negative values */
+        bool multiline;          /* JSON_STRING, JSON_STRV: also allow newline and tab */
+        size_t offset;           /* of the member in the struct */
+        size_t max_len;          /* JSON_STRING, JSON_STRV: bytes of a string; JSON_ARRAY: elements;
+                                    0: no limit beyond the message size */
+        const struct JsonField *fields; /* JSON_OBJECT, JSON_ARRAY: the nested table */
+        size_t elem_size;        /* JSON_ARRAY: sizeof one element */
+        size_t count_offset;     /* JSON_ARRAY, JSON_STRV: offset of a size_t element count */
+} JsonField;
+
+/* Table entries. `st` is the struct type, `m` the member; the member's C type is checked. */
+#define JSON_MEMBER_(st, m, ctype)                                                       \
+        (offsetof(st, m) +                                                               \
+         0 * sizeof(struct {                                                             \
+                 _Static_assert(__builtin_types_compatible_p(__typeof__(((st *)0)->m), ctype), \
+                                "member " #m " of " #st " is not " #ctype);              \
+                 int dummy_;                                                             \
+         }))
+#define JSON_FIELD_INT64(n, st, m, req, nonneg)                                          \
+        { .name = (n), .type = JSON_INT64, .required = (req), .nonnegative = (nonneg),   \
+          .offset = JSON_MEMBER_(st, m, int64_t) }
+#define JSON_FIELD_UINT64(n, st, m)                                                      \
+        { .name = (n), .type = JSON_UINT64, .required = true, .offset = JSON_MEMBER_(st, m, uint64_t) }
+#define JSON_FIELD_BOOL(n, st, m, req)                                                   \
+        { .name = (n), .type = JSON_BOOL, .required = (req), .offset = JSON_MEMBER_(st, m, bool) }
+#define JSON_FIELD_STRING(n, st, m, req, max)                                            \
+        { .name = (n), .type = JSON_STRING, .required = (req), .offset = JSON_MEMBER_(st, m, char *), \
+          .max_len = (max) }
+#define JSON_FIELD_TEXT(n, st, m, req, max)                                              \
+        { .name = (n), .type = JSON_STRING, .required = (req), .multiline = true,        \
+          .offset = JSON_MEMBER_(st, m, char *), .max_len = (max) }
+#define JSON_FIELD_OBJECT(n, st, m, etype, tbl)                                          \
+        { .name = (n), .type = JSON_OBJECT, .required = true, .offset = JSON_MEMBER_(st, m, etype), \
+          .fields = (tbl) }
+#define JSON_FIELD_ARRAY(n, st, m, cnt, etype, tbl, req, max)                            \
+        { .name = (n), .type = JSON_ARRAY, .required = (req), .offset = JSON_MEMBER_(st, m, etype *), \
+          .count_offset = JSON_MEMBER_(st, cnt, size_t), .elem_size = sizeof(etype),     \
+          .fields = (tbl), .max_len = (max) }
+#define JSON_FIELD_STRV(n, st, m, cnt, req, max)                                         \
+        { .name = (n), .type = JSON_STRV, .required = (req), .offset = JSON_MEMBER_(st, m, char **), \
+          .count_offset = JSON_MEMBER_(st, cnt, size_t), .max_len = (max) }
+#define JSON_FIELD_VARIANT(n, st, m, req)                                                 \
+        { .name = (n), .type = JSON_VARIANT, .required = (req), .offset = JSON_MEMBER_(st, m, json_object *) }
+#define JSON_FIELD_END { .name = NULL }
+
+/*
+ * Parses buf[0..len) as one message: strict RFC 8259 JSON whose only value is
+ * an object (whitespace around it is allowed, nothing else), valid UTF-8 with
+ * no overlong forms, surrogates or embedded NUL (raw or \u0000), no unpaired
+ * \u surrogate escapes, no duplicate keys, at most VARLINK_MAX_DEPTH nested
+ * containers, and no integer json-c would clamp (outside
+ * INT64_MIN..UINT64_MAX). Returns 0 and a new reference in *ret, -EBADMSG when
+ * the text breaks any rule, or -ENOMEM.
+ */
+int json_parse_message(const char *buf, size_t len, json_object **ret);
+
+/*
+ * Reads `params` (an object, or NULL for an empty one) into the struct `out`
+ * as the table `fields` says. Every member in the table is written (absent
+ * optional fields get their absent value, see above); members must not hold
+ * anything to free on entry. Rejects unknown keys, wrong JSON types (1.0 is
+ * not an integer), missing required fields, integers out of range and strings
+ * that are too long, not printable or hold control characters.
+ *
+ * Returns 0; -EINVAL for a parameter error, with the top-level key in
+ * *ret_bad_field (pointing into the table or, for an unknown key, into
+ * `params`: valid while params lives) and a sentence in *ret_message (through
+ * set_message(); both outputs may be NULL); -EBADMSG when params is not an
+ * object; -ENOMEM. On failure the struct's strings and arrays are freed.
+ */
+int json_dispatch(json_object *params, const JsonField *fields, void *out,
+                  const char **ret_bad_field, char **ret_message);
+
+/* Frees the strings and arrays that json_dispatch() put in `out`, recursively, and sets them to NULL. */
+void json_dispatch_free(const JsonField *fields, void *out);
+
+/*
+ * Serialises the struct `in` as a new JSON object, as the table `fields`
+ * says; optional fields holding their absent value are left out. Strings are
+ * made acceptable to json_dispatch(): invalid UTF-8 and control characters
+ * become '?', and a string longer than .max_len is cut at a character
+ * boundary. Returns 0 and a new reference in *ret; -EINVAL when a required
+ * string or array is NULL or a table is malformed; -ERANGE for a JSON_UINT64
+ * above INT64_MAX or a negative JSON_INT64 marked non-negative and required;
+ * -ENOMEM.
+ */
+int json_build(const JsonField *fields, const void *in, json_object **ret);
+
+/*
+ * Tells whether s[0..len) is valid UTF-8 (no overlong forms, surrogates or
+ * code points above U+10FFFF) holding no control character (C0, DEL, C1),
+ * except newline and tab when `multiline`.
+ */
+bool json_string_is_printable(const char *s, size_t len, bool multiline);
+
+/* Drops a json-c reference held in *p; for _cleanup_(json_object_putp). */
+static inline void json_object_putp(json_object **p) {
+        if (*p)
+                json_object_put(*p);
+}

@@ -1,0 +1,502 @@
+/* SPDX-License-Identifier: MIT */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fdpass.h"
+#include "json.h"
+#include "list.h"
+#include "macro.h"
+#include "varlink.h"
+
+/* Starting size of the input buffer; it doubles up to the message limit. */
+#define INPUT_INITIAL 4096U
+
+/* fds that arrived with the message starting at stream offset `at`. */
+typedef struct FdBatch {
+        List link;
+        uint64_t at;
+        int *fds;
+        size_t n_fds;
+} FdBatch;
+
+/* Queued output: bytes of one or more messages; fds, when any, go with data[0]. */
+typedef struct OutBuf {
+        List link;
+        char *data;
+        size_t len;
+        size_t alloc;
+        size_t sent;
+        int *fds;
+        size_t n_fds;
+} OutBuf;
+
+struct VarlinkConn {
+        int fd;
+        bool accept_fds;
+        size_t max_message;
+
+        char *in;
+        size_t in_alloc;
+        size_t in_start;        /* first byte not handed out: always a message start */
+        size_t in_end;
+        size_t in_scanned;      /* bytes after in_start known to hold no NUL */
+        uint64_t in_offset;     /* stream offset of in[0] */
+        bool in_eof;
+        List in_fds;            /* FdBatch, by stream offset */
+
+        List out;               /* OutBuf, in order */
+        size_t out_pending;
+};
+
+static FdBatch *fd_batch_free(FdBatch *b) {
+        if (!b)
+                return NULL;
+        list_unlink(&b->link);
+        close_many(b->fds, b->n_fds);
+        free(b->fds);
+        free(b);
+        return NULL;
+}
+
+static OutBuf *out_buf_free(OutBuf *o) {
+        if (!o)
+                return NULL;
+        list_unlink(&o->link);
+        close_many(o->fds, o->n_fds);
+        free(o->fds);
+        free(o->data);
+        free(o);
+        return NULL;
+}
+
+int varlink_conn_new(VarlinkConn **ret, int fd, size_t max_message, bool accept_fds) {
+        VarlinkConn *c;
+
+        if (fd < 0 || max_message < 2)
+                return -EINVAL;
+        c = calloc(1, sizeof(*c));
+        if (!c)
+                return -ENOMEM;
+        *c = (VarlinkConn){
+                .fd = fd,
+                .accept_fds = accept_fds,
+                .max_message = max_message,
+        };
+        list_init(&c->in_fds);
+        list_init(&c->out);
+        *ret = c;
+        return 0;
+}
+
+VarlinkConn *varlink_conn_free(VarlinkConn *c) {
+        FdBatch *b, *bt;
+        OutBuf *o, *ot;
+
+        if (!c)
+                return NULL;
+        list_for_each_entry_safe(b, bt, &c->in_fds, link)
+                fd_batch_free(b);
+        list_for_each_entry_safe(o, ot, &c->out, link)
+                out_buf_free(o);
+        free(c->in);
+        safe_close(c->fd);
+        free(c);
+        return NULL;
+}
+
+int varlink_conn_get_fd(const VarlinkConn *c) {
+        return c->fd;
+}
+
+/* Attaches fds received with in[pos..pos+n) to the last message beginning there. */
+static int attach_fds(VarlinkConn *c, size_t pos, size_t n, int *fds, size_t n_fds) {
+        FdBatch *b, *last;
+        uint64_t at;
+        size_t i;
+
+        /* a message begins after each NUL, and at pos if the byte before it ended one */
+        for (i = n - 1; i > 0; i--)
+                if (c->in[pos + i - 1] == 0)
+                        break;
+        if (i == 0 && pos > c->in_start && c->in[pos - 1] != 0)
+                return -EPROTO;         /* fds in the middle of a message */
+        at = c->in_offset + pos + i;
+
+        last = list_last_entry(&c->in_fds, FdBatch, link);
+        if (last && last->at >= at)
+                return -EPROTO;         /* a second set of fds for one message */
+
+        b = calloc(1, sizeof(*b));
+        if (!b)
+                return -ENOMEM;
+        b->fds = malloc(n_fds * sizeof(int));
+        if (!b->fds) {
+                free(b);
+                return -ENOMEM;
+        }
+        memcpy(b->fds, fds, n_fds * sizeof(int));
+        b->n_fds = n_fds;
+        b->at = at;
+        list_link_tail(&c->in_fds, &b->link);
+        return 0;
+}
+
+int varlink_conn_read(VarlinkConn *c) {
+        int fds[FDPASS_MAX_FDS];
+        size_t n_fds = 0, room, want, pos;
+        ssize_t n;
+        int r;
+
+        if (c->in_eof)
+                return 0;
+        if (c->in_start > 0) {
+                memmove(c->in, c->in + c->in_start, c->in_end - c->in_start);
+                c->in_offset += c->in_start;
+                c->in_end -= c->in_start;
+                c->in_start = 0;
+        }
+        room = c->max_message - c->in_end;
+        if (room == 0)
+                return memchr(c->in, 0, c->in_end) ? -ENOBUFS : -EMSGSIZE;
+        if (c->in_alloc - c->in_end < room && c->in_alloc - c->in_end < INPUT_INITIAL / 2) {
+                size_t a = c->in_alloc ? c->in_alloc * 2 : INPUT_INITIAL;
+                char *p;
+
+                if (a > c->max_message)
+                        a = c->max_message;
+                p = realloc(c->in, a);
+                if (!p)
+                        return -ENOMEM;
+                c->in = p;
+                c->in_alloc = a;
+        }
+        want = c->in_alloc - c->in_end;
+        if (want > room)
+                want = room;
+
+        pos = c->in_end;
+        n = fd_recv(c->fd, c->in + pos, want, fds, FDPASS_MAX_FDS, &n_fds);
+        if (n < 0)
+                return (int)n;
+        if (n_fds > 0 && (!c->accept_fds || n == 0)) {
+                close_many(fds, n_fds);
+                return -EPROTO;
+        }
+        if (n == 0) {
+                c->in_eof = true;
+                if (c->in_end > c->in_start && c->in[c->in_end - 1] != 0)
+                        return -ECONNRESET;
+                return 0;
+        }
+        c->in_end += (size_t)n;
+        if (n_fds > 0) {
+                r = attach_fds(c, pos, (size_t)n, fds, n_fds);
+                if (r < 0) {
+                        close_many(fds, n_fds);
+                        return r;
+                }
+        }
+        return (int)n;
+}
+
+int varlink_conn_next(VarlinkConn *c, const char **ret_message, size_t *ret_len,
+                      int **ret_fds, size_t *ret_n_fds) {
+        size_t avail = c->in_end - c->in_start;
+        const char *nul;
+        FdBatch *b;
+        uint64_t at;
+
+        nul = avail > c->in_scanned
+                ? memchr(c->in + c->in_start + c->in_scanned, 0, avail - c->in_scanned)
+                : NULL;
+        if (!nul) {
+                c->in_scanned = avail;
+                if (avail >= c->max_message)
+                        return -EMSGSIZE;
+                if (c->in_eof && avail > 0)
+                        return -ECONNRESET;
+                return 0;
+        }
+
+        at = c->in_offset + c->in_start;
+        b = list_first_entry(&c->in_fds, FdBatch, link);
+        if (b && b->at == at) {
+                if (ret_fds) {
+                        *ret_fds = TAKE_PTR(b->fds);
+                        *ret_n_fds = b->n_fds;
+                        b->n_fds = 0;
+                }
+                fd_batch_free(b);
+        } else if (ret_fds) {
+                *ret_fds = NULL;
+                *ret_n_fds = 0;
+        }
+
+        *ret_message = c->in + c->in_start;
+        *ret_len = (size_t)(nul - *ret_message);
+        c->in_start += *ret_len + 1;
+        c->in_scanned = 0;
+        return 1;
+}
+
+int varlink_conn_next_json(VarlinkConn *c, json_object **ret, int **ret_fds, size_t *ret_n_fds) {
+        _cleanup_free_ int *fds = NULL;
+        const char *m;
+        size_t len, n_fds = 0;
+        int r;
+
+        r = varlink_conn_next(c, &m, &len, &fds, &n_fds);
+        if (r <= 0)
+                return r;
+        r = json_parse_message(m, len, ret);
+        if (r < 0 || !ret_fds) {
+                close_many(fds, n_fds);
+                if (r < 0)
+                        return r;
+                return 1;
+        }
+        *ret_fds = TAKE_PTR(fds);
+        *ret_n_fds = n_fds;
+        return 1;
+}
+
+int varlink_conn_receive(VarlinkConn *c, json_object **ret, int **ret_fds, size_t *ret_n_fds) {
+        for (;;) {
+                int r;
+
+                r = varlink_conn_next_json(c, ret, ret_fds, ret_n_fds);
+                if (r != 0)
+                        return r;
+                r = varlink_conn_read(c);
+                if (r == 0)
+                        return -ECONNRESET;
+                if (r < 0)
+                        return r;
+        }
+}
+
+int varlink_conn_send(VarlinkConn *c, json_object *msg, const int *fds, size_t n_fds) {
+        OutBuf *o = NULL, *tail;
+        const char *s;
+        size_t len;
+
+        if (n_fds > FDPASS_MAX_FDS)
+                return -E2BIG;
+        s = json_object_to_json_string_length(msg, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE, &len);
+        if (!s)
+                return -ENOMEM;
+        if (memchr(s, 0, len))
+                return -EBADMSG;
+
+        tail = list_last_entry(&c->out, OutBuf, link);
+        if (n_fds == 0 && tail && tail->n_fds == 0) {
+                /* no fds: join the bytes queued before */
+                if (tail->alloc - tail->len < len + 1) {
+                        size_t a = tail->alloc * 2;
+                        char *p;
+
+                        if (a < tail->len + len + 1)
+                                a = tail->len + len + 1;
+                        p = realloc(tail->data, a);
+                        if (!p)
+                                return -ENOMEM;
+                        tail->data = p;
+                        tail->alloc = a;
+                }
+                memcpy(tail->data + tail->len, s, len + 1);
+                tail->len += len + 1;
+                c->out_pending += len + 1;
+                return 0;
+        }
+
+        o = calloc(1, sizeof(*o));
+        if (!o)
+                return -ENOMEM;
+        list_init(&o->link);
+        o->data = malloc(len + 1);
+        if (!o->data)
+                goto nomem;
+        memcpy(o->data, s, len + 1);
+        o->len = o->alloc = len + 1;
+        if (n_fds > 0) {
+                o->fds = malloc(n_fds * sizeof(int));
+                if (!o->fds)
+                        goto nomem;
+                for (size_t i = 0; i < n_fds; i++) {
+                        int fd = fcntl(fds[i], F_DUPFD_CLOEXEC, 3);
+
+                        if (fd < 0) {
+                                int r = -errno;
+
+                                out_buf_free(o);
+                                return r;
+                        }
+                        o->fds[o->n_fds++] = fd;
+                }
+        }
+        list_link_tail(&c->out, &o->link);
+        c->out_pending += o->len;
+        return 0;
+
+nomem:
+        out_buf_free(o);
+        return -ENOMEM;
+}
+
+int varlink_conn_flush(VarlinkConn *c) {
+        OutBuf *o;
+
+        while ((o = list_first_entry(&c->out, OutBuf, link))) {
+                ssize_t n;
+
+                n = fd_send(c->fd, o->data + o->sent, o->len - o->sent, o->fds, o->n_fds);
+                if (n < 0)
+                        return (int)n;
+                if (o->n_fds > 0) {
+                        /* the fds went with the first byte; never again */
+                        close_many(o->fds, o->n_fds);
+                        o->n_fds = 0;
+                }
+                o->sent += (size_t)n;
+                c->out_pending -= (size_t)n;
+                if (o->sent == o->len)
+                        out_buf_free(o);
+        }
+        return 0;
+}
+
+size_t varlink_conn_pending(const VarlinkConn *c) {
+        return c->out_pending;
+}
+
+/* ---- Envelopes ---- */
+
+bool varlink_name_is_valid(const char *name) {
+        size_t len, words = 0;
+        bool in_word = false;
+
+        if (!name)
+                return false;
+        len = strlen(name);
+        if (len == 0 || len > VARLINK_MAX_NAME)
+                return false;
+        for (const char *p = name; *p; p++) {
+                char ch = *p;
+
+                if (ch == '.') {
+                        if (!in_word)
+                                return false;
+                        in_word = false;
+                } else if ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+                           (ch >= '0' && ch <= '9') || ch == '_') {
+                        if (!in_word)
+                                words++;
+                        in_word = true;
+                } else
+                        return false;
+        }
+        return in_word && words >= 2;
+}
+
+static const JsonField call_fields[] = {
+        JSON_FIELD_STRING("method", VarlinkCall, method, true, VARLINK_MAX_NAME),
+        JSON_FIELD_VARIANT("parameters", VarlinkCall, parameters, false),
+        JSON_FIELD_BOOL("oneway", VarlinkCall, oneway, false),
+        JSON_FIELD_BOOL("more", VarlinkCall, more, false),
+        JSON_FIELD_END,
+};
+
+static const JsonField reply_fields[] = {
+        JSON_FIELD_STRING("error", VarlinkReply, error, false, VARLINK_MAX_NAME),
+        JSON_FIELD_VARIANT("parameters", VarlinkReply, parameters, false),
+        JSON_FIELD_BOOL("continues", VarlinkReply, continues, false),
+        JSON_FIELD_END,
+};
+
+int varlink_call_parse(json_object *msg, VarlinkCall *ret) {
+        VarlinkCall call;
+        int r;
+
+        r = json_dispatch(msg, call_fields, &call, NULL, NULL);
+        if (r == -ENOMEM)
+                return r;
+        if (r < 0)
+                return -EBADMSG;
+        if (!varlink_name_is_valid(call.method)) {
+                json_dispatch_free(call_fields, &call);
+                return -EBADMSG;
+        }
+        *ret = call;
+        return 0;
+}
+
+void varlink_call_done(VarlinkCall *call) {
+        json_dispatch_free(call_fields, call);
+        *call = (VarlinkCall){};
+}
+
+int varlink_reply_parse(json_object *msg, VarlinkReply *ret) {
+        VarlinkReply reply;
+        int r;
+
+        r = json_dispatch(msg, reply_fields, &reply, NULL, NULL);
+        if (r == -ENOMEM)
+                return r;
+        if (r < 0)
+                return -EBADMSG;
+        if (reply.error && !varlink_name_is_valid(reply.error)) {
+                json_dispatch_free(reply_fields, &reply);
+                return -EBADMSG;
+        }
+        *ret = reply;
+        return 0;
+}
+
+void varlink_reply_done(VarlinkReply *reply) {
+        json_dispatch_free(reply_fields, reply);
+        *reply = (VarlinkReply){};
+}
+
+/* Builds an envelope from `fields`, with {} standing in for NULL parameters. */
+static int envelope_build(const JsonField *fields, void *in, json_object **pparams, json_object **ret) {
+        _cleanup_(json_object_putp) json_object *empty = NULL;
+
+        if (!*pparams) {
+                empty = json_object_new_object();
+                if (!empty)
+                        return -ENOMEM;
+                *pparams = empty;
+        }
+        return json_build(fields, in, ret);
+}
+
+int varlink_call_new(const char *method, json_object *parameters, bool oneway, bool more, json_object **ret) {
+        VarlinkCall call = {
+                .method = (char *)method,
+                .parameters = parameters,
+                .oneway = oneway,
+                .more = more,
+        };
+
+        if (!varlink_name_is_valid(method))
+                return -EINVAL;
+        return envelope_build(call_fields, &call, &call.parameters, ret);
+}
+
+int varlink_reply_new(json_object *parameters, json_object **ret) {
+        VarlinkReply reply = { .parameters = parameters };
+
+        return envelope_build(reply_fields, &reply, &reply.parameters, ret);
+}
+
+int varlink_error_new(const char *error, json_object *parameters, json_object **ret) {
+        VarlinkReply reply = { .error = (char *)error, .parameters = parameters };
+
+        if (!varlink_name_is_valid(error))
+                return -EINVAL;
+        return envelope_build(reply_fields, &reply, &reply.parameters, ret);
+}

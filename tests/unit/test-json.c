@@ -1,0 +1,262 @@
+/* SPDX-License-Identifier: MIT */
+
+#include <check.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "json.h"
+#include "macro.h"
+
+static int parse(const char *s) {
+        json_object *o = NULL;
+        int r;
+
+        r = json_parse_message(s, strlen(s), &o);
+        if (r == 0)
+                json_object_put(o);
+        return r;
+}
+
+/* Nests n arrays in an object: {"a":[[...[1]...]]} has n + 1 containers. */
+static char *nested(int n) {
+        char *s = malloc(2 * (size_t)n + 16);
+
+        strcpy(s, "{\"a\":");
+        for (int i = 0; i < n; i++)
+                strcat(s, "[");
+        strcat(s, "1");
+        for (int i = 0; i < n; i++)
+                strcat(s, "]");
+        strcat(s, "}");
+        return s;
+}
+
+START_TEST(test_parse_strict) {
+        _cleanup_free_ char *d16 = nested(15), *d17 = nested(16);
+
+        ck_assert_int_eq(parse("{}"), 0);
+        ck_assert_int_eq(parse(" {\"a\": [1, -2, 3.5e1, true, false, null, \"x\"]}\n"), 0);
+        ck_assert_int_eq(parse("{\"a\":\"\\u00e9\\ud83d\\ude00 \xc3\xa9\xf0\x9f\x98\x80\"}"), 0);
+
+        ck_assert_int_eq(parse(""), -EBADMSG);
+        ck_assert_int_eq(parse("[]"), -EBADMSG);                        /* not an object */
+        ck_assert_int_eq(parse("\"x\""), -EBADMSG);
+        ck_assert_int_eq(parse("{\"a\":1} x"), -EBADMSG);               /* trailing garbage */
+        ck_assert_int_eq(parse("{\"a\":1}{}"), -EBADMSG);               /* two objects */
+        ck_assert_int_eq(parse("{\"a\":NaN}"), -EBADMSG);
+        ck_assert_int_eq(parse("{\"a\":Infinity}"), -EBADMSG);
+        ck_assert_int_eq(parse("{\"a\":-Infinity}"), -EBADMSG);
+        ck_assert_int_eq(parse("{\"a\":1 /* c */}"), -EBADMSG);         /* comments */
+        ck_assert_int_eq(parse("{\"a\":1} // c"), -EBADMSG);
+        ck_assert_int_eq(parse("{'a':1}"), -EBADMSG);                   /* single quotes */
+        ck_assert_int_eq(parse("{\"a\":'x'}"), -EBADMSG);
+        ck_assert_int_eq(parse("{\"a\":1,}"), -EBADMSG);                /* trailing comma */
+        ck_assert_int_eq(parse("{\"a\":01}"), -EBADMSG);
+        ck_assert_int_eq(parse("{\"a\":+1}"), -EBADMSG);
+        ck_assert_int_eq(parse("{\"a\":1.}"), -EBADMSG);
+        ck_assert_int_eq(parse("{\"a\":.5}"), -EBADMSG);
+        ck_assert_int_eq(parse("{\"a\":tRue}"), -EBADMSG);
+        ck_assert_int_eq(parse("{a:1}"), -EBADMSG);
+        ck_assert_int_eq(parse("{\"a\":\"\xff\"}"), -EBADMSG);           /* invalid UTF-8 */
+        ck_assert_int_eq(parse("{\"a\":\"\xc3\"}"), -EBADMSG);           /* cut short */
+        ck_assert_int_eq(parse("{\"a\":\"\xc0\xaf\"}"), -EBADMSG);       /* overlong '/' */
+        ck_assert_int_eq(parse("{\"a\":\"\xe0\x80\xaf\"}"), -EBADMSG);   /* overlong, 3 bytes */
+        ck_assert_int_eq(parse("{\"a\":\"\xed\xa0\x80\"}"), -EBADMSG);   /* a surrogate */
+        ck_assert_int_eq(parse("{\"a\":\"\xf4\x90\x80\x80\"}"), -EBADMSG); /* above U+10FFFF */
+        ck_assert_int_eq(parse("{\"a\":\"\\ud800\"}"), -EBADMSG);       /* unpaired escape */
+        ck_assert_int_eq(parse("{\"a\":\"\\udc00\\ud800\"}"), -EBADMSG);
+        ck_assert_int_eq(parse("{\"a\":\"\\u0000\"}"), -EBADMSG);       /* escaped NUL */
+        ck_assert_int_eq(parse("{\"a\":\"\x01\"}"), -EBADMSG);           /* raw control character */
+        ck_assert_int_eq(parse("{\"a\":\"\\x\"}"), -EBADMSG);           /* unknown escape */
+        ck_assert_int_eq(parse("{\"a\":\"x}"), -EBADMSG);
+        ck_assert_int_eq(json_parse_message("{}\0", 3, &(json_object *){ NULL }), -EBADMSG); /* embedded NUL */
+        ck_assert_int_eq(json_parse_message("{\"a\":\"\0\"}", 8, &(json_object *){ NULL }), -EBADMSG);
+
+        /* depth: the object plus 15 arrays is 16 containers, one more is too many */
+        ck_assert_int_eq(parse(d16), 0);
+        ck_assert_int_eq(parse(d17), -EBADMSG);
+
+        /* integers json-c would clamp are refused; the rest are kept exactly */
+        ck_assert_int_eq(parse("{\"a\":9223372036854775807}"), 0);
+        ck_assert_int_eq(parse("{\"a\":-9223372036854775808}"), 0);
+        ck_assert_int_eq(parse("{\"a\":18446744073709551615}"), 0);
+        ck_assert_int_eq(parse("{\"a\":18446744073709551616}"), -EBADMSG);
+        ck_assert_int_eq(parse("{\"a\":-9223372036854775809}"), -EBADMSG);
+        ck_assert_int_eq(parse("{\"a\":100000000000000000000}"), -EBADMSG);
+
+        /* duplicate keys, at the top and nested (json-c would keep the last) */
+        ck_assert_int_eq(parse("{\"a\":1,\"a\":2}"), -EBADMSG);
+        ck_assert_int_eq(parse("{\"a\":1,\"\\u0061\":2}"), -EBADMSG);
+        ck_assert_int_eq(parse("{\"a\":[{\"b\":1,\"c\":{},\"b\":{\"x\":1}}]}"), -EBADMSG);
+        ck_assert_int_eq(parse("{\"a\":{\"b\":1},\"b\":{\"b\":1}}"), 0);
+}
+END_TEST
+
+typedef struct Inner {
+        uint64_t n;
+} Inner;
+
+typedef struct Params {
+        uint64_t size;
+        int64_t device;
+        int64_t delta;
+        bool flag;
+        char *label;
+        Inner *items;
+        size_t n_items;
+} Params;
+
+static const JsonField inner_fields[] = {
+        JSON_FIELD_UINT64("n", Inner, n),
+        JSON_FIELD_END,
+};
+
+static const JsonField params_fields[] = {
+        JSON_FIELD_UINT64("size", Params, size),
+        JSON_FIELD_INT64("device", Params, device, false, true),
+        JSON_FIELD_INT64("delta", Params, delta, true, false),
+        JSON_FIELD_BOOL("flag", Params, flag, false),
+        JSON_FIELD_STRING("label", Params, label, false, 8),
+        JSON_FIELD_ARRAY("items", Params, items, n_items, Inner, inner_fields, false, 3),
+        JSON_FIELD_END,
+};
+
+/* Dispatches s; returns the error, with the bad field and message copied out. */
+static int dispatch(const char *s, Params *p, char **ret_field, char **ret_message) {
+        _cleanup_(json_object_putp) json_object *o = NULL;
+        const char *bad = NULL;
+        int r;
+
+        ck_assert_int_eq(json_parse_message(s, strlen(s), &o), 0);
+        *ret_message = NULL;
+        r = json_dispatch(o, params_fields, p, &bad, ret_message);
+        *ret_field = bad ? strdup(bad) : NULL;
+        return r;
+}
+
+#define ck_dispatch_fails(s, field)                                                  \
+        do {                                                                         \
+                _cleanup_free_ char *f_ = NULL, *m_ = NULL;                          \
+                Params p_;                                                           \
+                ck_assert_int_eq(dispatch(s, &p_, &f_, &m_), -EINVAL);               \
+                ck_assert_ptr_nonnull(f_);                                           \
+                ck_assert_str_eq(f_, field);                                         \
+                ck_assert_ptr_nonnull(m_);                                           \
+                ck_assert_ptr_null(p_.label);                                        \
+                ck_assert_ptr_null(p_.items);                                        \
+        } while (0)
+
+START_TEST(test_dispatch) {
+        _cleanup_free_ char *f = NULL, *m = NULL;
+        Params p;
+
+        ck_assert_int_eq(dispatch("{\"size\":4096,\"delta\":-5}", &p, &f, &m), 0);
+        ck_assert_uint_eq(p.size, 4096);
+        ck_assert_int_eq(p.device, JSON_ABSENT);
+        ck_assert_int_eq(p.delta, -5);
+        ck_assert(!p.flag);
+        ck_assert_ptr_null(p.label);
+        ck_assert_ptr_null(p.items);
+        json_dispatch_free(params_fields, &p);
+
+        ck_assert_int_eq(dispatch("{\"size\":1,\"delta\":0,\"device\":null,\"label\":null,\"flag\":true,"
+                                  "\"items\":[{\"n\":1},{\"n\":2}]}", &p, &f, &m), 0);
+        ck_assert_int_eq(p.device, JSON_ABSENT);
+        ck_assert(p.flag);
+        ck_assert_uint_eq(p.n_items, 2);
+        ck_assert_uint_eq(p.items[1].n, 2);
+        json_dispatch_free(params_fields, &p);
+        ck_assert_ptr_null(p.items);
+
+        ck_assert_int_eq(dispatch("{\"size\":9223372036854775807,\"delta\":-9223372036854775808,"
+                                  "\"device\":3,\"label\":\"h\xc3\xa9llo\"}", &p, &f, &m), 0);
+        ck_assert_uint_eq(p.size, INT64_MAX);
+        ck_assert_int_eq(p.delta, INT64_MIN);
+        ck_assert_int_eq(p.device, 3);
+        ck_assert_str_eq(p.label, "h\xc3\xa9llo");
+        json_dispatch_free(params_fields, &p);
+        ck_assert_ptr_null(p.label);
+
+        /* absent parameters are an empty object */
+        ck_assert_int_eq(json_dispatch(NULL, inner_fields, &(Inner){}, NULL, NULL), -EINVAL);
+        ck_assert_int_eq(json_dispatch(NULL, (const JsonField[]){ JSON_FIELD_END }, &(Inner){}, NULL, NULL), 0);
+
+        ck_dispatch_fails("{\"size\":1,\"delta\":0,\"color\":1}", "color");             /* unknown */
+        ck_dispatch_fails("{\"size\":1,\"delta\":0,\"label\":\"ok\",\"x\":null}", "x");
+        ck_dispatch_fails("{\"delta\":0}", "size");                                      /* missing */
+        ck_dispatch_fails("{\"size\":null,\"delta\":0}", "size");
+        ck_dispatch_fails("{\"size\":\"1\",\"delta\":0}", "size");                       /* wrong types */
+        ck_dispatch_fails("{\"size\":1.0,\"delta\":0}", "size");
+        ck_dispatch_fails("{\"size\":1e3,\"delta\":0}", "size");
+        ck_dispatch_fails("{\"size\":true,\"delta\":0}", "size");
+        ck_dispatch_fails("{\"size\":1,\"delta\":0,\"flag\":1}", "flag");
+        ck_dispatch_fails("{\"size\":1,\"delta\":0,\"label\":5}", "label");
+        ck_dispatch_fails("{\"size\":1,\"delta\":0,\"items\":{}}", "items");
+        ck_dispatch_fails("{\"size\":-1,\"delta\":0}", "size");                          /* range */
+        ck_dispatch_fails("{\"size\":9223372036854775808,\"delta\":0}", "size");
+        ck_dispatch_fails("{\"size\":1,\"delta\":9223372036854775808}", "delta");
+        ck_dispatch_fails("{\"size\":1,\"delta\":0,\"device\":-1}", "device");
+        ck_dispatch_fails("{\"size\":1,\"delta\":0,\"label\":\"123456789\"}", "label"); /* too long */
+        ck_dispatch_fails("{\"size\":1,\"delta\":0,\"label\":\"a\\nb\"}", "label");     /* control */
+        ck_dispatch_fails("{\"size\":1,\"delta\":0,\"label\":\"a\\u007f\"}", "label");
+        ck_dispatch_fails("{\"size\":1,\"delta\":0,\"label\":\"a\\u0085\"}", "label");  /* C1 */
+        ck_dispatch_fails("{\"size\":1,\"delta\":0,\"label\":\"a\\u001b[2J\"}", "label");
+        ck_dispatch_fails("{\"size\":1,\"delta\":0,\"label\":\"ok\",\"items\":[{\"n\":1},{\"n\":-1}]}", "items");
+        ck_dispatch_fails("{\"size\":1,\"delta\":0,\"items\":[{\"n\":1},{\"n\":1,\"m\":1}]}", "items");
+        ck_dispatch_fails("{\"size\":1,\"delta\":0,\"items\":[1]}", "items");
+        ck_dispatch_fails("{\"size\":1,\"delta\":0,\"items\":[{\"n\":1},{\"n\":1},{\"n\":1},{\"n\":1}]}", "items");
+
+        /* the message names the field */
+        ck_assert_int_eq(dispatch("{\"size\":1,\"delta\":0,\"label\":\"123456789\"}", &p, &f, &m), -EINVAL);
+        ck_assert_ptr_nonnull(strstr(m, "'label'"));
+}
+END_TEST
+
+START_TEST(test_build) {
+        _cleanup_(json_object_putp) json_object *o = NULL;
+        _cleanup_free_ char *f = NULL, *m = NULL;
+        Inner items[] = { { .n = 7 } };
+        Params in = {
+                .size = 5,
+                .device = JSON_ABSENT,
+                .delta = -3,
+                .label = (char *)"bad\x01\xff\xc3\xa9xyzw",     /* sanitised and cut to 8 bytes */
+                .items = items,
+                .n_items = 1,
+        }, out;
+        const char *s;
+
+        ck_assert_int_eq(json_build(params_fields, &in, &o), 0);
+        s = json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN);
+        ck_assert_str_eq(s, "{\"size\":5,\"delta\":-3,\"label\":\"bad??\xc3\xa9x\",\"items\":[{\"n\":7}]}");
+        ck_assert_int_eq(dispatch(s, &out, &f, &m), 0);
+        ck_assert_int_eq(out.delta, -3);
+        json_dispatch_free(params_fields, &out);
+
+        in.size = UINT64_MAX;
+        ck_assert_int_eq(json_build(params_fields, &in, &(json_object *){ NULL }), -ERANGE);
+
+        ck_assert(json_string_is_printable("abc \xc3\xa9", 6, false));
+        ck_assert(!json_string_is_printable("a\tb", 3, false));
+        ck_assert(json_string_is_printable("a\tb\n", 4, true));
+        ck_assert(!json_string_is_printable("a\0b", 3, true));
+}
+END_TEST
+
+int main(void) {
+        Suite *s = suite_create("json");
+        TCase *tc = tcase_create("json");
+        SRunner *sr;
+        int failed;
+
+        tcase_add_test(tc, test_parse_strict);
+        tcase_add_test(tc, test_dispatch);
+        tcase_add_test(tc, test_build);
+        suite_add_tcase(s, tc);
+        sr = srunner_create(s);
+        srunner_run_all(sr, CK_NORMAL);
+        failed = srunner_ntests_failed(sr);
+        srunner_free(sr);
+        return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

@@ -1,0 +1,784 @@
+/* SPDX-License-Identifier: MIT */
+
+#include <check.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "codec.h"
+#include "fdpass.h"
+#include "json.h"
+#include "macro.h"
+#include "varlink.h"
+
+DEFINE_TRIVIAL_CLEANUP_FUNC(VarlinkConn, varlink_conn_free);
+
+/* A connected pair: *ret_conn reads from and writes to *ret_peer (a raw socket). */
+static void conn_pair(size_t max, bool accept_fds, VarlinkConn **ret_conn, int *ret_peer) {
+        int sv[2];
+
+        ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+        ck_assert_int_eq(varlink_conn_new(ret_conn, sv[0], max, accept_fds), 0);
+        *ret_peer = sv[1];
+}
+
+static void send_raw(int fd, const char *s, size_t len) {
+        ck_assert_int_eq(send(fd, s, len, MSG_NOSIGNAL), (ssize_t)len);
+}
+
+static int count_fds(void) {
+        DIR *d = opendir("/proc/self/fd");
+        struct dirent *e;
+        int n = 0;
+
+        ck_assert_ptr_nonnull(d);
+        while ((e = readdir(d)))
+                if (e->d_name[0] != '.')
+                        n++;
+        closedir(d);
+        return n - 1;   /* the directory's own fd */
+}
+
+static json_object *parse_str(const char *s) {
+        json_object *o = NULL;
+
+        ck_assert_int_eq(json_parse_message(s, strlen(s), &o), 0);
+        return o;
+}
+
+START_TEST(test_split_bytes) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
+        _cleanup_close_ int peer = -EBADF;
+        static const char wire[] = "{\"a\":1}\0{\"b\":\"xy\"}";         /* two messages, NULs included */
+        const char *m;
+        size_t len;
+        int got = 0;
+
+        conn_pair(VARLINK_MAX_REQUEST, false, &c, &peer);
+        for (size_t i = 0; i < sizeof(wire); i++) {
+                send_raw(peer, wire + i, 1);
+                ck_assert_int_eq(varlink_conn_read(c), 1);
+                int r = varlink_conn_next(c, &m, &len, NULL, NULL);
+                if (wire[i] != 0) {
+                        ck_assert_int_eq(r, 0);
+                        continue;
+                }
+                ck_assert_int_eq(r, 1);
+                ck_assert_str_eq(m, got == 0 ? "{\"a\":1}" : "{\"b\":\"xy\"}");
+                ck_assert_uint_eq(len, strlen(m));
+                got++;
+        }
+        ck_assert_int_eq(got, 2);
+        ck_assert_int_eq(varlink_conn_next(c, &m, &len, NULL, NULL), 0);
+        peer = safe_close(peer);
+        ck_assert_int_eq(varlink_conn_read(c), 0);             /* clean end between messages */
+}
+END_TEST
+
+START_TEST(test_many_in_one_read) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
+        _cleanup_close_ int peer = -EBADF;
+        static const char wire[] = "{\"a\":1}\0{\"b\":2}\0{}\0{\"c\":";
+        const char *m;
+        size_t len;
+
+        conn_pair(VARLINK_MAX_REQUEST, false, &c, &peer);
+        send_raw(peer, wire, sizeof(wire) - 1);
+        ck_assert_int_eq(varlink_conn_read(c), (int)sizeof(wire) - 1);
+        ck_assert_int_eq(varlink_conn_next(c, &m, &len, NULL, NULL), 1);
+        ck_assert_str_eq(m, "{\"a\":1}");
+        ck_assert_int_eq(varlink_conn_next(c, &m, &len, NULL, NULL), 1);
+        ck_assert_str_eq(m, "{\"b\":2}");
+        ck_assert_int_eq(varlink_conn_next(c, &m, &len, NULL, NULL), 1);
+        ck_assert_str_eq(m, "{}");
+        ck_assert_int_eq(varlink_conn_next(c, &m, &len, NULL, NULL), 0);
+        send_raw(peer, "3}", 3);
+        ck_assert_int_eq(varlink_conn_read(c), 3);
+        ck_assert_int_eq(varlink_conn_next(c, &m, &len, NULL, NULL), 1);
+        ck_assert_str_eq(m, "{\"c\":3}");
+}
+END_TEST
+
+START_TEST(test_oversized) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
+        _cleanup_close_ int peer = -EBADF;
+        char big[200];
+        const char *m;
+        size_t len;
+        int r;
+
+        /* a message of exactly the limit (NUL included) passes */
+        conn_pair(64, false, &c, &peer);
+        memset(big, ' ', sizeof(big));
+        big[0] = '{';
+        big[62] = '}';
+        big[63] = 0;
+        send_raw(peer, big, 64);
+        ck_assert_int_eq(varlink_conn_read(c), 64);
+        ck_assert_int_eq(varlink_conn_next(c, &m, &len, NULL, NULL), 1);
+        ck_assert_uint_eq(len, 63);
+
+        /* one byte more does not */
+        big[63] = ' ';
+        big[64] = 0;
+        send_raw(peer, big, 65);
+        do {
+                r = varlink_conn_next(c, &m, &len, NULL, NULL);
+                if (r == 0)
+                        r = varlink_conn_read(c);
+        } while (r > 0);
+        ck_assert_int_eq(r, -EMSGSIZE);
+}
+END_TEST
+
+START_TEST(test_unterminated_eof) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
+        _cleanup_close_ int peer = -EBADF;
+        json_object *o = NULL;
+        const char *m;
+        size_t len;
+
+        conn_pair(VARLINK_MAX_REQUEST, false, &c, &peer);
+        send_raw(peer, "{\"a\":1}\0{\"a\":", 13);
+        peer = safe_close(peer);
+        ck_assert_int_eq(varlink_conn_read(c), 13);
+        ck_assert_int_eq(varlink_conn_next(c, &m, &len, NULL, NULL), 1);
+        ck_assert_int_eq(varlink_conn_next(c, &m, &len, NULL, NULL), 0);
+        ck_assert_int_eq(varlink_conn_read(c), -ECONNRESET);
+        ck_assert_int_eq(varlink_conn_next(c, &m, &len, NULL, NULL), -ECONNRESET);
+        ck_assert_int_eq(varlink_conn_receive(c, &o, NULL, NULL), -ECONNRESET);
+}
+END_TEST
+
+/* Checks that fd a and fd b are the same open file. */
+static void assert_same_file(int a, int b) {
+        struct stat sa, sb;
+
+        ck_assert_int_eq(fstat(a, &sa), 0);
+        ck_assert_int_eq(fstat(b, &sb), 0);
+        ck_assert_uint_eq(sa.st_ino, sb.st_ino);
+        ck_assert_uint_eq(sa.st_dev, sb.st_dev);
+        ck_assert_int_ne(a, b);
+        ck_assert_int_eq(fcntl(b, F_GETFD) & FD_CLOEXEC, FD_CLOEXEC);
+}
+
+START_TEST(test_fds_on_their_message) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *rx = NULL, *tx = NULL;
+        _cleanup_close_ int peer = -EBADF;
+        int pipes[2], mfd, fds[3], before;
+        static const char *const names[] = { "A", "B", "C", "D" };
+
+        ck_assert_int_eq(pipe2(pipes, O_CLOEXEC), 0);
+        mfd = memfd_create("test", MFD_CLOEXEC);
+        ck_assert_int_ge(mfd, 0);
+        fds[0] = pipes[0];
+        fds[1] = pipes[1];
+        fds[2] = mfd;
+
+        conn_pair(VARLINK_MAX_REPLY, true, &rx, &peer);
+        ck_assert_int_eq(varlink_conn_new(&tx, TAKE_FD(peer), VARLINK_MAX_REQUEST, false), 0);
+        before = count_fds();
+
+        /* A without fds, B with 3, C and D without: A and B are separate sendmsg() calls, which
+         * Linux may still hand over in one read */
+        for (size_t i = 0; i < ELEMENTSOF(names); i++) {
+                _cleanup_(json_object_putp) json_object *o = json_object_new_object();
+
+                json_object_object_add(o, "name", json_object_new_string(names[i]));
+                ck_assert_int_eq(varlink_conn_send(tx, o, i == 1 ? fds : NULL, i == 1 ? 3 : 0), 0);
+        }
+        ck_assert_int_eq(count_fds(), before + 3);              /* the queue's duplicates */
+        ck_assert_int_eq(varlink_conn_flush(tx), 0);
+        ck_assert_uint_eq(varlink_conn_pending(tx), 0);
+        ck_assert_int_eq(count_fds(), before);                  /* closed once sent */
+
+        for (size_t i = 0; i < ELEMENTSOF(names); i++) {
+                _cleanup_(json_object_putp) json_object *o = NULL;
+                _cleanup_free_ int *got = NULL;
+                json_object *v;
+                size_t n = 99;
+
+                ck_assert_int_eq(varlink_conn_receive(rx, &o, &got, &n), 1);
+                ck_assert(json_object_object_get_ex(o, "name", &v));
+                ck_assert_str_eq(json_object_get_string(v), names[i]);
+                if (i != 1) {
+                        ck_assert_uint_eq(n, 0);
+                        ck_assert_ptr_null(got);
+                        continue;
+                }
+                ck_assert_uint_eq(n, 3);
+                for (size_t k = 0; k < 3; k++)
+                        assert_same_file(fds[k], got[k]);
+                close_many(got, n);
+        }
+        ck_assert_int_eq(count_fds(), before);
+        close_many(fds, 3);
+}
+END_TEST
+
+/* "A" then "B" with an fd, in two sendmsg() calls: Linux returns both in one read, fds included */
+START_TEST(test_fds_merged_read) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
+        _cleanup_close_ int peer = -EBADF, mfd = -EBADF;
+        _cleanup_free_ int *got = NULL;
+        const char *m;
+        size_t len, n = 0;
+
+        mfd = memfd_create("test", MFD_CLOEXEC);
+        conn_pair(VARLINK_MAX_REPLY, true, &c, &peer);
+        send_raw(peer, "{\"m\":\"A\"}", 10);
+        ck_assert_int_eq(fd_send(peer, "{\"m\":\"B\"}", 10, &mfd, 1), 10);
+        while (varlink_conn_next(c, &m, &len, &got, &n) == 0)
+                ck_assert_int_gt(varlink_conn_read(c), 0);
+        ck_assert_str_eq(m, "{\"m\":\"A\"}");
+        ck_assert_ptr_null(got);
+        while (varlink_conn_next(c, &m, &len, &got, &n) == 0)
+                ck_assert_int_gt(varlink_conn_read(c), 0);
+        ck_assert_str_eq(m, "{\"m\":\"B\"}");
+        ck_assert_uint_eq(n, 1);
+        assert_same_file(mfd, got[0]);
+        close_many(got, n);
+}
+END_TEST
+
+START_TEST(test_fds_mid_message) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
+        _cleanup_close_ int peer = -EBADF, mfd = -EBADF;
+        int before;
+
+        mfd = memfd_create("test", MFD_CLOEXEC);
+        before = count_fds();
+        conn_pair(VARLINK_MAX_REPLY, true, &c, &peer);
+        send_raw(peer, "{\"a\"", 4);
+        ck_assert_int_eq(varlink_conn_read(c), 4);
+        ck_assert_int_eq(fd_send(peer, ":1}", 4, &mfd, 1), 4);
+        ck_assert_int_eq(varlink_conn_read(c), -EPROTO);
+        ck_assert_int_eq(count_fds(), before + 2);              /* the pair only: nothing leaked */
+}
+END_TEST
+
+START_TEST(test_no_fds_mode) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
+        _cleanup_close_ int peer = -EBADF;
+        int pipes[2], before;
+
+        ck_assert_int_eq(pipe2(pipes, O_CLOEXEC), 0);
+        conn_pair(VARLINK_MAX_REQUEST, false, &c, &peer);
+        before = count_fds();
+        ck_assert_int_eq(fd_send(peer, "{}", 3, pipes, 2), 3);
+        ck_assert_int_eq(varlink_conn_read(c), -EPROTO);
+        ck_assert_int_eq(count_fds(), before);
+        /* the received copies are gone: closing ours leaves the pipe with no writer */
+        close_many(pipes + 1, 1);
+        {
+                char b;
+                ck_assert_int_eq(read(pipes[0], &b, 1), 0);
+        }
+        close_many(pipes, 1);
+}
+END_TEST
+
+START_TEST(test_pending_output) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *tx = NULL, *rx = NULL;
+        _cleanup_(json_object_putp) json_object *msg = NULL;
+        _cleanup_free_ char *text = NULL;
+        int sv[2], sndbuf = 4096, r;
+        size_t total = 0, msg_len, n_msgs = 0, got = 0;
+
+        ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv), 0);
+        ck_assert_int_eq(setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf)), 0);
+        ck_assert_int_eq(varlink_conn_new(&tx, sv[0], VARLINK_MAX_REQUEST, false), 0);
+        ck_assert_int_eq(varlink_conn_new(&rx, sv[1], VARLINK_MAX_REPLY, true), 0);
+
+        text = malloc(1001);
+        memset(text, 'x', 1000);
+        text[1000] = 0;
+        msg = json_object_new_object();
+        json_object_object_add(msg, "t", json_object_new_string(text));
+        msg_len = strlen(json_object_to_json_string_ext(msg, JSON_C_TO_STRING_PLAIN)) + 1;
+
+        /* a peer that does not read: the socket fills, the queue grows */
+        for (;;) {
+                ck_assert_int_eq(varlink_conn_send(tx, msg, NULL, 0), 0);
+                total += msg_len;
+                n_msgs++;
+                r = varlink_conn_flush(tx);
+                if (r == -EAGAIN)
+                        break;
+                ck_assert_int_eq(r, 0);
+                ck_assert_uint_lt(n_msgs, 100000);
+        }
+        for (int i = 0; i < 50; i++) {
+                ck_assert_int_eq(varlink_conn_send(tx, msg, NULL, 0), 0);
+                total += msg_len;
+                n_msgs++;
+        }
+        ck_assert_int_eq(varlink_conn_flush(tx), -EAGAIN);
+        ck_assert_uint_ge(varlink_conn_pending(tx), 50 * msg_len);
+
+        /* count what the socket holds: it plus the queue is everything */
+        {
+                size_t in_socket = 0;
+                int q;
+
+                for (;;) {
+                        r = varlink_conn_read(rx);
+                        if (r == -EAGAIN)
+                                break;
+                        ck_assert_int_gt(r, 0);
+                        in_socket += (size_t)r;
+                        for (;;) {
+                                json_object *o = NULL;
+
+                                q = varlink_conn_next_json(rx, &o, NULL, NULL);
+                                if (q != 1)
+                                        break;
+                                json_object_put(o);
+                                got++;
+                        }
+                        ck_assert_int_eq(q, 0);
+                }
+                ck_assert_uint_eq(in_socket + varlink_conn_pending(tx), total);
+        }
+
+        /* then draining works */
+        while (varlink_conn_pending(tx) > 0) {
+                r = varlink_conn_flush(tx);
+                ck_assert(r == 0 || r == -EAGAIN);
+                for (;;) {
+                        json_object *o = NULL;
+
+                        r = varlink_conn_next_json(rx, &o, NULL, NULL);
+                        if (r == 1) {
+                                json_object_put(o);
+                                got++;
+                                continue;
+                        }
+                        ck_assert_int_eq(r, 0);
+                        r = varlink_conn_read(rx);
+                        if (r == -EAGAIN)
+                                break;
+                        ck_assert_int_gt(r, 0);
+                }
+        }
+        ck_assert_int_eq(varlink_conn_flush(tx), 0);
+        for (;;) {
+                json_object *o = NULL;
+
+                r = varlink_conn_next_json(rx, &o, NULL, NULL);
+                if (r == 1) {
+                        json_object_put(o);
+                        got++;
+                        continue;
+                }
+                if (varlink_conn_read(rx) == -EAGAIN)
+                        break;
+        }
+        ck_assert_uint_eq(got, n_msgs);
+}
+END_TEST
+
+START_TEST(test_envelopes) {
+        _cleanup_(json_object_putp) json_object *o = NULL, *params = NULL;
+        VarlinkCall call;
+        VarlinkReply reply;
+        static const char *const bad_calls[] = {
+                "{}",
+                "{\"method\":\"Alloc\"}",
+                "{\"method\":\"io.vmmbroker.\"}",
+                "{\"method\":\".Alloc\"}",
+                "{\"method\":\"io..Alloc\"}",
+                "{\"method\":\"io.vmm-broker.Alloc\"}",
+                "{\"method\":\"io.vmmbroker.Alloc\",\"parameters\":[]}",
+                "{\"method\":\"io.vmmbroker.Alloc\",\"parameters\":1}",
+                "{\"method\":\"io.vmmbroker.Alloc\",\"oneway\":1}",
+                "{\"method\":\"io.vmmbroker.Alloc\",\"more\":\"yes\"}",
+                "{\"method\":\"io.vmmbroker.Alloc\",\"upgrade\":true}",
+                "{\"method\":1}",
+        };
+
+        o = parse_str("{\"method\":\"io.vmmbroker.Alloc\",\"parameters\":{\"size\":1},\"more\":true}");
+        ck_assert_int_eq(varlink_call_parse(o, &call), 0);
+        ck_assert_str_eq(call.method, VMMB_METHOD_ALLOC);
+        ck_assert_ptr_nonnull(call.parameters);
+        ck_assert(call.more && !call.oneway);
+        varlink_call_done(&call);
+        json_object_put(TAKE_PTR(o));
+
+        o = parse_str("{\"method\":\"org.varlink.service.GetInfo\"}");
+        ck_assert_int_eq(varlink_call_parse(o, &call), 0);
+        ck_assert_ptr_null(call.parameters);
+        varlink_call_done(&call);
+        json_object_put(TAKE_PTR(o));
+
+        for (size_t i = 0; i < ELEMENTSOF(bad_calls); i++) {
+                o = parse_str(bad_calls[i]);
+                ck_assert_msg(varlink_call_parse(o, &call) == -EBADMSG, "%s", bad_calls[i]);
+                json_object_put(TAKE_PTR(o));
+        }
+
+        params = parse_str("{\"size\":1}");
+        ck_assert_int_eq(varlink_call_new(VMMB_METHOD_ALLOC, params, false, false, &o), 0);
+        ck_assert_str_eq(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN),
+                         "{\"method\":\"io.vmmbroker.Alloc\",\"parameters\":{\"size\":1}}");
+        json_object_put(TAKE_PTR(o));
+        ck_assert_int_eq(varlink_call_new("Alloc", NULL, false, false, &o), -EINVAL);
+
+        ck_assert_int_eq(varlink_reply_new(NULL, &o), 0);
+        ck_assert_str_eq(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN), "{\"parameters\":{}}");
+        ck_assert_int_eq(varlink_reply_parse(o, &reply), 0);
+        ck_assert_ptr_null(reply.error);
+        varlink_reply_done(&reply);
+        json_object_put(TAKE_PTR(o));
+
+        ck_assert_int_eq(varlink_error_new(VMMB_ERROR_NO_SUCH_LEASE, params, &o), 0);
+        ck_assert_int_eq(varlink_reply_parse(o, &reply), 0);
+        ck_assert_str_eq(reply.error, VMMB_ERROR_NO_SUCH_LEASE);
+        varlink_reply_done(&reply);
+        json_object_put(TAKE_PTR(o));
+
+        o = parse_str("{\"parameters\":{},\"extra\":1}");
+        ck_assert_int_eq(varlink_reply_parse(o, &reply), -EBADMSG);
+}
+END_TEST
+
+/* Sends `msg` with fds over a fresh pair and returns what arrives. */
+static json_object *round_trip(json_object *msg, const int *fds, size_t n_fds, int **ret_fds, size_t *ret_n) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *tx = NULL, *rx = NULL;
+        int sv[2];
+        json_object *o = NULL;
+
+        ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+        ck_assert_int_eq(varlink_conn_new(&tx, sv[0], VARLINK_MAX_REQUEST, false), 0);
+        ck_assert_int_eq(varlink_conn_new(&rx, sv[1], VARLINK_MAX_REPLY, true), 0);
+        ck_assert_int_eq(varlink_conn_send(tx, msg, fds, n_fds), 0);
+        ck_assert_int_eq(varlink_conn_flush(tx), 0);
+        ck_assert_int_eq(varlink_conn_receive(rx, &o, ret_fds, ret_n), 1);
+        return o;
+}
+
+/* Wraps parameters in a reply, sends it and returns the parameters that arrive. */
+static json_object *reply_round_trip(json_object *params, const int *fds, size_t n_fds, int **ret_fds,
+                                     size_t *ret_n, VarlinkReply *ret_reply) {
+        _cleanup_(json_object_putp) json_object *env = NULL, *got = NULL;
+
+        ck_assert_int_eq(varlink_reply_new(params, &env), 0);
+        got = round_trip(env, fds, n_fds, ret_fds, ret_n);
+        ck_assert_int_eq(varlink_reply_parse(got, ret_reply), 0);
+        return ret_reply->parameters;
+}
+
+START_TEST(test_codec_calls) {
+        _cleanup_(json_object_putp) json_object *env = NULL, *got = NULL, *p = NULL;
+        const char *bad = NULL;
+        char *msg = NULL;
+        VarlinkCall call;
+        AllocParams a = { .size = 1 << 21, .device = 1, .label = (char *)"training run" }, a2;
+        FreeParams f = { .id = (char *)"lease-42" }, f2;
+        ListParams l = { .all = true }, l2;
+        InterfaceParams ip = { .interface = (char *)VMMB_INTERFACE }, ip2;
+
+        ck_assert_int_eq(alloc_params_encode(&a, &p), 0);
+        ck_assert_int_eq(varlink_call_new(VMMB_METHOD_ALLOC, p, false, false, &env), 0);
+        got = round_trip(env, NULL, 0, NULL, NULL);
+        ck_assert_int_eq(varlink_call_parse(got, &call), 0);
+        ck_assert_str_eq(call.method, VMMB_METHOD_ALLOC);
+        ck_assert_int_eq(alloc_params_decode(call.parameters, &a2, &bad, &msg), 0);
+        ck_assert_uint_eq(a2.size, a.size);
+        ck_assert_int_eq(a2.device, 1);
+        ck_assert_str_eq(a2.label, a.label);
+        alloc_params_done(&a2);
+        varlink_call_done(&call);
+
+        /* device and label absent */
+        json_object_put(TAKE_PTR(p));
+        a = (AllocParams){ .size = 5, .device = VMMB_DEVICE_ANY };
+        ck_assert_int_eq(alloc_params_encode(&a, &p), 0);
+        ck_assert_str_eq(json_object_to_json_string_ext(p, JSON_C_TO_STRING_PLAIN), "{\"size\":5}");
+        ck_assert_int_eq(alloc_params_decode(p, &a2, &bad, &msg), 0);
+        ck_assert_int_eq(a2.device, VMMB_DEVICE_ANY);
+        ck_assert_ptr_null(a2.label);
+        json_object_put(TAKE_PTR(p));
+
+        p = parse_str("{\"size\":0}");
+        ck_assert_int_eq(alloc_params_decode(p, &a2, &bad, &msg), -EINVAL);
+        ck_assert_str_eq(bad, "size");
+        json_object_put(TAKE_PTR(p));
+        p = parse_str("{\"size\":1,\"label\":\"\\u0007\"}");
+        ck_assert_int_eq(alloc_params_decode(p, &a2, &bad, &msg), -EINVAL);
+        ck_assert_str_eq(bad, "label");
+        json_object_put(TAKE_PTR(p));
+
+        ck_assert_int_eq(free_params_encode(&f, &p), 0);
+        ck_assert_int_eq(free_params_decode(p, &f2, &bad, &msg), 0);
+        ck_assert_str_eq(f2.id, "lease-42");
+        free_params_done(&f2);
+        json_object_put(TAKE_PTR(p));
+        ck_assert_int_eq(free_params_decode(NULL, &f2, &bad, &msg), -EINVAL);
+        ck_assert_str_eq(bad, "id");
+
+        ck_assert_int_eq(list_params_encode(&l, &p), 0);
+        ck_assert_int_eq(list_params_decode(p, &l2, &bad, &msg), 0);
+        ck_assert(l2.all);
+        ck_assert_int_eq(list_params_decode(NULL, &l2, &bad, &msg), 0);
+        ck_assert(!l2.all);
+        json_object_put(TAKE_PTR(p));
+
+        ck_assert_int_eq(empty_params_encode(&p), 0);
+        ck_assert_int_eq(empty_params_decode(p, &bad, &msg), 0);
+        ck_assert_int_eq(empty_params_decode(NULL, &bad, &msg), 0);
+        json_object_put(TAKE_PTR(p));
+        p = parse_str("{\"x\":1}");
+        ck_assert_int_eq(empty_params_decode(p, &bad, &msg), -EINVAL);
+        ck_assert_str_eq(bad, "x");
+        json_object_put(TAKE_PTR(p));
+
+        ck_assert_int_eq(interface_params_encode(&ip, &p), 0);
+        ck_assert_int_eq(interface_params_decode(p, &ip2, &bad, &msg), 0);
+        ck_assert_str_eq(ip2.interface, VMMB_INTERFACE);
+        interface_params_done(&ip2);
+        free(msg);
+}
+END_TEST
+
+START_TEST(test_codec_replies) {
+        _cleanup_free_ char *msg = NULL;
+        VarlinkReply reply;
+        json_object *p, *rp;
+        int fds[2], pipes[2];
+        _cleanup_free_ int *got_fds = NULL;
+        size_t n_got = 0;
+
+        /* Alloc: a lease with two slabs, fds sent in reverse order */
+        {
+                WireSlab slabs[] = { { .size = 1 << 21, .fd = 1 }, { .size = 1 << 22, .fd = 0 } };
+                AllocReply in = { .lease = { .id = (char *)"L1", .device = 0, .size = 6 << 20,
+                                             .slabs = slabs, .n_slabs = 2 } }, out;
+
+                ck_assert_int_eq(pipe2(pipes, O_CLOEXEC), 0);
+                fds[0] = pipes[0];
+                fds[1] = pipes[1];
+                ck_assert_int_eq(alloc_reply_encode(&in, &p), 0);
+                rp = reply_round_trip(p, fds, 2, &got_fds, &n_got, &reply);
+                json_object_put(p);
+                ck_assert_uint_eq(n_got, 2);
+                ck_assert_int_eq(alloc_reply_decode(rp, n_got, &out, &msg), 0);
+                ck_assert_str_eq(out.lease.id, "L1");
+                ck_assert_uint_eq(out.lease.size, 6 << 20);
+                ck_assert_uint_eq(out.lease.n_slabs, 2);
+                ck_assert_uint_eq(out.lease.slabs[0].size, 1 << 21);
+                ck_assert_uint_eq(out.lease.slabs[0].fd, 1);
+                assert_same_file(pipes[1], got_fds[out.lease.slabs[0].fd]);
+                alloc_reply_done(&out);
+                /* the wrong number of fds, or an index out of range, is refused */
+                ck_assert_int_eq(alloc_reply_decode(rp, 1, &out, &msg), -EINVAL);
+                ck_assert_ptr_null(out.lease.id);
+                varlink_reply_done(&reply);
+                close_many(got_fds, n_got);
+                close_many(pipes, 2);
+                slabs[0].fd = 0;
+                ck_assert_int_eq(alloc_reply_encode(&in, &p), 0);
+                ck_assert_int_eq(alloc_reply_decode(p, 2, &out, &msg), -EINVAL);
+                json_object_put(p);
+        }
+
+        /* List, with an unprintable process name made printable by the encoder */
+        {
+                WireLeaseInfo leases[] = {
+                        { .id = (char *)"L1", .device = 0, .size = 4096, .slabs = 1, .pid = 10, .uid = 1000,
+                          .comm = (char *)"bad\x1b\xff", .label = NULL, .created = 1700000000000000 },
+                        { .id = (char *)"L2", .device = 1, .size = 8192, .slabs = 2, .pid = 11, .uid = 0,
+                          .comm = NULL, .label = (char *)"x", .created = -1 },
+                };
+                ListReply in = { .leases = leases, .n_leases = 2 }, out;
+
+                ck_assert_int_eq(list_reply_encode(&in, &p), 0);
+                rp = reply_round_trip(p, NULL, 0, NULL, NULL, &reply);
+                json_object_put(p);
+                ck_assert_int_eq(list_reply_decode(rp, &out, &msg), 0);
+                ck_assert_uint_eq(out.n_leases, 2);
+                ck_assert_str_eq(out.leases[0].comm, "bad??");
+                ck_assert_ptr_null(out.leases[0].label);
+                ck_assert_int_eq(out.leases[0].created, 1700000000000000);
+                ck_assert_str_eq(out.leases[1].label, "x");
+                ck_assert_ptr_null(out.leases[1].comm);
+                ck_assert_int_eq(out.leases[1].uid, 0);
+                ck_assert_int_eq(out.leases[1].created, -1);
+                list_reply_done(&out);
+                ck_assert_ptr_null(out.leases);
+                varlink_reply_done(&reply);
+
+                /* an empty list */
+                in.n_leases = 0;
+                in.leases = NULL;
+                ck_assert_int_eq(list_reply_encode(&in, &p), 0);
+                ck_assert_str_eq(json_object_to_json_string_ext(p, JSON_C_TO_STRING_PLAIN), "{\"leases\":[]}");
+                ck_assert_int_eq(list_reply_decode(p, &out, &msg), 0);
+                ck_assert_uint_eq(out.n_leases, 0);
+                json_object_put(p);
+        }
+
+        /* Status */
+        {
+                WireDevice devices[] = { { .index = 0, .name = (char *)"Simulated GPU", .total = 1ULL << 34,
+                                           .granularity = 1 << 21, .capacity = 1ULL << 33, .leased = 1 << 21,
+                                           .scrubbing = 0, .cached = 1 << 22, .leases = 1 } };
+                StatusReply in = { .devices = devices, .n_devices = 1 }, out;
+
+                ck_assert_int_eq(status_reply_encode(&in, &p), 0);
+                rp = reply_round_trip(p, NULL, 0, NULL, NULL, &reply);
+                json_object_put(p);
+                ck_assert_int_eq(status_reply_decode(rp, &out, &msg), 0);
+                ck_assert_uint_eq(out.n_devices, 1);
+                ck_assert_str_eq(out.devices[0].name, "Simulated GPU");
+                ck_assert_uint_eq(out.devices[0].total, 1ULL << 34);
+                ck_assert_uint_eq(out.devices[0].cached, 1 << 22);
+                status_reply_done(&out);
+                varlink_reply_done(&reply);
+        }
+
+        /* GetInfo and GetInterfaceDescription */
+        {
+                VarlinkInfo info;
+                InterfaceDescription d;
+
+                ck_assert_int_eq(varlink_info_encode(&p), 0);
+                rp = reply_round_trip(p, NULL, 0, NULL, NULL, &reply);
+                json_object_put(p);
+                ck_assert_int_eq(varlink_info_decode(rp, &info, &msg), 0);
+                ck_assert_str_eq(info.vendor, "vmmbroker");
+                ck_assert_str_eq(info.product, "vmmbrokerd");
+                ck_assert_uint_eq(info.n_interfaces, 2);
+                ck_assert_str_eq(info.interfaces[0], "org.varlink.service");
+                ck_assert_str_eq(info.interfaces[1], "io.vmmbroker");
+                ck_assert_ptr_null(info.interfaces[2]);
+                varlink_info_done(&info);
+                varlink_reply_done(&reply);
+
+                ck_assert_int_eq(interface_description_encode(VMMB_INTERFACE, &p), 0);
+                rp = reply_round_trip(p, NULL, 0, NULL, NULL, &reply);
+                json_object_put(p);
+                ck_assert_int_eq(interface_description_decode(rp, &d, &msg), 0);
+                ck_assert_str_eq(d.description, vmmb_interface_description);
+                ck_assert_ptr_nonnull(strstr(d.description, "\ninterface io.vmmbroker\n"));
+                ck_assert_ptr_nonnull(strstr(d.description, "method Alloc("));
+                interface_description_done(&d);
+                varlink_reply_done(&reply);
+
+                ck_assert_int_eq(interface_description_encode(VARLINK_SERVICE_INTERFACE, &p), 0);
+                json_object_put(p);
+                ck_assert_int_eq(interface_description_encode("org.example", &p), -ENOENT);
+        }
+}
+END_TEST
+
+START_TEST(test_codec_errors) {
+        _cleanup_free_ char *msg = NULL;
+        json_object *env[10] = {};
+        VmmbError e;
+        VarlinkReply reply;
+        size_t n = 0;
+
+        ck_assert_int_eq(vmmb_error_out_of_memory(0, 1 << 30, 1 << 20, "Device 0 has 1 MiB free.", &env[n++]), 0);
+        ck_assert_int_eq(vmmb_error_quota_exceeded("bytes", 1 << 30, 1 << 29, "Over the quota.", &env[n++]), 0);
+        ck_assert_int_eq(vmmb_error_no_such_lease("L9", &env[n++]), 0);
+        ck_assert_int_eq(vmmb_error_no_such_device(7, &env[n++]), 0);
+        ck_assert_int_eq(vmmb_error_invalid_parameter("size", "Parameter 'size' must be an integer.", &env[n++]), 0);
+        ck_assert_int_eq(vmmb_error_permission_denied("Only administrators may list all leases.", &env[n++]), 0);
+        ck_assert_int_eq(vmmb_error_driver_error("cuMemCreate: CUDA_ERROR_UNKNOWN\nsecond line", &env[n++]), 0);
+        ck_assert_int_eq(varlink_error_method_not_found("io.vmmbroker.Nope", &env[n++]), 0);
+        ck_assert_int_eq(varlink_error_interface_not_found("org.example", &env[n++]), 0);
+        ck_assert_int_eq(varlink_error_invalid_parameter("interface", &env[n++]), 0);
+
+        for (size_t i = 0; i < n; i++) {
+                _cleanup_(json_object_putp) json_object *got = round_trip(env[i], NULL, 0, NULL, NULL);
+
+                ck_assert_int_eq(varlink_reply_parse(got, &reply), 0);
+                ck_assert_ptr_nonnull(reply.error);
+                ck_assert_int_eq(vmmb_error_decode(reply.error, reply.parameters, &e, &msg), 0);
+                switch (i) {
+                case 0:
+                        ck_assert_str_eq(reply.error, VMMB_ERROR_OUT_OF_MEMORY);
+                        ck_assert_int_eq(e.device, 0);
+                        ck_assert_uint_eq(e.requested, 1 << 30);
+                        ck_assert_uint_eq(e.available, 1 << 20);
+                        ck_assert_str_eq(e.message, "Device 0 has 1 MiB free.");
+                        ck_assert_int_eq(vmmb_error_to_errno(reply.error), -ENOMEM);
+                        break;
+                case 1:
+                        ck_assert_str_eq(e.resource, "bytes");
+                        ck_assert_uint_eq(e.current, 1 << 29);
+                        ck_assert_int_eq(vmmb_error_to_errno(reply.error), -EDQUOT);
+                        break;
+                case 2:
+                        ck_assert_str_eq(e.id, "L9");
+                        ck_assert_int_eq(vmmb_error_to_errno(reply.error), -ENOENT);
+                        break;
+                case 3:
+                        ck_assert_int_eq(e.device, 7);
+                        ck_assert_int_eq(vmmb_error_to_errno(reply.error), -ENODEV);
+                        break;
+                case 4:
+                        ck_assert_str_eq(e.parameter, "size");
+                        ck_assert_int_eq(vmmb_error_to_errno(reply.error), -EINVAL);
+                        break;
+                case 5:
+                        ck_assert_int_eq(vmmb_error_to_errno(reply.error), -EACCES);
+                        break;
+                case 6:
+                        ck_assert_str_eq(e.message, "cuMemCreate: CUDA_ERROR_UNKNOWN?second line");
+                        ck_assert_int_eq(vmmb_error_to_errno(reply.error), -EIO);
+                        break;
+                case 7:
+                        ck_assert_str_eq(e.method, "io.vmmbroker.Nope");
+                        ck_assert_int_eq(vmmb_error_to_errno(reply.error), -EOPNOTSUPP);
+                        break;
+                case 8:
+                        ck_assert_str_eq(e.interface, "org.example");
+                        break;
+                case 9:
+                        ck_assert_str_eq(reply.error, VARLINK_ERROR_INVALID_PARAMETER);
+                        ck_assert_str_eq(e.parameter, "interface");
+                        break;
+                }
+                vmmb_error_done(&e);
+                varlink_reply_done(&reply);
+                json_object_put(env[i]);
+        }
+        ck_assert_int_eq(vmmb_error_to_errno("org.example.Other"), -EPROTO);
+        ck_assert_int_eq(vmmb_error_decode("org.example.Other", NULL, &e, &msg), 0);
+}
+END_TEST
+
+int main(void) {
+        Suite *s = suite_create("varlink");
+        TCase *tc = tcase_create("varlink");
+        SRunner *sr;
+        int failed;
+
+        tcase_add_test(tc, test_split_bytes);
+        tcase_add_test(tc, test_many_in_one_read);
+        tcase_add_test(tc, test_oversized);
+        tcase_add_test(tc, test_unterminated_eof);
+        tcase_add_test(tc, test_fds_on_their_message);
+        tcase_add_test(tc, test_fds_merged_read);
+        tcase_add_test(tc, test_fds_mid_message);
+        tcase_add_test(tc, test_no_fds_mode);
+        tcase_add_test(tc, test_pending_output);
+        tcase_add_test(tc, test_envelopes);
+        tcase_add_test(tc, test_codec_calls);
+        tcase_add_test(tc, test_codec_replies);
+        tcase_add_test(tc, test_codec_errors);
+        suite_add_tcase(s, tc);
+        sr = srunner_create(s);
+        srunner_run_all(sr, CK_NORMAL);
+        failed = srunner_ntests_failed(sr);
+        srunner_free(sr);
+        return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
