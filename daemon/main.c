@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "driver.h"
+#include "manager.h"
 #include "macro.h"
 #include "pool.h"
 #include "selfcheck.h"
@@ -22,7 +23,7 @@
 
 typedef struct Args {
         bool check;
-        PoolConfig pool;
+        ManagerConfig manager;
         int devices[MAX_DEVICES];
 } Args;
 
@@ -34,6 +35,8 @@ static void help(void) {
                "\n"
                "  -h --help              Show this help and exit\n"
                "     --version           Show the version and exit\n"
+               "     --socket PATH       Listen on PATH when the service manager passes no socket\n"
+               "                         (default " MANAGER_DEFAULT_SOCKET ")\n"
                "     --check             Check the driver and the pool on every device, print a report, exit\n"
                "     --device N          Serve CUDA device N (repeatable; default: every device)\n"
                "     --max-slab SIZE     Largest slab, a power of two (default 1G)\n"
@@ -58,10 +61,11 @@ static int parse_size_arg(const char *name, const char *value, uint64_t *ret) {
 
 /* Returns 1 to go on, 0 to exit successfully, or a negative errno. */
 static int parse_argv(int argc, char *argv[], Args *args) {
-        enum { ARG_VERSION = 0x100, ARG_CHECK, ARG_DEVICE, ARG_MAX_SLAB, ARG_CAPACITY };
+        enum { ARG_VERSION = 0x100, ARG_SOCKET, ARG_CHECK, ARG_DEVICE, ARG_MAX_SLAB, ARG_CAPACITY };
         static const struct option options[] = {
                 { "help", no_argument, NULL, 'h' },
                 { "version", no_argument, NULL, ARG_VERSION },
+                { "socket", required_argument, NULL, ARG_SOCKET },
                 { "check", no_argument, NULL, ARG_CHECK },
                 { "device", required_argument, NULL, ARG_DEVICE },
                 { "max-slab", required_argument, NULL, ARG_MAX_SLAB },
@@ -78,6 +82,14 @@ static int parse_argv(int argc, char *argv[], Args *args) {
                 case ARG_VERSION:
                         printf("vmmbrokerd %s\n", VMMBROKER_VERSION);
                         return 0;
+                case ARG_SOCKET:
+                        if (!*optarg || optarg[0] != '/') {
+                                fprintf(stderr, "%s: --socket takes an absolute path, not '%s'\n",
+                                        program_invocation_short_name, optarg);
+                                return -EINVAL;
+                        }
+                        args->manager.socket_path = optarg;
+                        break;
                 case ARG_CHECK:
                         args->check = true;
                         break;
@@ -92,20 +104,20 @@ static int parse_argv(int argc, char *argv[], Args *args) {
                                         optarg);
                                 return -EINVAL;
                         }
-                        if (args->pool.n_devices == MAX_DEVICES) {
+                        if (args->manager.pool.n_devices == MAX_DEVICES) {
                                 fprintf(stderr, "%s: too many --device options\n", program_invocation_short_name);
                                 return -EINVAL;
                         }
-                        args->devices[args->pool.n_devices++] = (int)v;
-                        args->pool.devices = args->devices;
+                        args->devices[args->manager.pool.n_devices++] = (int)v;
+                        args->manager.pool.devices = args->devices;
                         break;
                 }
                 case ARG_MAX_SLAB:
-                        if (parse_size_arg("--max-slab", optarg, &args->pool.max_slab) < 0)
+                        if (parse_size_arg("--max-slab", optarg, &args->manager.pool.max_slab) < 0)
                                 return -EINVAL;
                         break;
                 case ARG_CAPACITY:
-                        if (parse_size_arg("--capacity", optarg, &args->pool.capacity) < 0)
+                        if (parse_size_arg("--capacity", optarg, &args->manager.pool.capacity) < 0)
                                 return -EINVAL;
                         break;
                 case '?':
@@ -121,39 +133,53 @@ static int parse_argv(int argc, char *argv[], Args *args) {
         return 1;
 }
 
-int main(int argc, char *argv[]) {
+static int run_check(const PoolConfig *config) {
         _cleanup_free_ char *message = NULL;
         CudaDriver *cu = NULL;
         Pool *pool = NULL;
+        int k;
+
+        k = cuda_driver_open(&cu, NULL, &message);
+        if (k < 0) {
+                fprintf(stderr, "%s\n", message ?: strerror(-k));
+                return 1;
+        }
+        k = pool_new(&pool, cu, config, &message);
+        if (k < 0) {
+                fprintf(stderr, "Cannot set up the pool: %s\n", message ?: strerror(-k));
+                cuda_driver_close(cu);
+                return 1;
+        }
+        k = selfcheck_run(pool, cu, stdout);
+        pool_free(pool);
+        cuda_driver_close(cu);
+        return k == 0 ? 0 : 1;
+}
+
+int main(int argc, char *argv[]) {
+        _cleanup_free_ char *message = NULL;
+        Manager *m = NULL;
         Args args = {};
         int k;
 
         k = parse_argv(argc, argv, &args);
         if (k <= 0)
                 return k < 0 ? 2 : 0;
+        if (args.check)
+                return run_check(&args.manager.pool);
 
-        if (!args.check) {
-                fprintf(stderr,
-                        "%s: serving clients is not implemented yet; this build can only check the driver and the "
-                        "pool: run '%s --check'.\n",
-                        program_invocation_short_name, program_invocation_short_name);
-                return 2;
-        }
-
-        k = cuda_driver_open(&cu, NULL, &message);
+        k = manager_new(&m, &args.manager, &message);
         if (k < 0) {
-                fprintf(stderr, "%s\n", message ? message : strerror(-k));
+                fprintf(stderr, "Cannot start: %s\n", message ?: strerror(-k));
                 return 1;
         }
-        k = pool_new(&pool, cu, &args.pool, &message);
+        fprintf(stderr, "vmmbrokerd %s: serving %zu device(s) on %s with %s\n", VMMBROKER_VERSION,
+                pool_n_devices(m->pool), m->bound_path ?: "the socket passed by the service manager", m->cu->path);
+        k = manager_run(m);
+        manager_free(m);
         if (k < 0) {
-                fprintf(stderr, "Cannot set up the pool: %s\n", message ? message : strerror(-k));
-                cuda_driver_close(cu);
+                fprintf(stderr, "Event loop failed: %s\n", strerror(-k));
                 return 1;
         }
-
-        k = selfcheck_run(pool, cu, stdout);
-        pool_free(pool);
-        cuda_driver_close(cu);
-        return k == 0 ? 0 : 1;
+        return 0;
 }

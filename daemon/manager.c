@@ -1,0 +1,300 @@
+/* SPDX-License-Identifier: MIT */
+
+#include <errno.h>
+#include <inttypes.h>
+#include <libgen.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <systemd/sd-daemon.h>
+#include <unistd.h>
+
+#include "macro.h"
+#include "manager.h"
+#include "message.h"
+#include "peer.h"
+#include "size.h"
+
+#define MANAGER_MAX_PEERS 4096
+
+/* Holder exits are handled before requests, so a request never sees a dead process's leases. */
+#define PRIORITY_HOLDER_EXIT (-10)
+#define PRIORITY_SCRUB (-5)
+
+static int bind_socket(const char *path, char **ret_message) {
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        _cleanup_close_ int fd = -EBADF;
+        _cleanup_free_ char *dir = NULL;
+
+        if (strlen(path) >= sizeof(sa.sun_path)) {
+                set_message(ret_message, "Socket path %s is longer than %zu bytes.", path, sizeof(sa.sun_path) - 1);
+                return -ENAMETOOLONG;
+        }
+        strcpy(sa.sun_path, path);
+
+        dir = strdup(path);
+        if (!dir)
+                return -ENOMEM;
+        if (mkdir(dirname(dir), 0755) < 0 && errno != EEXIST) {
+                set_message(ret_message, "Cannot create the socket's directory for %s: %s.", path, strerror(errno));
+                return -errno;
+        }
+
+        fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (fd < 0)
+                return -errno;
+        if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+                _cleanup_close_ int probe = -EBADF;
+
+                if (errno != EADDRINUSE) {
+                        set_message(ret_message, "Cannot bind %s: %s.", path, strerror(errno));
+                        return -errno;
+                }
+                /* Someone serving there, or a stale socket left by a daemon that died? */
+                probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+                if (probe >= 0 && connect(probe, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
+                        set_message(ret_message, "Another daemon is serving %s; stop it first.", path);
+                        return -EADDRINUSE;
+                }
+                if (unlink(path) < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+                        set_message(ret_message, "Cannot bind %s: %s.", path, strerror(errno));
+                        return -errno;
+                }
+        }
+        if (listen(fd, SOMAXCONN) < 0)
+                return -errno;
+        return TAKE_FD(fd);
+}
+
+/* The socket systemd passed us, or -ENOENT when it passed none. */
+static int inherited_socket(char **ret_message) {
+        int n = sd_listen_fds(true);
+
+        if (n < 0) {
+                set_message(ret_message, "Cannot read the sockets passed by the service manager: %s.", strerror(-n));
+                return n;
+        }
+        if (n == 0)
+                return -ENOENT;
+        if (n > 1 || sd_is_socket_unix(SD_LISTEN_FDS_START, SOCK_STREAM, 1, NULL, 0) <= 0) {
+                set_message(ret_message,
+                            "The service manager passed %d socket(s); vmmbrokerd takes exactly one listening "
+                            "AF_UNIX stream socket (check ListenStream= in vmmbroker.socket).",
+                            n);
+                return -EINVAL;
+        }
+        return SD_LISTEN_FDS_START;
+}
+
+static int on_accept(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
+        Manager *m = userdata;
+
+        for (;;) {
+                int cfd = accept4(fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+
+                if (cfd < 0) {
+                        if (errno == EAGAIN || errno == EINTR)
+                                return 0;
+                        if (errno == EMFILE || errno == ENFILE) {
+                                fprintf(stderr, "Failed to accept a connection: %m; refusing connections until "
+                                                "one closes\n");
+                                return 0;
+                        }
+                        fprintf(stderr, "Failed to accept a connection: %m, ignoring\n");
+                        return 0;
+                }
+                if (m->n_peers >= MANAGER_MAX_PEERS) {
+                        safe_close(cfd);
+                        continue;
+                }
+                (void)peer_new(m, cfd);
+        }
+}
+
+static int on_pool(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
+        Manager *m = userdata;
+
+        if (pool_dispatch(m->pool) > 0)
+                manager_notify_status(m);
+        return 0;
+}
+
+static int on_idle(sd_event_source *s, void *userdata) {
+        Manager *m = userdata;
+
+        pool_idle(m->pool);
+        return 0;
+}
+
+static int on_signal(sd_event_source *s, const struct signalfd_siginfo *si, void *userdata) {
+        Manager *m = userdata;
+
+        return sd_event_exit(m->event, 0);
+}
+
+static int on_holder_exit(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
+        Manager *m = userdata;
+        Holder *h = NULL, *i;
+
+        list_for_each_entry(i, &m->leases.holders, link)
+                if (i->userdata == s)
+                        h = i;
+        sd_event_source_disable_unref(s);
+        if (!h)
+                return 0;
+        h->userdata = NULL;
+        if (holder_reclaim(&m->leases, h) > 0) {
+                manager_schedule_idle(m);
+                manager_notify_status(m);
+        }
+        h->pid = 0;     /* a new process with this pid is someone else */
+        holder_free_if_unused(&m->leases, h);
+        return 0;
+}
+
+int manager_watch_holder(Manager *m, Holder *h) {
+        sd_event_source *s = NULL;
+        int k;
+
+        k = sd_event_add_io(m->event, &s, h->pidfd, EPOLLIN, on_holder_exit, m);
+        if (k < 0)
+                return k;
+        (void)sd_event_source_set_priority(s, PRIORITY_HOLDER_EXIT);
+        h->userdata = s;
+        return 0;
+}
+
+void manager_release_holder(Manager *m, Holder *h) {
+        h->n_connections--;
+        holder_free_if_unused(&m->leases, h);
+}
+
+void manager_schedule_idle(Manager *m) {
+        (void)sd_event_source_set_enabled(m->idle_source, SD_EVENT_ONESHOT);
+}
+
+void manager_notify_status(Manager *m) {
+        uint64_t leased = 0, cached = 0;
+        char b1[FORMAT_SIZE_MAX], b2[FORMAT_SIZE_MAX];
+
+        for (size_t i = 0; i < pool_n_devices(m->pool); i++) {
+                PoolDeviceStats s;
+
+                pool_device_stats(m->pool, i, &s);
+                leased += s.leased;
+                cached += s.cached;
+        }
+        (void)sd_notifyf(false, "STATUS=%u leases (%s), %s cached, %u clients", m->leases.n_leases,
+                         format_size(leased, b1, sizeof(b1)), format_size(cached, b2, sizeof(b2)), m->n_peers);
+}
+
+Manager *manager_free(Manager *m) {
+        Peer *p, *tmp;
+        Holder *h;
+
+        if (!m)
+                return NULL;
+        list_for_each_entry_safe(p, tmp, &m->peers, link)
+                peer_free(p);
+        list_for_each_entry(h, &m->leases.holders, link) {
+                sd_event_source_disable_unref(h->userdata);
+                h->userdata = NULL;
+        }
+        lease_table_done(&m->leases);
+        sd_event_source_disable_unref(m->listen_source);
+        sd_event_source_disable_unref(m->pool_source);
+        sd_event_source_disable_unref(m->idle_source);
+        if (m->bound_path) {
+                (void)unlink(m->bound_path);
+                free(m->bound_path);
+        }
+        safe_close(m->listen_fd);
+        pool_free(m->pool);
+        cuda_driver_close(m->cu);
+        sd_event_unref(m->event);
+        free(m);
+        return NULL;
+}
+
+DEFINE_TRIVIAL_CLEANUP_FUNC(Manager, manager_free);
+
+int manager_new(Manager **ret, const ManagerConfig *config, char **ret_message) {
+        _cleanup_(manager_freep) Manager *m = NULL;
+        const char *path = config->socket_path ?: MANAGER_DEFAULT_SOCKET;
+        sigset_t mask;
+        int k;
+
+        m = calloc(1, sizeof(*m));
+        if (!m)
+                return -ENOMEM;
+        m->listen_fd = -EBADF;
+        list_init(&m->peers);
+
+        k = sd_event_default(&m->event);
+        if (k < 0)
+                return k;
+        sigemptyset(&mask);
+        sigaddset(&mask, SIGTERM);
+        sigaddset(&mask, SIGINT);
+        sigprocmask(SIG_BLOCK, &mask, NULL);
+        (void)signal(SIGPIPE, SIG_IGN);
+        k = sd_event_add_signal(m->event, NULL, SIGTERM, on_signal, m);
+        if (k >= 0)
+                k = sd_event_add_signal(m->event, NULL, SIGINT, on_signal, m);
+        if (k < 0)
+                return k;
+        (void)sd_event_set_watchdog(m->event, true);
+
+        k = cuda_driver_open(&m->cu, NULL, ret_message);
+        if (k < 0)
+                return k;
+        k = pool_new(&m->pool, m->cu, &config->pool, ret_message);
+        if (k < 0)
+                return k;
+        lease_table_init(&m->leases, m->pool);
+
+        k = inherited_socket(ret_message);
+        if (k == -ENOENT) {
+                k = bind_socket(path, ret_message);
+                if (k >= 0) {
+                        m->bound_path = strdup(path);
+                        if (!m->bound_path) {
+                                safe_close(k);
+                                return -ENOMEM;
+                        }
+                }
+        }
+        if (k < 0)
+                return k;
+        m->listen_fd = k;
+
+        k = sd_event_add_io(m->event, &m->listen_source, m->listen_fd, EPOLLIN, on_accept, m);
+        if (k < 0)
+                return k;
+        k = sd_event_add_io(m->event, &m->pool_source, pool_get_fd(m->pool), EPOLLIN, on_pool, m);
+        if (k < 0)
+                return k;
+        (void)sd_event_source_set_priority(m->pool_source, PRIORITY_SCRUB);
+        k = sd_event_add_defer(m->event, &m->idle_source, on_idle, m);
+        if (k < 0)
+                return k;
+        (void)sd_event_source_set_priority(m->idle_source, SD_EVENT_PRIORITY_IDLE);
+        (void)sd_event_source_set_enabled(m->idle_source, SD_EVENT_OFF);
+
+        *ret = TAKE_PTR(m);
+        return 0;
+}
+
+int manager_run(Manager *m) {
+        int k;
+
+        (void)sd_notify(false, "READY=1");
+        manager_notify_status(m);
+        k = sd_event_loop(m->event);
+        (void)sd_notify(false, "STOPPING=1");
+        return k;
+}

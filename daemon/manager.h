@@ -1,0 +1,57 @@
+/* SPDX-License-Identifier: MIT */
+#pragma once
+
+/*
+ * The daemon's manager: one sd-event loop that owns the listening socket, the
+ * connected peers, the pool's scrub completions and the pidfds of the
+ * processes holding leases. Everything runs on this one thread; a slow or
+ * stuck client only ever costs its own connection.
+ */
+
+#include <stdbool.h>
+#include <systemd/sd-event.h>
+
+#include "driver.h"
+#include "lease.h"
+#include "list.h"
+#include "pool.h"
+
+#define MANAGER_DEFAULT_SOCKET "/run/vmmbroker/io.vmmbroker"
+
+typedef struct ManagerConfig {
+        const char *socket_path;        /* bound when systemd passed no socket; NULL = MANAGER_DEFAULT_SOCKET */
+        PoolConfig pool;
+} ManagerConfig;
+
+typedef struct Manager {
+        sd_event *event;
+        CudaDriver *cu;
+        Pool *pool;
+        LeaseTable leases;
+        int listen_fd;
+        char *bound_path;               /* the socket we bound (and unlink at exit); NULL when inherited */
+        sd_event_source *listen_source;
+        sd_event_source *pool_source;   /* scrub completions */
+        sd_event_source *idle_source;   /* pool_idle(), when nothing else is pending */
+        List peers;
+        unsigned n_peers;
+} Manager;
+
+/* Opens the driver, builds the pool, takes or binds the socket. Messages for a person go to *ret_message. */
+int manager_new(Manager **ret, const ManagerConfig *config, char **ret_message);
+Manager *manager_free(Manager *m);
+
+/* Announces readiness to the service manager and runs until SIGTERM or SIGINT. */
+int manager_run(Manager *m);
+
+/* Schedules pool_idle() for when the loop has nothing else to do. */
+void manager_schedule_idle(Manager *m);
+
+/* Starts watching a new holder's pidfd; when it becomes readable the holder's leases are reclaimed. */
+int manager_watch_holder(Manager *m, Holder *h);
+
+/* Called by a peer that goes away: frees its holder when nothing else refers to it. */
+void manager_release_holder(Manager *m, Holder *h);
+
+/* Updates the STATUS= line shown by systemctl status. */
+void manager_notify_status(Manager *m);

@@ -1,0 +1,425 @@
+/* SPDX-License-Identifier: MIT */
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/pidfd.h>
+#include <unistd.h>
+
+#include "codec.h"
+#include "json.h"
+#include "macro.h"
+#include "manager.h"
+#include "message.h"
+#include "peer.h"
+#include "size.h"
+
+#ifndef SO_PEERPIDFD
+#define SO_PEERPIDFD 77                 /* Linux 6.5; Debian 12's headers predate it */
+#endif
+
+/* Reads per wake-up before letting other peers run. */
+#define PEER_READS_PER_WAKEUP 16
+
+typedef struct Reply {
+        json_object *msg;               /* a whole envelope */
+        int fds[POOL_MAX_SLABS];        /* sent with it (borrowed from the slabs) */
+        size_t n_fds;
+} Reply;
+
+static bool peer_is_admin(const Peer *p) {
+        return p->cred.uid == 0;
+}
+
+static int reply_params(Reply *r, json_object *params) {
+        int k = varlink_reply_new(params, &r->msg);
+
+        json_object_put(params);
+        return k;
+}
+
+static int reply_invalid(Reply *r, const char *field, const char *message) {
+        return vmmb_error_invalid_parameter(field ?: "parameters", message ?: "invalid", &r->msg);
+}
+
+/* --- io.vmmbroker ------------------------------------------------------------------------------------- */
+
+static int method_alloc(Peer *p, json_object *params, Reply *r) {
+        _cleanup_free_ char *message = NULL;
+        const char *bad = NULL;
+        AllocParams a = {};
+        PoolDeviceStats s;
+        Manager *m = p->manager;
+        json_object *out = NULL;
+        Lease *l;
+        int k, i;
+
+        k = alloc_params_decode(params, &a, &bad, &message);
+        if (k < 0) {
+                k = k == -EINVAL ? reply_invalid(r, bad, message) : k;
+                goto out;
+        }
+        if (a.device == VMMB_DEVICE_ANY) {
+                pool_device_stats(m->pool, 0, &s);
+                a.device = s.index;
+        }
+        i = a.device <= INT32_MAX ? pool_find_device(m->pool, (int)a.device) : -1;
+        if (i < 0) {
+                k = vmmb_error_no_such_device(a.device, &r->msg);
+                goto out;
+        }
+        pool_device_stats(m->pool, (size_t)i, &s);
+
+        k = lease_new(&m->leases, p->holder, (int)a.device, a.size, a.label, &l);
+        if (k == POOL_E_TOO_LARGE) {
+                char b1[FORMAT_SIZE_MAX], b2[FORMAT_SIZE_MAX];
+
+                set_message(&message, "%s is more than device %d can serve (capacity %s, at most %d slabs).",
+                            format_size(a.size, b1, sizeof(b1)), s.index, format_size(s.capacity, b2, sizeof(b2)),
+                            POOL_MAX_SLABS);
+                k = vmmb_error_invalid_parameter("size", message ?: "too large", &r->msg);
+        } else if (k == POOL_E_NOMEM) {
+                uint64_t requested = ALIGN_UP(a.size, s.granularity);
+                uint64_t in_use = s.leased + s.scrubbing;
+                uint64_t available = s.capacity > in_use ? s.capacity - in_use : 0;
+
+                set_message(&message, "Device %d has no room for %" PRIu64 " bytes now: %s.", s.index, requested,
+                            pool_last_error(m->pool));
+                k = vmmb_error_out_of_memory(a.device, requested, available, message ?: "out of memory", &r->msg);
+        } else if (k == POOL_E_DRIVER)
+                k = vmmb_error_driver_error(pool_last_error(m->pool), &r->msg);
+        else if (k == 0) {
+                WireSlab slabs[POOL_MAX_SLABS];
+                AllocReply reply = {
+                        .lease = { .id = l->id, .device = l->device, .size = l->size,
+                                   .slabs = slabs, .n_slabs = l->n_slabs },
+                };
+
+                for (size_t j = 0; j < l->n_slabs; j++) {
+                        slabs[j] = (WireSlab){ .size = l->slabs[j]->size, .fd = j };
+                        r->fds[j] = l->slabs[j]->fd;
+                }
+                k = alloc_reply_encode(&reply, &out);
+                if (k == 0)
+                        k = reply_params(r, out);
+                if (k < 0)
+                        lease_free(&m->leases, l);
+                else
+                        r->n_fds = l->n_slabs;
+                manager_notify_status(m);
+        }
+out:
+        alloc_params_done(&a);
+        return k;
+}
+
+static int method_free(Peer *p, json_object *params, Reply *r) {
+        _cleanup_free_ char *message = NULL;
+        const char *bad = NULL;
+        FreeParams a = {};
+        json_object *out = NULL;
+        Lease *l;
+        int k;
+
+        k = free_params_decode(params, &a, &bad, &message);
+        if (k < 0) {
+                k = k == -EINVAL ? reply_invalid(r, bad, message) : k;
+                goto out;
+        }
+        l = lease_find(&p->manager->leases, p->holder, a.id);
+        if (!l) {
+                k = vmmb_error_no_such_lease(a.id, &r->msg);
+                goto out;
+        }
+        lease_free(&p->manager->leases, l);
+        manager_schedule_idle(p->manager);
+        manager_notify_status(p->manager);
+        k = empty_params_encode(&out);
+        if (k == 0)
+                k = reply_params(r, out);
+out:
+        free_params_done(&a);
+        return k;
+}
+
+static int method_list(Peer *p, json_object *params, Reply *r) {
+        _cleanup_free_ char *message = NULL;
+        _cleanup_free_ WireLeaseInfo *infos = NULL;
+        LeaseTable *t = &p->manager->leases;
+        const char *bad = NULL;
+        ListParams a = {};
+        json_object *out = NULL;
+        ListReply reply = {};
+        Lease *l;
+        int k;
+
+        k = list_params_decode(params, &a, &bad, &message);
+        if (k < 0)
+                return k == -EINVAL ? reply_invalid(r, bad, message) : k;
+        if (a.all && !peer_is_admin(p))
+                return vmmb_error_permission_denied("Listing every user's leases needs an administrator.", &r->msg);
+
+        infos = calloc(t->n_leases ?: 1, sizeof(*infos));
+        if (!infos)
+                return -ENOMEM;
+        list_for_each_entry(l, &t->leases, link_table) {
+                if (!a.all && l->holder->uid != p->cred.uid)
+                        continue;
+                infos[reply.n_leases++] = (WireLeaseInfo){
+                        .id = l->id,
+                        .device = l->device,
+                        .size = l->size,
+                        .slabs = l->n_slabs,
+                        .pid = l->holder->pid,
+                        .uid = l->holder->uid,
+                        .comm = l->holder->comm[0] ? l->holder->comm : NULL,
+                        .label = l->label,
+                        .created = (int64_t)l->created_usec,
+                };
+        }
+        reply.leases = infos;
+        k = list_reply_encode(&reply, &out);
+        return k < 0 ? k : reply_params(r, out);
+}
+
+static int method_status(Peer *p, json_object *params, Reply *r) {
+        _cleanup_free_ char *message = NULL;
+        Manager *m = p->manager;
+        size_t n = pool_n_devices(m->pool);
+        _cleanup_free_ WireDevice *devices = NULL;
+        PoolDeviceStats stats[64];
+        const char *bad = NULL;
+        StatusReply reply = {};
+        json_object *out = NULL;
+        Lease *l;
+        int k;
+
+        k = empty_params_decode(params, &bad, &message);
+        if (k < 0)
+                return k == -EINVAL ? reply_invalid(r, bad, message) : k;
+        n = MIN(n, ELEMENTSOF(stats));
+        devices = calloc(n, sizeof(*devices));
+        if (!devices)
+                return -ENOMEM;
+        for (size_t i = 0; i < n; i++) {
+                pool_device_stats(m->pool, i, &stats[i]);
+                devices[i] = (WireDevice){
+                        .index = stats[i].index,
+                        .name = (char *)stats[i].name,
+                        .total = stats[i].total,
+                        .granularity = stats[i].granularity,
+                        .capacity = stats[i].capacity,
+                        .leased = stats[i].leased,
+                        .scrubbing = stats[i].scrubbing,
+                        .cached = stats[i].cached,
+                };
+        }
+        list_for_each_entry(l, &m->leases.leases, link_table) {
+                int i = pool_find_device(m->pool, l->device);
+
+                if (i >= 0 && (size_t)i < n)
+                        devices[i].leases++;
+        }
+        reply.devices = devices;
+        reply.n_devices = n;
+        k = status_reply_encode(&reply, &out);
+        return k < 0 ? k : reply_params(r, out);
+}
+
+/* --- org.varlink.service ------------------------------------------------------------------------------ */
+
+static int method_get_info(Peer *p, json_object *params, Reply *r) {
+        _cleanup_free_ char *message = NULL;
+        const char *bad = NULL;
+        json_object *out = NULL;
+        int k;
+
+        k = empty_params_decode(params, &bad, &message);
+        if (k < 0)
+                return k == -EINVAL ? varlink_error_invalid_parameter(bad ?: "parameters", &r->msg) : k;
+        k = varlink_info_encode(&out);
+        return k < 0 ? k : reply_params(r, out);
+}
+
+static int method_get_interface_description(Peer *p, json_object *params, Reply *r) {
+        _cleanup_free_ char *message = NULL;
+        InterfaceParams a = {};
+        const char *bad = NULL;
+        json_object *out = NULL;
+        int k;
+
+        k = interface_params_decode(params, &a, &bad, &message);
+        if (k < 0)
+                return k == -EINVAL ? varlink_error_invalid_parameter(bad ?: "parameters", &r->msg) : k;
+        k = interface_description_encode(a.interface, &out);
+        if (k == -ENOENT)
+                k = varlink_error_interface_not_found(a.interface, &r->msg);
+        else if (k == 0)
+                k = reply_params(r, out);
+        interface_params_done(&a);
+        return k;
+}
+
+static const struct {
+        const char *name;
+        int (*handler)(Peer *p, json_object *params, Reply *r);
+} methods[] = {
+        { VMMB_METHOD_ALLOC, method_alloc },
+        { VMMB_METHOD_FREE, method_free },
+        { VMMB_METHOD_LIST, method_list },
+        { VMMB_METHOD_STATUS, method_status },
+        { VARLINK_METHOD_GET_INFO, method_get_info },
+        { VARLINK_METHOD_GET_INTERFACE_DESCRIPTION, method_get_interface_description },
+};
+
+/* Answers one call. Returns 0, or a negative errno that ends the connection. */
+static int peer_dispatch(Peer *p, json_object *msg) {
+        VarlinkCall call = {};
+        Reply r = { .n_fds = 0 };
+        int k;
+
+        k = varlink_call_parse(msg, &call);
+        if (k < 0)
+                return k;
+        k = varlink_error_method_not_found(call.method, &r.msg);
+        for (size_t i = 0; i < ELEMENTSOF(methods); i++)
+                if (strcmp(call.method, methods[i].name) == 0) {
+                        json_object_put(r.msg);
+                        r.msg = NULL;
+                        k = methods[i].handler(p, call.parameters, &r);
+                        break;
+                }
+        if (k == 0 && r.msg && !call.oneway)
+                k = varlink_conn_send(p->conn, r.msg, r.fds, r.n_fds);
+        json_object_put(r.msg);
+        varlink_call_done(&call);
+        return k;
+}
+
+/* Answers buffered calls until none is left or a reply waits to be written. */
+static int peer_process(Peer *p) {
+        for (;;) {
+                json_object *msg = NULL;
+                int k;
+
+                if (varlink_conn_pending(p->conn) > 0) {
+                        k = varlink_conn_flush(p->conn);
+                        if (k == -EAGAIN)
+                                return 0;
+                        if (k < 0)
+                                return k;
+                }
+                k = varlink_conn_next_json(p->conn, &msg, NULL, NULL);
+                if (k <= 0)
+                        return k;
+                k = peer_dispatch(p, msg);
+                json_object_put(msg);
+                if (k < 0)
+                        return k;
+        }
+}
+
+static int on_peer_io(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
+        Peer *p = userdata;
+        int k = 0;
+
+        for (unsigned i = 0; i < PEER_READS_PER_WAKEUP; i++) {
+                k = peer_process(p);
+                if (k < 0 || varlink_conn_pending(p->conn) > 0)
+                        break;
+                k = varlink_conn_read(p->conn);
+                if (k == -EAGAIN) {
+                        k = 0;
+                        break;
+                }
+                if (k <= 0) {
+                        k = k ?: -ECONNRESET;   /* end of stream */
+                        break;
+                }
+        }
+        if (k == 0 && (revents & EPOLLHUP) && varlink_conn_pending(p->conn) == 0)
+                k = -ECONNRESET;
+        if (k < 0) {
+                peer_free(p);
+                return 0;
+        }
+        /* Wait for the client to read before answering more: nothing piles up in the daemon. */
+        (void)sd_event_source_set_io_events(s, varlink_conn_pending(p->conn) > 0 ? EPOLLOUT : EPOLLIN);
+        return 0;
+}
+
+static int peer_pidfd(int fd, pid_t pid) {
+        socklen_t len = sizeof(int);
+        int pidfd = -EBADF;
+
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERPIDFD, &pidfd, &len) == 0 && pidfd >= 0)
+                return pidfd;
+        /* Older kernels: open it by pid right after accept, before the client can have exited and been
+         * replaced (its connection keeps nothing alive, so this is a small window, not none). */
+        pidfd = pidfd_open(pid, 0);
+        return pidfd < 0 ? -errno : pidfd;
+}
+
+int peer_new(Manager *m, int fd) {
+        socklen_t len = sizeof(struct ucred);
+        _cleanup_close_ int sock = fd, pidfd = -EBADF;
+        Peer *p;
+        bool created;
+        int k;
+
+        p = calloc(1, sizeof(*p));
+        if (!p)
+                return -ENOMEM;
+        p->manager = m;
+        list_init(&p->link);
+        if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &p->cred, &len) < 0 || p->cred.pid <= 0) {
+                k = -errno ?: -EPROTO;
+                goto fail;
+        }
+        pidfd = peer_pidfd(sock, p->cred.pid);
+        if (pidfd < 0) {
+                k = pidfd;
+                goto fail;
+        }
+        k = lease_table_get_holder(&m->leases, p->cred.pid, p->cred.uid, p->cred.gid, pidfd, &p->holder, &created);
+        if (k < 0)
+                goto fail;
+        pidfd = -EBADF;                 /* the table has it (or closed it) */
+        p->holder->n_connections++;
+        if (created) {
+                k = manager_watch_holder(m, p->holder);
+                if (k < 0)
+                        goto fail;
+        }
+        k = varlink_conn_new(&p->conn, sock, VARLINK_MAX_REQUEST, false);
+        if (k < 0)
+                goto fail;
+        sock = -EBADF;
+        k = sd_event_add_io(m->event, &p->io, varlink_conn_get_fd(p->conn), EPOLLIN, on_peer_io, p);
+        if (k < 0)
+                goto fail;
+        list_link_tail(&m->peers, &p->link);
+        m->n_peers++;
+        return 0;
+
+fail:
+        peer_free(p);
+        return k;
+}
+
+Peer *peer_free(Peer *p) {
+        if (!p)
+                return NULL;
+        if (list_is_linked(&p->link)) {
+                list_unlink(&p->link);
+                p->manager->n_peers--;
+        }
+        sd_event_source_disable_unref(p->io);
+        varlink_conn_free(p->conn);
+        if (p->holder)
+                manager_release_holder(p->manager, p->holder);
+        free(p);
+        return NULL;
+}

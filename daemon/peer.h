@@ -1,0 +1,33 @@
+/* SPDX-License-Identifier: MIT */
+#pragma once
+
+/*
+ * A connected client: its connection, its credentials (SO_PEERCRED) and the
+ * holder (process) it speaks for. Requests are answered in order; while a
+ * reply is still queued, the peer's further requests wait (a client that does
+ * not read its replies holds at most one reply in the daemon).
+ */
+
+#include <sys/socket.h>
+#include <systemd/sd-event.h>
+
+#include "lease.h"
+#include "list.h"
+#include "varlink.h"
+
+typedef struct Manager Manager;
+
+typedef struct Peer {
+        Manager *manager;
+        VarlinkConn *conn;
+        sd_event_source *io;
+        struct ucred cred;
+        Holder *holder;
+        List link;                      /* in Manager.peers */
+} Peer;
+
+/* Takes a just-accepted connection (closed on failure). Returns 0 or a negative errno. */
+int peer_new(Manager *m, int fd);
+
+/* Closes the connection. The holder's leases stay: they end when the process frees them or exits. */
+Peer *peer_free(Peer *p);
