@@ -47,7 +47,7 @@ struct Holder {
         char comm[16];                  /* /proc/PID/comm when it connected */
         List leases;                    /* Lease */
         unsigned n_connections;         /* connections of this process the daemon has open */
-        void *userdata;                 /* the manager's: its event source on the pidfd */
+        void *userdata;                 /* non-NULL while the manager watches the pidfd */
         List link;                      /* in LeaseTable.holders */
 };
 

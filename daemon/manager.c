@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -123,10 +124,14 @@ static int on_pool(sd_event_source *s, int fd, uint32_t revents, void *userdata)
         return 0;
 }
 
+static void send_status(Manager *m);
+
 static int on_idle(sd_event_source *s, void *userdata) {
         Manager *m = userdata;
 
         pool_idle(m->pool);
+        if (m->status_dirty)
+                send_status(m);
         return 0;
 }
 
@@ -136,40 +141,60 @@ static int on_signal(sd_event_source *s, const struct signalfd_siginfo *si, void
         return sd_event_exit(m->event, 0);
 }
 
-static int on_holder_exit(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
-        Manager *m = userdata;
-        Holder *h = NULL, *i;
+/*
+ * Holders' pidfds live in an epoll set of their own, so that the manager can
+ * ask "has any holder exited?" in one syscall before answering each request:
+ * a request read after a holder's exit must never see its leases, and event
+ * source priorities alone cannot promise that when a peer's requests are read
+ * in a batch.
+ */
+unsigned manager_reap_holders(Manager *m) {
+        struct epoll_event ev[64];
+        unsigned reclaimed = 0;
+        int n;
 
-        list_for_each_entry(i, &m->leases.holders, link)
-                if (i->userdata == s)
-                        h = i;
-        sd_event_source_disable_unref(s);
-        if (!h)
-                return 0;
-        h->userdata = NULL;
-        if (holder_reclaim(&m->leases, h) > 0) {
-                manager_schedule_idle(m);
+        do {
+                n = epoll_wait(m->holder_epoll_fd, ev, ELEMENTSOF(ev), 0);
+                for (int i = 0; i < n; i++) {
+                        Holder *h = ev[i].data.ptr;
+
+                        (void)epoll_ctl(m->holder_epoll_fd, EPOLL_CTL_DEL, h->pidfd, NULL);
+                        h->userdata = NULL;
+                        reclaimed += holder_reclaim(&m->leases, h);
+                        h->pid = 0;     /* a new process with this pid is someone else */
+                        holder_free_if_unused(&m->leases, h);
+                }
+        } while (n == (int)ELEMENTSOF(ev));
+        if (reclaimed > 0)
                 manager_notify_status(m);
-        }
-        h->pid = 0;     /* a new process with this pid is someone else */
-        holder_free_if_unused(&m->leases, h);
+        return reclaimed;
+}
+
+static int on_holder_exit(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
+        manager_reap_holders(userdata);
         return 0;
 }
 
 int manager_watch_holder(Manager *m, Holder *h) {
-        sd_event_source *s = NULL;
-        int k;
+        struct epoll_event ev = { .events = EPOLLIN, .data.ptr = h };
 
-        k = sd_event_add_io(m->event, &s, h->pidfd, EPOLLIN, on_holder_exit, m);
-        if (k < 0)
-                return k;
-        (void)sd_event_source_set_priority(s, PRIORITY_HOLDER_EXIT);
-        h->userdata = s;
+        if (epoll_ctl(m->holder_epoll_fd, EPOLL_CTL_ADD, h->pidfd, &ev) < 0)
+                return -errno;
+        h->userdata = m;
         return 0;
 }
 
+static void unwatch_holder(Manager *m, Holder *h) {
+        if (!h->userdata)
+                return;
+        (void)epoll_ctl(m->holder_epoll_fd, EPOLL_CTL_DEL, h->pidfd, NULL);
+        h->userdata = NULL;
+}
+
 void manager_release_holder(Manager *m, Holder *h) {
-        h->n_connections--;
+        /* A process with no lease and no connection left is forgotten; it is a new holder if it comes back. */
+        if (--h->n_connections == 0 && list_is_empty(&h->leases))
+                unwatch_holder(m, h);
         holder_free_if_unused(&m->leases, h);
 }
 
@@ -177,7 +202,13 @@ void manager_schedule_idle(Manager *m) {
         (void)sd_event_source_set_enabled(m->idle_source, SD_EVENT_ONESHOT);
 }
 
+/* The STATUS= line is sent when the loop is idle: sd_notify() costs a socket of its own each time. */
 void manager_notify_status(Manager *m) {
+        m->status_dirty = true;
+        manager_schedule_idle(m);
+}
+
+static void send_status(Manager *m) {
         uint64_t leased = 0, cached = 0;
         char b1[FORMAT_SIZE_MAX], b2[FORMAT_SIZE_MAX];
 
@@ -190,6 +221,7 @@ void manager_notify_status(Manager *m) {
         }
         (void)sd_notifyf(false, "STATUS=%u leases (%s), %s cached, %u clients", m->leases.n_leases,
                          format_size(leased, b1, sizeof(b1)), format_size(cached, b2, sizeof(b2)), m->n_peers);
+        m->status_dirty = false;
 }
 
 Manager *manager_free(Manager *m) {
@@ -200,11 +232,11 @@ Manager *manager_free(Manager *m) {
                 return NULL;
         list_for_each_entry_safe(p, tmp, &m->peers, link)
                 peer_free(p);
-        list_for_each_entry(h, &m->leases.holders, link) {
-                sd_event_source_disable_unref(h->userdata);
-                h->userdata = NULL;
-        }
+        list_for_each_entry(h, &m->leases.holders, link)
+                unwatch_holder(m, h);
         lease_table_done(&m->leases);
+        sd_event_source_disable_unref(m->holder_source);
+        safe_close(m->holder_epoll_fd);
         sd_event_source_disable_unref(m->listen_source);
         sd_event_source_disable_unref(m->pool_source);
         sd_event_source_disable_unref(m->idle_source);
@@ -232,11 +264,15 @@ int manager_new(Manager **ret, const ManagerConfig *config, char **ret_message) 
         if (!m)
                 return -ENOMEM;
         m->listen_fd = -EBADF;
+        m->holder_epoll_fd = -EBADF;
         list_init(&m->peers);
 
         k = sd_event_default(&m->event);
         if (k < 0)
                 return k;
+        /* Whatever started us may have left these ignored, and an ignored signal never reaches the signalfd. */
+        (void)signal(SIGTERM, SIG_DFL);
+        (void)signal(SIGINT, SIG_DFL);
         sigemptyset(&mask);
         sigaddset(&mask, SIGTERM);
         sigaddset(&mask, SIGINT);
@@ -272,6 +308,14 @@ int manager_new(Manager **ret, const ManagerConfig *config, char **ret_message) 
                 return k;
         m->listen_fd = k;
 
+        m->holder_epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+        if (m->holder_epoll_fd < 0)
+                return -errno;
+        k = sd_event_add_io(m->event, &m->holder_source, m->holder_epoll_fd, EPOLLIN, on_holder_exit, m);
+        if (k < 0)
+                return k;
+        (void)sd_event_source_set_priority(m->holder_source, PRIORITY_HOLDER_EXIT);
+
         k = sd_event_add_io(m->event, &m->listen_source, m->listen_fd, EPOLLIN, on_accept, m);
         if (k < 0)
                 return k;
@@ -293,7 +337,7 @@ int manager_run(Manager *m) {
         int k;
 
         (void)sd_notify(false, "READY=1");
-        manager_notify_status(m);
+        send_status(m);
         k = sd_event_loop(m->event);
         (void)sd_notify(false, "STOPPING=1");
         return k;

@@ -33,8 +33,11 @@ typedef struct Manager {
         sd_event_source *listen_source;
         sd_event_source *pool_source;   /* scrub completions */
         sd_event_source *idle_source;   /* pool_idle(), when nothing else is pending */
+        int holder_epoll_fd;            /* the holders' pidfds */
+        sd_event_source *holder_source;
         List peers;
         unsigned n_peers;
+        bool status_dirty;              /* the STATUS= line is out of date */
 } Manager;
 
 /* Opens the driver, builds the pool, takes or binds the socket. Messages for a person go to *ret_message. */
@@ -50,8 +53,11 @@ void manager_schedule_idle(Manager *m);
 /* Starts watching a new holder's pidfd; when it becomes readable the holder's leases are reclaimed. */
 int manager_watch_holder(Manager *m, Holder *h);
 
+/* Reclaims the leases of every holder whose process has exited. Returns how many leases. */
+unsigned manager_reap_holders(Manager *m);
+
 /* Called by a peer that goes away: frees its holder when nothing else refers to it. */
 void manager_release_holder(Manager *m, Holder *h);
 
-/* Updates the STATUS= line shown by systemctl status. */
+/* Marks the STATUS= line shown by systemctl status out of date; it is sent when the loop is idle. */
 void manager_notify_status(Manager *m);

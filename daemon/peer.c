@@ -283,6 +283,8 @@ static int peer_dispatch(Peer *p, json_object *msg) {
         k = varlink_call_parse(msg, &call);
         if (k < 0)
                 return k;
+        /* Whoever exited before this request was read is gone for it. */
+        manager_reap_holders(p->manager);
         k = varlink_error_method_not_found(call.method, &r.msg);
         for (size_t i = 0; i < ELEMENTSOF(methods); i++)
                 if (strcmp(call.method, methods[i].name) == 0) {
