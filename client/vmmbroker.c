@@ -1,0 +1,530 @@
+/* SPDX-License-Identifier: MIT */
+
+/*
+ * libvmmbroker: the client side of io.vmmbroker. One blocking varlink
+ * connection per client, one call at a time on it (client->call_lock), and
+ * the import/map steps of proto/driver.c. No logging: every failure is a
+ * negative errno plus a sentence in the calling thread's error buffer, which
+ * is written on failure only (a successful call leaves it as it was).
+ */
+
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "codec.h"
+#include "driver.h"
+#include "list.h"
+#include "macro.h"
+#include "varlink.h"
+#include "vmmbroker.h"
+
+#define VMMB_EXPORT __attribute__((visibility("default")))
+
+#define ERROR_MESSAGE_MAX 1024
+
+struct vmmb_client {
+        pthread_mutex_t call_lock;      /* one call at a time on conn; guards conn and broken */
+        VarlinkConn *conn;
+        bool broken;                    /* the stream is gone or out of step: every call fails */
+
+        pthread_mutex_t leases_lock;    /* guards leases */
+        List leases;                    /* vmmb_lease.link */
+};
+
+struct vmmb_lease {
+        vmmb_client *client;
+        List link;                      /* in client->leases */
+        char *id;
+        int device;
+        CUdeviceptr va;
+        uint64_t size;                  /* the sum of sizes[] */
+        uint64_t *sizes;                /* each slab's size, in mapping order */
+        size_t n_slabs;
+};
+
+/* --- errors ------------------------------------------------------------------------------------------- */
+
+static __thread char error_message[ERROR_MESSAGE_MAX];
+
+/* Sets the calling thread's message and returns `error`, a negative errno. */
+_printf_(2, 3) static int set_error(int error, const char *fmt, ...) {
+        va_list ap;
+
+        va_start(ap, fmt);
+        (void)vsnprintf(error_message, sizeof(error_message), fmt, ap);
+        va_end(ap);
+        return error;
+}
+
+/* Like set_error(), with the sentence of a lower layer (may be NULL: then strerror()). */
+static int set_error_from(int error, const char *what, const char *message) {
+        if (message && *message)
+                return set_error(error, "%s: %s", what, message);
+        return set_error(error, "%s: %s.", what, strerror(-error));
+}
+
+/* --- the driver, once per process ---------------------------------------------------------------------- */
+
+static pthread_once_t driver_once = PTHREAD_ONCE_INIT;
+static CudaDriver *driver;              /* kept for the life of the process */
+static int driver_error;
+static char *driver_message;
+
+static void driver_load(void) {
+        driver_error = cuda_driver_open(&driver, NULL, &driver_message);
+}
+
+static int driver_get(CudaDriver **ret) {
+        (void)pthread_once(&driver_once, driver_load);
+        if (driver_error < 0)
+                return set_error_from(-ENODEV, "Cannot use the CUDA driver", driver_message);
+        *ret = driver;
+        return 0;
+}
+
+/* --- calls ---------------------------------------------------------------------------------------------- */
+
+static void close_fds(int *fds, size_t n) {
+        for (size_t i = 0; i < n; i++)
+                safe_close(fds[i]);
+}
+
+/* The fds received with a reply: closed and freed by the cleanup. */
+typedef struct ReceivedFds {
+        int *fds;
+        size_t n;
+} ReceivedFds;
+
+static void received_fds_done(ReceivedFds *r) {
+        close_fds(r->fds, r->n);
+        free(r->fds);
+        *r = (ReceivedFds){};
+}
+
+static void json_putp(json_object **o) {
+        json_object_put(*o);
+}
+
+/* Marks the connection unusable and turns a transport error into what the caller returns. Lock held. */
+static int client_broken(vmmb_client *c, int error, const char *what) {
+        c->broken = true;
+        switch (error) {
+        case -ECONNRESET:
+        case -EPIPE:
+        case -ENOTCONN:
+        case -ESHUTDOWN:
+                return set_error(-ECONNRESET, "Lost the connection to the broker (%s).", what);
+        case -ENOMEM:
+                return set_error(-ENOMEM, "Out of memory while %s.", what);
+        default:
+                return set_error(-EPROTO, "The broker broke the protocol while %s: %s.", what, strerror(-error));
+        }
+}
+
+/* The sentence for an error reply: the broker's own message, else one made from the error's parameters. */
+static int reply_error(const VarlinkReply *reply, const char *method) {
+        _cleanup_free_ char *decode_message = NULL;
+        VmmbError e;
+        int error = vmmb_error_to_errno(reply->error);
+
+        if (vmmb_error_decode(reply->error, reply->parameters, &e, &decode_message) < 0)
+                return set_error(error, "The broker refused %s with %s.", method, reply->error);
+        if (e.message && *e.message)
+                (void)set_error(error, "%s", e.message);
+        else if (strcmp(reply->error, VMMB_ERROR_NO_SUCH_DEVICE) == 0)
+                (void)set_error(error, "The broker serves no device %" PRId64 ".", e.device);
+        else if (strcmp(reply->error, VMMB_ERROR_NO_SUCH_LEASE) == 0)
+                (void)set_error(error, "The broker has no lease %s of this process.", e.id ?: "(unnamed)");
+        else if (e.parameter)
+                (void)set_error(error, "The broker refused parameter '%s' of %s.", e.parameter, method);
+        else if (e.method)
+                (void)set_error(error, "The broker does not implement %s (%s).", e.method, reply->error);
+        else
+                (void)set_error(error, "The broker refused %s with %s.", method, reply->error);
+        vmmb_error_done(&e);
+        return error;
+}
+
+/*
+ * Sends one call and waits for its reply. Returns 0 with a successful reply in
+ * *ret (and, when ret_fds is given, the fds that came with it); or a negative
+ * errno with the thread's message set: the errno of the broker's named error,
+ * -ECONNRESET when the connection is gone, -EPROTO for a reply that makes no
+ * sense. Fds on a reply that should have none are a protocol error.
+ */
+static int client_call(vmmb_client *c, const char *method, json_object *params, VarlinkReply *ret,
+                       ReceivedFds *ret_fds) {
+        _cleanup_(json_putp) json_object *call = NULL, *msg = NULL;
+        _cleanup_(received_fds_done) ReceivedFds fds = {};
+        VarlinkReply reply = {};
+        int k;
+
+        k = varlink_call_new(method, params, false, false, &call);
+        if (k < 0)
+                return set_error(k, "Cannot build the call %s: %s.", method, strerror(-k));
+
+        (void)pthread_mutex_lock(&c->call_lock);
+        if (c->broken) {
+                k = set_error(-ECONNRESET, "The connection to the broker was lost earlier.");
+                goto unlock;
+        }
+        k = varlink_conn_send(c->conn, call, NULL, 0);
+        if (k < 0) {
+                k = set_error(k, "Cannot queue the call %s: %s.", method, strerror(-k));
+                goto unlock;
+        }
+        k = varlink_conn_flush(c->conn);
+        if (k < 0) {
+                k = client_broken(c, k, "sending the call");
+                goto unlock;
+        }
+        k = varlink_conn_receive(c->conn, &msg, &fds.fds, &fds.n);
+        if (k < 0) {
+                k = client_broken(c, k, "receiving the reply");
+                goto unlock;
+        }
+        k = varlink_reply_parse(msg, &reply);
+        if (k < 0 || reply.continues) {
+                /* a reply with "continues" means more are coming for a call that asked for one */
+                k = client_broken(c, k < 0 ? k : -EBADMSG, "reading the reply");
+                goto unlock;
+        }
+        k = 0;
+unlock:
+        (void)pthread_mutex_unlock(&c->call_lock);
+        if (k < 0) {
+                varlink_reply_done(&reply);
+                return k;
+        }
+
+        if (reply.error) {
+                k = reply_error(&reply, method);
+                varlink_reply_done(&reply);
+                return k;
+        }
+        if (fds.n > 0 && !ret_fds) {
+                varlink_reply_done(&reply);
+                return set_error(-EPROTO, "The broker sent %zu file descriptors with its reply to %s.", fds.n,
+                                 method);
+        }
+        if (ret_fds) {
+                *ret_fds = fds;
+                fds = (ReceivedFds){};
+        }
+        *ret = reply;
+        return 0;
+}
+
+/* Tells the broker that lease `id` is done with. */
+static int client_free_id(vmmb_client *c, const char *id) {
+        _cleanup_(json_putp) json_object *params = NULL;
+        FreeParams p = { .id = (char *)id };
+        VarlinkReply reply = {};
+        int k;
+
+        k = free_params_encode(&p, &params);
+        if (k < 0)
+                return set_error(k, "Cannot encode the call to free lease %s: %s.", id, strerror(-k));
+        k = client_call(c, VMMB_METHOD_FREE, params, &reply, NULL);
+        if (k < 0)
+                return k;
+        varlink_reply_done(&reply);
+        return 0;
+}
+
+/* --- leases ------------------------------------------------------------------------------------------- */
+
+static vmmb_lease *lease_destroy(vmmb_lease *l) {
+        if (!l)
+                return NULL;
+        free(l->id);
+        free(l->sizes);
+        free(l);
+        return NULL;
+}
+
+DEFINE_TRIVIAL_CLEANUP_FUNC(vmmb_lease, lease_destroy);
+
+/*
+ * Unmaps a lease (the driver waits for work that uses it) and, once nothing
+ * of it is mapped here, tells the broker. When unmapping fails the broker is
+ * not told: the memory may still be reachable in this process, so it must not
+ * be scrubbed and handed out again; the broker reclaims it when the process
+ * exits. Frees the lease object in every case.
+ */
+static int lease_release(vmmb_lease *l) {
+        _cleanup_(lease_destroyp) vmmb_lease *lease = l;
+        CudaDriver *cu = NULL;
+        int k;
+
+        k = driver_get(&cu);            /* loaded already: the lease was mapped with it */
+        if (k < 0)
+                return k;
+        k = cuda_unmap(cu, lease->va, lease->sizes, lease->n_slabs);
+        if (k < 0)
+                return set_error(k, "Cannot unmap lease %s at 0x%llx: %s.", lease->id,
+                                 (unsigned long long)lease->va, strerror(-k));
+        return client_free_id(lease->client, lease->id);
+}
+
+/* The identifier of a lease in an Alloc reply that failed to decode, or NULL. */
+static const char *reply_lease_id(json_object *params) {
+        json_object *lease, *id;
+
+        if (!json_object_object_get_ex(params, "lease", &lease) || !json_object_is_type(lease, json_type_object) ||
+            !json_object_object_get_ex(lease, "id", &id) || !json_object_is_type(id, json_type_string))
+                return NULL;
+        return json_object_get_string(id);
+}
+
+/* Gives a lease the broker sent back after it could not be used; the caller's error stands. */
+static void client_give_back(vmmb_client *c, const char *id) {
+        char saved[ERROR_MESSAGE_MAX];
+
+        if (!id)
+                return;
+        memcpy(saved, error_message, sizeof(saved));
+        (void)client_free_id(c, id);
+        memcpy(error_message, saved, sizeof(saved));
+}
+
+/* --- the API -------------------------------------------------------------------------------------------- */
+
+static vmmb_client *client_destroy(vmmb_client *c) {
+        if (!c)
+                return NULL;
+        varlink_conn_free(c->conn);
+        (void)pthread_mutex_destroy(&c->call_lock);
+        (void)pthread_mutex_destroy(&c->leases_lock);
+        free(c);
+        return NULL;
+}
+
+DEFINE_TRIVIAL_CLEANUP_FUNC(vmmb_client, client_destroy);
+
+VMMB_EXPORT int vmmb_connect(const char *socket_path, vmmb_client **ret) {
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        _cleanup_(client_destroyp) vmmb_client *c = NULL;
+        _cleanup_close_ int fd = -EBADF;
+        const char *path = socket_path;
+        CudaDriver *cu = NULL;
+        int k;
+
+        if (!ret)
+                return set_error(-EINVAL, "vmmb_connect() needs somewhere to put the client.");
+        if (!path) {
+                path = getenv("VMMBROKER_SOCKET");
+                if (!path || !*path)
+                        path = VMMB_DEFAULT_SOCKET;
+        }
+        if (!*path)
+                return set_error(-EINVAL, "The broker's socket path is empty.");
+        if (strlen(path) >= sizeof(sa.sun_path))
+                return set_error(-ENAMETOOLONG, "The broker's socket path is longer than %zu bytes: %s",
+                                 sizeof(sa.sun_path) - 1, path);
+        memcpy(sa.sun_path, path, strlen(path) + 1);
+
+        k = driver_get(&cu);
+        if (k < 0)
+                return k;
+
+        fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+                return set_error(-errno, "Cannot make a socket: %s.", strerror(errno));
+        if (connect(fd, (const struct sockaddr *)&sa, sizeof(sa)) < 0) {
+                k = -errno;
+                switch (k) {
+                case -ENOENT:
+                case -ECONNREFUSED:
+                        return set_error(k, "Cannot connect to the broker at %s: %s. Is vmmbrokerd running? "
+                                         "Set VMMBROKER_SOCKET to its socket.", path, strerror(-k));
+                case -EACCES:
+                case -EPERM:
+                        return set_error(k, "Cannot connect to the broker at %s: %s. Leasing GPU memory needs "
+                                         "membership in the socket's group (vmmbroker).", path, strerror(-k));
+                default:
+                        return set_error(k, "Cannot connect to the broker at %s: %s.", path, strerror(-k));
+                }
+        }
+
+        c = calloc(1, sizeof(*c));
+        if (!c)
+                return set_error(-ENOMEM, "Out of memory.");
+        (void)pthread_mutex_init(&c->call_lock, NULL);
+        (void)pthread_mutex_init(&c->leases_lock, NULL);
+        list_init(&c->leases);
+        k = varlink_conn_new(&c->conn, fd, VARLINK_MAX_REPLY, true);
+        if (k < 0)
+                return set_error(k, "Cannot set up the connection to the broker: %s.", strerror(-k));
+        fd = -EBADF;                    /* the connection owns it */
+        *ret = TAKE_PTR(c);
+        return 0;
+}
+
+VMMB_EXPORT void vmmb_close(vmmb_client *client) {
+        char saved[ERROR_MESSAGE_MAX];
+
+        if (!client)
+                return;
+        /* Freeing the leases may fail (the broker may be gone); that is no news for the caller's thread. */
+        memcpy(saved, error_message, sizeof(saved));
+        for (;;) {
+                vmmb_lease *l;
+
+                (void)pthread_mutex_lock(&client->leases_lock);
+                l = list_first_entry(&client->leases, vmmb_lease, link);
+                if (l)
+                        list_unlink(&l->link);
+                (void)pthread_mutex_unlock(&client->leases_lock);
+                if (!l)
+                        break;
+                (void)lease_release(l);
+        }
+        memcpy(error_message, saved, sizeof(saved));
+        client_destroy(client);
+}
+
+VMMB_EXPORT int vmmb_alloc(vmmb_client *client, uint64_t size, int device, const char *label, vmmb_lease **ret) {
+        _cleanup_(received_fds_done) ReceivedFds fds = {};
+        _cleanup_(lease_destroyp) vmmb_lease *l = NULL;
+        _cleanup_(json_putp) json_object *params = NULL;
+        _cleanup_free_ char *message = NULL;
+        _cleanup_free_ int *ordered = NULL;
+        AllocParams a = { .size = size, .device = device, .label = (char *)label };
+        VarlinkReply reply = {};
+        AllocReply ar = {};
+        CudaDriver *cu = NULL;
+        CUdevice dev;
+        CUresult r;
+        int k;
+
+        if (!client || !ret)
+                return set_error(-EINVAL, "vmmb_alloc() needs a client and somewhere to put the lease.");
+        if (size == 0)
+                return set_error(-EINVAL, "Cannot lease 0 bytes: the size must be more than 0.");
+        if (label && strlen(label) > VMMB_LABEL_MAX)
+                return set_error(-EINVAL, "The label is longer than %d bytes.", VMMB_LABEL_MAX);
+        if (device < VMMB_ANY_DEVICE)
+                return set_error(-ENODEV, "There is no device %d: devices are numbered from 0.", device);
+        k = driver_get(&cu);
+        if (k < 0)
+                return k;
+
+        k = alloc_params_encode(&a, &params);
+        if (k == -ERANGE || k == -EINVAL)
+                /* a varlink int is an int64: larger sizes cannot even be asked for */
+                return set_error(-EINVAL, "Cannot lease %" PRIu64 " bytes: the size is out of range.", size);
+        if (k < 0)
+                return set_error(k, "Cannot encode the request: %s.", strerror(-k));
+        k = client_call(client, VMMB_METHOD_ALLOC, params, &reply, &fds);
+        if (k < 0)
+                return k;
+
+        k = alloc_reply_decode(reply.parameters, fds.n, &ar, &message);
+        if (k < 0) {
+                k = set_error_from(k == -ENOMEM ? k : -EPROTO, "The broker's reply to Alloc is not valid",
+                                   message);
+                client_give_back(client, reply_lease_id(reply.parameters));
+                goto out;
+        }
+        if (ar.lease.n_slabs == 0 || ar.lease.device < 0 || ar.lease.device > INT32_MAX ||
+            (device != VMMB_ANY_DEVICE && ar.lease.device != device)) {
+                k = set_error(-EPROTO, "The broker's reply to Alloc is not valid: lease %s has %zu slabs on "
+                              "device %" PRId64 ".", ar.lease.id, ar.lease.n_slabs, ar.lease.device);
+                client_give_back(client, ar.lease.id);
+                goto out;
+        }
+
+        l = calloc(1, sizeof(*l));
+        ordered = calloc(ar.lease.n_slabs, sizeof(int));
+        if (l) {
+                l->id = strdup(ar.lease.id);
+                l->sizes = calloc(ar.lease.n_slabs, sizeof(uint64_t));
+        }
+        if (!l || !ordered || !l->id || !l->sizes) {
+                k = set_error(-ENOMEM, "Out of memory.");
+                client_give_back(client, ar.lease.id);
+                goto out;
+        }
+        l->client = client;
+        list_init(&l->link);
+        l->device = (int)ar.lease.device;
+        l->n_slabs = ar.lease.n_slabs;
+        for (size_t i = 0; i < l->n_slabs; i++) {
+                ordered[i] = fds.fds[ar.lease.slabs[i].fd];
+                l->sizes[i] = ar.lease.slabs[i].size;
+                l->size += l->sizes[i];
+        }
+        if (l->size != ar.lease.size || l->size < size) {
+                k = set_error(-EPROTO, "The broker's reply to Alloc is not valid: lease %s of %" PRIu64
+                              " bytes has slabs of %" PRIu64 " bytes for a request of %" PRIu64 ".",
+                              l->id, ar.lease.size, l->size, size);
+                client_give_back(client, l->id);
+                goto out;
+        }
+
+        r = cu->cuDeviceGet(&dev, l->device);
+        if (r != CUDA_SUCCESS) {
+                k = set_error(cuda_result_to_errno(r), "Cannot use device %d of lease %s: %s.", l->device, l->id,
+                              cuda_result_name(cu, r));
+                client_give_back(client, l->id);
+                goto out;
+        }
+        k = cuda_map_fds(cu, dev, ordered, l->sizes, l->n_slabs, false, &l->va, &message);
+        if (k < 0) {
+                (void)set_error_from(k, "Cannot map the leased memory", message);
+                client_give_back(client, l->id);
+                goto out;
+        }
+
+        (void)pthread_mutex_lock(&client->leases_lock);
+        list_link_tail(&client->leases, &l->link);
+        (void)pthread_mutex_unlock(&client->leases_lock);
+        *ret = TAKE_PTR(l);
+        k = 0;
+out:
+        alloc_reply_done(&ar);
+        varlink_reply_done(&reply);
+        return k;
+}
+
+VMMB_EXPORT int vmmb_free(vmmb_lease *lease) {
+        vmmb_client *c;
+
+        if (!lease)
+                return 0;
+        c = lease->client;
+        (void)pthread_mutex_lock(&c->leases_lock);
+        list_unlink(&lease->link);
+        (void)pthread_mutex_unlock(&c->leases_lock);
+        return lease_release(lease);
+}
+
+VMMB_EXPORT uint64_t vmmb_lease_ptr(const vmmb_lease *lease) {
+        return lease ? (uint64_t)lease->va : 0;
+}
+
+VMMB_EXPORT uint64_t vmmb_lease_size(const vmmb_lease *lease) {
+        return lease ? lease->size : 0;
+}
+
+VMMB_EXPORT int vmmb_lease_device(const vmmb_lease *lease) {
+        return lease ? lease->device : -1;
+}
+
+VMMB_EXPORT const char *vmmb_lease_id(const vmmb_lease *lease) {
+        return lease ? lease->id : NULL;
+}
+
+VMMB_EXPORT const char *vmmb_error_message(void) {
+        return error_message;
+}
