@@ -1,0 +1,213 @@
+/* SPDX-License-Identifier: MIT */
+
+#include <dirent.h>
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/pidfd.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "macro.h"
+
+#define READY_TIMEOUT_MS 60000
+#define STOP_TIMEOUT_MS 30000
+
+static int notify_socket(const char *path) {
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        int fd;
+
+        if (strlen(path) >= sizeof(sa.sun_path))
+                return -ENAMETOOLONG;
+        strcpy(sa.sun_path, path);
+        fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+                return -errno;
+        if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+                safe_close(fd);
+                return -errno;
+        }
+        return fd;
+}
+
+/*
+ * Reads notifications until one carries READY=1, the daemon exits, or time runs out. The daemon's pidfd
+ * is watched beside the notify socket, so a daemon that dies before it is ready is noticed at once.
+ */
+static int wait_ready(Harness *h, int fd) {
+        _cleanup_close_ int pidfd = pidfd_open(h->pid, 0);
+
+        if (pidfd < 0)
+                return -errno;
+        for (;;) {
+                struct pollfd p[2] = {
+                        { .fd = fd, .events = POLLIN },
+                        { .fd = pidfd, .events = POLLIN },
+                };
+                char buf[4096];
+                ssize_t n;
+                int k;
+
+                k = poll(p, 2, READY_TIMEOUT_MS);
+                if (k < 0 && errno == EINTR)
+                        continue;
+                if (k < 0)
+                        return -errno;
+                if (k == 0)
+                        return -ETIMEDOUT;
+                if (p[0].revents & POLLIN) {
+                        n = recv(fd, buf, sizeof(buf) - 1, MSG_DONTWAIT);
+                        if (n < 0 && errno != EAGAIN && errno != EINTR)
+                                return -errno;
+                        if (n >= 0) {
+                                char *save = NULL;
+
+                                buf[n] = 0;
+                                for (char *line = strtok_r(buf, "\n", &save); line;
+                                     line = strtok_r(NULL, "\n", &save))
+                                        if (strcmp(line, "READY=1") == 0)
+                                                return 0;
+                        }
+                        continue;       /* read every notification sent before an exit */
+                }
+                if (p[1].revents) {
+                        (void)waitpid(h->pid, NULL, 0);
+                        h->pid = 0;
+                        return -ECHILD;
+                }
+        }
+}
+
+int harness_start(Harness *h, const char *const *args) {
+        const char *daemon = getenv("VMMBROKER_DAEMON");
+        pid_t parent = getpid();
+        char notify[128];
+        int fd, k;
+
+        if (!daemon)
+                return -ENOENT;
+        *h = (Harness){};
+        strcpy(h->dir, "/tmp/vmmb-test-XXXXXX");
+        if (!mkdtemp(h->dir))
+                return -errno;
+        snprintf(h->socket, sizeof(h->socket), "%s/io.vmmbroker", h->dir);
+        snprintf(notify, sizeof(notify), "%s/notify", h->dir);
+        fd = notify_socket(notify);
+        if (fd < 0)
+                return fd;
+
+        h->pid = fork();
+        if (h->pid < 0) {
+                safe_close(fd);
+                return -errno;
+        }
+        if (h->pid == 0) {
+                const char *argv[32] = { daemon, "--socket", h->socket };
+                size_t n = 3;
+
+                /* A test that fails (its process exits) must not leave a daemon behind. */
+                if (prctl(PR_SET_PDEATHSIG, SIGTERM) < 0 || getppid() != parent)
+                        _exit(127);
+
+                for (size_t i = 0; args && args[i] && n < ELEMENTSOF(argv) - 1; i++)
+                        argv[n++] = args[i];
+                setenv("NOTIFY_SOCKET", notify, 1);
+                execv(daemon, (char *const *)argv);
+                _exit(127);
+        }
+        k = wait_ready(h, fd);
+        safe_close(fd);
+        unlink(notify);
+        if (k < 0) {
+                if (h->pid > 0) {
+                        kill(h->pid, SIGKILL);
+                        (void)waitpid(h->pid, NULL, 0);
+                        h->pid = 0;
+                }
+                unlink(h->socket);
+                rmdir(h->dir);
+        }
+        return k;
+}
+
+int harness_stop(Harness *h) {
+        _cleanup_close_ int pidfd = -EBADF;
+        struct pollfd p;
+        int status, k;
+
+        if (h->pid <= 0)
+                return -1;
+        pidfd = pidfd_open(h->pid, 0);
+        if (pidfd < 0)
+                return -1;
+        if (kill(h->pid, SIGTERM) < 0)
+                return -1;
+        /* A daemon that does not exit on SIGTERM is a failure, not a hang. */
+        p = (struct pollfd){ .fd = pidfd, .events = POLLIN };
+        do
+                k = poll(&p, 1, STOP_TIMEOUT_MS);
+        while (k < 0 && errno == EINTR);
+        if (k <= 0)
+                kill(h->pid, SIGKILL);
+        if (waitpid(h->pid, &status, 0) != h->pid)
+                return -1;
+        h->pid = 0;
+        unlink(h->socket);
+        rmdir(h->dir);
+        if (k <= 0)
+                return -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+int harness_fd_count(pid_t pid) {
+        char path[64];
+        struct dirent *de;
+        DIR *d;
+        int n = 0;
+
+        snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+        d = opendir(path);
+        if (!d)
+                return -1;
+        while ((de = readdir(d)))
+                if (de->d_name[0] != '.')
+                        n++;
+        closedir(d);
+        return n;
+}
+
+pid_t harness_fork(int (*fn)(void *arg), void *arg) {
+        pid_t parent = getpid(), pid;
+
+        fflush(stdout);                 /* or the child writes out the parent's buffered output again */
+        fflush(stderr);
+        pid = fork();
+        if (pid == 0) {
+                /* A child blocked on a pipe must not outlive a test that failed. */
+                if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != parent)
+                        _exit(127);
+                _exit(fn(arg));
+        }
+        return pid;
+}
+
+int harness_wait(pid_t pid) {
+        int status;
+        pid_t k;
+
+        do
+                k = waitpid(pid, &status, 0);
+        while (k < 0 && errno == EINTR);
+        if (k != pid)
+                return -1;
+        if (WIFSIGNALED(status))
+                return 128 + WTERMSIG(status);
+        return WEXITSTATUS(status);
+}

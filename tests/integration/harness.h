@@ -1,0 +1,45 @@
+/* SPDX-License-Identifier: MIT */
+#pragma once
+
+/*
+ * Integration tests run the real daemon: harness_start() starts vmmbrokerd on
+ * a private socket with the simulated device and waits for its READY=1 on a
+ * NOTIFY_SOCKET of its own (no sleeping), harness_stop() stops it and reports
+ * how it exited.
+ */
+
+#include <stdbool.h>
+#include <sys/types.h>
+
+typedef struct Harness {
+        pid_t pid;
+        char dir[64];                   /* private directory: socket and notify socket */
+        char socket[108];
+} Harness;
+
+/*
+ * Starts $VMMBROKER_DAEMON (the build's vmmbrokerd) with `args` appended
+ * (NULL-terminated, may be NULL) and waits until it is ready. Returns 0 or a
+ * negative errno: -ETIMEDOUT after 60 s, -ECHILD when the daemon exited
+ * first. The daemon gets SIGTERM when the calling process exits (a test that
+ * failed before harness_stop()).
+ */
+int harness_start(Harness *h, const char *const *args);
+
+/*
+ * SIGTERM, then waits (SIGKILL after 30 s). Returns the exit status, or -1 if
+ * it did not exit by itself within that time or was killed by a signal.
+ */
+int harness_stop(Harness *h);
+
+/* Open fds of a process, from /proc/PID/fd; -1 on error. */
+int harness_fd_count(pid_t pid);
+
+/*
+ * Forks a child that runs fn(arg) and exits (_exit) with its return value.
+ * The child gets SIGKILL when the calling process exits. Returns the pid.
+ */
+pid_t harness_fork(int (*fn)(void *arg), void *arg);
+
+/* Waits for a child and returns its exit status, or 128 + signal. */
+int harness_wait(pid_t pid);
