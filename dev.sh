@@ -4,8 +4,9 @@
 # Set-up and everyday commands for vmmbroker on Debian 12. Each command first
 # installs the Debian packages it needs when they are missing.
 #
-#   ./dev.sh run     build, then run the broker: on the machine's GPU, or on
-#                    the simulated device when there is no driver (it says which)
+#   ./dev.sh run     build, then run the broker in the foreground on a socket of
+#                    your own: on the machine's GPU, or on the simulated device
+#                    when there is no driver (it says which); Ctrl-C stops it
 #   ./dev.sh test    build and run every test, then again under
 #                    AddressSanitizer + UndefinedBehaviorSanitizer
 #   ./dev.sh bench   build, then run the benchmarks (GPU or simulated device)
@@ -89,8 +90,16 @@ run)
         check_cuda_headers
         build build
         pick_driver
-        say "running: build/daemon/vmmbrokerd --check"
-        exec build/daemon/vmmbrokerd --check "$@"
+        sock="${XDG_RUNTIME_DIR:-/tmp}/vmmbroker-$(id -u)/io.vmmbroker"
+        say "self-check: build/daemon/vmmbrokerd --check"
+        build/daemon/vmmbrokerd --check "$@"
+        cat >&2 <<EOF
+==> starting the broker on $sock (Ctrl-C stops it). From another shell:
+      export VMMBROKER_SOCKET=$sock${VMMBROKER_LIBCUDA:+ VMMBROKER_LIBCUDA=$VMMBROKER_LIBCUDA}
+      build/docs/examples/lease-pattern 256M            # lease, write, verify, free
+      docs/examples/run-pair.sh build/docs/examples/lease-pattern 64M 4
+EOF
+        exec build/daemon/vmmbrokerd --socket "$sock" "$@"
         ;;
 test)
         install_packages

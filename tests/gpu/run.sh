@@ -45,4 +45,23 @@ step "driver costs, real driver"
 step "pool benchmark, real driver"
 "$build/tests/bench/bench-pool" 20 2>&1 | tee "$out/bench-gpu.log" || status=1
 
+export VMMBROKER_DAEMON="$PWD/$build/daemon/vmmbrokerd"
+for t in tests/integration/test-daemon tests/client/test-client; do
+        [ -x "$build/$t" ] || continue
+        step "$t against the real driver (the daemon and its clients on the GPU)"
+        "$build/$t" >"$out/$(basename "$t").log" 2>&1 || status=1
+        grep -E '%:|:F:|:E:' "$out/$(basename "$t").log"
+done
+
+if [ -x "$build/docs/examples/lease-pattern" ]; then
+        step "4 lease-pattern processes at once, 1 GiB each, through one daemon"
+        "$build/docs/examples/with-daemon" sh docs/examples/run-pair.sh "$build/docs/examples/lease-pattern" 1G 4 ||
+                status=1
+fi
+
+if [ -x "$build/tests/bench/bench-broker" ]; then
+        step "broker benchmark, real driver"
+        "$build/tests/bench/bench-broker" 20 2>&1 | tee "$out/bench-broker.log" || status=1
+fi
+
 exit $status

@@ -1,0 +1,118 @@
+/* SPDX-License-Identifier: MIT */
+
+/*
+ * lease-pattern: lease device memory from vmmbrokerd, write a pattern of this
+ * process's own into it through the GPU's copy engine, read it back and check
+ * every word, then free it. Run two at once to see the broker serve two
+ * processes side by side:
+ *
+ *     lease-pattern 256M & lease-pattern 256M & wait
+ *
+ * The pattern is word[i] = i * 2654435761 ^ seed, with the pid as seed, so
+ * one process's words are wrong in any other's lease. Exit status 0 when
+ * every word checked out. The socket is $VMMBROKER_SOCKET or the system
+ * broker's; the driver is libcuda.so.1 or $VMMBROKER_LIBCUDA.
+ */
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cuda.h>
+
+#include "driver.h"
+#include "size.h"
+#include "vmmbroker.h"
+
+#define CHUNK (UINT64_C(64) << 20)
+
+static uint32_t word(uint64_t i, uint32_t seed) {
+        return (uint32_t)(i * 2654435761u) ^ seed;
+}
+
+int main(int argc, char *argv[]) {
+        char *message = NULL, b[FORMAT_SIZE_MAX];
+        uint64_t size = UINT64_C(256) << 20, bad = 0;
+        uint32_t seed = (uint32_t)getpid();
+        vmmb_client *client = NULL;
+        vmmb_lease *lease = NULL;
+        uint32_t *host = NULL;
+        CudaDriver *cu = NULL;
+        CUcontext ctx;
+        CUdeviceptr ptr;
+        int k, status = EXIT_FAILURE;
+
+        if (argc > 2 || (argc == 2 && (parse_size(argv[1], &size) < 0 || size == 0))) {
+                fprintf(stderr, "Usage: %s [SIZE]   (e.g. 256M, 1G; default 256M)\n", argv[0]);
+                return EXIT_FAILURE;
+        }
+        /* The library loads the driver for itself; the example needs it too, for the copies. */
+        if (cuda_driver_open(&cu, NULL, &message) < 0 || cu->cuDevicePrimaryCtxRetain(&ctx, 0) != CUDA_SUCCESS ||
+            cu->cuCtxSetCurrent(ctx) != CUDA_SUCCESS) {
+                fprintf(stderr, "%s\n", message ? message : "Cannot use CUDA device 0.");
+                goto out;
+        }
+        k = vmmb_connect(NULL, &client);
+        if (k < 0) {
+                fprintf(stderr, "pid %d: cannot connect to the broker: %s\n", (int)getpid(), vmmb_error_message());
+                goto out;
+        }
+        k = vmmb_alloc(client, size, 0, "lease-pattern", &lease);
+        if (k < 0) {
+                fprintf(stderr, "pid %d: cannot lease %s: %s\n", (int)getpid(), format_size(size, b, sizeof(b)),
+                        vmmb_error_message());
+                goto out;
+        }
+        ptr = (CUdeviceptr)vmmb_lease_ptr(lease);
+        size = vmmb_lease_size(lease);
+        printf("pid %d: leased %s on device %d at 0x%" PRIx64 " (lease %s)\n", (int)getpid(),
+               format_size(size, b, sizeof(b)), vmmb_lease_device(lease), (uint64_t)ptr, vmmb_lease_id(lease));
+
+        host = malloc(CHUNK);
+        if (!host)
+                goto out;
+        for (uint64_t off = 0; off < size; off += CHUNK) {
+                uint64_t n = size - off < CHUNK ? size - off : CHUNK;
+
+                for (uint64_t i = 0; i < n / 4; i++)
+                        host[i] = word(off / 4 + i, seed);
+                if (cu->cuMemcpyHtoD(ptr + off, host, n) != CUDA_SUCCESS) {
+                        fprintf(stderr, "pid %d: writing the pattern failed\n", (int)getpid());
+                        goto out;
+                }
+        }
+        printf("pid %d: wrote %" PRIu64 " words of pattern seed %#x\n", (int)getpid(), size / 4, seed);
+        for (uint64_t off = 0; off < size; off += CHUNK) {
+                uint64_t n = size - off < CHUNK ? size - off : CHUNK;
+
+                if (cu->cuMemcpyDtoH(host, ptr + off, n) != CUDA_SUCCESS) {
+                        fprintf(stderr, "pid %d: reading back failed\n", (int)getpid());
+                        goto out;
+                }
+                for (uint64_t i = 0; i < n / 4; i++)
+                        bad += host[i] != word(off / 4 + i, seed);
+        }
+        printf("pid %d: read back %" PRIu64 " words: %s\n", (int)getpid(), size / 4,
+               bad == 0 ? "all correct" : "WRONG");
+        if (bad)
+                printf("pid %d: %" PRIu64 " words differ\n", (int)getpid(), bad);
+        k = vmmb_free(lease);
+        lease = NULL;
+        if (k < 0) {
+                fprintf(stderr, "pid %d: freeing failed: %s\n", (int)getpid(), vmmb_error_message());
+                goto out;
+        }
+        printf("pid %d: freed\n", (int)getpid());
+        status = bad == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+out:
+        free(host);
+        vmmb_free(lease);
+        vmmb_close(client);
+        if (cu)
+                (void)cu->cuDevicePrimaryCtxRelease(0);
+        cuda_driver_close(cu);
+        free(message);
+        return status;
+}
