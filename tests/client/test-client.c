@@ -25,6 +25,7 @@
 #include "macro.h"
 #include "varlink.h"
 #include "vmmbroker.h"
+#include "unit.h"
 
 #define MiB (UINT64_C(1) << 20)
 
@@ -374,7 +375,6 @@ END_TEST
 int main(void) {
         Suite *s = suite_create("client");
         TCase *tc = tcase_create("client");
-        SRunner *sr;
         int failed;
 
         tcase_add_checked_fixture(tc, setup, teardown);
@@ -388,9 +388,6 @@ int main(void) {
         tcase_add_test(tc, test_daemon_killed);
         suite_add_tcase(s, tc);
 
-        sr = srunner_create(s);
-        srunner_run_all(sr, CK_NORMAL);
-        failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
+        failed = run_suite(s);
         return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

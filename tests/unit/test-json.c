@@ -7,6 +7,7 @@
 
 #include "json.h"
 #include "macro.h"
+#include "unit.h"
 
 static int parse(const char *s) {
         json_object *o = NULL;
@@ -247,16 +248,12 @@ END_TEST
 int main(void) {
         Suite *s = suite_create("json");
         TCase *tc = tcase_create("json");
-        SRunner *sr;
         int failed;
 
         tcase_add_test(tc, test_parse_strict);
         tcase_add_test(tc, test_dispatch);
         tcase_add_test(tc, test_build);
         suite_add_tcase(s, tc);
-        sr = srunner_create(s);
-        srunner_run_all(sr, CK_NORMAL);
-        failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
+        failed = run_suite(s);
         return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

@@ -16,6 +16,7 @@
 #include "json.h"
 #include "macro.h"
 #include "varlink.h"
+#include "unit.h"
 
 DEFINE_TRIVIAL_CLEANUP_FUNC(VarlinkConn, varlink_conn_free);
 
@@ -759,7 +760,6 @@ END_TEST
 int main(void) {
         Suite *s = suite_create("varlink");
         TCase *tc = tcase_create("varlink");
-        SRunner *sr;
         int failed;
 
         tcase_add_test(tc, test_split_bytes);
@@ -776,9 +776,6 @@ int main(void) {
         tcase_add_test(tc, test_codec_replies);
         tcase_add_test(tc, test_codec_errors);
         suite_add_tcase(s, tc);
-        sr = srunner_create(s);
-        srunner_run_all(sr, CK_NORMAL);
-        failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
+        failed = run_suite(s);
         return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }
