@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <libgen.h>
 #include <signal.h>
@@ -88,6 +89,10 @@ static int inherited_socket(char **ret_message) {
                             n);
                 return -EINVAL;
         }
+        /* Service managers pass sockets blocking unless told otherwise; the accept loop needs EAGAIN. */
+        if (fcntl(SD_LISTEN_FDS_START, F_SETFL, fcntl(SD_LISTEN_FDS_START, F_GETFL) | O_NONBLOCK) < 0 ||
+            fcntl(SD_LISTEN_FDS_START, F_SETFD, FD_CLOEXEC) < 0)
+                return -errno;
         return SD_LISTEN_FDS_START;
 }
 
@@ -266,6 +271,7 @@ int manager_new(Manager **ret, const ManagerConfig *config, char **ret_message) 
         m->listen_fd = -EBADF;
         m->holder_epoll_fd = -EBADF;
         list_init(&m->peers);
+        lease_table_init(&m->leases, NULL);     /* so that manager_free() works from any failure below */
 
         k = sd_event_default(&m->event);
         if (k < 0)
@@ -291,7 +297,7 @@ int manager_new(Manager **ret, const ManagerConfig *config, char **ret_message) 
         k = pool_new(&m->pool, m->cu, &config->pool, ret_message);
         if (k < 0)
                 return k;
-        lease_table_init(&m->leases, m->pool);
+        m->leases.pool = m->pool;
 
         k = inherited_socket(ret_message);
         if (k == -ENOENT) {
