@@ -341,6 +341,9 @@ static int on_peer_io(sd_event_source *s, int fd, uint32_t revents, void *userda
                         break;
                 }
         }
+        /* The last read's requests: if it emptied the socket, nothing else would wake us for them. */
+        if (k > 0)
+                k = peer_process(p);
         if (k == 0 && (revents & EPOLLHUP) && varlink_conn_pending(p->conn) == 0)
                 k = -ECONNRESET;
         if (k < 0) {
