@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -85,10 +86,35 @@ static int wait_ready(Harness *h, int fd) {
         }
 }
 
+/* A listening socket at `path`, as a service manager makes it for socket activation. */
+static int listening_socket(const char *path) {
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        int fd;
+
+        if (strlen(path) >= sizeof(sa.sun_path))
+                return -ENAMETOOLONG;
+        strcpy(sa.sun_path, path);
+        fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+                return -errno;
+        if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || listen(fd, SOMAXCONN) < 0) {
+                int k = -errno;
+
+                safe_close(fd);
+                return k;
+        }
+        return fd;
+}
+
 int harness_start(Harness *h, const char *const *args) {
+        return harness_start_full(h, args, 0);
+}
+
+int harness_start_full(Harness *h, const char *const *args, unsigned n_listen) {
+        _cleanup_close_ int listen_fd = -EBADF;
         const char *daemon = getenv("VMMBROKER_DAEMON");
         pid_t parent = getpid();
-        char notify[128];
+        char notify[128], unused[128];
         int fd, k;
 
         if (!daemon)
@@ -99,6 +125,12 @@ int harness_start(Harness *h, const char *const *args) {
                 return -errno;
         snprintf(h->socket, sizeof(h->socket), "%s/io.vmmbroker", h->dir);
         snprintf(notify, sizeof(notify), "%s/notify", h->dir);
+        snprintf(unused, sizeof(unused), "%s/not-inherited", h->dir);
+        if (n_listen > 0) {
+                listen_fd = listening_socket(h->socket);
+                if (listen_fd < 0)
+                        return listen_fd;
+        }
         fd = notify_socket(notify);
         if (fd < 0)
                 return fd;
@@ -109,7 +141,8 @@ int harness_start(Harness *h, const char *const *args) {
                 return -errno;
         }
         if (h->pid == 0) {
-                const char *argv[32] = { daemon, "--socket", h->socket };
+                /* With sockets passed, --socket names a path the daemon must not bind. */
+                const char *argv[32] = { daemon, "--socket", n_listen > 0 ? unused : h->socket };
                 size_t n = 3;
 
                 /* A test that fails (its process exits) must not leave a daemon behind. */
@@ -119,6 +152,21 @@ int harness_start(Harness *h, const char *const *args) {
                 for (size_t i = 0; args && args[i] && n < ELEMENTSOF(argv) - 1; i++)
                         argv[n++] = args[i];
                 setenv("NOTIFY_SOCKET", notify, 1);
+                if (n_listen > 0) {
+                        char pid[16], count[16];
+
+                        /* What systemd does: the sockets from fd 3 on, LISTEN_PID naming the daemon. Move
+                         * ours out of the way first: dup2() onto itself would keep it close-on-exec. */
+                        int high = fcntl(listen_fd, F_DUPFD_CLOEXEC, 64);
+
+                        for (unsigned i = 0; i < n_listen; i++)
+                                if (high < 0 || dup2(high, 3 + (int)i) < 0)
+                                        _exit(127);
+                        snprintf(pid, sizeof(pid), "%d", (int)getpid());
+                        snprintf(count, sizeof(count), "%u", n_listen);
+                        setenv("LISTEN_PID", pid, 1);
+                        setenv("LISTEN_FDS", count, 1);
+                }
                 execv(daemon, (char *const *)argv);
                 _exit(127);
         }

@@ -27,6 +27,15 @@ typedef struct Harness {
 int harness_start(Harness *h, const char *const *args);
 
 /*
+ * The same, but the daemon is started as a service manager starts it for
+ * socket activation: the harness binds h->socket itself and passes it (dup'd
+ * n_listen times, from fd 3 on) with LISTEN_FDS and LISTEN_PID; the daemon's
+ * --socket then names a path in h->dir ("not-inherited") that it must leave
+ * alone. n_listen 0 is harness_start().
+ */
+int harness_start_full(Harness *h, const char *const *args, unsigned n_listen);
+
+/*
  * SIGTERM, then waits (SIGKILL after 30 s). Returns the exit status, or -1 if
  * it did not exit by itself within that time or was killed by a signal.
  */
