@@ -58,64 +58,37 @@ static void check(CUresult r, const char *what) {
         }
 }
 
-static VarlinkConn *conn_open(const char *path) {
-        struct sockaddr_un sa = { .sun_family = AF_UNIX };
-        VarlinkConn *c = NULL;
-        int fd, k;
-
-        strncpy(sa.sun_path, path, sizeof(sa.sun_path) - 1);
-        fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
-                die("connect", -errno);
-        k = varlink_conn_new(&c, fd, VARLINK_MAX_REPLY, false);
-        if (k < 0)
-                die("varlink_conn_new", k);
-        return c;
-}
-
-/* Status of device 0, through a raw varlink call on `c`. */
+/* Status of device 0 on `c`. */
 static void status_on(VarlinkConn *c, uint64_t *ret_leased, uint64_t *ret_scrubbing, uint64_t *ret_cached) {
-        json_object *call = NULL, *reply = NULL;
-        VarlinkReply r = {};
-        StatusReply s = {};
-        int k;
+        WireDevice d;
+        int k = harness_status_on(c, &d);
 
-        k = varlink_call_new(VMMB_METHOD_STATUS, NULL, false, false, &call);
-        if (k == 0)
-                k = varlink_conn_send(c, call, NULL, 0);
-        if (k == 0)
-                k = varlink_conn_flush(c);
-        if (k == 0)
-                k = varlink_conn_receive(c, &reply, NULL, NULL);        /* 1: a message */
-        if (k > 0)
-                k = varlink_reply_parse(reply, &r);
-        if (k == 0)
-                k = r.error ? -EPROTO : status_reply_decode(r.parameters, &s, NULL);
-        if (k < 0 || s.n_devices < 1)
-                die("Status", k ?: -EPROTO);
-        *ret_leased = s.devices[0].leased;
-        *ret_scrubbing = s.devices[0].scrubbing;
-        *ret_cached = s.devices[0].cached;
-        status_reply_done(&s);
-        varlink_reply_done(&r);
-        json_object_put(reply);
-        json_object_put(call);
+        if (k < 0)
+                die("Status", k);
+        *ret_leased = d.leased;
+        *ret_scrubbing = d.scrubbing;
+        *ret_cached = d.cached;
 }
 
 /* The same on a connection of its own. */
 static void status(const char *path, uint64_t *ret_leased, uint64_t *ret_scrubbing, uint64_t *ret_cached) {
-        VarlinkConn *c = conn_open(path);
+        VarlinkConn *c = NULL;
+        int k = harness_conn_open(path, false, &c);
 
+        if (k < 0)
+                die("connect", k);
         status_on(c, ret_leased, ret_scrubbing, ret_cached);
         varlink_conn_free(c);
 }
 
 /* A bare round trip: Status on an open connection, no fds, no driver. */
 static double bench_round_trip(const char *path, unsigned reps) {
-        VarlinkConn *c = conn_open(path);
+        VarlinkConn *c = NULL;
         double t[MAX_REPS];
         uint64_t a, b, d;
 
+        if (harness_conn_open(path, false, &c) < 0)
+                die("connect", -ECONNREFUSED);
         for (unsigned i = 0; i < reps; i++) {
                 double t0 = now_us();
 

@@ -13,6 +13,7 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -258,4 +259,79 @@ int harness_wait(pid_t pid) {
         if (WIFSIGNALED(status))
                 return 128 + WTERMSIG(status);
         return WEXITSTATUS(status);
+}
+
+int harness_connect(const char *path) {
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        struct timeval tv = { .tv_sec = HARNESS_IO_TIMEOUT_S };
+        int fd;
+
+        if (strlen(path) >= sizeof(sa.sun_path))
+                return -ENAMETOOLONG;
+        strcpy(sa.sun_path, path);
+        fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+                return -errno;
+        if (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) < 0 ||
+            setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) < 0 ||
+            connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+                int k = -errno;
+
+                safe_close(fd);
+                return k;
+        }
+        return fd;
+}
+
+int harness_conn_open(const char *path, bool accept_fds, VarlinkConn **ret) {
+        int fd = harness_connect(path), k;
+
+        if (fd < 0)
+                return fd;
+        k = varlink_conn_new(ret, fd, VARLINK_MAX_REPLY, accept_fds);
+        if (k < 0)
+                safe_close(fd);
+        return k;
+}
+
+int harness_status_on(VarlinkConn *c, WireDevice *ret) {
+        json_object *call = NULL, *msg = NULL;
+        VarlinkReply r = {};
+        StatusReply s = {};
+        int k;
+
+        k = varlink_call_new(VMMB_METHOD_STATUS, NULL, false, false, &call);
+        if (k == 0)
+                k = varlink_conn_send(c, call, NULL, 0);
+        if (k == 0)
+                k = varlink_conn_flush(c);
+        if (k == 0)
+                k = varlink_conn_receive(c, &msg, NULL, NULL);  /* 1: a message */
+        if (k > 0)
+                k = varlink_reply_parse(msg, &r);
+        if (k == 0)
+                k = r.error ? -EREMOTEIO : status_reply_decode(r.parameters, &s, NULL);
+        if (k == 0 && s.n_devices < 1)
+                k = -ENODEV;
+        if (k == 0) {
+                *ret = s.devices[0];
+                ret->name = NULL;
+        }
+        status_reply_done(&s);
+        varlink_reply_done(&r);
+        json_object_put(msg);
+        json_object_put(call);
+        return k;
+}
+
+int harness_status(const char *path, WireDevice *ret) {
+        VarlinkConn *c = NULL;
+        int k;
+
+        k = harness_conn_open(path, false, &c);
+        if (k < 0)
+                return k;
+        k = harness_status_on(c, ret);
+        varlink_conn_free(c);
+        return k;
 }

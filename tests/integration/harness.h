@@ -11,6 +11,11 @@
 #include <stdbool.h>
 #include <sys/types.h>
 
+#include "codec.h"
+#include "varlink.h"
+
+#define HARNESS_IO_TIMEOUT_S 30         /* failure guard on blocking socket reads and writes */
+
 typedef struct Harness {
         pid_t pid;
         char dir[64];                   /* private directory: socket and notify socket */
@@ -52,3 +57,17 @@ pid_t harness_fork(int (*fn)(void *arg), void *arg);
 
 /* Waits for a child and returns its exit status, or 128 + signal. */
 int harness_wait(pid_t pid);
+
+/* A connected, blocking socket to the daemon at `path` whose reads and writes give up after
+ * HARNESS_IO_TIMEOUT_S. Returns the fd or a negative errno. */
+int harness_connect(const char *path);
+
+/* The same, wrapped in a varlink connection (replies up to VARLINK_MAX_REPLY). */
+int harness_conn_open(const char *path, bool accept_fds, VarlinkConn **ret);
+
+/* Calls Status on `c` and returns device 0 (its name left NULL). Returns 0 or a negative errno;
+ * -EREMOTEIO for an error reply. */
+int harness_status_on(VarlinkConn *c, WireDevice *ret);
+
+/* The same on a connection of its own to `path`. */
+int harness_status(const char *path, WireDevice *ret);

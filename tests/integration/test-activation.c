@@ -24,18 +24,11 @@
 
 /* Calls GetInfo on `path` and returns the product it names (malloc'd), or NULL. */
 static char *get_info_product(const char *path) {
-        struct sockaddr_un sa = { .sun_family = AF_UNIX };
         json_object *call = NULL, *reply = NULL, *params, *product;
         VarlinkConn *c = NULL;
         char *ret = NULL;
-        int fd;
 
-        ck_assert_uint_lt(strlen(path), sizeof(sa.sun_path));
-        memcpy(sa.sun_path, path, strlen(path) + 1);
-        fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        ck_assert_int_ge(fd, 0);
-        ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-        ck_assert_int_eq(varlink_conn_new(&c, fd, VARLINK_MAX_REPLY, false), 0);
+        ck_assert_int_eq(harness_conn_open(path, false, &c), 0);
         ck_assert_int_eq(varlink_call_new(VARLINK_METHOD_GET_INFO, NULL, false, false, &call), 0);
         ck_assert_int_eq(varlink_conn_send(c, call, NULL, 0), 0);
         ck_assert_int_eq(varlink_conn_flush(c), 0);

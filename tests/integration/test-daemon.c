@@ -60,38 +60,8 @@
                 }                                                                                       \
         } while (0)
 
-/* A connected, blocking socket to the daemon whose reads and writes give up after IO_TIMEOUT_S. */
-static int sock_connect(const char *path) {
-        struct sockaddr_un sa = { .sun_family = AF_UNIX };
-        struct timeval tv = { .tv_sec = IO_TIMEOUT_S };
-        int fd;
-
-        if (strlen(path) >= sizeof(sa.sun_path))
-                return -ENAMETOOLONG;
-        strcpy(sa.sun_path, path);
-        fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (fd < 0)
-                return -errno;
-        if (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) < 0 ||
-            setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) < 0 ||
-            connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-                int k = -errno;
-
-                safe_close(fd);
-                return k;
-        }
-        return fd;
-}
-
 static int conn_open(const char *path, VarlinkConn **ret) {
-        int fd = sock_connect(path), k;
-
-        if (fd < 0)
-                return fd;
-        k = varlink_conn_new(ret, fd, VARLINK_MAX_REPLY, true);
-        if (k < 0)
-                safe_close(fd);
-        return k;
+        return harness_conn_open(path, true, ret);
 }
 
 DEFINE_TRIVIAL_CLEANUP_FUNC(VarlinkConn, varlink_conn_free);
@@ -243,37 +213,6 @@ static int lease_free(VarlinkConn *c, const char *id) {
 }
 
 /* Device 0 as Status shows it, on a fresh connection. The name is not kept. */
-static int status_get(const char *socket, WireDevice *ret) {
-        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
-        _cleanup_free_ char *message = NULL;
-        StatusReply s = {};
-        Reply r;
-        int k;
-
-        k = conn_open(socket, &c);
-        if (k < 0)
-                return k;
-        k = call(c, VMMB_METHOD_STATUS, NULL, &r);
-        if (k < 0)
-                return k;
-        if (r.error) {
-                reply_done(&r);
-                return -EREMOTEIO;
-        }
-        k = status_reply_decode(r.params, &s, &message);
-        reply_done(&r);
-        if (k < 0)
-                return k;
-        if (s.n_devices < 1) {
-                status_reply_done(&s);
-                return -ENODEV;
-        }
-        *ret = s.devices[0];
-        ret->name = NULL;
-        status_reply_done(&s);
-        return 0;
-}
-
 /* The caller's leases (List{all}) on a fresh connection. */
 static int list_get(const char *socket, bool all, ListReply *ret) {
         _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
@@ -461,7 +400,7 @@ static int gpu_verify(Gpu *g, CUdeviceptr va, uint64_t size, uint32_t word) {
 
 static WireDevice status_of(const Harness *h) {
         WireDevice d;
-        int k = status_get(h->socket, &d);
+        int k = harness_status(h->socket, &d);
 
         ck_assert_msg(k == 0, "Status failed: %s", strerror(-k));
         return d;
@@ -582,7 +521,7 @@ static void check_daemon_fine(Fixture *f, const char *what) {
         WireDevice d;
         int n = -1, k;
 
-        k = status_get(f->h.socket, &d);
+        k = harness_status(f->h.socket, &d);
         ck_assert_msg(k == 0, "after %s: Status on a new connection failed: %s", what, strerror(-k));
         for (int i = 0; i < 20; i++) {
                 ctl_round_trip(f);
@@ -594,7 +533,7 @@ static void check_daemon_fine(Fixture *f, const char *what) {
 }
 
 static int raw_connect(Fixture *f) {
-        int fd = sock_connect(f->h.socket);
+        int fd = harness_connect(f->h.socket);
 
         ck_assert_msg(fd >= 0, "connect: %s", strerror(-fd));
         return fd;
@@ -1526,10 +1465,10 @@ START_TEST(test_sigterm_with_leases) {
         ck_assert_int_eq(lease_alloc(c, 4 * MiB, &mine), 0);
         test_lease_close(&mine);
         ck_assert_int_eq(lease_free(c, mine.id), 0);
-        fd_partial = sock_connect(h.socket);
+        fd_partial = harness_connect(h.socket);
         ck_assert_int_ge(fd_partial, 0);
         ck_assert_int_eq(raw_send(fd_partial, partial, strlen(partial)), (ssize_t)strlen(partial));
-        fd_flood = sock_connect(h.socket);
+        fd_flood = harness_connect(h.socket);
         ck_assert_int_ge(fd_flood, 0);
         for (;;) {
                 ssize_t n = send(fd_flood, msg, sizeof(msg), MSG_DONTWAIT | MSG_NOSIGNAL);
