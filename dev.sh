@@ -16,7 +16,9 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-PACKAGES=(meson ninja-build gcc pkg-config libjson-c-dev libsystemd-dev check varlink-go)
+# systemd: systemd-analyze and systemd-socket-activate for the unit and activation tests;
+# groff-base: the man page check.
+PACKAGES=(meson ninja-build gcc pkg-config libjson-c-dev libsystemd-dev check varlink-go systemd groff-base)
 
 say() { printf '==> %s\n' "$*" >&2; }
 
