@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config.h"
 #include "driver.h"
 #include "manager.h"
 #include "macro.h"
@@ -19,12 +20,20 @@
 #include "selfcheck.h"
 #include "size.h"
 
-#define MAX_DEVICES 64
+/* Command-line options that set a key of the configuration file, applied after the file. */
+typedef struct Override {
+        const char *key;
+        const char *option;
+        const char *value;
+} Override;
 
 typedef struct Args {
         bool check;
-        ManagerConfig manager;
-        int devices[MAX_DEVICES];
+        bool print_config;
+        const char *config_path;
+        Override overrides[16];
+        size_t n_overrides;
+        char devices[CONFIG_MAX_DEVICES * 3];   /* --device values, joined as Devices= takes them */
 } Args;
 
 static void help(void) {
@@ -35,44 +44,61 @@ static void help(void) {
                "\n"
                "  -h --help              Show this help and exit\n"
                "     --version           Show the version and exit\n"
+               "     --config PATH       Read PATH and PATH.d/*.conf (default " VMMBROKER_CONFIG_FILE ")\n"
+               "     --print-config      Print the configuration in effect (files and options), exit\n"
+               "     --check             Check the driver and the pool on every device, print a report, exit\n"
+               "\n"
+               "These override the configuration file (vmmbroker.conf(5)):\n"
                "     --socket PATH       Listen on PATH when the service manager passes no socket\n"
                "                         (default " MANAGER_DEFAULT_SOCKET ")\n"
-               "     --check             Check the driver and the pool on every device, print a report, exit\n"
                "     --device N          Serve CUDA device N (repeatable; default: every device)\n"
                "     --max-slab SIZE     Largest slab, a power of two (default 1G)\n"
-               "     --capacity SIZE     Device memory the pool may hold per device\n"
+               "     --capacity SIZE|N%%  Device memory the pool may hold per device\n"
                "                         (default: %d%% of the memory free at start)\n"
+               "     --admin-group NAME  Members of group NAME may list every lease (root always may)\n"
                "\n"
                "SIZE takes a suffix K, M, G or T (powers of 1024).\n"
                "The driver is libcuda.so.1, or the file named by $" CUDA_DRIVER_LIBRARY_ENV ".\n",
                program_invocation_short_name, POOL_DEFAULT_CAPACITY_PERCENT);
 }
 
-static int parse_size_arg(const char *name, const char *value, uint64_t *ret) {
-        int k = parse_size(value, ret);
-
-        if (k < 0 || *ret == 0) {
-                fprintf(stderr, "%s: invalid size for %s: '%s' (expected e.g. 64M or 1G)\n",
-                        program_invocation_short_name, name, value);
+static int add_override(Args *args, const char *key, const char *option, const char *value) {
+        if (args->n_overrides == ELEMENTSOF(args->overrides)) {
+                fprintf(stderr, "%s: too many options\n", program_invocation_short_name);
                 return -EINVAL;
         }
+        args->overrides[args->n_overrides++] = (Override){ key, option, value };
         return 0;
 }
 
 /* Returns 1 to go on, 0 to exit successfully, or a negative errno. */
 static int parse_argv(int argc, char *argv[], Args *args) {
-        enum { ARG_VERSION = 0x100, ARG_SOCKET, ARG_CHECK, ARG_DEVICE, ARG_MAX_SLAB, ARG_CAPACITY };
+        enum {
+                ARG_VERSION = 0x100,
+                ARG_CONFIG,
+                ARG_PRINT_CONFIG,
+                ARG_CHECK,
+                ARG_SOCKET,
+                ARG_DEVICE,
+                ARG_MAX_SLAB,
+                ARG_CAPACITY,
+                ARG_ADMIN_GROUP,
+        };
         static const struct option options[] = {
                 { "help", no_argument, NULL, 'h' },
                 { "version", no_argument, NULL, ARG_VERSION },
-                { "socket", required_argument, NULL, ARG_SOCKET },
+                { "config", required_argument, NULL, ARG_CONFIG },
+                { "print-config", no_argument, NULL, ARG_PRINT_CONFIG },
                 { "check", no_argument, NULL, ARG_CHECK },
+                { "socket", required_argument, NULL, ARG_SOCKET },
                 { "device", required_argument, NULL, ARG_DEVICE },
                 { "max-slab", required_argument, NULL, ARG_MAX_SLAB },
                 { "capacity", required_argument, NULL, ARG_CAPACITY },
+                { "admin-group", required_argument, NULL, ARG_ADMIN_GROUP },
                 {}
         };
-        int c;
+        bool devices = false;
+        int c, k = 0;
 
         while ((c = getopt_long(argc, argv, "h", options, NULL)) >= 0) {
                 switch (c) {
@@ -82,55 +108,68 @@ static int parse_argv(int argc, char *argv[], Args *args) {
                 case ARG_VERSION:
                         printf("vmmbrokerd %s\n", VMMBROKER_VERSION);
                         return 0;
-                case ARG_SOCKET:
-                        if (!*optarg || optarg[0] != '/') {
-                                fprintf(stderr, "%s: --socket takes an absolute path, not '%s'\n",
-                                        program_invocation_short_name, optarg);
-                                return -EINVAL;
-                        }
-                        args->manager.socket_path = optarg;
+                case ARG_CONFIG:
+                        args->config_path = optarg;
+                        break;
+                case ARG_PRINT_CONFIG:
+                        args->print_config = true;
                         break;
                 case ARG_CHECK:
                         args->check = true;
                         break;
+                case ARG_SOCKET:
+                        k = add_override(args, "Socket", "--socket", optarg);
+                        break;
                 case ARG_DEVICE: {
-                        char *end;
-                        long v;
+                        size_t used = strlen(args->devices);
 
-                        errno = 0;
-                        v = strtol(optarg, &end, 10);
-                        if (errno != 0 || *end || end == optarg || v < 0 || v >= MAX_DEVICES) {
-                                fprintf(stderr, "%s: invalid device index '%s'\n", program_invocation_short_name,
-                                        optarg);
-                                return -EINVAL;
-                        }
-                        if (args->manager.pool.n_devices == MAX_DEVICES) {
+                        /* Joined into one Devices= value; its parser checks each index. */
+                        if (used + strlen(optarg) + 2 > sizeof(args->devices)) {
                                 fprintf(stderr, "%s: too many --device options\n", program_invocation_short_name);
                                 return -EINVAL;
                         }
-                        args->devices[args->manager.pool.n_devices++] = (int)v;
-                        args->manager.pool.devices = args->devices;
+                        snprintf(args->devices + used, sizeof(args->devices) - used, "%s%s", used ? " " : "", optarg);
+                        if (!devices)
+                                k = add_override(args, "Devices", "--device", args->devices);
+                        devices = true;
                         break;
                 }
                 case ARG_MAX_SLAB:
-                        if (parse_size_arg("--max-slab", optarg, &args->manager.pool.max_slab) < 0)
-                                return -EINVAL;
+                        k = add_override(args, "MaxSlab", "--max-slab", optarg);
                         break;
                 case ARG_CAPACITY:
-                        if (parse_size_arg("--capacity", optarg, &args->manager.pool.capacity) < 0)
-                                return -EINVAL;
+                        k = add_override(args, "Capacity", "--capacity", optarg);
+                        break;
+                case ARG_ADMIN_GROUP:
+                        k = add_override(args, "AdminGroup", "--admin-group", optarg);
                         break;
                 case '?':
                         return -EINVAL;
                 default:
                         abort();
                 }
+                if (k < 0)
+                        return k;
         }
         if (optind < argc) {
                 fprintf(stderr, "%s: unexpected argument '%s'\n", program_invocation_short_name, argv[optind]);
                 return -EINVAL;
         }
         return 1;
+}
+
+/* The configuration file, then the command line on top. */
+static int load_config(const Args *args, Config *config) {
+        _cleanup_free_ char *message = NULL;
+        int k;
+
+        k = config_load(config, args->config_path ?: VMMBROKER_CONFIG_FILE, &message);
+        for (size_t i = 0; k >= 0 && i < args->n_overrides; i++)
+                k = config_set(config, args->overrides[i].key, args->overrides[i].value, args->overrides[i].option,
+                               &message);
+        if (k < 0)
+                fprintf(stderr, "%s: %s\n", program_invocation_short_name, message ?: strerror(-k));
+        return k;
 }
 
 static int run_check(const PoolConfig *config) {
@@ -158,6 +197,7 @@ static int run_check(const PoolConfig *config) {
 
 int main(int argc, char *argv[]) {
         _cleanup_free_ char *message = NULL;
+        Config config;
         Manager *m = NULL;
         Args args = {};
         int k;
@@ -165,21 +205,31 @@ int main(int argc, char *argv[]) {
         k = parse_argv(argc, argv, &args);
         if (k <= 0)
                 return k < 0 ? 2 : 0;
-        if (args.check)
-                return run_check(&args.manager.pool);
-
-        k = manager_new(&m, &args.manager, &message);
-        if (k < 0) {
-                fprintf(stderr, "Cannot start: %s\n", message ?: strerror(-k));
-                return 1;
+        config_init(&config);
+        k = load_config(&args, &config);
+        if (k < 0)
+                k = 1;
+        else if (args.print_config) {
+                config_print(&config, stdout);
+                k = 0;
+        } else if (args.check)
+                k = run_check(&config.manager.pool);
+        else {
+                k = manager_new(&m, &config.manager, &message);
+                if (k < 0) {
+                        fprintf(stderr, "Cannot start: %s\n", message ?: strerror(-k));
+                        k = 1;
+                } else {
+                        fprintf(stderr, "vmmbrokerd %s: serving %zu device(s) on %s with %s\n", VMMBROKER_VERSION,
+                                pool_n_devices(m->pool), m->bound_path ?: "the socket passed by the service manager",
+                                m->cu->path);
+                        k = manager_run(m);
+                        manager_free(m);
+                        if (k < 0)
+                                fprintf(stderr, "Event loop failed: %s\n", strerror(-k));
+                        k = k < 0 ? 1 : 0;
+                }
         }
-        fprintf(stderr, "vmmbrokerd %s: serving %zu device(s) on %s with %s\n", VMMBROKER_VERSION,
-                pool_n_devices(m->pool), m->bound_path ?: "the socket passed by the service manager", m->cu->path);
-        k = manager_run(m);
-        manager_free(m);
-        if (k < 0) {
-                fprintf(stderr, "Event loop failed: %s\n", strerror(-k));
-                return 1;
-        }
-        return 0;
+        config_done(&config);
+        return k;
 }

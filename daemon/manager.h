@@ -9,6 +9,7 @@
  */
 
 #include <stdbool.h>
+#include <sys/types.h>
 #include <systemd/sd-event.h>
 
 #include "driver.h"
@@ -21,6 +22,8 @@
 typedef struct ManagerConfig {
         const char *socket_path;        /* bound when systemd passed no socket; NULL = MANAGER_DEFAULT_SOCKET */
         PoolConfig pool;
+        bool has_admin_group;           /* members of admin_gid are administrators (root always is) */
+        gid_t admin_gid;
 } ManagerConfig;
 
 typedef struct Manager {
@@ -38,6 +41,8 @@ typedef struct Manager {
         List peers;
         unsigned n_peers;
         bool status_dirty;              /* the STATUS= line is out of date */
+        bool has_admin_group;           /* members of admin_gid are administrators, as root is */
+        gid_t admin_gid;
 } Manager;
 
 /* Opens the driver, builds the pool, takes or binds the socket. Messages for a person go to *ret_message. */

@@ -614,7 +614,8 @@ static int device_init(Pool *p, PoolDevice *dev, int index, const PoolConfig *co
                         k = -EIO;
                         goto fail;
                 }
-                dev->capacity = (uint64_t)free_mem / 100 * POOL_DEFAULT_CAPACITY_PERCENT;
+                dev->capacity = (uint64_t)free_mem / 100 *
+                                (config->capacity_percent ?: POOL_DEFAULT_CAPACITY_PERCENT);
         }
         dev->capacity -= dev->capacity % dev->info.granularity;
 

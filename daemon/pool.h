@@ -48,7 +48,8 @@ enum {
 
 typedef struct PoolConfig {
         uint64_t max_slab;      /* largest slab: a power of two, at least the granularity; 0 = 1 GiB */
-        uint64_t capacity;      /* bytes per device; 0 = POOL_DEFAULT_CAPACITY_PERCENT of the free memory */
+        uint64_t capacity;      /* bytes per device; 0 = capacity_percent of the free memory */
+        unsigned capacity_percent; /* 1-100, when capacity is 0; 0 = POOL_DEFAULT_CAPACITY_PERCENT */
         const int *devices;     /* device indices to serve; NULL = every device */
         size_t n_devices;
 } PoolConfig;

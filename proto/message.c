@@ -6,16 +6,30 @@
 
 #include "message.h"
 
-void set_message(char **ret_message, const char *fmt, ...) {
-        va_list ap;
+static void set_message_va(char **ret_message, const char *fmt, va_list ap) {
         char *m;
 
         if (!ret_message)
                 return;
-        va_start(ap, fmt);
         if (vasprintf(&m, fmt, ap) < 0)
                 m = NULL;
-        va_end(ap);
         free(*ret_message);
         *ret_message = m;
+}
+
+void set_message(char **ret_message, const char *fmt, ...) {
+        va_list ap;
+
+        va_start(ap, fmt);
+        set_message_va(ret_message, fmt, ap);
+        va_end(ap);
+}
+
+int set_message_error(char **ret_message, int error, const char *fmt, ...) {
+        va_list ap;
+
+        va_start(ap, fmt);
+        set_message_va(ret_message, fmt, ap);
+        va_end(ap);
+        return error;
 }

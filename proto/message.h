@@ -9,3 +9,6 @@
  * out. Library code reports errors this way instead of logging.
  */
 _printf_(2, 3) void set_message(char **ret_message, const char *fmt, ...);
+
+/* set_message(), then returns `error` (a negative errno), so that a check says what is wrong in one statement. */
+_printf_(3, 4) int set_message_error(char **ret_message, int error, const char *fmt, ...);

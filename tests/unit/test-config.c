@@ -1,0 +1,302 @@
+/* SPDX-License-Identifier: MIT */
+
+/* vmmbroker.conf: the file's grammar, drop-ins, overrides, every key's values and errors, and printing. */
+
+#include <errno.h>
+#include <grp.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "macro.h"
+#include "unit.h"
+
+static char dir[64];
+static char path[128];
+
+static void setup(void) {
+        strcpy(dir, "/tmp/vmmb-config-XXXXXX");
+        ck_assert_ptr_nonnull(mkdtemp(dir));
+        snprintf(path, sizeof(path), "%s/vmmbroker.conf", dir);
+}
+
+static void teardown(void) {
+        char cmd[128];
+
+        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+        ck_assert_int_eq(system(cmd), 0);
+}
+
+static void write_file(const char *file, const char *text) {
+        FILE *f = fopen(file, "we");
+
+        ck_assert_ptr_nonnull(f);
+        ck_assert_int_eq(fputs(text, f) >= 0, 1);
+        ck_assert_int_eq(fclose(f), 0);
+}
+
+/* Loads `text` as the main file; returns config_load()'s result and leaves the message in *ret_message. */
+static int load(Config *c, const char *text, char **ret_message) {
+        write_file(path, text);
+        config_init(c);
+        return config_load(c, path, ret_message);
+}
+
+/* Loads `text`, which must fail on `line` with a message containing `needle`. */
+static void expect_error(const char *text, unsigned line, const char *needle) {
+        _cleanup_free_ char *message = NULL, *where = NULL;
+        Config c;
+        int k;
+
+        k = load(&c, text, &message);
+        ck_assert_msg(k == -EINVAL, "expected -EINVAL for \"%s\", got %d", text, k);
+        ck_assert_ptr_nonnull(message);
+        ck_assert_int_ge(asprintf(&where, "%s:%u: ", path, line), 0);
+        ck_assert_msg(strncmp(message, where, strlen(where)) == 0, "\"%s\" does not start with \"%s\"", message,
+                      where);
+        ck_assert_msg(strstr(message, needle), "\"%s\" does not say \"%s\"", message, needle);
+        config_done(&c);
+}
+
+/* The configuration printed, as a string. */
+static char *printed(const Config *c) {
+        char *buf = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&buf, &len);
+
+        ck_assert_ptr_nonnull(f);
+        config_print(c, f);
+        ck_assert_int_eq(fclose(f), 0);
+        return buf;
+}
+
+START_TEST(test_defaults_without_file) {
+        _cleanup_free_ char *message = NULL, *text = NULL;
+        Config c;
+
+        config_init(&c);
+        ck_assert_int_eq(config_load(&c, path, &message), 0);          /* no file, no .d: the defaults */
+        ck_assert_ptr_null(c.manager.socket_path);
+        ck_assert_ptr_null(c.manager.pool.devices);
+        ck_assert_uint_eq(c.manager.pool.capacity, 0);
+        ck_assert_uint_eq(c.manager.pool.capacity_percent, 0);
+        ck_assert_uint_eq(c.manager.pool.max_slab, 0);
+        ck_assert(!c.manager.has_admin_group);
+        text = printed(&c);
+        ck_assert_str_eq(text, "[Broker]\n"
+                               "Socket=/run/vmmbroker/io.vmmbroker\n"
+                               "Devices=all\n"
+                               "Capacity=95%\n"
+                               "MaxSlab=1G\n"
+                               "AdminGroup=\n");
+        config_done(&c);
+}
+END_TEST
+
+START_TEST(test_every_key) {
+        _cleanup_free_ char *message = NULL;
+        Config c;
+
+        ck_assert_int_eq(load(&c,
+                              "# a comment\n"
+                              "; another\n"
+                              "\n"
+                              "  [Broker]  \n"
+                              "Socket = /run/test/socket \n"
+                              "Devices=2, 0 1\n"
+                              "Capacity=64G\n"
+                              "MaxSlab=512M\n"
+                              "AdminGroup=root\n",
+                              &message),
+                         0);
+        ck_assert_str_eq(c.manager.socket_path, "/run/test/socket");
+        ck_assert_uint_eq(c.manager.pool.n_devices, 3);
+        ck_assert_int_eq(c.manager.pool.devices[0], 2);
+        ck_assert_int_eq(c.manager.pool.devices[1], 0);
+        ck_assert_int_eq(c.manager.pool.devices[2], 1);
+        ck_assert_uint_eq(c.manager.pool.capacity, 64ULL << 30);
+        ck_assert_uint_eq(c.manager.pool.max_slab, 512ULL << 20);
+        ck_assert(c.manager.has_admin_group);
+        ck_assert_uint_eq(c.manager.admin_gid, 0);
+        config_done(&c);
+}
+END_TEST
+
+START_TEST(test_percent_and_reset) {
+        _cleanup_free_ char *message = NULL;
+        Config c;
+
+        ck_assert_int_eq(load(&c, "[Broker]\nCapacity=80%\n", &message), 0);
+        ck_assert_uint_eq(c.manager.pool.capacity, 0);
+        ck_assert_uint_eq(c.manager.pool.capacity_percent, 80);
+        config_done(&c);
+
+        /* A later assignment wins; an empty one goes back to the default. */
+        ck_assert_int_eq(load(&c, "[Broker]\nCapacity=8G\nDevices=1\nAdminGroup=root\nCapacity=\nDevices=\n"
+                                  "AdminGroup=\nDevices=all\n", &message), 0);
+        ck_assert_uint_eq(c.manager.pool.capacity, 0);
+        ck_assert_uint_eq(c.manager.pool.capacity_percent, 0);
+        ck_assert_ptr_null(c.manager.pool.devices);
+        ck_assert_uint_eq(c.manager.pool.n_devices, 0);
+        ck_assert(!c.manager.has_admin_group);
+        config_done(&c);
+}
+END_TEST
+
+static void write_drop_in(const char *name, const char *text) {
+        _cleanup_free_ char *file = NULL;
+
+        ck_assert_int_ge(asprintf(&file, "%s.d/%s", path, name), 0);
+        write_file(file, text);
+}
+
+START_TEST(test_drop_ins) {
+        _cleanup_free_ char *message = NULL, *d = NULL;
+        Config c;
+
+        ck_assert_int_ge(asprintf(&d, "%s.d", path), 0);
+        ck_assert_int_eq(mkdir(d, 0755), 0);
+        write_drop_in("20-late.conf", "[Broker]\nMaxSlab=256M\n");
+        write_drop_in("10-early.conf", "[Broker]\nMaxSlab=128M\nCapacity=50%\n");
+        write_drop_in("99-ignored.conf.disabled", "this is not read\n");
+
+        /* Main file first, then the drop-ins in lexical order: 10 then 20. */
+        ck_assert_int_eq(load(&c, "[Broker]\nMaxSlab=2G\nCapacity=10G\n", &message), 0);
+        ck_assert_uint_eq(c.manager.pool.max_slab, 256ULL << 20);
+        ck_assert_uint_eq(c.manager.pool.capacity_percent, 50);
+        config_done(&c);
+
+        /* An error in a drop-in names the drop-in. */
+        write_drop_in("30-bad.conf", "[Broker]\n\nMaxSlab=3M\n");
+        ck_assert_int_eq(load(&c, "", &message), -EINVAL);
+        ck_assert_msg(strstr(message, "30-bad.conf:3: MaxSlab=3M: expected a power of two"), "%s", message);
+        config_done(&c);
+}
+END_TEST
+
+START_TEST(test_errors_name_the_line) {
+        expect_error("[Broker]\nCapcity=1G\n", 2, "unknown key \"Capcity\" in [Broker]");
+        expect_error("Capacity=1G\n", 1, "comes before any section");
+        expect_error("[Brokers]\n", 1, "unknown section [Brokers]");
+        expect_error("[Broker\n", 1, "a section header must be [Name]");
+        expect_error("[Broker]\n\n\nCapacity 1G\n", 4, "expected Key=Value");
+        expect_error("[Broker]\ncapacity=1G\n", 2, "unknown key \"capacity\"");     /* keys are case-sensitive */
+        expect_error("[Broker]\nSocket=relative/path\n", 2, "Socket=relative/path: expected an absolute path");
+        expect_error("[Broker]\nSocket=/a/path/longer/than/sun_path/holds/which/is/one/hundred/and/eight/bytes/"
+                     "including/its/terminating/nul/so/this/is/too/long\n", 2, "longer than a Unix socket path may be");
+        expect_error("[Broker]\nDevices=0 x\n", 2, "Devices=0 x: expected \"all\" or CUDA device indices");
+        expect_error("[Broker]\nDevices=-1\n", 2, "expected \"all\"");
+        expect_error("[Broker]\nDevices=64\n", 2, "expected \"all\"");
+        expect_error("[Broker]\nDevices=1 1\n", 2, "device 1 is named twice");
+        expect_error("[Broker]\nCapacity=0\n", 2, "expected a size such as 64G");
+        expect_error("[Broker]\nCapacity=12X\n", 2, "expected a size such as 64G");
+        expect_error("[Broker]\nCapacity=101%\n", 2, "a percentage must be 1%-100%");
+        expect_error("[Broker]\nCapacity=0%\n", 2, "a percentage must be 1%-100%");
+        expect_error("[Broker]\nCapacity=%\n", 2, "a percentage must be 1%-100%");
+        expect_error("[Broker]\nMaxSlab=3G\n", 2, "expected a power of two");
+        expect_error("[Broker]\nAdminGroup=vmmb-no-such-group\n", 2, "no such group");
+}
+END_TEST
+
+START_TEST(test_nothing_half_applied_on_error) {
+        _cleanup_free_ char *message = NULL;
+        Config c;
+
+        /* A bad value leaves the key as it was (the daemon stops anyway, but the parser must not lie). */
+        ck_assert_int_eq(load(&c, "[Broker]\nDevices=3\nDevices=4 x\n", &message), -EINVAL);
+        ck_assert_uint_eq(c.manager.pool.n_devices, 1);
+        ck_assert_int_eq(c.manager.pool.devices[0], 3);
+        config_done(&c);
+}
+END_TEST
+
+START_TEST(test_long_and_nul_lines) {
+        _cleanup_free_ char *message = NULL, *text = NULL;
+        Config c;
+        FILE *f;
+
+        text = malloc(5000);
+        ck_assert_ptr_nonnull(text);
+        memset(text, '#', 4999);
+        text[4999] = 0;
+        expect_error(text, 1, "longer than 4096 bytes");
+
+        f = fopen(path, "we");
+        ck_assert_ptr_nonnull(f);
+        ck_assert_uint_eq(fwrite("[Broker]\nMaxSlab=1G\0x\n", 1, 23, f), 23);
+        ck_assert_int_eq(fclose(f), 0);
+        config_init(&c);
+        ck_assert_int_eq(config_load(&c, path, &message), -EINVAL);
+        ck_assert_msg(strstr(message, ":2: the line contains a NUL byte"), "%s", message);
+        config_done(&c);
+}
+END_TEST
+
+START_TEST(test_unreadable) {
+        _cleanup_free_ char *message = NULL;
+        Config c;
+
+        /* A directory where the file should be: present but unreadable as a file. */
+        ck_assert_int_eq(mkdir(path, 0755), 0);
+        config_init(&c);
+        ck_assert_int_lt(config_load(&c, path, &message), 0);
+        ck_assert_msg(strstr(message, "cannot read") && strstr(message, path), "%s", message);
+        config_done(&c);
+}
+END_TEST
+
+START_TEST(test_set_from_option) {
+        _cleanup_free_ char *message = NULL;
+        Config c;
+
+        ck_assert_int_eq(load(&c, "[Broker]\nCapacity=10G\n", &message), 0);
+        ck_assert_int_eq(config_set(&c, "Capacity", "25%", "--capacity", &message), 0);
+        ck_assert_uint_eq(c.manager.pool.capacity, 0);
+        ck_assert_uint_eq(c.manager.pool.capacity_percent, 25);
+        ck_assert_int_eq(config_set(&c, "MaxSlab", "7M", "--max-slab", &message), -EINVAL);
+        ck_assert_str_eq(message, "--max-slab: MaxSlab=7M: expected a power of two such as 512M or 1G");
+        config_done(&c);
+}
+END_TEST
+
+START_TEST(test_print_round_trip) {
+        _cleanup_free_ char *message = NULL, *first = NULL, *second = NULL;
+        Config c;
+
+        ck_assert_int_eq(load(&c, "[Broker]\nSocket=/run/x\nDevices=1,0\nCapacity=1536M\nMaxSlab=2G\n"
+                                  "AdminGroup=root\n", &message), 0);
+        first = printed(&c);
+        ck_assert_str_eq(first, "[Broker]\n"
+                                "Socket=/run/x\n"
+                                "Devices=1 0\n"
+                                "Capacity=1536M\n"
+                                "MaxSlab=2G\n"
+                                "AdminGroup=root\n");
+        config_done(&c);
+        ck_assert_int_eq(load(&c, first, &message), 0);
+        second = printed(&c);
+        ck_assert_str_eq(first, second);
+        config_done(&c);
+}
+END_TEST
+
+int main(void) {
+        Suite *s = suite_create("config");
+        TCase *tc = tcase_create("config");
+
+        tcase_add_checked_fixture(tc, setup, teardown);
+        tcase_add_test(tc, test_defaults_without_file);
+        tcase_add_test(tc, test_every_key);
+        tcase_add_test(tc, test_percent_and_reset);
+        tcase_add_test(tc, test_drop_ins);
+        tcase_add_test(tc, test_errors_name_the_line);
+        tcase_add_test(tc, test_nothing_half_applied_on_error);
+        tcase_add_test(tc, test_long_and_nul_lines);
+        tcase_add_test(tc, test_unreadable);
+        tcase_add_test(tc, test_set_from_option);
+        tcase_add_test(tc, test_print_round_trip);
+        suite_add_tcase(s, tc);
+        return run_suite(s) == 0 ? 0 : 1;
+}
