@@ -272,6 +272,8 @@ int manager_new(Manager **ret, const ManagerConfig *config, char **ret_message) 
         m->holder_epoll_fd = -EBADF;
         list_init(&m->peers);
         lease_table_init(&m->leases, NULL);     /* so that manager_free() works from any failure below */
+        m->has_admin_group = config->has_admin_group;
+        m->admin_gid = config->admin_gid;
 
         k = sd_event_default(&m->event);
         if (k < 0)

@@ -30,7 +30,7 @@ typedef struct Reply {
 } Reply;
 
 static bool peer_is_admin(const Peer *p) {
-        return p->cred.uid == 0;
+        return p->admin;
 }
 
 static int reply_params(Reply *r, json_object *params) {
@@ -367,6 +367,37 @@ static int peer_pidfd(int fd, pid_t pid) {
         return pidfd < 0 ? -errno : pidfd;
 }
 
+/* Whether the peer had `gid` among its groups when it connected (SO_PEERGROUPS). 1, 0 or a negative errno. */
+static int peer_in_group(int sock, gid_t gid) {
+        _cleanup_free_ gid_t *groups = NULL;
+        socklen_t len = 0;
+
+        /* Asked with too small a buffer, the kernel says ERANGE and how much it needs. */
+        while (getsockopt(sock, SOL_SOCKET, SO_PEERGROUPS, groups, &len) < 0) {
+                if (errno != ERANGE)
+                        return -errno;
+                free(groups);
+                groups = malloc(len);
+                if (!groups)
+                        return -ENOMEM;
+        }
+        for (size_t i = 0; i < len / sizeof(gid_t); i++)
+                if (groups[i] == gid)
+                        return 1;
+        return 0;
+}
+
+/* Root, or a member (primary or supplementary) of the configured administrators' group. */
+static bool peer_check_admin(const Peer *p, int sock) {
+        const Manager *m = p->manager;
+
+        if (p->cred.uid == 0)
+                return true;
+        if (!m->has_admin_group)
+                return false;
+        return p->cred.gid == m->admin_gid || peer_in_group(sock, m->admin_gid) > 0;
+}
+
 int peer_new(Manager *m, int fd) {
         socklen_t len = sizeof(struct ucred);
         _cleanup_close_ int sock = fd, pidfd = -EBADF;
@@ -383,6 +414,7 @@ int peer_new(Manager *m, int fd) {
                 k = -errno ?: -EPROTO;
                 goto fail;
         }
+        p->admin = peer_check_admin(p, sock);
         pidfd = peer_pidfd(sock, p->cred.pid);
         if (pidfd < 0) {
                 k = pidfd;

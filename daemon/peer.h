@@ -22,6 +22,7 @@ typedef struct Peer {
         VarlinkConn *conn;
         sd_event_source *io;
         struct ucred cred;
+        bool admin;                     /* root or in the admin group when it connected: may List(all) */
         Holder *holder;
         List link;                      /* in Manager.peers */
 } Peer;

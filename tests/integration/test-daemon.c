@@ -1188,6 +1188,80 @@ START_TEST(test_list_all_needs_admin) {
 }
 END_TEST
 
+typedef struct AdminArgs {
+        const char *socket;
+        gid_t group;                    /* a supplementary group to keep, or NOBODY for none */
+        bool allowed;                   /* whether List{all} must be allowed */
+} AdminArgs;
+
+/* As uid 65534, with or without the administrators' group among its supplementary groups: List{all}. */
+static int child_admin(void *arg) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
+        AdminArgs *a = arg;
+        Reply r;
+        int k;
+
+        CHILD_CHECK(close_all_but(NULL, 0) == 0, "close fds");
+        CHILD_CHECK(setgroups(a->group != NOBODY, &a->group) == 0 && setgid(NOBODY) == 0 && setuid(NOBODY) == 0,
+                    "cannot drop privileges: %m");
+        k = conn_open(a->socket, &c);
+        CHILD_CHECK(k == 0, "connect as nobody: %s", strerror(-k));
+        k = call_text(c, VMMB_METHOD_LIST, "{\"all\": true}", &r);
+        CHILD_CHECK(k == 0, "List: %s", strerror(-k));
+        if (a->allowed)
+                CHILD_CHECK(!r.error, "List{all} in the admin group: %s", r.error);
+        else
+                CHILD_CHECK(r.error && strcmp(r.error, VMMB_ERROR_PERMISSION_DENIED) == 0,
+                            "List{all} outside the admin group: %s", r.error ?: "allowed");
+        reply_done(&r);
+        return 0;
+}
+
+/* A group other than root's and nobody's, to make the administrators' group. */
+static const struct group *some_group(void) {
+        const struct group *g;
+
+        setgrent();
+        while ((g = getgrent()) && (g->gr_gid == 0 || g->gr_gid == NOBODY))
+                ;
+        endgrent();
+        return g;
+}
+
+START_TEST(test_admin_group) {
+        const struct group *g = geteuid() == 0 ? some_group() : getgrgid(getgid());
+        Harness h;
+
+        ck_assert_msg(g, "no group to make the administrators' group");
+        ck_assert_int_eq(harness_start(&h, (const char *const[]){ "--admin-group", g->gr_name, NULL }), 0);
+        if (geteuid() == 0) {
+                gid_t gid = g->gr_gid;  /* g points into getgrent()'s static buffer */
+                AdminArgs a = { .socket = h.socket };
+
+                ck_assert_int_eq(chmod(h.dir, 0711), 0);
+                ck_assert_int_eq(chmod(h.socket, 0666), 0);
+                /* A supplementary group counts (SO_PEERGROUPS), and being outside it still denies. */
+                for (int i = 0; i < 2; i++) {
+                        pid_t pid;
+
+                        a.group = i == 0 ? gid : NOBODY;
+                        a.allowed = i == 0;
+                        pid = harness_fork(child_admin, &a);
+                        ck_assert_int_gt(pid, 0);
+                        ck_assert_msg(harness_wait(pid) == 0, "the unprivileged client failed (see its stderr)");
+                }
+        } else {
+                ListReply list = {};
+
+                /* Not root: this process's primary group is the administrators' group. */
+                ck_assert_int_eq(list_get(h.socket, true, &list), 0);
+                list_reply_done(&list);
+                fprintf(stderr, "test_admin_group: not root, supplementary groups not checked\n");
+        }
+        stop(&h);
+}
+END_TEST
+
 /*
  * How much the daemon may grow while a client sends calls and reads no reply.
  * It answers only as fast as that client reads, so it handles the few
@@ -1509,6 +1583,7 @@ int main(void) {
         tcase_add_test(tc, test_client_sends_fd);
         tcase_add_test(tc, test_free_other_process_lease);
         tcase_add_test(tc, test_list_all_needs_admin);
+        tcase_add_test(tc, test_admin_group);
         tcase_add_test(tc, test_flood_without_reading);
         tcase_add_test(tc, test_pipelined_requests);
         tcase_add_test(tc, test_service_interface);
