@@ -22,9 +22,9 @@
 #define READY_TIMEOUT_MS 60000
 #define STOP_TIMEOUT_MS 30000
 
-static int notify_socket(const char *path) {
+int harness_notify_socket(const char *path) {
         struct sockaddr_un sa = { .sun_family = AF_UNIX };
-        int fd;
+        int fd, one = 1;
 
         if (strlen(path) >= sizeof(sa.sun_path))
                 return -ENAMETOOLONG;
@@ -32,11 +32,44 @@ static int notify_socket(const char *path) {
         fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
         if (fd < 0)
                 return -errno;
-        if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+        if (setsockopt(fd, SOL_SOCKET, SO_PASSCRED, &one, sizeof(one)) < 0 ||
+            bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+                int k = -errno;
+
                 safe_close(fd);
-                return -errno;
+                return k;
         }
         return fd;
+}
+
+int harness_notify_receive(int fd, int timeout_ms, char *buf, size_t len, pid_t *ret_sender) {
+        union {
+                struct cmsghdr h;
+                char buf[CMSG_SPACE(sizeof(struct ucred))];
+        } control;
+        struct iovec iov = { .iov_base = buf, .iov_len = len - 1 };
+        struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = &control,
+                             .msg_controllen = sizeof(control) };
+        struct pollfd p = { .fd = fd, .events = POLLIN };
+        ssize_t n;
+        int k;
+
+        do
+                k = poll(&p, 1, timeout_ms);
+        while (k < 0 && errno == EINTR);
+        if (k < 0)
+                return -errno;
+        if (k == 0)
+                return -ETIMEDOUT;
+        n = recvmsg(fd, &mh, MSG_DONTWAIT);
+        if (n < 0)
+                return -errno;
+        buf[n] = 0;
+        *ret_sender = 0;
+        for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
+                if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_CREDENTIALS)
+                        *ret_sender = ((struct ucred *)(void *)CMSG_DATA(c))->pid;
+        return 0;
 }
 
 /*
@@ -115,7 +148,7 @@ int harness_start_full(Harness *h, const char *const *args, unsigned n_listen) {
         _cleanup_close_ int listen_fd = -EBADF;
         const char *daemon = getenv("VMMBROKER_DAEMON");
         pid_t parent = getpid();
-        char notify[128], unused[128];
+        char notify[128], unused[128], config[128];
         int fd, k;
 
         if (!daemon)
@@ -127,12 +160,13 @@ int harness_start_full(Harness *h, const char *const *args, unsigned n_listen) {
         snprintf(h->socket, sizeof(h->socket), "%s/io.vmmbroker", h->dir);
         snprintf(notify, sizeof(notify), "%s/notify", h->dir);
         snprintf(unused, sizeof(unused), "%s/not-inherited", h->dir);
+        snprintf(config, sizeof(config), "%s/vmmbroker.conf", h->dir);
         if (n_listen > 0) {
                 listen_fd = listening_socket(h->socket);
                 if (listen_fd < 0)
                         return listen_fd;
         }
-        fd = notify_socket(notify);
+        fd = harness_notify_socket(notify);
         if (fd < 0)
                 return fd;
 
@@ -142,9 +176,12 @@ int harness_start_full(Harness *h, const char *const *args, unsigned n_listen) {
                 return -errno;
         }
         if (h->pid == 0) {
-                /* With sockets passed, --socket names a path the daemon must not bind. */
-                const char *argv[32] = { daemon, "--socket", n_listen > 0 ? unused : h->socket };
-                size_t n = 3;
+                /* With sockets passed, --socket names a path the daemon must not bind. The configuration
+                 * file named does not exist, so the host's own plays no part; a test that wants one
+                 * passes its own --config, which comes later and wins. */
+                const char *argv[32] = { daemon, "--socket", n_listen > 0 ? unused : h->socket,
+                                         "--config", config };
+                size_t n = 5;
 
                 /* A test that fails (its process exits) must not leave a daemon behind. */
                 if (prctl(PR_SET_PDEATHSIG, SIGTERM) < 0 || getppid() != parent)

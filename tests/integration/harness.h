@@ -46,6 +46,15 @@ int harness_start_full(Harness *h, const char *const *args, unsigned n_listen);
  */
 int harness_stop(Harness *h);
 
+/* Binds a datagram socket at `path` for sd_notify() messages, passing the sender's credentials. */
+int harness_notify_socket(const char *path);
+
+/*
+ * Receives one notification (NUL-terminated into buf) within timeout_ms and
+ * the pid that sent it. Returns 0, -ETIMEDOUT or a negative errno.
+ */
+int harness_notify_receive(int fd, int timeout_ms, char *buf, size_t len, pid_t *ret_sender);
+
 /* Open fds of a process, from /proc/PID/fd; -1 on error. */
 int harness_fd_count(pid_t pid);
 
