@@ -12,9 +12,14 @@
  * one process's words are wrong in any other's lease. Exit status 0 when
  * every word checked out. The socket is $VMMBROKER_SOCKET or the system
  * broker's; the driver is libcuda.so.1 or $VMMBROKER_LIBCUDA.
+ *
+ * With --hold it keeps the lease after checking it until its standard input
+ * closes (Ctrl-D), so that `vmmctl list` and `vmmctl status` can show it.
  */
 
+#include <errno.h>
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,9 +48,15 @@ int main(int argc, char *argv[]) {
         CUcontext ctx;
         CUdeviceptr ptr;
         int k, status = EXIT_FAILURE;
+        bool hold = argc > 1 && strcmp(argv[1], "--hold") == 0;
 
+        if (hold) {
+                argv++;
+                argc--;
+        }
         if (argc > 2 || (argc == 2 && (parse_size(argv[1], &size) < 0 || size == 0))) {
-                fprintf(stderr, "Usage: %s [SIZE]   (e.g. 256M, 1G; default 256M)\n", argv[0]);
+                fprintf(stderr, "Usage: %s [--hold] [SIZE]   (e.g. 256M, 1G; default 256M)\n",
+                        program_invocation_short_name);
                 return EXIT_FAILURE;
         }
         /* The library loads the driver for itself; the example needs it too, for the copies. */
@@ -98,6 +109,12 @@ int main(int argc, char *argv[]) {
                bad == 0 ? "all correct" : "WRONG");
         if (bad)
                 printf("pid %d: %" PRIu64 " words differ\n", (int)getpid(), bad);
+        if (hold) {
+                printf("pid %d: holding the lease until standard input closes\n", (int)getpid());
+                fflush(stdout);
+                while (getchar() != EOF)
+                        ;
+        }
         k = vmmb_free(lease);
         lease = NULL;
         if (k < 0) {
