@@ -4,7 +4,8 @@
 
 Every long option that `PROGRAM --help` prints is documented in the man page
 PAGE; with --verbs, so is every command listed under the help's "Commands:"
-heading. The page is read as roff: \\- is a minus, font escapes are dropped.
+heading, each as a tagged paragraph (.TP, then
+.B COMMAND). The page is read as roff: \\- is a minus, font escapes are dropped.
 Exit status 0 when all are there, 1 otherwise (naming each one missing).
 """
 import re
@@ -61,9 +62,9 @@ def main():
         verbs = verbs_of(out)
         if not verbs:
             sys.exit(f"FAIL: found no commands under a 'Commands:' heading in {program} --help")
-        # a command is documented where it is set in bold on a line of its own (.B verb, .TP/.B verb)
+        # a command is documented in a paragraph of its own, tagged with its name: .TP, then .B verb
         missing += [f"command '{v}'" for v in verbs
-                    if not re.search(rf"^\.(B|BR|IP|TP)\s+{re.escape(v)}(\s|$)", text, re.M)]
+                    if not re.search(rf"^\.TP\n\.B\s+{re.escape(v)}\s*$", text, re.M)]
 
     for m in missing:
         print(f"FAIL: {m} is printed by {program} --help but not documented in {page}")
