@@ -1,0 +1,695 @@
+/* SPDX-License-Identifier: MIT */
+
+/*
+ * vmmctl: the administrator's view of the broker. Each command makes one
+ * varlink call on a blocking connection whose reads and writes give up after
+ * IO_TIMEOUT_S (a stuck broker is an error, not a hang) and prints the reply
+ * as a table for people or, with --json, as the broker's own parameters.
+ *
+ * Exit status: 0 success; 1 the broker answered with an error or a reply that
+ * makes no sense; 2 a usage error; 3 the broker cannot be reached.
+ */
+
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <locale.h>
+#include <pwd.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "codec.h"
+#include "json.h"
+#include "macro.h"
+#include "size.h"
+#include "table.h"
+#include "varlink.h"
+#include "vmmbroker.h"
+
+#define IO_TIMEOUT_S 30                 /* longest wait for the broker to accept, read or answer */
+#define BAR_CELLS 20                    /* the usage bar's cells when there is room */
+#define BAR_CELLS_MIN 5                 /* ... and when there is not */
+#define BAR_FRAME (sizeof("[] 100%") - 1) /* what the bar cell holds besides the cells */
+#define DEFAULT_COLUMNS 80              /* a terminal that does not say its width */
+
+#define ANSI_BOLD "\033[1m"
+#define ANSI_LEASED "\033[1;31m"        /* bold red */
+#define ANSI_CACHED "\033[33m"          /* yellow */
+#define ANSI_FREE "\033[32m"            /* green */
+#define ANSI_RESET "\033[0m"
+
+#define HINT_UNREACHABLE "Is vmmbroker.socket active (systemctl status vmmbroker.socket)? Are you in the vmmbroker group?"
+
+enum {
+        EXIT_BROKER_ERROR = 1,          /* the broker refused, or its reply made no sense */
+        EXIT_USAGE = 2,
+        EXIT_UNREACHABLE = 3,
+};
+
+typedef struct Args {
+        const char *socket;
+        bool json;
+        bool all;
+        bool legend;
+} Args;
+
+/* What a command works with: the options, the output's kind and the connection (made on first use). */
+typedef struct Context {
+        const Args *args;
+        const char *socket;
+        size_t columns;                 /* the terminal's width; 0 when stdout is not a terminal */
+        bool color;
+        const char *ellipsis;
+        VarlinkConn *conn;
+} Context;
+
+typedef struct Verb {
+        const char *name;
+        unsigned max_args;              /* arguments after the command's name */
+        bool takes_all;                 /* --all means something to it */
+        int (*run)(Context *ctx, int argc, char **argv);
+} Verb;
+
+_printf_(1, 2) static void log_error(const char *fmt, ...) {
+        va_list ap;
+
+        fputs("vmmctl: ", stderr);
+        va_start(ap, fmt);
+        vfprintf(stderr, fmt, ap);
+        va_end(ap);
+        fputc('\n', stderr);
+}
+
+/* --- talking to the broker --------------------------------------------------------------------------- */
+
+static int broker_connect(Context *ctx) {
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        struct timeval tv = { .tv_sec = IO_TIMEOUT_S };
+        _cleanup_close_ int fd = -EBADF;
+        int k;
+
+        if (strlen(ctx->socket) >= sizeof(sa.sun_path)) {
+                log_error("The socket path %s is longer than %zu bytes; give a shorter one with --socket.",
+                          ctx->socket, sizeof(sa.sun_path) - 1);
+                return EXIT_UNREACHABLE;
+        }
+        strcpy(sa.sun_path, ctx->socket);
+
+        fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0) {
+                log_error("Cannot make a socket: %m");
+                return EXIT_UNREACHABLE;
+        }
+        /* SO_SNDTIMEO also bounds connect() on a broker whose backlog is full. */
+        if (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) < 0 ||
+            setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) < 0) {
+                log_error("Cannot set the socket's timeouts: %m");
+                return EXIT_UNREACHABLE;
+        }
+        if (connect(fd, (const struct sockaddr *)&sa, sizeof(sa)) < 0) {
+                if (errno == EAGAIN)
+                        log_error("The broker at %s did not accept the connection within %d s. Is vmmbrokerd "
+                                  "stuck (systemctl status vmmbroker.service)?", ctx->socket, IO_TIMEOUT_S);
+                else
+                        log_error("Cannot connect to the broker at %s: %m. " HINT_UNREACHABLE, ctx->socket);
+                return EXIT_UNREACHABLE;
+        }
+        k = varlink_conn_new(&ctx->conn, fd, VARLINK_MAX_REPLY, false);
+        if (k < 0) {
+                log_error("Cannot set up the connection: %s", strerror(-k));
+                return EXIT_UNREACHABLE;
+        }
+        TAKE_FD(fd);                    /* the connection owns it */
+        return 0;
+}
+
+/* Says why talking to the broker failed (`what`: while doing what) and returns the exit status. */
+static int broker_io_failed(const Context *ctx, int error, const char *what, const char *method) {
+        switch (error) {
+        case -EAGAIN:
+                log_error("The broker at %s did not answer %s within %d s. Is vmmbrokerd stuck "
+                          "(systemctl status vmmbroker.service)?", ctx->socket, method, IO_TIMEOUT_S);
+                return EXIT_UNREACHABLE;
+        case -ECONNRESET:
+        case -EPIPE:
+                log_error("The broker at %s closed the connection while %s %s. Did vmmbrokerd stop "
+                          "(systemctl status vmmbroker.service)?", ctx->socket, what, method);
+                return EXIT_UNREACHABLE;
+        case -EBADMSG:
+        case -EMSGSIZE:
+        case -ENOBUFS:
+        case -EPROTO:
+                log_error("The broker at %s sent an unreadable reply to %s: %s. Is it a vmmbrokerd of "
+                          "another version?", ctx->socket, method, strerror(-error));
+                return EXIT_BROKER_ERROR;
+        default:
+                log_error("Failed %s %s on %s: %s", what, method, ctx->socket, strerror(-error));
+                return EXIT_UNREACHABLE;
+        }
+}
+
+/* Says what the broker's error reply means and how to get past it; returns EXIT_BROKER_ERROR. */
+static int broker_refused(const VarlinkReply *reply, const char *method) {
+        _cleanup_free_ char *message = NULL;
+        VmmbError e;
+
+        if (vmmb_error_decode(reply->error, reply->parameters, &e, &message) < 0) {
+                log_error("The broker refused %s with %s (%s).", method, reply->error, message ?: "no details");
+                return EXIT_BROKER_ERROR;
+        }
+        if (strcmp(reply->error, VMMB_ERROR_PERMISSION_DENIED) == 0)
+                log_error("%s Run it as root or as a member of the broker's AdminGroup= (vmmbroker.conf(5)).",
+                          e.message ?: "Permission denied.");
+        else if (e.message)
+                log_error("%s", e.message);
+        else if (e.method)
+                log_error("The broker does not implement %s (%s): is it older than vmmctl?", e.method,
+                          reply->error);
+        else
+                log_error("The broker refused %s with %s.", method, reply->error);
+        vmmb_error_done(&e);
+        return EXIT_BROKER_ERROR;
+}
+
+/*
+ * Calls `method` with `params` (borrowed; NULL is {}). Returns 0 with the
+ * reply's parameters in *ret, or the exit status after saying what failed.
+ */
+static int broker_call(Context *ctx, const char *method, json_object *params, json_object **ret) {
+        _cleanup_(json_object_putp) json_object *call = NULL, *msg = NULL;
+        VarlinkReply reply = {};
+        int k;
+
+        if (!ctx->conn) {
+                k = broker_connect(ctx);
+                if (k != 0)
+                        return k;
+        }
+        k = varlink_call_new(method, params, false, false, &call);
+        if (k == 0)
+                k = varlink_conn_send(ctx->conn, call, NULL, 0);
+        if (k < 0) {
+                log_error("Cannot make the call %s: %s", method, strerror(-k));
+                return EXIT_BROKER_ERROR;
+        }
+        k = varlink_conn_flush(ctx->conn);
+        if (k < 0)
+                return broker_io_failed(ctx, k, "sending", method);
+        k = varlink_conn_receive(ctx->conn, &msg, NULL, NULL);
+        if (k < 0)
+                return broker_io_failed(ctx, k, "waiting for the reply to", method);
+        k = varlink_reply_parse(msg, &reply);
+        if (k < 0 || reply.continues) {
+                varlink_reply_done(&reply);
+                return broker_io_failed(ctx, -EBADMSG, "reading", method);
+        }
+        if (reply.error) {
+                k = broker_refused(&reply, method);
+                varlink_reply_done(&reply);
+                return k;
+        }
+        *ret = reply.parameters ? TAKE_PTR(reply.parameters) : json_object_new_object();
+        varlink_reply_done(&reply);
+        if (!*ret) {
+                log_error("Out of memory.");
+                return EXIT_BROKER_ERROR;
+        }
+        return 0;
+}
+
+/* For a reply that does not match the interface: says so and returns EXIT_BROKER_ERROR. */
+static int reply_unreadable(const Context *ctx, const char *method, int error, const char *message) {
+        log_error("The reply of the broker at %s to %s does not match the interface: %s Is it a vmmbrokerd of "
+                  "another version?", ctx->socket, method, message ?: strerror(-error));
+        return EXIT_BROKER_ERROR;
+}
+
+/* --- output ------------------------------------------------------------------------------------------ */
+
+/* Prints reply parameters as --json does: pretty, as the broker sent them (they passed the decoder). */
+static int print_json(json_object *params) {
+        const char *s = json_object_to_json_string_ext(
+                params, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED | JSON_C_TO_STRING_NOSLASHESCAPE);
+
+        if (!s) {
+                log_error("Out of memory.");
+                return EXIT_BROKER_ERROR;
+        }
+        puts(s);
+        return 0;
+}
+
+/* Fits a table to the terminal, if stdout is one; what still does not fit wraps: nothing more can give. */
+static void fit_table(const Context *ctx, Table *t) {
+        if (ctx->columns > 0)
+                (void)table_fit(t, ctx->columns);
+}
+
+/* Prints a table as the options say; returns 0 or an exit status. */
+static int print_table(const Context *ctx, const Table *t) {
+        int k;
+
+        k = table_print(t, stdout, ctx->args->legend, ctx->color, ctx->ellipsis);
+        if (k < 0) {
+                log_error("Cannot print the table: %s", strerror(-k));
+                return EXIT_BROKER_ERROR;
+        }
+        return 0;
+}
+
+/* Adds a row of cells; returns 0 or an exit status. */
+static int table_add_row(Table *t, const char *const *cells, size_t n) {
+        for (size_t i = 0; i < n; i++)
+                if (table_add(t, cells[i]) < 0) {
+                        log_error("Out of memory.");
+                        return EXIT_BROKER_ERROR;
+                }
+        return 0;
+}
+
+/* "45s", "3m12s", "2h05m", "4d03h". */
+static char *format_age(uint64_t usec, char *buf, size_t len) {
+        uint64_t s = usec / 1000000;
+
+        if (s < 60)
+                snprintf(buf, len, "%" PRIu64 "s", s);
+        else if (s < 3600)
+                snprintf(buf, len, "%" PRIu64 "m%02" PRIu64 "s", s / 60, s % 60);
+        else if (s < 86400)
+                snprintf(buf, len, "%" PRIu64 "h%02" PRIu64 "m", s / 3600, s / 60 % 60);
+        else
+                snprintf(buf, len, "%" PRIu64 "d%02" PRIu64 "h", s / 86400, s / 3600 % 24);
+        return buf;
+}
+
+/* Device memory the pool has not allocated: capacity - leased - scrubbing - cached, at least 0. */
+static uint64_t device_free(const WireDevice *d) {
+        uint64_t used = d->leased + d->scrubbing + d->cached;
+
+        return used < d->capacity ? d->capacity - used : 0;
+}
+
+/* Cells of `cells` that `part` of `whole` takes, rounded, at most `cells`. */
+static size_t bar_cells(uint64_t part, uint64_t whole, size_t cells) {
+        double n;
+
+        if (whole == 0)
+                return 0;
+        n = (double)part * (double)cells / (double)whole + 0.5;
+        return n >= (double)cells ? cells : (size_t)n;
+}
+
+/*
+ * The usage bar of a device in `cells` cells and its leased percentage: "[###++.......]  21%": leased
+ * (#), then cached and scrubbing (+), then free (.), scaled to the capacity.
+ */
+static void format_bar(const WireDevice *d, size_t cells, bool color, char *buf, size_t len) {
+        size_t leased = bar_cells(d->leased, d->capacity, cells);
+        size_t held = bar_cells(d->leased + d->scrubbing + d->cached, d->capacity, cells);
+        unsigned percent = (unsigned)bar_cells(d->leased, d->capacity, 100);
+        FILE *f = fmemopen(buf, len, "w");
+
+        if (!f) {
+                snprintf(buf, len, "%u%%", percent);
+                return;
+        }
+        if (held < leased)
+                held = leased;
+        fputc('[', f);
+        for (size_t i = 0; i < cells; i++) {
+                const char *c = i < leased ? ANSI_LEASED : i < held ? ANSI_CACHED : ANSI_FREE;
+
+                /* a colour sequence where the kind of cell changes */
+                if (color && (i == 0 || i == leased || i == held))
+                        fputs(c, f);
+                fputc(i < leased ? '#' : i < held ? '+' : '.', f);
+        }
+        if (color)
+                fputs(ANSI_RESET, f);
+        fprintf(f, "] %3u%%", percent);
+        fclose(f);
+}
+
+/* --- commands ---------------------------------------------------------------------------------------- */
+
+enum {
+        STATUS_DEVICE,
+        STATUS_NAME,
+        STATUS_CAPACITY,
+        STATUS_LEASED,
+        STATUS_CACHED,
+        STATUS_FREE,
+        STATUS_LEASES,
+        STATUS_USAGE,
+        STATUS_COLUMNS,
+};
+
+static const TableColumn status_columns[STATUS_COLUMNS] = {
+        [STATUS_DEVICE] = { "DEVICE", TABLE_RIGHT, 0 },
+        [STATUS_NAME] = { "NAME", TABLE_LEFT, 8 },
+        [STATUS_CAPACITY] = { "CAPACITY", TABLE_RIGHT, 0 },
+        [STATUS_LEASED] = { "LEASED", TABLE_RIGHT, 0 },
+        [STATUS_CACHED] = { "CACHED", TABLE_RIGHT, 0 },
+        [STATUS_FREE] = { "FREE", TABLE_RIGHT, 0 },
+        [STATUS_LEASES] = { "LEASES", TABLE_RIGHT, 0 },
+        [STATUS_USAGE] = { "USAGE", TABLE_LEFT, BAR_CELLS_MIN + BAR_FRAME },
+};
+
+#define BAR_MAX (BAR_CELLS + BAR_FRAME + 64)    /* the bar with its colour sequences */
+
+static int verb_status(Context *ctx, int argc, char **argv) {
+        _cleanup_(json_object_putp) json_object *params = NULL;
+        _cleanup_free_ char *message = NULL;
+        StatusReply status = {};
+        Table *t = NULL;
+        int k;
+
+        k = broker_call(ctx, VMMB_METHOD_STATUS, NULL, &params);
+        if (k != 0)
+                return k;
+        k = status_reply_decode(params, &status, &message);
+        if (k < 0)
+                return reply_unreadable(ctx, VMMB_METHOD_STATUS, k, message);
+        if (ctx->args->json) {
+                status_reply_done(&status);
+                return print_json(params);
+        }
+
+        if (table_new(&t, status_columns, STATUS_COLUMNS) < 0) {
+                log_error("Out of memory.");
+                k = EXIT_BROKER_ERROR;
+                goto finish;
+        }
+        for (size_t i = 0; i < status.n_devices && k == 0; i++) {
+                const WireDevice *d = &status.devices[i];
+                char index[24], leases[24], capacity[FORMAT_SIZE_MAX], leased[FORMAT_SIZE_MAX];
+                char cached[FORMAT_SIZE_MAX], free_[FORMAT_SIZE_MAX], bar[BAR_MAX];
+
+                snprintf(index, sizeof(index), "%" PRId64, d->index);
+                snprintf(leases, sizeof(leases), "%" PRIu64, d->leases);
+                format_bar(d, BAR_CELLS, ctx->color, bar, sizeof(bar));
+                k = table_add_row(t, (const char *const[]){
+                        [STATUS_DEVICE] = index,
+                        [STATUS_NAME] = d->name,
+                        [STATUS_CAPACITY] = format_size(d->capacity, capacity, sizeof(capacity)),
+                        [STATUS_LEASED] = format_size(d->leased, leased, sizeof(leased)),
+                        [STATUS_CACHED] = format_size(d->cached, cached, sizeof(cached)),
+                        [STATUS_FREE] = format_size(device_free(d), free_, sizeof(free_)),
+                        [STATUS_LEASES] = leases,
+                        [STATUS_USAGE] = bar,
+                }, STATUS_COLUMNS);
+        }
+        if (k == 0 && ctx->columns > 0) {
+                /* A narrowed usage column takes a shorter bar rather than an ellipsis. */
+                size_t width, cells;
+
+                fit_table(ctx, t);
+                width = table_column_width(t, STATUS_USAGE);
+                cells = width > BAR_FRAME + BAR_CELLS ? BAR_CELLS : width - BAR_FRAME;
+                for (size_t i = 0; i < status.n_devices && k == 0; i++) {
+                        char bar[BAR_MAX];
+
+                        format_bar(&status.devices[i], cells, ctx->color, bar, sizeof(bar));
+                        if (table_set(t, i, STATUS_USAGE, bar) < 0) {
+                                log_error("Out of memory.");
+                                k = EXIT_BROKER_ERROR;
+                        }
+                }
+        }
+        if (k == 0)
+                k = print_table(ctx, t);
+finish:
+        table_free(t);
+        status_reply_done(&status);
+        return k;
+}
+
+enum {
+        LIST_ID,
+        LIST_DEVICE,
+        LIST_SIZE,
+        LIST_SLABS,
+        LIST_PID,
+        LIST_USER,
+        LIST_COMMAND,
+        LIST_LABEL,
+        LIST_AGE,
+        LIST_COLUMNS,
+};
+
+static const TableColumn list_columns[LIST_COLUMNS] = {
+        [LIST_ID] = { "ID", TABLE_LEFT, 8 },
+        [LIST_DEVICE] = { "DEVICE", TABLE_RIGHT, 0 },
+        [LIST_SIZE] = { "SIZE", TABLE_RIGHT, 0 },
+        [LIST_SLABS] = { "SLABS", TABLE_RIGHT, 0 },
+        [LIST_PID] = { "PID", TABLE_RIGHT, 0 },
+        [LIST_USER] = { "USER", TABLE_LEFT, 0 },
+        [LIST_COMMAND] = { "COMMAND", TABLE_LEFT, 7 },
+        [LIST_LABEL] = { "LABEL", TABLE_LEFT, 5 },
+        [LIST_AGE] = { "AGE", TABLE_RIGHT, 0 },
+};
+
+/* Oldest first; leases made in the same microsecond by identifier. */
+static int lease_compare(const void *a, const void *b) {
+        const WireLeaseInfo *x = a, *y = b;
+
+        if (x->created != y->created)
+                return x->created < y->created ? -1 : 1;
+        return strcmp(x->id, y->id);
+}
+
+static int verb_list(Context *ctx, int argc, char **argv) {
+        _cleanup_(json_object_putp) json_object *params = NULL, *reply = NULL;
+        _cleanup_free_ char *message = NULL;
+        ListParams lp = { .all = ctx->args->all };
+        ListReply list = {};
+        Table *t = NULL;
+        struct timespec now;
+        uint64_t now_usec;
+        int k;
+
+        k = list_params_encode(&lp, &params);
+        if (k < 0) {
+                log_error("Cannot make the call %s: %s", VMMB_METHOD_LIST, strerror(-k));
+                return EXIT_BROKER_ERROR;
+        }
+        k = broker_call(ctx, VMMB_METHOD_LIST, params, &reply);
+        if (k != 0)
+                return k;
+        k = list_reply_decode(reply, &list, &message);
+        if (k < 0)
+                return reply_unreadable(ctx, VMMB_METHOD_LIST, k, message);
+        if (ctx->args->json) {
+                list_reply_done(&list);
+                return print_json(reply);
+        }
+
+        (void)clock_gettime(CLOCK_REALTIME, &now);
+        now_usec = (uint64_t)now.tv_sec * 1000000 + (uint64_t)now.tv_nsec / 1000;
+        qsort(list.leases, list.n_leases, sizeof(list.leases[0]), lease_compare);
+        if (table_new(&t, list_columns, LIST_COLUMNS) < 0) {
+                log_error("Out of memory.");
+                k = EXIT_BROKER_ERROR;
+                goto finish;
+        }
+        for (size_t i = 0; i < list.n_leases && k == 0; i++) {
+                const WireLeaseInfo *l = &list.leases[i];
+                char device[24], slabs[24], pid[24], uid[24], size[FORMAT_SIZE_MAX], age[32];
+                uint64_t created = l->created > 0 ? (uint64_t)l->created : 0;
+                const struct passwd *pw = getpwuid((uid_t)l->uid);
+
+                snprintf(device, sizeof(device), "%" PRId64, l->device);
+                snprintf(slabs, sizeof(slabs), "%" PRIu64, l->slabs);
+                snprintf(pid, sizeof(pid), "%" PRId64, l->pid);
+                snprintf(uid, sizeof(uid), "%" PRId64, l->uid);
+                k = table_add_row(t, (const char *const[]){
+                        [LIST_ID] = l->id,
+                        [LIST_DEVICE] = device,
+                        [LIST_SIZE] = format_size(l->size, size, sizeof(size)),
+                        [LIST_SLABS] = slabs,
+                        [LIST_PID] = pid,
+                        [LIST_USER] = pw ? pw->pw_name : uid,
+                        [LIST_COMMAND] = l->comm ?: "-",
+                        [LIST_LABEL] = l->label ?: "-",
+                        [LIST_AGE] = format_age(now_usec > created ? now_usec - created : 0, age, sizeof(age)),
+                }, LIST_COLUMNS);
+        }
+        fit_table(ctx, t);
+        if (k == 0)
+                k = print_table(ctx, t);
+        if (k == 0 && list.n_leases == 0 && ctx->args->legend)
+                printf("No leases%s.\n", ctx->args->all ? "" : " of yours");
+finish:
+        table_free(t);
+        list_reply_done(&list);
+        return k;
+}
+
+static const Verb verbs[] = {
+        { "status", 0, false, verb_status },    /* the first is the default */
+        { "list", 0, true, verb_list },
+};
+
+/* --- the command line -------------------------------------------------------------------------------- */
+
+static void help(void) {
+        printf("Usage: vmmctl [OPTIONS] [COMMAND]\n"
+               "\n"
+               "Shows what the vmmbroker GPU memory broker holds.\n"
+               "\n"
+               "Commands:\n"
+               "  status                 Each device's pool: capacity, leased, cached, free (the default)\n"
+               "  list                   Your leases: id, device, size, slabs, pid, user, command, label, age\n"
+               "\n"
+               "Options:\n"
+               "  -h --help              Show this help and exit\n"
+               "     --version           Show the version and exit\n"
+               "     --socket PATH       The broker's socket (default $VMMBROKER_SOCKET, else\n"
+               "                         " VMMB_DEFAULT_SOCKET ")\n"
+               "     --json              Print the broker's reply as JSON\n"
+               "  -a --all               list: every user's leases (administrators only)\n"
+               "     --no-legend         Print no header line\n"
+               "\n"
+               "Exit status: 0 success, 1 the broker refused or answered nonsense, 2 usage error,\n"
+               "3 the broker cannot be reached.\n");
+}
+
+/* Says that the command line is wrong and returns EXIT_USAGE. */
+_printf_(1, 2) static int usage_error(const char *fmt, ...) {
+        va_list ap;
+
+        fputs("vmmctl: ", stderr);
+        va_start(ap, fmt);
+        vfprintf(stderr, fmt, ap);
+        va_end(ap);
+        fputs("\nSee 'vmmctl --help'.\n", stderr);
+        return EXIT_USAGE;
+}
+
+/* Returns -1 to go on, else the exit status. */
+static int parse_argv(int argc, char *argv[], Args *args) {
+        enum { ARG_VERSION = 0x100, ARG_SOCKET, ARG_JSON, ARG_NO_LEGEND };
+        static const struct option options[] = {
+                { "help", no_argument, NULL, 'h' },
+                { "version", no_argument, NULL, ARG_VERSION },
+                { "socket", required_argument, NULL, ARG_SOCKET },
+                { "json", no_argument, NULL, ARG_JSON },
+                { "all", no_argument, NULL, 'a' },
+                { "no-legend", no_argument, NULL, ARG_NO_LEGEND },
+                {}
+        };
+        int c;
+
+        opterr = 0;                     /* our own messages, named "vmmctl" whatever argv[0] is */
+        while ((c = getopt_long(argc, argv, ":ha", options, NULL)) >= 0) {
+                switch (c) {
+                case 'h':
+                        help();
+                        return 0;
+                case ARG_VERSION:
+                        printf("vmmctl %s\n", VMMBROKER_VERSION);
+                        return 0;
+                case ARG_SOCKET:
+                        if (!*optarg)
+                                return usage_error("--socket needs a path.");
+                        args->socket = optarg;
+                        break;
+                case ARG_JSON:
+                        args->json = true;
+                        break;
+                case 'a':
+                        args->all = true;
+                        break;
+                case ARG_NO_LEGEND:
+                        args->legend = false;
+                        break;
+                case ':':
+                        return usage_error("Option %s needs an argument.", argv[optind - 1]);
+                case '?':
+                        if (optopt > 0 && optopt < 0x100)
+                                return usage_error("Unknown option -%c.", optopt);
+                        return usage_error("Unknown option %s.", argv[optind - 1]);
+                default:
+                        abort();
+                }
+        }
+        return -1;
+}
+
+/* The terminal's width for fitting tables, or 0 when stdout is no terminal. */
+static size_t terminal_columns(void) {
+        const char *e = getenv("COLUMNS");
+        struct winsize ws = {};
+        char *end;
+        unsigned long v;
+
+        if (!isatty(STDOUT_FILENO))
+                return 0;
+        if (e && *e) {
+                errno = 0;
+                v = strtoul(e, &end, 10);
+                if (errno == 0 && !*end && v > 0 && v < 100000)
+                        return v;
+        }
+        if (ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0)
+                return ws.ws_col;
+        return DEFAULT_COLUMNS;
+}
+
+static bool use_color(void) {
+        const char *term = getenv("TERM");
+
+        return isatty(STDOUT_FILENO) && !getenv("NO_COLOR") && term && strcmp(term, "dumb") != 0;
+}
+
+int main(int argc, char *argv[]) {
+        Args args = { .legend = true };
+        Context ctx = { .args = &args };
+        const Verb *verb = &verbs[0];
+        int k, n_args;
+
+        (void)setlocale(LC_ALL, "");
+        k = parse_argv(argc, argv, &args);
+        if (k >= 0)
+                return k;
+
+        if (optind < argc) {
+                verb = NULL;
+                for (size_t i = 0; i < ELEMENTSOF(verbs) && !verb; i++)
+                        if (strcmp(argv[optind], verbs[i].name) == 0)
+                                verb = &verbs[i];
+                if (!verb)
+                        return usage_error("Unknown command '%s'.", argv[optind]);
+                optind++;
+        }
+        n_args = argc - optind;
+        if ((unsigned)n_args > verb->max_args)
+                return usage_error("Too many arguments for '%s': '%s'.", verb->name, argv[optind]);
+        if (args.all && !verb->takes_all)
+                return usage_error("--all goes with 'list', not '%s'.", verb->name);
+
+        ctx.socket = args.socket ?: getenv("VMMBROKER_SOCKET");
+        if (!ctx.socket || !*ctx.socket)
+                ctx.socket = VMMB_DEFAULT_SOCKET;
+        if (!args.json) {
+                ctx.columns = terminal_columns();
+                ctx.color = use_color();
+                ctx.ellipsis = MB_CUR_MAX > 1 ? "…" : "...";
+        }
+
+        k = verb->run(&ctx, n_args, argv + optind);
+        varlink_conn_free(ctx.conn);
+        if (fflush(stdout) != 0 || ferror(stdout)) {
+                log_error("Cannot write the output: %m");
+                return k ?: EXIT_BROKER_ERROR;
+        }
+        return k;
+}
