@@ -1,0 +1,750 @@
+/* SPDX-License-Identifier: MIT */
+
+/*
+ * vmmctl against the real daemon on the simulated device. Each test starts
+ * its own vmmbrokerd (harness.h), makes leases over a raw varlink connection,
+ * runs $VMMCTL and checks its output against what the broker says on that
+ * raw connection: the tables' columns line up under their headers and carry
+ * the same numbers, --json carries exactly the interface's fields, and the
+ * exit statuses are those of vmmctl(1). Fitting to a terminal is checked
+ * under a pseudo-terminal of a known width.
+ *
+ * Nothing sleeps: vmmctl is waited for, and every read has a poll() timeout
+ * that only turns a hang into a failure.
+ */
+
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <pty.h>
+#include <pwd.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include "codec.h"
+#include "fdpass.h"
+#include "harness.h"
+#include "json.h"
+#include "macro.h"
+#include "size.h"
+#include "unit.h"
+#include "varlink.h"
+
+#ifndef VMMBROKER_VERSION
+#error "VMMBROKER_VERSION must be the project's version"
+#endif
+
+#define MiB (UINT64_C(1) << 20)
+#define IO_TIMEOUT_MS (HARNESS_IO_TIMEOUT_S * 1000)
+#define MAX_LINES 64
+#define PTY_COLUMNS 78                  /* narrower than both tables, wide enough for their narrowest */
+#define LONG_LABEL "a label long enough that no terminal of eighty columns shows all of it beside the rest"
+
+DEFINE_TRIVIAL_CLEANUP_FUNC(VarlinkConn, varlink_conn_free);
+
+/* ---- the broker, raw ------------------------------------------------------------------------------- */
+
+/* Calls `method` on a fresh connection: 0 with the reply in *ret (its error name, if any, in ret->error). */
+static void raw_call(const char *socket, const char *method, json_object *params, VarlinkReply *ret) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
+        _cleanup_(json_object_putp) json_object *call = NULL, *msg = NULL;
+        int *fds = NULL;
+        size_t n_fds = 0;
+
+        ck_assert_int_eq(harness_conn_open(socket, true, &c), 0);
+        ck_assert_int_eq(varlink_call_new(method, params, false, false, &call), 0);
+        ck_assert_int_eq(varlink_conn_send(c, call, NULL, 0), 0);
+        ck_assert_int_eq(varlink_conn_flush(c), 0);
+        ck_assert_int_eq(varlink_conn_receive(c, &msg, &fds, &n_fds), 1);
+        /* the leases stay with this process: their memory needs no fd to stay leased */
+        close_many(fds, n_fds);
+        free(fds);
+        ck_assert_int_eq(varlink_reply_parse(msg, ret), 0);
+}
+
+/* Leases `size` bytes labelled `label`; returns the lease's identifier (to free). */
+static char *lease_alloc(const char *socket, uint64_t size, const char *label) {
+        _cleanup_(json_object_putp) json_object *params = NULL;
+        AllocParams a = { .size = size, .device = VMMB_DEVICE_ANY, .label = (char *)label };
+        VarlinkReply r = {};
+        json_object *lease, *id;
+        char *ret;
+
+        ck_assert_int_eq(alloc_params_encode(&a, &params), 0);
+        raw_call(socket, VMMB_METHOD_ALLOC, params, &r);
+        ck_assert_msg(!r.error, "Alloc: %s", r.error);
+        ck_assert(json_object_object_get_ex(r.parameters, "lease", &lease));
+        ck_assert(json_object_object_get_ex(lease, "id", &id));
+        ret = strdup(json_object_get_string(id));
+        ck_assert_ptr_nonnull(ret);
+        varlink_reply_done(&r);
+        return ret;
+}
+
+static void status_get(const char *socket, StatusReply *ret) {
+        VarlinkReply r = {};
+
+        raw_call(socket, VMMB_METHOD_STATUS, NULL, &r);
+        ck_assert_msg(!r.error, "Status: %s", r.error);
+        ck_assert_int_eq(status_reply_decode(r.parameters, ret, NULL), 0);
+        ck_assert_uint_ge(ret->n_devices, 1);
+        varlink_reply_done(&r);
+}
+
+static void list_get(const char *socket, ListReply *ret) {
+        VarlinkReply r = {};
+
+        raw_call(socket, VMMB_METHOD_LIST, NULL, &r);
+        ck_assert_msg(!r.error, "List: %s", r.error);
+        ck_assert_int_eq(list_reply_decode(r.parameters, ret, NULL), 0);
+        varlink_reply_done(&r);
+}
+
+/* A daemon with three leases of this process: two labelled (one label long), one without. */
+typedef struct Fixture {
+        Harness h;
+        char *ids[3];
+} Fixture;
+
+static void fixture_start(Fixture *f) {
+        int k = harness_start(&f->h, NULL);
+
+        ck_assert_msg(k == 0, "harness_start: %s", strerror(-k));
+        f->ids[0] = lease_alloc(f->h.socket, 66 * MiB, "weights");     /* two slabs: 64 MiB + 2 MiB */
+        f->ids[1] = lease_alloc(f->h.socket, 3 * MiB, LONG_LABEL);
+        f->ids[2] = lease_alloc(f->h.socket, 1, NULL);
+}
+
+static void fixture_stop(Fixture *f) {
+        ck_assert_int_eq(harness_stop(&f->h), 0);
+        for (size_t i = 0; i < ELEMENTSOF(f->ids); i++)
+                free(f->ids[i]);
+}
+
+/* ---- running vmmctl -------------------------------------------------------------------------------- */
+
+typedef struct Output {
+        char *out;                      /* stdout; with a terminal, stdout and stderr together */
+        char *err;
+        int status;                     /* exit status, or 128 + signal */
+} Output;
+
+static void output_done(Output *o) {
+        free(o->out);
+        free(o->err);
+        *o = (Output){};
+}
+
+/* Reads fds[0..n) to their ends (EOF, or EIO for a terminal whose other side is closed) into ret[]. */
+static void read_all(const int *fds, char **ret, size_t n) {
+        FILE *m[2] = {};
+        size_t len[2];
+        size_t n_open = n;
+        struct pollfd p[2];
+
+        ck_assert_uint_le(n, 2);
+        for (size_t i = 0; i < n; i++) {
+                m[i] = open_memstream(&ret[i], &len[i]);
+                ck_assert_ptr_nonnull(m[i]);
+                p[i] = (struct pollfd){ .fd = fds[i], .events = POLLIN };
+        }
+        while (n_open > 0) {
+                int k = poll(p, n, IO_TIMEOUT_MS);
+
+                if (k < 0 && errno == EINTR)
+                        continue;
+                ck_assert_msg(k > 0, "vmmctl wrote nothing and did not exit within %d ms", IO_TIMEOUT_MS);
+                for (size_t i = 0; i < n; i++) {
+                        char buf[4096];
+                        ssize_t r;
+
+                        if (p[i].fd < 0 || !p[i].revents)
+                                continue;
+                        r = read(p[i].fd, buf, sizeof(buf));
+                        if (r < 0 && errno == EINTR)
+                                continue;
+                        ck_assert_msg(r >= 0 || errno == EIO, "read: %m");
+                        if (r <= 0) {
+                                p[i].fd = -1;
+                                n_open--;
+                                continue;
+                        }
+                        fwrite(buf, 1, (size_t)r, m[i]);
+                }
+        }
+        for (size_t i = 0; i < n; i++)
+                ck_assert_int_eq(fclose(m[i]), 0);
+}
+
+/*
+ * Runs vmmctl with `args` (NULL-terminated) and the environment changed by
+ * `env` ("NAME=VALUE" sets, "NAME" unsets; NULL-terminated, may be NULL).
+ * With `pty_columns` > 0 its stdout and stderr are one terminal that wide
+ * (TERM=xterm, a UTF-8 locale), else two pipes.
+ */
+static void run_full(const char *const *args, const char *const *env, unsigned pty_columns, Output *ret) {
+        const char *vmmctl = getenv("VMMCTL");
+        int out[2] = { -1, -1 }, err[2] = { -1, -1 };
+        char *bufs[2] = {};
+        pid_t pid;
+
+        ck_assert_ptr_nonnull(vmmctl);
+        if (pty_columns > 0) {
+                struct winsize ws = { .ws_row = 24, .ws_col = (unsigned short)pty_columns };
+
+                ck_assert_int_eq(openpty(&out[0], &out[1], NULL, NULL, &ws), 0);
+        } else {
+                ck_assert_int_eq(pipe2(out, O_CLOEXEC), 0);
+                ck_assert_int_eq(pipe2(err, O_CLOEXEC), 0);
+        }
+        fflush(stdout);
+        fflush(stderr);
+        pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+                const char *argv[32] = { vmmctl };
+                size_t n = 1;
+
+                for (size_t i = 0; args[i] && n < ELEMENTSOF(argv) - 1; i++)
+                        argv[n++] = args[i];
+                unsetenv("VMMBROKER_SOCKET");
+                unsetenv("COLUMNS");
+                unsetenv("NO_COLOR");
+                if (pty_columns > 0) {
+                        setenv("TERM", "xterm", 1);
+                        setenv("LC_ALL", "C.UTF-8", 1);
+                }
+                for (size_t i = 0; env && env[i]; i++)
+                        if (strchr(env[i], '='))
+                                putenv((char *)env[i]);
+                        else
+                                unsetenv(env[i]);
+                if (dup2(out[1], STDOUT_FILENO) < 0 || dup2(pty_columns > 0 ? out[1] : err[1], STDERR_FILENO) < 0)
+                        _exit(127);
+                execv(vmmctl, (char *const *)argv);
+                _exit(127);
+        }
+        safe_close(out[1]);
+        safe_close(err[1]);
+        if (pty_columns > 0) {
+                read_all(out, bufs, 1);
+                bufs[1] = strdup("");
+        } else
+                read_all((const int[]){ out[0], err[0] }, bufs, 2);
+        safe_close(out[0]);
+        safe_close(err[0]);
+        *ret = (Output){ .out = bufs[0], .err = bufs[1], .status = harness_wait(pid) };
+        ck_assert_ptr_nonnull(ret->err);
+}
+
+/* Runs vmmctl with `args` on pipes and the test's environment; the arguments end with NULL. */
+#define RUN(ret, ...) run_full((const char *const[]){ __VA_ARGS__, NULL }, NULL, 0, (ret))
+
+/* Runs it and asserts success with nothing on stderr. */
+#define RUN_OK(ret, ...)                                                                                \
+        do {                                                                                            \
+                RUN(ret, __VA_ARGS__);                                                                  \
+                ck_assert_msg((ret)->status == 0, "vmmctl exited with %d: %s", (ret)->status, (ret)->err); \
+                ck_assert_str_eq((ret)->err, "");                                                       \
+        } while (0)
+
+/* ---- reading tables -------------------------------------------------------------------------------- */
+
+typedef struct Column {
+        const char *name;
+        bool right;                     /* right-aligned: fields end where the header ends */
+} Column;
+
+static const Column status_columns[] = {
+        { "DEVICE", true }, { "NAME", false },  { "CAPACITY", true }, { "LEASED", true },
+        { "CACHED", true }, { "FREE", true },   { "LEASES", true },   { "USAGE", false },
+};
+
+static const Column list_columns[] = {
+        { "ID", false },  { "DEVICE", true },   { "SIZE", true },   { "SLABS", true }, { "PID", true },
+        { "USER", false }, { "COMMAND", false }, { "LABEL", false }, { "AGE", true },
+};
+
+/* Splits `text` (changed in place) into lines, dropping the CRs a terminal adds. Returns the count. */
+static size_t split_lines(char *text, char **lines) {
+        size_t n = 0;
+        char *save = NULL;
+
+        for (char *s = text; *s; s++)
+                if (*s == '\r')
+                        *s = ' ';
+        for (char *l = strtok_r(text, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+                size_t len = strlen(l);
+
+                while (len > 0 && l[len - 1] == ' ')    /* where a CR was */
+                        l[--len] = 0;
+                ck_assert_uint_lt(n, MAX_LINES);
+                lines[n++] = l;
+        }
+        return n;
+}
+
+/* Removes colour sequences (ESC [ ... m) in place. */
+static void strip_escapes(char *s) {
+        char *w = s;
+
+        while (*s) {
+                if (s[0] == '\033' && s[1] == '[') {
+                        s += 2;
+                        while (*s && !(*s >= 0x40 && *s <= 0x7e))
+                                s++;
+                        if (*s)
+                                s++;
+                        continue;
+                }
+                *w++ = *s++;
+        }
+        *w = 0;
+}
+
+/* Characters (not bytes) in UTF-8 text: the tables here hold no wide characters. */
+static size_t text_columns(const char *s) {
+        size_t n = 0;
+
+        for (; *s; s++)
+                n += ((unsigned char)*s & 0xc0) != 0x80;
+        return n;
+}
+
+/* The header must hold exactly the columns' names, in order. */
+static void check_header(const char *header, const Column *cols, size_t n) {
+        _cleanup_free_ char *copy = strdup(header);
+        char *save = NULL, *word = strtok_r(copy, " ", &save);
+
+        for (size_t i = 0; i < n; i++, word = strtok_r(NULL, " ", &save))
+                ck_assert_msg(word && strcmp(word, cols[i].name) == 0, "header '%s': expected %s at column %zu",
+                              header, cols[i].name, i);
+        ck_assert_msg(!word, "header '%s' has more columns than expected", header);
+}
+
+/*
+ * The field of `line` in column `name` (a byte offset in the header, which
+ * holds ASCII only): a left-aligned field must start where its header starts,
+ * a right-aligned one end where its header ends. Fields are separated by at
+ * least two spaces; the last column runs to the end of the line. Returns a
+ * new string.
+ */
+static char *field(const char *header, const char *line, const Column *cols, size_t n, const char *name) {
+        const Column *col = NULL;
+        const char *h = header;
+        size_t start, end, len = strlen(line);
+        bool last;
+
+        for (size_t i = 0; i < n; i++)
+                if (strcmp(cols[i].name, name) == 0)
+                        col = &cols[i];
+        ck_assert_ptr_nonnull(col);
+        last = col == &cols[n - 1];
+        /* the header's word `name`, not a part of another word */
+        for (;;) {
+                h = strstr(h, name);
+                ck_assert_ptr_nonnull(h);
+                if ((h == header || h[-1] == ' ') && (h[strlen(name)] == ' ' || !h[strlen(name)]))
+                        break;
+                h++;
+        }
+        if (col->right) {
+                end = (size_t)(h - header) + strlen(name);
+                ck_assert_msg(end <= len && line[end - 1] != ' ' && (end == len || line[end] == ' '),
+                              "'%s' in line '%s' does not end under its header in '%s'", name, line, header);
+                for (start = end - 1; start > 0 && !(line[start - 1] == ' ' && (start < 2 || line[start - 2] == ' '));
+                     start--)
+                        ;
+        } else {
+                start = (size_t)(h - header);
+                ck_assert_msg(start < len && line[start] != ' ' && (start == 0 || line[start - 1] == ' '),
+                              "'%s' in line '%s' does not start under its header in '%s'", name, line, header);
+                for (end = start; end < len && (last || !(line[end] == ' ' && line[end + 1] == ' ')); end++)
+                        ;
+        }
+        return strndup(line + start, end - start);
+}
+
+/* Asserts that column `name` of `line` is `expected`. */
+#define CHECK_FIELD(header, line, cols, name, expected)                                                 \
+        do {                                                                                            \
+                _cleanup_free_ char *f_ = field(header, line, cols, ELEMENTSOF(cols), name);            \
+                ck_assert_msg(strcmp(f_, expected) == 0, "%s: '%s', expected '%s' in line '%s'", name,  \
+                              f_, expected, line);                                                      \
+        } while (0)
+
+static const char *size_str(uint64_t size, char buf[static FORMAT_SIZE_MAX]) {
+        return format_size(size, buf, FORMAT_SIZE_MAX);
+}
+
+static const char *number_str(int64_t v, char buf[static 24]) {
+        snprintf(buf, 24, "%" PRId64, v);
+        return buf;
+}
+
+/* The row of the lease `id` in list output lines[1..n), or NULL. */
+static const char *list_row(char **lines, size_t n, const char *id) {
+        for (size_t i = 1; i < n; i++)
+                if (strncmp(lines[i], id, strlen(id)) == 0 && lines[i][strlen(id)] == ' ')
+                        return lines[i];
+        return NULL;
+}
+
+/* ---- tests ----------------------------------------------------------------------------------------- */
+
+START_TEST(test_status_table) {
+        _cleanup_free_ char *usage = NULL;
+        char *lines[MAX_LINES], buf[FORMAT_SIZE_MAX], num[24];
+        StatusReply s = {};
+        Output o, dflt;
+        Fixture f;
+        size_t n;
+
+        fixture_start(&f);
+        status_get(f.h.socket, &s);
+        RUN_OK(&o, "--socket", f.h.socket, "status");
+        ck_assert_ptr_null(strchr(o.out, '\033'));              /* no colour on a pipe */
+
+        /* No command is status; $VMMBROKER_SOCKET names the socket. */
+        {
+                char env[160];
+
+                snprintf(env, sizeof(env), "VMMBROKER_SOCKET=%s", f.h.socket);
+                run_full((const char *const[]){ NULL }, (const char *const[]){ env, NULL }, 0, &dflt);
+        }
+        ck_assert_int_eq(dflt.status, 0);
+        ck_assert_str_eq(dflt.out, o.out);
+
+        n = split_lines(o.out, lines);
+        ck_assert_uint_eq(n, 1 + s.n_devices);
+        check_header(lines[0], status_columns, ELEMENTSOF(status_columns));
+        for (size_t i = 0; i < s.n_devices; i++) {
+                const WireDevice *d = &s.devices[i];
+                const char *row = lines[1 + i];
+                uint64_t used = d->leased + d->scrubbing + d->cached;
+
+                CHECK_FIELD(lines[0], row, status_columns, "DEVICE", number_str(d->index, num));
+                CHECK_FIELD(lines[0], row, status_columns, "NAME", d->name);
+                CHECK_FIELD(lines[0], row, status_columns, "CAPACITY", size_str(d->capacity, buf));
+                CHECK_FIELD(lines[0], row, status_columns, "LEASED", size_str(d->leased, buf));
+                CHECK_FIELD(lines[0], row, status_columns, "CACHED", size_str(d->cached, buf));
+                CHECK_FIELD(lines[0], row, status_columns, "FREE",
+                            size_str(used < d->capacity ? d->capacity - used : 0, buf));
+                CHECK_FIELD(lines[0], row, status_columns, "LEASES", number_str((int64_t)d->leases, num));
+        }
+        /* Device 0 holds this test's three leases: 66 MiB + 4 MiB + 2 MiB, a bar with its leased percentage. */
+        ck_assert_uint_eq(s.devices[0].leases, 3);
+        ck_assert_uint_eq(s.devices[0].leased, 72 * MiB);
+        usage = field(lines[0], lines[1], status_columns, ELEMENTSOF(status_columns), "USAGE");
+        ck_assert_msg(usage[0] == '[' && strstr(usage, "] ") && usage[strlen(usage) - 1] == '%', "USAGE '%s'",
+                      usage);
+        snprintf(num, sizeof(num), " %u%%",
+                 (unsigned)((double)s.devices[0].leased * 100 / (double)s.devices[0].capacity + 0.5));
+        ck_assert_msg(strstr(usage, num), "USAGE '%s' without '%s'", usage, num);
+
+        /* --no-legend: the rows alone. */
+        output_done(&o);
+        RUN_OK(&o, "--socket", f.h.socket, "--no-legend");
+        n = split_lines(o.out, lines);
+        ck_assert_uint_eq(n, s.n_devices);
+        ck_assert_ptr_null(strstr(lines[0], "CAPACITY"));
+
+        output_done(&o);
+        output_done(&dflt);
+        status_reply_done(&s);
+        fixture_stop(&f);
+}
+END_TEST
+
+START_TEST(test_status_json) {
+        _cleanup_(json_object_putp) json_object *j = NULL;
+        StatusReply raw = {}, shown = {};
+        Output o;
+        Fixture f;
+
+        fixture_start(&f);
+        RUN_OK(&o, "--json", "--socket", f.h.socket, "status");
+        status_get(f.h.socket, &raw);
+        j = json_tokener_parse(o.out);
+        ck_assert_msg(j, "not JSON: %s", o.out);
+        ck_assert_msg(strstr(o.out, "\n  "), "not pretty-printed: %s", o.out);
+        /* the decoder refuses any field the interface does not name, and requires all it does */
+        ck_assert_int_eq(status_reply_decode(j, &shown, NULL), 0);
+        ck_assert_uint_eq(shown.n_devices, raw.n_devices);
+        for (size_t i = 0; i < raw.n_devices; i++) {
+                const WireDevice *a = &raw.devices[i], *b = &shown.devices[i];
+
+                ck_assert_int_eq(a->index, b->index);
+                ck_assert_str_eq(a->name, b->name);
+                ck_assert_uint_eq(a->total, b->total);
+                ck_assert_uint_eq(a->granularity, b->granularity);
+                ck_assert_uint_eq(a->capacity, b->capacity);
+                ck_assert_uint_eq(a->leased, b->leased);
+                ck_assert_uint_eq(a->scrubbing, b->scrubbing);
+                ck_assert_uint_eq(a->cached, b->cached);
+                ck_assert_uint_eq(a->leases, b->leases);
+        }
+        status_reply_done(&raw);
+        status_reply_done(&shown);
+        output_done(&o);
+        fixture_stop(&f);
+}
+END_TEST
+
+/* Checks every lease of `raw` in list output `lines` (the header first). */
+static void check_list_rows(char **lines, size_t n, const ListReply *raw) {
+        const struct passwd *pw = getpwuid(getuid());
+        char buf[FORMAT_SIZE_MAX], num[24];
+
+        ck_assert_ptr_nonnull(pw);
+        ck_assert_uint_eq(n, 1 + raw->n_leases);
+        check_header(lines[0], list_columns, ELEMENTSOF(list_columns));
+        for (size_t i = 0; i < raw->n_leases; i++) {
+                const WireLeaseInfo *l = &raw->leases[i];
+                const char *row = list_row(lines, n, l->id);
+                _cleanup_free_ char *age = NULL;
+
+                ck_assert_msg(row, "no row for lease %s", l->id);
+                CHECK_FIELD(lines[0], row, list_columns, "ID", l->id);
+                CHECK_FIELD(lines[0], row, list_columns, "DEVICE", number_str(l->device, num));
+                CHECK_FIELD(lines[0], row, list_columns, "SIZE", size_str(l->size, buf));
+                CHECK_FIELD(lines[0], row, list_columns, "SLABS", number_str((int64_t)l->slabs, num));
+                CHECK_FIELD(lines[0], row, list_columns, "PID", number_str(getpid(), num));
+                CHECK_FIELD(lines[0], row, list_columns, "USER", pw->pw_name);
+                CHECK_FIELD(lines[0], row, list_columns, "COMMAND", l->comm ?: "-");
+                CHECK_FIELD(lines[0], row, list_columns, "LABEL", l->label ?: "-");
+                age = field(lines[0], row, list_columns, ELEMENTSOF(list_columns), "AGE");
+                ck_assert_msg(strspn(age, "0123456789") > 0 && age[strlen(age) - 1] == 's', "AGE '%s'", age);
+        }
+}
+
+START_TEST(test_list_table) {
+        char *lines[MAX_LINES];
+        ListReply raw = {};
+        Output o;
+        Fixture f;
+        size_t n;
+
+        fixture_start(&f);
+        list_get(f.h.socket, &raw);
+        ck_assert_uint_eq(raw.n_leases, 3);
+        RUN_OK(&o, "--socket", f.h.socket, "list");
+        ck_assert_ptr_null(strchr(o.out, '\033'));
+
+        /* Not a terminal: the long label is shown whole. */
+        ck_assert_ptr_nonnull(strstr(o.out, LONG_LABEL));
+        n = split_lines(o.out, lines);
+        check_list_rows(lines, n, &raw);
+        /* The two slabs of the 66 MiB lease. */
+        CHECK_FIELD(lines[0], list_row(lines, n, f.ids[0]), list_columns, "SLABS", "2");
+        CHECK_FIELD(lines[0], list_row(lines, n, f.ids[0]), list_columns, "LABEL", "weights");
+        CHECK_FIELD(lines[0], list_row(lines, n, f.ids[2]), list_columns, "LABEL", "-");
+
+        output_done(&o);
+        RUN_OK(&o, "list", "--no-legend", "--socket", f.h.socket);
+        for (size_t i = 0; i < ELEMENTSOF(f.ids); i++)
+                ck_assert_ptr_nonnull(strstr(o.out, f.ids[i]));
+        n = split_lines(o.out, lines);
+        ck_assert_uint_eq(n, raw.n_leases);
+        for (size_t i = 0; i < n; i++)
+                ck_assert_ptr_null(strstr(lines[i], "COMMAND"));
+
+        output_done(&o);
+        list_reply_done(&raw);
+        fixture_stop(&f);
+}
+END_TEST
+
+START_TEST(test_list_json) {
+        _cleanup_(json_object_putp) json_object *j = NULL;
+        ListReply raw = {}, shown = {};
+        Output o;
+        Fixture f;
+
+        fixture_start(&f);
+        RUN_OK(&o, "--socket", f.h.socket, "list", "--json");
+        list_get(f.h.socket, &raw);
+        j = json_tokener_parse(o.out);
+        ck_assert_msg(j, "not JSON: %s", o.out);
+        ck_assert_int_eq(list_reply_decode(j, &shown, NULL), 0);
+        ck_assert_uint_eq(shown.n_leases, raw.n_leases);
+        for (size_t i = 0; i < raw.n_leases; i++) {
+                const WireLeaseInfo *a = &raw.leases[i], *b = NULL;
+
+                for (size_t k = 0; k < shown.n_leases; k++)
+                        if (strcmp(shown.leases[k].id, a->id) == 0)
+                                b = &shown.leases[k];
+                ck_assert_msg(b, "lease %s missing", a->id);
+                ck_assert_int_eq(a->device, b->device);
+                ck_assert_uint_eq(a->size, b->size);
+                ck_assert_uint_eq(a->slabs, b->slabs);
+                ck_assert_int_eq(a->pid, b->pid);
+                ck_assert_int_eq(a->uid, b->uid);
+                ck_assert_int_eq(a->created, b->created);
+                ck_assert_str_eq(a->comm ?: "(none)", b->comm ?: "(none)");
+                ck_assert_str_eq(a->label ?: "(none)", b->label ?: "(none)");
+        }
+        list_reply_done(&raw);
+        list_reply_done(&shown);
+        output_done(&o);
+        fixture_stop(&f);
+}
+END_TEST
+
+START_TEST(test_list_all) {
+        Output o;
+        Fixture f;
+
+        fixture_start(&f);
+        RUN(&o, "--socket", f.h.socket, "list", "--all");
+        if (getuid() == 0) {
+                char *lines[MAX_LINES];
+                ListReply raw = {};
+
+                /* root is an administrator: every lease, here this test's own */
+                ck_assert_msg(o.status == 0, "exit %d: %s", o.status, o.err);
+                list_get(f.h.socket, &raw);
+                check_list_rows(lines, split_lines(o.out, lines), &raw);
+                list_reply_done(&raw);
+        } else {
+                _cleanup_(json_object_putp) json_object *params = json_tokener_parse("{\"all\": true}");
+                _cleanup_free_ char *message = NULL;
+                VarlinkReply r = {};
+                VmmbError e;
+
+                /* the broker's own refusal, word for word */
+                raw_call(f.h.socket, VMMB_METHOD_LIST, params, &r);
+                ck_assert_str_eq(r.error ?: "(none)", VMMB_ERROR_PERMISSION_DENIED);
+                ck_assert_int_eq(vmmb_error_decode(r.error, r.parameters, &e, &message), 0);
+                ck_assert_ptr_nonnull(e.message);
+                ck_assert_int_eq(o.status, 1);
+                ck_assert_str_eq(o.out, "");
+                ck_assert_msg(strncmp(o.err, "vmmctl: ", 8) == 0 && strstr(o.err, e.message), "stderr: %s", o.err);
+                vmmb_error_done(&e);
+                varlink_reply_done(&r);
+        }
+        output_done(&o);
+        fixture_stop(&f);
+}
+END_TEST
+
+START_TEST(test_unreachable) {
+        char dir[] = "/tmp/vmmctl-test-XXXXXX", path[64];
+        Output o;
+
+        ck_assert_ptr_nonnull(mkdtemp(dir));
+        snprintf(path, sizeof(path), "%s/no-such-socket", dir);
+        RUN(&o, "--socket", path, "status");
+        ck_assert_int_eq(o.status, 3);
+        ck_assert_str_eq(o.out, "");
+        ck_assert_msg(strncmp(o.err, "vmmctl: ", 8) == 0 && strstr(o.err, path) && strstr(o.err, strerror(ENOENT)) &&
+                              strstr(o.err, "systemctl status vmmbroker.socket"),
+                      "stderr: %s", o.err);
+        output_done(&o);
+        ck_assert_int_eq(rmdir(dir), 0);
+}
+END_TEST
+
+START_TEST(test_usage) {
+        static const char *const bad[][3] = {
+                { "--no-such-option" },
+                { "no-such-command" },
+                { "status", "extra" },
+                { "--socket" },
+                { "status", "--all" },
+        };
+        Output o;
+
+        for (size_t i = 0; i < ELEMENTSOF(bad); i++) {
+                run_full(bad[i], NULL, 0, &o);
+                ck_assert_msg(o.status == 2, "%s: exit %d", bad[i][0], o.status);
+                ck_assert_str_eq(o.out, "");
+                ck_assert_msg(strncmp(o.err, "vmmctl: ", 8) == 0, "%s: stderr: %s", bad[i][0], o.err);
+                output_done(&o);
+        }
+
+        RUN_OK(&o, "--help");
+        ck_assert_ptr_nonnull(strstr(o.out, "Usage: vmmctl"));
+        output_done(&o);
+        RUN_OK(&o, "-h");
+        ck_assert_ptr_nonnull(strstr(o.out, "--no-legend"));
+        output_done(&o);
+
+        RUN_OK(&o, "--version");
+        ck_assert_str_eq(o.out, "vmmctl " VMMBROKER_VERSION "\n");
+        output_done(&o);
+}
+END_TEST
+
+/* Runs a command under a terminal PTY_COLUMNS wide and checks that the table was fitted to it. */
+static void check_fitted(const char *socket, const char *command, const Column *cols, size_t n_cols) {
+        char *lines[MAX_LINES];
+        Output o;
+        size_t n;
+
+        run_full((const char *const[]){ "--socket", socket, command, NULL }, NULL, PTY_COLUMNS, &o);
+        ck_assert_msg(o.status == 0, "vmmctl %s exited with %d: %s", command, o.status, o.out);
+        /* Colour on a terminal: a bold header. */
+        ck_assert_msg(strncmp(o.out, "\033[1m", 4) == 0, "no bold header: %s", o.out);
+        strip_escapes(o.out);
+        ck_assert_msg(strstr(o.out, "…"), "nothing shortened at %d columns:\n%s", PTY_COLUMNS, o.out);
+        /* one byte for the one column of each ellipsis, so that field() may count bytes */
+        for (char *e = strstr(o.out, "…"); e; e = strstr(e, "…")) {
+                *e = '~';
+                memmove(e + 1, e + 3, strlen(e + 3) + 1);
+        }
+        n = split_lines(o.out, lines);
+        ck_assert_uint_ge(n, 2);
+        check_header(lines[0], cols, n_cols);
+        for (size_t i = 0; i < n; i++) {
+                ck_assert_msg(text_columns(lines[i]) <= PTY_COLUMNS, "line %zu is %zu columns wide, over %d: '%s'",
+                              i, text_columns(lines[i]), PTY_COLUMNS, lines[i]);
+                /* still lined up: the first and the last column of every row sit under their headers */
+                if (i > 0) {
+                        free(field(lines[0], lines[i], cols, n_cols, cols[0].name));
+                        free(field(lines[0], lines[i], cols, n_cols, cols[n_cols - 1].name));
+                }
+        }
+        output_done(&o);
+}
+
+START_TEST(test_fit_terminal) {
+        char *lines[MAX_LINES];
+        Output o;
+        Fixture f;
+
+        fixture_start(&f);
+        check_fitted(f.h.socket, "list", list_columns, ELEMENTSOF(list_columns));
+        check_fitted(f.h.socket, "status", status_columns, ELEMENTSOF(status_columns));
+
+        /* $COLUMNS wins over the terminal's size: wide enough, nothing is shortened. */
+        run_full((const char *const[]){ "--socket", f.h.socket, "list", NULL },
+                 (const char *const[]){ "COLUMNS=400", "NO_COLOR=1", NULL }, PTY_COLUMNS, &o);
+        ck_assert_int_eq(o.status, 0);
+        ck_assert_ptr_null(strchr(o.out, '\033'));              /* $NO_COLOR */
+        ck_assert_ptr_nonnull(strstr(o.out, LONG_LABEL));
+        ck_assert_uint_eq(split_lines(o.out, lines), 4);
+        output_done(&o);
+
+        /* Not a terminal: nothing is shortened whatever $COLUMNS says. */
+        run_full((const char *const[]){ "--socket", f.h.socket, "list", NULL },
+                 (const char *const[]){ "COLUMNS=40", NULL }, 0, &o);
+        ck_assert_int_eq(o.status, 0);
+        ck_assert_ptr_nonnull(strstr(o.out, LONG_LABEL));
+        output_done(&o);
+        fixture_stop(&f);
+}
+END_TEST
+
+int main(void) {
+        return run_suite(UNIT_SUITE("vmmctl", NULL, test_status_table, test_status_json, test_list_table,
+                                    test_list_json, test_list_all, test_unreachable, test_usage,
+                                    test_fit_terminal)) == 0
+                       ? EXIT_SUCCESS
+                       : EXIT_FAILURE;
+}
