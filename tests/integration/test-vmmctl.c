@@ -16,6 +16,7 @@
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <inttypes.h>
 #include <poll.h>
 #include <pty.h>
@@ -24,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "codec.h"
@@ -42,6 +44,7 @@
 #define MiB (UINT64_C(1) << 20)
 #define IO_TIMEOUT_MS (HARNESS_IO_TIMEOUT_S * 1000)
 #define MAX_LINES 64
+#define NOBODY 65534
 #define PTY_COLUMNS 78                  /* narrower than both tables, wide enough for their narrowest */
 #define LONG_LABEL "a label long enough that no terminal of eighty columns shows all of it beside the rest"
 
@@ -181,14 +184,20 @@ static void read_all(const int *fds, char **ret, size_t n) {
                 ck_assert_int_eq(fclose(m[i]), 0);
 }
 
-/*
- * Runs vmmctl with `args` (NULL-terminated) and the environment changed by
- * `env` ("NAME=VALUE" sets, "NAME" unsets; NULL-terminated, may be NULL).
- * With `pty_columns` > 0 its stdout and stderr are one terminal that wide
- * (TERM=xterm, a UTF-8 locale), else two pipes.
- */
-static void run_full(const char *const *args, const char *const *env, unsigned pty_columns, Output *ret) {
+/* How vmmctl runs; zero is on pipes, as this process, in its environment. */
+typedef struct Run {
+        const char *const *env;         /* "NAME=VALUE" sets, "NAME" unsets; NULL-terminated */
+        unsigned pty_columns;           /* > 0: stdout and stderr are one terminal that wide (TERM=xterm,
+                                           a UTF-8 locale), not two pipes */
+        uid_t uid;                      /* > 0: as this user (and its group of the same number) */
+} Run;
+
+/* Runs vmmctl with `args` (NULL-terminated) as `how` says (NULL: the defaults) until it exits. */
+static void run_full(const char *const *args, const Run *how, Output *ret) {
         const char *vmmctl = getenv("VMMCTL");
+        const char *const *env = how ? how->env : NULL;
+        unsigned pty_columns = how ? how->pty_columns : 0;
+        uid_t uid = how ? how->uid : 0;
         int out[2] = { -1, -1 }, err[2] = { -1, -1 };
         char *bufs[2] = {};
         pid_t pid;
@@ -226,6 +235,8 @@ static void run_full(const char *const *args, const char *const *env, unsigned p
                                 unsetenv(env[i]);
                 if (dup2(out[1], STDOUT_FILENO) < 0 || dup2(pty_columns > 0 ? out[1] : err[1], STDERR_FILENO) < 0)
                         _exit(127);
+                if (uid > 0 && (setgroups(0, NULL) < 0 || setgid((gid_t)uid) < 0 || setuid(uid) < 0))
+                        _exit(127);
                 execv(vmmctl, (char *const *)argv);
                 _exit(127);
         }
@@ -243,7 +254,7 @@ static void run_full(const char *const *args, const char *const *env, unsigned p
 }
 
 /* Runs vmmctl with `args` on pipes and the test's environment; the arguments end with NULL. */
-#define RUN(ret, ...) run_full((const char *const[]){ __VA_ARGS__, NULL }, NULL, 0, (ret))
+#define RUN(ret, ...) run_full((const char *const[]){ __VA_ARGS__, NULL }, NULL, (ret))
 
 /* Runs it and asserts success with nothing on stderr. */
 #define RUN_OK(ret, ...)                                                                                \
@@ -415,7 +426,7 @@ START_TEST(test_status_table) {
                 char env[160];
 
                 snprintf(env, sizeof(env), "VMMBROKER_SOCKET=%s", f.h.socket);
-                run_full((const char *const[]){ NULL }, (const char *const[]){ env, NULL }, 0, &dflt);
+                run_full((const char *const[]){ NULL }, &(Run){ .env = (const char *const[]){ env, NULL } }, &dflt);
         }
         ck_assert_int_eq(dflt.status, 0);
         ck_assert_str_eq(dflt.out, o.out);
@@ -611,6 +622,17 @@ START_TEST(test_list_all) {
                 list_get(f.h.socket, &raw);
                 check_list_rows(lines, split_lines(o.out, lines), &raw);
                 list_reply_done(&raw);
+
+                /* nobody is not: the broker's PermissionDenied, with vmmctl's hint for it */
+                ck_assert_int_eq(chmod(f.h.dir, 0711), 0);
+                ck_assert_int_eq(chmod(f.h.socket, 0666), 0);
+                output_done(&o);
+                run_full((const char *const[]){ "--socket", f.h.socket, "list", "--all", NULL },
+                         &(Run){ .uid = NOBODY }, &o);
+                ck_assert_msg(o.status == 1, "as nobody: exit %d: %s", o.status, o.err);
+                ck_assert_str_eq(o.out, "");
+                ck_assert_msg(strncmp(o.err, "vmmctl: ", 8) == 0 && strstr(o.err, "AdminGroup="), "stderr: %s",
+                              o.err);
         } else {
                 _cleanup_(json_object_putp) json_object *params = json_tokener_parse("{\"all\": true}");
                 _cleanup_free_ char *message = NULL;
@@ -661,7 +683,7 @@ START_TEST(test_usage) {
         Output o;
 
         for (size_t i = 0; i < ELEMENTSOF(bad); i++) {
-                run_full(bad[i], NULL, 0, &o);
+                run_full(bad[i], NULL, &o);
                 ck_assert_msg(o.status == 2, "%s: exit %d", bad[i][0], o.status);
                 ck_assert_str_eq(o.out, "");
                 ck_assert_msg(strncmp(o.err, "vmmctl: ", 8) == 0, "%s: stderr: %s", bad[i][0], o.err);
@@ -687,7 +709,8 @@ static void check_fitted(const char *socket, const char *command, const Column *
         Output o;
         size_t n;
 
-        run_full((const char *const[]){ "--socket", socket, command, NULL }, NULL, PTY_COLUMNS, &o);
+        run_full((const char *const[]){ "--socket", socket, command, NULL }, &(Run){ .pty_columns = PTY_COLUMNS },
+                 &o);
         ck_assert_msg(o.status == 0, "vmmctl %s exited with %d: %s", command, o.status, o.out);
         /* Colour on a terminal: a bold header. */
         ck_assert_msg(strncmp(o.out, "\033[1m", 4) == 0, "no bold header: %s", o.out);
@@ -724,7 +747,8 @@ START_TEST(test_fit_terminal) {
 
         /* $COLUMNS wins over the terminal's size: wide enough, nothing is shortened. */
         run_full((const char *const[]){ "--socket", f.h.socket, "list", NULL },
-                 (const char *const[]){ "COLUMNS=400", "NO_COLOR=1", NULL }, PTY_COLUMNS, &o);
+                 &(Run){ .env = (const char *const[]){ "COLUMNS=400", "NO_COLOR=1", NULL }, .pty_columns = PTY_COLUMNS },
+                 &o);
         ck_assert_int_eq(o.status, 0);
         ck_assert_ptr_null(strchr(o.out, '\033'));              /* $NO_COLOR */
         ck_assert_ptr_nonnull(strstr(o.out, LONG_LABEL));
@@ -733,7 +757,7 @@ START_TEST(test_fit_terminal) {
 
         /* Not a terminal: nothing is shortened whatever $COLUMNS says. */
         run_full((const char *const[]){ "--socket", f.h.socket, "list", NULL },
-                 (const char *const[]){ "COLUMNS=40", NULL }, 0, &o);
+                 &(Run){ .env = (const char *const[]){ "COLUMNS=40", NULL } }, &o);
         ck_assert_int_eq(o.status, 0);
         ck_assert_ptr_nonnull(strstr(o.out, LONG_LABEL));
         output_done(&o);
