@@ -208,7 +208,7 @@ int main(int argc, char *argv[]) {
         config_init(&config);
         k = load_config(&args, &config);
         if (k < 0)
-                k = 1;
+                k = 2;                  /* like a usage error: trying again cannot help */
         else if (args.print_config) {
                 config_print(&config, stdout);
                 k = 0;

@@ -224,21 +224,21 @@ START_TEST(test_bad_config_stops_start_up) {
         write_text(s.config, "[Broker]\nCapacity=80%\nCapcity=1G\n");
         ck_assert_int_eq(run_daemon((const char *const[]){ "--config", s.config, "--socket", s.socket, NULL }, out,
                                     sizeof(out)),
-                         1);
+                         2);
         snprintf(expected, sizeof(expected), "vmmbrokerd: %s:3: unknown key \"Capcity\" in [Broker]\n", s.config);
         ck_assert_str_eq(out, expected);
         ck_assert_int_eq(access(s.socket, F_OK), -1);           /* it stopped before binding anything */
 
-        /* A bad option value is named the same way; a bad option is a usage error. */
+        /* A bad option value is named the same way; both, like a bad option, are usage errors (2). */
         write_text(s.config, "[Broker]\nCapacity=80%\n");
         ck_assert_int_eq(run_daemon((const char *const[]){ "--config", s.config, "--capacity", "200%", NULL }, out,
                                     sizeof(out)),
-                         1);
+                         2);
         ck_assert_str_eq(out, "vmmbrokerd: --capacity: Capacity=200%: a percentage must be 1%-100%\n");
         ck_assert_int_eq(run_daemon((const char *const[]){ "--no-such-option", NULL }, out, sizeof(out)), 2);
         ck_assert_int_eq(run_daemon((const char *const[]){ "--admin-group", "vmmb-no-such-group", "--config",
                                                            s.config, NULL }, out, sizeof(out)),
-                         1);
+                         2);
         ck_assert_msg(strstr(out, "AdminGroup=vmmb-no-such-group: no such group"), "%s", out);
         scratch_done(&s);
 }
