@@ -45,7 +45,7 @@ step "driver costs, real driver"
 step "pool benchmark, real driver"
 "$build/tests/bench/bench-pool" 20 2>&1 | tee "$out/bench-gpu.log" || status=1
 
-export VMMBROKER_DAEMON="$PWD/$build/daemon/vmmbrokerd"
+export VMMBROKER_DAEMON="$PWD/$build/daemon/vmmbrokerd" VMMCTL="$PWD/$build/client/vmmctl"
 for t in tests/integration/test-daemon tests/integration/test-vmmctl tests/client/test-client; do
         [ -x "$build/$t" ] || continue
         step "$t against the real driver (the daemon and its clients on the GPU)"
