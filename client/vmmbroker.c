@@ -132,26 +132,11 @@ static int client_broken(vmmb_client *c, int error, const char *what) {
 
 /* The sentence for an error reply: the broker's own message, else one made from the error's parameters. */
 static int reply_error(const VarlinkReply *reply, const char *method) {
-        _cleanup_free_ char *decode_message = NULL;
-        VmmbError e;
+        _cleanup_free_ char *message = NULL;
         int error = vmmb_error_to_errno(reply->error);
 
-        if (vmmb_error_decode(reply->error, reply->parameters, &e, &decode_message) < 0)
-                return set_error(error, "The broker refused %s with %s.", method, reply->error);
-        if (e.message && *e.message)
-                (void)set_error(error, "%s", e.message);
-        else if (strcmp(reply->error, VMMB_ERROR_NO_SUCH_DEVICE) == 0)
-                (void)set_error(error, "The broker serves no device %" PRId64 ".", e.device);
-        else if (strcmp(reply->error, VMMB_ERROR_NO_SUCH_LEASE) == 0)
-                (void)set_error(error, "The broker has no lease %s of this process.", e.id ?: "(unnamed)");
-        else if (e.parameter)
-                (void)set_error(error, "The broker refused parameter '%s' of %s.", e.parameter, method);
-        else if (e.method)
-                (void)set_error(error, "The broker does not implement %s (%s).", e.method, reply->error);
-        else
-                (void)set_error(error, "The broker refused %s with %s.", method, reply->error);
-        vmmb_error_done(&e);
-        return error;
+        vmmb_error_describe(reply->error, reply->parameters, method, &message);
+        return set_error(error, "%s", message ?: "The broker refused the call.");
 }
 
 /*

@@ -159,23 +159,13 @@ static int broker_io_failed(const Context *ctx, int error, const char *what, con
 /* Says what the broker's error reply means and how to get past it; returns EXIT_BROKER_ERROR. */
 static int broker_refused(const VarlinkReply *reply, const char *method) {
         _cleanup_free_ char *message = NULL;
-        VmmbError e;
 
-        if (vmmb_error_decode(reply->error, reply->parameters, &e, &message) < 0) {
-                log_error("The broker refused %s with %s (%s).", method, reply->error, message ?: "no details");
-                return EXIT_BROKER_ERROR;
-        }
+        vmmb_error_describe(reply->error, reply->parameters, method, &message);
         if (strcmp(reply->error, VMMB_ERROR_PERMISSION_DENIED) == 0)
                 log_error("%s Run it as root or as a member of the broker's AdminGroup= (vmmbroker.conf(5)).",
-                          e.message ?: "Permission denied.");
-        else if (e.message)
-                log_error("%s", e.message);
-        else if (e.method)
-                log_error("The broker does not implement %s (%s): is it older than vmmctl?", e.method,
-                          reply->error);
+                          message ?: "Permission denied.");
         else
-                log_error("The broker refused %s with %s.", method, reply->error);
-        vmmb_error_done(&e);
+                log_error("%s", message ?: "The broker refused the call.");
         return EXIT_BROKER_ERROR;
 }
 

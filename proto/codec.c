@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -478,4 +479,28 @@ int vmmb_error_to_errno(const char *error) {
                 if (strcmp(error_table[i].name, error) == 0)
                         return error_table[i].error;
         return -EPROTO;
+}
+
+void vmmb_error_describe(const char *error, json_object *params, const char *method, char **ret_message) {
+        _cleanup_free_ char *problem = NULL;
+        VmmbError e;
+
+        if (vmmb_error_decode(error, params, &e, &problem) < 0) {
+                set_message(ret_message, "The broker refused %s with %s.", method, error);
+                return;
+        }
+        if (e.message && *e.message)
+                set_message(ret_message, "%s", e.message);
+        else if (strcmp(error, VMMB_ERROR_NO_SUCH_DEVICE) == 0)
+                set_message(ret_message, "The broker serves no device %" PRId64 ".", e.device);
+        else if (strcmp(error, VMMB_ERROR_NO_SUCH_LEASE) == 0)
+                set_message(ret_message, "The broker has no lease %s of this process.", e.id ?: "(unnamed)");
+        else if (e.parameter)
+                set_message(ret_message, "The broker refused parameter '%s' of %s.", e.parameter, method);
+        else if (e.method)
+                set_message(ret_message, "The broker does not implement %s (%s): is it older than this client?",
+                            e.method, error);
+        else
+                set_message(ret_message, "The broker refused %s with %s.", method, error);
+        vmmb_error_done(&e);
 }

@@ -297,3 +297,11 @@ void vmmb_error_done(VmmbError *e);
  * anything else -EPROTO.
  */
 int vmmb_error_to_errno(const char *error);
+
+/*
+ * A sentence for a person about the named error `error` (with its parameters)
+ * that the broker answered to `method`: the error's own message when it has
+ * one, else one made from its parameters, else its name. Sets *ret_message
+ * (NULL if memory runs out).
+ */
+void vmmb_error_describe(const char *error, json_object *params, const char *method, char **ret_message);
