@@ -22,16 +22,25 @@
 #define READY_TIMEOUT_MS 60000
 #define STOP_TIMEOUT_MS 30000
 
+/* A new socket of `type` and the address of `path` for it, or a negative errno. */
+static int unix_socket(const char *path, int type, struct sockaddr_un *ret_sa) {
+        int fd;
+
+        *ret_sa = (struct sockaddr_un){ .sun_family = AF_UNIX };
+        if (strlen(path) >= sizeof(ret_sa->sun_path))
+                return -ENAMETOOLONG;
+        strcpy(ret_sa->sun_path, path);
+        fd = socket(AF_UNIX, type | SOCK_CLOEXEC, 0);
+        return fd < 0 ? -errno : fd;
+}
+
 int harness_notify_socket(const char *path) {
-        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        struct sockaddr_un sa;
         int fd, one = 1;
 
-        if (strlen(path) >= sizeof(sa.sun_path))
-                return -ENAMETOOLONG;
-        strcpy(sa.sun_path, path);
-        fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        fd = unix_socket(path, SOCK_DGRAM, &sa);
         if (fd < 0)
-                return -errno;
+                return fd;
         if (setsockopt(fd, SOL_SOCKET, SO_PASSCRED, &one, sizeof(one)) < 0 ||
             bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
                 int k = -errno;
@@ -122,15 +131,12 @@ static int wait_ready(Harness *h, int fd) {
 
 /* A listening socket at `path`, as a service manager makes it for socket activation. */
 static int listening_socket(const char *path) {
-        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        struct sockaddr_un sa;
         int fd;
 
-        if (strlen(path) >= sizeof(sa.sun_path))
-                return -ENAMETOOLONG;
-        strcpy(sa.sun_path, path);
-        fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        fd = unix_socket(path, SOCK_STREAM, &sa);
         if (fd < 0)
-                return -errno;
+                return fd;
         if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || listen(fd, SOMAXCONN) < 0) {
                 int k = -errno;
 
@@ -299,16 +305,13 @@ int harness_wait(pid_t pid) {
 }
 
 int harness_connect(const char *path) {
-        struct sockaddr_un sa = { .sun_family = AF_UNIX };
         struct timeval tv = { .tv_sec = HARNESS_IO_TIMEOUT_S };
+        struct sockaddr_un sa;
         int fd;
 
-        if (strlen(path) >= sizeof(sa.sun_path))
-                return -ENAMETOOLONG;
-        strcpy(sa.sun_path, path);
-        fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        fd = unix_socket(path, SOCK_STREAM, &sa);
         if (fd < 0)
-                return -errno;
+                return fd;
         if (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) < 0 ||
             setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) < 0 ||
             connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
