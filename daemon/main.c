@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "config.h"
 #include "driver.h"
@@ -195,6 +196,21 @@ static int run_check(const PoolConfig *config) {
         return k == 0 ? 0 : 1;
 }
 
+/*
+ * The pool keeps one fd open per slab, so the soft limit of 1024 that most
+ * processes start with would cap it at about 1,000 slabs (2 GiB of 2 MiB
+ * slabs). Raise it to the hard limit, as systemd advises for programs that
+ * need many fds and do not use select().
+ */
+static void raise_fd_limit(void) {
+        struct rlimit rl;
+
+        if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+                rl.rlim_cur = rl.rlim_max;
+                (void)setrlimit(RLIMIT_NOFILE, &rl);
+        }
+}
+
 int main(int argc, char *argv[]) {
         _cleanup_free_ char *message = NULL;
         Config config;
@@ -205,6 +221,7 @@ int main(int argc, char *argv[]) {
         k = parse_argv(argc, argv, &args);
         if (k <= 0)
                 return k < 0 ? 2 : 0;
+        raise_fd_limit();
         config_init(&config);
         k = load_config(&args, &config);
         if (k < 0)

@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -1518,6 +1519,36 @@ END_TEST
 
 /* ---- 6. clean shutdown with live leases --------------------------------------------------------------- */
 
+/*
+ * Started with a soft limit of 40 fds (a shell's is often 1024), the daemon
+ * still serves a lease of 64 slabs: it raises its soft limit to the hard one.
+ */
+START_TEST(test_low_fd_limit) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
+        struct rlimit saved, low;
+        TestLease l;
+        Harness h;
+        int k;
+
+        ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &saved), 0);
+        ck_assert_msg(saved.rlim_max >= 256, "the hard fd limit %ju is too low for this test",
+                      (uintmax_t)saved.rlim_max);
+        low = (struct rlimit){ .rlim_cur = 40, .rlim_max = saved.rlim_max };
+        ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &low), 0);
+        k = harness_start(&h, (const char *const[]){ "--max-slab", "2M", NULL });   /* inherits the 40 */
+        ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &saved), 0);
+        ck_assert_msg(k == 0, "harness_start: %s", strerror(-k));
+
+        ck_assert_int_eq(conn_open(h.socket, &c), 0);
+        ck_assert_int_eq(lease_alloc(c, 128 * MiB, &l), 0);
+        ck_assert_uint_eq(l.n, 64);
+        test_lease_close(&l);
+        ck_assert_int_eq(lease_free(c, l.id), 0);
+        c = varlink_conn_free(c);
+        stop(&h);
+}
+END_TEST
+
 START_TEST(test_sigterm_with_leases) {
         static const char partial[] = "{\"method\": \"io.vmmbroker.Sta";
         static const char msg[] = "{\"method\":\"io.vmmbroker.Status\"}";
@@ -1588,6 +1619,7 @@ int main(void) {
         tcase_add_test(tc, test_pipelined_requests);
         tcase_add_test(tc, test_service_interface);
         tcase_add_test(tc, test_sigterm_with_leases);
+        tcase_add_test(tc, test_low_fd_limit);
         suite_add_tcase(s, tc);
         sr = srunner_create(s);
         srunner_set_fork_status(sr, CK_FORK);
