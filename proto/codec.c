@@ -69,6 +69,43 @@ static const JsonField free_params_fields[] = {
         JSON_FIELD_END,
 };
 
+static const JsonField share_params_fields[] = {
+        JSON_FIELD_STRING("id", ShareParams, id, true, VMMB_ID_MAX),
+        JSON_FIELD_INT64("uid", ShareParams, uid, false, true),
+        JSON_FIELD_BOOL("readonly", ShareParams, readonly, false),
+        JSON_FIELD_END,
+};
+
+static const JsonField share_reply_fields[] = {
+        JSON_FIELD_STRING("token", ShareReply, token, true, VMMB_TOKEN_MAX),
+        JSON_FIELD_END,
+};
+
+static const JsonField revoke_params_fields[] = {
+        JSON_FIELD_STRING("token", RevokeParams, token, true, VMMB_TOKEN_MAX),
+        JSON_FIELD_END,
+};
+
+static const JsonField attach_params_fields[] = {
+        JSON_FIELD_STRING("token", AttachParams, token, false, VMMB_TOKEN_MAX),
+        JSON_FIELD_STRING("name", AttachParams, name, false, VMMB_LEASE_NAME_MAX),
+        JSON_FIELD_BOOL("readonly", AttachParams, readonly, false),
+        JSON_FIELD_END,
+};
+
+static const JsonField publish_params_fields[] = {
+        JSON_FIELD_STRING("id", PublishParams, id, true, VMMB_ID_MAX),
+        JSON_FIELD_STRING("name", PublishParams, name, true, VMMB_LEASE_NAME_MAX),
+        JSON_FIELD_UINT64V("uids", PublishParams, uids, n_uids, false, VMMB_PUBLISH_UIDS_MAX),
+        JSON_FIELD_BOOL("readonly", PublishParams, readonly, false),
+        JSON_FIELD_END,
+};
+
+static const JsonField unpublish_params_fields[] = {
+        JSON_FIELD_STRING("name", UnpublishParams, name, true, VMMB_LEASE_NAME_MAX),
+        JSON_FIELD_END,
+};
+
 static const JsonField list_params_fields[] = {
         JSON_FIELD_BOOL("all", ListParams, all, false),
         JSON_FIELD_END,
@@ -89,11 +126,20 @@ static const JsonField lease_fields[] = {
         JSON_FIELD_INT64("device", WireLease, device, true, true),
         JSON_FIELD_UINT64("size", WireLease, size),
         JSON_FIELD_ARRAY("slabs", WireLease, slabs, n_slabs, WireSlab, slab_fields, true, 0),
+        JSON_FIELD_BOOL("readonly", WireLease, readonly, false),
         JSON_FIELD_END,
 };
 
 static const JsonField alloc_reply_fields[] = {
         JSON_FIELD_OBJECT("lease", AllocReply, lease, WireLease, lease_fields),
+        JSON_FIELD_END,
+};
+
+static const JsonField holder_fields[] = {
+        JSON_FIELD_INT64("pid", WireHolder, pid, true, true),
+        JSON_FIELD_INT64("uid", WireHolder, uid, true, true),
+        JSON_FIELD_STRING("comm", WireHolder, comm, false, VMMB_NAME_MAX),
+        JSON_FIELD_BOOL("readonly", WireHolder, readonly, true),
         JSON_FIELD_END,
 };
 
@@ -107,6 +153,8 @@ static const JsonField lease_info_fields[] = {
         JSON_FIELD_STRING("comm", WireLeaseInfo, comm, false, VMMB_NAME_MAX),
         JSON_FIELD_STRING("label", WireLeaseInfo, label, false, VMMB_LABEL_MAX),
         JSON_FIELD_INT64("created", WireLeaseInfo, created, true, false),
+        JSON_FIELD_STRING("name", WireLeaseInfo, name, false, VMMB_LEASE_NAME_MAX),
+        JSON_FIELD_ARRAY("holders", WireLeaseInfo, holders, n_holders, WireHolder, holder_fields, true, 0),
         JSON_FIELD_END,
 };
 
@@ -175,6 +223,12 @@ static const JsonField error_no_such_lease_fields[] = {
         JSON_FIELD_END,
 };
 
+static const JsonField error_name_fields[] = {
+        /* echoes what the caller sent */
+        JSON_FIELD_STRING("name", VmmbError, name, true, VMMB_LEASE_NAME_MAX),
+        JSON_FIELD_END,
+};
+
 static const JsonField error_no_such_device_fields[] = {
         JSON_FIELD_INT64("device", VmmbError, device, true, true),
         JSON_FIELD_END,
@@ -214,6 +268,9 @@ static const struct {
         { VMMB_ERROR_OUT_OF_MEMORY, error_out_of_memory_fields, -ENOMEM },
         { VMMB_ERROR_QUOTA_EXCEEDED, error_quota_exceeded_fields, -EDQUOT },
         { VMMB_ERROR_NO_SUCH_LEASE, error_no_such_lease_fields, -ENOENT },
+        { VMMB_ERROR_NO_SUCH_TOKEN, empty_fields, -ENOKEY },
+        { VMMB_ERROR_NO_SUCH_NAME, error_name_fields, -ENOENT },
+        { VMMB_ERROR_NAME_IN_USE, error_name_fields, -EEXIST },
         { VMMB_ERROR_NO_SUCH_DEVICE, error_no_such_device_fields, -ENODEV },
         { VMMB_ERROR_INVALID_PARAMETER, error_invalid_parameter_fields, -EINVAL },
         { VMMB_ERROR_PERMISSION_DENIED, error_message_fields, -EACCES },
@@ -271,6 +328,66 @@ DEFINE_PARAMS_CODEC(free_params, FreeParams, free_params_fields)
 DEFINE_DONE(free_params, FreeParams, free_params_fields)
 
 DEFINE_PARAMS_CODEC(list_params, ListParams, list_params_fields)
+
+DEFINE_PARAMS_CODEC(share_params, ShareParams, share_params_fields)
+DEFINE_DONE(share_params, ShareParams, share_params_fields)
+DEFINE_REPLY_CODEC(share_reply, ShareReply, share_reply_fields)
+
+DEFINE_PARAMS_CODEC(revoke_params, RevokeParams, revoke_params_fields)
+DEFINE_DONE(revoke_params, RevokeParams, revoke_params_fields)
+
+DEFINE_PARAMS_CODEC(unpublish_params, UnpublishParams, unpublish_params_fields)
+DEFINE_DONE(unpublish_params, UnpublishParams, unpublish_params_fields)
+
+/* Fails a decode that json_dispatch() accepted: names the field, frees what was read. */
+static int refuse_field(const JsonField *fields, void *p, const char *field, const char **ret_bad_field,
+                        char **ret_message, const char *message) {
+        json_dispatch_free(fields, p);
+        if (ret_bad_field)
+                *ret_bad_field = field;
+        set_message(ret_message, "%s", message);
+        return -EINVAL;
+}
+
+int attach_params_decode(json_object *params, AttachParams *ret, const char **ret_bad_field, char **ret_message) {
+        int r;
+
+        r = json_dispatch(params, attach_params_fields, ret, ret_bad_field, ret_message);
+        if (r < 0)
+                return r;
+        if (!ret->token == !ret->name)
+                return refuse_field(attach_params_fields, ret, "token", ret_bad_field, ret_message,
+                                    "Give exactly one of 'token' and 'name'.");
+        return 0;
+}
+DEFINE_ENCODE(attach_params, AttachParams, attach_params_fields)
+DEFINE_DONE(attach_params, AttachParams, attach_params_fields)
+
+bool vmmb_lease_name_is_valid(const char *name) {
+        size_t n = name ? strlen(name) : 0;
+
+        if (n == 0 || n > VMMB_LEASE_NAME_MAX || !((name[0] >= 'a' && name[0] <= 'z') ||
+                                                   (name[0] >= 'A' && name[0] <= 'Z') ||
+                                                   (name[0] >= '0' && name[0] <= '9')))
+                return false;
+        return strspn(name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-:@+/") == n;
+}
+
+int publish_params_decode(json_object *params, PublishParams *ret, const char **ret_bad_field,
+                          char **ret_message) {
+        int r;
+
+        r = json_dispatch(params, publish_params_fields, ret, ret_bad_field, ret_message);
+        if (r < 0)
+                return r;
+        if (!vmmb_lease_name_is_valid(ret->name))
+                return refuse_field(publish_params_fields, ret, "name", ret_bad_field, ret_message,
+                                    "A name is 1-128 letters, digits and ._-:@+/ that begins with a letter or "
+                                    "digit.");
+        return 0;
+}
+DEFINE_ENCODE(publish_params, PublishParams, publish_params_fields)
+DEFINE_DONE(publish_params, PublishParams, publish_params_fields)
 
 DEFINE_PARAMS_CODEC(interface_params, InterfaceParams, interface_params_fields)
 DEFINE_DONE(interface_params, InterfaceParams, interface_params_fields)
@@ -413,6 +530,24 @@ int vmmb_error_no_such_lease(const char *id, json_object **ret) {
         return error_build(VMMB_ERROR_NO_SUCH_LEASE, &e, ret);
 }
 
+int vmmb_error_no_such_token(json_object **ret) {
+        VmmbError e = {};
+
+        return error_build(VMMB_ERROR_NO_SUCH_TOKEN, &e, ret);
+}
+
+int vmmb_error_no_such_name(const char *name, json_object **ret) {
+        VmmbError e = { .name = (char *)name };
+
+        return error_build(VMMB_ERROR_NO_SUCH_NAME, &e, ret);
+}
+
+int vmmb_error_name_in_use(const char *name, json_object **ret) {
+        VmmbError e = { .name = (char *)name };
+
+        return error_build(VMMB_ERROR_NAME_IN_USE, &e, ret);
+}
+
 int vmmb_error_no_such_device(int64_t device, json_object **ret) {
         VmmbError e = { .device = device };
 
@@ -467,6 +602,7 @@ int vmmb_error_decode(const char *error, json_object *params, VmmbError *ret, ch
 void vmmb_error_done(VmmbError *e) {
         free(e->resource);
         free(e->id);
+        free(e->name);
         free(e->parameter);
         free(e->method);
         free(e->interface);
@@ -495,6 +631,13 @@ void vmmb_error_describe(const char *error, json_object *params, const char *met
                 set_message(ret_message, "The broker serves no device %" PRId64 ".", e.device);
         else if (strcmp(error, VMMB_ERROR_NO_SUCH_LEASE) == 0)
                 set_message(ret_message, "The broker has no lease %s of this process.", e.id ?: "(unnamed)");
+        else if (strcmp(error, VMMB_ERROR_NO_SUCH_TOKEN) == 0)
+                set_message(ret_message, "The broker knows no such token: it is mistyped, revoked, or its lease "
+                            "has ended.");
+        else if (strcmp(error, VMMB_ERROR_NO_SUCH_NAME) == 0)
+                set_message(ret_message, "No lease is published as '%s'.", e.name ?: "");
+        else if (strcmp(error, VMMB_ERROR_NAME_IN_USE) == 0)
+                set_message(ret_message, "Another lease is published as '%s' already.", e.name ?: "");
         else if (e.parameter)
                 set_message(ret_message, "The broker refused parameter '%s' of %s.", e.parameter, method);
         else if (e.method)

@@ -27,10 +27,18 @@
 #define VMMB_METHOD_FREE VMMB_INTERFACE ".Free"
 #define VMMB_METHOD_LIST VMMB_INTERFACE ".List"
 #define VMMB_METHOD_STATUS VMMB_INTERFACE ".Status"
+#define VMMB_METHOD_SHARE VMMB_INTERFACE ".Share"
+#define VMMB_METHOD_REVOKE VMMB_INTERFACE ".Revoke"
+#define VMMB_METHOD_ATTACH VMMB_INTERFACE ".Attach"
+#define VMMB_METHOD_PUBLISH VMMB_INTERFACE ".Publish"
+#define VMMB_METHOD_UNPUBLISH VMMB_INTERFACE ".Unpublish"
 
 #define VMMB_ERROR_OUT_OF_MEMORY VMMB_INTERFACE ".OutOfMemory"
 #define VMMB_ERROR_QUOTA_EXCEEDED VMMB_INTERFACE ".QuotaExceeded"
 #define VMMB_ERROR_NO_SUCH_LEASE VMMB_INTERFACE ".NoSuchLease"
+#define VMMB_ERROR_NO_SUCH_TOKEN VMMB_INTERFACE ".NoSuchToken"
+#define VMMB_ERROR_NO_SUCH_NAME VMMB_INTERFACE ".NoSuchName"
+#define VMMB_ERROR_NAME_IN_USE VMMB_INTERFACE ".NameInUse"
 #define VMMB_ERROR_NO_SUCH_DEVICE VMMB_INTERFACE ".NoSuchDevice"
 #define VMMB_ERROR_INVALID_PARAMETER VMMB_INTERFACE ".InvalidParameter"
 #define VMMB_ERROR_PERMISSION_DENIED VMMB_INTERFACE ".PermissionDenied"
@@ -50,6 +58,12 @@
 #define VMMB_NAME_MAX 256       /* device names, process names, error resources */
 #define VMMB_MESSAGE_MAX 1024   /* messages for a person */
 #define VMMB_DESCRIPTION_MAX (60U * 1024U) /* an interface description (fits a 64 KiB reply) */
+#define VMMB_LEASE_NAME_MAX 128 /* Publish's name */
+#define VMMB_TOKEN_LEN 32       /* hex digits of a token the daemon makes */
+#define VMMB_TOKEN_MAX 64       /* a token as the daemon reads it: longer is refused */
+
+/* Limits on lists. */
+#define VMMB_PUBLISH_UIDS_MAX 64 /* users a Publish may name */
 
 /* Value of AllocParams.device when no device was asked for. */
 #define VMMB_DEVICE_ANY INT64_C(-1)
@@ -77,6 +91,44 @@ typedef struct ListParams {
         bool all;
 } ListParams;
 
+/* Share(id: string, uid: ?int, readonly: ?bool) */
+typedef struct ShareParams {
+        char *id;
+        int64_t uid;            /* JSON_ABSENT when absent: anyone */
+        bool readonly;
+} ShareParams;
+
+/* Share's reply: (token: string) */
+typedef struct ShareReply {
+        char *token;
+} ShareReply;
+
+/* Revoke(token: string) */
+typedef struct RevokeParams {
+        char *token;
+} RevokeParams;
+
+/* Attach(token: ?string, name: ?string, readonly: ?bool); the reply is an AllocReply */
+typedef struct AttachParams {
+        char *token;            /* exactly one of token and name */
+        char *name;
+        bool readonly;
+} AttachParams;
+
+/* Publish(id: string, name: string, uids: ?[]int, readonly: ?bool) */
+typedef struct PublishParams {
+        char *id;
+        char *name;
+        uint64_t *uids;
+        size_t n_uids;
+        bool readonly;
+} PublishParams;
+
+/* Unpublish(name: string) */
+typedef struct UnpublishParams {
+        char *name;
+} UnpublishParams;
+
 /* Parameters of a method that takes none (Status) and the empty reply (Free). */
 typedef struct EmptyParams {
         char dummy_;
@@ -88,31 +140,44 @@ typedef struct WireSlab {
         uint64_t fd;            /* index among the fds sent with the reply */
 } WireSlab;
 
-/* Lease (id, device, size, slabs: []Slab) */
+/* Lease (id, device, size, slabs: []Slab, readonly: ?bool) */
 typedef struct WireLease {
         char *id;
         int64_t device;
         uint64_t size;
         WireSlab *slabs;
         size_t n_slabs;
+        bool readonly;
 } WireLease;
 
-/* Alloc's reply: (lease: Lease) */
+/* Alloc's and Attach's reply: (lease: Lease) */
 typedef struct AllocReply {
         WireLease lease;
 } AllocReply;
 
-/* LeaseInfo (id, device, size, slabs, pid, uid, comm: ?string, label: ?string, created) */
+/* Holder (pid, uid, comm: ?string, readonly) */
+typedef struct WireHolder {
+        int64_t pid;
+        int64_t uid;
+        char *comm;             /* NULL when absent */
+        bool readonly;
+} WireHolder;
+
+/* LeaseInfo (id, device, size, slabs, pid, uid, comm: ?string, label: ?string, created, name: ?string,
+ * holders: []Holder) */
 typedef struct WireLeaseInfo {
         char *id;
         int64_t device;
         uint64_t size;
         uint64_t slabs;
-        int64_t pid;
-        int64_t uid;
+        int64_t pid;            /* the process that made it */
+        int64_t uid;            /* its owner */
         char *comm;             /* NULL when absent */
         char *label;            /* NULL when absent */
         int64_t created;        /* µs since the epoch */
+        char *name;             /* NULL when not published */
+        WireHolder *holders;
+        size_t n_holders;
 } WireLeaseInfo;
 
 /* List's reply: (leases: []LeaseInfo) */
@@ -173,6 +238,7 @@ typedef struct VmmbError {
         uint64_t limit;         /* QuotaExceeded */
         uint64_t current;       /* QuotaExceeded */
         char *id;               /* NoSuchLease */
+        char *name;             /* NoSuchName, NameInUse */
         char *parameter;        /* InvalidParameter (both interfaces) */
         char *method;           /* MethodNotFound, MethodNotImplemented */
         char *interface;        /* InterfaceNotFound */
@@ -192,6 +258,56 @@ int free_params_decode(json_object *params, FreeParams *ret, const char **ret_ba
 int free_params_encode(const FreeParams *in, json_object **ret);
 /* Frees FreeParams' strings. */
 void free_params_done(FreeParams *p);
+
+/* Decodes Share's parameters. */
+int share_params_decode(json_object *params, ShareParams *ret, const char **ret_bad_field, char **ret_message);
+/* Encodes Share's parameters. */
+int share_params_encode(const ShareParams *in, json_object **ret);
+/* Frees ShareParams' strings. */
+void share_params_done(ShareParams *p);
+
+/* Decodes Share's reply. */
+int share_reply_decode(json_object *params, ShareReply *ret, char **ret_message);
+/* Encodes Share's reply. */
+int share_reply_encode(const ShareReply *in, json_object **ret);
+/* Frees ShareReply's token. */
+void share_reply_done(ShareReply *p);
+
+/* Decodes Revoke's parameters. */
+int revoke_params_decode(json_object *params, RevokeParams *ret, const char **ret_bad_field, char **ret_message);
+/* Encodes Revoke's parameters. */
+int revoke_params_encode(const RevokeParams *in, json_object **ret);
+/* Frees RevokeParams' strings. */
+void revoke_params_done(RevokeParams *p);
+
+/* Decodes Attach's parameters; exactly one of token and name is required (-EINVAL naming "token"). */
+int attach_params_decode(json_object *params, AttachParams *ret, const char **ret_bad_field, char **ret_message);
+/* Encodes Attach's parameters. */
+int attach_params_encode(const AttachParams *in, json_object **ret);
+/* Frees AttachParams' strings. */
+void attach_params_done(AttachParams *p);
+
+/* Decodes Publish's parameters; the name is checked with vmmb_lease_name_is_valid() (-EINVAL naming "name"). */
+int publish_params_decode(json_object *params, PublishParams *ret, const char **ret_bad_field, char **ret_message);
+/* Encodes Publish's parameters. */
+int publish_params_encode(const PublishParams *in, json_object **ret);
+/* Frees PublishParams' strings and users. */
+void publish_params_done(PublishParams *p);
+
+/* Decodes Unpublish's parameters. */
+int unpublish_params_decode(json_object *params, UnpublishParams *ret, const char **ret_bad_field,
+                            char **ret_message);
+/* Encodes Unpublish's parameters. */
+int unpublish_params_encode(const UnpublishParams *in, json_object **ret);
+/* Frees UnpublishParams' strings. */
+void unpublish_params_done(UnpublishParams *p);
+
+/*
+ * Whether `name` may be published: 1-VMMB_LEASE_NAME_MAX bytes of ASCII
+ * letters, digits and "._-:@+/", the first a letter or digit (so that it is
+ * never taken for an option on a command line).
+ */
+bool vmmb_lease_name_is_valid(const char *name);
 
 /* Decodes List's parameters. */
 int list_params_decode(json_object *params, ListParams *ret, const char **ret_bad_field, char **ret_message);
@@ -260,11 +376,17 @@ void interface_description_done(InterfaceDescription *p);
  */
 int vmmb_error_out_of_memory(int64_t device, uint64_t requested, uint64_t available, const char *message,
                              json_object **ret);
-/* QuotaExceeded: `resource` is "bytes", "leases" or "connections". */
+/* QuotaExceeded: `resource` is "bytes", "leases", "connections" or "tokens". */
 int vmmb_error_quota_exceeded(const char *resource, uint64_t limit, uint64_t current, const char *message,
                               json_object **ret);
 /* NoSuchLease for the identifier asked for. */
 int vmmb_error_no_such_lease(const char *id, json_object **ret);
+/* NoSuchToken. */
+int vmmb_error_no_such_token(json_object **ret);
+/* NoSuchName for the name asked for. */
+int vmmb_error_no_such_name(const char *name, json_object **ret);
+/* NameInUse for the name asked for. */
+int vmmb_error_name_in_use(const char *name, json_object **ret);
 /* NoSuchDevice for the device asked for. */
 int vmmb_error_no_such_device(int64_t device, json_object **ret);
 /* io.vmmbroker.InvalidParameter naming the parameter, e.g. from json_dispatch()'s outputs. */
@@ -291,7 +413,8 @@ void vmmb_error_done(VmmbError *e);
 
 /*
  * The negative errno a client returns for an error name: OutOfMemory -ENOMEM,
- * QuotaExceeded -EDQUOT, NoSuchLease -ENOENT, NoSuchDevice -ENODEV,
+ * QuotaExceeded -EDQUOT, NoSuchLease -ENOENT, NoSuchToken -ENOKEY,
+ * NoSuchName -ENOENT, NameInUse -EEXIST, NoSuchDevice -ENODEV,
  * InvalidParameter (either) -EINVAL, PermissionDenied -EACCES, DriverError
  * -EIO, MethodNotFound/MethodNotImplemented/InterfaceNotFound -EOPNOTSUPP,
  * anything else -EPROTO.

@@ -396,6 +396,7 @@ static bool field_may_be_optional(const JsonField *f) {
         case JSON_STRING:
         case JSON_ARRAY:
         case JSON_STRV:
+        case JSON_UINT64V:
         case JSON_VARIANT:
                 return true;
         default:
@@ -438,6 +439,10 @@ static void dispatch_reset(const JsonField *fields, void *out) {
                         *MEMBER(out, f, char **) = NULL;
                         *COUNT(out, f) = 0;
                         break;
+                case JSON_UINT64V:
+                        *MEMBER(out, f, uint64_t *) = NULL;
+                        *COUNT(out, f) = 0;
+                        break;
                 case JSON_VARIANT:
                         *MEMBER(out, f, json_object *) = NULL;
                         break;
@@ -469,6 +474,11 @@ void json_dispatch_free(const JsonField *fields, void *out) {
                 case JSON_STRV:
                         strv_free(*MEMBER(out, f, char **));
                         *MEMBER(out, f, char **) = NULL;
+                        *COUNT(out, f) = 0;
+                        break;
+                case JSON_UINT64V:
+                        free(*MEMBER(out, f, uint64_t *));
+                        *MEMBER(out, f, uint64_t *) = NULL;
                         *COUNT(out, f) = 0;
                         break;
                 case JSON_VARIANT:
@@ -506,29 +516,42 @@ static int dispatch_string(const JsonField *f, json_object *v, const char *what,
         return 0;
 }
 
+/* Reads an integer in INT64_MIN..INT64_MAX, or 0..INT64_MAX when `nonnegative`. `what` names it for the message. */
+static int dispatch_integer(json_object *v, bool nonnegative, const char *what, const char *name, int64_t *ret,
+                            char **ret_message) {
+        int64_t i;
+        uint64_t u;
+
+        if (!json_object_is_type(v, json_type_int)) {
+                set_message(ret_message, "%s '%s' must be an integer.", what, name);
+                return -EINVAL;
+        }
+        i = json_object_get_int64(v);
+        u = json_object_get_uint64(v);  /* 0 for negative values */
+        if (i >= 0 && u > INT64_MAX) {
+                set_message(ret_message, "%s '%s' is larger than %" PRIi64 ".", what, name, INT64_MAX);
+                return -EINVAL;
+        }
+        if (i < 0 && nonnegative) {
+                set_message(ret_message, "%s '%s' must not be negative.", what, name);
+                return -EINVAL;
+        }
+        *ret = i;
+        return 0;
+}
+
 /* Reads one present, non-null value into its member. */
 static int dispatch_field(const JsonField *f, json_object *v, void *out, char **ret_message) {
         int64_t i;
-        uint64_t u;
         int r;
 
         switch (f->type) {
         case JSON_INT64:
         case JSON_UINT64:
-                if (!json_object_is_type(v, json_type_int)) {
-                        set_message(ret_message, "Parameter '%s' must be an integer.", f->name);
-                        return -EINVAL;
-                }
-                i = json_object_get_int64(v);
-                u = json_object_get_uint64(v);  /* 0 for negative values */
-                if (i >= 0 && u > INT64_MAX) {
-                        set_message(ret_message, "Parameter '%s' is larger than %" PRIi64 ".", f->name, INT64_MAX);
-                        return -EINVAL;
-                }
-                if (i < 0 && (f->type == JSON_UINT64 || f->nonnegative)) {
-                        set_message(ret_message, "Parameter '%s' must not be negative.", f->name);
-                        return -EINVAL;
-                }
+                r = dispatch_integer(v, f->type == JSON_UINT64 || f->nonnegative, "Parameter", f->name, &i,
+                                     ret_message);
+                if (r < 0)
+                        return r;
                 if (f->type == JSON_INT64)
                         *MEMBER(out, f, int64_t) = i;
                 else
@@ -631,6 +654,36 @@ static int dispatch_field(const JsonField *f, json_object *v, void *out, char **
                 }
                 return 0;
         }
+
+        case JSON_UINT64V: {
+                uint64_t *l;
+                size_t n;
+
+                if (!json_object_is_type(v, json_type_array)) {
+                        set_message(ret_message, "Parameter '%s' must be an array.", f->name);
+                        return -EINVAL;
+                }
+                n = json_object_array_length(v);
+                if (f->max_len > 0 && n > f->max_len) {
+                        set_message(ret_message, "Parameter '%s' has more than %zu elements.", f->name, f->max_len);
+                        return -EINVAL;
+                }
+                if (n == 0)
+                        return 0;
+                l = calloc(n, sizeof(uint64_t));
+                if (!l)
+                        return -ENOMEM;
+                *MEMBER(out, f, uint64_t *) = l;
+                *COUNT(out, f) = n;
+                for (size_t k = 0; k < n; k++) {
+                        r = dispatch_integer(json_object_array_get_idx(v, k), true, "Each element of", f->name, &i,
+                                             ret_message);
+                        if (r < 0)
+                                return r;
+                        l[k] = (uint64_t)i;
+                }
+                return 0;
+        }
         }
         return -EINVAL;
 }
@@ -720,6 +773,14 @@ static int build_string(const JsonField *f, const char *s, json_object **ret) {
         return *ret ? 0 : -ENOMEM;
 }
 
+/* An integer every varlink peer can read: 0..INT64_MAX. */
+static int build_uint64(uint64_t u, json_object **ret) {
+        if (u > INT64_MAX)
+                return -ERANGE;
+        *ret = json_object_new_int64((int64_t)u);
+        return *ret ? 0 : -ENOMEM;
+}
+
 int json_build(const JsonField *fields, const void *in, json_object **ret) {
         _cleanup_(json_object_putp) json_object *o = NULL;
         int r;
@@ -742,14 +803,11 @@ int json_build(const JsonField *fields, const void *in, json_object **ret) {
                         v = json_object_new_int64(i);
                         break;
                 }
-                case JSON_UINT64: {
-                        uint64_t u = *MEMBER(in, f, uint64_t);
-
-                        if (u > INT64_MAX)
-                                return -ERANGE;
-                        v = json_object_new_int64((int64_t)u);
+                case JSON_UINT64:
+                        r = build_uint64(*MEMBER(in, f, uint64_t), &v);
+                        if (r < 0)
+                                return r;
                         break;
-                }
                 case JSON_BOOL:
                         if (!f->required && !*MEMBER(in, f, bool))
                                 continue;
@@ -783,7 +841,8 @@ int json_build(const JsonField *fields, const void *in, json_object **ret) {
                                 return r;
                         break;
                 case JSON_ARRAY:
-                case JSON_STRV: {
+                case JSON_STRV:
+                case JSON_UINT64V: {
                         const char *items = *MEMBER(in, f, char *);
                         size_t n = *COUNT(in, f);
 
@@ -801,6 +860,8 @@ int json_build(const JsonField *fields, const void *in, json_object **ret) {
 
                                 if (f->type == JSON_ARRAY)
                                         r = json_build(f->fields, items + k * f->elem_size, &e);
+                                else if (f->type == JSON_UINT64V)
+                                        r = build_uint64(((const uint64_t *)items)[k], &e);
                                 else if (((char *const *)items)[k])
                                         r = build_string(f, ((char *const *)items)[k], &e);
                                 else

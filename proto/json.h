@@ -20,7 +20,7 @@
  *   - JSON_STRING: NULL;
  *   - JSON_INT64 with .nonnegative: -1 (JSON_ABSENT);
  *   - JSON_BOOL: false;
- *   - JSON_ARRAY, JSON_STRV: NULL (and a count of 0);
+ *   - JSON_ARRAY, JSON_STRV, JSON_UINT64V: NULL (and a count of 0);
  *   - JSON_VARIANT: NULL.
  * JSON null is taken as absent for an optional field. Other types cannot be
  * optional (dispatch returns -EINVAL for such a table). json_build() omits a
@@ -54,6 +54,8 @@ typedef enum JsonType {
                          json_dispatch_free() drops */
         JSON_STRV,   /* char **: a NULL-terminated array of strings of at most .max_len bytes
                         each, their count a size_t at .count_offset */
+        JSON_UINT64V, /* uint64_t *: an array of at most .max_len integers, each 0..INT64_MAX,
+                         their count a size_t at .count_offset */
 } JsonType;
 
 typedef struct JsonField {
@@ -63,11 +65,11 @@ typedef struct JsonField {
         bool nonnegative;        /* JSON_INT64: refuse negative values */
         bool multiline;          /* JSON_STRING, JSON_STRV: also allow newline and tab */
         size_t offset;           /* of the member in the struct */
-        size_t max_len;          /* JSON_STRING, JSON_STRV: bytes of a string; JSON_ARRAY: elements;
+        size_t max_len;          /* JSON_STRING, JSON_STRV: bytes of a string; JSON_ARRAY, JSON_UINT64V: elements;
                                     0: no limit beyond the message size */
         const struct JsonField *fields; /* JSON_OBJECT, JSON_ARRAY: the nested table */
         size_t elem_size;        /* JSON_ARRAY: sizeof one element */
-        size_t count_offset;     /* JSON_ARRAY, JSON_STRV: offset of a size_t element count */
+        size_t count_offset;     /* JSON_ARRAY, JSON_STRV, JSON_UINT64V: offset of a size_t element count */
 } JsonField;
 
 /* Table entries. `st` is the struct type, `m` the member; the member's C type is checked. */
@@ -100,6 +102,9 @@ typedef struct JsonField {
           .fields = (tbl), .max_len = (max) }
 #define JSON_FIELD_STRV(n, st, m, cnt, req, max)                                         \
         { .name = (n), .type = JSON_STRV, .required = (req), .offset = JSON_MEMBER_(st, m, char **), \
+          .count_offset = JSON_MEMBER_(st, cnt, size_t), .max_len = (max) }
+#define JSON_FIELD_UINT64V(n, st, m, cnt, req, max)                                      \
+        { .name = (n), .type = JSON_UINT64V, .required = (req), .offset = JSON_MEMBER_(st, m, uint64_t *), \
           .count_offset = JSON_MEMBER_(st, cnt, size_t), .max_len = (max) }
 #define JSON_FIELD_VARIANT(n, st, m, req)                                                 \
         { .name = (n), .type = JSON_VARIANT, .required = (req), .offset = JSON_MEMBER_(st, m, json_object *) }
