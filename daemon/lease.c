@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -26,12 +27,15 @@ static void holder_free(LeaseTable *t, Holder *h) {
 }
 
 void lease_table_done(LeaseTable *t) {
-        Holder *h, *tmp;
+        Holder *h, *htmp;
+        Lease *l, *ltmp;
 
-        list_for_each_entry_safe(h, tmp, &t->holders, link) {
+        list_for_each_entry_safe(h, htmp, &t->holders, link) {
                 holder_reclaim(t, h);
                 holder_free(t, h);
         }
+        list_for_each_entry_safe(l, ltmp, &t->leases, link_table)
+                lease_free(t, l);
 }
 
 bool holder_is_dead(const Holder *h) {
@@ -88,38 +92,51 @@ int lease_table_get_holder(LeaseTable *t, pid_t pid, uid_t uid, gid_t gid, int p
         h->gid = gid;
         h->pidfd = pidfd;
         read_comm(pid, h->comm, sizeof(h->comm));
-        list_init(&h->leases);
+        list_init(&h->holds);
         list_link_tail(&t->holders, &h->link);
         *ret = h;
         *ret_new = true;
         return 0;
 }
 
+/* Ends a hold, whatever its references; then the lease if nobody holds it and it has no name. */
+static void hold_end(LeaseTable *t, Hold *hold) {
+        Lease *l = hold->lease;
+
+        list_unlink(&hold->link_lease);
+        list_unlink(&hold->link_holder);
+        l->n_holds--;
+        free(hold);
+        if (l->n_holds == 0 && !l->name)
+                lease_free(t, l);
+}
+
 unsigned holder_reclaim(LeaseTable *t, Holder *h) {
         unsigned n = 0;
-        Lease *l, *tmp;
+        Hold *hold, *tmp;
 
-        list_for_each_entry_safe(l, tmp, &h->leases, link_holder) {
-                lease_free(t, l);
+        list_for_each_entry_safe(hold, tmp, &h->holds, link_holder) {
+                hold_end(t, hold);
                 n++;
         }
         return n;
 }
 
 bool holder_free_if_unused(LeaseTable *t, Holder *h) {
-        if (!list_is_empty(&h->leases) || h->n_connections > 0 || h->userdata)
+        if (!list_is_empty(&h->holds) || h->n_connections > 0 || h->userdata)
                 return false;
         holder_free(t, h);
         return true;
 }
 
-static int random_id(char id[static LEASE_ID_LEN + 1]) {
-        uint8_t b[LEASE_ID_LEN / 2];
+static int random_hex(char *out, size_t digits) {
+        uint8_t b[32];
 
-        if (getrandom(b, sizeof(b), 0) != (ssize_t)sizeof(b))
+        assert(digits % 2 == 0 && digits / 2 <= sizeof(b));
+        if (getrandom(b, digits / 2, 0) != (ssize_t)(digits / 2))
                 return -errno ?: -EIO;
-        for (size_t i = 0; i < sizeof(b); i++)
-                snprintf(id + 2 * i, 3, "%02x", b[i]);
+        for (size_t i = 0; i < digits / 2; i++)
+                snprintf(out + 2 * i, 3, "%02x", b[i]);
         return 0;
 }
 
@@ -130,18 +147,30 @@ static uint64_t now_realtime_usec(void) {
         return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
 }
 
+/* Links a new hold of one reference. */
+static void hold_link(Hold *hold, Lease *l, Holder *h, bool readonly) {
+        *hold = (Hold){ .lease = l, .holder = h, .refs = 1, .readonly = readonly };
+        list_link_tail(&l->holds, &hold->link_lease);
+        list_link_tail(&h->holds, &hold->link_holder);
+        l->n_holds++;
+        if (h->uid != l->uid)
+                l->foreign = true;
+}
+
 int lease_new(LeaseTable *t, Holder *h, int device, uint64_t size, const char *label, Lease **ret) {
         Slab *slabs[POOL_MAX_SLABS];
         _cleanup_free_ Lease *l = NULL;
         _cleanup_free_ char *lab = NULL;
         _cleanup_free_ Slab **copy = NULL;
+        _cleanup_free_ Hold *hold = NULL;
         size_t n = 0;
         int k;
 
         l = calloc(1, sizeof(*l));
-        if (!l)
+        hold = calloc(1, sizeof(*hold));
+        if (!l || !hold)
                 return -ENOMEM;
-        k = random_id(l->id);
+        k = random_hex(l->id, LEASE_ID_LEN);
         if (k < 0)
                 return k;
         if (label) {
@@ -165,32 +194,190 @@ int lease_new(LeaseTable *t, Holder *h, int device, uint64_t size, const char *l
                 l->size += slabs[i]->size;
         l->created_usec = now_realtime_usec();
         l->label = TAKE_PTR(lab);
-        l->holder = h;
+        l->uid = h->uid;
+        l->pid = h->pid;
+        memcpy(l->comm, h->comm, sizeof(l->comm));
         l->n_slabs = n;
         l->slabs = TAKE_PTR(copy);
-        list_link_tail(&h->leases, &l->link_holder);
+        list_init(&l->holds);
+        list_init(&l->tokens);
         list_link_tail(&t->leases, &l->link_table);
         t->n_leases++;
+
+        hold_link(TAKE_PTR(hold), l, h, false);
         *ret = TAKE_PTR(l);
         return 0;
 }
 
+Hold *hold_find(const Holder *h, const char *id) {
+        Hold *hold;
+
+        list_for_each_entry(hold, &h->holds, link_holder)
+                if (strcmp(hold->lease->id, id) == 0)
+                        return hold;
+        return NULL;
+}
+
+int lease_attach(LeaseTable *t, Lease *l, Holder *h, bool readonly, Hold **ret) {
+        Hold *hold;
+
+        list_for_each_entry(hold, &h->holds, link_holder)
+                if (hold->lease == l) {
+                        hold->refs++;
+                        hold->readonly = hold->readonly && readonly;
+                        *ret = hold;
+                        return 0;
+                }
+        hold = calloc(1, sizeof(*hold));
+        if (!hold)
+                return -ENOMEM;
+        hold_link(hold, l, h, readonly);
+        *ret = hold;
+        return 0;
+}
+
+void hold_unref(LeaseTable *t, Hold *hold) {
+        if (--hold->refs == 0)
+                hold_end(t, hold);
+}
+
 void lease_free(LeaseTable *t, Lease *l) {
-        for (size_t i = 0; i < l->n_slabs; i++)
-                pool_reclaim(t->pool, l->slabs[i]);
-        list_unlink(&l->link_holder);
+        Hold *hold, *htmp;
+        Token *tok, *ttmp;
+
+        list_for_each_entry_safe(hold, htmp, &l->holds, link_lease) {
+                list_unlink(&hold->link_lease);
+                list_unlink(&hold->link_holder);
+                free(hold);
+        }
+        list_for_each_entry_safe(tok, ttmp, &l->tokens, link)
+                token_free(tok);
+        for (size_t i = 0; i < l->n_slabs; i++) {
+                if (l->foreign)
+                        pool_release(t->pool, l->slabs[i]);
+                else
+                        pool_reclaim(t->pool, l->slabs[i]);
+        }
+        if (l->name)
+                t->n_published--;
         list_unlink(&l->link_table);
         t->n_leases--;
+        free(l->name);
+        free(l->name_uids);
         free(l->slabs);
         free(l->label);
         free(l);
 }
 
-Lease *lease_find(LeaseTable *t, const Holder *h, const char *id) {
+int lease_share(Lease *l, uid_t uid, uid_t creator, bool readonly, Token **ret) {
+        _cleanup_free_ Token *tok = NULL;
+        int k;
+
+        if (l->n_tokens >= LEASE_TOKENS_MAX)
+                return -EDQUOT;
+        tok = calloc(1, sizeof(*tok));
+        if (!tok)
+                return -ENOMEM;
+        k = random_hex(tok->token, LEASE_TOKEN_LEN);
+        if (k < 0)
+                return k;
+        tok->uid = uid;
+        tok->creator = creator;
+        tok->readonly = readonly;
+        tok->lease = l;
+        list_link_tail(&l->tokens, &tok->link);
+        l->n_tokens++;
+        *ret = TAKE_PTR(tok);
+        return 0;
+}
+
+/* Compares two tokens in time that does not depend on where they differ. */
+static bool token_equal(const char *a, const char *b) {
+        unsigned char diff = 0;
+
+        for (size_t i = 0; i < LEASE_TOKEN_LEN; i++)
+                diff |= (unsigned char)(a[i] ^ b[i]);
+        return diff == 0;
+}
+
+Token *token_find(LeaseTable *t, const char *token) {
+        Lease *l;
+        Token *tok;
+
+        if (strlen(token) != LEASE_TOKEN_LEN)
+                return NULL;
+        list_for_each_entry(l, &t->leases, link_table)
+                list_for_each_entry(tok, &l->tokens, link)
+                        if (token_equal(tok->token, token))
+                                return tok;
+        return NULL;
+}
+
+void token_free(Token *tok) {
+        if (!tok)
+                return;
+        list_unlink(&tok->link);
+        tok->lease->n_tokens--;
+        free(tok);
+}
+
+Lease *lease_find_name(LeaseTable *t, const char *name) {
         Lease *l;
 
-        list_for_each_entry(l, &h->leases, link_holder)
-                if (strcmp(l->id, id) == 0)
+        list_for_each_entry(l, &t->leases, link_table)
+                if (l->name && strcmp(l->name, name) == 0)
                         return l;
         return NULL;
+}
+
+int lease_publish(LeaseTable *t, Lease *l, const char *name, const uid_t *uids, size_t n_uids, bool readonly) {
+        _cleanup_free_ uid_t *copy = NULL;
+        _cleanup_free_ char *dup = NULL;
+        Lease *other = lease_find_name(t, name);
+
+        if (other && other != l)
+                return -EEXIST;
+        if (l->name && strcmp(l->name, name) != 0)
+                return -EBUSY;
+        if (n_uids > 0) {
+                copy = calloc(n_uids, sizeof(uid_t));
+                if (!copy)
+                        return -ENOMEM;
+                memcpy(copy, uids, n_uids * sizeof(uid_t));
+        }
+        if (!l->name) {
+                dup = strdup(name);
+                if (!dup)
+                        return -ENOMEM;
+                l->name = TAKE_PTR(dup);
+                t->n_published++;
+        }
+        free(l->name_uids);
+        l->name_uids = TAKE_PTR(copy);
+        l->n_name_uids = n_uids;
+        l->name_readonly = readonly;
+        return 0;
+}
+
+bool lease_name_allows(const Lease *l, uid_t uid) {
+        if (uid == l->uid)
+                return true;
+        for (size_t i = 0; i < l->n_name_uids; i++)
+                if (l->name_uids[i] == uid)
+                        return true;
+        return false;
+}
+
+void lease_unpublish(LeaseTable *t, Lease *l) {
+        if (!l->name)
+                return;
+        free(l->name);
+        l->name = NULL;
+        free(l->name_uids);
+        l->name_uids = NULL;
+        l->n_name_uids = 0;
+        l->name_readonly = false;
+        t->n_published--;
+        if (l->n_holds == 0)
+                lease_free(t, l);
 }

@@ -2,16 +2,27 @@
 #pragma once
 
 /*
- * Leases and their holders.
+ * Leases, their holders, share tokens and names.
  *
- * A lease is whole slabs from the pool, handed to one process: its holder. A
- * holder is a process, identified by its pid and a pidfd taken when it
- * connected; it is not a connection. A lease ends when its holder frees it or
- * exits (the pidfd becomes readable). A closed connection alone ends nothing:
- * the process may still have the memory mapped.
+ * A lease is whole slabs from the pool. It belongs to the user that made it
+ * (its owner, charged for it) and is held by processes: its holders. A holder
+ * is a process, identified by its pid and a pidfd taken when it connected; it
+ * is not a connection. The process that made the lease is its first holder;
+ * others attach to it with a share token or, for a published lease, its name.
  *
- * This module is plain data over the pool: no sockets and no event loop. The
- * manager watches the pidfds and calls holder_reclaim().
+ * A hold counts the replies that gave the lease to its process (Alloc, then
+ * each Attach); each Free drops one, and the process exiting (its pidfd
+ * becomes readable) drops them all. A lease ends when no process holds it and
+ * it is not published. A closed connection alone ends nothing: the process may
+ * still have the memory mapped.
+ *
+ * Isolation: once a holder of another user than the owner has attached, the
+ * lease is "foreign" and its slabs are released to the driver at its end,
+ * never cached, so that no slab ever goes from one user's hands to another's.
+ *
+ * This module is plain data over the pool: no sockets, no event loop and no
+ * policy on who may do what (peer.c decides). The manager watches the pidfds
+ * and calls holder_reclaim().
  */
 
 #include <stdbool.h>
@@ -22,22 +33,56 @@
 #include "pool.h"
 
 #define LEASE_ID_LEN 32                 /* hex digits of a 128-bit random identifier */
+#define LEASE_TOKEN_LEN 32              /* hex digits of a 128-bit random share token */
 #define LEASE_LABEL_MAX 128
+#define LEASE_TOKENS_MAX 64             /* live share tokens per lease */
+#define UID_ANY ((uid_t)-1)             /* a token any user may present */
 
 typedef struct Holder Holder;
+typedef struct Lease Lease;
 
-typedef struct Lease {
+/* One process's hold on one lease. */
+typedef struct Hold {
+        Lease *lease;
+        Holder *holder;
+        unsigned refs;                  /* Alloc and Attach replies not yet freed */
+        bool readonly;
+        List link_lease;                /* in Lease.holds */
+        List link_holder;               /* in Holder.holds */
+} Hold;
+
+/* A share token: whoever presents it (of `uid`, unless UID_ANY) may attach to its lease. */
+typedef struct Token {
+        char token[LEASE_TOKEN_LEN + 1];
+        uid_t uid;                      /* who may present it, or UID_ANY */
+        uid_t creator;                  /* who made it: may revoke it */
+        bool readonly;                  /* attaching with it gives a read-only hold */
+        Lease *lease;
+        List link;                      /* in Lease.tokens */
+} Token;
+
+struct Lease {
         char id[LEASE_ID_LEN + 1];
         int device;
         uint64_t size;
         uint64_t created_usec;          /* CLOCK_REALTIME */
         char *label;
-        Holder *holder;
+        uid_t uid;                      /* the owner: the user that made it, charged for it */
+        pid_t pid;                      /* the process that made it (it may have exited) */
+        char comm[16];                  /* and its command name */
+        bool foreign;                   /* another user has held it: release its slabs at the end */
         size_t n_slabs;
         Slab **slabs;                   /* in mapping order */
-        List link_holder;               /* in Holder.leases */
+        List holds;                     /* Hold */
+        unsigned n_holds;
+        List tokens;                    /* Token */
+        unsigned n_tokens;
+        char *name;                     /* published under this name, or NULL */
+        uid_t *name_uids;               /* users besides the owner who may attach by name */
+        size_t n_name_uids;
+        bool name_readonly;             /* attaching by name gives a read-only hold */
         List link_table;                /* in LeaseTable.leases */
-} Lease;
+};
 
 struct Holder {
         pid_t pid;
@@ -45,7 +90,7 @@ struct Holder {
         gid_t gid;
         int pidfd;
         char comm[16];                  /* /proc/PID/comm when it connected */
-        List leases;                    /* Lease */
+        List holds;                     /* Hold */
         unsigned n_connections;         /* connections of this process the daemon has open */
         void *userdata;                 /* non-NULL while the manager watches the pidfd */
         List link;                      /* in LeaseTable.holders */
@@ -56,11 +101,12 @@ typedef struct LeaseTable {
         List leases;                    /* every Lease */
         List holders;                   /* every Holder */
         unsigned n_leases;
+        unsigned n_published;
 } LeaseTable;
 
 void lease_table_init(LeaseTable *t, Pool *pool);
 
-/* Reclaims every lease and frees every holder (closing their pidfds). */
+/* Ends every lease, published or not, and frees every holder (closing their pidfds). */
 void lease_table_done(LeaseTable *t);
 
 /*
@@ -68,7 +114,7 @@ void lease_table_done(LeaseTable *t);
  * pidfd (ownership passes to the table on success). If the table already has a
  * live holder with that pid, that one is returned and the new pidfd closed; a
  * holder whose process is gone (its pidfd readable) is reclaimed first, so a
- * reused pid never inherits another process's leases. *ret_new says whether a
+ * reused pid never inherits another process's holds. *ret_new says whether a
  * holder was created (the caller then watches its pidfd).
  */
 int lease_table_get_holder(LeaseTable *t, pid_t pid, uid_t uid, gid_t gid, int pidfd, Holder **ret,
@@ -77,20 +123,59 @@ int lease_table_get_holder(LeaseTable *t, pid_t pid, uid_t uid, gid_t gid, int p
 /* Whether the holder's process has exited (its pidfd is readable). */
 bool holder_is_dead(const Holder *h);
 
-/* Reclaims every lease of a holder: the slabs go back to the pool to be scrubbed. Returns how many. */
+/* Drops every hold of a holder, ending the leases nobody else holds or published. Returns how many holds. */
 unsigned holder_reclaim(LeaseTable *t, Holder *h);
 
-/* Frees a holder that has no leases and no connections. Returns true if it did. */
+/* Frees a holder that has no holds and no connections. Returns true if it did. */
 bool holder_free_if_unused(LeaseTable *t, Holder *h);
 
 /*
- * Leases `size` bytes of `device` to a holder. Returns 0, a POOL_E_* code, or a
- * negative errno; on failure nothing changed.
+ * Leases `size` bytes of `device` to a holder, which holds it once. Returns
+ * 0, a POOL_E_* code, or a negative errno; on failure nothing changed.
  */
 int lease_new(LeaseTable *t, Holder *h, int device, uint64_t size, const char *label, Lease **ret);
 
-/* Ends a lease: its slabs go back to the pool. */
+/* The holder's hold on the lease with that identifier, or NULL (a lease it does not hold is not found). */
+Hold *hold_find(const Holder *h, const char *id);
+
+/*
+ * Gives a holder one more reference on a lease: a new hold (read-only if
+ * asked), or one more reference on the hold it has (which becomes read-write
+ * if this one is). Marks the lease foreign when the holder is not of the
+ * owner's uid. Returns 0 or -ENOMEM.
+ */
+int lease_attach(LeaseTable *t, Lease *l, Holder *h, bool readonly, Hold **ret);
+
+/* Drops one reference; at the last, the hold ends, and the lease too if nobody holds it and it has no name. */
+void hold_unref(LeaseTable *t, Hold *hold);
+
+/* Ends a lease at once, whoever holds it: its slabs go back to the pool (released if foreign). */
 void lease_free(LeaseTable *t, Lease *l);
 
-/* The lease with that identifier held by `h`, or NULL (another holder's lease is not found either). */
-Lease *lease_find(LeaseTable *t, const Holder *h, const char *id);
+/*
+ * Makes a share token for a lease. Returns 0, -EDQUOT when the lease has
+ * LEASE_TOKENS_MAX tokens already, or a negative errno.
+ */
+int lease_share(Lease *l, uid_t uid, uid_t creator, bool readonly, Token **ret);
+
+/* The live token equal to `token` (compared in constant time per token), or NULL. */
+Token *token_find(LeaseTable *t, const char *token);
+
+/* Revokes a token. */
+void token_free(Token *tok);
+
+/* The lease published as `name`, or NULL. */
+Lease *lease_find_name(LeaseTable *t, const char *name);
+
+/*
+ * Publishes a lease as `name`, for the owner and `uids`. Publishing it again
+ * under its name replaces uids and readonly. Returns 0, -EEXIST when another
+ * lease has the name, -EBUSY when this lease has another name, -ENOMEM.
+ */
+int lease_publish(LeaseTable *t, Lease *l, const char *name, const uid_t *uids, size_t n_uids, bool readonly);
+
+/* Whether `uid` may attach to a published lease by its name: the owner, or one of its users. */
+bool lease_name_allows(const Lease *l, uid_t uid);
+
+/* Removes a lease's name; the lease ends if nobody holds it. */
+void lease_unpublish(LeaseTable *t, Lease *l);

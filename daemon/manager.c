@@ -170,8 +170,10 @@ unsigned manager_reap_holders(Manager *m) {
                         holder_free_if_unused(&m->leases, h);
                 }
         } while (n == (int)ELEMENTSOF(ev));
-        if (reclaimed > 0)
+        if (reclaimed > 0) {
+                manager_schedule_idle(m);       /* released slabs' fds are closed there */
                 manager_notify_status(m);
+        }
         return reclaimed;
 }
 
@@ -198,7 +200,7 @@ static void unwatch_holder(Manager *m, Holder *h) {
 
 void manager_release_holder(Manager *m, Holder *h) {
         /* A process with no lease and no connection left is forgotten; it is a new holder if it comes back. */
-        if (--h->n_connections == 0 && list_is_empty(&h->leases))
+        if (--h->n_connections == 0 && list_is_empty(&h->holds))
                 unwatch_holder(m, h);
         holder_free_if_unused(&m->leases, h);
 }
@@ -224,8 +226,9 @@ static void send_status(Manager *m) {
                 leased += s.leased;
                 cached += s.cached;
         }
-        (void)sd_notifyf(false, "STATUS=%u leases (%s), %s cached, %u clients", m->leases.n_leases,
-                         format_size(leased, b1, sizeof(b1)), format_size(cached, b2, sizeof(b2)), m->n_peers);
+        (void)sd_notifyf(false, "STATUS=%u leases (%s, %u published), %s cached, %u clients", m->leases.n_leases,
+                         format_size(leased, b1, sizeof(b1)), m->leases.n_published,
+                         format_size(cached, b2, sizeof(b2)), m->n_peers);
         m->status_dirty = false;
 }
 

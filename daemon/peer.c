@@ -46,13 +46,46 @@ static int reply_invalid(Reply *r, const char *field, const char *message) {
 
 /* --- io.vmmbroker ------------------------------------------------------------------------------------- */
 
+/* Answers with a lease and its slabs' fds (Alloc, Attach). */
+static int reply_lease(Reply *r, const Lease *l, bool readonly) {
+        WireSlab slabs[POOL_MAX_SLABS];
+        AllocReply reply = {
+                .lease = { .id = (char *)l->id, .device = l->device, .size = l->size,
+                           .slabs = slabs, .n_slabs = l->n_slabs, .readonly = readonly },
+        };
+        json_object *out = NULL;
+        int k;
+
+        for (size_t j = 0; j < l->n_slabs; j++) {
+                slabs[j] = (WireSlab){ .size = l->slabs[j]->size, .fd = j };
+                r->fds[j] = l->slabs[j]->fd;
+        }
+        k = alloc_reply_encode(&reply, &out);
+        if (k == 0)
+                k = reply_params(r, out);
+        if (k == 0)
+                r->n_fds = l->n_slabs;
+        return k;
+}
+
+static int reply_empty(Reply *r) {
+        json_object *out = NULL;
+        int k = empty_params_encode(&out);
+
+        return k < 0 ? k : reply_params(r, out);
+}
+
+/* A uid from a request: 0..UINT32_MAX-1 ((uid_t)-1 means none to the kernel). */
+static bool uid_is_valid(uint64_t uid) {
+        return uid < UINT32_MAX;
+}
+
 static int method_alloc(Peer *p, json_object *params, Reply *r) {
         _cleanup_free_ char *message = NULL;
         const char *bad = NULL;
         AllocParams a = {};
         PoolDeviceStats s;
         Manager *m = p->manager;
-        json_object *out = NULL;
         Lease *l;
         int k, i;
 
@@ -91,23 +124,9 @@ static int method_alloc(Peer *p, json_object *params, Reply *r) {
         } else if (k == POOL_E_DRIVER)
                 k = vmmb_error_driver_error(pool_last_error(m->pool), &r->msg);
         else if (k == 0) {
-                WireSlab slabs[POOL_MAX_SLABS];
-                AllocReply reply = {
-                        .lease = { .id = l->id, .device = l->device, .size = l->size,
-                                   .slabs = slabs, .n_slabs = l->n_slabs },
-                };
-
-                for (size_t j = 0; j < l->n_slabs; j++) {
-                        slabs[j] = (WireSlab){ .size = l->slabs[j]->size, .fd = j };
-                        r->fds[j] = l->slabs[j]->fd;
-                }
-                k = alloc_reply_encode(&reply, &out);
-                if (k == 0)
-                        k = reply_params(r, out);
+                k = reply_lease(r, l, false);
                 if (k < 0)
                         lease_free(&m->leases, l);
-                else
-                        r->n_fds = l->n_slabs;
                 manager_notify_status(m);
         }
 out:
@@ -119,8 +138,7 @@ static int method_free(Peer *p, json_object *params, Reply *r) {
         _cleanup_free_ char *message = NULL;
         const char *bad = NULL;
         FreeParams a = {};
-        json_object *out = NULL;
-        Lease *l;
+        Hold *hold;
         int k;
 
         k = free_params_decode(params, &a, &bad, &message);
@@ -128,30 +146,254 @@ static int method_free(Peer *p, json_object *params, Reply *r) {
                 k = k == -EINVAL ? reply_invalid(r, bad, message) : k;
                 goto out;
         }
-        l = lease_find(&p->manager->leases, p->holder, a.id);
-        if (!l) {
+        hold = hold_find(p->holder, a.id);
+        if (!hold) {
                 k = vmmb_error_no_such_lease(a.id, &r->msg);
                 goto out;
         }
-        lease_free(&p->manager->leases, l);
+        hold_unref(&p->manager->leases, hold);
         manager_schedule_idle(p->manager);
         manager_notify_status(p->manager);
-        k = empty_params_encode(&out);
-        if (k == 0)
-                k = reply_params(r, out);
+        k = reply_empty(r);
 out:
         free_params_done(&a);
         return k;
 }
 
+static int method_share(Peer *p, json_object *params, Reply *r) {
+        _cleanup_free_ char *message = NULL;
+        const char *bad = NULL;
+        ShareParams a = {};
+        json_object *out = NULL;
+        Token *tok;
+        Hold *hold;
+        int k;
+
+        k = share_params_decode(params, &a, &bad, &message);
+        if (k < 0) {
+                k = k == -EINVAL ? reply_invalid(r, bad, message) : k;
+                goto out;
+        }
+        if (a.uid != JSON_ABSENT && !uid_is_valid((uint64_t)a.uid)) {
+                k = reply_invalid(r, "uid", "A uid is at most 4294967294.");
+                goto out;
+        }
+        hold = hold_find(p->holder, a.id);
+        if (!hold) {
+                k = vmmb_error_no_such_lease(a.id, &r->msg);
+                goto out;
+        }
+        if (hold->readonly && !a.readonly) {
+                set_message(&message, "This process holds lease %s read-only: it can only share it read-only.",
+                            a.id);
+                k = vmmb_error_permission_denied(message ?: "read-only", &r->msg);
+                goto out;
+        }
+        k = lease_share(hold->lease, a.uid == JSON_ABSENT ? UID_ANY : (uid_t)a.uid, p->cred.uid, a.readonly, &tok);
+        if (k == -EDQUOT) {
+                set_message(&message, "Lease %s has %u share tokens already: revoke one first.", a.id,
+                            hold->lease->n_tokens);
+                k = vmmb_error_quota_exceeded("tokens", LEASE_TOKENS_MAX, hold->lease->n_tokens,
+                                              message ?: "too many tokens", &r->msg);
+                goto out;
+        }
+        if (k < 0)
+                goto out;
+        k = share_reply_encode(&(ShareReply){ .token = tok->token }, &out);
+        if (k == 0)
+                k = reply_params(r, out);
+        if (k < 0)
+                token_free(tok);
+out:
+        share_params_done(&a);
+        return k;
+}
+
+static int method_revoke(Peer *p, json_object *params, Reply *r) {
+        _cleanup_free_ char *message = NULL;
+        const char *bad = NULL;
+        RevokeParams a = {};
+        Token *tok;
+        int k;
+
+        k = revoke_params_decode(params, &a, &bad, &message);
+        if (k < 0) {
+                k = k == -EINVAL ? reply_invalid(r, bad, message) : k;
+                goto out;
+        }
+        tok = token_find(&p->manager->leases, a.token);
+        if (!tok) {
+                k = vmmb_error_no_such_token(&r->msg);
+                goto out;
+        }
+        if (p->cred.uid != tok->lease->uid && p->cred.uid != tok->creator && !peer_is_admin(p)) {
+                k = vmmb_error_permission_denied("Only the lease's owner, the token's maker or an administrator "
+                                                 "can revoke a token.", &r->msg);
+                goto out;
+        }
+        token_free(tok);
+        k = reply_empty(r);
+out:
+        revoke_params_done(&a);
+        return k;
+}
+
+static int method_attach(Peer *p, json_object *params, Reply *r) {
+        _cleanup_free_ char *message = NULL;
+        LeaseTable *t = &p->manager->leases;
+        const char *bad = NULL;
+        AttachParams a = {};
+        bool readonly = false;
+        Lease *l;
+        Hold *hold;
+        int k;
+
+        k = attach_params_decode(params, &a, &bad, &message);
+        if (k < 0) {
+                k = k == -EINVAL ? reply_invalid(r, bad, message) : k;
+                goto out;
+        }
+        if (a.token) {
+                Token *tok = token_find(t, a.token);
+
+                if (!tok) {
+                        k = vmmb_error_no_such_token(&r->msg);
+                        goto out;
+                }
+                if (tok->uid != UID_ANY && tok->uid != p->cred.uid) {
+                        set_message(&message, "This token is for uid %u only.", (unsigned)tok->uid);
+                        k = vmmb_error_permission_denied(message ?: "the token is for another user", &r->msg);
+                        goto out;
+                }
+                l = tok->lease;
+                readonly = tok->readonly;
+        } else {
+                l = lease_find_name(t, a.name);
+                if (!l) {
+                        k = vmmb_error_no_such_name(a.name, &r->msg);
+                        goto out;
+                }
+                if (!lease_name_allows(l, p->cred.uid)) {
+                        set_message(&message, "Lease '%s' is not published to uid %u.", a.name,
+                                    (unsigned)p->cred.uid);
+                        k = vmmb_error_permission_denied(message ?: "not published to this user", &r->msg);
+                        goto out;
+                }
+                readonly = l->name_readonly;
+        }
+        k = lease_attach(t, l, p->holder, readonly || a.readonly, &hold);
+        if (k < 0)
+                goto out;
+        k = reply_lease(r, l, hold->readonly);
+        if (k < 0)
+                hold_unref(t, hold);
+        manager_notify_status(p->manager);
+out:
+        attach_params_done(&a);
+        return k;
+}
+
+static int method_publish(Peer *p, json_object *params, Reply *r) {
+        _cleanup_free_ char *message = NULL;
+        uid_t uids[VMMB_PUBLISH_UIDS_MAX];
+        const char *bad = NULL;
+        PublishParams a = {};
+        Hold *hold;
+        int k;
+
+        k = publish_params_decode(params, &a, &bad, &message);
+        if (k < 0) {
+                k = k == -EINVAL ? reply_invalid(r, bad, message) : k;
+                goto out;
+        }
+        for (size_t i = 0; i < a.n_uids; i++) {
+                if (!uid_is_valid(a.uids[i])) {
+                        k = reply_invalid(r, "uids", "A uid is at most 4294967294.");
+                        goto out;
+                }
+                uids[i] = (uid_t)a.uids[i];
+        }
+        hold = hold_find(p->holder, a.id);
+        if (!hold) {
+                k = vmmb_error_no_such_lease(a.id, &r->msg);
+                goto out;
+        }
+        if (p->cred.uid != hold->lease->uid || hold->readonly) {
+                set_message(&message, "Only a read-write holder of the lease's owner (uid %u) can publish it.",
+                            (unsigned)hold->lease->uid);
+                k = vmmb_error_permission_denied(message ?: "not the owner", &r->msg);
+                goto out;
+        }
+        k = lease_publish(&p->manager->leases, hold->lease, a.name, uids, a.n_uids, a.readonly);
+        if (k == -EEXIST)
+                k = vmmb_error_name_in_use(a.name, &r->msg);
+        else if (k == -EBUSY) {
+                set_message(&message, "Lease %s is published as '%s' already: unpublish it first.", a.id,
+                            hold->lease->name);
+                k = reply_invalid(r, "name", message);
+        } else if (k == 0) {
+                manager_notify_status(p->manager);
+                k = reply_empty(r);
+        }
+out:
+        publish_params_done(&a);
+        return k;
+}
+
+static int method_unpublish(Peer *p, json_object *params, Reply *r) {
+        _cleanup_free_ char *message = NULL;
+        const char *bad = NULL;
+        UnpublishParams a = {};
+        Lease *l;
+        int k;
+
+        k = unpublish_params_decode(params, &a, &bad, &message);
+        if (k < 0) {
+                k = k == -EINVAL ? reply_invalid(r, bad, message) : k;
+                goto out;
+        }
+        l = lease_find_name(&p->manager->leases, a.name);
+        if (!l) {
+                k = vmmb_error_no_such_name(a.name, &r->msg);
+                goto out;
+        }
+        if (p->cred.uid != l->uid && !peer_is_admin(p)) {
+                set_message(&message, "Only the lease's owner (uid %u) or an administrator can unpublish '%s'.",
+                            (unsigned)l->uid, a.name);
+                k = vmmb_error_permission_denied(message ?: "not the owner", &r->msg);
+                goto out;
+        }
+        lease_unpublish(&p->manager->leases, l);
+        manager_schedule_idle(p->manager);
+        manager_notify_status(p->manager);
+        k = reply_empty(r);
+out:
+        unpublish_params_done(&a);
+        return k;
+}
+
+/* Whether a non-administrator's List shows the lease: its user owns it or holds it. */
+static bool lease_visible_to(const Lease *l, uid_t uid) {
+        const Hold *hold;
+
+        if (l->uid == uid)
+                return true;
+        list_for_each_entry(hold, &l->holds, link_lease)
+                if (hold->holder->uid == uid)
+                        return true;
+        return false;
+}
+
 static int method_list(Peer *p, json_object *params, Reply *r) {
         _cleanup_free_ char *message = NULL;
         _cleanup_free_ WireLeaseInfo *infos = NULL;
+        _cleanup_free_ WireHolder *holders = NULL;
         LeaseTable *t = &p->manager->leases;
         const char *bad = NULL;
         ListParams a = {};
         json_object *out = NULL;
         ListReply reply = {};
+        size_t n_holds = 0, used = 0;
         Lease *l;
         int k;
 
@@ -161,23 +403,42 @@ static int method_list(Peer *p, json_object *params, Reply *r) {
         if (a.all && !peer_is_admin(p))
                 return vmmb_error_permission_denied("Listing every user's leases needs an administrator.", &r->msg);
 
+        list_for_each_entry(l, &t->leases, link_table)
+                n_holds += l->n_holds;
         infos = calloc(t->n_leases ?: 1, sizeof(*infos));
-        if (!infos)
+        holders = calloc(n_holds ?: 1, sizeof(*holders));
+        if (!infos || !holders)
                 return -ENOMEM;
         list_for_each_entry(l, &t->leases, link_table) {
-                if (!a.all && l->holder->uid != p->cred.uid)
+                WireLeaseInfo *info;
+                Hold *hold;
+
+                if (!a.all && !lease_visible_to(l, p->cred.uid))
                         continue;
-                infos[reply.n_leases++] = (WireLeaseInfo){
+                info = &infos[reply.n_leases++];
+                *info = (WireLeaseInfo){
                         .id = l->id,
                         .device = l->device,
                         .size = l->size,
                         .slabs = l->n_slabs,
-                        .pid = l->holder->pid,
-                        .uid = l->holder->uid,
-                        .comm = l->holder->comm[0] ? l->holder->comm : NULL,
+                        .pid = l->pid,
+                        .uid = l->uid,
+                        .comm = l->comm[0] ? (char *)l->comm : NULL,
                         .label = l->label,
                         .created = (int64_t)l->created_usec,
+                        .name = l->name,
+                        .holders = holders + used,
                 };
+                list_for_each_entry(hold, &l->holds, link_lease)
+                        holders[used++] = (WireHolder){
+                                .pid = hold->holder->pid,
+                                .uid = hold->holder->uid,
+                                .comm = hold->holder->comm[0] ? hold->holder->comm : NULL,
+                                .readonly = hold->readonly,
+                        };
+                info->n_holders = (size_t)(holders + used - info->holders);
+                if (info->n_holders == 0)
+                        info->holders = NULL;
         }
         reply.leases = infos;
         k = list_reply_encode(&reply, &out);
@@ -269,6 +530,11 @@ static const struct {
         { VMMB_METHOD_ALLOC, method_alloc },
         { VMMB_METHOD_FREE, method_free },
         { VMMB_METHOD_LIST, method_list },
+        { VMMB_METHOD_SHARE, method_share },
+        { VMMB_METHOD_REVOKE, method_revoke },
+        { VMMB_METHOD_ATTACH, method_attach },
+        { VMMB_METHOD_PUBLISH, method_publish },
+        { VMMB_METHOD_UNPUBLISH, method_unpublish },
         { VMMB_METHOD_STATUS, method_status },
         { VARLINK_METHOD_GET_INFO, method_get_info },
         { VARLINK_METHOD_GET_INTERFACE_DESCRIPTION, method_get_interface_description },

@@ -384,15 +384,21 @@ static int slab_scrub(PoolDevice *dev, Slab *slab) {
         return 0;
 }
 
-void pool_reclaim(Pool *p, Slab *slab) {
-        PoolDevice *dev = slab->device;
-
+/* Takes a slab off the leased list. Returns false if it was not leased. */
+static bool slab_unlease(PoolDevice *dev, Slab *slab) {
         if (slab->state != SLAB_LEASED)
-                return;
+                return false;
         list_unlink(&slab->link_state);
         dev->stats.leased -= slab->size;
         dev->stats.n_leased--;
+        return true;
+}
 
+void pool_reclaim(Pool *p, Slab *slab) {
+        PoolDevice *dev = slab->device;
+
+        if (!slab_unlease(dev, slab))
+                return;
         if (slab_scrub(dev, slab) < 0) {
                 /* Memory we could not zero is never handed out again. */
                 slab_release(dev, slab);
@@ -402,6 +408,11 @@ void pool_reclaim(Pool *p, Slab *slab) {
         list_link_tail(&dev->scrubbing, &slab->link_state);
         dev->stats.scrubbing += slab->size;
         dev->stats.n_scrubbing++;
+}
+
+void pool_release(Pool *p, Slab *slab) {
+        if (slab_unlease(slab->device, slab))
+                slab_release(slab->device, slab);
 }
 
 unsigned pool_dispatch(Pool *p) {

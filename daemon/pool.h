@@ -122,6 +122,10 @@ int pool_alloc(Pool *p, int device, uint64_t size, uid_t uid, Slab **ret_slabs, 
 /* Takes a leased slab back: it is scrubbed, then cached for its uid (or released if the scrub cannot start). */
 void pool_reclaim(Pool *p, Slab *slab);
 
+/* Takes a leased slab back and releases it to the driver at once, without caching it: for slabs another
+ * user may have held. */
+void pool_release(Pool *p, Slab *slab);
+
 /* An eventfd that becomes readable when scrubs have completed; then call pool_dispatch(). */
 int pool_get_fd(Pool *p);
 
