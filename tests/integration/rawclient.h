@@ -1,0 +1,125 @@
+/* SPDX-License-Identifier: MIT */
+#pragma once
+
+/*
+ * A raw client for the integration tests: calls over proto's VarlinkConn and
+ * codecs, leases as fds, pipes between the test and its forked clients, and
+ * the (simulated) GPU in a child. Nothing here asserts: functions return a
+ * negative errno (-EREMOTEIO for an error reply where a success was wanted)
+ * and children report failures with CHILD_CHECK and their exit status.
+ */
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "codec.h"
+#include "driver.h"
+#include "fdpass.h"
+#include "macro.h"
+#include "varlink.h"
+
+#include <json-c/json.h>
+
+#define IO_TIMEOUT_S 30                 /* failure guard on every blocking socket and pipe read */
+
+/* In a child: unless cond, prints where and why and returns 1 (its exit status). */
+#define CHILD_CHECK(cond, ...)                                                                          \
+        do {                                                                                            \
+                if (!(cond)) {                                                                          \
+                        fprintf(stderr, "child %d: %s:%d: ", (int)getpid(), __FILE__, __LINE__);        \
+                        fprintf(stderr, __VA_ARGS__);                                                   \
+                        fputc('\n', stderr);                                                            \
+                        return 1;                                                                       \
+                }                                                                                       \
+        } while (0)
+
+DEFINE_TRIVIAL_CLEANUP_FUNC(VarlinkConn, varlink_conn_free);
+
+/* A reply: its parameters (never NULL), its error name (NULL on success) and the fds that came with it. */
+typedef struct Reply {
+        json_object *params;
+        char *error;
+        int *fds;
+        size_t n_fds;
+} Reply;
+
+/* A lease as a client holds it: the fds in mapping order. */
+typedef struct TestLease {
+        char id[VMMB_ID_MAX + 1];
+        uint64_t size;
+        size_t n;
+        int fds[FDPASS_MAX_FDS];
+        uint64_t sizes[FDPASS_MAX_FDS];
+        bool readonly;                  /* the reply said so: gpu_map() maps it read-only */
+} TestLease;
+
+/* Device 0 of the driver (the simulated one in CI), its primary context current. */
+typedef struct Gpu {
+        CudaDriver *cu;
+        CUdevice dev;
+        bool retained;
+} Gpu;
+
+/* A connection to the daemon that accepts fds (harness_conn_open()). */
+int conn_open(const char *path, VarlinkConn **ret);
+
+/* Frees a reply and closes its fds. */
+void reply_done(Reply *r);
+
+/* A string member of the reply's parameters, or NULL. */
+const char *reply_str(const Reply *r, const char *key);
+
+/* Calls `method` with `params` (borrowed; NULL is {}) and waits for the reply. Returns 0 or a negative errno. */
+int call(VarlinkConn *c, const char *method, json_object *params, Reply *ret);
+
+/* Like call(), with the parameters written as JSON text (NULL is {}). */
+int call_text(VarlinkConn *c, const char *method, const char *params, Reply *ret);
+
+/* Closes the lease's fds (a mapping keeps the memory); the rest stays for cuda_unmap(). */
+void test_lease_close(TestLease *l);
+
+/* Takes the lease of an Alloc or Attach reply: its fds move from the reply to *ret. Returns 0 or -errno. */
+int lease_take(Reply *r, TestLease *ret);
+
+/* Allocs `size` bytes. Returns 0, a negative errno, or -EREMOTEIO for an error reply (printed). */
+int lease_alloc(VarlinkConn *c, uint64_t size, TestLease *ret);
+
+/* Frees a lease by id; returns 0, a negative errno, or -EREMOTEIO for an error reply. */
+int lease_free(VarlinkConn *c, const char *id);
+
+/* The caller's leases (every lease with `all`) on a fresh connection. */
+int list_get(const char *socket, bool all, ListReply *ret);
+
+/* The lease with that identifier in a List reply, or NULL. */
+const WireLeaseInfo *list_find(const ListReply *l, const char *id);
+
+/* Writes one byte to a pipe. */
+int pipe_put(int fd, char c);
+
+/* Reads up to len bytes from a pipe, waiting at most IO_TIMEOUT_S. Returns the count (0 at EOF) or -errno. */
+ssize_t pipe_get(int fd, void *buf, size_t len);
+
+/* Reads exactly len bytes. */
+int pipe_get_all(int fd, void *buf, size_t len);
+
+/* Waits until the other side closes the pipe (a barrier: the test closes it to release every child at once). */
+int pipe_wait_eof(int fd);
+
+/*
+ * In a forked client: closes every fd but stdio and `keep`, so that no child holds a pipe end meant for
+ * another (a barrier or a hold pipe would never see EOF) and no child keeps the test's own connections.
+ */
+int close_all_but(const int *keep, size_t n_keep);
+
+/* Opens the driver and makes device 0's primary context current. Returns 0 or -errno (printed). */
+int gpu_open(Gpu *g);
+
+/* Releases the context and closes the driver. */
+void gpu_close(Gpu *g);
+
+/* Maps a lease's fds back to back, read-only when the lease says so. Returns 0 or -errno (printed). */
+int gpu_map(Gpu *g, const TestLease *l, CUdeviceptr *ret);
+
+/* Reads the whole lease back and checks that every 32-bit word is `word`. Returns 0 or 1. */
+int gpu_verify(Gpu *g, CUdeviceptr va, uint64_t size, uint32_t word);
