@@ -22,6 +22,7 @@
 
 #include "codec.h"
 #include "driver.h"
+#include "json.h"
 #include "list.h"
 #include "macro.h"
 #include "varlink.h"
@@ -49,6 +50,7 @@ struct vmmb_lease {
         uint64_t size;                  /* the sum of sizes[] */
         uint64_t *sizes;                /* each slab's size, in mapping order */
         size_t n_slabs;
+        bool readonly;                  /* mapped with read access only */
 };
 
 /* --- errors ------------------------------------------------------------------------------------------- */
@@ -282,6 +284,101 @@ static void client_give_back(vmmb_client *c, const char *id) {
         memcpy(error_message, saved, sizeof(saved));
 }
 
+/*
+ * Turns a reply that carries a lease (Alloc's or Attach's, an AllocReply) and
+ * the fds that came with it into a lease mapped here, on the client's list.
+ * `method` names the call in messages; the lease must be on `device` unless
+ * that is VMMB_ANY_DEVICE, and of at least `min_size` bytes. It is mapped
+ * read-only when `readonly` or the reply says so. The fds stay the caller's.
+ * On failure a lease the broker did send is given back to it (one Free, which
+ * ends this process's hold) and the error is returned.
+ */
+static int lease_map_reply(vmmb_client *client, const char *method, json_object *params, const ReceivedFds *fds,
+                           int device, uint64_t min_size, bool readonly, vmmb_lease **ret) {
+        _cleanup_(lease_destroyp) vmmb_lease *l = NULL;
+        _cleanup_free_ char *message = NULL;
+        _cleanup_free_ int *ordered = NULL;
+        AllocReply ar = {};
+        CudaDriver *cu = NULL;
+        CUdevice dev;
+        CUresult r;
+        int k;
+
+        k = driver_get(&cu);
+        if (k < 0) {
+                client_give_back(client, reply_lease_id(params));
+                return k;
+        }
+        k = alloc_reply_decode(params, fds->n, &ar, &message);
+        if (k < 0) {
+                char what[64];
+
+                (void)snprintf(what, sizeof(what), "The broker's reply to %s is not valid", method);
+                k = set_error_from(k == -ENOMEM ? k : -EPROTO, what, message);
+                client_give_back(client, reply_lease_id(params));
+                return k;
+        }
+        if (ar.lease.n_slabs == 0 || ar.lease.device < 0 || ar.lease.device > INT32_MAX ||
+            (device != VMMB_ANY_DEVICE && ar.lease.device != device)) {
+                k = set_error(-EPROTO, "The broker's reply to %s is not valid: lease %s has %zu slabs on "
+                              "device %" PRId64 ".", method, ar.lease.id, ar.lease.n_slabs, ar.lease.device);
+                client_give_back(client, ar.lease.id);
+                goto out;
+        }
+
+        l = calloc(1, sizeof(*l));
+        ordered = calloc(ar.lease.n_slabs, sizeof(int));
+        if (l) {
+                l->id = strdup(ar.lease.id);
+                l->sizes = calloc(ar.lease.n_slabs, sizeof(uint64_t));
+        }
+        if (!l || !ordered || !l->id || !l->sizes) {
+                k = set_error(-ENOMEM, "Out of memory.");
+                client_give_back(client, ar.lease.id);
+                goto out;
+        }
+        l->client = client;
+        list_init(&l->link);
+        l->device = (int)ar.lease.device;
+        l->n_slabs = ar.lease.n_slabs;
+        l->readonly = readonly || ar.lease.readonly;
+        for (size_t i = 0; i < l->n_slabs; i++) {
+                ordered[i] = fds->fds[ar.lease.slabs[i].fd];
+                l->sizes[i] = ar.lease.slabs[i].size;
+                l->size += l->sizes[i];
+        }
+        if (l->size != ar.lease.size || l->size < min_size) {
+                k = set_error(-EPROTO, "The broker's reply to %s is not valid: lease %s of %" PRIu64
+                              " bytes has slabs of %" PRIu64 " bytes%s.", method, l->id, ar.lease.size, l->size,
+                              l->size < min_size ? ", less than was asked for" : "");
+                client_give_back(client, l->id);
+                goto out;
+        }
+
+        r = cu->cuDeviceGet(&dev, l->device);
+        if (r != CUDA_SUCCESS) {
+                k = set_error(cuda_result_to_errno(r), "Cannot use device %d of lease %s: %s.", l->device, l->id,
+                              cuda_result_name(cu, r));
+                client_give_back(client, l->id);
+                goto out;
+        }
+        k = cuda_map_fds(cu, dev, ordered, l->sizes, l->n_slabs, l->readonly, &l->va, &message);
+        if (k < 0) {
+                (void)set_error_from(k, "Cannot map the leased memory", message);
+                client_give_back(client, l->id);
+                goto out;
+        }
+
+        (void)pthread_mutex_lock(&client->leases_lock);
+        list_link_tail(&client->leases, &l->link);
+        (void)pthread_mutex_unlock(&client->leases_lock);
+        *ret = TAKE_PTR(l);
+        k = 0;
+out:
+        alloc_reply_done(&ar);
+        return k;
+}
+
 /* --- the API -------------------------------------------------------------------------------------------- */
 
 static vmmb_client *client_destroy(vmmb_client *c) {
@@ -380,16 +477,10 @@ VMMB_EXPORT void vmmb_close(vmmb_client *client) {
 
 VMMB_EXPORT int vmmb_alloc(vmmb_client *client, uint64_t size, int device, const char *label, vmmb_lease **ret) {
         _cleanup_(received_fds_done) ReceivedFds fds = {};
-        _cleanup_(lease_destroyp) vmmb_lease *l = NULL;
         _cleanup_(json_putp) json_object *params = NULL;
-        _cleanup_free_ char *message = NULL;
-        _cleanup_free_ int *ordered = NULL;
         AllocParams a = { .size = size, .device = device, .label = (char *)label };
         VarlinkReply reply = {};
-        AllocReply ar = {};
         CudaDriver *cu = NULL;
-        CUdevice dev;
-        CUresult r;
         int k;
 
         if (!client || !ret)
@@ -413,73 +504,215 @@ VMMB_EXPORT int vmmb_alloc(vmmb_client *client, uint64_t size, int device, const
         k = client_call(client, VMMB_METHOD_ALLOC, params, &reply, &fds);
         if (k < 0)
                 return k;
-
-        k = alloc_reply_decode(reply.parameters, fds.n, &ar, &message);
-        if (k < 0) {
-                k = set_error_from(k == -ENOMEM ? k : -EPROTO, "The broker's reply to Alloc is not valid",
-                                   message);
-                client_give_back(client, reply_lease_id(reply.parameters));
-                goto out;
-        }
-        if (ar.lease.n_slabs == 0 || ar.lease.device < 0 || ar.lease.device > INT32_MAX ||
-            (device != VMMB_ANY_DEVICE && ar.lease.device != device)) {
-                k = set_error(-EPROTO, "The broker's reply to Alloc is not valid: lease %s has %zu slabs on "
-                              "device %" PRId64 ".", ar.lease.id, ar.lease.n_slabs, ar.lease.device);
-                client_give_back(client, ar.lease.id);
-                goto out;
-        }
-
-        l = calloc(1, sizeof(*l));
-        ordered = calloc(ar.lease.n_slabs, sizeof(int));
-        if (l) {
-                l->id = strdup(ar.lease.id);
-                l->sizes = calloc(ar.lease.n_slabs, sizeof(uint64_t));
-        }
-        if (!l || !ordered || !l->id || !l->sizes) {
-                k = set_error(-ENOMEM, "Out of memory.");
-                client_give_back(client, ar.lease.id);
-                goto out;
-        }
-        l->client = client;
-        list_init(&l->link);
-        l->device = (int)ar.lease.device;
-        l->n_slabs = ar.lease.n_slabs;
-        for (size_t i = 0; i < l->n_slabs; i++) {
-                ordered[i] = fds.fds[ar.lease.slabs[i].fd];
-                l->sizes[i] = ar.lease.slabs[i].size;
-                l->size += l->sizes[i];
-        }
-        if (l->size != ar.lease.size || l->size < size) {
-                k = set_error(-EPROTO, "The broker's reply to Alloc is not valid: lease %s of %" PRIu64
-                              " bytes has slabs of %" PRIu64 " bytes for a request of %" PRIu64 ".",
-                              l->id, ar.lease.size, l->size, size);
-                client_give_back(client, l->id);
-                goto out;
-        }
-
-        r = cu->cuDeviceGet(&dev, l->device);
-        if (r != CUDA_SUCCESS) {
-                k = set_error(cuda_result_to_errno(r), "Cannot use device %d of lease %s: %s.", l->device, l->id,
-                              cuda_result_name(cu, r));
-                client_give_back(client, l->id);
-                goto out;
-        }
-        k = cuda_map_fds(cu, dev, ordered, l->sizes, l->n_slabs, false, &l->va, &message);
-        if (k < 0) {
-                (void)set_error_from(k, "Cannot map the leased memory", message);
-                client_give_back(client, l->id);
-                goto out;
-        }
-
-        (void)pthread_mutex_lock(&client->leases_lock);
-        list_link_tail(&client->leases, &l->link);
-        (void)pthread_mutex_unlock(&client->leases_lock);
-        *ret = TAKE_PTR(l);
-        k = 0;
-out:
-        alloc_reply_done(&ar);
+        k = lease_map_reply(client, "Alloc", reply.parameters, &fds, device, size, false, ret);
         varlink_reply_done(&reply);
         return k;
+}
+
+/* Checks a token the caller passed; `function` names the caller in the message. */
+static int token_check(const char *token, const char *function) {
+        size_t n;
+
+        if (!token)
+                return set_error(-EINVAL, "%s() needs a token.", function);
+        n = strlen(token);
+        if (n == 0 || n > VMMB_TOKEN_MAX)
+                return set_error(-EINVAL, "'%.*s%s' is not a token: a token is 1-%d characters, as vmmb_share() "
+                                 "wrote it.", 16, token, n > 16 ? "..." : "", VMMB_TOKEN_MAX);
+        return 0;
+}
+
+/* Checks a name the caller passed. */
+static int name_check(const char *name, const char *function) {
+        if (!name)
+                return set_error(-EINVAL, "%s() needs a name.", function);
+        if (!vmmb_lease_name_is_valid(name))
+                return set_error(-EINVAL, "'%.*s%s' cannot be a lease's name: a name is 1-%d ASCII letters, "
+                                 "digits and ._-:@+/ that begins with a letter or digit.", 64, name,
+                                 strlen(name) > 64 ? "..." : "", VMMB_LEASE_NAME_MAX);
+        return 0;
+}
+
+/* Checks flags: VMMB_READONLY is the only one. */
+static int flags_check(unsigned flags, const char *function) {
+        if (flags & ~VMMB_READONLY)
+                return set_error(-EINVAL, "%s() takes no flags but VMMB_READONLY (0x%x given).", function, flags);
+        return 0;
+}
+
+/* A call that returns nothing: sends it and drops the empty reply. */
+static int client_call_empty(vmmb_client *c, const char *method, json_object *params) {
+        VarlinkReply reply = {};
+        int k;
+
+        k = client_call(c, method, params, &reply, NULL);
+        if (k < 0)
+                return k;
+        varlink_reply_done(&reply);
+        return 0;
+}
+
+/* Attach by token or by name (exactly one). */
+static int client_attach(vmmb_client *client, const char *token, const char *name, unsigned flags,
+                         vmmb_lease **ret) {
+        _cleanup_(received_fds_done) ReceivedFds fds = {};
+        _cleanup_(json_putp) json_object *params = NULL;
+        AttachParams a = { .token = (char *)token, .name = (char *)name, .readonly = flags & VMMB_READONLY };
+        VarlinkReply reply = {};
+        CudaDriver *cu = NULL;
+        int k;
+
+        k = driver_get(&cu);
+        if (k < 0)
+                return k;
+        k = attach_params_encode(&a, &params);
+        if (k == -EINVAL)
+                /* the encoder takes printable UTF-8 only */
+                return set_error(-EINVAL, "The %s has characters that cannot be sent.", token ? "token" : "name");
+        if (k < 0)
+                return set_error(k, "Cannot encode the request: %s.", strerror(-k));
+        k = client_call(client, VMMB_METHOD_ATTACH, params, &reply, &fds);
+        if (k < 0)
+                return k;
+        k = lease_map_reply(client, "Attach", reply.parameters, &fds, VMMB_ANY_DEVICE, 0, flags & VMMB_READONLY,
+                            ret);
+        varlink_reply_done(&reply);
+        return k;
+}
+
+VMMB_EXPORT int vmmb_attach(vmmb_client *client, const char *token, unsigned flags, vmmb_lease **ret) {
+        int k;
+
+        if (!client || !ret)
+                return set_error(-EINVAL, "vmmb_attach() needs a client and somewhere to put the lease.");
+        k = token_check(token, "vmmb_attach");
+        if (k < 0)
+                return k;
+        k = flags_check(flags, "vmmb_attach");
+        if (k < 0)
+                return k;
+        return client_attach(client, token, NULL, flags, ret);
+}
+
+VMMB_EXPORT int vmmb_attach_name(vmmb_client *client, const char *name, unsigned flags, vmmb_lease **ret) {
+        int k;
+
+        if (!client || !ret)
+                return set_error(-EINVAL, "vmmb_attach_name() needs a client and somewhere to put the lease.");
+        k = name_check(name, "vmmb_attach_name");
+        if (k < 0)
+                return k;
+        k = flags_check(flags, "vmmb_attach_name");
+        if (k < 0)
+                return k;
+        return client_attach(client, NULL, name, flags, ret);
+}
+
+VMMB_EXPORT int vmmb_share(vmmb_lease *lease, uid_t uid, unsigned flags, char token[VMMB_TOKEN_SIZE]) {
+        _cleanup_(json_putp) json_object *params = NULL;
+        _cleanup_free_ char *message = NULL;
+        ShareParams p = { .uid = uid == VMMB_ANY_UID ? JSON_ABSENT : (int64_t)uid,
+                          .readonly = flags & VMMB_READONLY };
+        VarlinkReply reply = {};
+        ShareReply sr = {};
+        int k;
+
+        if (!lease || !token)
+                return set_error(-EINVAL, "vmmb_share() needs a lease and somewhere to put the token.");
+        k = flags_check(flags, "vmmb_share");
+        if (k < 0)
+                return k;
+        p.id = lease->id;
+        k = share_params_encode(&p, &params);
+        if (k < 0)
+                return set_error(k, "Cannot encode the request: %s.", strerror(-k));
+        k = client_call(lease->client, VMMB_METHOD_SHARE, params, &reply, NULL);
+        if (k < 0)
+                return k;
+        k = share_reply_decode(reply.parameters, &sr, &message);
+        if (k < 0)
+                k = set_error_from(k == -ENOMEM ? k : -EPROTO, "The broker's reply to Share is not valid", message);
+        else if (strlen(sr.token) == 0 || strlen(sr.token) >= VMMB_TOKEN_SIZE)
+                k = set_error(-EPROTO, "The broker's reply to Share is not valid: a token of %zu characters.",
+                              strlen(sr.token));
+        else
+                memcpy(token, sr.token, strlen(sr.token) + 1);
+        share_reply_done(&sr);
+        varlink_reply_done(&reply);
+        return k;
+}
+
+VMMB_EXPORT int vmmb_revoke(vmmb_client *client, const char *token) {
+        _cleanup_(json_putp) json_object *params = NULL;
+        RevokeParams p = { .token = (char *)token };
+        int k;
+
+        if (!client)
+                return set_error(-EINVAL, "vmmb_revoke() needs a client.");
+        k = token_check(token, "vmmb_revoke");
+        if (k < 0)
+                return k;
+        k = revoke_params_encode(&p, &params);
+        if (k == -EINVAL)
+                return set_error(-EINVAL, "The token has characters that cannot be sent.");
+        if (k < 0)
+                return set_error(k, "Cannot encode the request: %s.", strerror(-k));
+        return client_call_empty(client, VMMB_METHOD_REVOKE, params);
+}
+
+VMMB_EXPORT int vmmb_publish(vmmb_lease *lease, const char *name, const uid_t *uids, size_t n_uids,
+                             unsigned flags) {
+        _cleanup_(json_putp) json_object *params = NULL;
+        _cleanup_free_ uint64_t *wire_uids = NULL;
+        PublishParams p = { .name = (char *)name, .n_uids = n_uids, .readonly = flags & VMMB_READONLY };
+        int k;
+
+        if (!lease)
+                return set_error(-EINVAL, "vmmb_publish() needs a lease.");
+        k = name_check(name, "vmmb_publish");
+        if (k < 0)
+                return k;
+        k = flags_check(flags, "vmmb_publish");
+        if (k < 0)
+                return k;
+        if (n_uids > VMMB_PUBLISH_UIDS_MAX)
+                return set_error(-EINVAL, "A lease can be published to at most %d users (%zu given).",
+                                 VMMB_PUBLISH_UIDS_MAX, n_uids);
+        if (n_uids > 0 && !uids)
+                return set_error(-EINVAL, "vmmb_publish() was given %zu users but no array of them.", n_uids);
+        if (n_uids > 0) {
+                wire_uids = calloc(n_uids, sizeof(uint64_t));
+                if (!wire_uids)
+                        return set_error(-ENOMEM, "Out of memory.");
+                for (size_t i = 0; i < n_uids; i++) {
+                        if (uids[i] == VMMB_ANY_UID)
+                                return set_error(-EINVAL, "User %zu of the list is VMMB_ANY_UID, which is no user.",
+                                                 i);
+                        wire_uids[i] = uids[i];
+                }
+        }
+        p.id = lease->id;
+        p.uids = wire_uids;
+        k = publish_params_encode(&p, &params);
+        if (k < 0)
+                return set_error(k, "Cannot encode the request: %s.", strerror(-k));
+        return client_call_empty(lease->client, VMMB_METHOD_PUBLISH, params);
+}
+
+VMMB_EXPORT int vmmb_unpublish(vmmb_client *client, const char *name) {
+        _cleanup_(json_putp) json_object *params = NULL;
+        UnpublishParams p = { .name = (char *)name };
+        int k;
+
+        if (!client)
+                return set_error(-EINVAL, "vmmb_unpublish() needs a client.");
+        k = name_check(name, "vmmb_unpublish");
+        if (k < 0)
+                return k;
+        k = unpublish_params_encode(&p, &params);
+        if (k < 0)
+                return set_error(k, "Cannot encode the request: %s.", strerror(-k));
+        return client_call_empty(client, VMMB_METHOD_UNPUBLISH, params);
 }
 
 VMMB_EXPORT int vmmb_free(vmmb_lease *lease) {
@@ -508,6 +741,10 @@ VMMB_EXPORT int vmmb_lease_device(const vmmb_lease *lease) {
 
 VMMB_EXPORT const char *vmmb_lease_id(const vmmb_lease *lease) {
         return lease ? lease->id : NULL;
+}
+
+VMMB_EXPORT int vmmb_lease_readonly(const vmmb_lease *lease) {
+        return lease && lease->readonly ? 1 : 0;
 }
 
 VMMB_EXPORT const char *vmmb_error_message(void) {

@@ -14,6 +14,14 @@
  * vmmb_free() or until the process exits; closing the connection alone does
  * not end a lease.
  *
+ * A lease may be shared with other processes: vmmb_share() makes a token
+ * with which another process (of any user that can reach the broker, or of
+ * one user) gets the same memory by vmmb_attach(); vmmb_publish() gives the
+ * lease a name that vmmb_attach_name() finds, and keeps the lease alive after
+ * every process holding it has exited, until vmmb_unpublish(). Each process
+ * holding a lease frees its own hold; the memory goes back to the broker
+ * when no process holds it and it is not published.
+ *
  * Errors are negative errno values; vmmb_error_message() gives the daemon's
  * or the library's sentence for the calling thread's last failure. Every
  * function may be called from several threads at once on the same client
@@ -21,7 +29,9 @@
  * which must be the client's last call. The library never logs.
  */
 
+#include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -38,6 +48,15 @@ typedef struct vmmb_lease vmmb_lease;
 
 /** Pass as `device` to vmmb_alloc() for the first device the broker serves. */
 #define VMMB_ANY_DEVICE (-1)
+
+/** Flag for vmmb_share(), vmmb_attach(), vmmb_attach_name() and vmmb_publish(): read-only access. */
+#define VMMB_READONLY (1u << 0)
+
+/** Pass as `uid` to vmmb_share() for a token that any user may attach with. */
+#define VMMB_ANY_UID ((uid_t)-1)
+
+/** Bytes of the buffer vmmb_share() writes a token to: room for the longest token and its NUL. */
+#define VMMB_TOKEN_SIZE 65
 
 /**
  * vmmb_connect() - connect to the broker.
@@ -99,9 +118,140 @@ int vmmb_alloc(vmmb_client *client, uint64_t size, int device, const char *label
  * when this process exits. When unmapping fails, the broker is not told, as
  * the memory may still be mapped here; it too comes back at exit.
  *
+ * For a lease that other processes hold too (vmmb_attach()), or that is
+ * published (vmmb_publish()), this ends only this process's hold: the memory
+ * stays theirs. Each lease object that vmmb_alloc(), vmmb_attach() or
+ * vmmb_attach_name() returned is freed on its own, even when two of them are
+ * the same lease.
+ *
  * Return: 0, or a negative errno from the unmapping or from the broker.
  */
 int vmmb_free(vmmb_lease *lease);
+
+/**
+ * vmmb_share() - make a token with which another process can attach a lease.
+ * @lease: the lease, held by this process.
+ * @uid: the only user that may attach with the token, or VMMB_ANY_UID for any user that can reach the broker.
+ * @flags: 0, or VMMB_READONLY for a token that gives read-only holds.
+ * @token: VMMB_TOKEN_SIZE bytes, where the token (32 hex digits today) is written with its NUL, on success.
+ *
+ * Pass the token to the other process, which calls vmmb_attach(). A token
+ * may be used any number of times, until vmmb_revoke() or until the lease
+ * ends; whoever presents it gets the memory, so keep it as secret as a
+ * password. A read-only holder can only make read-only tokens.
+ *
+ * Return: 0, or a negative errno: -EACCES when a read-only holder asks for a
+ * read-write token, -EDQUOT when the lease has as many live tokens as the
+ * broker allows (64), -ENOENT when the broker has no such lease of this
+ * process, -EINVAL for a NULL lease or token, a flag other than VMMB_READONLY
+ * or a uid the broker cannot take, -ECONNRESET when the connection to the
+ * broker was lost, -EPROTO when the broker's reply makes no sense.
+ */
+int vmmb_share(vmmb_lease *lease, uid_t uid, unsigned flags, char token[VMMB_TOKEN_SIZE]);
+
+/**
+ * vmmb_revoke() - revoke a token of vmmb_share().
+ * @client: the client.
+ * @token: the token.
+ *
+ * Later attaches with the token fail with -ENOKEY. Holds already taken with
+ * it stay: the broker cannot take a mapping back from a process. Allowed to
+ * the lease's owner (the user that made it with vmmb_alloc()), the user that
+ * made the token, and the broker's administrators.
+ *
+ * Return: 0, or a negative errno: -ENOKEY when the broker knows no such token
+ * (mistyped, revoked already, or its lease has ended), -EACCES when the
+ * caller may not revoke it, -EINVAL for a NULL client, a NULL or empty token
+ * or one longer than VMMB_TOKEN_SIZE - 1 bytes, -ECONNRESET when the
+ * connection to the broker was lost, -EPROTO when the broker's reply makes no
+ * sense.
+ */
+int vmmb_revoke(vmmb_client *client, const char *token);
+
+/**
+ * vmmb_attach() - map a lease that another process shared, by its token.
+ * @client: the client.
+ * @token: a token from vmmb_share().
+ * @flags: 0, or VMMB_READONLY to map the memory read-only even when the token gives read-write.
+ * @ret: the lease, mapped, on success: the same memory as every other holder's, as they left it.
+ *
+ * The memory is mapped read-only when @flags has VMMB_READONLY or the token
+ * gives read-only holds; vmmb_lease_readonly() says which. The broker cannot
+ * enforce read-only in this process: the library sets the access itself,
+ * as any process importing the memory does. Attaching a lease this process
+ * holds already maps it once more, at another address; each lease object
+ * is freed on its own. End the hold with vmmb_free(), as for vmmb_alloc().
+ *
+ * Return: 0, or a negative errno: -ENOKEY when the broker knows no such token
+ * (mistyped, revoked, or its lease has ended), -EACCES when the token was
+ * made for another user, -EINVAL for a NULL client or ret, a NULL or empty
+ * token or one longer than VMMB_TOKEN_SIZE - 1 bytes, or a flag other than
+ * VMMB_READONLY, -ENOMEM when this process ran out of memory, -ENODEV when
+ * the CUDA driver cannot be loaded, -EIO or another errno of the driver when
+ * the memory cannot be mapped, -ECONNRESET when the connection to the broker
+ * was lost, -EPROTO when the broker's reply makes no sense.
+ */
+int vmmb_attach(vmmb_client *client, const char *token, unsigned flags, vmmb_lease **ret);
+
+/**
+ * vmmb_attach_name() - map a published lease, by its name.
+ * @client: the client.
+ * @name: the name given to vmmb_publish().
+ * @flags: 0, or VMMB_READONLY to map the memory read-only even when the name gives read-write.
+ * @ret: the lease, mapped, on success.
+ *
+ * As vmmb_attach(), for a lease that vmmb_publish() named: allowed to the
+ * lease's owner and to the users the publisher listed. Mapped read-only when
+ * @flags has VMMB_READONLY or the lease was published read-only.
+ *
+ * Return: 0, or a negative errno: -ENOENT when no lease is published under
+ * the name, -EACCES when it is not published to the calling user, -EINVAL
+ * for a NULL client or ret, a name that cannot be published (see
+ * vmmb_publish()) or a flag other than VMMB_READONLY, and the errors of
+ * vmmb_attach() for the mapping and the connection.
+ */
+int vmmb_attach_name(vmmb_client *client, const char *name, unsigned flags, vmmb_lease **ret);
+
+/**
+ * vmmb_publish() - give a lease a name, and keep it alive under it.
+ * @lease: the lease, held read-write by this process, which must be of the user that made it.
+ * @name: 1-128 bytes of ASCII letters, digits and "._-:@+/", beginning with a letter or digit;
+ *        unique in the broker.
+ * @uids: users, besides the owner, who may attach by the name; may be NULL when @n_uids is 0.
+ * @n_uids: the number of @uids, at most 64.
+ * @flags: 0, or VMMB_READONLY for read-only holds through the name (the owner's included).
+ *
+ * A published lease outlives every process that holds it: it stays charged
+ * to its owner, and its memory is kept as the last holder left it, until
+ * vmmb_unpublish(). A lease has at most one name; publishing it again under
+ * the same name replaces @uids and @flags.
+ *
+ * Return: 0, or a negative errno: -EEXIST when another lease is published
+ * under the name, -EACCES when the caller is not of the lease's owner or
+ * holds it read-only, -EINVAL for a NULL lease, a name that cannot be
+ * published, a lease published under another name already, more than 64
+ * users, NULL @uids with @n_uids above 0, VMMB_ANY_UID among them or a flag
+ * other than VMMB_READONLY, -ENOENT when the broker has no such lease of
+ * this process, -ECONNRESET when the connection to the broker was lost,
+ * -EPROTO when the broker's reply makes no sense.
+ */
+int vmmb_publish(vmmb_lease *lease, const char *name, const uid_t *uids, size_t n_uids, unsigned flags);
+
+/**
+ * vmmb_unpublish() - remove a lease's name.
+ * @client: the client.
+ * @name: the name given to vmmb_publish().
+ *
+ * The lease ends when no process holds it any more; the processes that hold
+ * it keep it. Allowed to the lease's owner and the broker's administrators.
+ *
+ * Return: 0, or a negative errno: -ENOENT when no lease is published under
+ * the name, -EACCES when the caller may not unpublish it, -EINVAL for a NULL
+ * client or a name that cannot be published, -ECONNRESET when the
+ * connection to the broker was lost, -EPROTO when the broker's reply makes no
+ * sense.
+ */
+int vmmb_unpublish(vmmb_client *client, const char *name);
 
 /**
  * vmmb_lease_ptr() - the lease's device address.
@@ -134,6 +284,19 @@ int vmmb_lease_device(const vmmb_lease *lease);
  * Return: a string owned by the lease.
  */
 const char *vmmb_lease_id(const vmmb_lease *lease);
+
+/**
+ * vmmb_lease_readonly() - whether the lease is mapped read-only here.
+ * @lease: the lease.
+ *
+ * A lease from vmmb_attach() or vmmb_attach_name() is mapped read-only when
+ * asked, or when the token or name gives read-only holds. Writing to it from
+ * the device then fails (the driver refuses copies and sets, and a kernel's
+ * write faults).
+ *
+ * Return: 1 when mapped read-only, 0 when read-write (or for a NULL lease).
+ */
+int vmmb_lease_readonly(const vmmb_lease *lease);
 
 /**
  * vmmb_error_message() - what went wrong in the calling thread's last failed call.

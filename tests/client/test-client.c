@@ -5,16 +5,24 @@
  * starts its own vmmbrokerd (tests/integration/harness.c) and opens the
  * driver itself, with device 0's primary context current, to write and read
  * the leased memory through the pointer the library returns.
+ *
+ * The sharing tests fork the second process (harness_fork()) after the
+ * library has loaded the driver: the simulated device goes on working in a
+ * forked child, as the real driver would not, so the child needs no driver of
+ * its own; it makes its own client and attaches at addresses of its own.
  */
 
 #include <check.h>
+#include <ctype.h>
 #include <errno.h>
+#include <grp.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -28,6 +36,7 @@
 #include "unit.h"
 
 #define MiB (UINT64_C(1) << 20)
+#define NOBODY 65534
 
 static Harness h;
 static bool daemon_killed;
@@ -350,6 +359,571 @@ START_TEST(test_daemon_killed) {
 }
 END_TEST
 
+/* ---- sharing ------------------------------------------------------------------------------------------ */
+
+/* In a forked child: reports and returns 1, never asserts (check's assertions belong to the test process). */
+#define CHILD_CHECK(cond, ...)                                                                          \
+        do {                                                                                            \
+                if (!(cond)) {                                                                          \
+                        fprintf(stderr, "child %d: %s:%d: ", (int)getpid(), __FILE__, __LINE__);        \
+                        fprintf(stderr, __VA_ARGS__);                                                   \
+                        fprintf(stderr, " (%s)\n", vmmb_error_message());                               \
+                        return 1;                                                                       \
+                }                                                                                       \
+        } while (0)
+
+/* Runs fn(arg) in a forked child and asserts that it succeeded. */
+static void run_child(int (*fn)(void *arg), void *arg) {
+        pid_t pid = harness_fork(fn, arg);
+
+        ck_assert_int_gt(pid, 0);
+        ck_assert_msg(harness_wait(pid) == 0, "the child failed (see its stderr)");
+}
+
+/* Whether every word of `size` bytes at `ptr` reads `value`; for children too. */
+static bool words_are(uint64_t ptr, uint64_t size, uint32_t value) {
+        size_t n = size / sizeof(uint32_t);
+        _cleanup_free_ uint32_t *buf = malloc(n * sizeof(uint32_t));
+
+        if (!buf || cu->cuMemcpyDtoH(buf, ptr, n * sizeof(uint32_t)) != CUDA_SUCCESS)
+                return false;
+        for (size_t i = 0; i < n; i++)
+                if (buf[i] != value)
+                        return false;
+        return true;
+}
+
+static void fill(vmmb_lease *l, uint32_t value) {
+        ck_assert_int_eq(cu->cuMemsetD32(vmmb_lease_ptr(l), value, vmmb_lease_size(l) / 4), CUDA_SUCCESS);
+        ck_assert_int_eq(cu->cuCtxSynchronize(), CUDA_SUCCESS);
+}
+
+static void share_or_fail(vmmb_lease *l, uid_t uid, unsigned flags, char token[VMMB_TOKEN_SIZE]) {
+        int k;
+
+        memset(token, 'x', VMMB_TOKEN_SIZE);
+        k = vmmb_share(l, uid, flags, token);
+        ck_assert_msg(k == 0, "vmmb_share: %s: %s", strerror(-k), vmmb_error_message());
+        /* 32 hex digits, NUL-terminated in the buffer */
+        ck_assert_uint_eq(strlen(token), 32);
+        for (size_t i = 0; i < 32; i++)
+                ck_assert_msg(isxdigit((unsigned char)token[i]), "token %s", token);
+}
+
+static vmmb_lease *attach_or_fail(vmmb_client *c, const char *token, const char *name, unsigned flags) {
+        vmmb_lease *l = NULL;
+        int k;
+
+        k = token ? vmmb_attach(c, token, flags, &l) : vmmb_attach_name(c, name, flags, &l);
+        ck_assert_msg(k == 0, "vmmb_attach%s(%s): %s: %s", token ? "" : "_name", token ?: name, strerror(-k),
+                      vmmb_error_message());
+        ck_assert_ptr_nonnull(l);
+        return l;
+}
+
+typedef struct AttachArgs {
+        const char *socket;
+        const char *token;              /* attach by this token, or */
+        const char *name;               /* by this name */
+        unsigned flags;
+        const char *id;                 /* the lease's identifier */
+        uint64_t size;
+        uint32_t expect;                /* what every word reads */
+        uint32_t write;                 /* written through the attached lease, unless 0 */
+        bool readonly;                  /* whether it must be mapped read-only */
+        bool as_nobody;                 /* drop to uid/gid 65534 first */
+        int error;                      /* what the attach must return instead, or 0 */
+} AttachArgs;
+
+static int drop_to_nobody(void) {
+        CHILD_CHECK(setgroups(0, NULL) == 0 && setgid(NOBODY) == 0 && setuid(NOBODY) == 0,
+                    "cannot drop privileges: %m");
+        CHILD_CHECK(getuid() == NOBODY && geteuid() == NOBODY, "still uid %d", (int)geteuid());
+        return 0;
+}
+
+/*
+ * A second process: attaches, checks the lease against the args, reads it,
+ * writes it (or checks that it cannot), attaches it once more and frees one
+ * hold, and leaves the other to vmmb_close().
+ */
+static int child_attach(void *arg) {
+        const AttachArgs *a = arg;
+        vmmb_client *c = NULL;
+        vmmb_lease *l = NULL, *l2 = NULL;
+        uint32_t word = 0x12345678;
+        int k;
+
+        if (a->as_nobody && drop_to_nobody() != 0)
+                return 1;
+        CHILD_CHECK(cu->cuCtxSetCurrent(ctx) == CUDA_SUCCESS, "cuCtxSetCurrent");
+        k = vmmb_connect(a->socket, &c);
+        CHILD_CHECK(k == 0, "vmmb_connect: %s", strerror(-k));
+        k = a->token ? vmmb_attach(c, a->token, a->flags, &l) : vmmb_attach_name(c, a->name, a->flags, &l);
+        if (a->error) {
+                CHILD_CHECK(k == a->error && !l, "attach returned %d (%s), want %d", k, strerror(-k), a->error);
+                CHILD_CHECK(*vmmb_error_message(), "no message");
+                vmmb_close(c);
+                return 0;
+        }
+        CHILD_CHECK(k == 0, "attach: %s", strerror(-k));
+        CHILD_CHECK(strcmp(vmmb_lease_id(l), a->id) == 0, "lease %s, want %s", vmmb_lease_id(l), a->id);
+        CHILD_CHECK(vmmb_lease_size(l) == a->size, "%llu bytes", (unsigned long long)vmmb_lease_size(l));
+        CHILD_CHECK(vmmb_lease_device(l) == 0, "device %d", vmmb_lease_device(l));
+        CHILD_CHECK(vmmb_lease_readonly(l) == a->readonly, "readonly %d", vmmb_lease_readonly(l));
+        CHILD_CHECK(words_are(vmmb_lease_ptr(l), a->size, a->expect), "the lease does not read 0x%08x", a->expect);
+
+        if (a->readonly) {
+                /* The driver refuses a write to memory mapped read-only, and nothing changes. */
+                CHILD_CHECK(cu->cuMemcpyHtoD(vmmb_lease_ptr(l), &word, sizeof(word)) == CUDA_ERROR_INVALID_VALUE,
+                            "a copy into the read-only lease did not fail");
+                CHILD_CHECK(cu->cuMemsetD32(vmmb_lease_ptr(l), 0, 1) == CUDA_ERROR_INVALID_VALUE,
+                            "a memset of the read-only lease did not fail");
+                CHILD_CHECK(words_are(vmmb_lease_ptr(l), a->size, a->expect), "the read-only lease changed");
+                /* A read-only holder can share it on read-only, not read-write, and cannot publish it. */
+                {
+                        char token[VMMB_TOKEN_SIZE];
+
+                        k = vmmb_share(l, VMMB_ANY_UID, 0, token);
+                        CHILD_CHECK(k == -EACCES, "read-write share by a read-only holder: %d", k);
+                        k = vmmb_share(l, VMMB_ANY_UID, VMMB_READONLY, token);
+                        CHILD_CHECK(k == 0, "read-only share by a read-only holder: %s", strerror(-k));
+                        CHILD_CHECK(vmmb_revoke(c, token) == 0, "revoke");
+                        k = vmmb_publish(l, "child-readonly", NULL, 0, VMMB_READONLY);
+                        CHILD_CHECK(k == -EACCES, "publish by a read-only holder: %d", k);
+                }
+        } else if (a->write) {
+                CHILD_CHECK(cu->cuMemsetD32(vmmb_lease_ptr(l), a->write, a->size / 4) == CUDA_SUCCESS, "memset");
+                CHILD_CHECK(cu->cuCtxSynchronize() == CUDA_SUCCESS, "synchronize");
+        }
+
+        /* A second hold of the same lease: one more mapping of the same memory. */
+        k = a->token ? vmmb_attach(c, a->token, a->flags, &l2) : vmmb_attach_name(c, a->name, a->flags, &l2);
+        CHILD_CHECK(k == 0, "second attach: %s", strerror(-k));
+        CHILD_CHECK(vmmb_lease_ptr(l2) != vmmb_lease_ptr(l), "the same address twice");
+        CHILD_CHECK(strcmp(vmmb_lease_id(l2), a->id) == 0, "second lease %s", vmmb_lease_id(l2));
+        CHILD_CHECK(words_are(vmmb_lease_ptr(l2), a->size, a->write && !a->readonly ? a->write : a->expect),
+                    "the second mapping does not read what the first does");
+        k = vmmb_free(l);
+        CHILD_CHECK(k == 0, "vmmb_free: %s", strerror(-k));
+        vmmb_close(c);          /* frees l2 */
+        return 0;
+}
+
+/* The leases the broker holds, over all holders. */
+static uint64_t daemon_leases(void) {
+        uint64_t leased, leases;
+
+        daemon_status(&leased, &leases);
+        return leases;
+}
+
+START_TEST(test_share_attach) {
+        vmmb_client *c = connect_or_fail();
+        vmmb_lease *l = alloc_or_fail(c, 66 * MiB, VMMB_ANY_DEVICE, "shared");
+        int fds_before = harness_fd_count(getpid());
+        char token[VMMB_TOKEN_SIZE];
+        AttachArgs a;
+
+        fill(l, 0xA11CE000);
+        share_or_fail(l, VMMB_ANY_UID, 0, token);
+        ck_assert_int_eq(vmmb_lease_readonly(l), 0);
+
+        /* Another process sees this one's writes, and this one its writes: the same memory. */
+        a = (AttachArgs){ .socket = h.socket, .token = token, .id = vmmb_lease_id(l), .size = 66 * MiB,
+                          .expect = 0xA11CE000, .write = 0xB0B0CAFE };
+        run_child(child_attach, &a);
+        ck_assert(lease_reads(l, 0xB0B0CAFE));
+        /* Its holds ended with it (free and close); the lease stays this process's. */
+        ck_assert_uint_eq(daemon_leases(), 1);
+
+        /* A token can be used again, and a token for the caller's uid works as well. */
+        share_or_fail(l, getuid(), 0, token);
+        a.expect = 0xB0B0CAFE;
+        a.write = 0x0DDBA11;
+        run_child(child_attach, &a);
+        ck_assert(lease_reads(l, 0x0DDBA11));
+        ck_assert_int_eq(harness_fd_count(getpid()), fds_before);
+
+        ck_assert_int_eq(vmmb_free(l), 0);
+        ck_assert_uint_eq(daemon_leases(), 0);
+        vmmb_close(c);
+}
+END_TEST
+
+START_TEST(test_attach_outlives_maker) {
+        vmmb_client *c = connect_or_fail();
+        vmmb_lease *l = alloc_or_fail(c, 4 * MiB, 0, NULL), *l2, *l3;
+        char token[VMMB_TOKEN_SIZE];
+        uint64_t leased, leases;
+
+        fill(l, 0x5EED5EED);
+        share_or_fail(l, VMMB_ANY_UID, 0, token);
+
+        /* In one process too: each attach is one more hold, mapped at an address of its own. */
+        l2 = attach_or_fail(c, token, NULL, 0);
+        ck_assert_str_eq(vmmb_lease_id(l2), vmmb_lease_id(l));
+        ck_assert_uint_ne(vmmb_lease_ptr(l2), vmmb_lease_ptr(l));
+        ck_assert_uint_eq(vmmb_lease_size(l2), 4 * MiB);
+        ck_assert_int_eq(vmmb_lease_readonly(l2), 0);
+        ck_assert(lease_reads(l2, 0x5EED5EED));
+
+        /* Freeing the lease it was made as leaves the attached one. */
+        ck_assert_int_eq(vmmb_free(l), 0);
+        daemon_status(&leased, &leases);
+        ck_assert_uint_eq(leases, 1);
+        ck_assert_uint_eq(leased, 4 * MiB);
+        ck_assert(lease_reads(l2, 0x5EED5EED));
+        fill(l2, 0xFEEDF00D);
+
+        /* The token lives as long as the lease. */
+        l3 = attach_or_fail(c, token, NULL, VMMB_READONLY);
+        ck_assert_int_eq(vmmb_lease_readonly(l3), 1);
+        ck_assert(lease_reads(l3, 0xFEEDF00D));
+        ck_assert_int_eq(vmmb_free(l2), 0);
+        ck_assert_int_eq(vmmb_free(l3), 0);
+
+        /* The last hold ended the lease and its tokens; the memory comes back zeroed. */
+        ck_assert_uint_eq(daemon_leases(), 0);
+        l3 = NULL;
+        ck_assert_int_eq(vmmb_attach(c, token, 0, &l3), -ENOKEY);
+        ck_assert_ptr_null(l3);
+        l = alloc_or_fail(c, 4 * MiB, 0, NULL);
+        ck_assert(lease_reads(l, 0));
+        vmmb_close(c);
+        ck_assert_uint_eq(daemon_leases(), 0);
+}
+END_TEST
+
+START_TEST(test_attach_readonly) {
+        vmmb_client *c = connect_or_fail();
+        vmmb_lease *l = alloc_or_fail(c, 66 * MiB, 0, "ro"), *l2;
+        char ro[VMMB_TOKEN_SIZE], rw[VMMB_TOKEN_SIZE];
+        uint32_t word = 1;
+        AttachArgs a;
+
+        fill(l, 0xC0FFEE00);
+        share_or_fail(l, VMMB_ANY_UID, VMMB_READONLY, ro);
+        share_or_fail(l, VMMB_ANY_UID, 0, rw);
+        ck_assert_str_ne(ro, rw);
+
+        /* A read-only token maps read-only in another process: writes fail there. */
+        a = (AttachArgs){ .socket = h.socket, .token = ro, .id = vmmb_lease_id(l), .size = 66 * MiB,
+                          .expect = 0xC0FFEE00, .readonly = true };
+        run_child(child_attach, &a);
+        /* So does a read-write token when the attach asks for read-only. */
+        a.token = rw;
+        a.flags = VMMB_READONLY;
+        run_child(child_attach, &a);
+        ck_assert(lease_reads(l, 0xC0FFEE00));
+
+        /* This process holds it read-write already: the read-only token gives no less, but asking does. */
+        l2 = attach_or_fail(c, ro, NULL, 0);
+        ck_assert_int_eq(vmmb_lease_readonly(l2), 0);
+        ck_assert_int_eq(vmmb_free(l2), 0);
+        l2 = attach_or_fail(c, rw, NULL, VMMB_READONLY);
+        ck_assert_int_eq(vmmb_lease_readonly(l2), 1);
+        ck_assert_int_eq(cu->cuMemcpyHtoD(vmmb_lease_ptr(l2), &word, sizeof(word)), CUDA_ERROR_INVALID_VALUE);
+        ck_assert(lease_reads(l2, 0xC0FFEE00));
+        ck_assert_int_eq(vmmb_free(l2), 0);
+
+        ck_assert_int_eq(vmmb_free(l), 0);
+        ck_assert_uint_eq(daemon_leases(), 0);
+        vmmb_close(c);
+}
+END_TEST
+
+typedef struct PublishArgs {
+        const char *socket;
+        const char *name;
+        uint32_t value;
+} PublishArgs;
+
+/* A producer: leases, fills, publishes and exits without freeing. */
+static int child_publish(void *arg) {
+        const PublishArgs *a = arg;
+        vmmb_client *c = NULL;
+        vmmb_lease *l = NULL;
+        int k;
+
+        CHILD_CHECK(cu->cuCtxSetCurrent(ctx) == CUDA_SUCCESS, "cuCtxSetCurrent");
+        k = vmmb_connect(a->socket, &c);
+        CHILD_CHECK(k == 0, "vmmb_connect: %s", strerror(-k));
+        k = vmmb_alloc(c, 6 * MiB, 0, "producer", &l);
+        CHILD_CHECK(k == 0, "vmmb_alloc: %s", strerror(-k));
+        CHILD_CHECK(cu->cuMemsetD32(vmmb_lease_ptr(l), a->value, vmmb_lease_size(l) / 4) == CUDA_SUCCESS, "memset");
+        CHILD_CHECK(cu->cuCtxSynchronize() == CUDA_SUCCESS, "synchronize");
+        k = vmmb_publish(l, a->name, NULL, 0, 0);
+        CHILD_CHECK(k == 0, "vmmb_publish: %s", strerror(-k));
+        return 0;               /* exits holding it: the name keeps it */
+}
+
+START_TEST(test_publish) {
+        vmmb_client *c = connect_or_fail();
+        vmmb_lease *l = alloc_or_fail(c, 4 * MiB, 0, "published"), *l2, *other, *none = NULL;
+        const char *name = "test/weights-1.0:a@b+c_d";
+        uid_t users[] = { 1000, NOBODY };
+        PublishArgs p = { .socket = h.socket, .name = "made-by-a-child", .value = 0xDA7A0001 };
+        AttachArgs a;
+
+        fill(l, 0x9E1B0000);
+        ck_assert_int_eq(vmmb_publish(l, name, NULL, 0, 0), 0);
+        /* The same name again updates it; another lease cannot take it; this one has no second name. */
+        ck_assert_int_eq(vmmb_publish(l, name, users, 2, 0), 0);
+        other = alloc_or_fail(c, 2 * MiB, 0, NULL);
+        ck_assert_int_eq(vmmb_publish(other, name, NULL, 0, 0), -EEXIST);
+        ck_assert_msg(strstr(vmmb_error_message(), name), "message: %s", vmmb_error_message());
+        ck_assert_int_eq(vmmb_publish(l, "another-name", NULL, 0, 0), -EINVAL);
+        ck_assert_int_eq(vmmb_free(other), 0);
+
+        /* Published, it outlives every holder. */
+        ck_assert_int_eq(vmmb_free(l), 0);
+        ck_assert_uint_eq(daemon_leases(), 1);
+        l = attach_or_fail(c, NULL, name, 0);
+        ck_assert_int_eq(vmmb_lease_readonly(l), 0);
+        ck_assert_uint_eq(vmmb_lease_size(l), 4 * MiB);
+        ck_assert(lease_reads(l, 0x9E1B0000));
+
+        /* Another process attaches by the name; published read-only, it gets a read-only mapping. */
+        a = (AttachArgs){ .socket = h.socket, .name = name, .id = vmmb_lease_id(l), .size = 4 * MiB,
+                          .expect = 0x9E1B0000, .write = 0x9E1B0001 };
+        run_child(child_attach, &a);
+        ck_assert(lease_reads(l, 0x9E1B0001));
+        ck_assert_int_eq(vmmb_publish(l, name, NULL, 0, VMMB_READONLY), 0);
+        a.expect = 0x9E1B0001;
+        a.readonly = true;
+        run_child(child_attach, &a);
+
+        /* Unpublished, it ends with its last holder. */
+        ck_assert_int_eq(vmmb_unpublish(c, name), 0);
+        ck_assert_int_eq(vmmb_unpublish(c, name), -ENOENT);
+        ck_assert_msg(strstr(vmmb_error_message(), name), "message: %s", vmmb_error_message());
+        ck_assert_int_eq(vmmb_attach_name(c, name, 0, &none), -ENOENT);
+        ck_assert_ptr_null(none);
+        ck_assert_uint_eq(daemon_leases(), 1);
+        ck_assert(lease_reads(l, 0x9E1B0001));
+        ck_assert_int_eq(vmmb_free(l), 0);
+        ck_assert_uint_eq(daemon_leases(), 0);
+
+        /* A lease published by a process that exited: attached by the next one, then unpublished. */
+        run_child(child_publish, &p);
+        ck_assert_uint_eq(daemon_leases(), 1);
+        l2 = attach_or_fail(c, NULL, p.name, 0);
+        ck_assert(lease_reads(l2, 0xDA7A0001));
+        ck_assert_int_eq(vmmb_free(l2), 0);
+        ck_assert_uint_eq(daemon_leases(), 1);
+        ck_assert_int_eq(vmmb_unpublish(c, p.name), 0);
+        ck_assert_uint_eq(daemon_leases(), 0);
+        vmmb_close(c);
+}
+END_TEST
+
+START_TEST(test_share_errors) {
+        vmmb_client *c = connect_or_fail();
+        vmmb_lease *l = alloc_or_fail(c, 2 * MiB, 0, NULL), *none = NULL;
+        char token[VMMB_TOKEN_SIZE], tokens[64][VMMB_TOKEN_SIZE];
+        uid_t other = getuid() == 0 ? NOBODY : getuid() + 1;
+
+        /* A token nobody made, a revoked one. */
+        ck_assert_int_eq(vmmb_attach(c, "0123456789abcdef0123456789abcdef", 0, &none), -ENOKEY);
+        ck_assert_msg(strstr(vmmb_error_message(), "token"), "message: %s", vmmb_error_message());
+        ck_assert_int_eq(vmmb_revoke(c, "0123456789abcdef0123456789abcdef"), -ENOKEY);
+        share_or_fail(l, VMMB_ANY_UID, 0, token);
+        ck_assert_int_eq(vmmb_revoke(c, token), 0);
+        ck_assert_int_eq(vmmb_attach(c, token, 0, &none), -ENOKEY);
+        ck_assert_int_eq(vmmb_revoke(c, token), -ENOKEY);
+
+        /* A token for another user. */
+        share_or_fail(l, other, 0, token);
+        ck_assert_int_eq(vmmb_attach(c, token, 0, &none), -EACCES);
+        ck_assert_str_ne(vmmb_error_message(), "");
+        ck_assert_ptr_null(none);
+        ck_assert_int_eq(vmmb_revoke(c, token), 0);
+
+        /* At most 64 live tokens a lease; revoking one makes room. */
+        for (size_t i = 0; i < 64; i++)
+                share_or_fail(l, VMMB_ANY_UID, i % 2 ? VMMB_READONLY : 0, tokens[i]);
+        ck_assert_int_eq(vmmb_share(l, VMMB_ANY_UID, 0, token), -EDQUOT);
+        ck_assert_msg(strstr(vmmb_error_message(), "token"), "message: %s", vmmb_error_message());
+        ck_assert_int_eq(vmmb_revoke(c, tokens[7]), 0);
+        share_or_fail(l, VMMB_ANY_UID, 0, token);
+
+        /* Published to 64 users, not 65. */
+        {
+                uid_t users[65];
+
+                for (size_t i = 0; i < 65; i++)
+                        users[i] = (uid_t)(2000 + i);
+                ck_assert_int_eq(vmmb_publish(l, "many", users, 65, 0), -EINVAL);
+                ck_assert_int_eq(vmmb_publish(l, "many", users, 64, 0), 0);
+                users[3] = VMMB_ANY_UID;
+                ck_assert_int_eq(vmmb_publish(l, "many", users, 64, 0), -EINVAL);
+                ck_assert_int_eq(vmmb_publish(l, "many", NULL, 1, 0), -EINVAL);
+                ck_assert_int_eq(vmmb_unpublish(c, "many"), 0);
+        }
+
+        /* Arguments. */
+        ck_assert_int_eq(vmmb_share(NULL, VMMB_ANY_UID, 0, token), -EINVAL);
+        ck_assert_int_eq(vmmb_share(l, VMMB_ANY_UID, 0, NULL), -EINVAL);
+        ck_assert_int_eq(vmmb_share(l, VMMB_ANY_UID, 2, token), -EINVAL);
+        ck_assert_int_eq(vmmb_revoke(NULL, token), -EINVAL);
+        ck_assert_int_eq(vmmb_revoke(c, NULL), -EINVAL);
+        ck_assert_int_eq(vmmb_revoke(c, ""), -EINVAL);
+        ck_assert_int_eq(vmmb_attach(NULL, token, 0, &none), -EINVAL);
+        ck_assert_int_eq(vmmb_attach(c, NULL, 0, &none), -EINVAL);
+        ck_assert_int_eq(vmmb_attach(c, "", 0, &none), -EINVAL);
+        ck_assert_int_eq(vmmb_attach(c, token, 0, NULL), -EINVAL);
+        ck_assert_int_eq(vmmb_attach(c, token, VMMB_READONLY | 4, &none), -EINVAL);
+        {
+                char long_token[VMMB_TOKEN_SIZE + 1];
+
+                memset(long_token, 'a', VMMB_TOKEN_SIZE);
+                long_token[VMMB_TOKEN_SIZE] = 0;
+                ck_assert_int_eq(vmmb_attach(c, long_token, 0, &none), -EINVAL);
+                ck_assert_int_eq(vmmb_revoke(c, long_token), -EINVAL);
+                long_token[VMMB_TOKEN_SIZE - 1] = 0;   /* the longest a token may be: unknown, not invalid */
+                ck_assert_int_eq(vmmb_attach(c, long_token, 0, &none), -ENOKEY);
+        }
+        /* Sent with the characters replaced: no token has them. */
+        ck_assert_int_eq(vmmb_attach(c, "token\twith\ncontrols\xff", 0, &none), -ENOKEY);
+        ck_assert_ptr_null(none);
+
+        {
+                char long_name[130];
+
+                memset(long_name, 'n', sizeof(long_name) - 1);
+                long_name[sizeof(long_name) - 1] = 0;
+                for (size_t i = 0; i < 6; i++) {
+                        const char *bad = (const char *[]){ "", "-starts-with-dash", ".hidden", "has space",
+                                                             "ünïcode", long_name }[i];
+
+                        ck_assert_int_eq(vmmb_publish(l, bad, NULL, 0, 0), -EINVAL);
+                        ck_assert_int_eq(vmmb_attach_name(c, bad, 0, &none), -EINVAL);
+                        ck_assert_int_eq(vmmb_unpublish(c, bad), -EINVAL);
+                        ck_assert_str_ne(vmmb_error_message(), "");
+                }
+                long_name[128] = 0;     /* 128 bytes: a name */
+                ck_assert_int_eq(vmmb_attach_name(c, long_name, 0, &none), -ENOENT);
+        }
+        ck_assert_int_eq(vmmb_publish(NULL, "x", NULL, 0, 0), -EINVAL);
+        ck_assert_int_eq(vmmb_publish(l, NULL, NULL, 0, 0), -EINVAL);
+        ck_assert_int_eq(vmmb_publish(l, "x", NULL, 0, 8), -EINVAL);
+        ck_assert_int_eq(vmmb_attach_name(NULL, "x", 0, &none), -EINVAL);
+        ck_assert_int_eq(vmmb_attach_name(c, NULL, 0, &none), -EINVAL);
+        ck_assert_int_eq(vmmb_attach_name(c, "x", 0, NULL), -EINVAL);
+        ck_assert_int_eq(vmmb_attach_name(c, "x", 2, &none), -EINVAL);
+        ck_assert_int_eq(vmmb_unpublish(NULL, "x"), -EINVAL);
+        ck_assert_int_eq(vmmb_unpublish(c, NULL), -EINVAL);
+        ck_assert_ptr_null(none);
+        ck_assert_int_eq(vmmb_lease_readonly(NULL), 0);
+
+        /* The client is still usable, and nothing leaked. */
+        ck_assert_int_eq(vmmb_free(l), 0);
+        ck_assert_int_eq(vmmb_attach(c, tokens[0], 0, &none), -ENOKEY);
+        ck_assert_uint_eq(daemon_leases(), 0);
+        vmmb_close(c);
+}
+END_TEST
+
+typedef struct NobodyArgs {
+        const char *socket;
+        const char *token_any;          /* attachable by anyone */
+        const char *token_nobody;       /* made for uid 65534 */
+        const char *token_root;         /* made for uid 0 */
+        const char *name_closed;        /* published to no other user */
+        const char *name_open;          /* published to 65534 */
+        const char *id;
+        uint64_t size;
+        uint32_t expect;
+} NobodyArgs;
+
+/* As uid 65534: attach what was shared with it, be refused what was not, revoke and unpublish nothing. */
+static int child_nobody(void *arg) {
+        const NobodyArgs *a = arg;
+        vmmb_client *c = NULL;
+        vmmb_lease *l = NULL;
+        char token[VMMB_TOKEN_SIZE];
+        int k;
+
+        if (drop_to_nobody() != 0)
+                return 1;
+        CHILD_CHECK(cu->cuCtxSetCurrent(ctx) == CUDA_SUCCESS, "cuCtxSetCurrent");
+        k = vmmb_connect(a->socket, &c);
+        CHILD_CHECK(k == 0, "vmmb_connect: %s", strerror(-k));
+
+        k = vmmb_attach(c, a->token_root, 0, &l);
+        CHILD_CHECK(k == -EACCES && !l, "attach with root's token: %d", k);
+        k = vmmb_attach_name(c, a->name_closed, 0, &l);
+        CHILD_CHECK(k == -EACCES && !l, "attach by a name not published to nobody: %d", k);
+        k = vmmb_revoke(c, a->token_root);
+        CHILD_CHECK(k == -EACCES, "revoke of root's token: %d", k);
+        k = vmmb_unpublish(c, a->name_open);
+        CHILD_CHECK(k == -EACCES, "unpublish of root's name: %d", k);
+
+        for (size_t i = 0; i < 3; i++) {
+                k = i == 0 ? vmmb_attach(c, a->token_any, 0, &l) :
+                    i == 1 ? vmmb_attach(c, a->token_nobody, 0, &l) : vmmb_attach_name(c, a->name_open, 0, &l);
+                CHILD_CHECK(k == 0, "attach %zu as nobody: %s", i, strerror(-k));
+                CHILD_CHECK(strcmp(vmmb_lease_id(l), a->id) == 0 && vmmb_lease_size(l) == a->size, "lease");
+                CHILD_CHECK(words_are(vmmb_lease_ptr(l), a->size, a->expect), "does not read 0x%08x", a->expect);
+                CHILD_CHECK(vmmb_free(l) == 0, "free");
+                l = NULL;
+        }
+
+        /* A holder of another user may share it on, but not publish it. */
+        k = vmmb_attach(c, a->token_any, 0, &l);
+        CHILD_CHECK(k == 0, "attach: %s", strerror(-k));
+        k = vmmb_publish(l, "nobodys", NULL, 0, 0);
+        CHILD_CHECK(k == -EACCES, "publish of root's lease by nobody: %d", k);
+        k = vmmb_share(l, VMMB_ANY_UID, 0, token);
+        CHILD_CHECK(k == 0, "share by nobody: %s", strerror(-k));
+        CHILD_CHECK(vmmb_revoke(c, token) == 0, "nobody revokes its own token");
+        vmmb_close(c);
+        return 0;
+}
+
+START_TEST(test_other_user) {
+        vmmb_client *c = connect_or_fail();
+        vmmb_lease *l = alloc_or_fail(c, 4 * MiB, 0, NULL);
+        char any[VMMB_TOKEN_SIZE], nobody[VMMB_TOKEN_SIZE], root[VMMB_TOKEN_SIZE];
+        uid_t user = NOBODY;
+        NobodyArgs a;
+
+        if (geteuid() != 0) {
+                fprintf(stderr, "test_other_user: not root, another user's view not checked\n");
+                vmmb_close(c);
+                return;
+        }
+        fill(l, 0x0BAD0000);
+        share_or_fail(l, VMMB_ANY_UID, 0, any);
+        share_or_fail(l, NOBODY, 0, nobody);
+        share_or_fail(l, 0, 0, root);
+        ck_assert_int_eq(vmmb_publish(l, "for-nobody", &user, 1, 0), 0);
+        {
+                vmmb_lease *closed = alloc_or_fail(c, 2 * MiB, 0, NULL);
+
+                ck_assert_int_eq(vmmb_publish(closed, "for-root", NULL, 0, 0), 0);
+                ck_assert_int_eq(vmmb_free(closed), 0);
+        }
+
+        /* Let nobody reach the private socket. */
+        ck_assert_int_eq(chmod(h.dir, 0711), 0);
+        ck_assert_int_eq(chmod(h.socket, 0666), 0);
+        a = (NobodyArgs){ .socket = h.socket, .token_any = any, .token_nobody = nobody, .token_root = root,
+                          .name_closed = "for-root", .name_open = "for-nobody", .id = vmmb_lease_id(l),
+                          .size = 4 * MiB, .expect = 0x0BAD0000 };
+        run_child(child_nobody, &a);
+
+        /* Root's tokens and names are as they were. */
+        ck_assert_int_eq(vmmb_revoke(c, root), 0);
+        ck_assert_int_eq(vmmb_unpublish(c, "for-root"), 0);
+        ck_assert_int_eq(vmmb_unpublish(c, "for-nobody"), 0);
+        ck_assert_int_eq(vmmb_free(l), 0);
+        ck_assert_uint_eq(daemon_leases(), 0);
+        vmmb_close(c);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("client");
         TCase *tc = tcase_create("client");
@@ -364,6 +938,12 @@ int main(void) {
         tcase_add_test(tc, test_no_driver);
         tcase_add_test(tc, test_close_frees_leases);
         tcase_add_test(tc, test_daemon_killed);
+        tcase_add_test(tc, test_share_attach);
+        tcase_add_test(tc, test_attach_outlives_maker);
+        tcase_add_test(tc, test_attach_readonly);
+        tcase_add_test(tc, test_publish);
+        tcase_add_test(tc, test_share_errors);
+        tcase_add_test(tc, test_other_user);
         suite_add_tcase(s, tc);
 
         failed = run_suite(s);
