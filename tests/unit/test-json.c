@@ -245,6 +245,60 @@ START_TEST(test_build) {
 }
 END_TEST
 
+/* JSON_UINT64V: an optional array of non-negative integers, with a limit on its length. */
+typedef struct Uids {
+        uint64_t *uids;
+        size_t n_uids;
+} Uids;
+
+static const JsonField uids_fields[] = {
+        JSON_FIELD_UINT64V("uids", Uids, uids, n_uids, false, 3),
+        JSON_FIELD_END,
+};
+
+static int dispatch_uids(const char *s, Uids *ret, const char **ret_field) {
+        _cleanup_(json_object_putp) json_object *o = json_tokener_parse(s);
+
+        ck_assert_ptr_nonnull(o);
+        return json_dispatch(o, uids_fields, ret, ret_field, NULL);
+}
+
+START_TEST(test_uint64_array) {
+        _cleanup_(json_object_putp) json_object *o = NULL;
+        const char *field = NULL;
+        Uids u;
+
+        ck_assert_int_eq(dispatch_uids("{}", &u, &field), 0);
+        ck_assert_ptr_null(u.uids);
+        ck_assert_uint_eq(u.n_uids, 0);
+        ck_assert_int_eq(dispatch_uids("{\"uids\": []}", &u, &field), 0);
+        ck_assert_uint_eq(u.n_uids, 0);
+        ck_assert_int_eq(dispatch_uids("{\"uids\": [0, 1000, 9223372036854775807]}", &u, &field), 0);
+        ck_assert_uint_eq(u.n_uids, 3);
+        ck_assert_uint_eq(u.uids[1], 1000);
+        ck_assert_uint_eq(u.uids[2], INT64_MAX);
+
+        /* builds back to the same text, and an empty optional array is left out */
+        ck_assert_int_eq(json_build(uids_fields, &u, &o), 0);
+        ck_assert_str_eq(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN),
+                         "{\"uids\":[0,1000,9223372036854775807]}");
+        json_dispatch_free(uids_fields, &u);
+        ck_assert_ptr_null(u.uids);
+        ck_assert_uint_eq(u.n_uids, 0);
+
+        /* every failure names the field and leaves nothing allocated */
+        static const char *const bad[] = {
+                "{\"uids\": [1, 2, 3, 4]}", "{\"uids\": [-1]}", "{\"uids\": [1, \"2\"]}", "{\"uids\": [1.5]}",
+                "{\"uids\": 1}", "{\"uids\": [9223372036854775808]}", "{\"uids\": [[1]]}",
+        };
+        for (size_t i = 0; i < ELEMENTSOF(bad); i++) {
+                ck_assert_msg(dispatch_uids(bad[i], &u, &field) == -EINVAL, "%s was accepted", bad[i]);
+                ck_assert_str_eq(field, "uids");
+                ck_assert_ptr_null(u.uids);
+        }
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("json");
         TCase *tc = tcase_create("json");
@@ -253,6 +307,7 @@ int main(void) {
         tcase_add_test(tc, test_parse_strict);
         tcase_add_test(tc, test_dispatch);
         tcase_add_test(tc, test_build);
+        tcase_add_test(tc, test_uint64_array);
         suite_add_tcase(s, tc);
         failed = run_suite(s);
         return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
