@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 
 /*
- * vmmctl: the administrator's view of the broker. Each command makes one
+ * vmmctl: the administrator's view of the broker, and the one change it
+ * makes: taking a published lease's name away. Each command makes one
  * varlink call on a blocking connection whose reads and writes give up after
  * IO_TIMEOUT_S (a stuck broker is an error, not a hang) and prints the reply
  * as a table for people or, with --json, as the broker's own parameters.
@@ -73,7 +74,9 @@ typedef struct Context {
 
 typedef struct Verb {
         const char *name;
-        unsigned max_args;              /* arguments after the command's name */
+        unsigned min_args;              /* arguments after the command's name */
+        unsigned max_args;
+        const char *args_name;          /* what they are, for the usage error when they are missing */
         bool takes_all;                 /* --all means something to it */
         int (*run)(Context *ctx, int argc, char **argv);
 } Verb;
@@ -87,6 +90,8 @@ _printf_(1, 2) static void log_error(const char *fmt, ...) {
         va_end(ap);
         fputc('\n', stderr);
 }
+
+_printf_(1, 2) static int usage_error(const char *fmt, ...);
 
 /* --- talking to the broker --------------------------------------------------------------------------- */
 
@@ -156,14 +161,21 @@ static int broker_io_failed(const Context *ctx, int error, const char *what, con
         }
 }
 
+/* Who may make the call `method` that the broker refused with PermissionDenied. */
+static const char *permission_hint(const char *method) {
+        if (strcmp(method, VMMB_METHOD_UNPUBLISH) == 0)
+                return "Only the lease's owner, root and the members of the broker's AdminGroup= "
+                       "(vmmbroker.conf(5)) may unpublish it.";
+        return "Run it as root or as a member of the broker's AdminGroup= (vmmbroker.conf(5)).";
+}
+
 /* Says what the broker's error reply means and how to get past it; returns EXIT_BROKER_ERROR. */
 static int broker_refused(const VarlinkReply *reply, const char *method) {
         _cleanup_free_ char *message = NULL;
 
         vmmb_error_describe(reply->error, reply->parameters, method, &message);
         if (strcmp(reply->error, VMMB_ERROR_PERMISSION_DENIED) == 0)
-                log_error("%s Run it as root or as a member of the broker's AdminGroup= (vmmbroker.conf(5)).",
-                          message ?: "Permission denied.");
+                log_error("%s %s", message ?: "Permission denied.", permission_hint(method));
         else
                 log_error("%s", message ?: "The broker refused the call.");
         return EXIT_BROKER_ERROR;
@@ -427,25 +439,34 @@ enum {
         LIST_DEVICE,
         LIST_SIZE,
         LIST_SLABS,
-        LIST_PID,
-        LIST_USER,
-        LIST_COMMAND,
+        LIST_OWNER,
+        LIST_NAME,
         LIST_LABEL,
         LIST_AGE,
+        LIST_PID,
+        LIST_USER,
+        LIST_MODE,
+        LIST_COMMAND,
         LIST_COLUMNS,
 };
 
+/* The lease's own columns first, then its holder's: a continuation row fills only the last four. */
 static const TableColumn list_columns[LIST_COLUMNS] = {
         [LIST_ID] = { "ID", TABLE_LEFT, 8 },
         [LIST_DEVICE] = { "DEVICE", TABLE_RIGHT, 0 },
         [LIST_SIZE] = { "SIZE", TABLE_RIGHT, 0 },
         [LIST_SLABS] = { "SLABS", TABLE_RIGHT, 0 },
-        [LIST_PID] = { "PID", TABLE_RIGHT, 0 },
-        [LIST_USER] = { "USER", TABLE_LEFT, 0 },
-        [LIST_COMMAND] = { "COMMAND", TABLE_LEFT, 7 },
+        [LIST_OWNER] = { "OWNER", TABLE_LEFT, 5 },
+        [LIST_NAME] = { "NAME", TABLE_LEFT, 4 },
         [LIST_LABEL] = { "LABEL", TABLE_LEFT, 5 },
         [LIST_AGE] = { "AGE", TABLE_RIGHT, 0 },
+        [LIST_PID] = { "PID", TABLE_RIGHT, 0 },
+        [LIST_USER] = { "USER", TABLE_LEFT, 4 },
+        [LIST_MODE] = { "MODE", TABLE_LEFT, 0 },
+        [LIST_COMMAND] = { "COMMAND", TABLE_LEFT, 7 },
 };
+
+#define USER_MAX 256                    /* a user's name as a table shows it (LOGIN_NAME_MAX) */
 
 /* Oldest first; leases made in the same microsecond by identifier. */
 static int lease_compare(const void *a, const void *b) {
@@ -454,6 +475,58 @@ static int lease_compare(const void *a, const void *b) {
         if (x->created != y->created)
                 return x->created < y->created ? -1 : 1;
         return strcmp(x->id, y->id);
+}
+
+/* A user's name, or its number when the user database does not know it. */
+static const char *format_user(int64_t uid, char *buf, size_t len) {
+        const struct passwd *pw = uid >= 0 && uid < (int64_t)UINT32_MAX ? getpwuid((uid_t)uid) : NULL;
+
+        if (pw)
+                snprintf(buf, len, "%s", pw->pw_name);
+        else
+                snprintf(buf, len, "%" PRId64, uid);
+        return buf;
+}
+
+/*
+ * The rows of one lease: the lease with its first holder, then a continuation
+ * row (holder columns only) for each further holder. A lease nobody holds (a
+ * published one) shows "-" for the holder. Returns 0 or an exit status.
+ */
+static int list_add_lease(Table *t, const WireLeaseInfo *l, uint64_t now_usec) {
+        char device[24], slabs[24], size[FORMAT_SIZE_MAX], age[32], owner[USER_MAX];
+        uint64_t created = l->created > 0 ? (uint64_t)l->created : 0;
+        int k = 0;
+
+        snprintf(device, sizeof(device), "%" PRId64, l->device);
+        snprintf(slabs, sizeof(slabs), "%" PRIu64, l->slabs);
+        format_user(l->uid, owner, sizeof(owner));
+        for (size_t i = 0; k == 0 && i < (l->n_holders > 0 ? l->n_holders : 1); i++) {
+                const WireHolder *h = l->n_holders > 0 ? &l->holders[i] : NULL;
+                char pid[24] = "-", user[USER_MAX] = "-";
+
+                if (h) {
+                        snprintf(pid, sizeof(pid), "%" PRId64, h->pid);
+                        format_user(h->uid, user, sizeof(user));
+                }
+                k = table_add_row(t, (const char *const[]){
+                        [LIST_ID] = i == 0 ? l->id : "",
+                        [LIST_DEVICE] = i == 0 ? device : "",
+                        [LIST_SIZE] = i == 0 ? format_size(l->size, size, sizeof(size)) : "",
+                        [LIST_SLABS] = i == 0 ? slabs : "",
+                        [LIST_OWNER] = i == 0 ? owner : "",
+                        [LIST_NAME] = i == 0 ? l->name ?: "-" : "",
+                        [LIST_LABEL] = i == 0 ? l->label ?: "-" : "",
+                        [LIST_AGE] = i == 0 ? format_age(now_usec > created ? now_usec - created : 0, age,
+                                                         sizeof(age))
+                                            : "",
+                        [LIST_PID] = pid,
+                        [LIST_USER] = user,
+                        [LIST_MODE] = !h ? "-" : h->readonly ? "ro" : "rw",
+                        [LIST_COMMAND] = h && h->comm ? h->comm : "-",
+                }, LIST_COLUMNS);
+        }
+        return k;
 }
 
 static int verb_list(Context *ctx, int argc, char **argv) {
@@ -484,34 +557,15 @@ static int verb_list(Context *ctx, int argc, char **argv) {
 
         (void)clock_gettime(CLOCK_REALTIME, &now);
         now_usec = (uint64_t)now.tv_sec * 1000000 + (uint64_t)now.tv_nsec / 1000;
-        qsort(list.leases, list.n_leases, sizeof(list.leases[0]), lease_compare);
+        if (list.n_leases > 0)          /* no leases: no array, and qsort() may not be given NULL */
+                qsort(list.leases, list.n_leases, sizeof(list.leases[0]), lease_compare);
         if (table_new(&t, list_columns, LIST_COLUMNS) < 0) {
                 log_error("Out of memory.");
                 k = EXIT_BROKER_ERROR;
                 goto finish;
         }
-        for (size_t i = 0; i < list.n_leases && k == 0; i++) {
-                const WireLeaseInfo *l = &list.leases[i];
-                char device[24], slabs[24], pid[24], uid[24], size[FORMAT_SIZE_MAX], age[32];
-                uint64_t created = l->created > 0 ? (uint64_t)l->created : 0;
-                const struct passwd *pw = getpwuid((uid_t)l->uid);
-
-                snprintf(device, sizeof(device), "%" PRId64, l->device);
-                snprintf(slabs, sizeof(slabs), "%" PRIu64, l->slabs);
-                snprintf(pid, sizeof(pid), "%" PRId64, l->pid);
-                snprintf(uid, sizeof(uid), "%" PRId64, l->uid);
-                k = table_add_row(t, (const char *const[]){
-                        [LIST_ID] = l->id,
-                        [LIST_DEVICE] = device,
-                        [LIST_SIZE] = format_size(l->size, size, sizeof(size)),
-                        [LIST_SLABS] = slabs,
-                        [LIST_PID] = pid,
-                        [LIST_USER] = pw ? pw->pw_name : uid,
-                        [LIST_COMMAND] = l->comm ?: "-",
-                        [LIST_LABEL] = l->label ?: "-",
-                        [LIST_AGE] = format_age(now_usec > created ? now_usec - created : 0, age, sizeof(age)),
-                }, LIST_COLUMNS);
-        }
+        for (size_t i = 0; i < list.n_leases && k == 0; i++)
+                k = list_add_lease(t, &list.leases[i], now_usec);
         fit_table(ctx, t);
         if (k == 0)
                 k = print_table(ctx, t);
@@ -523,9 +577,36 @@ finish:
         return k;
 }
 
+static int verb_unpublish(Context *ctx, int argc, char **argv) {
+        _cleanup_(json_object_putp) json_object *params = NULL, *reply = NULL;
+        _cleanup_free_ char *message = NULL;
+        UnpublishParams up = { .name = argv[0] };
+        int k;
+
+        /* A name Publish refuses is published nowhere: a typo, best said before asking. */
+        if (!vmmb_lease_name_is_valid(up.name))
+                return usage_error("'%s' is not a lease name: names are 1-%d letters, digits and ._-:@+/ that "
+                                   "begin with a letter or digit.", up.name, VMMB_LEASE_NAME_MAX);
+        k = unpublish_params_encode(&up, &params);
+        if (k < 0) {
+                log_error("Cannot make the call %s: %s", VMMB_METHOD_UNPUBLISH, strerror(-k));
+                return EXIT_BROKER_ERROR;
+        }
+        k = broker_call(ctx, VMMB_METHOD_UNPUBLISH, params, &reply);
+        if (k != 0)
+                return k;
+        k = empty_params_decode(reply, NULL, &message);
+        if (k < 0)
+                return reply_unreadable(ctx, VMMB_METHOD_UNPUBLISH, k, message);
+        if (ctx->args->json)
+                return print_json(reply);
+        return 0;
+}
+
 static const Verb verbs[] = {
-        { "status", 0, false, verb_status },    /* the first is the default */
-        { "list", 0, true, verb_list },
+        { "status", 0, 0, NULL, false, verb_status },   /* the first is the default */
+        { "list", 0, 0, NULL, true, verb_list },
+        { "unpublish", 1, 1, "NAME", false, verb_unpublish },
 };
 
 /* --- the command line -------------------------------------------------------------------------------- */
@@ -533,11 +614,12 @@ static const Verb verbs[] = {
 static void help(void) {
         printf("Usage: vmmctl [OPTIONS] [COMMAND]\n"
                "\n"
-               "Shows what the vmmbroker GPU memory broker holds.\n"
+               "Shows what the vmmbroker GPU memory broker holds, and takes published names away.\n"
                "\n"
                "Commands:\n"
                "  status                 Each device's pool: capacity, leased, cached, free (the default)\n"
-               "  list                   Your leases: id, device, size, slabs, pid, user, command, label, age\n"
+               "  list                   Your leases, their names and every process holding them\n"
+               "  unpublish NAME         Remove a published lease's name (its owner or an administrator)\n"
                "\n"
                "Options:\n"
                "  -h --help              Show this help and exit\n"
@@ -661,8 +743,12 @@ int main(int argc, char *argv[]) {
                 optind++;
         }
         n_args = argc - optind;
+        if ((unsigned)n_args < verb->min_args)
+                return usage_error("'%s' needs %s: vmmctl %s %s.", verb->name, verb->args_name, verb->name,
+                                   verb->args_name);
         if ((unsigned)n_args > verb->max_args)
-                return usage_error("Too many arguments for '%s': '%s'.", verb->name, argv[optind]);
+                return usage_error("Too many arguments for '%s': '%s'.", verb->name,
+                                   argv[optind + verb->max_args]);
         if (args.all && !verb->takes_all)
                 return usage_error("--all goes with 'list', not '%s'.", verb->name);
 

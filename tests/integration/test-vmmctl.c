@@ -2,12 +2,14 @@
 
 /*
  * vmmctl against the real daemon on the simulated device. Each test starts
- * its own vmmbrokerd (harness.h), makes leases over a raw varlink connection,
- * runs $VMMCTL and checks its output against what the broker says on that
- * raw connection: the tables' columns line up under their headers and carry
- * the same numbers, --json carries exactly the interface's fields, and the
- * exit statuses are those of vmmctl(1). Fitting to a terminal is checked
- * under a pseudo-terminal of a known width.
+ * its own vmmbrokerd (harness.h), makes leases over a raw varlink connection
+ * (and shares, attaches and publishes them the same way: the tests depend on
+ * the protocol, not on the client library), runs $VMMCTL and checks its
+ * output against what the broker says on that raw connection: the tables'
+ * columns line up under their headers and carry the same numbers, a lease
+ * shows one row per holder, --json carries exactly the interface's fields,
+ * and the exit statuses are those of vmmctl(1). Fitting to a terminal is
+ * checked under a pseudo-terminal of a known width.
  *
  * Nothing sleeps: vmmctl is waited for, and every read has a poll() timeout
  * that only turns a hang into a failure.
@@ -25,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -45,7 +48,9 @@
 #define IO_TIMEOUT_MS (HARNESS_IO_TIMEOUT_S * 1000)
 #define MAX_LINES 64
 #define NOBODY 65534
-#define PTY_COLUMNS 78                  /* narrower than both tables, wide enough for their narrowest */
+#define PTY_COLUMNS 78                  /* narrower than the status table, wide enough for its narrowest */
+#define LIST_PTY_COLUMNS 100            /* the same for the list table (12 columns, 80 or more at the narrowest) */
+#define HOLDER_COMM "vmmctl-holder"     /* the command name of the second holder's process */
 #define LONG_LABEL "a label long enough that no terminal of eighty columns shows all of it beside the rest"
 
 DEFINE_TRIVIAL_CLEANUP_FUNC(VarlinkConn, varlink_conn_free);
@@ -87,6 +92,142 @@ static char *lease_alloc(const char *socket, uint64_t size, const char *label) {
         ck_assert_ptr_nonnull(ret);
         varlink_reply_done(&r);
         return ret;
+}
+
+/* raw_call(), asserting that the broker did not answer with an error. */
+static void raw_call_ok(const char *socket, const char *method, json_object *params, VarlinkReply *ret) {
+        raw_call(socket, method, params, ret);
+        ck_assert_msg(!ret->error, "%s: %s", method, ret->error);
+}
+
+/* Shares lease `id` of this process with anyone; returns the token (to free). */
+static char *lease_share(const char *socket, const char *id, bool readonly) {
+        _cleanup_(json_object_putp) json_object *params = NULL;
+        ShareParams sp = { .id = (char *)id, .uid = JSON_ABSENT, .readonly = readonly };
+        ShareReply sr = {};
+        VarlinkReply r = {};
+        char *ret;
+
+        ck_assert_int_eq(share_params_encode(&sp, &params), 0);
+        raw_call_ok(socket, VMMB_METHOD_SHARE, params, &r);
+        ck_assert_int_eq(share_reply_decode(r.parameters, &sr, NULL), 0);
+        ret = TAKE_PTR(sr.token);
+        share_reply_done(&sr);
+        varlink_reply_done(&r);
+        return ret;
+}
+
+/* Publishes lease `id` of this process under `name`, for its owner alone. */
+static void lease_publish(const char *socket, const char *id, const char *name) {
+        _cleanup_(json_object_putp) json_object *params = NULL;
+        PublishParams pp = { .id = (char *)id, .name = (char *)name };
+        VarlinkReply r = {};
+
+        ck_assert_int_eq(publish_params_encode(&pp, &params), 0);
+        raw_call_ok(socket, VMMB_METHOD_PUBLISH, params, &r);
+        varlink_reply_done(&r);
+}
+
+/* Ends this process's hold on lease `id`. */
+static void lease_free(const char *socket, const char *id) {
+        _cleanup_(json_object_putp) json_object *params = NULL;
+        FreeParams fp = { .id = (char *)id };
+        VarlinkReply r = {};
+
+        ck_assert_int_eq(free_params_encode(&fp, &params), 0);
+        raw_call_ok(socket, VMMB_METHOD_FREE, params, &r);
+        varlink_reply_done(&r);
+}
+
+/* Calls Unpublish(name) raw: the reply, error or not, in *ret. */
+static void raw_unpublish(const char *socket, const char *name, VarlinkReply *ret) {
+        _cleanup_(json_object_putp) json_object *params = NULL;
+        UnpublishParams up = { .name = (char *)name };
+
+        ck_assert_int_eq(unpublish_params_encode(&up, &params), 0);
+        raw_call(socket, VMMB_METHOD_UNPUBLISH, params, ret);
+}
+
+/*
+ * Another process that holds a lease: it attaches with a token (as `uid`, if
+ * > 0, with the command name HOLDER_COMM) and keeps the hold until
+ * holder_stop() lets it exit.
+ */
+typedef struct HolderProcess {
+        const char *socket;
+        const char *token;
+        bool readonly;
+        uid_t uid;
+        int ready[2];                   /* it writes a byte once it holds the lease */
+        int hold[2];                    /* it exits when this pipe's write end is closed */
+        pid_t pid;
+} HolderProcess;
+
+/* The holder's side: no ck_assert() here, a failure is its exit status. */
+static int holder_run(void *arg) {
+        HolderProcess *hp = arg;
+        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
+        _cleanup_(json_object_putp) json_object *params = NULL, *call = NULL, *msg = NULL;
+        AttachParams ap = { .token = (char *)hp->token, .readonly = hp->readonly };
+        VarlinkReply r = {};
+        int *fds = NULL;
+        size_t n_fds = 0;
+        char b;
+
+        safe_close(hp->ready[0]);
+        safe_close(hp->hold[1]);
+        /* the daemon reads /proc/PID/comm when the process connects */
+        if (prctl(PR_SET_NAME, HOLDER_COMM) < 0)
+                return 10;
+        if (hp->uid > 0 && (setgroups(0, NULL) < 0 || setgid((gid_t)hp->uid) < 0 || setuid(hp->uid) < 0))
+                return 11;
+        if (harness_conn_open(hp->socket, true, &c) < 0)
+                return 12;
+        if (attach_params_encode(&ap, &params) < 0 || varlink_call_new(VMMB_METHOD_ATTACH, params, false, false,
+                                                                       &call) < 0)
+                return 13;
+        if (varlink_conn_send(c, call, NULL, 0) < 0 || varlink_conn_flush(c) < 0 ||
+            varlink_conn_receive(c, &msg, &fds, &n_fds) != 1)
+                return 14;
+        close_many(fds, n_fds);         /* the hold stays without them */
+        free(fds);
+        if (varlink_reply_parse(msg, &r) < 0)
+                return 15;
+        if (r.error) {
+                fprintf(stderr, "holder: Attach: %s\n", r.error);
+                varlink_reply_done(&r);
+                return 16;
+        }
+        varlink_reply_done(&r);
+        if (write(hp->ready[1], "x", 1) != 1)
+                return 17;
+        while (read(hp->hold[0], &b, 1) < 0 && errno == EINTR)
+                ;
+        return 0;
+}
+
+/* Starts the holder and waits until it holds the lease. */
+static void holder_start(HolderProcess *hp) {
+        struct pollfd p;
+        char b;
+
+        ck_assert_int_eq(pipe2(hp->ready, O_CLOEXEC), 0);
+        ck_assert_int_eq(pipe2(hp->hold, O_CLOEXEC), 0);
+        hp->pid = harness_fork(holder_run, hp);
+        ck_assert_int_ge(hp->pid, 0);
+        hp->ready[1] = safe_close(hp->ready[1]);
+        hp->hold[0] = safe_close(hp->hold[0]);
+        p = (struct pollfd){ .fd = hp->ready[0], .events = POLLIN };
+        ck_assert_msg(poll(&p, 1, IO_TIMEOUT_MS) == 1, "the holder did not attach within %d ms", IO_TIMEOUT_MS);
+        if (read(hp->ready[0], &b, 1) != 1)
+                ck_abort_msg("the holder failed to attach: exit status %d", harness_wait(hp->pid));
+        hp->ready[0] = safe_close(hp->ready[0]);
+}
+
+/* Lets the holder exit, which ends its hold. */
+static void holder_stop(HolderProcess *hp) {
+        hp->hold[1] = safe_close(hp->hold[1]);
+        ck_assert_int_eq(harness_wait(hp->pid), 0);
 }
 
 static void status_get(const char *socket, StatusReply *ret) {
@@ -277,9 +418,13 @@ static const Column status_columns[] = {
 };
 
 static const Column list_columns[] = {
-        { "ID", false },  { "DEVICE", true },   { "SIZE", true },   { "SLABS", true }, { "PID", true },
-        { "USER", false }, { "COMMAND", false }, { "LABEL", false }, { "AGE", true },
+        { "ID", false },   { "DEVICE", true }, { "SIZE", true },  { "SLABS", true },
+        { "OWNER", false }, { "NAME", false }, { "LABEL", false }, { "AGE", true },
+        { "PID", true },   { "USER", false },  { "MODE", false },  { "COMMAND", false },
 };
+
+/* The list columns that a holder's continuation row leaves blank: the lease's own. */
+static const char *const list_lease_columns[] = { "ID", "DEVICE", "SIZE", "SLABS", "OWNER", "NAME", "LABEL", "AGE" };
 
 /* Splits `text` (changed in place) into lines, dropping the CRs a terminal adds. Returns the count. */
 static size_t split_lines(char *text, char **lines) {
@@ -389,6 +534,25 @@ static char *field(const char *header, const char *line, const Column *cols, siz
                               f_, expected, line);                                                      \
         } while (0)
 
+/* Asserts that column `name` of `line` is blank: nothing under its header, nor in the cells around it. */
+static void check_blank(const char *header, const char *line, const char *name) {
+        const char *h = header;
+        size_t start, end, len = strlen(line);
+
+        for (;;) {
+                h = strstr(h, name);
+                ck_assert_ptr_nonnull(h);
+                if ((h == header || h[-1] == ' ') && (h[strlen(name)] == ' ' || !h[strlen(name)]))
+                        break;
+                h++;
+        }
+        /* a left-aligned cell starts where its header starts, a right-aligned one ends where it ends */
+        start = (size_t)(h - header);
+        end = start + strlen(name);
+        for (size_t i = start; i < end && i < len; i++)
+                ck_assert_msg(line[i] == ' ', "%s is not blank in the continuation row '%s'", name, line);
+}
+
 static const char *size_str(uint64_t size, char buf[static FORMAT_SIZE_MAX]) {
         return format_size(size, buf, FORMAT_SIZE_MAX);
 }
@@ -398,12 +562,30 @@ static const char *number_str(int64_t v, char buf[static 24]) {
         return buf;
 }
 
-/* The row of the lease `id` in list output lines[1..n), or NULL. */
-static const char *list_row(char **lines, size_t n, const char *id) {
+/* The index of the row of the lease `id` in list output lines[1..n), or 0 when there is none. */
+static size_t list_row_index(char **lines, size_t n, const char *id) {
         for (size_t i = 1; i < n; i++)
                 if (strncmp(lines[i], id, strlen(id)) == 0 && lines[i][strlen(id)] == ' ')
-                        return lines[i];
-        return NULL;
+                        return i;
+        return 0;
+}
+
+/* The row of the lease `id` in list output lines[1..n), or NULL. */
+static const char *list_row(char **lines, size_t n, const char *id) {
+        size_t i = list_row_index(lines, n, id);
+
+        return i > 0 ? lines[i] : NULL;
+}
+
+/* A user's name as vmmctl shows it: from the user database, else the number. */
+static const char *user_str(int64_t uid, char buf[static 64]) {
+        const struct passwd *pw = getpwuid((uid_t)uid);
+
+        if (pw)
+                snprintf(buf, 64, "%s", pw->pw_name);
+        else
+                snprintf(buf, 64, "%" PRId64, uid);
+        return buf;
 }
 
 /* ---- tests ----------------------------------------------------------------------------------------- */
@@ -507,31 +689,53 @@ START_TEST(test_status_json) {
 }
 END_TEST
 
-/* Checks every lease of `raw` in list output `lines` (the header first). */
-static void check_list_rows(char **lines, size_t n, const ListReply *raw) {
-        const struct passwd *pw = getpwuid(getuid());
-        char buf[FORMAT_SIZE_MAX], num[24];
+/* Checks the holder columns of `row` against holder `h`, or against none ("-") when `h` is NULL. */
+static void check_holder_cells(const char *header, const char *row, const WireHolder *h) {
+        char num[24], user[64];
 
-        ck_assert_ptr_nonnull(pw);
-        ck_assert_uint_eq(n, 1 + raw->n_leases);
+        CHECK_FIELD(header, row, list_columns, "PID", h ? number_str(h->pid, num) : "-");
+        CHECK_FIELD(header, row, list_columns, "USER", h ? user_str(h->uid, user) : "-");
+        CHECK_FIELD(header, row, list_columns, "MODE", !h ? "-" : h->readonly ? "ro" : "rw");
+        CHECK_FIELD(header, row, list_columns, "COMMAND", h && h->comm ? h->comm : "-");
+}
+
+/*
+ * Checks every lease of `raw` in list output `lines` (the header first): its
+ * row with the first holder, then a continuation row for each further one, in
+ * the broker's order; nothing else.
+ */
+static void check_list_rows(char **lines, size_t n, const ListReply *raw) {
+        char buf[FORMAT_SIZE_MAX], num[24], user[64];
+        size_t n_rows = 0;
+
+        ck_assert_uint_ge(n, 1);
         check_header(lines[0], list_columns, ELEMENTSOF(list_columns));
         for (size_t i = 0; i < raw->n_leases; i++) {
                 const WireLeaseInfo *l = &raw->leases[i];
-                const char *row = list_row(lines, n, l->id);
+                size_t r = list_row_index(lines, n, l->id);
+                const char *row = lines[r];
                 _cleanup_free_ char *age = NULL;
 
-                ck_assert_msg(row, "no row for lease %s", l->id);
+                ck_assert_msg(r > 0, "no row for lease %s", l->id);
                 CHECK_FIELD(lines[0], row, list_columns, "ID", l->id);
                 CHECK_FIELD(lines[0], row, list_columns, "DEVICE", number_str(l->device, num));
                 CHECK_FIELD(lines[0], row, list_columns, "SIZE", size_str(l->size, buf));
                 CHECK_FIELD(lines[0], row, list_columns, "SLABS", number_str((int64_t)l->slabs, num));
-                CHECK_FIELD(lines[0], row, list_columns, "PID", number_str(getpid(), num));
-                CHECK_FIELD(lines[0], row, list_columns, "USER", pw->pw_name);
-                CHECK_FIELD(lines[0], row, list_columns, "COMMAND", l->comm ?: "-");
+                CHECK_FIELD(lines[0], row, list_columns, "OWNER", user_str(l->uid, user));
+                CHECK_FIELD(lines[0], row, list_columns, "NAME", l->name ?: "-");
                 CHECK_FIELD(lines[0], row, list_columns, "LABEL", l->label ?: "-");
                 age = field(lines[0], row, list_columns, ELEMENTSOF(list_columns), "AGE");
                 ck_assert_msg(strspn(age, "0123456789") > 0 && age[strlen(age) - 1] == 's', "AGE '%s'", age);
+                check_holder_cells(lines[0], row, l->n_holders > 0 ? &l->holders[0] : NULL);
+                for (size_t j = 1; j < l->n_holders; j++) {
+                        ck_assert_msg(r + j < n, "lease %s: no row for holder %zu", l->id, j);
+                        for (size_t c = 0; c < ELEMENTSOF(list_lease_columns); c++)
+                                check_blank(lines[0], lines[r + j], list_lease_columns[c]);
+                        check_holder_cells(lines[0], lines[r + j], &l->holders[j]);
+                }
+                n_rows += l->n_holders > 0 ? l->n_holders : 1;
         }
+        ck_assert_msg(n == 1 + n_rows, "%zu lines for %zu leases in %zu rows", n, raw->n_leases, n_rows);
 }
 
 START_TEST(test_list_table) {
@@ -555,6 +759,20 @@ START_TEST(test_list_table) {
         CHECK_FIELD(lines[0], list_row(lines, n, f.ids[0]), list_columns, "SLABS", "2");
         CHECK_FIELD(lines[0], list_row(lines, n, f.ids[0]), list_columns, "LABEL", "weights");
         CHECK_FIELD(lines[0], list_row(lines, n, f.ids[2]), list_columns, "LABEL", "-");
+        /* Each lease has one holder, this process, read-write, and no name. */
+        for (size_t i = 0; i < raw.n_leases; i++) {
+                const WireLeaseInfo *l = &raw.leases[i];
+                char num[24], user[64];
+
+                ck_assert_uint_eq(l->n_holders, 1);
+                ck_assert_int_eq(l->holders[0].pid, getpid());
+                ck_assert_ptr_null(l->name);
+                CHECK_FIELD(lines[0], list_row(lines, n, l->id), list_columns, "PID", number_str(getpid(), num));
+                CHECK_FIELD(lines[0], list_row(lines, n, l->id), list_columns, "USER", user_str(getuid(), user));
+                CHECK_FIELD(lines[0], list_row(lines, n, l->id), list_columns, "OWNER", user_str(getuid(), user));
+                CHECK_FIELD(lines[0], list_row(lines, n, l->id), list_columns, "MODE", "rw");
+                CHECK_FIELD(lines[0], list_row(lines, n, l->id), list_columns, "NAME", "-");
+        }
 
         output_done(&o);
         RUN_OK(&o, "list", "--no-legend", "--socket", f.h.socket);
@@ -578,6 +796,7 @@ START_TEST(test_list_json) {
         Fixture f;
 
         fixture_start(&f);
+        lease_publish(f.h.socket, f.ids[1], "vmmctl-json");
         RUN_OK(&o, "--socket", f.h.socket, "list", "--json");
         list_get(f.h.socket, &raw);
         j = json_tokener_parse(o.out);
@@ -599,6 +818,14 @@ START_TEST(test_list_json) {
                 ck_assert_int_eq(a->created, b->created);
                 ck_assert_str_eq(a->comm ?: "(none)", b->comm ?: "(none)");
                 ck_assert_str_eq(a->label ?: "(none)", b->label ?: "(none)");
+                ck_assert_str_eq(a->name ?: "(none)", b->name ?: "(none)");
+                ck_assert_uint_eq(a->n_holders, b->n_holders);
+                for (size_t k = 0; k < a->n_holders; k++) {
+                        ck_assert_int_eq(a->holders[k].pid, b->holders[k].pid);
+                        ck_assert_int_eq(a->holders[k].uid, b->holders[k].uid);
+                        ck_assert_int_eq(a->holders[k].readonly, b->holders[k].readonly);
+                        ck_assert_str_eq(a->holders[k].comm ?: "(none)", b->holders[k].comm ?: "(none)");
+                }
         }
         list_reply_done(&raw);
         list_reply_done(&shown);
@@ -655,6 +882,238 @@ START_TEST(test_list_all) {
 }
 END_TEST
 
+/* Runs a command under a terminal `columns` wide and checks that the table was fitted to it. */
+static void check_fitted(const char *socket, const char *command, const Column *cols, size_t n_cols,
+                         unsigned columns) {
+        char *lines[MAX_LINES];
+        Output o;
+        size_t n;
+
+        run_full((const char *const[]){ "--socket", socket, command, NULL }, &(Run){ .pty_columns = columns }, &o);
+        ck_assert_msg(o.status == 0, "vmmctl %s exited with %d: %s", command, o.status, o.out);
+        /* Colour on a terminal: a bold header. */
+        ck_assert_msg(strncmp(o.out, "\033[1m", 4) == 0, "no bold header: %s", o.out);
+        strip_escapes(o.out);
+        ck_assert_msg(strstr(o.out, "…"), "nothing shortened at %u columns:\n%s", columns, o.out);
+        /* one byte for the one column of each ellipsis, so that field() may count bytes */
+        for (char *e = strstr(o.out, "…"); e; e = strstr(e, "…")) {
+                *e = '~';
+                memmove(e + 1, e + 3, strlen(e + 3) + 1);
+        }
+        n = split_lines(o.out, lines);
+        ck_assert_uint_ge(n, 2);
+        check_header(lines[0], cols, n_cols);
+        for (size_t i = 0; i < n; i++) {
+                ck_assert_msg(text_columns(lines[i]) <= columns, "line %zu is %zu columns wide, over %u: '%s'", i,
+                              text_columns(lines[i]), columns, lines[i]);
+                /* still lined up: the first (but on a continuation row) and the last column of every row sit
+                 * under their headers */
+                if (i > 0) {
+                        if (lines[i][0] != ' ')
+                                free(field(lines[0], lines[i], cols, n_cols, cols[0].name));
+                        free(field(lines[0], lines[i], cols, n_cols, cols[n_cols - 1].name));
+                }
+        }
+        output_done(&o);
+}
+
+/* Lets processes of other users (nobody) reach the daemon's socket. */
+static void socket_open_to_all(const Harness *h) {
+        ck_assert_int_eq(chmod(h->dir, 0711), 0);
+        ck_assert_int_eq(chmod(h->socket, 0666), 0);
+}
+
+/* The lease `id` in `raw`; asserts that it is there. */
+static const WireLeaseInfo *lease_find(const ListReply *raw, const char *id) {
+        for (size_t i = 0; i < raw->n_leases; i++)
+                if (strcmp(raw->leases[i].id, id) == 0)
+                        return &raw->leases[i];
+        ck_abort_msg("List has no lease %s", id);
+        return NULL;
+}
+
+/* Whether `raw` has the lease `id`. */
+static bool lease_listed(const ListReply *raw, const char *id) {
+        for (size_t i = 0; i < raw->n_leases; i++)
+                if (strcmp(raw->leases[i].id, id) == 0)
+                        return true;
+        return false;
+}
+
+START_TEST(test_list_holders) {
+        _cleanup_free_ char *token = NULL;
+        char *lines[MAX_LINES], num[24], user[64];
+        const WireLeaseInfo *shared, *published;
+        HolderProcess hp;
+        ListReply raw = {};
+        Output o;
+        Fixture f;
+        size_t n, r;
+
+        fixture_start(&f);
+        /* ids[0] gets a second holder through a read-only token: nobody's process when this runs as root, so
+         * that the holder's user is not the owner */
+        token = lease_share(f.h.socket, f.ids[0], true);
+        if (getuid() == 0)
+                socket_open_to_all(&f.h);
+        hp = (HolderProcess){ .socket = f.h.socket, .token = token, .uid = getuid() == 0 ? NOBODY : 0 };
+        holder_start(&hp);
+        /* ids[2] is published, then freed: a lease that nobody holds */
+        lease_publish(f.h.socket, f.ids[2], "vmmctl-test.published");
+        lease_free(f.h.socket, f.ids[2]);
+
+        /* What the broker says, raw. */
+        list_get(f.h.socket, &raw);
+        ck_assert_uint_eq(raw.n_leases, 3);
+        shared = lease_find(&raw, f.ids[0]);
+        ck_assert_uint_eq(shared->n_holders, 2);
+        ck_assert_int_eq(shared->holders[0].pid, getpid());
+        ck_assert(!shared->holders[0].readonly);
+        ck_assert_int_eq(shared->holders[1].pid, hp.pid);
+        ck_assert_int_eq(shared->holders[1].uid, getuid() == 0 ? NOBODY : getuid());
+        ck_assert(shared->holders[1].readonly);
+        ck_assert_str_eq(shared->holders[1].comm ?: "(none)", HOLDER_COMM);
+        published = lease_find(&raw, f.ids[2]);
+        ck_assert_uint_eq(published->n_holders, 0);
+        ck_assert_str_eq(published->name ?: "(none)", "vmmctl-test.published");
+
+        /* What vmmctl shows: every lease and holder, column by column. */
+        RUN_OK(&o, "--socket", f.h.socket, "list");
+        n = split_lines(o.out, lines);
+        check_list_rows(lines, n, &raw);
+        ck_assert_uint_eq(n, 1 + 4);
+
+        /* The shared lease: two rows, the second a continuation row for the other process. */
+        r = list_row_index(lines, n, f.ids[0]);
+        ck_assert_uint_gt(r, 0);
+        ck_assert_uint_lt(r + 1, n);
+        ck_assert_msg(lines[r + 1][0] == ' ', "not a continuation row: '%s'", lines[r + 1]);
+        CHECK_FIELD(lines[0], lines[r], list_columns, "PID", number_str(getpid(), num));
+        CHECK_FIELD(lines[0], lines[r], list_columns, "MODE", "rw");
+        CHECK_FIELD(lines[0], lines[r], list_columns, "OWNER", user_str(getuid(), user));
+        CHECK_FIELD(lines[0], lines[r + 1], list_columns, "PID", number_str(hp.pid, num));
+        CHECK_FIELD(lines[0], lines[r + 1], list_columns, "USER", user_str(shared->holders[1].uid, user));
+        CHECK_FIELD(lines[0], lines[r + 1], list_columns, "MODE", "ro");
+        CHECK_FIELD(lines[0], lines[r + 1], list_columns, "COMMAND", HOLDER_COMM);
+
+        /* The published lease nobody holds: its name, and "-" for a holder. */
+        r = list_row_index(lines, n, f.ids[2]);
+        ck_assert_uint_gt(r, 0);
+        CHECK_FIELD(lines[0], lines[r], list_columns, "NAME", "vmmctl-test.published");
+        CHECK_FIELD(lines[0], lines[r], list_columns, "PID", "-");
+        CHECK_FIELD(lines[0], lines[r], list_columns, "USER", "-");
+        CHECK_FIELD(lines[0], lines[r], list_columns, "MODE", "-");
+        CHECK_FIELD(lines[0], lines[r], list_columns, "COMMAND", "-");
+        CHECK_FIELD(lines[0], lines[r], list_columns, "OWNER", user_str(getuid(), user));
+        ck_assert(r + 1 == n || lines[r + 1][0] != ' ');
+
+        /* --no-legend: the same rows, continuation rows too. */
+        output_done(&o);
+        RUN_OK(&o, "--socket", f.h.socket, "list", "--no-legend");
+        ck_assert_uint_eq(split_lines(o.out, lines), 4);
+
+        /* Fitted to a terminal, continuation rows still line up. */
+        check_fitted(f.h.socket, "list", list_columns, ELEMENTSOF(list_columns), LIST_PTY_COLUMNS);
+
+        output_done(&o);
+        list_reply_done(&raw);
+        holder_stop(&hp);
+        fixture_stop(&f);
+}
+END_TEST
+
+START_TEST(test_unpublish) {
+        _cleanup_(json_object_putp) json_object *j = NULL;
+        _cleanup_free_ char *expected = NULL, *line = NULL;
+        VarlinkReply r = {};
+        ListReply raw = {};
+        Output o;
+        Fixture f;
+
+        fixture_start(&f);
+
+        /* A name on a lease this process holds: the lease stays, without it. Nothing is printed. */
+        lease_publish(f.h.socket, f.ids[0], "vmmctl-held");
+        RUN_OK(&o, "--socket", f.h.socket, "unpublish", "vmmctl-held");
+        ck_assert_str_eq(o.out, "");
+        output_done(&o);
+        list_get(f.h.socket, &raw);
+        ck_assert_ptr_null(lease_find(&raw, f.ids[0])->name);
+        list_reply_done(&raw);
+
+        /* A name on a lease nobody holds: the lease ends with it. */
+        lease_publish(f.h.socket, f.ids[1], "vmmctl-unheld");
+        lease_free(f.h.socket, f.ids[1]);
+        list_get(f.h.socket, &raw);
+        ck_assert_str_eq(lease_find(&raw, f.ids[1])->name ?: "(none)", "vmmctl-unheld");
+        list_reply_done(&raw);
+        RUN_OK(&o, "--socket", f.h.socket, "unpublish", "vmmctl-unheld");
+        ck_assert_str_eq(o.out, "");
+        output_done(&o);
+        list_get(f.h.socket, &raw);
+        ck_assert(!lease_listed(&raw, f.ids[1]));
+        ck_assert_uint_eq(raw.n_leases, 2);
+        list_reply_done(&raw);
+
+        /* The name is gone: the broker's NoSuchName, in the words of its raw reply, exit status 1. */
+        RUN(&o, "--socket", f.h.socket, "unpublish", "vmmctl-unheld");
+        raw_unpublish(f.h.socket, "vmmctl-unheld", &r);
+        ck_assert_str_eq(r.error ?: "(none)", VMMB_ERROR_NO_SUCH_NAME);
+        vmmb_error_describe(r.error, r.parameters, VMMB_METHOD_UNPUBLISH, &expected);
+        ck_assert_ptr_nonnull(expected);
+        ck_assert_ptr_nonnull(strstr(expected, "vmmctl-unheld"));
+        ck_assert_int_ge(asprintf(&line, "vmmctl: %s\n", expected), 0);
+        ck_assert_int_eq(o.status, 1);
+        ck_assert_str_eq(o.out, "");
+        ck_assert_str_eq(o.err, line);
+        varlink_reply_done(&r);
+        output_done(&o);
+
+        /* --json: the broker's reply, an empty object. */
+        lease_publish(f.h.socket, f.ids[2], "vmmctl-json");
+        RUN_OK(&o, "--socket", f.h.socket, "--json", "unpublish", "vmmctl-json");
+        j = json_tokener_parse(o.out);
+        ck_assert_msg(j && json_object_is_type(j, json_type_object) && json_object_object_length(j) == 0,
+                      "not {}: %s", o.out);
+        output_done(&o);
+
+        /* Someone who is neither the owner nor an administrator: PermissionDenied, with who may. */
+        if (getuid() == 0) {
+                lease_publish(f.h.socket, f.ids[0], "vmmctl-root");
+                socket_open_to_all(&f.h);
+                run_full((const char *const[]){ "--socket", f.h.socket, "unpublish", "vmmctl-root", NULL },
+                         &(Run){ .uid = NOBODY }, &o);
+                ck_assert_msg(o.status == 1, "as nobody: exit %d: %s", o.status, o.err);
+                ck_assert_str_eq(o.out, "");
+                ck_assert_msg(strncmp(o.err, "vmmctl: ", 8) == 0 && strstr(o.err, "may unpublish it"),
+                              "stderr: %s", o.err);
+                output_done(&o);
+                list_get(f.h.socket, &raw);
+                ck_assert_str_eq(lease_find(&raw, f.ids[0])->name ?: "(none)", "vmmctl-root");
+                list_reply_done(&raw);
+        }
+        fixture_stop(&f);
+}
+END_TEST
+
+START_TEST(test_list_empty) {
+        char *lines[MAX_LINES];
+        Harness h;
+        Output o;
+
+        ck_assert_int_eq(harness_start(&h, NULL), 0);
+        RUN_OK(&o, "--socket", h.socket, "list");
+        ck_assert_uint_eq(split_lines(o.out, lines), 2);
+        check_header(lines[0], list_columns, ELEMENTSOF(list_columns));
+        ck_assert_str_eq(lines[1], "No leases of yours.");
+        output_done(&o);
+        RUN_OK(&o, "--socket", h.socket, "list", "--no-legend");
+        ck_assert_str_eq(o.out, "");
+        output_done(&o);
+        ck_assert_int_eq(harness_stop(&h), 0);
+}
+END_TEST
+
 START_TEST(test_unreachable) {
         char dir[] = "/tmp/vmmctl-test-XXXXXX", path[64];
         Output o;
@@ -668,27 +1127,40 @@ START_TEST(test_unreachable) {
                               strstr(o.err, "systemctl status vmmbroker.socket"),
                       "stderr: %s", o.err);
         output_done(&o);
+        RUN(&o, "--socket", path, "unpublish", "some-name");
+        ck_assert_int_eq(o.status, 3);
+        output_done(&o);
         ck_assert_int_eq(rmdir(dir), 0);
 }
 END_TEST
 
 START_TEST(test_usage) {
-        static const char *const bad[][3] = {
+        static const char *const bad[][4] = {   /* NULL-terminated: at most three arguments */
                 { "--no-such-option" },
                 { "no-such-command" },
                 { "status", "extra" },
                 { "--socket" },
                 { "status", "--all" },
+                { "list", "extra" },
+                { "unpublish" },
+                { "unpublish", "a-name", "another" },
+                { "unpublish", "not a name" },
+                { "unpublish", "--all", "a-name" },
         };
         Output o;
 
         for (size_t i = 0; i < ELEMENTSOF(bad); i++) {
                 run_full(bad[i], NULL, &o);
-                ck_assert_msg(o.status == 2, "%s: exit %d", bad[i][0], o.status);
+                ck_assert_msg(o.status == 2, "%s %s: exit %d", bad[i][0], bad[i][1] ?: "", o.status);
                 ck_assert_str_eq(o.out, "");
-                ck_assert_msg(strncmp(o.err, "vmmctl: ", 8) == 0, "%s: stderr: %s", bad[i][0], o.err);
+                ck_assert_msg(strncmp(o.err, "vmmctl: ", 8) == 0 && strstr(o.err, "See 'vmmctl --help'."),
+                              "%s: stderr: %s", bad[i][0], o.err);
                 output_done(&o);
         }
+        /* the missing argument is named */
+        RUN(&o, "unpublish");
+        ck_assert_ptr_nonnull(strstr(o.err, "NAME"));
+        output_done(&o);
 
         RUN_OK(&o, "--help");
         ck_assert_ptr_nonnull(strstr(o.out, "Usage: vmmctl"));
@@ -703,51 +1175,19 @@ START_TEST(test_usage) {
 }
 END_TEST
 
-/* Runs a command under a terminal PTY_COLUMNS wide and checks that the table was fitted to it. */
-static void check_fitted(const char *socket, const char *command, const Column *cols, size_t n_cols) {
-        char *lines[MAX_LINES];
-        Output o;
-        size_t n;
-
-        run_full((const char *const[]){ "--socket", socket, command, NULL }, &(Run){ .pty_columns = PTY_COLUMNS },
-                 &o);
-        ck_assert_msg(o.status == 0, "vmmctl %s exited with %d: %s", command, o.status, o.out);
-        /* Colour on a terminal: a bold header. */
-        ck_assert_msg(strncmp(o.out, "\033[1m", 4) == 0, "no bold header: %s", o.out);
-        strip_escapes(o.out);
-        ck_assert_msg(strstr(o.out, "…"), "nothing shortened at %d columns:\n%s", PTY_COLUMNS, o.out);
-        /* one byte for the one column of each ellipsis, so that field() may count bytes */
-        for (char *e = strstr(o.out, "…"); e; e = strstr(e, "…")) {
-                *e = '~';
-                memmove(e + 1, e + 3, strlen(e + 3) + 1);
-        }
-        n = split_lines(o.out, lines);
-        ck_assert_uint_ge(n, 2);
-        check_header(lines[0], cols, n_cols);
-        for (size_t i = 0; i < n; i++) {
-                ck_assert_msg(text_columns(lines[i]) <= PTY_COLUMNS, "line %zu is %zu columns wide, over %d: '%s'",
-                              i, text_columns(lines[i]), PTY_COLUMNS, lines[i]);
-                /* still lined up: the first and the last column of every row sit under their headers */
-                if (i > 0) {
-                        free(field(lines[0], lines[i], cols, n_cols, cols[0].name));
-                        free(field(lines[0], lines[i], cols, n_cols, cols[n_cols - 1].name));
-                }
-        }
-        output_done(&o);
-}
-
 START_TEST(test_fit_terminal) {
         char *lines[MAX_LINES];
         Output o;
         Fixture f;
 
         fixture_start(&f);
-        check_fitted(f.h.socket, "list", list_columns, ELEMENTSOF(list_columns));
-        check_fitted(f.h.socket, "status", status_columns, ELEMENTSOF(status_columns));
+        check_fitted(f.h.socket, "list", list_columns, ELEMENTSOF(list_columns), LIST_PTY_COLUMNS);
+        check_fitted(f.h.socket, "status", status_columns, ELEMENTSOF(status_columns), PTY_COLUMNS);
 
         /* $COLUMNS wins over the terminal's size: wide enough, nothing is shortened. */
         run_full((const char *const[]){ "--socket", f.h.socket, "list", NULL },
-                 &(Run){ .env = (const char *const[]){ "COLUMNS=400", "NO_COLOR=1", NULL }, .pty_columns = PTY_COLUMNS },
+                 &(Run){ .env = (const char *const[]){ "COLUMNS=400", "NO_COLOR=1", NULL },
+                         .pty_columns = LIST_PTY_COLUMNS },
                  &o);
         ck_assert_int_eq(o.status, 0);
         ck_assert_ptr_null(strchr(o.out, '\033'));              /* $NO_COLOR */
@@ -767,8 +1207,8 @@ END_TEST
 
 int main(void) {
         return run_suite(UNIT_SUITE("vmmctl", NULL, test_status_table, test_status_json, test_list_table,
-                                    test_list_json, test_list_all, test_unreachable, test_usage,
-                                    test_fit_terminal)) == 0
+                                    test_list_json, test_list_all, test_list_holders, test_unpublish,
+                                    test_list_empty, test_unreachable, test_usage, test_fit_terminal)) == 0
                        ? EXIT_SUCCESS
                        : EXIT_FAILURE;
 }
