@@ -143,9 +143,9 @@ int vmmb_free(vmmb_lease *lease);
  * Return: 0, or a negative errno: -EACCES when a read-only holder asks for a
  * read-write token, -EDQUOT when the lease has as many live tokens as the
  * broker allows (64), -ENOENT when the broker has no such lease of this
- * process, -EINVAL for a NULL lease or token, a flag other than VMMB_READONLY
- * or a uid the broker cannot take, -ECONNRESET when the connection to the
- * broker was lost, -EPROTO when the broker's reply makes no sense.
+ * process, -EINVAL for a NULL lease or token or a flag other than
+ * VMMB_READONLY, -ECONNRESET when the connection to the broker was lost,
+ * -EPROTO when the broker's reply makes no sense.
  */
 int vmmb_share(vmmb_lease *lease, uid_t uid, unsigned flags, char token[VMMB_TOKEN_SIZE]);
 
