@@ -176,7 +176,8 @@ int vmmb_revoke(vmmb_client *client, const char *token);
  * @ret: the lease, mapped, on success: the same memory as every other holder's, as they left it.
  *
  * The memory is mapped read-only when @flags has VMMB_READONLY or the token
- * gives read-only holds; vmmb_lease_readonly() says which. The broker cannot
+ * gives read-only holds (unless this process holds the lease read-write
+ * already: its hold stays read-write); vmmb_lease_readonly() says which. The broker cannot
  * enforce read-only in this process: the library sets the access itself,
  * as any process importing the memory does. Attaching a lease this process
  * holds already maps it once more, at another address; each lease object
