@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+#
+# The sharing example end to end:
+#   1. publish-pattern leases SIZE, fills its pattern, publishes it under a
+#      name of this run's own and exits, leaving the lease to the broker;
+#   2. N attach-pattern processes attach it by the name at once (every second
+#      one read-only), check every word and hold it until all have checked;
+#   3. after they all freed it, one more attaches it with a wrong seed and must
+#      see WRONG words (the check is not vacuous, and the lease outlived its
+#      holders), then one attaches it read-only, checks it and unpublishes it;
+#   4. attaching by the name must then fail.
+# With VMMCTL, `vmmctl list --all` is shown after 1, during 2 and after 3; its
+# --json form (read with python3) must show the lease under its name with no
+# holder once the broker has seen the producer exit (waited for, up to 10 s),
+# then exactly the N consumers, each read-only or not as it asked, and no
+# lease under the name at the end.
+#
+#   share-pair.sh PUBLISH_PATTERN ATTACH_PATTERN [SIZE] [N] [VMMCTL]
+#
+# The broker is the one at $VMMBROKER_SOCKET (or the system's). Exit status 0
+# when every step went as described.
+set -uo pipefail
+usage="usage: share-pair.sh PUBLISH_PATTERN ATTACH_PATTERN [SIZE] [N] [VMMCTL]"
+publish=${1:?$usage}
+attach=${2:?$usage}
+size=${3:-64M}
+n=${4:-3}
+vmmctl=${5:-}
+name=share-pair-$$-$RANDOM
+
+dir=$(mktemp -d) || exit 1
+pids=()
+# shellcheck disable=SC2317 # called by the trap
+cleanup() {
+        exec 3>&-
+        for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+        rm -rf "$dir"
+}
+trap cleanup EXIT
+status=0
+fail() { echo "share-pair: $*" >&2; status=1; }
+
+# The holders of the lease published as $name, from `vmmctl list --all --json`:
+# "PID[:ro] ..." ("" when none), or "gone" when no lease has the name.
+holders() {
+        "$vmmctl" list --all --json | python3 -c '
+import json, sys
+leases = [l for l in json.load(sys.stdin)["leases"] if l.get("name") == sys.argv[1]]
+print(" ".join("%d%s" % (h["pid"], ":ro" if h["readonly"] else "") for h in leases[0]["holders"])
+      if leases else "gone")' "$name"
+}
+if [ -n "$vmmctl" ] && ! command -v python3 >/dev/null; then
+        echo "share-pair: no python3: checking the table of vmmctl list only" >&2
+        json=
+else
+        json=$vmmctl
+fi
+
+echo "\$ publish-pattern $size $name"
+"$publish" "$size" "$name" || { fail "publish-pattern failed"; exit 1; }
+
+if [ -n "$vmmctl" ]; then
+        echo "\$ vmmctl list --all                       # the producer has exited"
+        "$vmmctl" list --all | tee "$dir/list" || fail "vmmctl list --all failed"
+        grep -Fq -- "$name" "$dir/list" || fail "vmmctl list --all does not show $name"
+fi
+if [ -n "$json" ]; then
+        # The producer has exited; the broker drops its hold when it sees it go.
+        for ((t = 0; t < 100; t++)); do
+                h=$(holders) || { h="(vmmctl list --all --json failed)"; break; }
+                [ -z "$h" ] && break
+                sleep 0.1
+        done
+        if [ -z "$h" ]; then
+                echo "share-pair: the broker saw the producer exit; \"$name\" lives on with no holder"
+        else
+                fail "\"$name\" has holders \"$h\" after its producer exited (want none)"
+        fi
+fi
+
+# The consumers hold their leases until the last writer of "hold" closes it:
+# this script, on fd 3 (opened read-write so that opening does not wait).
+mkfifo "$dir/hold" || exit 1
+exec 3<>"$dir/hold"
+echo "\$ $n x attach-pattern --hold $name       # at once, every second one --readonly"
+for ((i = 0; i < n; i++)); do
+        opts=(--hold)
+        ((i % 2)) && opts+=(--readonly)
+        "$attach" "${opts[@]}" "$name" <"$dir/hold" >"$dir/consumer-$i" 2>&1 3>&- &
+        pids+=($!)
+done
+
+# Wait until every consumer holds the lease, one exits early, or (a failure guard) two minutes pass.
+for ((t = 0; ; t++)); do
+        holding=0 early=0
+        for ((i = 0; i < n; i++)); do
+                if grep -q "holding the lease" "$dir/consumer-$i"; then
+                        holding=$((holding + 1))
+                elif ! kill -0 "${pids[$i]}" 2>/dev/null; then
+                        fail "consumer $i (pid ${pids[$i]}) exited before holding the lease"
+                        early=1
+                fi
+        done
+        [ "$holding" -eq "$n" ] || [ "$early" -ne 0 ] && break
+        [ "$t" -lt 1200 ] || { fail "the consumers went silent"; break; }
+        sleep 0.1
+done
+
+if [ "$holding" -eq "$n" ] && [ -n "$vmmctl" ]; then
+        echo "\$ vmmctl list --all                       # while the $n consumers hold it"
+        "$vmmctl" list --all | tee "$dir/list" || fail "vmmctl list --all failed"
+        for p in "${pids[@]}"; do
+                grep -Eq "[[:space:]]${p}[[:space:]]" "$dir/list" || fail "vmmctl list --all does not show pid $p"
+        done
+fi
+if [ "$holding" -eq "$n" ] && [ -n "$json" ]; then
+        want=$(for ((i = 0; i < n; i++)); do echo "${pids[$i]}$( ((i % 2)) && echo :ro)"; done | sort | xargs)
+        got=$(holders | tr ' ' '\n' | sort | xargs) || got="(vmmctl list --all --json failed)"
+        [ "$got" = "$want" ] || fail "the holders of \"$name\" are \"$got\", not the consumers \"$want\""
+fi
+
+exec 3>&-                       # the consumers see end of input: they free their holds and exit
+for ((i = 0; i < n; i++)); do
+        wait "${pids[$i]}" || fail "consumer $i (pid ${pids[$i]}) failed"
+        cat "$dir/consumer-$i"
+done
+pids=()
+
+echo "\$ attach-pattern --seed 0 $name      # a wrong seed: must fail"
+"$attach" --seed 0 "$name" >"$dir/wrong" 2>&1 && fail "attach-pattern with a wrong seed passed"
+head -n 5 "$dir/wrong"
+grep -q "WRONG" "$dir/wrong" || fail "attach-pattern with a wrong seed did not find wrong words"
+
+echo "\$ attach-pattern --readonly --unpublish $name"
+"$attach" --readonly --unpublish "$name" || fail "the last consumer failed"
+
+echo "\$ attach-pattern $name                     # unpublished: must fail"
+"$attach" "$name" >"$dir/gone" 2>&1 && fail "attach-pattern attached an unpublished name"
+cat "$dir/gone"
+grep -q "cannot attach" "$dir/gone" || fail "attaching the unpublished name did not fail to attach"
+
+if [ -n "$vmmctl" ]; then
+        echo "\$ vmmctl list --all"
+        "$vmmctl" list --all | tee "$dir/list" || fail "vmmctl list --all failed"
+        grep -Fq -- "$name" "$dir/list" && fail "vmmctl list --all still shows $name"
+fi
+if [ -n "$json" ]; then
+        h=$(holders) || h="(vmmctl list --all --json failed)"
+        [ "$h" = gone ] || fail "a lease is still published as \"$name\" (holders \"$h\")"
+fi
+[ "$status" -eq 0 ] && echo "share-pair: OK: $n consumers and 2 more attached \"$name\" after its producer exited"
+exit $status
