@@ -46,7 +46,8 @@ step "pool benchmark, real driver"
 "$build/tests/bench/bench-pool" 20 2>&1 | tee "$out/bench-gpu.log" || status=1
 
 export VMMBROKER_DAEMON="$PWD/$build/daemon/vmmbrokerd" VMMCTL="$PWD/$build/client/vmmctl"
-for t in tests/integration/test-daemon tests/integration/test-vmmctl tests/client/test-client; do
+for t in tests/integration/test-daemon tests/integration/test-share tests/integration/test-vmmctl \
+         tests/client/test-client; do
         [ -x "$build/$t" ] || continue
         step "$t against the real driver (the daemon and its clients on the GPU)"
         "$build/$t" >"$out/$(basename "$t").log" 2>&1 || status=1
@@ -63,6 +64,12 @@ if [ -x "$build/client/vmmctl" ]; then
         step "vmmctl status and list --all while 3 lease-pattern processes hold 1 GiB each"
         "$build/docs/examples/with-daemon" bash docs/examples/show-leases.sh "$build/docs/examples/lease-pattern" \
                 "$build/client/vmmctl" 1G 3 || status=1
+fi
+
+if [ -x "$build/docs/examples/publish-pattern" ]; then
+        step "publish-pattern 1 GiB and exits; then 3 attach-pattern processes attach it by name"
+        "$build/docs/examples/with-daemon" bash docs/examples/share-pair.sh "$build/docs/examples/publish-pattern" \
+                "$build/docs/examples/attach-pattern" 1G 3 "$build/client/vmmctl" || status=1
 fi
 
 if [ -x "$build/tests/bench/bench-broker" ]; then
