@@ -163,6 +163,29 @@ static const JsonField list_reply_fields[] = {
         JSON_FIELD_END,
 };
 
+static const JsonField user_device_fields[] = {
+        JSON_FIELD_INT64("index", WireUserDevice, index, true, true),
+        JSON_FIELD_UINT64("bytes", WireUserDevice, bytes),
+        JSON_FIELD_UINT64("max_bytes", WireUserDevice, max_bytes),
+        JSON_FIELD_END,
+};
+
+static const JsonField user_fields[] = {
+        JSON_FIELD_INT64("uid", WireUser, uid, true, true),
+        JSON_FIELD_UINT64("leases", WireUser, leases),
+        JSON_FIELD_UINT64("max_leases", WireUser, max_leases),
+        JSON_FIELD_UINT64("connections", WireUser, connections),
+        JSON_FIELD_UINT64("max_connections", WireUser, max_connections),
+        JSON_FIELD_UINT64("requests", WireUser, requests),
+        JSON_FIELD_ARRAY("devices", WireUser, devices, n_devices, WireUserDevice, user_device_fields, true, 0),
+        JSON_FIELD_END,
+};
+
+static const JsonField users_reply_fields[] = {
+        JSON_FIELD_ARRAY("users", UsersReply, users, n_users, WireUser, user_fields, true, 0),
+        JSON_FIELD_END,
+};
+
 static const JsonField device_fields[] = {
         JSON_FIELD_INT64("index", WireDevice, index, true, true),
         JSON_FIELD_STRING("name", WireDevice, name, true, VMMB_NAME_MAX),
@@ -444,6 +467,7 @@ DEFINE_DONE(alloc_reply, AllocReply, alloc_reply_fields)
 
 DEFINE_REPLY_CODEC(list_reply, ListReply, list_reply_fields)
 DEFINE_REPLY_CODEC(status_reply, StatusReply, status_reply_fields)
+DEFINE_REPLY_CODEC(users_reply, UsersReply, users_reply_fields)
 
 int varlink_info_encode(json_object **ret) {
         char *interfaces[] = { (char *)VARLINK_SERVICE_INTERFACE, (char *)VMMB_INTERFACE, NULL };

@@ -32,6 +32,7 @@
 #define VMMB_METHOD_ATTACH VMMB_INTERFACE ".Attach"
 #define VMMB_METHOD_PUBLISH VMMB_INTERFACE ".Publish"
 #define VMMB_METHOD_UNPUBLISH VMMB_INTERFACE ".Unpublish"
+#define VMMB_METHOD_USERS VMMB_INTERFACE ".Users"
 
 #define VMMB_ERROR_OUT_OF_MEMORY VMMB_INTERFACE ".OutOfMemory"
 #define VMMB_ERROR_QUOTA_EXCEEDED VMMB_INTERFACE ".QuotaExceeded"
@@ -86,7 +87,7 @@ typedef struct FreeParams {
         char *id;
 } FreeParams;
 
-/* List(all: ?bool) */
+/* List(all: ?bool), and Users(all: ?bool) */
 typedef struct ListParams {
         bool all;
 } ListParams;
@@ -185,6 +186,31 @@ typedef struct ListReply {
         WireLeaseInfo *leases;
         size_t n_leases;
 } ListReply;
+
+/* UserDevice (index, bytes, max_bytes) */
+typedef struct WireUserDevice {
+        int64_t index;
+        uint64_t bytes;
+        uint64_t max_bytes;
+} WireUserDevice;
+
+/* User (uid, leases, max_leases, connections, max_connections, requests, devices) */
+typedef struct WireUser {
+        int64_t uid;
+        uint64_t leases;
+        uint64_t max_leases;
+        uint64_t connections;
+        uint64_t max_connections;
+        uint64_t requests;
+        WireUserDevice *devices;
+        size_t n_devices;
+} WireUser;
+
+/* Users' reply: (users: []User); its parameters are a ListParams (all: ?bool) */
+typedef struct UsersReply {
+        WireUser *users;
+        size_t n_users;
+} UsersReply;
 
 /* Device (index, name, total, granularity, capacity, leased, scrubbing, cached, leases) */
 typedef struct WireDevice {
@@ -335,6 +361,13 @@ int list_reply_decode(json_object *params, ListReply *ret, char **ret_message);
 int list_reply_encode(const ListReply *in, json_object **ret);
 /* Frees ListReply's leases. */
 void list_reply_done(ListReply *p);
+
+/* Decodes Users' reply. */
+int users_reply_decode(json_object *params, UsersReply *ret, char **ret_message);
+/* Encodes Users' reply. */
+int users_reply_encode(const UsersReply *in, json_object **ret);
+/* Frees UsersReply's users. */
+void users_reply_done(UsersReply *p);
 
 /* Decodes Status's reply. */
 int status_reply_decode(json_object *params, StatusReply *ret, char **ret_message);
