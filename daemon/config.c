@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <grp.h>
 #include <inttypes.h>
+#include <pwd.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/un.h>
@@ -179,12 +180,136 @@ static void print_admin_group(const Config *c, FILE *f) {
         fputs(c->admin_group ?: "", f);
 }
 
+static int parse_reply_timeout(Config *c, const char *value, char **ret_message) {
+        uint64_t usec = 0;
+
+        if (*value) {
+                char *end;
+                unsigned long long v;
+                uint64_t unit;
+
+                errno = 0;
+                v = strtoull(value, &end, 10);
+                if (strcmp(end, "s") == 0 || !*end)
+                        unit = 1000000;
+                else if (strcmp(end, "ms") == 0)
+                        unit = 1000;
+                else if (strcmp(end, "min") == 0)
+                        unit = 60000000;
+                else
+                        unit = 0;
+                if (!isdigit((unsigned char)value[0]) || errno != 0 || unit == 0 || v == 0 || v > UINT32_MAX)
+                        return set_message_error(ret_message, -EINVAL,
+                                                 "expected a time such as 30s, 500ms or 2min, more than 0");
+                usec = v * unit;
+        }
+        c->manager.reply_timeout_usec = usec;
+        return 0;
+}
+
+static void print_reply_timeout(const Config *c, FILE *f) {
+        uint64_t usec = c->manager.reply_timeout_usec ?: MANAGER_DEFAULT_REPLY_TIMEOUT_USEC;
+
+        if (usec % 60000000 == 0)
+                fprintf(f, "%" PRIu64 "min", usec / 60000000);
+        else if (usec % 1000000 == 0)
+                fprintf(f, "%" PRIu64 "s", usec / 1000000);
+        else
+                fprintf(f, "%" PRIu64 "ms", usec / 1000);
+}
+
+/* [Limits], [User:] and [Group:] keys set c->limits, the section being read. */
+static int parse_max_bytes(Config *c, const char *value, char **ret_message) {
+        UserLimits d = user_limits_default();
+        size_t len = strlen(value);
+        uint64_t bytes = 0;
+        unsigned percent = 0;
+
+        if (!*value) {
+                bytes = d.max_bytes;
+                percent = d.max_bytes_percent;
+        } else if (value[len - 1] == '%') {
+                char *end;
+                unsigned long v;
+
+                errno = 0;
+                v = strtoul(value, &end, 10);
+                if (!isdigit((unsigned char)value[0]) || errno != 0 || end != value + len - 1 || v < 1 || v > 100)
+                        return set_message_error(ret_message, -EINVAL, "a percentage must be 1%%-100%%");
+                percent = (unsigned)v;
+        } else if (parse_size(value, &bytes) < 0 || bytes == 0)
+                return set_message_error(ret_message, -EINVAL, "expected a size such as 64G, or a percentage of "
+                                         "each device's capacity such as 80%%");
+        c->limits->max_bytes = bytes;
+        c->limits->max_bytes_percent = percent;
+        c->limits->set |= LIMIT_MAX_BYTES;
+        return 0;
+}
+
+static void print_max_bytes(const UserLimits *l, FILE *f) {
+        if (l->max_bytes > 0)
+                print_size(l->max_bytes, f);
+        else
+                fprintf(f, "%u%%", l->max_bytes_percent);
+}
+
+/* A count of at least 1; "" is the default. */
+static int parse_count(const char *value, unsigned fallback, unsigned *ret, char **ret_message) {
+        char *end;
+        unsigned long v;
+
+        if (!*value) {
+                *ret = fallback;
+                return 0;
+        }
+        errno = 0;
+        v = strtoul(value, &end, 10);
+        if (!isdigit((unsigned char)value[0]) || errno != 0 || *end || v < 1 || v > 1000000)
+                return set_message_error(ret_message, -EINVAL, "expected a number from 1 to 1000000");
+        *ret = (unsigned)v;
+        return 0;
+}
+
+static int parse_max_leases(Config *c, const char *value, char **ret_message) {
+        int k = parse_count(value, USER_DEFAULT_MAX_LEASES, &c->limits->max_leases, ret_message);
+
+        if (k == 0)
+                c->limits->set |= LIMIT_MAX_LEASES;
+        return k;
+}
+
+static int parse_max_connections(Config *c, const char *value, char **ret_message) {
+        int k = parse_count(value, USER_DEFAULT_MAX_CONNECTIONS, &c->limits->max_connections, ret_message);
+
+        if (k == 0)
+                c->limits->set |= LIMIT_MAX_CONNECTIONS;
+        return k;
+}
+
+/* The [Limits]-style keys, printed for one section: every key for [Limits], the ones set for a rule. */
+static void print_limits(const UserLimits *l, FILE *f) {
+        if (l->set & LIMIT_MAX_BYTES) {
+                fputs("MaxBytes=", f);
+                print_max_bytes(l, f);
+                fputc('\n', f);
+        }
+        if (l->set & LIMIT_MAX_LEASES)
+                fprintf(f, "MaxLeases=%u\n", l->max_leases);
+        if (l->set & LIMIT_MAX_CONNECTIONS)
+                fprintf(f, "MaxConnections=%u\n", l->max_connections);
+}
+
 static const ConfigKey keys[] = {
         { "Broker", "Socket", parse_socket, print_socket },
         { "Broker", "Devices", parse_devices, print_devices },
         { "Broker", "Capacity", parse_capacity, print_capacity },
         { "Broker", "MaxSlab", parse_max_slab, print_max_slab },
         { "Broker", "AdminGroup", parse_admin_group, print_admin_group },
+        { "Broker", "ReplyTimeout", parse_reply_timeout, print_reply_timeout },
+        /* also valid in [User:NAME] and [Group:NAME]; printed by print_limits() */
+        { "Limits", "MaxBytes", parse_max_bytes, NULL },
+        { "Limits", "MaxLeases", parse_max_leases, NULL },
+        { "Limits", "MaxConnections", parse_max_connections, NULL },
 };
 
 /* --- the file ------------------------------------------------------------------------------------- */
@@ -224,6 +349,83 @@ static int parse_key(Config *c, const ConfigKey *key, const char *value, const c
         return k;
 }
 
+/* The rule of a [User:NAME] or [Group:NAME] section: found, or added at the end. */
+static int limits_rule(Config *c, bool group, const char *name, char **ret_message) {
+        LimitsConfig *lc = &c->manager.limits;
+        char buf[16384];
+        uint32_t id;
+        LimitsRule *rules;
+        char *end;
+        unsigned long v;
+
+        if (!*name)
+                return set_message_error(ret_message, -EINVAL, "[%s:] needs a name or a number", group ? "Group" : "User");
+        errno = 0;
+        v = strtoul(name, &end, 10);
+        if (isdigit((unsigned char)name[0]) && !*end && errno == 0 && v < UINT32_MAX)
+                id = (uint32_t)v;
+        else if (group) {
+                struct group g, *found = NULL;
+                int k = getgrnam_r(name, &g, buf, sizeof(buf), &found);
+
+                if (k != 0 || !found)
+                        return set_message_error(ret_message, -EINVAL, "[Group:%s]: %s", name,
+                                                 k != 0 ? strerror(k) : "no such group");
+                id = found->gr_gid;
+        } else {
+                struct passwd pw, *found = NULL;
+                int k = getpwnam_r(name, &pw, buf, sizeof(buf), &found);
+
+                if (k != 0 || !found)
+                        return set_message_error(ret_message, -EINVAL, "[User:%s]: %s", name,
+                                                 k != 0 ? strerror(k) : "no such user");
+                id = found->pw_uid;
+        }
+        for (size_t i = 0; i < lc->n_rules; i++)
+                if (lc->rules[i].group == group && lc->rules[i].id == id) {
+                        c->limits = &lc->rules[i].limits;
+                        return 0;
+                }
+        rules = realloc(lc->rules, (lc->n_rules + 1) * sizeof(LimitsRule));
+        if (!rules)
+                return -ENOMEM;
+        lc->rules = rules;
+        rules[lc->n_rules] = (LimitsRule){ .group = group, .id = id, .name = strdup(name) };
+        if (!rules[lc->n_rules].name)
+                return -ENOMEM;
+        /* a rule starts from the defaults, and sets only its own keys */
+        rules[lc->n_rules].limits = user_limits_default();
+        rules[lc->n_rules].limits.set = 0;
+        c->limits = &rules[lc->n_rules++].limits;
+        return 0;
+}
+
+/*
+ * Enters a section: sets `section` to the name its keys are looked up under ("Limits" for [User:] and
+ * [Group:] too) and, for those, c->limits. Returns 0 or -EINVAL with a message.
+ */
+static int enter_section(Config *c, const char *header, char *section, size_t section_len, char **ret_message) {
+        int k;
+
+        if (strncmp(header, "User:", 5) == 0 || strncmp(header, "Group:", 6) == 0) {
+                bool group = header[0] == 'G';
+
+                k = limits_rule(c, group, header + (group ? 6 : 5), ret_message);
+                if (k < 0)
+                        return k;
+                snprintf(section, section_len, "Limits");
+                return 0;
+        }
+        if (!known_section(header))
+                return set_message_error(ret_message, -EINVAL,
+                                         "unknown section [%s] (known: [Broker], [Limits], [User:NAME], [Group:NAME])",
+                                         header);
+        if (strcmp(header, "Limits") == 0)
+                c->limits = &c->manager.limits.defaults;
+        snprintf(section, section_len, "%s", header);
+        return 0;
+}
+
 /* Applies one line; `section` is the current section's name. Returns 0 or -EINVAL with a message. */
 static int parse_line(Config *c, char *line, char *section, size_t section_len, char **ret_message) {
         const ConfigKey *key;
@@ -239,11 +441,7 @@ static int parse_line(Config *c, char *line, char *section, size_t section_len, 
                         return set_message_error(ret_message, -EINVAL,
                                                  "a section header must be [Name], not \"%s\"", line);
                 line[len - 1] = 0;
-                if (!known_section(line + 1))
-                        return set_message_error(ret_message, -EINVAL, "unknown section [%s] (known: [Broker])",
-                                                 line + 1);
-                snprintf(section, section_len, "%s", line + 1);
-                return 0;
+                return enter_section(c, line + 1, section, section_len, ret_message);
         }
         eq = strchr(line, '=');
         if (!eq)
@@ -263,7 +461,7 @@ static int parse_line(Config *c, char *line, char *section, size_t section_len, 
 static int load_file(Config *c, const char *path, char **ret_message) {
         _cleanup_free_ char *line = NULL, *problem = NULL;
         _cleanup_fclose_ FILE *f = NULL;
-        char section[64] = "";
+        char section[64] = "";                  /* a file starts outside any section */
         size_t size = 0;
         unsigned number = 0;
         ssize_t n;
@@ -346,25 +544,35 @@ int config_set(Config *c, const char *key, const char *value, const char *where,
 }
 
 void config_print(const Config *c, FILE *f) {
-        const char *section = "";
+        const LimitsConfig *lc = &c->manager.limits;
 
+        fputs("[Broker]\n", f);
         for (size_t i = 0; i < ELEMENTSOF(keys); i++) {
-                if (strcmp(section, keys[i].section) != 0) {
-                        section = keys[i].section;
-                        fprintf(f, "%s[%s]\n", i > 0 ? "\n" : "", section);
-                }
+                if (!keys[i].print)
+                        continue;
                 fprintf(f, "%s=", keys[i].name);
                 keys[i].print(c, f);
                 fputc('\n', f);
+        }
+        fputs("\n[Limits]\n", f);
+        print_limits(&lc->defaults, f);
+        for (size_t i = 0; i < lc->n_rules; i++) {
+                fprintf(f, "\n[%s:%s]\n", lc->rules[i].group ? "Group" : "User", lc->rules[i].name);
+                print_limits(&lc->rules[i].limits, f);
         }
 }
 
 void config_init(Config *c) {
         *c = (Config){};
+        c->manager.limits.defaults = user_limits_default();
+        c->limits = &c->manager.limits.defaults;
 }
 
 void config_done(Config *c) {
         free(c->socket_path);
         free(c->admin_group);
+        for (size_t i = 0; i < c->manager.limits.n_rules; i++)
+                free(c->manager.limits.rules[i].name);
+        free(c->manager.limits.rules);
         config_init(c);
 }

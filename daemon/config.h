@@ -9,6 +9,15 @@
  *     Capacity=80%
  *     AdminGroup=gpu-admins
  *
+ *     [Limits]                  (every user)
+ *     MaxBytes=80%
+ *
+ *     [Group:ml]                (members of a group; the most generous group wins)
+ *     MaxBytes=100%
+ *
+ *     [User:alice]              (one user; beats the groups)
+ *     MaxLeases=4096
+ *
  * Each key has one parser, used for the file and for the matching command-line
  * option alike, so both accept exactly the same values. An empty value resets
  * a key to its default. Every problem is reported with its place: "FILE:LINE:"
@@ -27,6 +36,7 @@ typedef struct Config {
         char *socket_path;
         int devices[CONFIG_MAX_DEVICES];
         char *admin_group;
+        UserLimits *limits;             /* the section being read: [Limits], or a [User:]/[Group:] rule's */
 } Config;
 
 /* Sets every key to its default. */

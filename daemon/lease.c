@@ -157,15 +157,47 @@ static void hold_link(Hold *hold, Lease *l, Holder *h, bool readonly) {
                 l->foreign = true;
 }
 
-int lease_new(LeaseTable *t, Holder *h, int device, uint64_t size, const char *label, Lease **ret) {
+/* Charges a new lease of `size` bytes (rounded up) on the pool's device `i` to its owner. */
+static int lease_charge(LeaseTable *t, User *owner, size_t i, uint64_t size, LeaseQuota *ret_quota) {
+        PoolDeviceStats s;
+        uint64_t bytes;
+        int k;
+
+        pool_device_stats(t->pool, i, &s);
+        bytes = ALIGN_UP(size, s.granularity);
+        if (bytes > s.capacity)
+                return POOL_E_TOO_LARGE;        /* no limit could allow it: say so rather than QuotaExceeded */
+        *ret_quota = (LeaseQuota){ .what = USER_LEASES, .asked = 1 };
+        k = user_charge(owner, USER_LEASES, i, 1, &ret_quota->limit, &ret_quota->current);
+        if (k < 0)
+                return k;
+        *ret_quota = (LeaseQuota){ .what = USER_BYTES, .asked = bytes };
+        k = user_charge(owner, USER_BYTES, i, bytes, &ret_quota->limit, &ret_quota->current);
+        if (k < 0)
+                user_uncharge(owner, USER_LEASES, i, 1);
+        return k;
+}
+
+static void lease_uncharge(User *owner, size_t i, uint64_t bytes) {
+        user_uncharge(owner, USER_BYTES, i, bytes);
+        user_uncharge(owner, USER_LEASES, i, 1);
+}
+
+int lease_new(LeaseTable *t, Holder *h, User *owner, int device, uint64_t size, const char *label, Lease **ret,
+              LeaseQuota *ret_quota) {
         Slab *slabs[POOL_MAX_SLABS];
         _cleanup_free_ Lease *l = NULL;
         _cleanup_free_ char *lab = NULL;
         _cleanup_free_ Slab **copy = NULL;
         _cleanup_free_ Hold *hold = NULL;
+        int i = pool_find_device(t->pool, device);
         size_t n = 0;
         int k;
 
+        if (i < 0)
+                return POOL_E_NO_DEVICE;
+        if (size > UINT64_MAX / 2)
+                return POOL_E_TOO_LARGE;        /* rounding it up would overflow */
         l = calloc(1, sizeof(*l));
         hold = calloc(1, sizeof(*hold));
         if (!l || !hold)
@@ -178,23 +210,33 @@ int lease_new(LeaseTable *t, Holder *h, int device, uint64_t size, const char *l
                 if (!lab)
                         return -ENOMEM;
         }
-        k = pool_alloc(t->pool, device, size, h->uid, slabs, &n);
+        k = lease_charge(t, owner, (size_t)i, size, ret_quota);
         if (k != 0)
                 return k;
-        copy = calloc(n, sizeof(Slab *));
-        if (!copy) {
-                for (size_t i = 0; i < n; i++)
-                        pool_reclaim(t->pool, slabs[i]);
-                return -ENOMEM;
+        k = pool_alloc(t->pool, device, size, h->uid, slabs, &n);
+        if (k == 0) {
+                copy = calloc(n, sizeof(Slab *));
+                if (!copy) {
+                        for (size_t j = 0; j < n; j++)
+                                pool_reclaim(t->pool, slabs[j]);
+                        k = -ENOMEM;
+                }
+        }
+        if (k != 0) {
+                lease_uncharge(owner, (size_t)i, ret_quota->asked);
+                return k;
         }
         memcpy(copy, slabs, n * sizeof(Slab *));
 
         l->device = device;
-        for (size_t i = 0; i < n; i++)
-                l->size += slabs[i]->size;
+        l->pool_device = (size_t)i;
+        for (size_t j = 0; j < n; j++)
+                l->size += slabs[j]->size;
+        assert(l->size == ret_quota->asked);    /* the slabs sum to the rounded size that was charged */
         l->created_usec = now_realtime_usec();
         l->label = TAKE_PTR(lab);
         l->uid = h->uid;
+        l->owner = user_ref(owner);
         l->pid = h->pid;
         memcpy(l->comm, h->comm, sizeof(l->comm));
         l->n_slabs = n;
@@ -260,6 +302,8 @@ void lease_free(LeaseTable *t, Lease *l) {
         }
         if (l->name)
                 t->n_published--;
+        lease_uncharge(l->owner, l->pool_device, l->size);
+        user_unref(t->users, l->owner);
         list_unlink(&l->link_table);
         t->n_leases--;
         free(l->name);

@@ -31,6 +31,7 @@
 
 #include "list.h"
 #include "pool.h"
+#include "user.h"
 
 #define LEASE_ID_LEN 32                 /* hex digits of a 128-bit random identifier */
 #define LEASE_TOKEN_LEN 32              /* hex digits of a 128-bit random share token */
@@ -68,6 +69,8 @@ struct Lease {
         uint64_t created_usec;          /* CLOCK_REALTIME */
         char *label;
         uid_t uid;                      /* the owner: the user that made it, charged for it */
+        User *owner;                    /* its accounting (a reference) */
+        size_t pool_device;             /* the device in pool order, for the accounting */
         pid_t pid;                      /* the process that made it (it may have exited) */
         char comm[16];                  /* and its command name */
         bool foreign;                   /* another user has held it: release its slabs at the end */
@@ -98,6 +101,7 @@ struct Holder {
 
 typedef struct LeaseTable {
         Pool *pool;
+        UserRegistry *users;            /* the owners' accounting */
         List leases;                    /* every Lease */
         List holders;                   /* every Holder */
         unsigned n_leases;
@@ -129,11 +133,20 @@ unsigned holder_reclaim(LeaseTable *t, Holder *h);
 /* Frees a holder that has no holds and no connections. Returns true if it did. */
 bool holder_free_if_unused(LeaseTable *t, Holder *h);
 
+/* What a refused charge was: for the QuotaExceeded answer. */
+typedef struct LeaseQuota {
+        UserResource what;
+        uint64_t asked, limit, current;
+} LeaseQuota;
+
 /*
- * Leases `size` bytes of `device` to a holder, which holds it once. Returns
- * 0, a POOL_E_* code, or a negative errno; on failure nothing changed.
+ * Leases `size` bytes of `device` to a holder, which holds it once, owned by
+ * and charged to `owner` (the holder's user). Returns 0, a POOL_E_* code,
+ * -EDQUOT over one of the owner's limits (*ret_quota says which), or a
+ * negative errno; on failure nothing changed.
  */
-int lease_new(LeaseTable *t, Holder *h, int device, uint64_t size, const char *label, Lease **ret);
+int lease_new(LeaseTable *t, Holder *h, User *owner, int device, uint64_t size, const char *label, Lease **ret,
+              LeaseQuota *ret_quota);
 
 /* The holder's hold on the lease with that identifier, or NULL (a lease it does not hold is not found). */
 Hold *hold_find(const Holder *h, const char *id);

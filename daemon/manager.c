@@ -243,6 +243,7 @@ Manager *manager_free(Manager *m) {
         list_for_each_entry(h, &m->leases.holders, link)
                 unwatch_holder(m, h);
         lease_table_done(&m->leases);
+        user_registry_done(&m->users);          /* after the leases and peers that refer to users */
         sd_event_source_disable_unref(m->holder_source);
         safe_close(m->holder_epoll_fd);
         sd_event_source_disable_unref(m->listen_source);
@@ -262,6 +263,23 @@ Manager *manager_free(Manager *m) {
 
 DEFINE_TRIVIAL_CLEANUP_FUNC(Manager, manager_free);
 
+/* The per-user accounting, for the devices the pool serves: their capacities bound the users' bytes. */
+static int manager_init_users(Manager *m, const LimitsConfig *limits) {
+        size_t n = pool_n_devices(m->pool);
+        _cleanup_free_ uint64_t *capacity = calloc(n ?: 1, sizeof(uint64_t));
+
+        if (!capacity)
+                return -ENOMEM;
+        for (size_t i = 0; i < n; i++) {
+                PoolDeviceStats s;
+
+                pool_device_stats(m->pool, i, &s);
+                capacity[i] = s.capacity;
+        }
+        user_registry_done(&m->users);
+        return user_registry_init(&m->users, limits, capacity, n);
+}
+
 int manager_new(Manager **ret, const ManagerConfig *config, char **ret_message) {
         _cleanup_(manager_freep) Manager *m = NULL;
         const char *path = config->socket_path ?: MANAGER_DEFAULT_SOCKET;
@@ -277,6 +295,10 @@ int manager_new(Manager **ret, const ManagerConfig *config, char **ret_message) 
         lease_table_init(&m->leases, NULL);     /* so that manager_free() works from any failure below */
         m->has_admin_group = config->has_admin_group;
         m->admin_gid = config->admin_gid;
+        m->reply_timeout_usec = config->reply_timeout_usec ?: MANAGER_DEFAULT_REPLY_TIMEOUT_USEC;
+        k = user_registry_init(&m->users, &config->limits, NULL, 0);
+        if (k < 0)
+                return k;
 
         k = sd_event_default(&m->event);
         if (k < 0)
@@ -303,6 +325,10 @@ int manager_new(Manager **ret, const ManagerConfig *config, char **ret_message) 
         if (k < 0)
                 return k;
         m->leases.pool = m->pool;
+        m->leases.users = &m->users;
+        k = manager_init_users(m, &config->limits);
+        if (k < 0)
+                return k;
 
         k = inherited_socket(ret_message);
         if (k == -ENOENT) {

@@ -16,14 +16,18 @@
 #include "lease.h"
 #include "list.h"
 #include "pool.h"
+#include "user.h"
 
 #define MANAGER_DEFAULT_SOCKET "/run/vmmbroker/io.vmmbroker"
+#define MANAGER_DEFAULT_REPLY_TIMEOUT_USEC (UINT64_C(30) * 1000000)
 
 typedef struct ManagerConfig {
         const char *socket_path;        /* bound when systemd passed no socket; NULL = MANAGER_DEFAULT_SOCKET */
         PoolConfig pool;
         bool has_admin_group;           /* members of admin_gid are administrators (root always is) */
         gid_t admin_gid;
+        LimitsConfig limits;            /* per user; must outlive the manager */
+        uint64_t reply_timeout_usec;    /* a connection that leaves a reply unread this long is closed; 0 = default */
 } ManagerConfig;
 
 typedef struct Manager {
@@ -31,6 +35,8 @@ typedef struct Manager {
         CudaDriver *cu;
         Pool *pool;
         LeaseTable leases;
+        UserRegistry users;
+        uint64_t reply_timeout_usec;
         int listen_fd;
         char *bound_path;               /* the socket we bound (and unlink at exit); NULL when inherited */
         sd_event_source *listen_source;

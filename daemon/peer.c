@@ -86,6 +86,7 @@ static int method_alloc(Peer *p, json_object *params, Reply *r) {
         AllocParams a = {};
         PoolDeviceStats s;
         Manager *m = p->manager;
+        LeaseQuota quota;
         Lease *l;
         int k, i;
 
@@ -105,8 +106,12 @@ static int method_alloc(Peer *p, json_object *params, Reply *r) {
         }
         pool_device_stats(m->pool, (size_t)i, &s);
 
-        k = lease_new(&m->leases, p->holder, (int)a.device, a.size, a.label, &l);
-        if (k == POOL_E_TOO_LARGE) {
+        k = lease_new(&m->leases, p->holder, p->user, (int)a.device, a.size, a.label, &l, &quota);
+        if (k == -EDQUOT) {
+                user_quota_message(p->user, quota.what, s.index, quota.asked, quota.limit, quota.current, &message);
+                k = vmmb_error_quota_exceeded(user_resource_name(quota.what), quota.limit, quota.current,
+                                              message ?: "over a limit", &r->msg);
+        } else if (k == POOL_E_TOO_LARGE) {
                 char b1[FORMAT_SIZE_MAX], b2[FORMAT_SIZE_MAX];
 
                 set_message(&message, "%s is more than device %d can serve (capacity %s, at most %d slabs).",
@@ -372,6 +377,58 @@ out:
         return k;
 }
 
+static void user_to_wire(const Manager *m, const User *u, WireUserDevice *devices, WireUser *ret) {
+        for (size_t i = 0; i < m->users.n_devices; i++) {
+                PoolDeviceStats s;
+
+                pool_device_stats(m->pool, i, &s);
+                devices[i] = (WireUserDevice){ .index = s.index, .bytes = u->bytes[i], .max_bytes = u->max_bytes[i] };
+        }
+        *ret = (WireUser){
+                .uid = u->uid,
+                .leases = u->leases,
+                .max_leases = u->max_leases,
+                .connections = u->connections,
+                .max_connections = u->max_connections,
+                .requests = u->requests,
+                .devices = m->users.n_devices > 0 ? devices : NULL,
+                .n_devices = m->users.n_devices,
+        };
+}
+
+static int method_users(Peer *p, json_object *params, Reply *r) {
+        _cleanup_free_ char *message = NULL;
+        _cleanup_free_ WireUserDevice *devices = NULL;
+        _cleanup_free_ WireUser *users = NULL;
+        Manager *m = p->manager;
+        size_t n_dev = m->users.n_devices;
+        const char *bad = NULL;
+        ListParams a = {};
+        UsersReply reply = {};
+        json_object *out = NULL;
+        User *u;
+        int k;
+
+        k = list_params_decode(params, &a, &bad, &message);
+        if (k < 0)
+                return k == -EINVAL ? reply_invalid(r, bad, message) : k;
+        if (a.all && !peer_is_admin(p))
+                return vmmb_error_permission_denied("Showing every user needs an administrator.", &r->msg);
+        users = calloc(m->users.n_users ?: 1, sizeof(*users));
+        devices = calloc((m->users.n_users ?: 1) * (n_dev ?: 1), sizeof(*devices));
+        if (!users || !devices)
+                return -ENOMEM;
+        list_for_each_entry(u, &m->users.users, link) {
+                if (!a.all && u != p->user)
+                        continue;
+                user_to_wire(m, u, devices + reply.n_users * n_dev, &users[reply.n_users]);
+                reply.n_users++;
+        }
+        reply.users = users;
+        k = users_reply_encode(&reply, &out);
+        return k < 0 ? k : reply_params(r, out);
+}
+
 /* Whether a non-administrator's List shows the lease: its user owns it or holds it. */
 static bool lease_visible_to(const Lease *l, uid_t uid) {
         const Hold *hold;
@@ -536,9 +593,20 @@ static const struct {
         { VMMB_METHOD_PUBLISH, method_publish },
         { VMMB_METHOD_UNPUBLISH, method_unpublish },
         { VMMB_METHOD_STATUS, method_status },
+        { VMMB_METHOD_USERS, method_users },
         { VARLINK_METHOD_GET_INFO, method_get_info },
         { VARLINK_METHOD_GET_INTERFACE_DESCRIPTION, method_get_interface_description },
 };
+
+/* QuotaExceeded for a connection over its user's MaxConnections. */
+static int peer_refusal(Peer *p, json_object **ret) {
+        _cleanup_free_ char *message = NULL;
+        User *u = p->user;
+
+        user_quota_message(u, USER_CONNECTIONS, -1, 1, u->max_connections, u->connections, &message);
+        return vmmb_error_quota_exceeded(user_resource_name(USER_CONNECTIONS), u->max_connections, u->connections,
+                                         message ?: "too many connections", ret);
+}
 
 /* Answers one call. Returns 0, or a negative errno that ends the connection. */
 static int peer_dispatch(Peer *p, json_object *msg) {
@@ -551,6 +619,15 @@ static int peer_dispatch(Peer *p, json_object *msg) {
                 return k;
         /* Whoever exited before this request was read is gone for it. */
         manager_reap_holders(p->manager);
+        if (p->refused) {
+                /* Over MaxConnections: the answer to its first call says why; then the connection closes. */
+                k = peer_refusal(p, &r.msg);
+                if (k == 0)
+                        k = varlink_conn_send(p->conn, r.msg, NULL, 0);
+                json_object_put(r.msg);
+                varlink_call_done(&call);
+                return k;
+        }
         k = varlink_error_method_not_found(call.method, &r.msg);
         for (size_t i = 0; i < ELEMENTSOF(methods); i++)
                 if (strcmp(call.method, methods[i].name) == 0) {
@@ -578,6 +655,8 @@ static int peer_process(Peer *p) {
                                 return 0;
                         if (k < 0)
                                 return k;
+                        if (p->refused)
+                                return -ECONNRESET;     /* it has its answer */
                 }
                 k = varlink_conn_next_json(p->conn, &msg, NULL, NULL);
                 if (k <= 0)
@@ -587,6 +666,49 @@ static int peer_process(Peer *p) {
                 if (k < 0)
                         return k;
         }
+}
+
+static int on_reply_timeout(sd_event_source *s, uint64_t usec, void *userdata) {
+        Peer *p = userdata;
+
+        fprintf(stderr, "Closing the connection of pid %d (uid %u): %s for %g s (ReplyTimeout=).\n",
+                (int)p->cred.pid, (unsigned)p->cred.uid,
+                p->refused ? "over its user's MaxConnections= and silent" : "it left a reply unread",
+                (double)p->manager->reply_timeout_usec / 1e6);
+        peer_free(p);
+        return 0;
+}
+
+/* Arms the reply timer from now, or stops it. */
+static void peer_set_timer(Peer *p, bool on) {
+        uint64_t now;
+
+        if (!on) {
+                (void)sd_event_source_set_enabled(p->reply_timer, SD_EVENT_OFF);
+                return;
+        }
+        if (sd_event_now(p->manager->event, CLOCK_MONOTONIC, &now) < 0)
+                return;
+        (void)sd_event_source_set_time(p->reply_timer, now + p->manager->reply_timeout_usec);
+        (void)sd_event_source_set_enabled(p->reply_timer, SD_EVENT_ONESHOT);
+}
+
+/*
+ * A queued reply is a request in flight, charged to the user; while there is one, the connection has
+ * ReplyTimeout= to read it. (A refused connection's timer runs from the start: it must speak or go.)
+ */
+static void peer_update_request(Peer *p) {
+        bool pending = varlink_conn_pending(p->conn) > 0;
+
+        if (pending == p->charged_request)
+                return;
+        p->charged_request = pending;
+        if (pending)
+                p->user->requests++;
+        else
+                p->user->requests--;
+        if (!p->refused)
+                peer_set_timer(p, pending);
 }
 
 static int on_peer_io(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
@@ -618,6 +740,7 @@ static int on_peer_io(sd_event_source *s, int fd, uint32_t revents, void *userda
         }
         /* Wait for the client to read before answering more: nothing piles up in the daemon. */
         (void)sd_event_source_set_io_events(s, varlink_conn_pending(p->conn) > 0 ? EPOLLOUT : EPOLLIN);
+        peer_update_request(p);
         return 0;
 }
 
@@ -633,10 +756,12 @@ static int peer_pidfd(int fd, pid_t pid) {
         return pidfd < 0 ? -errno : pidfd;
 }
 
-/* Whether the peer had `gid` among its groups when it connected (SO_PEERGROUPS). 1, 0 or a negative errno. */
-static int peer_in_group(int sock, gid_t gid) {
+/* The peer's groups when it connected (SO_PEERGROUPS) and its primary group. *ret is malloc'd. */
+static int peer_groups(int sock, gid_t primary, gid_t **ret, size_t *ret_n) {
         _cleanup_free_ gid_t *groups = NULL;
         socklen_t len = 0;
+        gid_t *all;
+        size_t n;
 
         /* Asked with too small a buffer, the kernel says ERANGE and how much it needs. */
         while (getsockopt(sock, SOL_SOCKET, SO_PEERGROUPS, groups, &len) < 0) {
@@ -647,26 +772,35 @@ static int peer_in_group(int sock, gid_t gid) {
                 if (!groups)
                         return -ENOMEM;
         }
-        for (size_t i = 0; i < len / sizeof(gid_t); i++)
-                if (groups[i] == gid)
-                        return 1;
+        n = len / sizeof(gid_t);
+        all = realloc(TAKE_PTR(groups), (n + 1) * sizeof(gid_t));
+        if (!all)
+                return -ENOMEM;
+        all[n] = primary;
+        *ret = all;
+        *ret_n = n + 1;
         return 0;
 }
 
 /* Root, or a member (primary or supplementary) of the configured administrators' group. */
-static bool peer_check_admin(const Peer *p, int sock) {
+static bool peer_check_admin(const Peer *p, const gid_t *gids, size_t n_gids) {
         const Manager *m = p->manager;
 
         if (p->cred.uid == 0)
                 return true;
         if (!m->has_admin_group)
                 return false;
-        return p->cred.gid == m->admin_gid || peer_in_group(sock, m->admin_gid) > 0;
+        for (size_t i = 0; i < n_gids; i++)
+                if (gids[i] == m->admin_gid)
+                        return true;
+        return false;
 }
 
 int peer_new(Manager *m, int fd) {
         socklen_t len = sizeof(struct ucred);
         _cleanup_close_ int sock = fd, pidfd = -EBADF;
+        _cleanup_free_ gid_t *gids = NULL;
+        size_t n_gids = 0;
         Peer *p;
         bool created;
         int k;
@@ -680,7 +814,21 @@ int peer_new(Manager *m, int fd) {
                 k = -errno ?: -EPROTO;
                 goto fail;
         }
-        p->admin = peer_check_admin(p, sock);
+        k = peer_groups(sock, p->cred.gid, &gids, &n_gids);
+        if (k < 0)
+                goto fail;
+        p->admin = peer_check_admin(p, gids, n_gids);
+        p->user = user_get(&m->users, p->cred.uid, gids, n_gids);
+        if (!p->user) {
+                k = -ENOMEM;
+                goto fail;
+        }
+        /* Over the limit, the connection is kept just long enough to say why (peer_refusal()). */
+        p->refused = user_charge(p->user, USER_CONNECTIONS, 0, 1, NULL, NULL) < 0;
+        k = sd_event_add_time(m->event, &p->reply_timer, CLOCK_MONOTONIC, UINT64_MAX, 0, on_reply_timeout, p);
+        if (k < 0)
+                goto fail;
+        peer_set_timer(p, p->refused);
         pidfd = peer_pidfd(sock, p->cred.pid);
         if (pidfd < 0) {
                 k = pidfd;
@@ -720,9 +868,17 @@ Peer *peer_free(Peer *p) {
                 p->manager->n_peers--;
         }
         sd_event_source_disable_unref(p->io);
+        sd_event_source_disable_unref(p->reply_timer);
         varlink_conn_free(p->conn);
         if (p->holder)
                 manager_release_holder(p->manager, p->holder);
+        if (p->user) {
+                if (p->charged_request)
+                        p->user->requests--;
+                if (!p->refused)
+                        user_uncharge(p->user, USER_CONNECTIONS, 0, 1);
+                user_unref(&p->manager->users, p->user);
+        }
         free(p);
         return NULL;
 }

@@ -24,6 +24,10 @@ typedef struct Peer {
         struct ucred cred;
         bool admin;                     /* root or in the admin group when it connected: may List(all) */
         Holder *holder;
+        User *user;                     /* the accounting of cred.uid */
+        bool refused;                   /* over the user's MaxConnections: answers QuotaExceeded, then closes */
+        bool charged_request;           /* a reply is queued: charged to the user as a request in flight */
+        sd_event_source *reply_timer;   /* closes the connection when a reply stays unread too long */
         List link;                      /* in Manager.peers */
 } Peer;
 

@@ -61,5 +61,6 @@ static inline void closep(int *fd) {
         }
 
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
+#define MAX(a, b) ((a) > (b) ? (a) : (b))
 #define ALIGN_UP(x, a) ((((x) + (a) - 1) / (a)) * (a))
 #define IS_POWER_OF_2(x) ((x) != 0 && ((x) & ((x) - 1)) == 0)

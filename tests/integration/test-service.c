@@ -265,7 +265,13 @@ START_TEST(test_print_config) {
                               "Devices=1 0\n"
                               "Capacity=2G\n"
                               "MaxSlab=512M\n"
-                              "AdminGroup=\n");
+                              "AdminGroup=\n"
+                              "ReplyTimeout=30s\n"
+                              "\n"
+                              "[Limits]\n"
+                              "MaxBytes=80%\n"
+                              "MaxLeases=1024\n"
+                              "MaxConnections=64\n");
         scratch_done(&s);
 }
 END_TEST

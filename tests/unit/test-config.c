@@ -90,7 +90,13 @@ START_TEST(test_defaults_without_file) {
                                "Devices=all\n"
                                "Capacity=95%\n"
                                "MaxSlab=1G\n"
-                               "AdminGroup=\n");
+                               "AdminGroup=\n"
+                               "ReplyTimeout=30s\n"
+                               "\n"
+                               "[Limits]\n"
+                               "MaxBytes=80%\n"
+                               "MaxLeases=1024\n"
+                               "MaxConnections=64\n");
         config_done(&c);
 }
 END_TEST
@@ -266,18 +272,76 @@ START_TEST(test_print_round_trip) {
         Config c;
 
         ck_assert_int_eq(load(&c, "[Broker]\nSocket=/run/x\nDevices=1,0\nCapacity=1536M\nMaxSlab=2G\n"
-                                  "AdminGroup=root\n", &message), 0);
+                                  "AdminGroup=root\nReplyTimeout=2min\n[Limits]\nMaxBytes=40G\n"
+                                  "[User:0]\nMaxLeases=7\n[Group:root]\nMaxBytes=50%\nMaxConnections=3\n",
+                              &message), 0);
         first = printed(&c);
         ck_assert_str_eq(first, "[Broker]\n"
                                 "Socket=/run/x\n"
                                 "Devices=1 0\n"
                                 "Capacity=1536M\n"
                                 "MaxSlab=2G\n"
-                                "AdminGroup=root\n");
+                                "AdminGroup=root\n"
+                                "ReplyTimeout=2min\n"
+                                "\n"
+                                "[Limits]\n"
+                                "MaxBytes=40G\n"
+                                "MaxLeases=1024\n"
+                                "MaxConnections=64\n"
+                                "\n"
+                                "[User:0]\n"
+                                "MaxLeases=7\n"
+                                "\n"
+                                "[Group:root]\n"
+                                "MaxBytes=50%\n"
+                                "MaxConnections=3\n");
         config_done(&c);
         ck_assert_int_eq(load(&c, first, &message), 0);
         second = printed(&c);
         ck_assert_str_eq(first, second);
+        config_done(&c);
+}
+END_TEST
+
+START_TEST(test_limits) {
+        _cleanup_free_ char *message = NULL;
+        const LimitsConfig *lc;
+        Config c;
+
+        ck_assert_int_eq(load(&c, "[Limits]\nMaxBytes=64G\nMaxConnections=5\n"
+                                  "[User:root]\nMaxBytes=90%\n"
+                                  "[Group:0]\nMaxLeases=10\n"
+                                  "[User:0]\nMaxConnections=9\n", &message), 0);
+        lc = &c.manager.limits;
+        ck_assert_uint_eq(lc->defaults.max_bytes, UINT64_C(64) << 30);
+        ck_assert_uint_eq(lc->defaults.max_connections, 5);
+        ck_assert_uint_eq(lc->defaults.max_leases, USER_DEFAULT_MAX_LEASES);
+        /* [User:root] and [User:0] are one rule; each sets only its own keys */
+        ck_assert_uint_eq(lc->n_rules, 2);
+        ck_assert(!lc->rules[0].group);
+        ck_assert_uint_eq(lc->rules[0].id, 0);
+        ck_assert_uint_eq(lc->rules[0].limits.set, LIMIT_MAX_BYTES | LIMIT_MAX_CONNECTIONS);
+        ck_assert_uint_eq(lc->rules[0].limits.max_bytes_percent, 90);
+        ck_assert_uint_eq(lc->rules[0].limits.max_connections, 9);
+        ck_assert(lc->rules[1].group);
+        ck_assert_uint_eq(lc->rules[1].limits.set, LIMIT_MAX_LEASES);
+        config_done(&c);
+
+        ck_assert_int_eq(load(&c, "[User:vmmb-no-such-user]\nMaxLeases=1\n", &message), -EINVAL);
+        ck_assert_ptr_nonnull(strstr(message, ":1: [User:vmmb-no-such-user]: no such user"));
+        config_done(&c);
+        ck_assert_int_eq(load(&c, "[Group:]\n", &message), -EINVAL);
+        config_done(&c);
+        ck_assert_int_eq(load(&c, "[Limits]\nMaxLeases=0\n", &message), -EINVAL);
+        ck_assert_ptr_nonnull(strstr(message, "MaxLeases=0: expected a number from 1 to 1000000"));
+        config_done(&c);
+        ck_assert_int_eq(load(&c, "[Limits]\nMaxBytes=101%\n", &message), -EINVAL);
+        config_done(&c);
+        ck_assert_int_eq(load(&c, "[Broker]\nMaxLeases=3\n", &message), -EINVAL);   /* a [Limits] key */
+        config_done(&c);
+        ck_assert_int_eq(load(&c, "[Broker]\nReplyTimeout=0\n", &message), -EINVAL);
+        config_done(&c);
+        ck_assert_int_eq(load(&c, "[Broker]\nReplyTimeout=5h\n", &message), -EINVAL);
         config_done(&c);
 }
 END_TEST
@@ -297,6 +361,7 @@ int main(void) {
         tcase_add_test(tc, test_unreadable);
         tcase_add_test(tc, test_set_from_option);
         tcase_add_test(tc, test_print_round_trip);
+        tcase_add_test(tc, test_limits);
         suite_add_tcase(s, tc);
         return run_suite(s) == 0 ? 0 : 1;
 }

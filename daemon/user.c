@@ -1,0 +1,223 @@
+/* SPDX-License-Identifier: MIT */
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "macro.h"
+#include "message.h"
+#include "size.h"
+#include "user.h"
+
+UserLimits user_limits_default(void) {
+        return (UserLimits){
+                .max_bytes_percent = USER_DEFAULT_MAX_BYTES_PERCENT,
+                .max_leases = USER_DEFAULT_MAX_LEASES,
+                .max_connections = USER_DEFAULT_MAX_CONNECTIONS,
+                .set = LIMIT_MAX_BYTES | LIMIT_MAX_LEASES | LIMIT_MAX_CONNECTIONS,
+        };
+}
+
+int user_registry_init(UserRegistry *r, const LimitsConfig *config, const uint64_t *capacity, size_t n_devices) {
+        *r = (UserRegistry){ .config = config, .n_devices = n_devices };
+        list_init(&r->users);
+        r->capacity = calloc(n_devices ?: 1, sizeof(uint64_t));
+        if (!r->capacity)
+                return -ENOMEM;
+        if (n_devices > 0)
+                memcpy(r->capacity, capacity, n_devices * sizeof(uint64_t));
+        return 0;
+}
+
+static void user_free(UserRegistry *r, User *u) {
+        list_unlink(&u->link);
+        r->n_users--;
+        free(u->bytes);
+        free(u->max_bytes);
+        free(u);
+}
+
+void user_registry_done(UserRegistry *r) {
+        User *u, *tmp;
+
+        list_for_each_entry_safe(u, tmp, &r->users, link)
+                user_free(r, u);
+        free(r->capacity);
+        *r = (UserRegistry){};
+}
+
+/* A limit of bytes on a device of this capacity. */
+static uint64_t bytes_limit(const UserLimits *l, uint64_t capacity) {
+        return l->max_bytes ?: capacity / 100 * l->max_bytes_percent + capacity % 100 * l->max_bytes_percent / 100;
+}
+
+/*
+ * Applies the keys `mask` of `from` to the user: replacing its values, or, when `generous`, only where
+ * `from` gives more.
+ */
+static void apply(UserRegistry *r, User *u, const UserLimits *from, unsigned mask, bool generous) {
+        if (mask & LIMIT_MAX_BYTES)
+                for (size_t i = 0; i < r->n_devices; i++) {
+                        uint64_t v = bytes_limit(from, r->capacity[i]);
+
+                        u->max_bytes[i] = generous ? MAX(u->max_bytes[i], v) : v;
+                }
+        if (mask & LIMIT_MAX_LEASES)
+                u->max_leases = generous ? MAX(u->max_leases, from->max_leases) : from->max_leases;
+        if (mask & LIMIT_MAX_CONNECTIONS)
+                u->max_connections = generous ? MAX(u->max_connections, from->max_connections)
+                                              : from->max_connections;
+}
+
+static bool has_gid(const gid_t *gids, size_t n, gid_t gid) {
+        for (size_t i = 0; i < n; i++)
+                if (gids[i] == gid)
+                        return true;
+        return false;
+}
+
+/* [Limits]; then, key by key, the most generous of the matching [Group:] sections; then [User:]. */
+static void resolve_limits(UserRegistry *r, User *u, const gid_t *gids, size_t n_gids) {
+        const LimitsConfig *c = r->config;
+        unsigned from_groups = 0;
+
+        apply(r, u, &c->defaults, c->defaults.set, false);
+        for (size_t i = 0; i < c->n_rules; i++) {
+                const UserLimits *g = &c->rules[i].limits;
+
+                if (!c->rules[i].group || !has_gid(gids, n_gids, c->rules[i].id))
+                        continue;
+                /* A group's key replaces the default, and is raised by later groups. */
+                apply(r, u, g, g->set & ~from_groups, false);
+                apply(r, u, g, g->set & from_groups, true);
+                from_groups |= g->set;
+        }
+        for (size_t i = 0; i < c->n_rules; i++)
+                if (!c->rules[i].group && c->rules[i].id == u->uid)
+                        apply(r, u, &c->rules[i].limits, c->rules[i].limits.set, false);
+}
+
+User *user_get(UserRegistry *r, uid_t uid, const gid_t *gids, size_t n_gids) {
+        User *u;
+
+        list_for_each_entry(u, &r->users, link)
+                if (u->uid == uid)
+                        return user_ref(u);
+        u = calloc(1, sizeof(*u));
+        if (!u)
+                return NULL;
+        u->bytes = calloc(r->n_devices ?: 1, sizeof(uint64_t));
+        u->max_bytes = calloc(r->n_devices ?: 1, sizeof(uint64_t));
+        if (!u->bytes || !u->max_bytes) {
+                free(u->bytes);
+                free(u->max_bytes);
+                free(u);
+                return NULL;
+        }
+        u->uid = uid;
+        u->n_refs = 1;
+        resolve_limits(r, u, gids, n_gids);
+        list_link_tail(&r->users, &u->link);
+        r->n_users++;
+        return u;
+}
+
+User *user_ref(User *u) {
+        if (u)
+                u->n_refs++;
+        return u;
+}
+
+void user_unref(UserRegistry *r, User *u) {
+        if (u && --u->n_refs == 0)
+                user_free(r, u);
+}
+
+int user_charge(User *u, UserResource what, size_t device, uint64_t bytes, uint64_t *ret_limit,
+                uint64_t *ret_current) {
+        uint64_t current, limit;
+
+        switch (what) {
+        case USER_BYTES:
+                current = u->bytes[device];
+                limit = u->max_bytes[device];
+                break;
+        case USER_LEASES:
+                current = u->leases;
+                limit = u->max_leases;
+                bytes = 1;
+                break;
+        case USER_CONNECTIONS:
+        default:
+                current = u->connections;
+                limit = u->max_connections;
+                bytes = 1;
+                break;
+        }
+        if (bytes > limit || current > limit - bytes) {
+                if (ret_limit)
+                        *ret_limit = limit;
+                if (ret_current)
+                        *ret_current = current;
+                return -EDQUOT;
+        }
+        switch (what) {
+        case USER_BYTES:
+                u->bytes[device] += bytes;
+                break;
+        case USER_LEASES:
+                u->leases++;
+                break;
+        case USER_CONNECTIONS:
+                u->connections++;
+                break;
+        }
+        return 0;
+}
+
+void user_uncharge(User *u, UserResource what, size_t device, uint64_t bytes) {
+        switch (what) {
+        case USER_BYTES:
+                u->bytes[device] -= MIN(bytes, u->bytes[device]);
+                break;
+        case USER_LEASES:
+                u->leases -= u->leases > 0;
+                break;
+        case USER_CONNECTIONS:
+                u->connections -= u->connections > 0;
+                break;
+        }
+}
+
+const char *user_resource_name(UserResource what) {
+        static const char *const names[] = {
+                [USER_BYTES] = "bytes",
+                [USER_LEASES] = "leases",
+                [USER_CONNECTIONS] = "connections",
+        };
+
+        return names[what];
+}
+
+void user_quota_message(const User *u, UserResource what, int device, uint64_t asked, uint64_t limit,
+                        uint64_t current, char **ret) {
+        char b1[FORMAT_SIZE_MAX], b2[FORMAT_SIZE_MAX], b3[FORMAT_SIZE_MAX];
+
+        switch (what) {
+        case USER_BYTES:
+                set_message(ret, "User %u has %s of device %d and may have at most %s: %s more is over the limit "
+                            "(MaxBytes= in vmmbroker.conf).", (unsigned)u->uid, format_size(current, b1, sizeof(b1)),
+                            device, format_size(limit, b2, sizeof(b2)), format_size(asked, b3, sizeof(b3)));
+                break;
+        case USER_LEASES:
+                set_message(ret, "User %u owns %" PRIu64 " leases and may own at most %" PRIu64 " (MaxLeases= in "
+                            "vmmbroker.conf): free or unpublish one first.", (unsigned)u->uid, current, limit);
+                break;
+        case USER_CONNECTIONS:
+                set_message(ret, "User %u has %" PRIu64 " connections open and may have at most %" PRIu64
+                            " (MaxConnections= in vmmbroker.conf): close one first.", (unsigned)u->uid, current,
+                            limit);
+                break;
+        }
+}
