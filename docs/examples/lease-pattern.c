@@ -15,6 +15,10 @@
  *
  * With --hold it keeps the lease after checking it until its standard input
  * closes (Ctrl-D), so that `vmmctl list` and `vmmctl status` can show it.
+ * With --zero it first checks that the lease reads zero, as the broker
+ * promises, before writing anything: run it after another user's
+ * lease-pattern exited, and it must not see that user's words
+ * (tests/gpu/canary.sh).
  */
 
 #include <errno.h>
@@ -39,7 +43,7 @@ static uint32_t word(uint64_t i, uint32_t seed) {
 
 int main(int argc, char *argv[]) {
         char *message = NULL, b[FORMAT_SIZE_MAX];
-        uint64_t size = UINT64_C(256) << 20, bad = 0;
+        uint64_t size = UINT64_C(256) << 20, bad = 0, wrong = 0;
         uint32_t seed = (uint32_t)getpid();
         vmmb_client *client = NULL;
         vmmb_lease *lease = NULL;
@@ -48,14 +52,17 @@ int main(int argc, char *argv[]) {
         CUcontext ctx;
         CUdeviceptr ptr;
         int k, status = EXIT_FAILURE;
-        bool hold = argc > 1 && strcmp(argv[1], "--hold") == 0;
+        bool hold = false, zero = false;
 
-        if (hold) {
-                argv++;
-                argc--;
-        }
+        for (; argc > 1 && argv[1][0] == '-'; argv++, argc--)
+                if (strcmp(argv[1], "--hold") == 0)
+                        hold = true;
+                else if (strcmp(argv[1], "--zero") == 0)
+                        zero = true;
+                else
+                        break;
         if (argc > 2 || (argc == 2 && (parse_size(argv[1], &size) < 0 || size == 0))) {
-                fprintf(stderr, "Usage: %s [--hold] [SIZE]   (e.g. 256M, 1G; default 256M)\n",
+                fprintf(stderr, "Usage: %s [--hold] [--zero] [SIZE]   (e.g. 256M, 1G; default 256M)\n",
                         program_invocation_short_name);
                 return EXIT_FAILURE;
         }
@@ -84,6 +91,27 @@ int main(int argc, char *argv[]) {
         host = malloc(CHUNK);
         if (!host)
                 goto out;
+        if (zero) {
+                uint64_t nonzero = 0;
+
+                for (uint64_t off = 0; off < size; off += CHUNK) {
+                        uint64_t n = size - off < CHUNK ? size - off : CHUNK;
+
+                        if (cu->cuMemcpyDtoH(host, ptr + off, n) != CUDA_SUCCESS) {
+                                fprintf(stderr, "pid %d: reading the new lease failed\n", (int)getpid());
+                                goto out;
+                        }
+                        for (uint64_t i = 0; i < n / 4; i++)
+                                nonzero += host[i] != 0;
+                }
+                printf("pid %d: before writing, the lease read %s\n", (int)getpid(),
+                       nonzero == 0 ? "zero in every word" : "NOT ZERO");
+                if (nonzero) {
+                        printf("pid %d: %" PRIu64 " of %" PRIu64 " words were not zero\n", (int)getpid(), nonzero,
+                               size / 4);
+                        bad += nonzero;
+                }
+        }
         for (uint64_t off = 0; off < size; off += CHUNK) {
                 uint64_t n = size - off < CHUNK ? size - off : CHUNK;
 
@@ -103,12 +131,13 @@ int main(int argc, char *argv[]) {
                         goto out;
                 }
                 for (uint64_t i = 0; i < n / 4; i++)
-                        bad += host[i] != word(off / 4 + i, seed);
+                        wrong += host[i] != word(off / 4 + i, seed);
         }
         printf("pid %d: read back %" PRIu64 " words: %s\n", (int)getpid(), size / 4,
-               bad == 0 ? "all correct" : "WRONG");
-        if (bad)
-                printf("pid %d: %" PRIu64 " words differ\n", (int)getpid(), bad);
+               wrong == 0 ? "all correct" : "WRONG");
+        if (wrong)
+                printf("pid %d: %" PRIu64 " words differ\n", (int)getpid(), wrong);
+        bad += wrong;
         if (hold) {
                 printf("pid %d: holding the lease until standard input closes\n", (int)getpid());
                 fflush(stdout);

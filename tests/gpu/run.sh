@@ -72,6 +72,11 @@ if [ -x "$build/docs/examples/publish-pattern" ]; then
                 "$build/docs/examples/attach-pattern" 1G 3 "$build/client/vmmctl" || status=1
 fi
 
+if [ "$(id -u)" -eq 0 ] && [ -x "$build/docs/examples/lease-pattern" ]; then
+        step "tenant isolation: user A's canary, then user B (uid 65534) leases the same amount"
+        bash tests/gpu/canary.sh "$build" 1G 65534 || status=1
+fi
+
 if [ -x "$build/tests/bench/bench-broker" ]; then
         step "broker benchmark, real driver"
         "$build/tests/bench/bench-broker" 20 2>&1 | tee "$out/bench-broker.log" || status=1
