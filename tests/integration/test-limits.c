@@ -24,6 +24,7 @@
 #include "harness.h"
 #include "macro.h"
 #include "rawclient.h"
+#include "unit.h"
 
 #define MiB (UINT64_C(1) << 20)
 
@@ -305,21 +306,10 @@ START_TEST(test_unread_reply_closes) {
 END_TEST
 
 int main(void) {
-        Suite *s = suite_create("limits");
-        TCase *tc = tcase_create("limits");
-        SRunner *sr;
-        int failed;
-
-        tcase_add_test(tc, test_users_reports_use);
-        tcase_add_test(tc, test_limits_refuse_and_change_nothing);
-        tcase_add_test(tc, test_connection_limit);
-        tcase_add_test(tc, test_user_and_group_sections);
-        tcase_add_test(tc, test_published_stays_charged);
-        tcase_add_test(tc, test_unread_reply_closes);
-        suite_add_tcase(s, tc);
-        sr = srunner_create(s);
-        srunner_run_all(sr, CK_NORMAL);
-        failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+        return run_suite(UNIT_SUITE("limits", NULL, test_users_reports_use,
+                                    test_limits_refuse_and_change_nothing,
+                                    test_connection_limit,
+                                    test_user_and_group_sections,
+                                    test_published_stays_charged,
+                                    test_unread_reply_closes)) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

@@ -37,6 +37,7 @@
 #include "harness.h"
 #include "macro.h"
 #include "rawclient.h"
+#include "unit.h"
 
 #define MiB (UINT64_C(1) << 20)
 #define LEASE_SIZE (66 * MiB)           /* two slabs: 64 MiB + 2 MiB */
@@ -600,26 +601,11 @@ START_TEST(test_foreign_uid_released) {
 }
 END_TEST
 
-static Suite *share_suite(void) {
-        Suite *s = suite_create("share");
-        TCase *tc = tcase_create("share");
-
-        tcase_add_test(tc, test_consumers_outlive_producer);
-        tcase_add_test(tc, test_published_outlives_holders);
-        tcase_add_test(tc, test_token_errors);
-        tcase_add_test(tc, test_attach_counts_references);
-        tcase_add_test(tc, test_readonly);
-        tcase_add_test(tc, test_foreign_uid_released);
-        suite_add_tcase(s, tc);
-        return s;
-}
-
 int main(void) {
-        SRunner *sr = srunner_create(share_suite());
-        int failed;
-
-        srunner_run_all(sr, CK_NORMAL);
-        failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+        return run_suite(UNIT_SUITE("share", NULL, test_consumers_outlive_producer,
+                                    test_published_outlives_holders,
+                                    test_token_errors,
+                                    test_attach_counts_references,
+                                    test_readonly,
+                                    test_foreign_uid_released)) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }
