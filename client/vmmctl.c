@@ -310,13 +310,13 @@ static size_t bar_cells(uint64_t part, uint64_t whole, size_t cells) {
 }
 
 /*
- * The usage bar of a device in `cells` cells and its leased percentage: "[###++.......]  21%": leased
- * (#), then cached and scrubbing (+), then free (.), scaled to the capacity.
+ * A usage bar in `cells` cells followed by `percent`: "[###++.......]  21%": `first` of `whole` (#, red),
+ * then up to `second` (+, yellow), then the rest (., green). Parts over `whole` fill the bar and no more.
  */
-static void format_bar(const WireDevice *d, size_t cells, bool color, char *buf, size_t len) {
-        size_t leased = bar_cells(d->leased, d->capacity, cells);
-        size_t held = bar_cells(d->leased + d->scrubbing + d->cached, d->capacity, cells);
-        unsigned percent = (unsigned)bar_cells(d->leased, d->capacity, 100);
+static void format_bar_of(uint64_t first, uint64_t second, uint64_t whole, unsigned percent, size_t cells,
+                          bool color, char *buf, size_t len) {
+        size_t leased = bar_cells(first, whole, cells);
+        size_t held = bar_cells(second, whole, cells);
         FILE *f = fmemopen(buf, len, "w");
 
         if (!f) {
@@ -338,6 +338,32 @@ static void format_bar(const WireDevice *d, size_t cells, bool color, char *buf,
                 fputs(ANSI_RESET, f);
         fprintf(f, "] %3u%%", percent);
         fclose(f);
+}
+
+/*
+ * The usage bar of a device in `cells` cells and its leased percentage: leased (#), then cached and
+ * scrubbing (+), then free (.), scaled to the capacity.
+ */
+static void format_bar(const WireDevice *d, size_t cells, bool color, char *buf, size_t len) {
+        format_bar_of(d->leased, d->leased + d->scrubbing + d->cached, d->capacity,
+                      (unsigned)bar_cells(d->leased, d->capacity, 100), cells, color, buf, len);
+}
+
+#define PERCENT_MAX 999                 /* what the bar's three digits show of a use over the limit */
+
+/*
+ * A user's bar on one device: the bytes it owns (#) of its limit (.), and that percentage, which goes over
+ * 100 (up to PERCENT_MAX) when the limit was lowered below the use. Bytes under a limit of 0 are 100%.
+ */
+static void format_user_bar(const WireUserDevice *d, size_t cells, bool color, char *buf, size_t len) {
+        double percent;
+
+        if (d->max_bytes == 0)
+                percent = d->bytes > 0 ? 100 : 0;
+        else
+                percent = (double)d->bytes * 100 / (double)d->max_bytes + 0.5;
+        format_bar_of(d->bytes, d->bytes, d->max_bytes > 0 ? d->max_bytes : d->bytes,
+                      percent >= PERCENT_MAX ? PERCENT_MAX : (unsigned)percent, cells, color, buf, len);
 }
 
 /* --- commands ---------------------------------------------------------------------------------------- */
@@ -577,6 +603,146 @@ finish:
         return k;
 }
 
+enum {
+        USERS_USER,
+        USERS_LEASES,
+        USERS_CONNECTIONS,
+        USERS_REQUESTS,
+        USERS_DEVICE,
+        USERS_BYTES,
+        USERS_LIMIT,
+        USERS_USAGE,
+        USERS_COLUMNS,
+};
+
+/* The user's own columns first, then its use of one device: a continuation row fills only the last four. */
+static const TableColumn users_columns[USERS_COLUMNS] = {
+        [USERS_USER] = { "USER", TABLE_LEFT, 4 },
+        [USERS_LEASES] = { "LEASES", TABLE_RIGHT, 0 },
+        [USERS_CONNECTIONS] = { "CONNECTIONS", TABLE_RIGHT, 0 },
+        [USERS_REQUESTS] = { "REQUESTS", TABLE_RIGHT, 0 },
+        [USERS_DEVICE] = { "DEVICE", TABLE_RIGHT, 0 },
+        [USERS_BYTES] = { "BYTES", TABLE_RIGHT, 0 },
+        [USERS_LIMIT] = { "LIMIT", TABLE_RIGHT, 0 },
+        [USERS_USAGE] = { "USAGE", TABLE_LEFT, BAR_CELLS_MIN + BAR_FRAME },
+};
+
+static int user_compare(const void *a, const void *b) {
+        const WireUser *x = a, *y = b;
+
+        return x->uid < y->uid ? -1 : x->uid > y->uid;
+}
+
+static int user_device_compare(const void *a, const void *b) {
+        const WireUserDevice *x = a, *y = b;
+
+        return x->index < y->index ? -1 : x->index > y->index;
+}
+
+/*
+ * The rows of one user: its own use and limits with its first device, then a continuation row (device
+ * columns only) for each further device. A user of no device shows "-" for one. Returns 0 or an exit status.
+ */
+static int users_add_user(Table *t, const WireUser *u, size_t bar_cells_n, bool color) {
+        char name[USER_MAX], leases[48], connections[48], requests[24];
+        int k = 0;
+
+        format_user(u->uid, name, sizeof(name));
+        snprintf(leases, sizeof(leases), "%" PRIu64 "/%" PRIu64, u->leases, u->max_leases);
+        snprintf(connections, sizeof(connections), "%" PRIu64 "/%" PRIu64, u->connections, u->max_connections);
+        snprintf(requests, sizeof(requests), "%" PRIu64, u->requests);
+        for (size_t i = 0; k == 0 && i < (u->n_devices > 0 ? u->n_devices : 1); i++) {
+                const WireUserDevice *d = u->n_devices > 0 ? &u->devices[i] : NULL;
+                char device[24] = "-", bytes[FORMAT_SIZE_MAX] = "-", limit[FORMAT_SIZE_MAX] = "-", bar[BAR_MAX] = "-";
+
+                if (d) {
+                        snprintf(device, sizeof(device), "%" PRId64, d->index);
+                        format_size(d->bytes, bytes, sizeof(bytes));
+                        format_size(d->max_bytes, limit, sizeof(limit));
+                        format_user_bar(d, bar_cells_n, color, bar, sizeof(bar));
+                }
+                k = table_add_row(t, (const char *const[]){
+                        [USERS_USER] = i == 0 ? name : "",
+                        [USERS_LEASES] = i == 0 ? leases : "",
+                        [USERS_CONNECTIONS] = i == 0 ? connections : "",
+                        [USERS_REQUESTS] = i == 0 ? requests : "",
+                        [USERS_DEVICE] = device,
+                        [USERS_BYTES] = bytes,
+                        [USERS_LIMIT] = limit,
+                        [USERS_USAGE] = bar,
+                }, USERS_COLUMNS);
+        }
+        return k;
+}
+
+static int verb_users(Context *ctx, int argc, char **argv) {
+        _cleanup_(json_object_putp) json_object *params = NULL, *reply = NULL;
+        _cleanup_free_ char *message = NULL;
+        ListParams lp = { .all = ctx->args->all };
+        UsersReply users = {};
+        Table *t = NULL;
+        int k;
+
+        k = list_params_encode(&lp, &params);
+        if (k < 0) {
+                log_error("Cannot make the call %s: %s", VMMB_METHOD_USERS, strerror(-k));
+                return EXIT_BROKER_ERROR;
+        }
+        k = broker_call(ctx, VMMB_METHOD_USERS, params, &reply);
+        if (k != 0)
+                return k;
+        k = users_reply_decode(reply, &users, &message);
+        if (k < 0)
+                return reply_unreadable(ctx, VMMB_METHOD_USERS, k, message);
+        if (ctx->args->json) {
+                users_reply_done(&users);
+                return print_json(reply);
+        }
+
+        /* by user, then by device: no users or devices means no array, and qsort() may not be given NULL */
+        if (users.n_users > 0)
+                qsort(users.users, users.n_users, sizeof(users.users[0]), user_compare);
+        for (size_t i = 0; i < users.n_users; i++)
+                if (users.users[i].n_devices > 0)
+                        qsort(users.users[i].devices, users.users[i].n_devices, sizeof(users.users[i].devices[0]),
+                              user_device_compare);
+        if (table_new(&t, users_columns, USERS_COLUMNS) < 0) {
+                log_error("Out of memory.");
+                k = EXIT_BROKER_ERROR;
+                goto finish;
+        }
+        for (size_t i = 0; i < users.n_users && k == 0; i++)
+                k = users_add_user(t, &users.users[i], BAR_CELLS, ctx->color);
+        if (k == 0 && ctx->columns > 0) {
+                /* A narrowed usage column takes shorter bars rather than an ellipsis: the rows again. */
+                size_t width, cells, row = 0;
+
+                fit_table(ctx, t);
+                width = table_column_width(t, USERS_USAGE);
+                cells = width > BAR_FRAME + BAR_CELLS ? BAR_CELLS : width - BAR_FRAME;
+                for (size_t i = 0; i < users.n_users && k == 0; i++) {
+                        const WireUser *u = &users.users[i];
+
+                        for (size_t j = 0; j < u->n_devices && k == 0; j++) {
+                                char bar[BAR_MAX];
+
+                                format_user_bar(&u->devices[j], cells, ctx->color, bar, sizeof(bar));
+                                if (table_set(t, row + j, USERS_USAGE, bar) < 0) {
+                                        log_error("Out of memory.");
+                                        k = EXIT_BROKER_ERROR;
+                                }
+                        }
+                        row += u->n_devices > 0 ? u->n_devices : 1;
+                }
+        }
+        if (k == 0)                     /* never empty: the caller's own user is always there */
+                k = print_table(ctx, t);
+finish:
+        table_free(t);
+        users_reply_done(&users);
+        return k;
+}
+
 static int verb_unpublish(Context *ctx, int argc, char **argv) {
         _cleanup_(json_object_putp) json_object *params = NULL, *reply = NULL;
         _cleanup_free_ char *message = NULL;
@@ -607,6 +773,7 @@ static const Verb verbs[] = {
         { "status", 0, 0, NULL, false, verb_status },   /* the first is the default */
         { "list", 0, 0, NULL, true, verb_list },
         { "unpublish", 1, 1, "NAME", false, verb_unpublish },
+        { "users", 0, 0, NULL, true, verb_users },
 };
 
 /* --- the command line -------------------------------------------------------------------------------- */
@@ -620,6 +787,7 @@ static void help(void) {
                "  status                 Each device's pool: capacity, leased, cached, free (the default)\n"
                "  list                   Your leases, their names and every process holding them\n"
                "  unpublish NAME         Remove a published lease's name (its owner or an administrator)\n"
+               "  users                  Your use and limits: leases, connections, bytes per device\n"
                "\n"
                "Options:\n"
                "  -h --help              Show this help and exit\n"
@@ -627,7 +795,7 @@ static void help(void) {
                "     --socket PATH       The broker's socket (default $VMMBROKER_SOCKET, else\n"
                "                         " VMMB_DEFAULT_SOCKET ")\n"
                "     --json              Print the broker's reply as JSON\n"
-               "  -a --all               list: every user's leases (administrators only)\n"
+               "  -a --all               list, users: every user's, not only yours (administrators only)\n"
                "     --no-legend         Print no header line\n"
                "\n"
                "Exit status: 0 success, 1 the broker refused or answered nonsense, 2 usage error,\n"
@@ -750,7 +918,7 @@ int main(int argc, char *argv[]) {
                 return usage_error("Too many arguments for '%s': '%s'.", verb->name,
                                    argv[optind + verb->max_args]);
         if (args.all && !verb->takes_all)
-                return usage_error("--all goes with 'list', not '%s'.", verb->name);
+                return usage_error("--all goes with 'list' and 'users', not '%s'.", verb->name);
 
         ctx.socket = args.socket ?: getenv("VMMBROKER_SOCKET");
         if (!ctx.socket || !*ctx.socket)

@@ -50,6 +50,8 @@
 #define NOBODY 65534
 #define PTY_COLUMNS 78                  /* narrower than the status table, wide enough for its narrowest */
 #define LIST_PTY_COLUMNS 100            /* the same for the list table (12 columns, 80 or more at the narrowest) */
+#define USERS_PTY_COLUMNS 78            /* the same for the users table of two devices (89 wide, 74 at the narrowest) */
+#define SETTLE_ROUND_TRIPS 1000         /* Users calls to wait for the broker to count closed connections out */
 #define HOLDER_COMM "vmmctl-holder"     /* the command name of the second holder's process */
 #define LONG_LABEL "a label long enough that no terminal of eighty columns shows all of it beside the rest"
 
@@ -75,10 +77,10 @@ static void raw_call(const char *socket, const char *method, json_object *params
         ck_assert_int_eq(varlink_reply_parse(msg, ret), 0);
 }
 
-/* Leases `size` bytes labelled `label`; returns the lease's identifier (to free). */
-static char *lease_alloc(const char *socket, uint64_t size, const char *label) {
+/* Leases `size` bytes labelled `label` on `device` (or VMMB_DEVICE_ANY); returns the lease's identifier. */
+static char *lease_alloc_on(const char *socket, uint64_t size, int64_t device, const char *label) {
         _cleanup_(json_object_putp) json_object *params = NULL;
-        AllocParams a = { .size = size, .device = VMMB_DEVICE_ANY, .label = (char *)label };
+        AllocParams a = { .size = size, .device = device, .label = (char *)label };
         VarlinkReply r = {};
         json_object *lease, *id;
         char *ret;
@@ -92,6 +94,11 @@ static char *lease_alloc(const char *socket, uint64_t size, const char *label) {
         ck_assert_ptr_nonnull(ret);
         varlink_reply_done(&r);
         return ret;
+}
+
+/* Leases `size` bytes labelled `label` on any device; returns the lease's identifier (to free). */
+static char *lease_alloc(const char *socket, uint64_t size, const char *label) {
+        return lease_alloc_on(socket, size, VMMB_DEVICE_ANY, label);
 }
 
 /* raw_call(), asserting that the broker did not answer with an error. */
@@ -422,6 +429,14 @@ static const Column list_columns[] = {
         { "OWNER", false }, { "NAME", false }, { "LABEL", false }, { "AGE", true },
         { "PID", true },   { "USER", false },  { "MODE", false },  { "COMMAND", false },
 };
+
+static const Column users_columns[] = {
+        { "USER", false },  { "LEASES", true }, { "CONNECTIONS", true }, { "REQUESTS", true },
+        { "DEVICE", true }, { "BYTES", true },  { "LIMIT", true },       { "USAGE", false },
+};
+
+/* The users columns that a device's continuation row leaves blank: the user's own. */
+static const char *const users_user_columns[] = { "USER", "LEASES", "CONNECTIONS", "REQUESTS" };
 
 /* The list columns that a holder's continuation row leaves blank: the lease's own. */
 static const char *const list_lease_columns[] = { "ID", "DEVICE", "SIZE", "SLABS", "OWNER", "NAME", "LABEL", "AGE" };
@@ -1096,6 +1111,409 @@ START_TEST(test_unpublish) {
 }
 END_TEST
 
+/* ---- users ---------------------------------------------------------------------------------------- */
+
+/* Calls `method` on the open connection `c`: the reply, error or not, in *ret. */
+static void conn_call(VarlinkConn *c, const char *method, json_object *params, VarlinkReply *ret) {
+        _cleanup_(json_object_putp) json_object *call = NULL, *msg = NULL;
+
+        ck_assert_int_eq(varlink_call_new(method, params, false, false, &call), 0);
+        ck_assert_int_eq(varlink_conn_send(c, call, NULL, 0), 0);
+        ck_assert_int_eq(varlink_conn_flush(c), 0);
+        ck_assert_int_eq(varlink_conn_receive(c, &msg, NULL, NULL), 1);
+        ck_assert_int_eq(varlink_reply_parse(msg, ret), 0);
+}
+
+/* The entry of `uid` in a Users reply, or NULL. */
+static WireUser *users_find(const UsersReply *raw, int64_t uid) {
+        for (size_t i = 0; i < raw->n_users; i++)
+                if (raw->users[i].uid == uid)
+                        return &raw->users[i];
+        return NULL;
+}
+
+/*
+ * Users(all) on `c`, once the broker has counted out every connection that
+ * closed: calls until this process's user has no connection but `c` and, when
+ * `uid` >= 0, the user `uid` has `connections` open (raw_call()'s and vmmctl's
+ * connections are closed, but the broker may not have seen their hangup
+ * yet). Nothing of this user's is in flight then: vmmctl, the only other
+ * connection that follows, adds one connection and nothing else.
+ */
+static void users_settled_full(VarlinkConn *c, bool all, int64_t uid, uint64_t connections, UsersReply *ret) {
+        _cleanup_(json_object_putp) json_object *params = NULL;
+        ListParams lp = { .all = all };
+
+        ck_assert_int_eq(list_params_encode(&lp, &params), 0);
+        for (unsigned i = 0;; i++) {
+                VarlinkReply r = {};
+                const WireUser *me, *other;
+
+                conn_call(c, VMMB_METHOD_USERS, params, &r);
+                ck_assert_msg(!r.error, "Users: %s", r.error);
+                ck_assert_int_eq(users_reply_decode(r.parameters, ret, NULL), 0);
+                varlink_reply_done(&r);
+                me = users_find(ret, getuid());
+                ck_assert_msg(me, "Users has no entry for this process's user %d", (int)getuid());
+                ck_assert_uint_ge(me->connections, 1);
+                other = uid >= 0 ? users_find(ret, uid) : NULL;
+                if (me->connections == 1 && (uid < 0 || (other && other->connections == connections)))
+                        return;
+                ck_assert_msg(i < SETTLE_ROUND_TRIPS,
+                              "after %u calls, %" PRIu64 " connections of this user, %" PRIu64 " of user %" PRId64, i,
+                              me->connections, other ? other->connections : 0, uid);
+                users_reply_done(ret);
+        }
+}
+
+static void users_settled(VarlinkConn *c, bool all, UsersReply *ret) {
+        users_settled_full(c, all, -1, 0, ret);
+}
+
+static int users_uid_compare(const void *a, const void *b) {
+        const WireUser *x = a, *y = b;
+
+        return x->uid < y->uid ? -1 : x->uid > y->uid;
+}
+
+static int users_device_compare(const void *a, const void *b) {
+        const WireUserDevice *x = a, *y = b;
+
+        return x->index < y->index ? -1 : x->index > y->index;
+}
+
+/* The percentage the users table gives `bytes` of `max_bytes`. */
+static unsigned users_percent(uint64_t bytes, uint64_t max_bytes) {
+        double p;
+
+        if (max_bytes == 0)
+                return bytes > 0 ? 100 : 0;
+        p = (double)bytes * 100 / (double)max_bytes + 0.5;
+        return p >= 999 ? 999 : (unsigned)p;
+}
+
+/* Asserts that the USAGE cell of `row` is a bar ending in the percentage of `d`; returns its cells. */
+static size_t check_users_bar(const char *header, const char *row, const WireUserDevice *d) {
+        _cleanup_free_ char *usage = field(header, row, users_columns, ELEMENTSOF(users_columns), "USAGE");
+        char pct[24];
+        size_t len = strlen(usage), cells;
+
+        snprintf(pct, sizeof(pct), "] %3u%%", users_percent(d->bytes, d->max_bytes));
+        ck_assert_msg(usage[0] == '[' && len > strlen(pct) && strcmp(usage + len - strlen(pct), pct) == 0,
+                      "USAGE '%s', expected a bar ending in '%s'", usage, pct);
+        cells = len - strlen(pct) - 1;
+        ck_assert_uint_eq(strspn(usage + 1, "#."), cells);
+        return cells;
+}
+
+/*
+ * Checks users output `lines` (the header first) against the raw reply
+ * `raw` (sorted here as vmmctl sorts it: by uid, then by device), in which
+ * this process's user had one connection fewer (vmmctl's own): a row per
+ * user with its first device, a continuation row for each further device,
+ * nothing else. Returns the bars' widest cell count.
+ */
+static size_t check_users_rows(char **lines, size_t n, UsersReply *raw) {
+        char num[24], buf[64], user[64], size[FORMAT_SIZE_MAX];
+        size_t r = 1, cells = 0;
+
+        ck_assert_uint_ge(n, 1);
+        check_header(lines[0], users_columns, ELEMENTSOF(users_columns));
+        if (raw->n_users > 0)
+                qsort(raw->users, raw->n_users, sizeof(raw->users[0]), users_uid_compare);
+        for (size_t i = 0; i < raw->n_users; i++) {
+                const WireUser *u = &raw->users[i];
+                uint64_t connections = u->connections + (u->uid == getuid());
+
+                if (u->n_devices > 0)
+                        qsort(u->devices, u->n_devices, sizeof(u->devices[0]), users_device_compare);
+                ck_assert_msg(r < n, "no row for user %" PRId64, u->uid);
+                ck_assert_msg(lines[r][0] != ' ', "a continuation row for user %" PRId64 ": '%s'", u->uid, lines[r]);
+                CHECK_FIELD(lines[0], lines[r], users_columns, "USER", user_str(u->uid, user));
+                snprintf(buf, sizeof(buf), "%" PRIu64 "/%" PRIu64, u->leases, u->max_leases);
+                CHECK_FIELD(lines[0], lines[r], users_columns, "LEASES", buf);
+                snprintf(buf, sizeof(buf), "%" PRIu64 "/%" PRIu64, connections, u->max_connections);
+                CHECK_FIELD(lines[0], lines[r], users_columns, "CONNECTIONS", buf);
+                CHECK_FIELD(lines[0], lines[r], users_columns, "REQUESTS", number_str((int64_t)u->requests, num));
+                ck_assert_uint_ge(u->n_devices, 1);     /* the broker serves at least one device */
+                for (size_t j = 0; j < u->n_devices; j++, r++) {
+                        const WireUserDevice *d = &u->devices[j];
+                        size_t c;
+
+                        ck_assert_msg(r < n, "user %" PRId64 ": no row for device %" PRId64, u->uid, d->index);
+                        if (j > 0)
+                                for (size_t k = 0; k < ELEMENTSOF(users_user_columns); k++)
+                                        check_blank(lines[0], lines[r], users_user_columns[k]);
+                        CHECK_FIELD(lines[0], lines[r], users_columns, "DEVICE", number_str(d->index, num));
+                        CHECK_FIELD(lines[0], lines[r], users_columns, "BYTES", size_str(d->bytes, size));
+                        CHECK_FIELD(lines[0], lines[r], users_columns, "LIMIT", size_str(d->max_bytes, size));
+                        c = check_users_bar(lines[0], lines[r], d);
+                        cells = c > cells ? c : cells;
+                }
+        }
+        ck_assert_msg(r == n, "%zu lines for %zu users in %zu rows", n, raw->n_users, r - 1);
+        return cells;
+}
+
+/* Starts a daemon on two simulated devices. */
+static void users_daemon_start(Harness *h) {
+        int k;
+
+        ck_assert_int_eq(setenv("SIMCUDA_DEVICES", "2", 1), 0);
+        k = harness_start(h, NULL);
+        ck_assert_int_eq(unsetenv("SIMCUDA_DEVICES"), 0);
+        ck_assert_msg(k == 0, "harness_start: %s", strerror(-k));
+}
+
+START_TEST(test_users_table) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
+        _cleanup_free_ char *id0 = NULL, *id1 = NULL;
+        char *lines[MAX_LINES], size[FORMAT_SIZE_MAX];
+        UsersReply raw = {};
+        ListReply list = {};
+        const WireUser *me;
+        uint64_t listed = 0;
+        Harness h;
+        Output o;
+        size_t n;
+
+        users_daemon_start(&h);
+        /* This user's two leases on device 0: 66 MiB (two slabs) and 3 MiB, which the granularity makes 4. */
+        id0 = lease_alloc_on(h.socket, 66 * MiB, 0, "weights");
+        id1 = lease_alloc_on(h.socket, 3 * MiB, 0, NULL);
+        ck_assert_int_eq(harness_conn_open(h.socket, false, &c), 0);
+
+        /* What the broker says, raw: the leases as List sizes them, on device 0 and nothing on device 1. */
+        list_get(h.socket, &list);
+        ck_assert_uint_eq(list.n_leases, 2);
+        for (size_t i = 0; i < list.n_leases; i++)
+                listed += list.leases[i].size;
+        ck_assert_uint_eq(listed, 70 * MiB);
+        users_settled(c, false, &raw);
+        ck_assert_uint_eq(raw.n_users, 1);             /* not an administrator's call: this user alone */
+        me = &raw.users[0];
+        ck_assert_int_eq(me->uid, getuid());
+        ck_assert_uint_eq(me->leases, 2);
+        ck_assert_uint_eq(me->connections, 1);
+        ck_assert_uint_eq(me->n_devices, 2);
+        for (size_t i = 0; i < me->n_devices; i++) {
+                ck_assert_uint_eq(me->devices[i].bytes, me->devices[i].index == 0 ? listed : 0);
+                ck_assert_uint_gt(me->devices[i].max_bytes, 0);
+        }
+
+        /* What vmmctl shows: this user's row for device 0, a continuation row for device 1, column by column. */
+        RUN_OK(&o, "--socket", h.socket, "users");
+        ck_assert_ptr_null(strchr(o.out, '\033'));              /* no colour on a pipe */
+        n = split_lines(o.out, lines);
+        ck_assert_uint_eq(n, 1 + 2);
+        ck_assert_uint_eq(check_users_rows(lines, n, &raw), 20);        /* not a terminal: whole bars */
+        CHECK_FIELD(lines[0], lines[1], users_columns, "DEVICE", "0");
+        CHECK_FIELD(lines[0], lines[1], users_columns, "BYTES", size_str(70 * MiB, size));
+        CHECK_FIELD(lines[0], lines[2], users_columns, "DEVICE", "1");
+        CHECK_FIELD(lines[0], lines[2], users_columns, "BYTES", "0 B");
+        ck_assert_msg(lines[2][0] == ' ', "not a continuation row: '%s'", lines[2]);
+        output_done(&o);
+        users_reply_done(&raw);
+
+        /* One lease freed: the bytes and the count go down, in the broker's words and in vmmctl's. */
+        lease_free(h.socket, id1);
+        users_settled(c, false, &raw);
+        ck_assert_uint_eq(raw.users[0].leases, 1);
+        RUN_OK(&o, "--socket", h.socket, "users");
+        n = split_lines(o.out, lines);
+        check_users_rows(lines, n, &raw);
+        CHECK_FIELD(lines[0], lines[1], users_columns, "BYTES", size_str(66 * MiB, size));
+        output_done(&o);
+
+        /* --no-legend: the rows alone. */
+        RUN_OK(&o, "--socket", h.socket, "users", "--no-legend");
+        ck_assert_uint_eq(split_lines(o.out, lines), 2);
+        ck_assert_ptr_null(strstr(o.out, "CONNECTIONS"));
+        output_done(&o);
+
+        users_reply_done(&raw);
+        list_reply_done(&list);
+        ck_assert_int_eq(harness_stop(&h), 0);
+}
+END_TEST
+
+START_TEST(test_users_json) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
+        _cleanup_(json_object_putp) json_object *j = NULL;
+        _cleanup_free_ char *id = NULL;
+        UsersReply raw = {}, shown = {};
+        Harness h;
+        Output o;
+
+        users_daemon_start(&h);
+        id = lease_alloc_on(h.socket, 5 * MiB, 1, NULL);
+        ck_assert_int_eq(harness_conn_open(h.socket, false, &c), 0);
+        users_settled(c, false, &raw);
+        RUN_OK(&o, "--json", "--socket", h.socket, "users");
+        j = json_tokener_parse(o.out);
+        ck_assert_msg(j, "not JSON: %s", o.out);
+        ck_assert_msg(strstr(o.out, "\n  "), "not pretty-printed: %s", o.out);
+        /* the decoder refuses any field the interface does not name, and requires all it does */
+        ck_assert_int_eq(users_reply_decode(j, &shown, NULL), 0);
+        ck_assert_uint_eq(shown.n_users, raw.n_users);
+        for (size_t i = 0; i < raw.n_users; i++) {
+                const WireUser *a = &raw.users[i], *b = users_find(&shown, a->uid);
+
+                ck_assert_msg(b, "user %" PRId64 " missing", a->uid);
+                ck_assert_uint_eq(a->leases, b->leases);
+                ck_assert_uint_eq(a->max_leases, b->max_leases);
+                /* vmmctl's own connection is the one more */
+                ck_assert_uint_eq(a->connections + (a->uid == getuid()), b->connections);
+                ck_assert_uint_eq(a->max_connections, b->max_connections);
+                ck_assert_uint_eq(a->requests, b->requests);
+                ck_assert_uint_eq(a->n_devices, b->n_devices);
+                for (size_t k = 0; k < a->n_devices; k++) {
+                        ck_assert_int_eq(a->devices[k].index, b->devices[k].index);
+                        ck_assert_uint_eq(a->devices[k].bytes, b->devices[k].bytes);
+                        ck_assert_uint_eq(a->devices[k].max_bytes, b->devices[k].max_bytes);
+                }
+        }
+        /* the 5 MiB lease on device 1, rounded up to the 2 MiB granularity */
+        for (size_t k = 0; k < shown.users[0].n_devices; k++)
+                ck_assert_uint_eq(shown.users[0].devices[k].bytes, shown.users[0].devices[k].index == 1 ? 6 * MiB : 0);
+        users_reply_done(&raw);
+        users_reply_done(&shown);
+        output_done(&o);
+        ck_assert_int_eq(harness_stop(&h), 0);
+}
+END_TEST
+
+START_TEST(test_users_all) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
+        _cleanup_free_ char *id = NULL, *token = NULL;
+        char *lines[MAX_LINES], buf[64];
+        UsersReply raw = {};
+        HolderProcess hp;
+        Harness h;
+        Output o;
+        size_t n;
+
+        users_daemon_start(&h);
+        id = lease_alloc_on(h.socket, 8 * MiB, 0, NULL);
+        ck_assert_int_eq(harness_conn_open(h.socket, false, &c), 0);
+        if (getuid() != 0) {
+                _cleanup_(json_object_putp) json_object *params = json_tokener_parse("{\"all\": true}");
+                _cleanup_free_ char *message = NULL;
+                VarlinkReply r = {};
+                VmmbError e;
+
+                /* not an administrator: the broker's own refusal, word for word, and who may ask */
+                RUN(&o, "--socket", h.socket, "users", "--all");
+                conn_call(c, VMMB_METHOD_USERS, params, &r);
+                ck_assert_str_eq(r.error ?: "(none)", VMMB_ERROR_PERMISSION_DENIED);
+                ck_assert_int_eq(vmmb_error_decode(r.error, r.parameters, &e, &message), 0);
+                ck_assert_ptr_nonnull(e.message);
+                ck_assert_int_eq(o.status, 1);
+                ck_assert_str_eq(o.out, "");
+                ck_assert_msg(strncmp(o.err, "vmmctl: ", 8) == 0 && strstr(o.err, e.message) &&
+                                      strstr(o.err, "AdminGroup="),
+                              "stderr: %s", o.err);
+                vmmb_error_done(&e);
+                varlink_reply_done(&r);
+                output_done(&o);
+                ck_assert_int_eq(harness_stop(&h), 0);
+                return;
+        }
+
+        /* Another user with something charged: nobody's process, attached to root's lease, holds a connection. */
+        socket_open_to_all(&h);
+        token = lease_share(h.socket, id, true);
+        hp = (HolderProcess){ .socket = h.socket, .token = token, .uid = NOBODY };
+        holder_start(&hp);
+
+        /* root is an administrator: every user, column by column against the raw reply. */
+        users_settled(c, true, &raw);
+        ck_assert_ptr_nonnull(users_find(&raw, 0));
+        ck_assert_ptr_nonnull(users_find(&raw, NOBODY));
+        ck_assert_uint_eq(users_find(&raw, NOBODY)->leases, 0);        /* the lease is charged to its owner */
+        ck_assert_uint_ge(users_find(&raw, NOBODY)->connections, 1);
+        RUN_OK(&o, "--socket", h.socket, "users", "--all");
+        n = split_lines(o.out, lines);
+        check_users_rows(lines, n, &raw);
+        output_done(&o);
+        users_reply_done(&raw);
+
+        /* Without --all, root sees root alone. */
+        users_settled(c, false, &raw);
+        ck_assert_uint_eq(raw.n_users, 1);
+        RUN_OK(&o, "--socket", h.socket, "users");
+        n = split_lines(o.out, lines);
+        check_users_rows(lines, n, &raw);
+        output_done(&o);
+        users_reply_done(&raw);
+
+        /* nobody is not an administrator: the broker's PermissionDenied, with vmmctl's hint for it */
+        run_full((const char *const[]){ "--socket", h.socket, "users", "--all", NULL }, &(Run){ .uid = NOBODY }, &o);
+        ck_assert_msg(o.status == 1, "as nobody: exit %d: %s", o.status, o.err);
+        ck_assert_str_eq(o.out, "");
+        ck_assert_msg(strncmp(o.err, "vmmctl: ", 8) == 0 && strstr(o.err, "AdminGroup="), "stderr: %s", o.err);
+        output_done(&o);
+
+        /* ... and sees its own use: no leases, its holder's connection and vmmctl's (once the broker has
+         * counted out the connection of the refused vmmctl) */
+        users_settled_full(c, true, NOBODY, 1, &raw);
+        users_reply_done(&raw);
+        run_full((const char *const[]){ "--socket", h.socket, "users", NULL }, &(Run){ .uid = NOBODY }, &o);
+        ck_assert_msg(o.status == 0, "as nobody: exit %d: %s", o.status, o.err);
+        n = split_lines(o.out, lines);
+        ck_assert_uint_eq(n, 1 + 2);
+        check_header(lines[0], users_columns, ELEMENTSOF(users_columns));
+        CHECK_FIELD(lines[0], lines[1], users_columns, "USER", user_str(NOBODY, buf));
+        ck_assert_msg(strncmp(lines[1], buf, strlen(buf)) == 0, "'%s' is not nobody's row", lines[1]);
+        CHECK_FIELD(lines[0], lines[1], users_columns, "BYTES", "0 B");
+        CHECK_FIELD(lines[0], lines[2], users_columns, "BYTES", "0 B");
+        {
+                _cleanup_free_ char *leases = field(lines[0], lines[1], users_columns, ELEMENTSOF(users_columns),
+                                                    "LEASES");
+                _cleanup_free_ char *conns = field(lines[0], lines[1], users_columns, ELEMENTSOF(users_columns),
+                                                   "CONNECTIONS");
+
+                ck_assert_msg(strncmp(leases, "0/", 2) == 0, "LEASES '%s'", leases);
+                ck_assert_msg(strncmp(conns, "2/", 2) == 0, "CONNECTIONS '%s'", conns);
+        }
+        output_done(&o);
+
+        holder_stop(&hp);
+        ck_assert_int_eq(harness_stop(&h), 0);
+}
+END_TEST
+
+START_TEST(test_users_fitted) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
+        _cleanup_free_ char *id = NULL;
+        char *lines[MAX_LINES];
+        UsersReply raw = {};
+        Harness h;
+        Output o;
+        size_t n;
+
+        users_daemon_start(&h);
+        id = lease_alloc_on(h.socket, 66 * MiB, 0, NULL);
+        ck_assert_int_eq(harness_conn_open(h.socket, false, &c), 0);
+        users_settled(c, false, &raw);
+        run_full((const char *const[]){ "--socket", h.socket, "users", NULL },
+                 &(Run){ .pty_columns = USERS_PTY_COLUMNS }, &o);
+        ck_assert_msg(o.status == 0, "vmmctl users exited with %d: %s", o.status, o.out);
+        /* Colour on a terminal: a bold header, coloured bars. */
+        ck_assert_msg(strncmp(o.out, "\033[1m", 4) == 0, "no bold header: %s", o.out);
+        strip_escapes(o.out);
+        n = split_lines(o.out, lines);
+        for (size_t i = 0; i < n; i++)
+                ck_assert_msg(text_columns(lines[i]) <= USERS_PTY_COLUMNS, "line %zu is %zu columns wide, over %u: '%s'",
+                              i, text_columns(lines[i]), USERS_PTY_COLUMNS, lines[i]);
+        /* the same cells, lined up, with bars shortened to fit rather than cut */
+        ck_assert_uint_lt(check_users_rows(lines, n, &raw), 20);
+        output_done(&o);
+        users_reply_done(&raw);
+        ck_assert_int_eq(harness_stop(&h), 0);
+}
+END_TEST
+
 START_TEST(test_list_empty) {
         char *lines[MAX_LINES];
         Harness h;
@@ -1130,6 +1548,10 @@ START_TEST(test_unreachable) {
         RUN(&o, "--socket", path, "unpublish", "some-name");
         ck_assert_int_eq(o.status, 3);
         output_done(&o);
+        RUN(&o, "--socket", path, "users", "--all");
+        ck_assert_int_eq(o.status, 3);
+        ck_assert_str_eq(o.out, "");
+        output_done(&o);
         ck_assert_int_eq(rmdir(dir), 0);
 }
 END_TEST
@@ -1146,6 +1568,8 @@ START_TEST(test_usage) {
                 { "unpublish", "a-name", "another" },
                 { "unpublish", "not a name" },
                 { "unpublish", "--all", "a-name" },
+                { "users", "extra" },
+                { "users", "--all", "extra" },
         };
         Output o;
 
@@ -1208,6 +1632,7 @@ END_TEST
 int main(void) {
         return run_suite(UNIT_SUITE("vmmctl", NULL, test_status_table, test_status_json, test_list_table,
                                     test_list_json, test_list_all, test_list_holders, test_unpublish,
+                                    test_users_table, test_users_json, test_users_all, test_users_fitted,
                                     test_list_empty, test_unreachable, test_usage, test_fit_terminal)) == 0
                        ? EXIT_SUCCESS
                        : EXIT_FAILURE;
