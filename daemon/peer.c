@@ -107,6 +107,9 @@ static int method_alloc(Peer *p, json_object *params, Reply *r) {
         pool_device_stats(m->pool, (size_t)i, &s);
 
         k = lease_new(&m->leases, p->holder, p->user, (int)a.device, a.size, a.label, &l, &quota);
+        /* Slabs released for it (evicted, or rolled back when it failed) hold memory until pool_idle() closes
+         * their fds: outside this request, but soon, whether it succeeded or not. */
+        manager_schedule_idle(m);
         if (k == -EDQUOT) {
                 user_quota_message(p->user, quota.what, s.index, quota.asked, quota.limit, quota.current, &message);
                 k = vmmb_error_quota_exceeded(user_resource_name(quota.what), quota.limit, quota.current,

@@ -555,10 +555,6 @@ int pool_alloc(Pool *p, int device, uint64_t size, uid_t uid, Slab **ret_slabs, 
                 k = slab_create(dev, sizes[j], uid, &slabs[j]);
                 if (k != 0) {
                         alloc_rollback(dev, slabs, n);
-                        /* The slabs made for the request, and any evicted for it, hold their memory until their
-                         * fds are closed, and nothing says that the daemon will go idle soon after a request
-                         * that failed: give the memory back to the driver now. */
-                        flush_closes(p);
                         return k;
                 }
         }
