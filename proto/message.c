@@ -6,7 +6,7 @@
 
 #include "message.h"
 
-static void set_message_va(char **ret_message, const char *fmt, va_list ap) {
+_printf_(2, 0) static void set_message_va(char **ret_message, const char *fmt, va_list ap) {
         char *m;
 
         if (!ret_message)
