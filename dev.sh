@@ -8,17 +8,21 @@
 #                    your own: on the machine's GPU, or on the simulated device
 #                    when there is no driver (it says which); Ctrl-C stops it
 #   ./dev.sh test    build and run every test, then again under
-#                    AddressSanitizer + UndefinedBehaviorSanitizer
+#                    AddressSanitizer + UndefinedBehaviorSanitizer, then fuzz
+#                    the daemon for $FUZZ_SECONDS (60) s with libFuzzer (clang)
 #   ./dev.sh bench   build, then run the benchmarks (GPU or simulated device)
 #
-# Build folders: build/ (plain) and build-sanitize/ (ASan + UBSan). Extra
-# arguments after `test` go to `meson test` (e.g. ./dev.sh test pool).
+# Build folders: build/ (plain), build-sanitize/ (ASan + UBSan) and build-fuzz/
+# (clang, libFuzzer + ASan + UBSan). Extra arguments after `test` go to
+# `meson test` (e.g. ./dev.sh test pool) and skip the fuzzing.
 set -euo pipefail
 cd "$(dirname "$0")"
 
 # systemd: systemd-analyze and systemd-socket-activate for the unit and activation tests;
-# groff-base: the man page check.
-PACKAGES=(meson ninja-build gcc pkg-config libjson-c-dev libsystemd-dev check varlink-go systemd groff-base)
+# groff-base: the man page check; clang and libclang-rt-14-dev (libFuzzer and the sanitizers' runtimes, only
+# recommended by clang) for the fuzz target, llvm-14 for llvm-symbolizer in its reports.
+PACKAGES=(meson ninja-build gcc pkg-config libjson-c-dev libsystemd-dev check varlink-go systemd groff-base
+          clang libclang-rt-14-dev llvm-14)
 
 say() { printf '==> %s\n' "$*" >&2; }
 
@@ -115,8 +119,18 @@ test)
         build build-sanitize -Db_sanitize=address,undefined -Db_lundef=false
         meson test -C build-sanitize --print-errorlogs "$@" || status=1
         read -r ok2 fail2 skip2 < <(counts build-sanitize)
-        echo "plain build: $ok1 passed, $fail1 failed; sanitizers: $ok2 passed, $fail2 failed"
-        echo "$((ok1 + ok2)) passed, $((fail1 + fail2)) failed, $((skip1 + skip2)) skipped"
+        ok3=0 fail3=0 fuzzing=""
+        if [ $# -eq 0 ]; then
+                say "build-fuzz/: libFuzzer + AddressSanitizer + UndefinedBehaviorSanitizer (clang), ${FUZZ_SECONDS:-60} s"
+                if [ ! -f build-fuzz/build.ninja ]; then
+                        CC=clang meson setup build-fuzz -Dfuzz=true -Db_sanitize=address,undefined -Db_lundef=false
+                fi
+                ninja -C build-fuzz fuzz
+                if tests/fuzz/run-fuzz.sh build-fuzz; then ok3=1; else fail3=1 status=1; fi
+                fuzzing="; fuzzing: $ok3 passed, $fail3 failed"
+        fi
+        echo "plain build: $ok1 passed, $fail1 failed; sanitizers: $ok2 passed, $fail2 failed$fuzzing"
+        echo "$((ok1 + ok2 + ok3)) passed, $((fail1 + fail2 + fail3)) failed, $((skip1 + skip2)) skipped"
         exit $status
         ;;
 bench)
