@@ -622,6 +622,11 @@ static int peer_dispatch(Peer *p, json_object *msg) {
                 return k;
         /* Whoever exited before this request was read is gone for it. */
         manager_reap_holders(p->manager);
+        if (p->holder->pid == 0) {
+                /* Its sender has exited: what it asked for would belong to nobody and never end. */
+                varlink_call_done(&call);
+                return -ECONNRESET;
+        }
         if (p->refused) {
                 /* Over MaxConnections: the answer to its first call says why; then the connection closes. */
                 k = peer_refusal(p, &r.msg);

@@ -517,6 +517,66 @@ END_TEST
 
 /* ---- 3. a closed connection does not end a lease ----------------------------------------------------- */
 
+/* A client that sends Alloc (or Attach) and dies before the daemon reads it: the request must not be served. */
+typedef struct DeadArgs {
+        const char *socket;
+        int ready_w, go_r;
+} DeadArgs;
+
+static int child_dead_sender(void *arg) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
+        _cleanup_(json_object_putp) json_object *msg = NULL, *params = NULL;
+        const DeadArgs *a = arg;
+        WireDevice d;
+        char x;
+
+        CHILD_CHECK(close_all_but((const int[]){ a->ready_w, a->go_r }, 2) == 0, "close fds");
+        CHILD_CHECK(conn_open(a->socket, &c) == 0 && harness_status_on(c, &d) == 0, "connect");  /* a holder now */
+        CHILD_CHECK(pipe_put(a->ready_w, 'r') == 0, "pipe");
+        CHILD_CHECK(pipe_get(a->go_r, &x, 1) == 1, "pipe");       /* the daemon is stopped now */
+        params = json_tokener_parse("{\"size\": 2097152}");
+        CHILD_CHECK(params && varlink_call_new(VMMB_METHOD_ALLOC, params, false, false, &msg) == 0, "call");
+        CHILD_CHECK(varlink_conn_send(c, msg, NULL, 0) == 0 && varlink_conn_flush(c) == 0, "send");
+        return 0;                                                   /* gone before the daemon reads it */
+}
+
+START_TEST(test_request_after_death) {
+        int ready[2], go[2], status;
+        ListReply list = {};
+        WireDevice d;
+        DeadArgs a;
+        Harness h;
+        pid_t pid;
+        char x;
+
+        start(&h);
+        ck_assert_int_eq(pipe2(ready, O_CLOEXEC), 0);
+        ck_assert_int_eq(pipe2(go, O_CLOEXEC), 0);
+        a = (DeadArgs){ .socket = h.socket, .ready_w = ready[1], .go_r = go[0] };
+        pid = harness_fork(child_dead_sender, &a);
+        ck_assert_int_gt(pid, 0);
+        safe_close(ready[1]);
+        safe_close(go[0]);
+        ck_assert_int_eq(pipe_get(ready[0], &x, 1), 1);
+
+        /* With the daemon stopped, the child sends Alloc and exits; the daemon then finds both at once. */
+        ck_assert_int_eq(kill(h.pid, SIGSTOP), 0);
+        ck_assert_int_eq(waitpid(h.pid, &status, WUNTRACED), h.pid);
+        ck_assert_int_eq(pipe_put(go[1], 'g'), 0);
+        ck_assert_int_eq(harness_wait(pid), 0);
+        ck_assert_int_eq(kill(h.pid, SIGCONT), 0);
+
+        d = status_of(&h);
+        ck_assert_int_eq(list_get(h.socket, true, &list), 0);
+        ck_assert_msg(list.n_leases == 0 && d.leased == 0, "a dead process's Alloc was served: %zu leases, %" PRIu64
+                      " bytes leased", list.n_leases, d.leased);
+        list_reply_done(&list);
+        safe_close(ready[0]);
+        safe_close(go[1]);
+        stop(&h);
+}
+END_TEST
+
 START_TEST(test_closed_connection_keeps_lease) {
         const WireLeaseInfo *info;
         ListReply list = {};
@@ -1258,6 +1318,7 @@ int main(void) {
         tcase_add_test(tc, test_many_clients);
         tcase_add_test(tc, test_sigkill_reclaim);
         tcase_add_test(tc, test_closed_connection_keeps_lease);
+        tcase_add_test(tc, test_request_after_death);
         tcase_add_test(tc, test_unknown_method);
         tcase_add_test(tc, test_wrong_parameters);
         tcase_add_test(tc, test_bad_frames);
