@@ -153,6 +153,23 @@ static int on_signal(sd_event_source *s, const struct signalfd_siginfo *si, void
  * source priorities alone cannot promise that when a peer's requests are read
  * in a batch.
  */
+static void unwatch_holder(Manager *m, Holder *h) {
+        if (!h->userdata)
+                return;
+        (void)epoll_ctl(m->holder_epoll_fd, EPOLL_CTL_DEL, h->pidfd, NULL);
+        h->userdata = NULL;
+}
+
+unsigned manager_holder_exited(Manager *m, Holder *h) {
+        unsigned n;
+
+        unwatch_holder(m, h);
+        n = holder_reclaim(&m->leases, h);
+        h->pid = 0;     /* a new process with this pid is someone else; its connections' requests go unserved */
+        holder_free_if_unused(&m->leases, h);
+        return n;
+}
+
 unsigned manager_reap_holders(Manager *m) {
         struct epoll_event ev[64];
         unsigned reclaimed = 0;
@@ -160,15 +177,8 @@ unsigned manager_reap_holders(Manager *m) {
 
         do {
                 n = epoll_wait(m->holder_epoll_fd, ev, ELEMENTSOF(ev), 0);
-                for (int i = 0; i < n; i++) {
-                        Holder *h = ev[i].data.ptr;
-
-                        (void)epoll_ctl(m->holder_epoll_fd, EPOLL_CTL_DEL, h->pidfd, NULL);
-                        h->userdata = NULL;
-                        reclaimed += holder_reclaim(&m->leases, h);
-                        h->pid = 0;     /* a new process with this pid is someone else */
-                        holder_free_if_unused(&m->leases, h);
-                }
+                for (int i = 0; i < n; i++)
+                        reclaimed += manager_holder_exited(m, ev[i].data.ptr);
         } while (n == (int)ELEMENTSOF(ev));
         if (reclaimed > 0) {
                 manager_schedule_idle(m);       /* released slabs' fds are closed there */
@@ -191,12 +201,6 @@ int manager_watch_holder(Manager *m, Holder *h) {
         return 0;
 }
 
-static void unwatch_holder(Manager *m, Holder *h) {
-        if (!h->userdata)
-                return;
-        (void)epoll_ctl(m->holder_epoll_fd, EPOLL_CTL_DEL, h->pidfd, NULL);
-        h->userdata = NULL;
-}
 
 void manager_release_holder(Manager *m, Holder *h) {
         /* A process with no lease and no connection left is forgotten; it is a new holder if it comes back. */

@@ -64,7 +64,13 @@ void manager_schedule_idle(Manager *m);
 /* Starts watching a new holder's pidfd; when it becomes readable the holder's leases are reclaimed. */
 int manager_watch_holder(Manager *m, Holder *h);
 
-/* Reclaims the leases of every holder whose process has exited. Returns how many leases. */
+/*
+ * Handles a holder's exit: stops watching it, drops its holds (ending the leases nobody else holds or
+ * published) and forgets it once no connection refers to it. Returns how many holds it dropped.
+ */
+unsigned manager_holder_exited(Manager *m, Holder *h);
+
+/* Reclaims the holds of every holder whose process has exited. Returns how many. */
 unsigned manager_reap_holders(Manager *m);
 
 /* Called by a peer that goes away: frees its holder when nothing else refers to it. */

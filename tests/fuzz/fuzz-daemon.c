@@ -416,23 +416,18 @@ static void check_pool(const char *when) {
 }
 
 /*
- * What the daemon does when this process exits, and then some: every holder's leases are reclaimed
- * (as manager_reap_holders() does for a dead holder), published leases ended, scrubs waited for and the
- * cache emptied, so that each input starts from the same state.
+ * What the daemon does when this process exits, and then some: every holder is handled as exited
+ * (manager_holder_exited(), as the daemon does for a dead process), published leases ended, scrubs
+ * waited for and the cache emptied, so that each input starts from the same state.
  */
 static void reset(void) {
         Holder *h, *htmp;
         Lease *l, *ltmp;
 
-        list_for_each_entry_safe(h, htmp, &manager->leases.holders, link) {
-                if (h->userdata) {
-                        (void)epoll_ctl(manager->holder_epoll_fd, EPOLL_CTL_DEL, h->pidfd, NULL);
-                        h->userdata = NULL;
-                }
-                holder_reclaim(&manager->leases, h);
-                if (!holder_free_if_unused(&manager->leases, h))
-                        die("a holder is still in use after its connection closed");
-        }
+        list_for_each_entry_safe(h, htmp, &manager->leases.holders, link)
+                (void)manager_holder_exited(manager, h);
+        if (!list_is_empty(&manager->leases.holders))
+                die("a holder is still in use after its connection closed");
         list_for_each_entry_safe(l, ltmp, &manager->leases.leases, link_table)
                 lease_free(&manager->leases, l);        /* published, nobody holding them */
         if (pool_drain(manager->pool) < 0)
