@@ -13,6 +13,7 @@
 
 #include "lease.h"
 #include "macro.h"
+#include "state.h"
 
 void lease_table_init(LeaseTable *t, Pool *pool) {
         *t = (LeaseTable){ .pool = pool };
@@ -92,6 +93,10 @@ int lease_table_get_holder(LeaseTable *t, pid_t pid, uid_t uid, gid_t gid, int p
         h->gid = gid;
         h->pidfd = pidfd;
         read_comm(pid, h->comm, sizeof(h->comm));
+        /* Read through the pid, so only trusted while the pidfd says the process still lives: had it exited,
+         * the pid may already name another process. */
+        if (process_start_time(pid, &h->start_time) < 0 || holder_is_dead(h))
+                h->start_time = 0;
         list_init(&h->holds);
         list_link_tail(&t->holders, &h->link);
         *ret = h;

@@ -93,6 +93,8 @@ struct Holder {
         gid_t gid;
         int pidfd;
         char comm[16];                  /* /proc/PID/comm when it connected */
+        uint64_t start_time;            /* /proc/PID/stat's starttime when it connected, 0 if unknown: with the
+                                           pid, tells this process from a later one given the same pid */
         List holds;                     /* Hold */
         unsigned n_connections;         /* connections of this process the daemon has open */
         void *userdata;                 /* non-NULL while the manager watches the pidfd */

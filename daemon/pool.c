@@ -49,6 +49,7 @@ struct Pool {
         PoolDevice *devices;
         size_t n_devices;
         uint64_t clock;                 /* orders cached slabs for LRU */
+        uint64_t last_slab_id;          /* the id of the last slab created */
         int event_fd;
         int *closing;                   /* exported fds of released slabs, closed by pool_idle() */
         size_t n_closing, n_closing_alloc;
@@ -300,6 +301,7 @@ static int slab_create(PoolDevice *dev, uint64_t size, uid_t uid, Slab **ret) {
                 return POOL_E_DRIVER;
         }
 
+        slab->id = ++dev->pool->last_slab_id;
         slab->device = dev;
         slab->size = size;
         slab->size_class = size_class(dev, size);

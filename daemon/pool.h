@@ -65,6 +65,8 @@ typedef struct PoolDevice PoolDevice;
 typedef struct CacheBucket CacheBucket;
 
 typedef struct Slab {
+        uint64_t id;                    /* unique in the pool, from 1, never reused: names the slab's fd in the
+                                           service manager's fd store ("slab-<id>") */
         PoolDevice *device;
         uint64_t size;
         unsigned size_class;            /* log2(size / granularity) */
