@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <poll.h>
 #include <stdio.h>
@@ -327,3 +328,36 @@ int gpu_verify(Gpu *g, CUdeviceptr va, uint64_t size, uint32_t word) {
         return 0;
 }
 
+
+int held_child_start(int (*fn)(void *arg), void *arg, int *child_report_w, int *child_hold_r, void *report, size_t len,
+               HeldChild *ret) {
+        int report_pipe[2], hold_pipe[2], k;
+
+        *ret = (HeldChild){ .pid = -1, .report_r = -EBADF, .hold_w = -EBADF };
+        if (pipe2(report_pipe, O_CLOEXEC) < 0)
+                return -errno;
+        if (pipe2(hold_pipe, O_CLOEXEC) < 0) {
+                k = -errno;
+                close_many(report_pipe, 2);
+                return k;
+        }
+        *child_report_w = report_pipe[1];
+        *child_hold_r = hold_pipe[0];
+        ret->pid = harness_fork(fn, arg);
+        safe_close(report_pipe[1]);
+        safe_close(hold_pipe[0]);
+        ret->report_r = report_pipe[0];
+        ret->hold_w = hold_pipe[1];
+        if (ret->pid < 0)
+                return -ECHILD;
+        return pipe_get_all(ret->report_r, report, len);
+}
+
+int held_child_finish(HeldChild *x) {
+        int k;
+
+        x->hold_w = safe_close(x->hold_w);
+        k = harness_wait(x->pid);
+        x->report_r = safe_close(x->report_r);
+        return k;
+}

@@ -112,6 +112,23 @@ int pipe_wait_eof(int fd);
  */
 int close_all_but(const int *keep, size_t n_keep);
 
+/* A forked client that reports once through a pipe, then holds what it has until its hold pipe closes. */
+typedef struct HeldChild {
+        pid_t pid;
+        int report_r, hold_w;           /* the test's ends */
+} HeldChild;
+
+/*
+ * Makes the two pipes, writes the child's ends into *child_report_w and *child_hold_r (members of `arg`),
+ * forks fn(arg) (harness_fork()), and reads `len` bytes of its report into `report`. Returns 0 or a
+ * negative errno (-EPIPE: the child exited without reporting).
+ */
+int held_child_start(int (*fn)(void *arg), void *arg, int *child_report_w, int *child_hold_r, void *report, size_t len,
+               HeldChild *ret);
+
+/* Closes the hold pipe (the child goes on and exits) and returns its exit status, as harness_wait(). */
+int held_child_finish(HeldChild *x);
+
 /* Opens the driver and makes device 0's primary context current. Returns 0 or -errno (printed). */
 int gpu_open(Gpu *g);
 

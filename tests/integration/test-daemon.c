@@ -389,40 +389,24 @@ static int child_hold(void *arg) {
 }
 
 typedef struct Holding {
-        pid_t pid;
-        int report_r, hold_w;
+        HeldChild held;
         char id[VMMB_ID_MAX + 1];
 } Holding;
 
 /* Forks child_hold() with `a`'s flags and waits for its lease id. */
 static Holding hold_start(const Harness *h, HoldArgs a) {
-        int report[2], hold[2];
         Holding x = {};
 
-        ck_assert_int_eq(pipe2(report, O_CLOEXEC), 0);
-        ck_assert_int_eq(pipe2(hold, O_CLOEXEC), 0);
         a.socket = h->socket;
-        a.report_w = report[1];
-        a.hold_r = hold[0];
-        x.pid = harness_fork(child_hold, &a);
-        ck_assert_int_gt(x.pid, 0);
-        safe_close(report[1]);
-        safe_close(hold[0]);
-        x.report_r = report[0];
-        x.hold_w = hold[1];
-        ck_assert_msg(pipe_get_all(x.report_r, x.id, sizeof(x.id)) == 0, "the client did not report its lease");
+        ck_assert_msg(held_child_start(child_hold, &a, &a.report_w, &a.hold_r, x.id, sizeof(x.id), &x.held) == 0,
+                      "the client did not report its lease");
         x.id[VMMB_ID_MAX] = 0;
         return x;
 }
 
 /* Lets the child go on and exit; returns its exit status. */
 static int hold_finish(Holding *x) {
-        int k;
-
-        x->hold_w = safe_close(x->hold_w);
-        k = harness_wait(x->pid);
-        x->report_r = safe_close(x->report_r);
-        return k;
+        return held_child_finish(&x->held);
 }
 
 /* Sends a Status call on c without waiting for the answer. */
@@ -478,7 +462,7 @@ START_TEST(test_sigkill_reclaim) {
         ck_assert_int_eq(kill(h.pid, SIGSTOP), 0);
         ck_assert_int_eq(waitpid(h.pid, &status, WUNTRACED), h.pid);
         ck_assert(WIFSTOPPED(status));
-        ck_assert_int_eq(kill(victim.pid, SIGKILL), 0);
+        ck_assert_int_eq(kill(victim.held.pid, SIGKILL), 0);
         ck_assert_int_eq(hold_finish(&victim), 128 + SIGKILL);
         status_send(c);
         ck_assert_int_eq(kill(h.pid, SIGCONT), 0);
@@ -593,7 +577,7 @@ START_TEST(test_closed_connection_keeps_lease) {
         ck_assert_int_eq(list_get(h.socket, false, &list), 0);
         info = list_find(&list, x.id);
         ck_assert_msg(info, "the lease is gone with its connection");
-        ck_assert_int_eq(info->pid, x.pid);
+        ck_assert_int_eq(info->pid, x.held.pid);
         ck_assert_uint_eq(info->size, LEASE_SIZE);
         list_reply_done(&list);
 

@@ -175,40 +175,26 @@ static int child_role(void *arg) {
 
 /* A running child and what it reported. */
 typedef struct Child {
+        HeldChild held;
         pid_t pid;
-        int report_r, hold_w;
         Report rep;
 } Child;
 
 /* Forks child_role() and waits for its report. */
 static Child child_start(const Harness *h, Role a) {
-        int report[2], hold[2];
         Child x = {};
+        int k;
 
-        ck_assert_int_eq(pipe2(report, O_CLOEXEC), 0);
-        ck_assert_int_eq(pipe2(hold, O_CLOEXEC), 0);
         a.socket = h->socket;
-        a.report_w = report[1];
-        a.hold_r = hold[0];
-        x.pid = harness_fork(child_role, &a);
-        ck_assert_int_gt(x.pid, 0);
-        safe_close(report[1]);
-        safe_close(hold[0]);
-        x.report_r = report[0];
-        x.hold_w = hold[1];
-        ck_assert_msg(pipe_get_all(x.report_r, &x.rep, sizeof(x.rep)) == 0, "child %d did not report (see its stderr)",
-                      (int)x.pid);
+        k = held_child_start(child_role, &a, &a.report_w, &a.hold_r, &x.rep, sizeof(x.rep), &x.held);
+        x.pid = x.held.pid;
+        ck_assert_msg(k == 0, "child %d did not report (see its stderr)", (int)x.pid);
         return x;
 }
 
 /* Lets the child go on and exit; returns its exit status. */
 static int child_finish(Child *x) {
-        int k;
-
-        x->hold_w = safe_close(x->hold_w);
-        k = harness_wait(x->pid);
-        x->report_r = safe_close(x->report_r);
-        return k;
+        return held_child_finish(&x->held);
 }
 
 /* ---- the test process --------------------------------------------------------------------------- */
@@ -510,9 +496,7 @@ START_TEST(test_readonly) {
         expect(c, VMMB_METHOD_PUBLISH, params, VMMB_ERROR_PERMISSION_DENIED);
 
         /* A read-write producer publishes read-only; a consumer may also ask for read-only itself. */
-        producer.hold_w = safe_close(producer.hold_w);
-        ck_assert_int_eq(harness_wait(producer.pid), 0);
-        producer.report_r = safe_close(producer.report_r);
+        ck_assert_int_eq(child_finish(&producer), 0);
         producer = child_start(&h, (Role){ .produce = true, .share = "" });
         asked = child_start(&h, (Role){ .token = producer.rep.token, .readonly = true, .map = true });
         ck_assert(asked.rep.readonly);
