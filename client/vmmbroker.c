@@ -6,6 +6,13 @@
  * the import/map steps of proto/driver.c. No logging: every failure is a
  * negative errno plus a sentence in the calling thread's error buffer, which
  * is written on failure only (a successful call leaves it as it was).
+ *
+ * A lost connection (the broker stopped, crashed or restarted) is closed, and
+ * the call that found it lost, or the next one, connects again to the same
+ * path, waiting up to the client's reconnect timeout for a broker to listen
+ * there. Whether the call that was under way is sent again depends on what the
+ * broker can have done with it: see client_call(). Leases stay mapped through
+ * all of this: their memory is held by this process's own imported handles.
  */
 
 #include <errno.h>
@@ -18,6 +25,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "codec.h"
@@ -32,10 +40,19 @@
 
 #define ERROR_MESSAGE_MAX 1024
 
+/* How long a lost connection waits for a broker to come back, unless $VMMBROKER_RECONNECT_TIMEOUT says. */
+#define RECONNECT_TIMEOUT_DEFAULT_USEC (UINT64_C(30) * 1000000)
+#define RECONNECT_TIMEOUT_ENV "VMMBROKER_RECONNECT_TIMEOUT"
+/* The pause between two refused connects: doubling from the first to the most. */
+#define RECONNECT_BACKOFF_FIRST_USEC UINT64_C(10000)
+#define RECONNECT_BACKOFF_MAX_USEC UINT64_C(250000)
+
 struct vmmb_client {
-        pthread_mutex_t call_lock;      /* one call at a time on conn; guards conn and broken */
-        VarlinkConn *conn;
-        bool broken;                    /* the stream is gone or out of step: every call fails */
+        pthread_mutex_t call_lock;      /* one call at a time on conn; guards conn */
+        VarlinkConn *conn;              /* NULL once lost (or out of step): the next call connects again */
+        char *path;                     /* the broker's socket, to connect to again */
+        uint64_t reconnect_usec;        /* how long connecting again waits for a broker to listen */
+        bool closing;                   /* in vmmb_close(): connecting again does not wait */
 
         pthread_mutex_t leases_lock;    /* guards leases */
         List leases;                    /* vmmb_lease.link */
@@ -116,20 +133,232 @@ static void json_putp(json_object **o) {
         json_object_put(*o);
 }
 
-/* Marks the connection unusable and turns a transport error into what the caller returns. Lock held. */
-static int client_broken(vmmb_client *c, int error, const char *what) {
-        c->broken = true;
-        switch (error) {
-        case -ECONNRESET:
-        case -EPIPE:
-        case -ENOTCONN:
-        case -ESHUTDOWN:
-                return set_error(-ECONNRESET, "Lost the connection to the broker (%s).", what);
-        case -ENOMEM:
-                return set_error(-ENOMEM, "Out of memory while %s.", what);
-        default:
-                return set_error(-EPROTO, "The broker broke the protocol while %s: %s.", what, strerror(-error));
+/* --- the connection ------------------------------------------------------------------------------------ */
+
+static uint64_t now_usec(void) {
+        struct timespec ts;
+
+        (void)clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+}
+
+/* Waits until CLOCK_MONOTONIC reads `usec`. */
+static void sleep_until(uint64_t usec) {
+        struct timespec ts = { .tv_sec = (time_t)(usec / 1000000), .tv_nsec = (long)(usec % 1000000) * 1000 };
+
+        while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+                ;
+}
+
+/* "30 s", "0.25 s": microseconds for a message, without the locale's decimal point. */
+static const char *format_seconds(uint64_t usec, char buf[static 32]) {
+        if (usec % 1000000 == 0)
+                (void)snprintf(buf, 32, "%" PRIu64 " s", usec / 1000000);
+        else
+                (void)snprintf(buf, 32, "%" PRIu64 ".%03" PRIu64 " s", usec / 1000000, usec % 1000000 / 1000);
+        return buf;
+}
+
+/*
+ * $VMMBROKER_RECONNECT_TIMEOUT in microseconds: seconds as digits, with a
+ * fraction after a point ("30", "0.5", "0"; digits past the sixth after the
+ * point count for nothing); unset or empty is the default. -EINVAL for
+ * anything else, with the message set.
+ */
+static int reconnect_timeout(uint64_t *ret) {
+        const char *e = getenv(RECONNECT_TIMEOUT_ENV), *p;
+        uint64_t seconds = 0, fraction = 0, scale = 100000;
+
+        if (!e || !*e) {
+                *ret = RECONNECT_TIMEOUT_DEFAULT_USEC;
+                return 0;
         }
+        for (p = e; *p >= '0' && *p <= '9'; p++) {
+                seconds = seconds * 10 + (uint64_t)(*p - '0');
+                if (seconds > UINT64_C(1000000000))
+                        goto invalid;
+        }
+        if (p == e)
+                goto invalid;
+        if (*p == '.') {
+                if (!(p[1] >= '0' && p[1] <= '9'))
+                        goto invalid;
+                for (p++; *p >= '0' && *p <= '9'; p++) {
+                        fraction += (uint64_t)(*p - '0') * scale;
+                        scale /= 10;
+                }
+        }
+        if (*p)
+                goto invalid;
+        *ret = seconds * 1000000 + fraction;
+        return 0;
+invalid:
+        return set_error(-EINVAL, "$%s is '%.32s%s', not a number of seconds such as 30 or 0.5.",
+                         RECONNECT_TIMEOUT_ENV, e, strlen(e) > 32 ? "..." : "");
+}
+
+/* A new blocking socket connected to `path` in *ret_fd, or the negative errno of socket() or connect(). */
+static int socket_connect(const char *path, int *ret_fd) {
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        _cleanup_close_ int fd = -EBADF;
+
+        memcpy(sa.sun_path, path, strlen(path) + 1);    /* checked by vmmb_connect() */
+        fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+                return -errno;
+        if (connect(fd, (const struct sockaddr *)&sa, sizeof(sa)) < 0)
+                return -errno;
+        *ret_fd = TAKE_FD(fd);
+        return 0;
+}
+
+/* Whether connecting failed only because no broker listens at the path now: worth trying again. */
+static bool connect_error_is_transient(int error) {
+        return error == -ENOENT || error == -ECONNREFUSED || error == -EAGAIN || error == -EINTR;
+}
+
+/* Whether an error of the connection means the broker closed it (stopped, crashed, restarted). */
+static bool conn_error_is_lost(int error) {
+        return error == -ECONNRESET || error == -EPIPE || error == -ENOTCONN || error == -ESHUTDOWN;
+}
+
+/* Closes the client's connection: the next call connects again. Lock held. */
+static void client_disconnect(vmmb_client *c) {
+        c->conn = varlink_conn_free(c->conn);
+}
+
+/*
+ * Connects the client again, to the path it was made with, after its
+ * connection was lost: while nobody listens there (a broker stopped or
+ * restarting, and no service manager holding the socket for it), it tries
+ * again with a growing pause until the reconnect timeout has passed since the
+ * first try (not at all in vmmb_close()). A socket that a service manager
+ * holds for the broker takes the connection at once, and the broker answers
+ * it once it is back. Lock held, no connection. Returns 0 or, with the
+ * message set, -ECONNREFUSED when nobody listened in time (whether the socket
+ * refused or was missing: the message says which), or another error of
+ * socket() or connect() (-EACCES...).
+ */
+static int client_reconnect(vmmb_client *c) {
+        uint64_t deadline = now_usec() + (c->closing ? 0 : c->reconnect_usec);
+        uint64_t pause = RECONNECT_BACKOFF_FIRST_USEC;
+        char seconds[32];
+        int fd = -EBADF, k;
+
+        for (;;) {
+                uint64_t now;
+
+                k = socket_connect(c->path, &fd);
+                if (k >= 0)
+                        break;
+                if (!connect_error_is_transient(k))
+                        return set_error(k, "Lost the connection to the broker, and cannot connect to it again at "
+                                         "%s: %s.", c->path, strerror(-k));
+                now = now_usec();
+                if (now >= deadline)
+                        /* -ECONNREFUSED for a missing socket too: -ENOENT is an answer of the broker's */
+                        return set_error(-ECONNREFUSED, "Lost the connection to the broker, and no broker "
+                                         "listened at %s within %s: %s. It may be stopped; the next call "
+                                         "tries again.",
+                                         c->path, format_seconds(c->closing ? 0 : c->reconnect_usec, seconds),
+                                         strerror(-k));
+                sleep_until(MIN(now + pause, deadline));
+                pause = MIN(pause * 2, RECONNECT_BACKOFF_MAX_USEC);
+        }
+        k = varlink_conn_new(&c->conn, fd, VARLINK_MAX_REPLY, true);
+        if (k < 0) {
+                safe_close(fd);
+                return set_error(k, "Cannot set up the connection to the broker: %s.", strerror(-k));
+        }
+        return 0;
+}
+
+/* How a call's connection was lost, as far as the broker's part in it can be known. */
+typedef enum CallLoss {
+        CALL_NOT_LOST,                  /* not lost: the stream is out of step, or this process ran out of memory */
+        CALL_UNREAD,                    /* the broker closed it before reading all of the call: not carried out */
+        CALL_MAYBE_DONE,                /* closed after the broker read the call: it may have carried it out */
+} CallLoss;
+
+/*
+ * Waits for the reply to the call just sent and returns it as
+ * varlink_conn_receive() does, or a negative errno and *ret_loss saying what
+ * a lost connection means for the call.
+ *
+ * Before reading, it peeks at the reply's first byte, to tell two ways the
+ * broker can close the connection apart: Linux resets a stream socket's peer
+ * (ECONNRESET) when the socket is closed with data left unread in it, and
+ * reports a plain end of stream otherwise. One call at a time goes on the
+ * connection and the broker acts on a call only once it has read the NUL that
+ * ends it, the last byte sent: a reset before any byte of the reply means the
+ * call was not read whole, so not carried out; an end of stream means the
+ * broker read it and may have carried it out; a reply begun means it did.
+ */
+static int conn_receive(VarlinkConn *conn, json_object **ret, ReceivedFds *fds, CallLoss *ret_loss) {
+        ssize_t n;
+        char byte;
+        int k;
+
+        *ret_loss = CALL_NOT_LOST;
+        /* A message already buffered would be read first (the broker sends one reply per call: never so far). */
+        k = varlink_conn_next_json(conn, ret, &fds->fds, &fds->n);
+        if (k != 0)
+                return MIN(k, 0);
+
+        do
+                n = recv(varlink_conn_get_fd(conn), &byte, 1, MSG_PEEK);
+        while (n < 0 && errno == EINTR);
+        if (n == 0) {
+                *ret_loss = CALL_MAYBE_DONE;
+                return -ECONNRESET;
+        }
+        if (n < 0) {
+                k = -errno;
+                if (k == -ECONNRESET)
+                        *ret_loss = CALL_UNREAD;
+                else if (conn_error_is_lost(k))
+                        *ret_loss = CALL_MAYBE_DONE;
+                return k;
+        }
+
+        k = varlink_conn_receive(conn, ret, &fds->fds, &fds->n);
+        if (k < 0 && conn_error_is_lost(k))
+                *ret_loss = CALL_MAYBE_DONE;            /* the reply had begun */
+        return k;
+}
+
+/*
+ * Whether a call may be sent again when the broker may have carried it out
+ * before the connection was lost: when one call and two leave the broker the
+ * same and are answered the same. Of the calls this library makes, only
+ * Publish is: the same lease published again under the same name, with the
+ * same users and flags, changes nothing and succeeds again. (The read-only
+ * calls, List, Status and Users, would be too; the library makes none.)
+ * Alloc, Attach and Share make something new each time: a lease or a hold
+ * this process would not know of, or a token. Free drops one reference on
+ * this process's hold, and a process may hold a lease more than once (an
+ * Attach of a lease it holds already): a second Free could end the hold that
+ * another lease object still maps. Revoke and Unpublish would be answered
+ * NoSuchToken and NoSuchName the second time, and Unpublish could remove the
+ * name from another lease that took it in between.
+ */
+static bool method_is_repeatable(const char *method) {
+        return strcmp(method, VMMB_METHOD_PUBLISH) == 0;
+}
+
+/* "Alloc" for "io.vmmbroker.Alloc". */
+static const char *method_short(const char *method) {
+        const char *dot = strrchr(method, '.');
+
+        return dot ? dot + 1 : method;
+}
+
+/* Closes a connection that is out of step and turns the error into what the caller returns. Lock held. */
+static int client_out_of_step(vmmb_client *c, int error, const char *what) {
+        client_disconnect(c);
+        if (error == -ENOMEM)
+                return set_error(-ENOMEM, "Out of memory while %s.", what);
+        return set_error(-EPROTO, "The broker broke the protocol while %s: %s.", what, strerror(-error));
 }
 
 /* The sentence for an error reply: the broker's own message, else one made from the error's parameters. */
@@ -145,14 +374,26 @@ static int reply_error(const VarlinkReply *reply, const char *method) {
  * Sends one call and waits for its reply. Returns 0 with a successful reply in
  * *ret (and, when ret_fds is given, the fds that came with it); or a negative
  * errno with the thread's message set: the errno of the broker's named error,
- * -ECONNRESET when the connection is gone, -EPROTO for a reply that makes no
- * sense. Fds on a reply that should have none are a protocol error.
+ * -EPROTO for a reply that makes no sense, or one of a lost connection.
+ *
+ * A lost connection (the broker stopped, crashed or restarted) is closed and
+ * connected again (client_reconnect(), which may wait for the broker), and the
+ * call is sent once more when that is safe: when the broker cannot have
+ * carried it out (the connection was lost before the call was sent, or the
+ * broker closed it with the call unread: conn_receive()), or when the call is
+ * one that may be repeated (method_is_repeatable()). Otherwise, or when the
+ * call is lost a second time, it returns -ECONNRESET with a message saying
+ * whether the call was carried out is unknown (or that it was not), and the
+ * next call connects again. When connecting again fails it returns that error
+ * (-ECONNREFUSED: no broker came back in time). A connection that
+ * is out of step (a reply that is not one) is closed as well.
  */
 static int client_call(vmmb_client *c, const char *method, json_object *params, VarlinkReply *ret,
                        ReceivedFds *ret_fds) {
         _cleanup_(json_putp) json_object *call = NULL, *msg = NULL;
         _cleanup_(received_fds_done) ReceivedFds fds = {};
         VarlinkReply reply = {};
+        bool repeated = false, maybe_done = false;
         int k;
 
         k = varlink_call_new(method, params, false, false, &call);
@@ -160,29 +401,57 @@ static int client_call(vmmb_client *c, const char *method, json_object *params, 
                 return set_error(k, "Cannot build the call %s: %s.", method, strerror(-k));
 
         (void)pthread_mutex_lock(&c->call_lock);
-        if (c->broken) {
-                k = set_error(-ECONNRESET, "The connection to the broker was lost earlier.");
-                goto unlock;
-        }
-        k = varlink_conn_send(c->conn, call, NULL, 0);
-        if (k < 0) {
-                k = set_error(k, "Cannot queue the call %s: %s.", method, strerror(-k));
-                goto unlock;
-        }
-        k = varlink_conn_flush(c->conn);
-        if (k < 0) {
-                k = client_broken(c, k, "sending the call");
-                goto unlock;
-        }
-        k = varlink_conn_receive(c->conn, &msg, &fds.fds, &fds.n);
-        if (k < 0) {
-                k = client_broken(c, k, "receiving the reply");
+        for (;;) {
+                CallLoss loss;
+
+                if (!c->conn) {
+                        k = client_reconnect(c);
+                        if (k < 0)
+                                goto unlock;
+                }
+                k = varlink_conn_send(c->conn, call, NULL, 0);
+                if (k < 0) {
+                        k = set_error(k, "Cannot queue the call %s: %s.", method, strerror(-k));
+                        goto unlock;
+                }
+                k = varlink_conn_flush(c->conn);
+                if (k < 0) {
+                        if (!conn_error_is_lost(k)) {
+                                k = client_out_of_step(c, k, "sending the call");
+                                goto unlock;
+                        }
+                        loss = CALL_UNREAD;     /* the broker has no whole call to act on */
+                } else {
+                        k = conn_receive(c->conn, &msg, &fds, &loss);
+                        if (k >= 0)
+                                break;
+                        if (loss == CALL_NOT_LOST) {
+                                k = client_out_of_step(c, k, "receiving the reply");
+                                goto unlock;
+                        }
+                }
+
+                client_disconnect(c);
+                maybe_done = maybe_done || loss == CALL_MAYBE_DONE;
+                if (!repeated && (loss == CALL_UNREAD || method_is_repeatable(method))) {
+                        repeated = true;
+                        continue;
+                }
+                if (!maybe_done)
+                        k = set_error(-ECONNRESET, "Lost the connection to the broker twice before it read the call "
+                                      "%s, which was not carried out: it stopped or restarted. The next call "
+                                      "connects again.", method_short(method));
+                else
+                        k = set_error(-ECONNRESET, "The broker closed the connection after it received the call %s "
+                                      "and before it answered: it stopped or restarted, and whether it carried "
+                                      "the call out is unknown. The next call connects again.",
+                                      method_short(method));
                 goto unlock;
         }
         k = varlink_reply_parse(msg, &reply);
         if (k < 0 || reply.continues) {
                 /* a reply with "continues" means more are coming for a call that asked for one */
-                k = client_broken(c, k < 0 ? k : -EBADMSG, "reading the reply");
+                k = client_out_of_step(c, k < 0 ? k : -EBADMSG, "reading the reply");
                 goto unlock;
         }
         k = 0;
@@ -385,6 +654,7 @@ static vmmb_client *client_destroy(vmmb_client *c) {
         if (!c)
                 return NULL;
         varlink_conn_free(c->conn);
+        free(c->path);
         (void)pthread_mutex_destroy(&c->call_lock);
         (void)pthread_mutex_destroy(&c->leases_lock);
         free(c);
@@ -394,11 +664,11 @@ static vmmb_client *client_destroy(vmmb_client *c) {
 DEFINE_TRIVIAL_CLEANUP_FUNC(vmmb_client, client_destroy);
 
 VMMB_EXPORT int vmmb_connect(const char *socket_path, vmmb_client **ret) {
-        struct sockaddr_un sa = { .sun_family = AF_UNIX };
         _cleanup_(client_destroyp) vmmb_client *c = NULL;
         _cleanup_close_ int fd = -EBADF;
         const char *path = socket_path;
         CudaDriver *cu = NULL;
+        uint64_t reconnect_usec = 0;
         int k;
 
         if (!ret)
@@ -410,32 +680,31 @@ VMMB_EXPORT int vmmb_connect(const char *socket_path, vmmb_client **ret) {
         }
         if (!*path)
                 return set_error(-EINVAL, "The broker's socket path is empty.");
-        if (strlen(path) >= sizeof(sa.sun_path))
+        if (strlen(path) >= sizeof(((struct sockaddr_un *)NULL)->sun_path))
                 return set_error(-ENAMETOOLONG, "The broker's socket path is longer than %zu bytes: %s",
-                                 sizeof(sa.sun_path) - 1, path);
-        memcpy(sa.sun_path, path, strlen(path) + 1);
+                                 sizeof(((struct sockaddr_un *)NULL)->sun_path) - 1, path);
+        k = reconnect_timeout(&reconnect_usec);
+        if (k < 0)
+                return k;
 
         k = driver_get(&cu);
         if (k < 0)
                 return k;
 
-        fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (fd < 0)
-                return set_error(-errno, "Cannot make a socket: %s.", strerror(errno));
-        if (connect(fd, (const struct sockaddr *)&sa, sizeof(sa)) < 0) {
-                k = -errno;
-                switch (k) {
-                case -ENOENT:
-                case -ECONNREFUSED:
-                        return set_error(k, "Cannot connect to the broker at %s: %s. Is vmmbrokerd running? "
-                                         "Set VMMBROKER_SOCKET to its socket.", path, strerror(-k));
-                case -EACCES:
-                case -EPERM:
-                        return set_error(k, "Cannot connect to the broker at %s: %s. Leasing GPU memory needs "
-                                         "membership in the socket's group (vmmbroker).", path, strerror(-k));
-                default:
-                        return set_error(k, "Cannot connect to the broker at %s: %s.", path, strerror(-k));
-                }
+        k = socket_connect(path, &fd);
+        switch (k) {
+        case 0:
+                break;
+        case -ENOENT:
+        case -ECONNREFUSED:
+                return set_error(k, "Cannot connect to the broker at %s: %s. Is vmmbrokerd running? "
+                                 "Set VMMBROKER_SOCKET to its socket.", path, strerror(-k));
+        case -EACCES:
+        case -EPERM:
+                return set_error(k, "Cannot connect to the broker at %s: %s. Leasing GPU memory needs "
+                                 "membership in the socket's group (vmmbroker).", path, strerror(-k));
+        default:
+                return set_error(k, "Cannot connect to the broker at %s: %s.", path, strerror(-k));
         }
 
         c = calloc(1, sizeof(*c));
@@ -444,6 +713,10 @@ VMMB_EXPORT int vmmb_connect(const char *socket_path, vmmb_client **ret) {
         (void)pthread_mutex_init(&c->call_lock, NULL);
         (void)pthread_mutex_init(&c->leases_lock, NULL);
         list_init(&c->leases);
+        c->reconnect_usec = reconnect_usec;
+        c->path = strdup(path);
+        if (!c->path)
+                return set_error(-ENOMEM, "Out of memory.");
         k = varlink_conn_new(&c->conn, fd, VARLINK_MAX_REPLY, true);
         if (k < 0)
                 return set_error(k, "Cannot set up the connection to the broker: %s.", strerror(-k));
@@ -457,7 +730,9 @@ VMMB_EXPORT void vmmb_close(vmmb_client *client) {
 
         if (!client)
                 return;
-        /* Freeing the leases may fail (the broker may be gone); that is no news for the caller's thread. */
+        /* Freeing the leases may fail (the broker may be gone); that is no news for the caller's thread. A
+         * broker that is gone is not waited for: this process's holds end when it exits. */
+        client->closing = true;
         memcpy(saved, error_message, sizeof(saved));
         for (;;) {
                 vmmb_lease *l;

@@ -22,6 +22,24 @@
  * holding a lease frees its own hold; the memory goes back to the broker
  * when no process holds it and it is not published.
  *
+ * A client outlives its connection. When the broker stops, crashes or is
+ * restarted, the call that finds the connection lost (or the next one)
+ * connects again to the same socket, waiting up to
+ * $VMMBROKER_RECONNECT_TIMEOUT seconds (30 by default; "0.5" and "0" work
+ * too) for a broker to listen there. A socket that a service manager holds
+ * for the broker (systemd's socket activation) takes the connection at once,
+ * and the call waits for the broker to answer it, as any call does. Leases
+ * stay mapped and usable throughout: their memory is held by this process,
+ * and vmmb_free() on them later talks to the new broker. The call that was
+ * under way is sent again on the new connection when the broker cannot have
+ * carried it out (the connection was lost before the broker read it), and
+ * vmmb_publish() in any case (twice is as once). Otherwise it returns
+ * -ECONNRESET, and vmmb_error_message() says the broker went away after it
+ * received the call and whether it carried it out is unknown; each function
+ * says what that leaves. When no broker listens within the timeout (the
+ * socket refuses connections or is missing), the call returns -ECONNREFUSED.
+ * Either way the client stays usable: the next call connects again.
+ *
  * Errors are negative errno values; vmmb_error_message() gives the daemon's
  * or the library's sentence for the calling thread's last failure. Every
  * function may be called from several threads at once on the same client
@@ -64,12 +82,15 @@ typedef struct vmmb_lease vmmb_lease;
  * @ret: the new client, on success.
  *
  * Also loads the CUDA driver (libcuda.so.1, or $VMMBROKER_LIBCUDA) the first
- * time a client is made in the process.
+ * time a client is made in the process, and reads $VMMBROKER_RECONNECT_TIMEOUT
+ * for the client. Connecting here does not wait for a broker; connecting again
+ * after a lost connection does (see above).
  *
  * Return: 0, or a negative errno: -ENOENT or -ECONNREFUSED when no broker
  * listens there, -EACCES when the caller may not connect (not in the
  * vmmbroker group), -ENODEV when the CUDA driver cannot be loaded (the
- * answer stays for the life of the process), -EINVAL for an empty path,
+ * answer stays for the life of the process), -EINVAL for an empty path or a
+ * $VMMBROKER_RECONNECT_TIMEOUT that is not a number of seconds,
  * -ENAMETOOLONG for a path too long for a Unix socket.
  */
 int vmmb_connect(const char *socket_path, vmmb_client **ret);
@@ -80,6 +101,9 @@ int vmmb_connect(const char *socket_path, vmmb_client **ret);
  *
  * Every lease still held through this client is freed first, as by
  * vmmb_free(): do not use their pointers afterwards, nor the lease objects.
+ * A broker that is gone (its socket missing or refusing connections) is not
+ * waited for: each lease is unmapped, connecting is tried once, and holds the
+ * broker was not told of end when the process exits.
  * Must be the last call on the client: no other thread may be using it or
  * its leases. Leaves vmmb_error_message() as it was.
  */
@@ -101,9 +125,10 @@ void vmmb_close(vmmb_client *client);
  * -ENODEV for a device the broker does not serve, -EINVAL for a bad
  * parameter (a size of 0 or more than the device can serve, a label too
  * long), -EDQUOT over a limit of the calling user, -EIO when the driver
- * failed, -ECONNRESET when the connection to the broker was lost (now or by
- * an earlier call: the client stays unusable), -EPROTO when the broker's
- * reply makes no sense.
+ * failed, -ECONNRESET when the broker went away after it received the call
+ * (it may have made a lease that this process then holds, unmapped, until it
+ * exits), -ECONNREFUSED when no broker came back in time,
+ * -EPROTO when the broker's reply makes no sense.
  */
 int vmmb_alloc(vmmb_client *client, uint64_t size, int device, const char *label, vmmb_lease **ret);
 
@@ -114,8 +139,11 @@ int vmmb_alloc(vmmb_client *client, uint64_t size, int device, const char *label
  * Unmaps the memory (synchronously: the driver waits for work using it; the
  * library does not synchronize a context of its own), then tells the broker,
  * which scrubs it and reuses it. The lease object is freed in every case.
- * When telling the broker fails (-ECONNRESET), the broker reclaims the memory
- * when this process exits. When unmapping fails, the broker is not told, as
+ * When telling the broker fails, the broker reclaims the memory when this
+ * process exits: -ECONNREFUSED when no broker came back in time,
+ * and -ECONNRESET when the broker went away after it received the call, and
+ * may or may not have ended the hold. That Free is not sent again: a process
+ * that holds a lease more than once (vmmb_attach()) would lose another hold. When unmapping fails, the broker is not told, as
  * the memory may still be mapped here; it too comes back at exit.
  *
  * For a lease that other processes hold too (vmmb_attach()), or that is
@@ -144,8 +172,10 @@ int vmmb_free(vmmb_lease *lease);
  * read-write token, -EDQUOT when the lease has as many live tokens as the
  * broker allows (64), -ENOENT when the broker has no such lease of this
  * process, -EINVAL for a NULL lease or token or a flag other than
- * VMMB_READONLY, -ECONNRESET when the connection to the broker was lost,
- * -EPROTO when the broker's reply makes no sense.
+ * VMMB_READONLY, -ECONNRESET when the broker went away after it received
+ * the call (it may have made a token, which lasts as long as the lease),
+ * -ECONNREFUSED when no broker came back in time, -EPROTO when the
+ * broker's reply makes no sense.
  */
 int vmmb_share(vmmb_lease *lease, uid_t uid, unsigned flags, char token[VMMB_TOKEN_SIZE]);
 
@@ -162,9 +192,10 @@ int vmmb_share(vmmb_lease *lease, uid_t uid, unsigned flags, char token[VMMB_TOK
  * Return: 0, or a negative errno: -ENOKEY when the broker knows no such token
  * (mistyped, revoked already, or its lease has ended), -EACCES when the
  * caller may not revoke it, -EINVAL for a NULL client, a NULL or empty token
- * or one longer than VMMB_TOKEN_SIZE - 1 bytes, -ECONNRESET when the
- * connection to the broker was lost, -EPROTO when the broker's reply makes no
- * sense.
+ * or one longer than VMMB_TOKEN_SIZE - 1 bytes, -ECONNRESET when the broker
+ * went away after it received the call (call again: -ENOKEY then says the
+ * token is gone), -ECONNREFUSED when no broker came back in time,
+ * -EPROTO when the broker's reply makes no sense.
  */
 int vmmb_revoke(vmmb_client *client, const char *token);
 
@@ -189,8 +220,9 @@ int vmmb_revoke(vmmb_client *client, const char *token);
  * token or one longer than VMMB_TOKEN_SIZE - 1 bytes, or a flag other than
  * VMMB_READONLY, -ENOMEM when this process ran out of memory, -ENODEV when
  * the CUDA driver cannot be loaded, -EIO or another errno of the driver when
- * the memory cannot be mapped, -ECONNRESET when the connection to the broker
- * was lost, -EPROTO when the broker's reply makes no sense.
+ * the memory cannot be mapped, -ECONNRESET when the broker went away after it
+ * received the call (it may have given this process a hold, which then lasts
+ * until the process exits), -ECONNREFUSED when no broker came back in time, -EPROTO when the broker's reply makes no sense.
  */
 int vmmb_attach(vmmb_client *client, const char *token, unsigned flags, vmmb_lease **ret);
 
@@ -233,8 +265,9 @@ int vmmb_attach_name(vmmb_client *client, const char *name, unsigned flags, vmmb
  * published, a lease published under another name already, more than 64
  * users, NULL @uids with @n_uids above 0, VMMB_ANY_UID among them or a flag
  * other than VMMB_READONLY, -ENOENT when the broker has no such lease of
- * this process, -ECONNRESET when the connection to the broker was lost,
- * -EPROTO when the broker's reply makes no sense.
+ * this process, -ECONNRESET when the connection was lost twice during the
+ * call (a call lost once is sent again), -ECONNREFUSED when no broker came
+ * back in time, -EPROTO when the broker's reply makes no sense.
  */
 int vmmb_publish(vmmb_lease *lease, const char *name, const uid_t *uids, size_t n_uids, unsigned flags);
 
@@ -248,9 +281,10 @@ int vmmb_publish(vmmb_lease *lease, const char *name, const uid_t *uids, size_t 
  *
  * Return: 0, or a negative errno: -ENOENT when no lease is published under
  * the name, -EACCES when the caller may not unpublish it, -EINVAL for a NULL
- * client or a name that cannot be published, -ECONNRESET when the
- * connection to the broker was lost, -EPROTO when the broker's reply makes no
- * sense.
+ * client or a name that cannot be published, -ECONNRESET when the broker
+ * went away after it received the call (call again: -ENOENT then says the
+ * name is gone), -ECONNREFUSED when no broker came back in time,
+ * -EPROTO when the broker's reply makes no sense.
  */
 int vmmb_unpublish(vmmb_client *client, const char *name);
 

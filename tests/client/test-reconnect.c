@@ -1,0 +1,695 @@
+/* SPDX-License-Identifier: MIT */
+
+/*
+ * libvmmbroker across a lost connection (issue 7, "Clients"): the broker
+ * restarted under a client, stopped while a call waits for it, gone for good;
+ * and which calls the library sends again.
+ *
+ * The restarts run the real daemon on the simulated device under the test
+ * supervisor (tests/supervisor), which keeps the listening socket across
+ * restarts as systemd's socket unit does; it passes the socket alone
+ * (fd_store_max 0: the daemon stores no fds yet). The rule for sending a call
+ * again depends on how the broker went away, which a real daemon does not do
+ * on cue: those tests put a fake broker on a socket of the test's own, which
+ * reads or does not read a call and closes the connection, and check what the
+ * library did on the next connections.
+ *
+ * Each test runs in a process of its own (Check forks). The calls that block
+ * run on a thread (client_op_start()) while the main thread plays the broker
+ * or restarts it; every wait has a timeout.
+ */
+
+#include <check.h>
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "codec.h"
+#include "driver.h"
+#include "harness.h"
+#include "macro.h"
+#include "supervisor.h"
+#include "unit.h"
+#include "varlink.h"
+#include "vmmbroker.h"
+
+#define MiB (UINT64_C(1) << 20)
+#define WAIT_MS 30000                   /* failure guard on every wait for the library or the daemon */
+#define READY_MS 60000
+#define LEASE_ID "00112233445566778899aabbccddeeff"     /* the fake broker's lease */
+
+static char dir[64];                    /* private: the fake's socket, the daemon's unused paths */
+static CudaDriver *cu;
+static CUcontext ctx;
+
+static void setup(void) {
+        _cleanup_free_ char *message = NULL;
+        int k;
+
+        strcpy(dir, "/tmp/vmmb-reconnect-XXXXXX");
+        ck_assert_ptr_nonnull(mkdtemp(dir));
+        k = cuda_driver_open(&cu, NULL, &message);
+        ck_assert_msg(k == 0, "cuda_driver_open: %s", message);
+        ck_assert_int_eq(cu->cuDevicePrimaryCtxRetain(&ctx, 0), CUDA_SUCCESS);
+        ck_assert_int_eq(cu->cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+}
+
+static void teardown(void) {
+        char path[128];
+
+        if (cu) {
+                (void)cu->cuCtxSetCurrent(NULL);
+                (void)cu->cuDevicePrimaryCtxRelease(0);
+                cu = cuda_driver_close(cu);
+        }
+        snprintf(path, sizeof(path), "%s/fake", dir);
+        (void)unlink(path);
+        (void)rmdir(dir);
+}
+
+static uint64_t now_msec(void) {
+        struct timespec ts;
+
+        ck_assert_int_eq(clock_gettime(CLOCK_MONOTONIC, &ts), 0);
+        return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* ---- the daemon under the supervisor ------------------------------------------------------------------- */
+
+static Supervisor *daemon_start(void) {
+        const char *daemon = getenv("VMMBROKER_DAEMON");
+        char unused[128], config[128];
+        Supervisor *s = NULL;
+        int64_t ready;
+        int k;
+
+        ck_assert_msg(daemon, "VMMBROKER_DAEMON is not set");
+        /* The socket comes from the supervisor: --socket names a path the daemon must leave alone; the
+         * configuration file does not exist, so the host's plays no part. */
+        snprintf(unused, sizeof(unused), "%s/not-inherited", dir);
+        snprintf(config, sizeof(config), "%s/vmmbroker.conf", dir);
+        k = supervisor_new(&(SupervisorOptions){
+                .path = daemon,
+                .argv = (const char *const[]){ daemon, "--socket", unused, "--config", config, NULL },
+        }, &s);
+        ck_assert_msg(k == 0, "supervisor_new: %s", strerror(-k));
+        ck_assert_int_eq(supervisor_start(s), 0);
+        ready = supervisor_wait_ready(s, READY_MS);
+        ck_assert_msg(ready >= 0, "the daemon did not get ready: %s", strerror((int)-ready));
+        return s;
+}
+
+/* Device 0's leases, from the daemon's Status over a connection of the test's own. */
+static uint64_t daemon_leases(Supervisor *s) {
+        WireDevice d;
+        int k = harness_status(supervisor_socket_path(s), &d);
+
+        ck_assert_msg(k == 0, "Status failed: %s", strerror(-k));
+        return d.leases;
+}
+
+/* Whether every 32-bit word of the lease reads `value`. */
+static bool lease_reads(vmmb_lease *l, uint32_t value) {
+        size_t n = vmmb_lease_size(l) / sizeof(uint32_t);
+        _cleanup_free_ uint32_t *buf = malloc(n * sizeof(uint32_t));
+
+        ck_assert_ptr_nonnull(buf);
+        ck_assert_int_eq(cu->cuMemcpyDtoH(buf, vmmb_lease_ptr(l), n * sizeof(uint32_t)), CUDA_SUCCESS);
+        for (size_t i = 0; i < n; i++)
+                if (buf[i] != value)
+                        return false;
+        return true;
+}
+
+static void lease_write(vmmb_lease *l, uint32_t value) {
+        ck_assert_int_eq(cu->cuMemsetD32(vmmb_lease_ptr(l), value, vmmb_lease_size(l) / sizeof(uint32_t)),
+                         CUDA_SUCCESS);
+}
+
+static vmmb_client *connect_or_fail(const char *path) {
+        vmmb_client *c = NULL;
+        int k = vmmb_connect(path, &c);
+
+        ck_assert_msg(k == 0, "vmmb_connect: %s: %s", strerror(-k), vmmb_error_message());
+        return c;
+}
+
+static vmmb_lease *alloc_or_fail(vmmb_client *c, uint64_t size) {
+        vmmb_lease *l = NULL;
+        int k = vmmb_alloc(c, size, 0, "reconnect", &l);
+
+        ck_assert_msg(k == 0, "vmmb_alloc: %s: %s", strerror(-k), vmmb_error_message());
+        return l;
+}
+
+/* ---- a call on a thread of its own --------------------------------------------------------------------- */
+
+typedef enum Op { OP_ALLOC, OP_FREE, OP_PUBLISH, OP_UNPUBLISH, OP_REVOKE } Op;
+
+typedef struct ClientOp {
+        pthread_t thread;
+        Op op;
+        vmmb_client *client;
+        vmmb_lease *lease;              /* OP_FREE, OP_PUBLISH: the lease; OP_ALLOC: the result */
+        int result;
+        char message[1024];             /* vmmb_error_message() of the thread */
+} ClientOp;
+
+static void *client_op_run(void *arg) {
+        ClientOp *o = arg;
+
+        switch (o->op) {
+        case OP_ALLOC:
+                o->result = vmmb_alloc(o->client, 2 * MiB, 0, "on a thread", &o->lease);
+                break;
+        case OP_FREE:
+                o->result = vmmb_free(o->lease);
+                o->lease = NULL;
+                break;
+        case OP_PUBLISH:
+                o->result = vmmb_publish(o->lease, "team/weights", NULL, 0, 0);
+                break;
+        case OP_UNPUBLISH:
+                o->result = vmmb_unpublish(o->client, "team/weights");
+                break;
+        case OP_REVOKE:
+                o->result = vmmb_revoke(o->client, "0123456789abcdef0123456789abcdef");
+                break;
+        }
+        snprintf(o->message, sizeof(o->message), "%s", vmmb_error_message());
+        return NULL;
+}
+
+static void client_op_start(ClientOp *o, Op op, vmmb_client *c, vmmb_lease *l) {
+        *o = (ClientOp){ .op = op, .client = c, .lease = l };
+        ck_assert_int_eq(pthread_create(&o->thread, NULL, client_op_run, o), 0);
+}
+
+/* Joins the call's thread and returns what the call returned. */
+static int client_op_finish(ClientOp *o) {
+        ck_assert_int_eq(pthread_join(o->thread, NULL), 0);
+        return o->result;
+}
+
+/* ---- a fake broker ------------------------------------------------------------------------------------- */
+
+/* Waits for fd to be readable; false after WAIT_MS (or timeout_ms when not negative). */
+static bool readable(int fd, int timeout_ms) {
+        struct pollfd p = { .fd = fd, .events = POLLIN };
+        int k;
+
+        do
+                k = poll(&p, 1, timeout_ms < 0 ? WAIT_MS : timeout_ms);
+        while (k < 0 && errno == EINTR);
+        ck_assert_int_ge(k, 0);
+        return k == 1;
+}
+
+/* A listening socket at <dir>/fake, bound anew (a stale file is removed first). */
+static int fake_listen(char path[static 128]) {
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        int fd;
+
+        snprintf(path, 128, "%s/fake", dir);
+        (void)unlink(path);
+        snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+        fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        ck_assert_int_ge(fd, 0);
+        ck_assert_int_eq(bind(fd, (const struct sockaddr *)&sa, sizeof(sa)), 0);
+        ck_assert_int_eq(listen(fd, 16), 0);
+        return fd;
+}
+
+/* Accepts the client's next connection, as a varlink connection of the fake's; fails after WAIT_MS. */
+static VarlinkConn *fake_accept(int listen_fd) {
+        struct timeval tv = { .tv_sec = WAIT_MS / 1000 };
+        VarlinkConn *vc = NULL;
+        int fd;
+
+        ck_assert_msg(readable(listen_fd, -1), "the client did not connect");
+        fd = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC);
+        ck_assert_int_ge(fd, 0);
+        /* blocking, but a client that sends nothing fails the test instead of hanging it */
+        ck_assert_int_eq(setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)), 0);
+        ck_assert_int_eq(varlink_conn_new(&vc, fd, VARLINK_MAX_REQUEST, false), 0);
+        return vc;
+}
+
+/* Whether the client connected again (a connection waits to be accepted), without waiting. */
+static bool fake_pending(int listen_fd) {
+        return readable(listen_fd, 0);
+}
+
+/* Reads the next call, which must be `method`; its parameters, serialised, in *ret_params (malloc'd). */
+static void fake_read_call(VarlinkConn *vc, const char *method, char **ret_params) {
+        _cleanup_(varlink_call_done) VarlinkCall call = {};
+        json_object *msg = NULL;
+        int k;
+
+        k = varlink_conn_receive(vc, &msg, NULL, NULL);
+        ck_assert_msg(k == 1, "reading the call: %s", strerror(-k));
+        ck_assert_int_eq(varlink_call_parse(msg, &call), 0);
+        json_object_put(msg);
+        ck_assert_str_eq(call.method, method);
+        if (ret_params) {
+                *ret_params = strdup(call.parameters ? json_object_to_json_string_ext(call.parameters,
+                                                                                     JSON_C_TO_STRING_PLAIN)
+                                                     : "{}");
+                ck_assert_ptr_nonnull(*ret_params);
+        }
+}
+
+/* Closes the connection once the client's call has arrived, without reading it. */
+static void fake_drop_unread(VarlinkConn *vc) {
+        ck_assert_msg(readable(varlink_conn_get_fd(vc), -1), "the call did not come");
+        varlink_conn_free(vc);
+}
+
+/* Sends a reply with `params` (NULL: empty), and fds with it. */
+static void fake_reply(VarlinkConn *vc, json_object *params, const int *fds, size_t n_fds) {
+        json_object *msg = NULL;
+
+        ck_assert_int_eq(varlink_reply_new(params, &msg), 0);
+        ck_assert_int_eq(varlink_conn_send(vc, msg, fds, n_fds), 0);
+        json_object_put(msg);
+        ck_assert_int_eq(varlink_conn_flush(vc), 0);
+}
+
+/* Answers an Alloc with a lease of one 2 MiB slab made here: its handle in *ret_handle, for the caller to
+ * release once the client has mapped it. */
+static void fake_reply_alloc(VarlinkConn *vc, CUmemGenericAllocationHandle *ret_handle) {
+        CUmemAllocationProp prop = cuda_slab_prop(0);
+        WireSlab slab = { .size = 2 * MiB, .fd = 0 };
+        AllocReply reply = { .lease = { .id = (char *)LEASE_ID, .device = 0, .size = 2 * MiB, .slabs = &slab,
+                                        .n_slabs = 1 } };
+        json_object *params = NULL;
+        int fd = -EBADF;
+
+        ck_assert_int_eq(cu->cuMemCreate(ret_handle, 2 * MiB, &prop, 0), CUDA_SUCCESS);
+        ck_assert_int_eq(cu->cuMemExportToShareableHandle(&fd, *ret_handle,
+                                                           CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+                         CUDA_SUCCESS);
+        ck_assert_int_eq(alloc_reply_encode(&reply, &params), 0);
+        fake_reply(vc, params, &fd, 1);
+        json_object_put(params);
+        safe_close(fd);
+}
+
+/* A client of the fake, connected and accepted: the client in *ret_client, the fake's end returned. */
+static VarlinkConn *fake_connect(int listen_fd, const char *path, vmmb_client **ret_client) {
+        *ret_client = connect_or_fail(path);
+        return fake_accept(listen_fd);
+}
+
+#define ck_assert_message_has(o, text) \
+        ck_assert_msg(strstr((o)->message, (text)), "message: %s", (o)->message)
+
+/* ---- restarts of the real daemon ----------------------------------------------------------------------- */
+
+/*
+ * A client connected before restarts goes on without reconnecting by hand:
+ * its lease stays mapped, readable and writable (the memory is held by the
+ * process's own imported handles), and its next calls go to the new daemon.
+ * _i: 0 restarts with SIGTERM, 1 with SIGKILL.
+ */
+START_TEST(test_restart) {
+        int sig = _i == 0 ? SIGTERM : SIGKILL;
+        Supervisor *s = daemon_start();
+        int fds_before = harness_fd_count(getpid());
+        vmmb_client *c = connect_or_fail(supervisor_socket_path(s));
+        vmmb_lease *kept = alloc_or_fail(c, 4 * MiB);
+        char token[VMMB_TOKEN_SIZE];
+
+        lease_write(kept, 0xC0FFEE00);
+        ck_assert_uint_eq(daemon_leases(s), 1);
+
+        for (unsigned i = 0; i < 3; i++) {
+                vmmb_lease *l;
+                int64_t ready = supervisor_restart(s, sig, READY_MS);
+
+                ck_assert_msg(ready >= 0, "restart %u: %s", i, strerror((int)-ready));
+                ck_assert_int_eq(supervisor_last_exit(s), sig == SIGTERM ? 0 : 128 + SIGKILL);
+
+                /* The mapping outlived the daemon that leased it, and its memory with it.
+                 * KNOWN GAP (issue 7, the daemon's part): at SIGTERM the daemon that made the lease ends
+                 * every lease as it exits (manager_free() -> lease_table_done()) and scrubs the slabs
+                 * under the client's mapping, so after the first SIGTERM the memory reads zero (the later
+                 * daemons do not know the lease, and leave it alone). Once the daemon keeps its leases
+                 * across a restart, this must read the canary after SIGTERM too. */
+                ck_assert(lease_reads(kept, sig == SIGTERM && i == 0 ? 0 : 0xC0FFEE00 + i));
+                lease_write(kept, 0xC0FFEE00 + i + 1);
+                ck_assert(lease_reads(kept, 0xC0FFEE00 + i + 1));
+
+                /* The connection was lost while idle: the call finds it so when sending, connects again and
+                 * sends the call there. The new daemon knows no lease of before: it restores none yet. */
+                l = alloc_or_fail(c, 2 * MiB);
+                ck_assert(lease_reads(l, 0));
+                lease_write(l, 0x5EED0000 + i);
+                ck_assert(lease_reads(l, 0x5EED0000 + i));
+                ck_assert_uint_eq(daemon_leases(s), 1);
+                ck_assert_int_eq(vmmb_share(l, VMMB_ANY_UID, 0, token), 0);
+                ck_assert_int_eq(vmmb_free(l), 0);
+                ck_assert_uint_eq(daemon_leases(s), 0);
+                ck_assert(lease_reads(kept, 0xC0FFEE00 + i + 1));
+        }
+
+        /* Freeing the lease of before tells the new daemon, which does not know it (it restores no leases
+         * yet: once it does, this is 0); the memory is unmapped all the same. */
+        ck_assert_int_eq(vmmb_free(kept), -ENOENT);
+        ck_assert_msg(strstr(vmmb_error_message(), "lease"), "message: %s", vmmb_error_message());
+
+        vmmb_close(c);
+        ck_assert_int_eq(harness_fd_count(getpid()), fds_before);
+        supervisor_free(s);
+}
+END_TEST
+
+/*
+ * A call made while the daemon is down connects to the socket that the
+ * supervisor holds for it and waits there; the daemon started again answers
+ * it. The test starts the daemon only once the client's new connection waits
+ * in the socket's backlog.
+ */
+START_TEST(test_call_while_down) {
+        Supervisor *s = daemon_start();
+        int fds_before = harness_fd_count(getpid());
+        vmmb_client *c = connect_or_fail(supervisor_socket_path(s));
+        vmmb_lease *kept = alloc_or_fail(c, 4 * MiB);
+        ClientOp o;
+
+        lease_write(kept, 0xA5A5A5A5);
+        ck_assert_int_eq(supervisor_stop(s, SIGKILL), 128 + SIGKILL);
+
+        client_op_start(&o, OP_ALLOC, c, NULL);
+        ck_assert_msg(readable(supervisor_listen_fd(s), -1), "the client did not connect again");
+        ck_assert(lease_reads(kept, 0xA5A5A5A5));
+        ck_assert_int_eq(supervisor_start(s), 0);
+        ck_assert_int_ge(supervisor_wait_ready(s, READY_MS), 0);
+
+        ck_assert_msg(client_op_finish(&o) == 0, "vmmb_alloc: %s", o.message);
+        ck_assert(lease_reads(o.lease, 0));
+        ck_assert_uint_eq(daemon_leases(s), 1);
+        ck_assert_int_eq(vmmb_free(o.lease), 0);
+        ck_assert(lease_reads(kept, 0xA5A5A5A5));
+        ck_assert_int_eq(vmmb_free(kept), -ENOENT);     /* see test_restart */
+        vmmb_close(c);
+        ck_assert_int_eq(harness_fd_count(getpid()), fds_before);
+        supervisor_free(s);
+}
+END_TEST
+
+/* ---- no broker comes back ------------------------------------------------------------------------------ */
+
+/*
+ * Nobody listens at the path (refused, then missing): a call tries again for
+ * $VMMBROKER_RECONNECT_TIMEOUT, gives up with -ECONNREFUSED and says why,
+ * and the client stays usable: once a broker listens, the next call works.
+ */
+START_TEST(test_gives_up) {
+        int fds_before = harness_fd_count(getpid());
+        char path[128];
+        int listen_fd = fake_listen(path);
+        vmmb_client *c;
+        VarlinkConn *vc;
+        uint64_t start, took;
+        ClientOp o;
+
+        ck_assert_int_eq(setenv("VMMBROKER_RECONNECT_TIMEOUT", "0.3", 1), 0);
+        vc = fake_connect(listen_fd, path, &c);
+        varlink_conn_free(vc);
+        safe_close(listen_fd);          /* the file stays: connect() is refused */
+
+        start = now_msec();
+        ck_assert_int_eq(vmmb_revoke(c, "0123456789abcdef0123456789abcdef"), -ECONNREFUSED);
+        took = now_msec() - start;
+        ck_assert_msg(took >= 300 && took < WAIT_MS, "gave up after %llu ms", (unsigned long long)took);
+        ck_assert_msg(strstr(vmmb_error_message(), "no broker listened at") &&
+                      strstr(vmmb_error_message(), path) && strstr(vmmb_error_message(), "within 0.300 s"),
+                      "message: %s", vmmb_error_message());
+
+        /* Missing: -ECONNREFUSED too (-ENOENT would be the broker's NoSuchName); the message says why. */
+        ck_assert_int_eq(unlink(path), 0);
+        ck_assert_int_eq(vmmb_unpublish(c, "team/weights"), -ECONNREFUSED);
+        ck_assert_msg(strstr(vmmb_error_message(), "no broker listened at") &&
+                      strstr(vmmb_error_message(), strerror(ENOENT)), "message: %s", vmmb_error_message());
+
+        /* A broker again: the next call connects to it. */
+        listen_fd = fake_listen(path);
+        client_op_start(&o, OP_REVOKE, c, NULL);
+        vc = fake_accept(listen_fd);
+        fake_read_call(vc, VMMB_METHOD_REVOKE, NULL);
+        fake_reply(vc, NULL, NULL, 0);
+        ck_assert_msg(client_op_finish(&o) == 0, "vmmb_revoke: %s", o.message);
+
+        vmmb_close(c);
+        varlink_conn_free(vc);
+        safe_close(listen_fd);
+        ck_assert_int_eq(harness_fd_count(getpid()), fds_before);
+}
+END_TEST
+
+/* A bad $VMMBROKER_RECONNECT_TIMEOUT is refused when connecting, and "0" tries once without waiting. */
+START_TEST(test_timeout_env) {
+        static const char *const bad[] = { "x", "-1", "1.", ".5", "1s", "1e3", " 1", "10000000000" };
+        char path[128];
+        int listen_fd = fake_listen(path);
+        vmmb_client *c = NULL;
+        VarlinkConn *vc;
+        uint64_t start;
+
+        for (size_t i = 0; i < ELEMENTSOF(bad); i++) {
+                ck_assert_int_eq(setenv("VMMBROKER_RECONNECT_TIMEOUT", bad[i], 1), 0);
+                ck_assert_int_eq(vmmb_connect(path, &c), -EINVAL);
+                ck_assert_ptr_null(c);
+                ck_assert_msg(strstr(vmmb_error_message(), "VMMBROKER_RECONNECT_TIMEOUT"), "%s: %s", bad[i],
+                              vmmb_error_message());
+        }
+
+        ck_assert_int_eq(setenv("VMMBROKER_RECONNECT_TIMEOUT", "0", 1), 0);
+        vc = fake_connect(listen_fd, path, &c);
+        varlink_conn_free(vc);
+        safe_close(listen_fd);
+        ck_assert_int_eq(unlink(path), 0);
+        start = now_msec();
+        ck_assert_int_eq(vmmb_unpublish(c, "team/weights"), -ECONNREFUSED);
+        ck_assert_uint_lt(now_msec() - start, WAIT_MS);
+        ck_assert_msg(strstr(vmmb_error_message(), "within 0 s"), "message: %s", vmmb_error_message());
+        vmmb_close(c);
+}
+END_TEST
+
+/*
+ * vmmb_close() does not wait for a broker that is gone, whatever the timeout:
+ * it tries once for each lease and frees the client; the holds end when the
+ * process exits.
+ */
+START_TEST(test_close_does_not_wait) {
+        char path[128];
+        int listen_fd = fake_listen(path);
+        CUmemGenericAllocationHandle handle;
+        vmmb_client *c;
+        VarlinkConn *vc;
+        uint64_t start;
+        ClientOp o;
+
+        ck_assert_int_eq(setenv("VMMBROKER_RECONNECT_TIMEOUT", "600", 1), 0);
+        vc = fake_connect(listen_fd, path, &c);
+        client_op_start(&o, OP_ALLOC, c, NULL);
+        fake_read_call(vc, VMMB_METHOD_ALLOC, NULL);
+        fake_reply_alloc(vc, &handle);
+        ck_assert_msg(client_op_finish(&o) == 0, "vmmb_alloc: %s", o.message);
+        varlink_conn_free(vc);
+        safe_close(listen_fd);
+
+        start = now_msec();
+        vmmb_close(c);
+        ck_assert_uint_lt(now_msec() - start, WAIT_MS);
+        ck_assert_int_eq(cu->cuMemRelease(handle), CUDA_SUCCESS);
+}
+END_TEST
+
+/* ---- which calls are sent again ------------------------------------------------------------------------ */
+
+/*
+ * The broker closed the connection with the call unread (it went down before
+ * reading it): the call was not carried out, and is sent again on a new
+ * connection, whatever it is. Twice: -ECONNRESET, saying it was not carried
+ * out.
+ */
+START_TEST(test_unread_call_is_sent_again) {
+        int fds_before = harness_fd_count(getpid());
+        char path[128];
+        int listen_fd = fake_listen(path);
+        vmmb_client *c;
+        VarlinkConn *vc = fake_connect(listen_fd, path, &c);
+        ClientOp o;
+
+        client_op_start(&o, OP_UNPUBLISH, c, NULL);
+        fake_drop_unread(vc);
+        vc = fake_accept(listen_fd);
+        fake_read_call(vc, VMMB_METHOD_UNPUBLISH, NULL);
+        fake_reply(vc, NULL, NULL, 0);
+        ck_assert_msg(client_op_finish(&o) == 0, "vmmb_unpublish: %s", o.message);
+        ck_assert(!fake_pending(listen_fd));
+
+        /* Unread twice: given up. */
+        client_op_start(&o, OP_UNPUBLISH, c, NULL);
+        fake_drop_unread(vc);
+        vc = fake_accept(listen_fd);
+        fake_drop_unread(vc);
+        ck_assert_int_eq(client_op_finish(&o), -ECONNRESET);
+        ck_assert_message_has(&o, "was not carried out");
+        ck_assert(!fake_pending(listen_fd));
+
+        /* The client goes on: the next call connects again. */
+        client_op_start(&o, OP_REVOKE, c, NULL);
+        vc = fake_accept(listen_fd);
+        fake_read_call(vc, VMMB_METHOD_REVOKE, NULL);
+        fake_reply(vc, NULL, NULL, 0);
+        ck_assert_msg(client_op_finish(&o) == 0, "vmmb_revoke: %s", o.message);
+
+        vmmb_close(c);
+        varlink_conn_free(vc);
+        safe_close(listen_fd);
+        ck_assert_int_eq(harness_fd_count(getpid()), fds_before);
+}
+END_TEST
+
+/*
+ * The broker read the call and closed the connection without answering (it
+ * went down while or after carrying it out): Alloc, Free, Unpublish are not
+ * sent again; the call returns -ECONNRESET saying the outcome is unknown, and
+ * the next call connects again. Publish is sent again: twice is as once.
+ */
+START_TEST(test_read_call_is_not_sent_again) {
+        int fds_before = harness_fd_count(getpid());
+        _cleanup_free_ char *first = NULL, *second = NULL;
+        CUmemGenericAllocationHandle handle;
+        char path[128];
+        int listen_fd = fake_listen(path);
+        vmmb_client *c;
+        VarlinkConn *vc = fake_connect(listen_fd, path, &c);
+        vmmb_lease *l;
+        ClientOp o;
+
+        /* Alloc: lost after it was read; not sent again, the next call (Revoke) is the first on the new
+         * connection. */
+        client_op_start(&o, OP_ALLOC, c, NULL);
+        fake_read_call(vc, VMMB_METHOD_ALLOC, NULL);
+        varlink_conn_free(vc);
+        ck_assert_int_eq(client_op_finish(&o), -ECONNRESET);
+        ck_assert_ptr_null(o.lease);
+        ck_assert_message_has(&o, "whether it carried the call out is unknown");
+        ck_assert_message_has(&o, "Alloc");
+        ck_assert(!fake_pending(listen_fd));
+        client_op_start(&o, OP_REVOKE, c, NULL);
+        vc = fake_accept(listen_fd);
+        fake_read_call(vc, VMMB_METHOD_REVOKE, NULL);
+        fake_reply(vc, NULL, NULL, 0);
+        ck_assert_msg(client_op_finish(&o) == 0, "vmmb_revoke: %s", o.message);
+
+        /* A lease to publish and free. */
+        client_op_start(&o, OP_ALLOC, c, NULL);
+        fake_read_call(vc, VMMB_METHOD_ALLOC, NULL);
+        fake_reply_alloc(vc, &handle);
+        ck_assert_msg(client_op_finish(&o) == 0, "vmmb_alloc: %s", o.message);
+        l = o.lease;
+        ck_assert_str_eq(vmmb_lease_id(l), LEASE_ID);
+        lease_write(l, 0x600DF00D);
+
+        /* Publish: lost after it was read, sent again on a new connection, the same call. */
+        client_op_start(&o, OP_PUBLISH, c, l);
+        fake_read_call(vc, VMMB_METHOD_PUBLISH, &first);
+        varlink_conn_free(vc);
+        vc = fake_accept(listen_fd);
+        fake_read_call(vc, VMMB_METHOD_PUBLISH, &second);
+        ck_assert_str_eq(first, second);
+        fake_reply(vc, NULL, NULL, 0);
+        ck_assert_msg(client_op_finish(&o) == 0, "vmmb_publish: %s", o.message);
+        ck_assert(!fake_pending(listen_fd));
+
+        /* Publish lost after it was read twice: given up. */
+        client_op_start(&o, OP_PUBLISH, c, l);
+        fake_read_call(vc, VMMB_METHOD_PUBLISH, NULL);
+        varlink_conn_free(vc);
+        vc = fake_accept(listen_fd);
+        fake_read_call(vc, VMMB_METHOD_PUBLISH, NULL);
+        varlink_conn_free(vc);
+        ck_assert_int_eq(client_op_finish(&o), -ECONNRESET);
+        ck_assert_message_has(&o, "whether it carried the call out is unknown");
+        ck_assert(!fake_pending(listen_fd));
+
+        /* Publish read, then unread on the new connection: the first may have been carried out. */
+        client_op_start(&o, OP_PUBLISH, c, l);
+        vc = fake_accept(listen_fd);
+        fake_read_call(vc, VMMB_METHOD_PUBLISH, NULL);
+        varlink_conn_free(vc);
+        vc = fake_accept(listen_fd);
+        fake_drop_unread(vc);
+        ck_assert_int_eq(client_op_finish(&o), -ECONNRESET);
+        ck_assert_message_has(&o, "whether it carried the call out is unknown");
+        ck_assert(!fake_pending(listen_fd));
+
+        /* Unpublish: not sent again. */
+        client_op_start(&o, OP_UNPUBLISH, c, NULL);
+        vc = fake_accept(listen_fd);
+        fake_read_call(vc, VMMB_METHOD_UNPUBLISH, NULL);
+        varlink_conn_free(vc);
+        ck_assert_int_eq(client_op_finish(&o), -ECONNRESET);
+        ck_assert_message_has(&o, "Unpublish");
+        ck_assert(!fake_pending(listen_fd));
+
+        /* Free: the memory was unmapped, the broker was told, and whether it heard is unknown: not sent
+         * again (a second Free could end another hold of this process on the lease). The lease object is
+         * gone all the same. */
+        ck_assert(lease_reads(l, 0x600DF00D));
+        client_op_start(&o, OP_FREE, c, l);
+        vc = fake_accept(listen_fd);
+        fake_read_call(vc, VMMB_METHOD_FREE, NULL);
+        varlink_conn_free(vc);
+        ck_assert_int_eq(client_op_finish(&o), -ECONNRESET);
+        ck_assert_message_has(&o, "Free");
+        ck_assert(!fake_pending(listen_fd));
+        ck_assert_int_eq(cu->cuMemRelease(handle), CUDA_SUCCESS);
+
+        /* And the client goes on. */
+        client_op_start(&o, OP_REVOKE, c, NULL);
+        vc = fake_accept(listen_fd);
+        fake_read_call(vc, VMMB_METHOD_REVOKE, NULL);
+        fake_reply(vc, NULL, NULL, 0);
+        ck_assert_msg(client_op_finish(&o) == 0, "vmmb_revoke: %s", o.message);
+
+        vmmb_close(c);
+        varlink_conn_free(vc);
+        safe_close(listen_fd);
+        ck_assert_int_eq(harness_fd_count(getpid()), fds_before);
+}
+END_TEST
+
+int main(void) {
+        Suite *s = suite_create("reconnect");
+        TCase *tc = tcase_create("reconnect");
+        int failed;
+
+        tcase_add_checked_fixture(tc, setup, teardown);
+        tcase_add_loop_test(tc, test_restart, 0, 2);
+        tcase_add_test(tc, test_call_while_down);
+        tcase_add_test(tc, test_gives_up);
+        tcase_add_test(tc, test_timeout_env);
+        tcase_add_test(tc, test_close_does_not_wait);
+        tcase_add_test(tc, test_unread_call_is_sent_again);
+        tcase_add_test(tc, test_read_call_is_not_sent_again);
+        suite_add_tcase(s, tc);
+
+        failed = run_suite(s);
+        return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
