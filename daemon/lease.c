@@ -31,6 +31,7 @@ void lease_table_done(LeaseTable *t) {
         Holder *h, *htmp;
         Lease *l, *ltmp;
 
+        t->closing = true;
         list_for_each_entry_safe(h, htmp, &t->holders, link) {
                 holder_reclaim(t, h);
                 holder_free(t, h);
@@ -300,7 +301,7 @@ void lease_free(LeaseTable *t, Lease *l) {
         list_for_each_entry_safe(tok, ttmp, &l->tokens, link)
                 token_free(tok);
         for (size_t i = 0; i < l->n_slabs; i++) {
-                if (l->foreign)
+                if (l->foreign || t->closing)
                         pool_release(t->pool, l->slabs[i]);
                 else
                         pool_reclaim(t->pool, l->slabs[i]);
@@ -429,4 +430,58 @@ void lease_unpublish(LeaseTable *t, Lease *l) {
         t->n_published--;
         if (l->n_holds == 0)
                 lease_free(t, l);
+}
+
+int lease_restore(LeaseTable *t, User *owner, size_t pool_device, const char *id, int device, uint64_t created_usec,
+                  const char *label, pid_t pid, const char *comm, bool foreign, Slab **slabs, size_t n_slabs,
+                  Lease **ret) {
+        _cleanup_free_ Lease *l = calloc(1, sizeof(Lease));
+        _cleanup_free_ Slab **copy = calloc(n_slabs ?: 1, sizeof(Slab *));
+        _cleanup_free_ char *lab = label ? strdup(label) : NULL;
+
+        if (!l || !copy || (label && !lab) || strlen(id) != LEASE_ID_LEN)
+                return -ENOMEM;
+        memcpy(l->id, id, LEASE_ID_LEN + 1);
+        memcpy(copy, slabs, n_slabs * sizeof(Slab *));
+        l->device = device;
+        l->pool_device = pool_device;
+        for (size_t j = 0; j < n_slabs; j++)
+                l->size += slabs[j]->size;
+        l->created_usec = created_usec;
+        l->label = TAKE_PTR(lab);
+        l->uid = owner->uid;
+        l->owner = user_ref(owner);
+        l->pid = pid;
+        snprintf(l->comm, sizeof(l->comm), "%s", comm ?: "");
+        l->foreign = foreign;
+        l->n_slabs = n_slabs;
+        l->slabs = TAKE_PTR(copy);
+        list_init(&l->holds);
+        list_init(&l->tokens);
+        user_charge_anyway(owner, USER_LEASES, pool_device, 1);
+        user_charge_anyway(owner, USER_BYTES, pool_device, l->size);
+        list_link_tail(&t->leases, &l->link_table);
+        t->n_leases++;
+        *ret = TAKE_PTR(l);
+        return 0;
+}
+
+int lease_restore_hold(Lease *l, Holder *h, unsigned refs, bool readonly) {
+        Hold *hold = calloc(1, sizeof(*hold));
+
+        if (!hold)
+                return -ENOMEM;
+        hold_link(hold, l, h, readonly);
+        hold->refs = refs ?: 1;
+        return 0;
+}
+
+int lease_restore_token(Lease *l, const char *token, uid_t uid, uid_t creator, bool readonly) {
+        Token *tok;
+        int k = lease_share(l, uid, creator, readonly, &tok);
+
+        if (k < 0)
+                return k;
+        memcpy(tok->token, token, LEASE_TOKEN_LEN + 1);
+        return 0;
 }

@@ -108,11 +108,16 @@ typedef struct LeaseTable {
         List holders;                   /* every Holder */
         unsigned n_leases;
         unsigned n_published;
+        bool closing;                   /* the daemon is exiting: slabs are released, never scrubbed */
 } LeaseTable;
 
 void lease_table_init(LeaseTable *t, Pool *pool);
 
-/* Ends every lease, published or not, and frees every holder (closing their pidfds). */
+/*
+ * Ends every lease, published or not, and frees every holder (closing their pidfds). The slabs are
+ * released, not scrubbed: their holders may still be using them, and a restarted daemon takes them back
+ * from the service manager's store.
+ */
 void lease_table_done(LeaseTable *t);
 
 /*
@@ -191,6 +196,21 @@ int lease_publish(LeaseTable *t, Lease *l, const char *name, const uid_t *uids, 
 
 /* Whether `uid` may attach to a published lease by its name: the owner, or one of its users. */
 bool lease_name_allows(const Lease *l, uid_t uid);
+
+/*
+ * Restoring after a restart (daemon/restore.c): a lease with the identity and slabs it had, owned by and
+ * charged to `owner` even over its limits (it was within them when made), with no hold yet. The slabs
+ * (imported, leased to the owner) pass to the lease. Returns 0 or -ENOMEM (then nothing changed).
+ */
+int lease_restore(LeaseTable *t, User *owner, size_t pool_device, const char *id, int device, uint64_t created_usec,
+                  const char *label, pid_t pid, const char *comm, bool foreign, Slab **slabs, size_t n_slabs,
+                  Lease **ret);
+
+/* A restored hold of `refs` references. Returns 0 or -ENOMEM. */
+int lease_restore_hold(Lease *l, Holder *h, unsigned refs, bool readonly);
+
+/* A restored token. Returns 0, -EDQUOT or -ENOMEM. */
+int lease_restore_token(Lease *l, const char *token, uid_t uid, uid_t creator, bool readonly);
 
 /* Removes a lease's name; the lease ends if nobody holds it. */
 void lease_unpublish(LeaseTable *t, Lease *l);

@@ -17,6 +17,7 @@
 
 #include "macro.h"
 #include "manager.h"
+#include "restore.h"
 #include "message.h"
 #include "peer.h"
 #include "size.h"
@@ -73,29 +74,6 @@ static int bind_socket(const char *path, char **ret_message) {
 }
 
 /* The socket systemd passed us, or -ENOENT when it passed none. */
-static int inherited_socket(char **ret_message) {
-        int n = sd_listen_fds(true);
-
-        if (n < 0) {
-                set_message(ret_message, "Cannot read the sockets passed by the service manager: %s.", strerror(-n));
-                return n;
-        }
-        if (n == 0)
-                return -ENOENT;
-        if (n > 1 || sd_is_socket_unix(SD_LISTEN_FDS_START, SOCK_STREAM, 1, NULL, 0) <= 0) {
-                set_message(ret_message,
-                            "The service manager passed %d socket(s); vmmbrokerd takes exactly one listening "
-                            "AF_UNIX stream socket (check ListenStream= in vmmbroker.socket).",
-                            n);
-                return -EINVAL;
-        }
-        /* Service managers pass sockets blocking unless told otherwise; the accept loop needs EAGAIN. */
-        if (fcntl(SD_LISTEN_FDS_START, F_SETFL, fcntl(SD_LISTEN_FDS_START, F_GETFL) | O_NONBLOCK) < 0 ||
-            fcntl(SD_LISTEN_FDS_START, F_SETFD, FD_CLOEXEC) < 0)
-                return -errno;
-        return SD_LISTEN_FDS_START;
-}
-
 static int on_accept(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
         Manager *m = userdata;
 
@@ -135,6 +113,7 @@ static int on_idle(sd_event_source *s, void *userdata) {
         Manager *m = userdata;
 
         pool_idle(m->pool);
+        restore_save_state(m);
         if (m->status_dirty)
                 send_status(m);
         return 0;
@@ -167,6 +146,8 @@ unsigned manager_holder_exited(Manager *m, Holder *h) {
         n = holder_reclaim(&m->leases, h);
         h->pid = 0;     /* a new process with this pid is someone else; its connections' requests go unserved */
         holder_free_if_unused(&m->leases, h);
+        if (n > 0)
+                restore_state_changed(m);
         return n;
 }
 
@@ -285,6 +266,7 @@ static int manager_init_users(Manager *m, const LimitsConfig *limits) {
 }
 
 int manager_new(Manager **ret, const ManagerConfig *config, char **ret_message) {
+        _cleanup_(inherited_done) Inherited in = { .socket = -EBADF, .state_fd = -EBADF };
         _cleanup_(manager_freep) Manager *m = NULL;
         const char *path = config->socket_path ?: MANAGER_DEFAULT_SOCKET;
         sigset_t mask;
@@ -322,6 +304,10 @@ int manager_new(Manager **ret, const ManagerConfig *config, char **ret_message) 
                 return k;
         (void)sd_event_set_watchdog(m->event, true);
 
+        /* What the service manager passed: the socket, and what an earlier run stored. */
+        k = inherited_take(&in, ret_message);
+        if (k < 0)
+                return k;
         k = cuda_driver_open(&m->cu, NULL, ret_message);
         if (k < 0)
                 return k;
@@ -334,8 +320,10 @@ int manager_new(Manager **ret, const ManagerConfig *config, char **ret_message) 
         if (k < 0)
                 return k;
 
-        k = inherited_socket(ret_message);
-        if (k == -ENOENT) {
+        restore_start_storing(m);
+        k = in.socket;
+        in.socket = -EBADF;
+        if (k < 0) {
                 k = bind_socket(path, ret_message);
                 if (k >= 0) {
                         m->bound_path = strdup(path);
@@ -356,6 +344,9 @@ int manager_new(Manager **ret, const ManagerConfig *config, char **ret_message) 
         if (k < 0)
                 return k;
         (void)sd_event_source_set_priority(m->holder_source, PRIORITY_HOLDER_EXIT);
+        k = restore_leases(m, &in);
+        if (k < 0)
+                return k;
 
         k = sd_event_add_io(m->event, &m->listen_source, m->listen_fd, EPOLLIN, on_accept, m);
         if (k < 0)
@@ -381,5 +372,7 @@ int manager_run(Manager *m) {
         send_status(m);
         k = sd_event_loop(m->event);
         (void)sd_notify(false, "STOPPING=1");
+        /* What the service manager keeps stays there: the next run takes the leases back. */
+        restore_stop_storing(m);
         return k;
 }

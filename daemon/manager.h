@@ -47,6 +47,9 @@ typedef struct Manager {
         List peers;
         unsigned n_peers;
         bool status_dirty;              /* the STATUS= line is out of date */
+        bool storing;                   /* a service manager keeps slab fds and the state (restore.h) */
+        bool state_dirty;               /* the lease table changed since it was last stored */
+        uint64_t state_generation;      /* of the last state stored */
         bool has_admin_group;           /* members of admin_gid are administrators, as root is */
         gid_t admin_gid;
 } Manager;

@@ -14,6 +14,7 @@
 #include "manager.h"
 #include "message.h"
 #include "peer.h"
+#include "restore.h"
 #include "size.h"
 
 #ifndef SO_PEERPIDFD
@@ -586,19 +587,20 @@ static int method_get_interface_description(Peer *p, json_object *params, Reply 
 static const struct {
         const char *name;
         int (*handler)(Peer *p, json_object *params, Reply *r);
+        bool changes;                   /* may change the lease table: store it again (restore.h) */
 } methods[] = {
-        { VMMB_METHOD_ALLOC, method_alloc },
-        { VMMB_METHOD_FREE, method_free },
-        { VMMB_METHOD_LIST, method_list },
-        { VMMB_METHOD_SHARE, method_share },
-        { VMMB_METHOD_REVOKE, method_revoke },
-        { VMMB_METHOD_ATTACH, method_attach },
-        { VMMB_METHOD_PUBLISH, method_publish },
-        { VMMB_METHOD_UNPUBLISH, method_unpublish },
-        { VMMB_METHOD_STATUS, method_status },
-        { VMMB_METHOD_USERS, method_users },
-        { VARLINK_METHOD_GET_INFO, method_get_info },
-        { VARLINK_METHOD_GET_INTERFACE_DESCRIPTION, method_get_interface_description },
+        { VMMB_METHOD_ALLOC, method_alloc, true },
+        { VMMB_METHOD_FREE, method_free, true },
+        { VMMB_METHOD_LIST, method_list, false },
+        { VMMB_METHOD_SHARE, method_share, true },
+        { VMMB_METHOD_REVOKE, method_revoke, true },
+        { VMMB_METHOD_ATTACH, method_attach, true },
+        { VMMB_METHOD_PUBLISH, method_publish, true },
+        { VMMB_METHOD_UNPUBLISH, method_unpublish, true },
+        { VMMB_METHOD_STATUS, method_status, false },
+        { VMMB_METHOD_USERS, method_users, false },
+        { VARLINK_METHOD_GET_INFO, method_get_info, false },
+        { VARLINK_METHOD_GET_INTERFACE_DESCRIPTION, method_get_interface_description, false },
 };
 
 /* QuotaExceeded for a connection over its user's MaxConnections. */
@@ -642,6 +644,8 @@ static int peer_dispatch(Peer *p, json_object *msg) {
                         json_object_put(r.msg);
                         r.msg = NULL;
                         k = methods[i].handler(p, call.parameters, &r);
+                        if (methods[i].changes)
+                                restore_state_changed(p->manager);
                         break;
                 }
         if (k == 0 && r.msg && !call.oneway)

@@ -54,6 +54,8 @@ struct Pool {
         int *closing;                   /* exported fds of released slabs, closed by pool_idle() */
         size_t n_closing, n_closing_alloc;
         bool prime;                     /* an exported fd was closed since the last export */
+        PoolHooks hooks;
+        void *hooks_userdata;
         char last_error[256];
 };
 
@@ -236,6 +238,8 @@ static void defer_close(Pool *p, int fd) {
  * memory is freed when its exported fd is closed (flush_closes()).
  */
 static void slab_release(PoolDevice *dev, Slab *slab) {
+        if (dev->pool->hooks.slab_released)
+                dev->pool->hooks.slab_released(slab, dev->pool->hooks_userdata);
         if (slab->scrub_va) {
                 (void)DRV(dev, cuMemUnmap)(slab->scrub_va, slab->size);
                 (void)DRV(dev, cuMemAddressFree)(slab->scrub_va, slab->size);
@@ -264,6 +268,20 @@ static bool evict_one(PoolDevice *dev) {
                 return false;
         dev->stats.evicted++;
         return true;
+}
+
+/* Fills in a slab just made or imported; it counts against the device's capacity from now on. */
+static void slab_init(PoolDevice *dev, Slab *slab, uint64_t id, int fd, uint64_t size, uid_t uid) {
+        slab->id = id;
+        slab->device = dev;
+        slab->size = size;
+        slab->size_class = size_class(dev, size);
+        slab->uid = uid;
+        slab->state = SLAB_LEASED;
+        slab->fd = fd;
+        list_init(&slab->link_state);
+        list_init(&slab->link_lru);
+        dev->created_bytes += size;
 }
 
 /*
@@ -301,17 +319,10 @@ static int slab_create(PoolDevice *dev, uint64_t size, uid_t uid, Slab **ret) {
                 return POOL_E_DRIVER;
         }
 
-        slab->id = ++dev->pool->last_slab_id;
-        slab->device = dev;
-        slab->size = size;
-        slab->size_class = size_class(dev, size);
-        slab->uid = uid;
-        slab->state = SLAB_LEASED;
-        slab->fd = fd;
-        list_init(&slab->link_state);
-        list_init(&slab->link_lru);
-        dev->created_bytes += size;
+        slab_init(dev, slab, ++dev->pool->last_slab_id, fd, size, uid);
         dev->stats.created++;
+        if (dev->pool->hooks.slab_created)
+                dev->pool->hooks.slab_created(slab, dev->pool->hooks_userdata);
         *ret = TAKE_PTR(slab);
         return 0;
 }
@@ -410,6 +421,49 @@ void pool_reclaim(Pool *p, Slab *slab) {
         list_link_tail(&dev->scrubbing, &slab->link_state);
         dev->stats.scrubbing += slab->size;
         dev->stats.n_scrubbing++;
+}
+
+void pool_set_hooks(Pool *p, const PoolHooks *hooks, void *userdata) {
+        p->hooks = hooks ? *hooks : (PoolHooks){};
+        p->hooks_userdata = userdata;
+}
+
+int pool_import(Pool *p, int device, uint64_t id, int fd, uint64_t size, uid_t uid, Slab **ret) {
+        int i = pool_find_device(p, device);
+        _cleanup_free_ Slab *slab = NULL;
+        PoolDevice *dev;
+        CUresult r;
+
+        if (i < 0 || size == 0 || (size & (size - 1)) != 0)
+                return -EINVAL;
+        dev = &p->devices[i];
+        if (size < dev->info.granularity || size > p->max_slab || id == 0)
+                return -EINVAL;
+        for (size_t j = 0; j < p->n_devices; j++) {
+                Slab *s;
+
+                list_for_each_entry(s, &p->devices[j].leased, link_state)
+                        if (s->id == id)
+                                return -EEXIST;
+        }
+        slab = calloc(1, sizeof(*slab));
+        if (!slab)
+                return -ENOMEM;
+        if (make_current(dev) < 0)
+                return POOL_E_DRIVER;
+        r = DRV(dev, cuMemImportFromShareableHandle)(&slab->handle, (void *)(intptr_t)fd,
+                                                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        if (r != CUDA_SUCCESS) {
+                driver_error(dev, "cuMemImportFromShareableHandle", r);
+                return POOL_E_DRIVER;
+        }
+        slab_init(dev, slab, id, fd, size, uid);
+        p->last_slab_id = MAX(p->last_slab_id, id);
+        list_link_tail(&dev->leased, &slab->link_state);
+        dev->stats.leased += size;
+        dev->stats.n_leased++;
+        *ret = TAKE_PTR(slab);
+        return 0;
 }
 
 void pool_release(Pool *p, Slab *slab) {

@@ -124,6 +124,25 @@ int pool_alloc(Pool *p, int device, uint64_t size, uid_t uid, Slab **ret_slabs, 
 /* Takes a leased slab back: it is scrubbed, then cached for its uid (or released if the scrub cannot start). */
 void pool_reclaim(Pool *p, Slab *slab);
 
+/*
+ * Told of every slab the pool creates (after its export) and releases (before its fd is closed), so that
+ * the daemon can keep slab fds in the service manager's fd store across a restart.
+ */
+typedef struct PoolHooks {
+        void (*slab_created)(const Slab *slab, void *userdata);
+        void (*slab_released)(const Slab *slab, void *userdata);
+} PoolHooks;
+
+void pool_set_hooks(Pool *p, const PoolHooks *hooks, void *userdata);
+
+/*
+ * Takes back a slab of a previous run of the daemon from its exported fd (ownership passes to the pool on
+ * success): imports it, and adds it as leased to `uid`, with its id (later slabs get higher ids). The
+ * hooks are not told: it is in the store already. Returns 0, -EINVAL (wrong size or device), -EEXIST (the
+ * id is taken), or POOL_E_DRIVER (pool_last_error() says why), and on failure the fd is still the caller's.
+ */
+int pool_import(Pool *p, int device, uint64_t id, int fd, uint64_t size, uid_t uid, Slab **ret);
+
 /* Takes a leased slab back and releases it to the driver at once, without caching it: for slabs another
  * user may have held. */
 void pool_release(Pool *p, Slab *slab);

@@ -102,8 +102,14 @@ User *user_get(UserRegistry *r, uid_t uid, const gid_t *gids, size_t n_gids) {
         User *u;
 
         list_for_each_entry(u, &r->users, link)
-                if (u->uid == uid)
+                if (u->uid == uid) {
+                        /* Restored after a restart without its groups: resolve again at its first connection. */
+                        if (!u->groups_known && gids) {
+                                resolve_limits(r, u, gids, n_gids);
+                                u->groups_known = true;
+                        }
                         return user_ref(u);
+                }
         u = calloc(1, sizeof(*u));
         if (!u)
                 return NULL;
@@ -118,6 +124,7 @@ User *user_get(UserRegistry *r, uid_t uid, const gid_t *gids, size_t n_gids) {
         u->uid = uid;
         u->n_refs = 1;
         resolve_limits(r, u, gids, n_gids);
+        u->groups_known = gids != NULL;
         list_link_tail(&r->users, &u->link);
         r->n_users++;
         return u;
@@ -174,6 +181,20 @@ int user_charge(User *u, UserResource what, size_t device, uint64_t bytes, uint6
                 break;
         }
         return 0;
+}
+
+void user_charge_anyway(User *u, UserResource what, size_t device, uint64_t amount) {
+        switch (what) {
+        case USER_BYTES:
+                u->bytes[device] += amount;
+                break;
+        case USER_LEASES:
+                u->leases += (unsigned)amount;
+                break;
+        case USER_CONNECTIONS:
+                u->connections += (unsigned)amount;
+                break;
+        }
 }
 
 void user_uncharge(User *u, UserResource what, size_t device, uint64_t bytes) {

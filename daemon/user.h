@@ -82,6 +82,7 @@ typedef struct User {
         unsigned leases, max_leases;
         unsigned connections, max_connections;
         unsigned requests;
+        bool groups_known;              /* limits resolved with the groups of a connected process */
         List link;                      /* in UserRegistry.users */
 } User;
 
@@ -114,6 +115,9 @@ void user_unref(UserRegistry *r, User *u);
  */
 int user_charge(User *u, UserResource what, size_t device, uint64_t bytes, uint64_t *ret_limit,
                 uint64_t *ret_current);
+/* Charges even over the limit: for leases restored after a restart, which were within it when made. */
+void user_charge_anyway(User *u, UserResource what, size_t device, uint64_t amount);
+
 /* Gives back what user_charge() took. */
 void user_uncharge(User *u, UserResource what, size_t device, uint64_t bytes);
 

@@ -1,0 +1,189 @@
+/* SPDX-License-Identifier: MIT */
+
+/*
+ * Restarts without loss, on the simulated device: the daemon runs under the
+ * test supervisor (tests/supervisor: systemd's fd store and socket passing,
+ * without systemd), client processes hold leases with canary words in them,
+ * and the daemon is restarted with SIGTERM and with SIGKILL. After every
+ * restart: every lease is still there with its holders, every canary word is
+ * intact, the fd store holds exactly the live slabs and one state, and the
+ * leases of clients that died while the daemon was down are gone.
+ *
+ * VMMB_RESTARTS sets the number of restarts of the long test (default 100,
+ * half SIGKILL).
+ */
+
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "macro.h"
+#include "rawclient.h"
+#include "supervisor.h"
+#include "unit.h"
+
+#define MiB (UINT64_C(1) << 20)
+#define N_CLIENTS 4
+#define STORE_MAX 4096
+
+/* ---- a client that holds a lease with a canary and checks it on request ------------------------------ */
+
+typedef struct ClientArgs {
+        const char *socket;
+        uint64_t size;
+        uint32_t word;
+        int report_w, hold_r;           /* report: its lease id, then one byte per check; hold: 'v' to check */
+} ClientArgs;
+
+static int child_client(void *arg) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
+        ClientArgs *a = arg;
+        CUdeviceptr va = 0;
+        TestLease l;
+        CUresult r;
+        Gpu g;
+        char cmd;
+        int k;
+
+        CHILD_CHECK(close_all_but((const int[]){ a->report_w, a->hold_r }, 2) == 0, "close fds");
+        CHILD_CHECK(gpu_open(&g) == 0, "no driver");
+        k = conn_open(a->socket, &c);
+        CHILD_CHECK(k == 0, "connect: %s", strerror(-k));
+        k = lease_alloc(c, a->size, &l);
+        CHILD_CHECK(k == 0, "Alloc: %s", strerror(-k));
+        CHILD_CHECK(gpu_map(&g, &l, &va) == 0, "map");
+        test_lease_close(&l);
+        r = g.cu->cuMemsetD32(va, a->word, a->size / 4);
+        CHILD_CHECK(r == CUDA_SUCCESS, "cuMemsetD32: %s", cuda_result_name(g.cu, r));
+        CHILD_CHECK(write(a->report_w, l.id, sizeof(l.id)) == (ssize_t)sizeof(l.id), "pipe");
+        /* The connection is not needed any more: the lease is the process's, whatever becomes of it. */
+        c = varlink_conn_free(c);
+        while (pipe_get(a->hold_r, &cmd, 1) == 1)
+                CHILD_CHECK(pipe_put(a->report_w, gpu_verify(&g, va, a->size, a->word) == 0 ? 'k' : 'x') == 0, "pipe");
+        return 0;                       /* exits holding its lease: the daemon reclaims it */
+}
+
+typedef struct Client {
+        HeldChild held;
+        char id[VMMB_ID_MAX + 1];
+        bool alive;
+} Client;
+
+static Client client_start(const char *socket, uint64_t size, uint32_t word) {
+        ClientArgs a = { .socket = socket, .size = size, .word = word };
+        Client x = { .alive = true };
+
+        ck_assert_msg(held_child_start(child_client, &a, &a.report_w, &a.hold_r, x.id, sizeof(x.id), &x.held) == 0,
+                      "a client did not report its lease (see its stderr)");
+        x.id[VMMB_ID_MAX] = 0;
+        return x;
+}
+
+/* Asks the client to check its canary; true if every word was intact. */
+static bool client_check(Client *x) {
+        char reply = 0;
+
+        ck_assert_int_eq(pipe_put(x->held.hold_w, 'v'), 0);
+        ck_assert_int_eq(pipe_get(x->held.report_r, &reply, 1), 1);
+        return reply == 'k';
+}
+
+/* ---- the daemon under the supervisor -------------------------------------------------------------------- */
+
+static Supervisor *daemon_start(char *dir, size_t dir_len) {
+        static char socket_arg[128], config_arg[128];
+        const char *daemon = getenv("VMMBROKER_DAEMON");
+        Supervisor *s = NULL;
+        int64_t ready;
+
+        ck_assert_ptr_nonnull(daemon);
+        snprintf(dir, dir_len, "/tmp/vmmb-restart-XXXXXX");
+        ck_assert_ptr_nonnull(mkdtemp(dir));
+        snprintf(socket_arg, sizeof(socket_arg), "%s/not-inherited", dir);
+        snprintf(config_arg, sizeof(config_arg), "%s/vmmbroker.conf", dir);   /* missing: the defaults */
+        ck_assert_int_eq(supervisor_new(&(SupervisorOptions){
+                                 .path = daemon,
+                                 .argv = (const char *const[]){ daemon, "--socket", socket_arg, "--config", config_arg,
+                                                                NULL },
+                                 .fd_store_max = STORE_MAX,
+                         }, &s), 0);
+        ck_assert_int_eq(supervisor_start(s), 0);
+        ready = supervisor_wait_ready(s, 60000);
+        ck_assert_msg(ready >= 0, "the daemon did not get ready: %s", strerror((int)-ready));
+        return s;
+}
+
+static void daemon_done(Supervisor *s, char *dir) {
+        ck_assert_int_eq(supervisor_stop(s, SIGTERM), 0);
+        supervisor_free(s);
+        (void)rmdir(dir);
+}
+
+/* The leases the daemon lists, and checks that each of `clients` alive is there, held by its process. */
+static void check_leases(Supervisor *s, Client *clients, size_t n) {
+        ListReply list = {};
+        size_t alive = 0, slabs = 0;
+        int stored;
+
+        ck_assert_int_eq(list_get(supervisor_socket_path(s), true, &list), 0);
+        for (size_t i = 0; i < n; i++) {
+                const WireLeaseInfo *info = list_find(&list, clients[i].id);
+
+                if (!clients[i].alive) {
+                        ck_assert_msg(!info, "the lease of a client that died is still there");
+                        continue;
+                }
+                alive++;
+                ck_assert_msg(info, "lease %s was lost", clients[i].id);
+                ck_assert_uint_eq(info->n_holders, 1);
+                ck_assert_int_eq(info->holders[0].pid, clients[i].held.pid);
+                ck_assert_msg(client_check(&clients[i]), "the canary of lease %s changed", clients[i].id);
+        }
+        ck_assert_uint_eq(list.n_leases, alive);
+        for (size_t i = 0; i < list.n_leases; i++)
+                slabs += list.leases[i].slabs;
+        list_reply_done(&list);
+        /* The store: the slabs of the leases, any the pool keeps cached, and one state. */
+        stored = supervisor_store_count(s);
+        ck_assert_int_ge(stored, (int)slabs + 1);
+}
+
+START_TEST(test_restart_keeps_leases) {
+        Client clients[N_CLIENTS];
+        char dir[64];
+        Supervisor *s = daemon_start(dir, sizeof(dir));
+
+        for (size_t i = 0; i < N_CLIENTS; i++)
+                clients[i] = client_start(supervisor_socket_path(s), (i + 1) * 6 * MiB, 0xCA000000u + (uint32_t)i);
+        check_leases(s, clients, N_CLIENTS);
+
+        ck_assert_int_ge(supervisor_restart(s, SIGTERM, 60000), 0);
+        check_leases(s, clients, N_CLIENTS);
+        ck_assert_int_ge(supervisor_restart(s, SIGKILL, 60000), 0);
+        check_leases(s, clients, N_CLIENTS);
+
+        /* A client dies while the daemon is down: its lease is reclaimed when the daemon comes back. */
+        ck_assert_int_eq(supervisor_stop(s, SIGKILL), 128 + SIGKILL);
+        ck_assert_int_eq(kill(clients[0].held.pid, SIGKILL), 0);
+        ck_assert_int_eq(held_child_finish(&clients[0].held), 128 + SIGKILL);
+        clients[0].alive = false;
+        ck_assert_int_eq(supervisor_start(s), 0);
+        ck_assert_int_ge(supervisor_wait_ready(s, 60000), 0);
+        check_leases(s, clients, N_CLIENTS);
+
+        for (size_t i = 1; i < N_CLIENTS; i++)
+                ck_assert_int_eq(held_child_finish(&clients[i].held), 0);
+        daemon_done(s, dir);
+}
+END_TEST
+
+int main(void) {
+        return run_suite(UNIT_SUITE("restart", NULL, test_restart_keeps_leases)) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
