@@ -184,6 +184,55 @@ START_TEST(test_restart_keeps_leases) {
 }
 END_TEST
 
+/*
+ * Many restarts, half with SIGKILL, while clients hold leases and check their canaries after each one;
+ * every tenth, one client dies while the daemon is down and a new one takes its place after.
+ */
+START_TEST(test_many_restarts) {
+        const char *e = getenv("VMMB_RESTARTS");
+        unsigned restarts = e ? (unsigned)strtoul(e, NULL, 10) : 100, died = 0;
+        Client clients[N_CLIENTS];
+        int64_t ready, slowest = 0;
+        char dir[64];
+        Supervisor *s = daemon_start(dir, sizeof(dir));
+
+        for (size_t i = 0; i < N_CLIENTS; i++)
+                clients[i] = client_start(supervisor_socket_path(s), (i + 1) * 2 * MiB, 0x5E000000u + (uint32_t)i);
+        for (unsigned r = 0; r < restarts; r++) {
+                int sig = r % 2 ? SIGKILL : SIGTERM;
+                size_t victim = r % N_CLIENTS;
+
+                if (r % 10 == 9) {
+                        ck_assert_int_eq(supervisor_stop(s, sig), sig == SIGKILL ? 128 + SIGKILL : 0);
+                        ck_assert_int_eq(kill(clients[victim].held.pid, SIGKILL), 0);
+                        ck_assert_int_eq(held_child_finish(&clients[victim].held), 128 + SIGKILL);
+                        clients[victim].alive = false;
+                        died++;
+                        ck_assert_int_eq(supervisor_start(s), 0);
+                        ready = supervisor_wait_ready(s, 60000);
+                } else
+                        ready = supervisor_restart(s, sig, 60000);
+                ck_assert_msg(ready >= 0, "restart %u: the daemon did not get ready", r);
+                slowest = ready > slowest ? ready : slowest;
+                check_leases(s, clients, N_CLIENTS);
+                if (!clients[victim].alive) {
+                        /* its lease was reclaimed (checked above); a new client leases in its place */
+                        clients[victim] = client_start(supervisor_socket_path(s), (victim + 1) * 2 * MiB,
+                                                       0x5E000000u + (uint32_t)(r << 8) + (uint32_t)victim);
+                        check_leases(s, clients, N_CLIENTS);
+                }
+        }
+        fprintf(stderr, "restart: %u restarts (%u with SIGKILL), %u clients died while the daemon was down, every "
+                "lease and canary kept; the slowest exec to READY=1 took %" PRId64 " us\n", restarts, restarts / 2,
+                died, slowest);
+        for (size_t i = 0; i < N_CLIENTS; i++)
+                ck_assert_int_eq(held_child_finish(&clients[i].held), 0);
+        daemon_done(s, dir);
+}
+END_TEST
+
 int main(void) {
-        return run_suite(UNIT_SUITE("restart", NULL, test_restart_keeps_leases)) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+        return run_suite(UNIT_SUITE("restart", NULL, test_restart_keeps_leases, test_many_restarts)) == 0
+                       ? EXIT_SUCCESS
+                       : EXIT_FAILURE;
 }
