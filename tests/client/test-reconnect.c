@@ -7,8 +7,8 @@
  *
  * The restarts run the real daemon on the simulated device under the test
  * supervisor (tests/supervisor), which keeps the listening socket across
- * restarts as systemd's socket unit does; it passes the socket alone
- * (fd_store_max 0: the daemon stores no fds yet). The rule for sending a call
+ * restarts as systemd's socket unit does, and the fds the daemon stores (its
+ * slabs and lease table), so that leases survive the restart. The rule for sending a call
  * again depends on how the broker went away, which a real daemon does not do
  * on cue: those tests put a fake broker on a socket of the test's own, which
  * reads or does not read a call and closes the connection, and check what the
@@ -100,6 +100,7 @@ static Supervisor *daemon_start(void) {
         k = supervisor_new(&(SupervisorOptions){
                 .path = daemon,
                 .argv = (const char *const[]){ daemon, "--socket", unused, "--config", config, NULL },
+                .fd_store_max = 4096,
         }, &s);
         ck_assert_msg(k == 0, "supervisor_new: %s", strerror(-k));
         ck_assert_int_eq(supervisor_start(s), 0);
@@ -324,7 +325,7 @@ static VarlinkConn *fake_connect(int listen_fd, const char *path, vmmb_client **
 START_TEST(test_restart) {
         int sig = _i == 0 ? SIGTERM : SIGKILL;
         Supervisor *s = daemon_start();
-        int fds_before = harness_fd_count(getpid());
+        int fds_before = harness_fd_count(getpid()) - supervisor_store_count(s);
         vmmb_client *c = connect_or_fail(supervisor_socket_path(s));
         vmmb_lease *kept = alloc_or_fail(c, 4 * MiB);
         char token[VMMB_TOKEN_SIZE];
@@ -339,36 +340,32 @@ START_TEST(test_restart) {
                 ck_assert_msg(ready >= 0, "restart %u: %s", i, strerror((int)-ready));
                 ck_assert_int_eq(supervisor_last_exit(s), sig == SIGTERM ? 0 : 128 + SIGKILL);
 
-                /* The mapping outlived the daemon that leased it, and its memory with it.
-                 * KNOWN GAP (issue 7, the daemon's part): at SIGTERM the daemon that made the lease ends
-                 * every lease as it exits (manager_free() -> lease_table_done()) and scrubs the slabs
-                 * under the client's mapping, so after the first SIGTERM the memory reads zero (the later
-                 * daemons do not know the lease, and leave it alone). Once the daemon keeps its leases
-                 * across a restart, this must read the canary after SIGTERM too. */
-                ck_assert(lease_reads(kept, sig == SIGTERM && i == 0 ? 0 : 0xC0FFEE00 + i));
+                /* The mapping outlived the daemon that leased it, and its memory with it. */
+                ck_assert(lease_reads(kept, 0xC0FFEE00 + i));
+                ck_assert_uint_eq(daemon_leases(s), 1);         /* restored */
                 lease_write(kept, 0xC0FFEE00 + i + 1);
                 ck_assert(lease_reads(kept, 0xC0FFEE00 + i + 1));
 
                 /* The connection was lost while idle: the call finds it so when sending, connects again and
-                 * sends the call there. The new daemon knows no lease of before: it restores none yet. */
+                 * sends the call there. */
                 l = alloc_or_fail(c, 2 * MiB);
                 ck_assert(lease_reads(l, 0));
                 lease_write(l, 0x5EED0000 + i);
                 ck_assert(lease_reads(l, 0x5EED0000 + i));
-                ck_assert_uint_eq(daemon_leases(s), 1);
+                ck_assert_uint_eq(daemon_leases(s), 2);
                 ck_assert_int_eq(vmmb_share(l, VMMB_ANY_UID, 0, token), 0);
                 ck_assert_int_eq(vmmb_free(l), 0);
-                ck_assert_uint_eq(daemon_leases(s), 0);
+                ck_assert_uint_eq(daemon_leases(s), 1);
                 ck_assert(lease_reads(kept, 0xC0FFEE00 + i + 1));
         }
 
-        /* Freeing the lease of before tells the new daemon, which does not know it (it restores no leases
-         * yet: once it does, this is 0); the memory is unmapped all the same. */
-        ck_assert_int_eq(vmmb_free(kept), -ENOENT);
-        ck_assert_msg(strstr(vmmb_error_message(), "lease"), "message: %s", vmmb_error_message());
+        /* The lease of before is the restored daemon's to end. */
+        ck_assert_int_eq(vmmb_free(kept), 0);
+        ck_assert_uint_eq(daemon_leases(s), 0);
 
         vmmb_close(c);
-        ck_assert_int_eq(harness_fd_count(getpid()), fds_before);
+        /* No fd of the client's left behind (the supervisor's store, in this process too, aside). */
+        ck_assert_int_eq(harness_fd_count(getpid()) - supervisor_store_count(s), fds_before);
         supervisor_free(s);
 }
 END_TEST
@@ -381,7 +378,7 @@ END_TEST
  */
 START_TEST(test_call_while_down) {
         Supervisor *s = daemon_start();
-        int fds_before = harness_fd_count(getpid());
+        int fds_before = harness_fd_count(getpid()) - supervisor_store_count(s);
         vmmb_client *c = connect_or_fail(supervisor_socket_path(s));
         vmmb_lease *kept = alloc_or_fail(c, 4 * MiB);
         ClientOp o;
@@ -397,12 +394,13 @@ START_TEST(test_call_while_down) {
 
         ck_assert_msg(client_op_finish(&o) == 0, "vmmb_alloc: %s", o.message);
         ck_assert(lease_reads(o.lease, 0));
-        ck_assert_uint_eq(daemon_leases(s), 1);
+        ck_assert_uint_eq(daemon_leases(s), 2);         /* the new one, and the one of before, restored */
         ck_assert_int_eq(vmmb_free(o.lease), 0);
         ck_assert(lease_reads(kept, 0xA5A5A5A5));
-        ck_assert_int_eq(vmmb_free(kept), -ENOENT);     /* see test_restart */
+        ck_assert_int_eq(vmmb_free(kept), 0);
         vmmb_close(c);
-        ck_assert_int_eq(harness_fd_count(getpid()), fds_before);
+        /* No fd of the client's left behind (the supervisor's store, in this process too, aside). */
+        ck_assert_int_eq(harness_fd_count(getpid()) - supervisor_store_count(s), fds_before);
         supervisor_free(s);
 }
 END_TEST
