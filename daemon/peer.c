@@ -644,8 +644,12 @@ static int peer_dispatch(Peer *p, json_object *msg) {
                         json_object_put(r.msg);
                         r.msg = NULL;
                         k = methods[i].handler(p, call.parameters, &r);
-                        if (methods[i].changes)
+                        if (methods[i].changes) {
+                                /* Stored before the reply goes out: a crash after the client learns of a
+                                 * change must not lose it (restore.h). */
                                 restore_state_changed(p->manager);
+                                restore_save_state(p->manager);
+                        }
                         break;
                 }
         if (k == 0 && r.msg && !call.oneway)

@@ -9,7 +9,9 @@
  *   - every slab's exported fd is stored as "slab-<id>" when the pool creates
  *     it, and removed when the pool releases it (the pool's hooks);
  *   - the lease table (daemon/state.c) is stored as "state-<generation>"
- *     whenever it changed, when the loop is idle: the new generation first,
+ *     after every request that changed it, before its reply is sent (a
+ *     client never learns of a change a crash could lose), and when holders'
+ *     exits changed it, when the loop is idle: the new generation first,
  *     then the old one removed, so that a crash in between leaves one whole
  *     state (the highest generation wins at start);
  *   - at start, the stored fds come back with the listening socket
@@ -79,5 +81,5 @@ void restore_stop_storing(Manager *m);
 /* Marks the lease table changed: it is stored again when the loop is next idle. */
 void restore_state_changed(Manager *m);
 
-/* Stores the state if it changed. Called when the loop is idle. */
+/* Stores the state if it changed: before a reply to a request that changed it, and when the loop is idle. */
 void restore_save_state(Manager *m);
