@@ -77,6 +77,15 @@ if [ "$(id -u)" -eq 0 ] && [ -x "$build/docs/examples/lease-pattern" ]; then
         bash tests/gpu/canary.sh "$build" 1G 65534 || status=1
 fi
 
+if [ -x "$build/tests/restart/test-restart" ]; then
+        step "restarts without loss: 20 restarts (half SIGKILL) with clients holding canaries; READY with 1000 leases"
+        CK_DEFAULT_TIMEOUT=500 VMMB_RESTARTS=20 VMMB_RESTART_LEASES=1000 "$build/tests/restart/test-restart" \
+                >"$out/test-restart.log" 2>&1 || status=1
+        grep -E '%:|:F:|:E:|^restart:' "$out/test-restart.log"
+        "$build/tests/client/test-reconnect" >"$out/test-reconnect.log" 2>&1 || status=1
+        grep -E '%:|:F:|:E:' "$out/test-reconnect.log"
+fi
+
 if [ -x "$build/tests/bench/bench-broker" ]; then
         step "broker benchmark, real driver"
         "$build/tests/bench/bench-broker" 20 2>&1 | tee "$out/bench-broker.log" || status=1
