@@ -439,7 +439,9 @@ int lease_restore(LeaseTable *t, User *owner, size_t pool_device, const char *id
         _cleanup_free_ Slab **copy = calloc(n_slabs ?: 1, sizeof(Slab *));
         _cleanup_free_ char *lab = label ? strdup(label) : NULL;
 
-        if (!l || !copy || (label && !lab) || strlen(id) != LEASE_ID_LEN)
+        if (strlen(id) != LEASE_ID_LEN)
+                return -EINVAL;         /* state_read() checked it: not from a table this code wrote */
+        if (!l || !copy || (label && !lab))
                 return -ENOMEM;
         memcpy(l->id, id, LEASE_ID_LEN + 1);
         memcpy(copy, slabs, n_slabs * sizeof(Slab *));

@@ -644,9 +644,10 @@ static int peer_dispatch(Peer *p, json_object *msg) {
                         json_object_put(r.msg);
                         r.msg = NULL;
                         k = methods[i].handler(p, call.parameters, &r);
-                        if (methods[i].changes) {
-                                /* Stored before the reply goes out: a crash after the client learns of a
-                                 * change must not lose it (restore.h). */
+                        /* Stored before the reply goes out: a crash after the client learns of a change must
+                         * not lose it (restore.h). A refused request changed nothing (every method is
+                         * transactional), so its error reply costs no write. */
+                        if (methods[i].changes && k == 0 && !json_object_object_get_ex(r.msg, "error", NULL)) {
                                 restore_state_changed(p->manager);
                                 restore_save_state(p->manager);
                         }

@@ -126,7 +126,7 @@ static void drop(Inherited *in, int fd, const char *name) {
 int inherited_take(Inherited *ret, char **ret_message) {
         _cleanup_(inherited_done) Inherited in = { .socket = -EBADF, .state_fd = -EBADF };
         char **names = NULL;
-        int n, k = 0, unnamed_sockets = 0;
+        int n, k = 0;
 
         *ret = in;
         n = sd_listen_fds_with_names(true, &names);
@@ -157,7 +157,6 @@ int inherited_take(Inherited *ret, char **ret_message) {
                                 safe_close(fd);
                                 continue;
                         }
-                        unnamed_sockets++;
                         in.socket = fd;
                 } else if (parse_numbered(name, "slab-", &v))
                         in.slabs[in.n_slabs++] = (InheritedSlab){ .id = v, .fd = fd };
