@@ -298,6 +298,7 @@ static const struct {
         { VMMB_ERROR_INVALID_PARAMETER, error_invalid_parameter_fields, -EINVAL },
         { VMMB_ERROR_PERMISSION_DENIED, error_message_fields, -EACCES },
         { VMMB_ERROR_DRIVER_ERROR, error_message_fields, -EIO },
+        { VMMB_ERROR_STORE_FAILED, error_message_fields, -EAGAIN },
         { VARLINK_ERROR_METHOD_NOT_FOUND, error_method_fields, -EOPNOTSUPP },
         { VARLINK_ERROR_METHOD_NOT_IMPLEMENTED, error_method_fields, -EOPNOTSUPP },
         { VARLINK_ERROR_INTERFACE_NOT_FOUND, error_interface_fields, -EOPNOTSUPP },
@@ -594,6 +595,12 @@ int vmmb_error_driver_error(const char *message, json_object **ret) {
         VmmbError e = { .message = (char *)message };
 
         return error_build(VMMB_ERROR_DRIVER_ERROR, &e, ret);
+}
+
+int vmmb_error_store_failed(const char *message, json_object **ret) {
+        VmmbError e = { .message = (char *)message };
+
+        return error_build(VMMB_ERROR_STORE_FAILED, &e, ret);
 }
 
 int varlink_error_method_not_found(const char *method, json_object **ret) {

@@ -44,6 +44,7 @@
 #define VMMB_ERROR_INVALID_PARAMETER VMMB_INTERFACE ".InvalidParameter"
 #define VMMB_ERROR_PERMISSION_DENIED VMMB_INTERFACE ".PermissionDenied"
 #define VMMB_ERROR_DRIVER_ERROR VMMB_INTERFACE ".DriverError"
+#define VMMB_ERROR_STORE_FAILED VMMB_INTERFACE ".StoreFailed"
 
 #define VARLINK_SERVICE_INTERFACE "org.varlink.service"
 #define VARLINK_METHOD_GET_INFO VARLINK_SERVICE_INTERFACE ".GetInfo"
@@ -268,7 +269,7 @@ typedef struct VmmbError {
         char *parameter;        /* InvalidParameter (both interfaces) */
         char *method;           /* MethodNotFound, MethodNotImplemented */
         char *interface;        /* InterfaceNotFound */
-        char *message;          /* OutOfMemory, QuotaExceeded, InvalidParameter, PermissionDenied, DriverError */
+        char *message;          /* OutOfMemory, QuotaExceeded, InvalidParameter, PermissionDenied, DriverError, StoreFailed */
 } VmmbError;
 
 /* Decodes Alloc's parameters; a size of 0 is refused as well (-EINVAL naming "size"). */
@@ -426,6 +427,8 @@ int vmmb_error_no_such_device(int64_t device, json_object **ret);
 int vmmb_error_invalid_parameter(const char *parameter, const char *message, json_object **ret);
 /* PermissionDenied. */
 int vmmb_error_permission_denied(const char *message, json_object **ret);
+/* StoreFailed. */
+int vmmb_error_store_failed(const char *message, json_object **ret);
 /* DriverError. */
 int vmmb_error_driver_error(const char *message, json_object **ret);
 /* org.varlink.service.MethodNotFound for an unknown method. */
@@ -449,7 +452,7 @@ void vmmb_error_done(VmmbError *e);
  * QuotaExceeded -EDQUOT, NoSuchLease -ENOENT, NoSuchToken -ENOKEY,
  * NoSuchName -ENOENT, NameInUse -EEXIST, NoSuchDevice -ENODEV,
  * InvalidParameter (either) -EINVAL, PermissionDenied -EACCES, DriverError
- * -EIO, MethodNotFound/MethodNotImplemented/InterfaceNotFound -EOPNOTSUPP,
+ * -EIO, StoreFailed -EAGAIN, MethodNotFound/MethodNotImplemented/InterfaceNotFound -EOPNOTSUPP,
  * anything else -EPROTO.
  */
 int vmmb_error_to_errno(const char *error);

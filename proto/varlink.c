@@ -243,6 +243,15 @@ int varlink_conn_next(VarlinkConn *c, const char **ret_message, size_t *ret_len,
         return 1;
 }
 
+bool varlink_conn_has_message(VarlinkConn *c) {
+        size_t avail = c->in_end - c->in_start;
+
+        if (avail > c->in_scanned && memchr(c->in + c->in_start + c->in_scanned, 0, avail - c->in_scanned))
+                return true;
+        c->in_scanned = avail;
+        return avail >= c->max_message || (c->in_eof && avail > 0);
+}
+
 int varlink_conn_next_json(VarlinkConn *c, json_object **ret, int **ret_fds, size_t *ret_n_fds) {
         _cleanup_free_ int *fds = NULL;
         const char *m;

@@ -76,6 +76,14 @@ int varlink_conn_next(VarlinkConn *c, const char **ret_message, size_t *ret_len,
                       int **ret_fds, size_t *ret_n_fds);
 
 /*
+ * Whether a whole message is buffered, so that varlink_conn_next() would
+ * return it without reading; or whether the buffered input is already an
+ * error that varlink_conn_next() would report (over the limit, or the stream
+ * ended inside a message). Costs nothing for bytes it looked at before.
+ */
+bool varlink_conn_has_message(VarlinkConn *c);
+
+/*
  * Like varlink_conn_next(), but parses the message with json_parse_message()
  * into a new reference in *ret: -EBADMSG when it is not a strict JSON object
  * (the message is consumed and its fds closed).
