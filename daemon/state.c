@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/pidfd.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -22,8 +21,9 @@
 /*
  * The file as JSON sees it: every integer is int64_t or uint64_t, every
  * string a char *, as the JsonField tables need. state_read() checks the
- * ranges and copies it into the State types; state_write() fills it from the
- * lease table, borrowing the table's strings. One table serves both ways.
+ * ranges and copies it into the State types. (The previous daemon wrote it
+ * with these same tables; this one only reads it, on upgrade: it stores the
+ * table with store.c.)
  */
 typedef struct StoredToken {
         char *token;
@@ -198,163 +198,6 @@ bool state_is_holder_alive(pid_t pid, uint64_t start_time) {
         return true;
 }
 
-/* ---- writing ---------------------------------------------------------------------------------------------- */
-
-static void stored_lease_done(StoredLease *w) {
-        /* The strings are the table's: only the arrays are ours. */
-        free(w->slabs);
-        free(w->name_uids);
-        free(w->tokens);
-        free(w->holds);
-}
-
-/* Describes a lease in Stored types, borrowing its strings. */
-static int stored_lease_from(const Lease *l, StoredLease *w) {
-        const Hold *hold;
-        const Token *tok;
-        size_t k;
-
-        *w = (StoredLease){
-                .id = (char *)l->id,
-                .device = l->device,
-                .size = l->size,
-                .created = l->created_usec,
-                .label = l->label,
-                .uid = l->uid,
-                .pid = l->pid,
-                .comm = (char *)l->comm,
-                .foreign = l->foreign,
-                .name = l->name,
-                .name_readonly = l->name ? l->name_readonly : false,
-        };
-        w->slabs = calloc(l->n_slabs ?: 1, sizeof(StateSlab));
-        w->tokens = calloc(l->n_tokens ?: 1, sizeof(StoredToken));
-        w->holds = calloc(l->n_holds ?: 1, sizeof(StoredHold));
-        if (l->name && l->n_name_uids > 0)
-                w->name_uids = calloc(l->n_name_uids, sizeof(uint64_t));
-        if (!w->slabs || !w->tokens || !w->holds || (l->name && l->n_name_uids > 0 && !w->name_uids))
-                return -ENOMEM;
-
-        for (size_t i = 0; i < l->n_slabs; i++)
-                w->slabs[i] = (StateSlab){ .id = l->slabs[i]->id, .size = l->slabs[i]->size };
-        w->n_slabs = l->n_slabs;
-        if (w->name_uids) {
-                for (size_t i = 0; i < l->n_name_uids; i++)
-                        w->name_uids[i] = l->name_uids[i];
-                w->n_name_uids = l->n_name_uids;
-        }
-        k = 0;
-        list_for_each_entry(tok, &l->tokens, link)
-                w->tokens[k++] = (StoredToken){
-                        .token = (char *)tok->token,
-                        .uid = tok->uid == UID_ANY ? JSON_ABSENT : (int64_t)tok->uid,
-                        .creator = tok->creator,
-                        .readonly = tok->readonly,
-                };
-        w->n_tokens = k;
-        k = 0;
-        list_for_each_entry(hold, &l->holds, link_lease)
-                w->holds[k++] = (StoredHold){
-                        .pid = hold->holder->pid,
-                        .start_time = hold->holder->start_time,
-                        .uid = hold->holder->uid,
-                        .gid = hold->holder->gid,
-                        .comm = (char *)hold->holder->comm,
-                        .refs = hold->refs,
-                        .readonly = hold->readonly,
-                };
-        w->n_holds = k;
-        return 0;
-}
-
-static int append_lease(FILE *f, const Lease *l, bool first) {
-        _cleanup_(json_object_putp) json_object *o = NULL;
-        StoredLease w;
-        const char *text;
-        size_t len;
-        int k;
-
-        k = stored_lease_from(l, &w);
-        if (k >= 0)
-                k = json_build(lease_fields, &w, &o);
-        stored_lease_done(&w);
-        if (k < 0)
-                return k;
-        text = json_object_to_json_string_length(o, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE, &len);
-        if (!text)
-                return -ENOMEM;
-        if ((!first && fputc(',', f) == EOF) || fwrite(text, 1, len, f) != len)
-                return -ENOMEM;
-        return 0;
-}
-
-static void fclosep(FILE **f) {
-        if (*f)
-                fclose(*f);
-}
-
-static int write_all(int fd, const char *buf, size_t len) {
-        while (len > 0) {
-                ssize_t n = write(fd, buf, len);
-
-                if (n < 0) {
-                        if (errno == EINTR)
-                                continue;
-                        return -errno;
-                }
-                buf += n;
-                len -= (size_t)n;
-        }
-        return 0;
-}
-
-int state_write(const LeaseTable *t, int *ret_memfd) {
-        _cleanup_(fclosep) FILE *f = NULL;
-        _cleanup_free_ char *text = NULL;
-        _cleanup_close_ int fd = -EBADF;
-        size_t len = 0;
-        const Lease *l;
-        bool first = true;
-        int k;
-
-        if (t->n_leases > STATE_LEASES_MAX)
-                return -EFBIG;
-
-        /* The text is built in memory, one lease's JSON tree at a time, then written with one write(). */
-        f = open_memstream(&text, &len);
-        if (!f)
-                return -ENOMEM;
-        if (fprintf(f, "{\"format\":%d,\"leases\":[", STATE_FORMAT) < 0)
-                return -ENOMEM;
-        list_for_each_entry(l, &t->leases, link_table) {
-                if (l->n_holds > STATE_HOLDS_MAX)
-                        return -EFBIG;
-                k = append_lease(f, l, first);
-                if (k < 0)
-                        return k;
-                first = false;
-        }
-        if (fputs("]}\n", f) == EOF)
-                return -ENOMEM;
-        if (fclose(TAKE_PTR(f)) != 0)
-                return -ENOMEM;
-        if (len > STATE_SIZE_MAX)
-                return -EFBIG;
-
-        fd = memfd_create("vmmbroker-state", MFD_ALLOW_SEALING | MFD_CLOEXEC);
-        if (fd < 0)
-                return -errno;
-        k = write_all(fd, text, len);
-        if (k < 0)
-                return k;
-        if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) < 0)
-                return -errno;
-        if (lseek(fd, 0, SEEK_SET) < 0)
-                return -errno;
-        *ret_memfd = TAKE_FD(fd);
-        return 0;
-}
-
 /* ---- reading ---------------------------------------------------------------------------------------------- */
 
 void state_done(State *s) {
@@ -397,7 +240,7 @@ static int cmp_u64(const void *a, const void *b) {
 }
 
 /* Sorts n strings and returns one that appears twice, or NULL. */
-static const char *find_duplicate_str(char **v, size_t n) {
+static const char *find_duplicate_str(const char **v, size_t n) {
         if (n > 1)
                 qsort(v, n, sizeof(char *), cmp_str);
         for (size_t i = 1; i < n; i++)
@@ -408,9 +251,9 @@ static const char *find_duplicate_str(char **v, size_t n) {
 
 /* One hold's process, to check that every hold of a pid describes the same process. */
 typedef struct HoldKey {
-        int64_t pid;
+        pid_t pid;
         size_t lease;
-        const StoredHold *hold;
+        const StateHold *hold;
 } HoldKey;
 
 static int cmp_hold_key(const void *a, const void *b) {
@@ -421,13 +264,12 @@ static int cmp_hold_key(const void *a, const void *b) {
         return x->lease < y->lease ? -1 : x->lease > y->lease;
 }
 
-/* Checks one lease on its own. Returns 0, or -EBADMSG with a sentence. */
-static int check_lease(const StoredLease *w, size_t i, char **ret_message) {
-        uint64_t sum = 0;
-
-        if (!is_hex_id(w->id, LEASE_ID_LEN))
-                return set_message_error(ret_message, -EBADMSG,
-                                         "Lease %zu's id is not %d lowercase hexadecimal digits.", i, LEASE_ID_LEN);
+/*
+ * What the State types cannot hold, checked on the JSON's integers before converting: a device, pid,
+ * reference count or id out of the range of int, unsigned and uid_t. The rest is state_check()'s.
+ * Returns 0, or -EBADMSG with a sentence.
+ */
+static int check_ranges(const StoredLease *w, char **ret_message) {
         if (w->device > INT_MAX)
                 return set_message_error(ret_message, -EBADMSG, "Lease %s's device %" PRIi64 " is out of range.",
                                          w->id, w->device);
@@ -437,47 +279,18 @@ static int check_lease(const StoredLease *w, size_t i, char **ret_message) {
         if (w->pid > INT_MAX)
                 return set_message_error(ret_message, -EBADMSG, "Lease %s's pid %" PRIi64 " is out of range.",
                                          w->id, w->pid);
-        if (w->n_slabs == 0)
-                return set_message_error(ret_message, -EBADMSG, "Lease %s has no slabs.", w->id);
-        for (size_t j = 0; j < w->n_slabs; j++) {
-                if (w->slabs[j].id == 0)
-                        return set_message_error(ret_message, -EBADMSG, "Lease %s has a slab of id 0.", w->id);
-                if (!IS_POWER_OF_2(w->slabs[j].size))
-                        return set_message_error(ret_message, -EBADMSG,
-                                                 "Lease %s's slab %" PRIu64 " has a size (%" PRIu64
-                                                 ") that is not a power of two.",
-                                                 w->id, w->slabs[j].id, w->slabs[j].size);
-                if (__builtin_add_overflow(sum, w->slabs[j].size, &sum))
-                        return set_message_error(ret_message, -EBADMSG, "Lease %s's slabs overflow.", w->id);
-        }
-        if (sum != w->size)
-                return set_message_error(ret_message, -EBADMSG,
-                                         "Lease %s's size is %" PRIu64 " bytes but its slabs add up to %" PRIu64 ".",
-                                         w->id, w->size, sum);
-
-        if (w->name && !vmmb_lease_name_is_valid(w->name))
-                return set_message_error(ret_message, -EBADMSG, "Lease %s's name is not a valid name.", w->id);
-        if (!w->name && (w->n_name_uids > 0 || w->name_readonly))
-                return set_message_error(ret_message, -EBADMSG,
-                                         "Lease %s has name_uids or name_readonly but no name.", w->id);
         for (size_t j = 0; j < w->n_name_uids; j++)
                 if (w->name_uids[j] >= UINT32_MAX)
                         return set_message_error(ret_message, -EBADMSG,
                                                  "Lease %s's name_uids hold %" PRIu64 ", out of range.", w->id,
                                                  w->name_uids[j]);
-
         for (size_t j = 0; j < w->n_tokens; j++) {
                 const StoredToken *tok = &w->tokens[j];
 
-                if (!is_hex_id(tok->token, LEASE_TOKEN_LEN))
-                        return set_message_error(ret_message, -EBADMSG,
-                                                 "Lease %s's token %zu is not %d lowercase hexadecimal digits.", w->id,
-                                                 j, LEASE_TOKEN_LEN);
                 if ((tok->uid != JSON_ABSENT && !id_is_valid(tok->uid)) || !id_is_valid(tok->creator))
                         return set_message_error(ret_message, -EBADMSG,
                                                  "Lease %s's token %zu has a uid out of range.", w->id, j);
         }
-
         for (size_t j = 0; j < w->n_holds; j++) {
                 const StoredHold *h = &w->holds[j];
 
@@ -488,59 +301,163 @@ static int check_lease(const StoredLease *w, size_t i, char **ret_message) {
                         return set_message_error(ret_message, -EBADMSG,
                                                  "Lease %s's hold %zu has %" PRIu64 " references.", w->id, j,
                                                  h->refs);
-                if (h->uid != w->uid && !w->foreign)
+        }
+        return 0;
+}
+
+/* A fixed buffer's string: NUL-terminated within the buffer, printable UTF-8. */
+static bool fixed_is_printable(const char *s, size_t size) {
+        size_t n = strnlen(s, size);
+
+        return n < size && json_string_is_printable(s, n, false);
+}
+
+/* Checks one lease on its own. Returns 0, or -EBADMSG with a sentence. */
+static int check_lease(const StateLease *l, size_t i, char **ret_message) {
+        uint64_t sum = 0;
+
+        if (!fixed_is_printable(l->id, sizeof(l->id)) || !is_hex_id(l->id, LEASE_ID_LEN))
+                return set_message_error(ret_message, -EBADMSG,
+                                         "Lease %zu's id is not %d lowercase hexadecimal digits.", i, LEASE_ID_LEN);
+        if (l->device < 0)
+                return set_message_error(ret_message, -EBADMSG, "Lease %s's device %d is out of range.", l->id,
+                                         l->device);
+        if (l->uid == UID_ANY)
+                return set_message_error(ret_message, -EBADMSG, "Lease %s's uid %u is out of range.", l->id,
+                                         (unsigned)l->uid);
+        if (l->pid < 0)
+                return set_message_error(ret_message, -EBADMSG, "Lease %s's pid %d is out of range.", l->id,
+                                         (int)l->pid);
+        if (!fixed_is_printable(l->comm, sizeof(l->comm)))
+                return set_message_error(ret_message, -EBADMSG,
+                                         "Lease %s's command name is not printable UTF-8 of at most %d bytes.",
+                                         l->id, STATE_COMM_MAX);
+        if (l->label && (strlen(l->label) > LEASE_LABEL_MAX ||
+                         !json_string_is_printable(l->label, strlen(l->label), false)))
+                return set_message_error(ret_message, -EBADMSG,
+                                         "Lease %s's label is not printable UTF-8 of at most %d bytes.", l->id,
+                                         LEASE_LABEL_MAX);
+
+        if (l->n_slabs == 0)
+                return set_message_error(ret_message, -EBADMSG, "Lease %s has no slabs.", l->id);
+        if (l->n_slabs > POOL_MAX_SLABS)
+                return set_message_error(ret_message, -EBADMSG, "Lease %s has more than %d slabs.", l->id,
+                                         POOL_MAX_SLABS);
+        for (size_t j = 0; j < l->n_slabs; j++) {
+                if (l->slabs[j].id == 0)
+                        return set_message_error(ret_message, -EBADMSG, "Lease %s has a slab of id 0.", l->id);
+                if (!IS_POWER_OF_2(l->slabs[j].size))
                         return set_message_error(ret_message, -EBADMSG,
-                                                 "Lease %s is held by uid %" PRIi64 ", not its owner's, yet is not "
+                                                 "Lease %s's slab %" PRIu64 " has a size (%" PRIu64
+                                                 ") that is not a power of two.",
+                                                 l->id, l->slabs[j].id, l->slabs[j].size);
+                if (__builtin_add_overflow(sum, l->slabs[j].size, &sum))
+                        return set_message_error(ret_message, -EBADMSG, "Lease %s's slabs overflow.", l->id);
+        }
+        if (sum != l->size)
+                return set_message_error(ret_message, -EBADMSG,
+                                         "Lease %s's size is %" PRIu64 " bytes but its slabs add up to %" PRIu64 ".",
+                                         l->id, l->size, sum);
+
+        if (l->name && !vmmb_lease_name_is_valid(l->name))
+                return set_message_error(ret_message, -EBADMSG, "Lease %s's name is not a valid name.", l->id);
+        if (!l->name && (l->n_name_uids > 0 || l->name_readonly))
+                return set_message_error(ret_message, -EBADMSG,
+                                         "Lease %s has name_uids or name_readonly but no name.", l->id);
+        if (l->n_name_uids > STATE_NAME_UIDS_MAX)
+                return set_message_error(ret_message, -EBADMSG, "Lease %s has more than %d name_uids.", l->id,
+                                         STATE_NAME_UIDS_MAX);
+        for (size_t j = 0; j < l->n_name_uids; j++)
+                if (l->name_uids[j] == UID_ANY)
+                        return set_message_error(ret_message, -EBADMSG,
+                                                 "Lease %s's name_uids hold %u, out of range.", l->id,
+                                                 (unsigned)l->name_uids[j]);
+
+        if (l->n_tokens > LEASE_TOKENS_MAX)
+                return set_message_error(ret_message, -EBADMSG, "Lease %s has more than %d tokens.", l->id,
+                                         LEASE_TOKENS_MAX);
+        for (size_t j = 0; j < l->n_tokens; j++) {
+                const StateToken *tok = &l->tokens[j];
+
+                if (!fixed_is_printable(tok->token, sizeof(tok->token)) || !is_hex_id(tok->token, LEASE_TOKEN_LEN))
+                        return set_message_error(ret_message, -EBADMSG,
+                                                 "Lease %s's token %zu is not %d lowercase hexadecimal digits.", l->id,
+                                                 j, LEASE_TOKEN_LEN);
+                if (tok->creator == UID_ANY)
+                        return set_message_error(ret_message, -EBADMSG,
+                                                 "Lease %s's token %zu has a uid out of range.", l->id, j);
+        }
+
+        if (l->n_holds > STATE_HOLDS_MAX)
+                return set_message_error(ret_message, -EBADMSG, "Lease %s has more than %d holds.", l->id,
+                                         STATE_HOLDS_MAX);
+        for (size_t j = 0; j < l->n_holds; j++) {
+                const StateHold *h = &l->holds[j];
+
+                if (h->pid < 0 || h->uid == UID_ANY || h->gid == (gid_t)-1)
+                        return set_message_error(ret_message, -EBADMSG,
+                                                 "Lease %s's hold %zu has a pid, uid or gid out of range.", l->id, j);
+                if (h->refs == 0)
+                        return set_message_error(ret_message, -EBADMSG, "Lease %s's hold %zu has 0 references.",
+                                                 l->id, j);
+                if (!fixed_is_printable(h->comm, sizeof(h->comm)))
+                        return set_message_error(ret_message, -EBADMSG,
+                                                 "Lease %s's hold %zu has a command name that is not printable "
+                                                 "UTF-8 of at most %d bytes.",
+                                                 l->id, j, STATE_COMM_MAX);
+                if (h->uid != l->uid && !l->foreign)
+                        return set_message_error(ret_message, -EBADMSG,
+                                                 "Lease %s is held by uid %u, not its owner's, yet is not "
                                                  "marked foreign.",
-                                                 w->id, h->uid);
+                                                 l->id, (unsigned)h->uid);
         }
         return 0;
 }
 
 /* The checks across leases: unique ids, names, tokens and slabs; one process per pid. */
-static int check_unique(const StoredState *w, char **ret_message) {
-        _cleanup_free_ char **strs = NULL;
+static int check_unique(const State *s, char **ret_message) {
+        _cleanup_free_ const char **strs = NULL;
         _cleanup_free_ uint64_t *ids = NULL;
         _cleanup_free_ HoldKey *keys = NULL;
         size_t n_slabs = 0, n_tokens = 0, n_holds = 0, n;
         const char *dup;
 
-        for (size_t i = 0; i < w->n_leases; i++) {
-                n_slabs += w->leases[i].n_slabs;
-                n_tokens += w->leases[i].n_tokens;
-                n_holds += w->leases[i].n_holds;
+        for (size_t i = 0; i < s->n_leases; i++) {
+                n_slabs += s->leases[i].n_slabs;
+                n_tokens += s->leases[i].n_tokens;
+                n_holds += s->leases[i].n_holds;
         }
-        strs = calloc(MAX(w->n_leases, n_tokens) ?: 1, sizeof(char *));
+        strs = calloc(MAX(s->n_leases, n_tokens) ?: 1, sizeof(char *));
         ids = calloc(n_slabs ?: 1, sizeof(uint64_t));
         keys = calloc(n_holds ?: 1, sizeof(HoldKey));
         if (!strs || !ids || !keys)
                 return -ENOMEM;
 
-        for (size_t i = 0; i < w->n_leases; i++)
-                strs[i] = w->leases[i].id;
-        dup = find_duplicate_str(strs, w->n_leases);
+        for (size_t i = 0; i < s->n_leases; i++)
+                strs[i] = s->leases[i].id;
+        dup = find_duplicate_str(strs, s->n_leases);
         if (dup)
                 return set_message_error(ret_message, -EBADMSG, "Lease id %s appears twice.", dup);
 
         n = 0;
-        for (size_t i = 0; i < w->n_leases; i++)
-                if (w->leases[i].name)
-                        strs[n++] = w->leases[i].name;
+        for (size_t i = 0; i < s->n_leases; i++)
+                if (s->leases[i].name)
+                        strs[n++] = s->leases[i].name;
         dup = find_duplicate_str(strs, n);
         if (dup)
                 return set_message_error(ret_message, -EBADMSG, "Two leases are published as '%s'.", dup);
 
         n = 0;
-        for (size_t i = 0; i < w->n_leases; i++)
-                for (size_t j = 0; j < w->leases[i].n_tokens; j++)
-                        strs[n++] = w->leases[i].tokens[j].token;
+        for (size_t i = 0; i < s->n_leases; i++)
+                for (size_t j = 0; j < s->leases[i].n_tokens; j++)
+                        strs[n++] = s->leases[i].tokens[j].token;
         if (find_duplicate_str(strs, n))
                 return set_message_error(ret_message, -EBADMSG, "A share token appears twice.");
 
         n = 0;
-        for (size_t i = 0; i < w->n_leases; i++)
-                for (size_t j = 0; j < w->leases[i].n_slabs; j++)
-                        ids[n++] = w->leases[i].slabs[j].id;
+        for (size_t i = 0; i < s->n_leases; i++)
+                for (size_t j = 0; j < s->leases[i].n_slabs; j++)
+                        ids[n++] = s->leases[i].slabs[j].id;
         if (n > 1)
                 qsort(ids, n, sizeof(uint64_t), cmp_u64);
         for (size_t i = 1; i < n; i++)
@@ -549,10 +466,10 @@ static int check_unique(const StoredState *w, char **ret_message) {
                                                  ids[i]);
 
         n = 0;
-        for (size_t i = 0; i < w->n_leases; i++)
-                for (size_t j = 0; j < w->leases[i].n_holds; j++)
-                        keys[n++] = (HoldKey){ .pid = w->leases[i].holds[j].pid, .lease = i,
-                                               .hold = &w->leases[i].holds[j] };
+        for (size_t i = 0; i < s->n_leases; i++)
+                for (size_t j = 0; j < s->leases[i].n_holds; j++)
+                        keys[n++] = (HoldKey){ .pid = s->leases[i].holds[j].pid, .lease = i,
+                                               .hold = &s->leases[i].holds[j] };
         if (n > 1)
                 qsort(keys, n, sizeof(HoldKey), cmp_hold_key);
         for (size_t i = 1; i < n; i++) {
@@ -561,15 +478,28 @@ static int check_unique(const StoredState *w, char **ret_message) {
                 if (a->pid != b->pid || a->pid == 0)    /* pid 0: holders whose pid went to another process */
                         continue;
                 if (a->lease == b->lease)
-                        return set_message_error(ret_message, -EBADMSG, "Process %" PRIi64 " holds lease %s twice.",
-                                                 a->pid, w->leases[a->lease].id);
+                        return set_message_error(ret_message, -EBADMSG, "Process %d holds lease %s twice.",
+                                                 (int)a->pid, s->leases[a->lease].id);
                 if (a->hold->start_time != b->hold->start_time || a->hold->uid != b->hold->uid ||
                     a->hold->gid != b->hold->gid)
                         return set_message_error(ret_message, -EBADMSG,
-                                                 "Process %" PRIi64 " is described differently in two leases.",
-                                                 a->pid);
+                                                 "Process %d is described differently in two leases.", (int)a->pid);
         }
         return 0;
+}
+
+int state_check(const State *s, char **ret_message) {
+        int k;
+
+        if (s->n_leases > STATE_LEASES_MAX)
+                return set_message_error(ret_message, -EBADMSG, "The state has more than %d leases.",
+                                         STATE_LEASES_MAX);
+        for (size_t i = 0; i < s->n_leases; i++) {
+                k = check_lease(&s->leases[i], i, ret_message);
+                if (k < 0)
+                        return k;
+        }
+        return check_unique(s, ret_message);
 }
 
 /* Copies a checked string into a fixed buffer (its length was bounded by the table). */
@@ -721,13 +651,10 @@ int state_read(int fd, State *ret, char **ret_message) {
         json_object_put(TAKE_PTR(o));   /* the tree is several times the text: let it go before converting */
 
         for (size_t i = 0; i < w.n_leases; i++) {
-                k = check_lease(&w.leases[i], i, ret_message);
+                k = check_ranges(&w.leases[i], ret_message);
                 if (k < 0)
                         return k;
         }
-        k = check_unique(&w, ret_message);
-        if (k < 0)
-                return k;
 
         if (w.n_leases > 0) {
                 s.leases = calloc(w.n_leases, sizeof(StateLease));
@@ -740,6 +667,9 @@ int state_read(int fd, State *ret, char **ret_message) {
                 if (k < 0)
                         return k;
         }
+        k = state_check(&s, ret_message);
+        if (k < 0)
+                return k;
         *ret = s;
         s = (State){};
         return 0;

@@ -2,15 +2,14 @@
 #pragma once
 
 /*
- * The daemon's state across a restart: the lease table written as versioned
- * JSON into a sealed memfd, which the daemon keeps in the service manager's
- * file descriptor store (FDNAME=state) next to the slabs' own fds
- * (FDNAME=slab-<id>, Slab.id), and reads back at start.
- *
- * The daemon does not use this module yet: restoring (rebuilding the
- * LeaseTable from a State and the stored slab fds, re-attaching the holders
- * still alive) is the next step. docs/restart.md describes the format for a
- * person; in short:
+ * The daemon's state across a restart as plain data (State), what both
+ * readers give: store_read() (store.h: the log of changes the daemon keeps,
+ * format 2, "table-<generation>") and state_read() here, for format 1, the
+ * JSON "state-<generation>" memfd that the previous daemon stored whole after
+ * every change, so that an upgrade keeps its leases. Both make the same
+ * checks (state_check()). Also here: telling whether a holder written in a
+ * state is still the same live process. docs/restart.md describes both
+ * formats for a person; format 1, in short:
  *
  *   {"format": 1, "leases": [{
  *       "id": "<32 hex>", "device": 0, "size": 4194304, "created": <usec, CLOCK_REALTIME>,
@@ -46,7 +45,7 @@
 
 #include "lease.h"
 
-#define STATE_FORMAT 1                          /* the version this code writes and reads */
+#define STATE_FORMAT 1                          /* the JSON version state_read() reads */
 #define STATE_SIZE_MAX (UINT64_C(1) << 30)      /* bytes of the file */
 #define STATE_LEASES_MAX 1000000
 #define STATE_HOLDS_MAX 4194304                 /* holds per lease: PID_MAX_LIMIT, as each is a process */
@@ -112,27 +111,33 @@ typedef struct State {
 } State;
 
 /*
- * Writes the lease table to a new memfd, sealed against any change (shrink,
- * grow, write, and further seals), its offset at 0. Strings are written as
- * json_build() makes them acceptable to the reader (a command name that is
- * not valid UTF-8 gets '?' for its bad bytes). Returns 0 and the fd in
- * *ret_memfd (O_CLOEXEC); -EFBIG when the text would be over STATE_SIZE_MAX
- * or the table over STATE_LEASES_MAX; -ENOMEM; another negative errno from
- * memfd_create(), write() or fcntl().
- */
-int state_write(const LeaseTable *t, int *ret_memfd);
-
-/*
- * Reads a state from `fd` (a regular file: the memfd state_write() made, or
- * any copy of it; read with pread(), from offset 0, so the fd's offset is
- * neither used nor changed). Returns 0 with *ret filled (free it with
- * state_done()); -EPROTONOSUPPORT for another format version, -EBADMSG for
- * a file that is not one this code writes (not JSON, a rule broken, cut
- * short), -EFBIG for one over STATE_SIZE_MAX, each with a sentence in
- * *ret_message (malloc'd; may be NULL); -ENOMEM; -errno of fstat()/pread().
- * On failure *ret is empty and nothing is left allocated.
+ * Reads a format-1 state from `fd` (a regular file: the memfd the previous
+ * daemon stored as "state-<generation>", or any copy of it; read with
+ * pread(), from offset 0, so the fd's offset is neither used nor changed).
+ * Returns 0 with *ret filled (free it with state_done()); -EPROTONOSUPPORT
+ * for another format version, -EBADMSG for a file that is not one that
+ * daemon wrote (not JSON, a rule broken, cut short; state_check()), -EFBIG
+ * for one over STATE_SIZE_MAX, each with a sentence in *ret_message
+ * (malloc'd; may be NULL); -ENOMEM; -errno of fstat()/pread(). On failure
+ * *ret is empty and nothing is left allocated.
  */
 int state_read(int fd, State *ret, char **ret_message);
+
+/*
+ * The checks state_read() makes beyond the syntax, over a State however it
+ * was read (store_read() makes them too): at most STATE_LEASES_MAX leases;
+ * ids and tokens 32 lowercase hex digits; command names and labels printable
+ * UTF-8 within their limits; 1..POOL_MAX_SLABS slabs of non-zero ids and
+ * power-of-two sizes adding up to the size; a valid name, with name_uids
+ * (at most STATE_NAME_UIDS_MAX) and name_readonly only with a name; at most
+ * LEASE_TOKENS_MAX tokens and STATE_HOLDS_MAX holds; no uid, gid or creator
+ * of UID_ANY (a token's uid may be), no negative device or pid, refs at
+ * least 1; foreign whenever a hold is of another uid than the owner's; ids,
+ * names, tokens and slab ids unique in the state; a pid held in several
+ * leases described the same in each, and holding one lease at most once.
+ * Returns 0, -EBADMSG with a sentence in *ret_message, or -ENOMEM.
+ */
+int state_check(const State *s, char **ret_message);
 
 /* Frees what state_read() put in a State and empties it. Accepts an empty State. */
 void state_done(State *s);
