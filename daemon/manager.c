@@ -17,9 +17,9 @@
 
 #include "macro.h"
 #include "manager.h"
-#include "restore.h"
 #include "message.h"
 #include "peer.h"
+#include "restore.h"
 #include "size.h"
 
 #define MANAGER_MAX_PEERS 4096
@@ -27,6 +27,13 @@
 /* Holder exits are handled before requests, so a request never sees a dead process's leases. */
 #define PRIORITY_HOLDER_EXIT (-10)
 #define PRIORITY_SCRUB (-5)
+/*
+ * Serving comes after reading (SD_EVENT_PRIORITY_NORMAL): a wake-up of a connection only reads, once, and a
+ * connection with a request buffered is not woken again until it is served, so reading is bounded by the
+ * connections. A defer source stays pending while it is enabled and sd-event serves older pending sources
+ * first: at the same priority as reading, the fair queue would run before any other connection is read.
+ */
+#define PRIORITY_SERVE 1
 
 static int bind_socket(const char *path, char **ret_message) {
         struct sockaddr_un sa = { .sun_family = AF_UNIX };
@@ -73,7 +80,11 @@ static int bind_socket(const char *path, char **ret_message) {
         return TAKE_FD(fd);
 }
 
-/* The socket systemd passed us, or -ENOENT when it passed none. */
+/* Runs pool_idle(), snapshots and STATUS= when the loop has nothing else to do. */
+static void schedule_idle(Manager *m) {
+        (void)sd_event_source_set_enabled(m->idle_source, SD_EVENT_ONESHOT);
+}
+
 static int on_accept(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
         Manager *m = userdata;
 
@@ -99,23 +110,86 @@ static int on_accept(sd_event_source *s, int fd, uint32_t revents, void *userdat
         }
 }
 
+/*
+ * One round of the fair queue: each user with a request waiting gets one
+ * request served (fair.h), then the loop polls again, so that new
+ * connections, other users' requests and holders' exits are seen between
+ * rounds.
+ */
+static int on_serve(sd_event_source *s, void *userdata) {
+        Manager *m = userdata;
+        unsigned n = m->fair.n_users;
+
+        for (unsigned i = 0; i < n && !fair_queue_is_empty(&m->fair); i++) {
+                List *link = fair_queue_pop(&m->fair);
+
+                peer_serve(container_of(link, Peer, link_ready));
+        }
+        if (fair_queue_is_empty(&m->fair))
+                (void)sd_event_source_set_enabled(s, SD_EVENT_OFF);
+        schedule_idle(m);               /* released slabs' fds are closed there, STATUS= sent */
+        return 0;
+}
+
 static int on_pool(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
         Manager *m = userdata;
 
         if (pool_dispatch(m->pool) > 0)
-                manager_notify_status(m);
+                schedule_idle(m);
         return 0;
 }
 
-static void send_status(Manager *m);
+static int on_holder_exit(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
+        Manager *m = userdata;
+
+        broker_reap_holders(&m->broker);
+        schedule_idle(m);
+        return 0;
+}
+
+/* The STATUS= line, sent when it would say something new: sd_notify() costs a socket of its own each time. */
+static void send_status(Manager *m) {
+        const LeaseTable *t = &m->broker.leases;
+        uint64_t leased = 0, cached = 0;
+        char b1[FORMAT_SIZE_MAX], b2[FORMAT_SIZE_MAX];
+
+        if (m->status_sent && m->status_generation == t->generation &&
+            m->status_store_error == m->broker.store_error)
+                return;
+        for (size_t i = 0; i < pool_n_devices(m->pool); i++) {
+                PoolDeviceStats s;
+
+                pool_device_stats(m->pool, i, &s);
+                leased += s.leased;
+                cached += s.cached;
+        }
+        if (m->broker.store_error < 0)
+                (void)sd_notifyf(false, "STATUS=Storing the lease table for restarts failed (%s): changes are "
+                                 "refused until it works again; %u leases (%s)",
+                                 strerror(-m->broker.store_error), t->n_leases, format_size(leased, b1, sizeof(b1)));
+        else
+                (void)sd_notifyf(false, "STATUS=%u leases (%s, %u published), %s cached, %u clients", t->n_leases,
+                                 format_size(leased, b1, sizeof(b1)), t->n_published,
+                                 format_size(cached, b2, sizeof(b2)), m->n_peers);
+        m->status_generation = t->generation;
+        m->status_store_error = m->broker.store_error;
+        m->status_sent = true;
+}
 
 static int on_idle(sd_event_source *s, void *userdata) {
         Manager *m = userdata;
+        int old = m->broker.store_error;
 
         pool_idle(m->pool);
-        restore_save_state(m);
-        if (m->status_dirty)
-                send_status(m);
+        /* Keep trying what could not be stored: a table to start from, exited holders' holds. */
+        if (broker_store_snapshot(&m->broker, false) < 0 && old == 0)
+                fprintf(stderr, "Failed to store the lease table: %s; changes are refused until it works again.\n",
+                        strerror(-m->broker.store_error));
+        if (broker_has_unreaped(&m->broker))
+                broker_reap_holders(&m->broker);
+        if (old < 0 && m->broker.store_error == 0)
+                fprintf(stderr, "Storing the lease table works again.\n");
+        send_status(m);
         return 0;
 }
 
@@ -126,112 +200,32 @@ static int on_signal(sd_event_source *s, const struct signalfd_siginfo *si, void
 }
 
 /*
- * Holders' pidfds live in an epoll set of their own, so that the manager can
- * ask "has any holder exited?" in one syscall before answering each request:
- * a request read after a holder's exit must never see its leases, and event
- * source priorities alone cannot promise that when a peer's requests are read
- * in a batch.
+ * Every second: while storing fails, try again even if nothing else wakes the loop; and compact the store
+ * even when a busy loop is never idle.
  */
-static void unwatch_holder(Manager *m, Holder *h) {
-        if (!h->userdata)
-                return;
-        (void)epoll_ctl(m->holder_epoll_fd, EPOLL_CTL_DEL, h->pidfd, NULL);
-        h->userdata = NULL;
-}
+static int on_retry(sd_event_source *s, uint64_t usec, void *userdata) {
+        Manager *m = userdata;
 
-unsigned manager_holder_exited(Manager *m, Holder *h) {
-        unsigned n;
-
-        unwatch_holder(m, h);
-        n = holder_reclaim(&m->leases, h);
-        h->pid = 0;     /* a new process with this pid is someone else; its connections' requests go unserved */
-        holder_free_if_unused(&m->leases, h);
-        if (n > 0)
-                restore_state_changed(m);
-        return n;
-}
-
-unsigned manager_reap_holders(Manager *m) {
-        struct epoll_event ev[64];
-        unsigned reclaimed = 0;
-        int n;
-
-        do {
-                n = epoll_wait(m->holder_epoll_fd, ev, ELEMENTSOF(ev), 0);
-                for (int i = 0; i < n; i++)
-                        reclaimed += manager_holder_exited(m, ev[i].data.ptr);
-        } while (n == (int)ELEMENTSOF(ev));
-        if (reclaimed > 0) {
-                manager_schedule_idle(m);       /* released slabs' fds are closed there */
-                manager_notify_status(m);
-        }
-        return reclaimed;
-}
-
-static int on_holder_exit(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
-        manager_reap_holders(userdata);
+        if (m->broker.store_error < 0 || broker_has_unreaped(&m->broker))
+                schedule_idle(m);
+        else
+                (void)broker_store_snapshot(&m->broker, false);
+        (void)sd_event_source_set_time_relative(s, 1000000);
         return 0;
-}
-
-int manager_watch_holder(Manager *m, Holder *h) {
-        struct epoll_event ev = { .events = EPOLLIN, .data.ptr = h };
-
-        if (epoll_ctl(m->holder_epoll_fd, EPOLL_CTL_ADD, h->pidfd, &ev) < 0)
-                return -errno;
-        h->userdata = m;
-        return 0;
-}
-
-
-void manager_release_holder(Manager *m, Holder *h) {
-        /* A process with no lease and no connection left is forgotten; it is a new holder if it comes back. */
-        if (--h->n_connections == 0 && list_is_empty(&h->holds))
-                unwatch_holder(m, h);
-        holder_free_if_unused(&m->leases, h);
-}
-
-void manager_schedule_idle(Manager *m) {
-        (void)sd_event_source_set_enabled(m->idle_source, SD_EVENT_ONESHOT);
-}
-
-/* The STATUS= line is sent when the loop is idle: sd_notify() costs a socket of its own each time. */
-void manager_notify_status(Manager *m) {
-        m->status_dirty = true;
-        manager_schedule_idle(m);
-}
-
-static void send_status(Manager *m) {
-        uint64_t leased = 0, cached = 0;
-        char b1[FORMAT_SIZE_MAX], b2[FORMAT_SIZE_MAX];
-
-        for (size_t i = 0; i < pool_n_devices(m->pool); i++) {
-                PoolDeviceStats s;
-
-                pool_device_stats(m->pool, i, &s);
-                leased += s.leased;
-                cached += s.cached;
-        }
-        (void)sd_notifyf(false, "STATUS=%u leases (%s, %u published), %s cached, %u clients", m->leases.n_leases,
-                         format_size(leased, b1, sizeof(b1)), m->leases.n_published,
-                         format_size(cached, b2, sizeof(b2)), m->n_peers);
-        m->status_dirty = false;
 }
 
 Manager *manager_free(Manager *m) {
         Peer *p, *tmp;
-        Holder *h;
 
         if (!m)
                 return NULL;
         list_for_each_entry_safe(p, tmp, &m->peers, link)
                 peer_free(p);
-        list_for_each_entry(h, &m->leases.holders, link)
-                unwatch_holder(m, h);
-        lease_table_done(&m->leases);
-        user_registry_done(&m->users);          /* after the leases and peers that refer to users */
+        if (m->pool)
+                broker_done(&m->broker);        /* broker_init() comes right after pool_new() */
         sd_event_source_disable_unref(m->holder_source);
-        safe_close(m->holder_epoll_fd);
         sd_event_source_disable_unref(m->listen_source);
+        sd_event_source_disable_unref(m->serve_source);
         sd_event_source_disable_unref(m->pool_source);
         sd_event_source_disable_unref(m->idle_source);
         if (m->bound_path) {
@@ -248,25 +242,44 @@ Manager *manager_free(Manager *m) {
 
 DEFINE_TRIVIAL_CLEANUP_FUNC(Manager, manager_free);
 
-/* The per-user accounting, for the devices the pool serves: their capacities bound the users' bytes. */
-static int manager_init_users(Manager *m, const LimitsConfig *limits) {
-        size_t n = pool_n_devices(m->pool);
-        _cleanup_free_ uint64_t *capacity = calloc(n ?: 1, sizeof(uint64_t));
+static int manager_add_sources(Manager *m) {
+        sd_event_source *retry = NULL;
+        int k;
 
-        if (!capacity)
-                return -ENOMEM;
-        for (size_t i = 0; i < n; i++) {
-                PoolDeviceStats s;
-
-                pool_device_stats(m->pool, i, &s);
-                capacity[i] = s.capacity;
-        }
-        user_registry_done(&m->users);
-        return user_registry_init(&m->users, limits, capacity, n);
+        k = sd_event_add_io(m->event, &m->holder_source, holder_registry_get_fd(&m->broker.holders), EPOLLIN,
+                            on_holder_exit, m);
+        if (k >= 0)
+                k = sd_event_source_set_priority(m->holder_source, PRIORITY_HOLDER_EXIT);
+        if (k >= 0)
+                k = sd_event_add_io(m->event, &m->listen_source, m->listen_fd, EPOLLIN, on_accept, m);
+        if (k >= 0)
+                k = sd_event_add_defer(m->event, &m->serve_source, on_serve, m);
+        if (k >= 0)
+                k = sd_event_source_set_priority(m->serve_source, PRIORITY_SERVE);
+        if (k >= 0)
+                k = sd_event_source_set_enabled(m->serve_source, SD_EVENT_OFF);
+        if (k >= 0)
+                k = sd_event_add_io(m->event, &m->pool_source, pool_get_fd(m->pool), EPOLLIN, on_pool, m);
+        if (k >= 0)
+                k = sd_event_source_set_priority(m->pool_source, PRIORITY_SCRUB);
+        if (k >= 0)
+                k = sd_event_add_defer(m->event, &m->idle_source, on_idle, m);
+        if (k >= 0)
+                k = sd_event_source_set_priority(m->idle_source, SD_EVENT_PRIORITY_IDLE);
+        if (k >= 0)
+                k = sd_event_source_set_enabled(m->idle_source, SD_EVENT_OFF);
+        if (k >= 0)
+                k = sd_event_add_time_relative(m->event, &retry, CLOCK_MONOTONIC, 1000000, 0, on_retry, m);
+        if (k >= 0)
+                k = sd_event_source_set_enabled(retry, SD_EVENT_ON);
+        if (k >= 0)
+                (void)sd_event_source_set_floating(retry, true);
+        sd_event_source_unref(retry);
+        return k;
 }
 
 int manager_new(Manager **ret, const ManagerConfig *config, char **ret_message) {
-        _cleanup_(inherited_done) Inherited in = { .socket = -EBADF, .state_fd = -EBADF };
+        _cleanup_(inherited_done) Inherited in = INHERITED_NULL;
         _cleanup_(manager_freep) Manager *m = NULL;
         const char *path = config->socket_path ?: MANAGER_DEFAULT_SOCKET;
         sigset_t mask;
@@ -276,15 +289,11 @@ int manager_new(Manager **ret, const ManagerConfig *config, char **ret_message) 
         if (!m)
                 return -ENOMEM;
         m->listen_fd = -EBADF;
-        m->holder_epoll_fd = -EBADF;
         list_init(&m->peers);
-        lease_table_init(&m->leases, NULL);     /* so that manager_free() works from any failure below */
+        fair_queue_init(&m->fair);
         m->has_admin_group = config->has_admin_group;
         m->admin_gid = config->admin_gid;
         m->reply_timeout_usec = config->reply_timeout_usec ?: MANAGER_DEFAULT_REPLY_TIMEOUT_USEC;
-        k = user_registry_init(&m->users, &config->limits, NULL, 0);
-        if (k < 0)
-                return k;
 
         k = sd_event_default(&m->event);
         if (k < 0)
@@ -314,13 +323,13 @@ int manager_new(Manager **ret, const ManagerConfig *config, char **ret_message) 
         k = pool_new(&m->pool, m->cu, &config->pool, ret_message);
         if (k < 0)
                 return k;
-        m->leases.pool = m->pool;
-        m->leases.users = &m->users;
-        k = manager_init_users(m, &config->limits);
+        k = broker_init(&m->broker, m->pool, &config->limits);
+        if (k < 0)
+                return k;
+        k = restore_start_storing(m, ret_message);
         if (k < 0)
                 return k;
 
-        restore_start_storing(m);
         k = in.socket;
         in.socket = -EBADF;
         if (k < 0) {
@@ -337,29 +346,12 @@ int manager_new(Manager **ret, const ManagerConfig *config, char **ret_message) 
                 return k;
         m->listen_fd = k;
 
-        m->holder_epoll_fd = epoll_create1(EPOLL_CLOEXEC);
-        if (m->holder_epoll_fd < 0)
-                return -errno;
-        k = sd_event_add_io(m->event, &m->holder_source, m->holder_epoll_fd, EPOLLIN, on_holder_exit, m);
-        if (k < 0)
-                return k;
-        (void)sd_event_source_set_priority(m->holder_source, PRIORITY_HOLDER_EXIT);
         k = restore_leases(m, &in);
         if (k < 0)
                 return k;
-
-        k = sd_event_add_io(m->event, &m->listen_source, m->listen_fd, EPOLLIN, on_accept, m);
+        k = manager_add_sources(m);
         if (k < 0)
                 return k;
-        k = sd_event_add_io(m->event, &m->pool_source, pool_get_fd(m->pool), EPOLLIN, on_pool, m);
-        if (k < 0)
-                return k;
-        (void)sd_event_source_set_priority(m->pool_source, PRIORITY_SCRUB);
-        k = sd_event_add_defer(m->event, &m->idle_source, on_idle, m);
-        if (k < 0)
-                return k;
-        (void)sd_event_source_set_priority(m->idle_source, SD_EVENT_PRIORITY_IDLE);
-        (void)sd_event_source_set_enabled(m->idle_source, SD_EVENT_OFF);
 
         *ret = TAKE_PTR(m);
         return 0;

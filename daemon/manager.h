@@ -3,17 +3,23 @@
 
 /*
  * The daemon's manager: one sd-event loop that owns the listening socket, the
- * connected peers, the pool's scrub completions and the pidfds of the
- * processes holding leases. Everything runs on this one thread; a slow or
- * stuck client only ever costs its own connection.
+ * connected peers, the fair queue that decides whose request is served next,
+ * the pool's scrub completions and the holders' exits. Everything runs on
+ * this one thread; a slow or stuck client only ever costs its own connection,
+ * and a busy user only its own turns.
+ *
+ * What it wires: main.c -> manager.c -> peer.c -> method.c -> broker.c (the
+ * rules) -> lease.c, holder.c, user.c, pool.c, store.c; restore.c rebuilds the
+ * broker's table at start. No module below calls back into one above.
  */
 
 #include <stdbool.h>
 #include <sys/types.h>
 #include <systemd/sd-event.h>
 
+#include "broker.h"
 #include "driver.h"
-#include "lease.h"
+#include "fair.h"
 #include "list.h"
 #include "pool.h"
 #include "user.h"
@@ -34,22 +40,22 @@ typedef struct Manager {
         sd_event *event;
         CudaDriver *cu;
         Pool *pool;
-        LeaseTable leases;
-        UserRegistry users;
+        Broker broker;                  /* leases, holders, users, the store: the rules (broker.h) */
+        FairQueue fair;                 /* peers with a request waiting, by user (fair.h) */
         uint64_t reply_timeout_usec;
         int listen_fd;
         char *bound_path;               /* the socket we bound (and unlink at exit); NULL when inherited */
         sd_event_source *listen_source;
+        sd_event_source *serve_source;  /* serves one round of the fair queue per wake-up */
         sd_event_source *pool_source;   /* scrub completions */
-        sd_event_source *idle_source;   /* pool_idle(), when nothing else is pending */
-        int holder_epoll_fd;            /* the holders' pidfds */
-        sd_event_source *holder_source;
+        sd_event_source *holder_source; /* holders' exits */
+        sd_event_source *idle_source;   /* pool_idle(), snapshots, STATUS=, when nothing else is pending */
         List peers;
         unsigned n_peers;
-        bool status_dirty;              /* the STATUS= line is out of date */
-        bool storing;                   /* a service manager keeps slab fds and the state (restore.h) */
-        bool state_dirty;               /* the lease table changed since it was last stored */
-        uint64_t state_generation;      /* of the last state stored */
+        bool storing;                   /* a service manager keeps slab fds and the table (restore.h) */
+        uint64_t status_generation;     /* the table's generation the last STATUS= showed */
+        int status_store_error;         /* and the store's error it showed */
+        bool status_sent;
         bool has_admin_group;           /* members of admin_gid are administrators, as root is */
         gid_t admin_gid;
 } Manager;
@@ -60,24 +66,3 @@ Manager *manager_free(Manager *m);
 
 /* Announces readiness to the service manager and runs until SIGTERM or SIGINT. */
 int manager_run(Manager *m);
-
-/* Schedules pool_idle() for when the loop has nothing else to do. */
-void manager_schedule_idle(Manager *m);
-
-/* Starts watching a new holder's pidfd; when it becomes readable the holder's leases are reclaimed. */
-int manager_watch_holder(Manager *m, Holder *h);
-
-/*
- * Handles a holder's exit: stops watching it, drops its holds (ending the leases nobody else holds or
- * published) and forgets it once no connection refers to it. Returns how many holds it dropped.
- */
-unsigned manager_holder_exited(Manager *m, Holder *h);
-
-/* Reclaims the holds of every holder whose process has exited. Returns how many. */
-unsigned manager_reap_holders(Manager *m);
-
-/* Called by a peer that goes away: frees its holder when nothing else refers to it. */
-void manager_release_holder(Manager *m, Holder *h);
-
-/* Marks the STATUS= line shown by systemctl status out of date; it is sent when the loop is idle. */
-void manager_notify_status(Manager *m);

@@ -2,16 +2,23 @@
 #pragma once
 
 /*
- * A connected client: its connection, its credentials (SO_PEERCRED) and the
- * holder (process) it speaks for. Requests are answered in order; while a
- * reply is still queued, the peer's further requests wait (a client that does
- * not read its replies holds at most one reply in the daemon).
+ * A connected client: its connection, its credentials (SO_PEERCRED, its
+ * groups, a pidfd), the holder (process) and user it speaks for, and what it
+ * is charged for (the connection; a reply it has not read).
+ *
+ * Reading and answering are separate: a wake-up of the connection reads once
+ * (at most VARLINK_MAX_REQUEST bytes) and, when a whole request is there,
+ * queues the connection in the manager's fair queue (fair.h); the manager
+ * serves one request per turn (peer_serve()). While a reply is still queued,
+ * the connection's further requests wait (a client that does not read its
+ * replies holds at most one reply in the daemon).
  */
 
+#include <stdbool.h>
 #include <sys/socket.h>
 #include <systemd/sd-event.h>
 
-#include "lease.h"
+#include "broker.h"
 #include "list.h"
 #include "varlink.h"
 
@@ -22,13 +29,15 @@ typedef struct Peer {
         VarlinkConn *conn;
         sd_event_source *io;
         struct ucred cred;
-        bool admin;                     /* root or in the admin group when it connected: may List(all) */
-        Holder *holder;
-        User *user;                     /* the accounting of cred.uid */
+        Caller caller;                  /* its holder, its user (a reference) and whether it is an administrator */
+        UserCharge charge_connection;   /* empty for a refused connection */
+        UserCharge charge_request;      /* while a reply is queued */
         bool refused;                   /* over the user's MaxConnections: answers QuotaExceeded, then closes */
-        bool charged_request;           /* a reply is queued: charged to the user as a request in flight */
+        bool hangup;                    /* the client closed its end: its buffered requests are served, then
+                                           the connection closes */
         sd_event_source *reply_timer;   /* closes the connection when a reply stays unread too long */
         List link;                      /* in Manager.peers */
+        List link_ready;                /* in its user's ready_peers (fair.h) while a request waits */
 } Peer;
 
 /* Takes a just-accepted connection (closed on failure). Returns 0 or a negative errno. */
@@ -36,3 +45,6 @@ int peer_new(Manager *m, int fd);
 
 /* Closes the connection. The holder's leases stay: they end when the process frees them or exits. */
 Peer *peer_free(Peer *p);
+
+/* Serves the peer's next request (its turn in the fair queue came); it may close the peer. */
+void peer_serve(Peer *p);

@@ -90,6 +90,8 @@ const char *pool_strerror(int r) {
                 return "no such device";
         case POOL_E_DRIVER:
                 return "driver failure";
+        case POOL_E_NOT_KEPT:
+                return "slab not kept across a restart";
         default:
                 return r < 0 ? strerror(-r) : "unknown pool error";
         }
@@ -321,8 +323,13 @@ static int slab_create(PoolDevice *dev, uint64_t size, uid_t uid, Slab **ret) {
 
         slab_init(dev, slab, ++dev->pool->last_slab_id, fd, size, uid);
         dev->stats.created++;
-        if (dev->pool->hooks.slab_created)
-                dev->pool->hooks.slab_created(slab, dev->pool->hooks_userdata);
+        if (dev->pool->hooks.slab_created && dev->pool->hooks.slab_created(slab, dev->pool->hooks_userdata) < 0) {
+                /* A slab the daemon could not keep across a restart is not handed out: a crash would lose it. */
+                snprintf(dev->pool->last_error, sizeof(dev->pool->last_error),
+                         "slab %" PRIu64 " could not be kept in the service manager's fd store", slab->id);
+                slab_release(dev, TAKE_PTR(slab));
+                return POOL_E_NOT_KEPT;
+        }
         *ret = TAKE_PTR(slab);
         return 0;
 }

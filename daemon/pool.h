@@ -44,6 +44,7 @@ enum {
         POOL_E_TOO_LARGE,       /* more than the device's capacity, or more than POOL_MAX_SLABS slabs */
         POOL_E_NO_DEVICE,       /* the pool does not serve that device */
         POOL_E_DRIVER,          /* the driver failed; pool_last_error() says how */
+        POOL_E_NOT_KEPT,        /* a new slab could not be kept across a restart (its slab_created hook failed) */
 };
 
 typedef struct PoolConfig {
@@ -126,10 +127,11 @@ void pool_reclaim(Pool *p, Slab *slab);
 
 /*
  * Told of every slab the pool creates (after its export) and releases (before its fd is closed), so that
- * the daemon can keep slab fds in the service manager's fd store across a restart.
+ * the daemon can keep slab fds in the service manager's fd store across a restart. When slab_created
+ * fails (a negative errno), the slab is released and the request that needed it fails with POOL_E_NOT_KEPT.
  */
 typedef struct PoolHooks {
-        void (*slab_created)(const Slab *slab, void *userdata);
+        int (*slab_created)(const Slab *slab, void *userdata);
         void (*slab_released)(const Slab *slab, void *userdata);
 } PoolHooks;
 

@@ -15,91 +15,108 @@
 #include "message.h"
 #include "restore.h"
 #include "state.h"
+#include "store.h"
 
-/* --- the store ------------------------------------------------------------------------------------ */
+#define LEGACY_NAME_PREFIX "state-"     /* the previous version's whole-table JSON (state_read()) */
 
-static void store_fd(const char *name, int fd) {
-        char msg[128];
+/* --- the service manager's fd store ----------------------------------------------------------------- */
+
+static int fdstore_save(void *userdata, const char *name, int fd) {
+        char msg[320];
         int k;
 
         snprintf(msg, sizeof(msg), "FDSTORE=1\nFDNAME=%s\nFDPOLL=0", name);
         k = sd_pid_notify_with_fds(0, false, msg, &fd, 1);
-        if (k < 0)
-                fprintf(stderr, "Cannot store %s with the service manager: %s; it will not survive a restart.\n",
-                        name, strerror(-k));
+        return k < 0 ? k : k == 0 ? -ENOTCONN : 0;
 }
 
-static void unstore_fd(const char *name) {
-        char msg[128];
+static int fdstore_remove(void *userdata, const char *name) {
+        char msg[320];
+        int k;
 
         snprintf(msg, sizeof(msg), "FDSTOREREMOVE=1\nFDNAME=%s", name);
-        (void)sd_pid_notify(0, false, msg);
+        k = sd_pid_notify(0, false, msg);
+        return k < 0 ? k : k == 0 ? -ENOTCONN : 0;
 }
 
 static void slab_name(uint64_t id, char buf[static 32]) {
         snprintf(buf, 32, "slab-%" PRIu64, id);
 }
 
-static void on_slab_created(const Slab *slab, void *userdata) {
+static int on_slab_created(const Slab *slab, void *userdata) {
         char name[32];
+        int k;
 
         slab_name(slab->id, name);
-        store_fd(name, slab->fd);
+        k = fdstore_save(userdata, name, slab->fd);
+        if (k < 0)
+                fprintf(stderr, "Failed to store %s with the service manager: %s; not handing it out.\n", name,
+                        strerror(-k));
+        return k;
 }
 
 static void on_slab_released(const Slab *slab, void *userdata) {
         char name[32];
 
         slab_name(slab->id, name);
-        unstore_fd(name);
+        (void)fdstore_remove(userdata, name);
 }
 
-void restore_start_storing(Manager *m) {
-        static const PoolHooks hooks = { on_slab_created, on_slab_released };
-        const char *e = getenv("NOTIFY_SOCKET");
+/* VMMBROKER_TEST_STORE_FAULT=STEP:N[:crash], for the tests of storing (tests/restart/test-store-faults.c). */
+static int parse_fault(Store *s, const char *v, char **ret_message) {
+        static const char *const steps[] = {
+                [STORE_STEP_WRITE] = "write",
+                [STORE_STEP_GROW] = "grow",
+                [STORE_STEP_SEAL] = "seal",
+                [STORE_STEP_NOTIFY] = "notify",
+        };
+        char step[16], crash[16] = "";
+        unsigned n;
+        int fields = sscanf(v, "%15[a-z]:%u:%15s", step, &n, crash);
 
-        m->storing = e && *e;
-        if (m->storing)
-                pool_set_hooks(m->pool, &hooks, m);
+        for (size_t i = 0; fields >= 2 && n > 0 && i < ELEMENTSOF(steps); i++)
+                if (strcmp(step, steps[i]) == 0 && (fields == 2 || strcmp(crash, "crash") == 0)) {
+                        store_inject_fault(s, (StoreStep)i, n, -EIO, fields == 3);
+                        return 0;
+                }
+        set_message(ret_message, "VMMBROKER_TEST_STORE_FAULT=%s is not STEP:N or STEP:N:crash with STEP one of "
+                    "write, grow, seal, notify and N at least 1.", v);
+        return -EINVAL;
+}
+
+int restore_start_storing(Manager *m, char **ret_message) {
+        static const PoolHooks hooks = { on_slab_created, on_slab_released };
+        const StoreBackend backend = { fdstore_save, fdstore_remove, NULL };
+        const char *e = getenv("NOTIFY_SOCKET"), *fdstore = getenv("FDSTORE");
+        const char *fault = getenv("VMMBROKER_TEST_STORE_FAULT");
+        Store *s = NULL;
+        int k;
+
+        /* systemd 254 and later set $FDSTORE to FileDescriptorStoreMax= when the service has a store;
+         * vmmbroker.service sets it for older ones. Without it nothing stored would be kept. */
+        m->storing = e && *e && fdstore && strtoul(fdstore, NULL, 10) > 0;
+        if (!m->storing)
+                return 0;
+        k = store_new(&s, &backend);
+        if (k < 0)
+                return k;
+        if (fault && *fault) {
+                k = parse_fault(s, fault, ret_message);
+                if (k < 0) {
+                        store_free(s);
+                        return k;
+                }
+        }
+        broker_set_store(&m->broker, s);
+        pool_set_hooks(m->pool, &hooks, NULL);
+        return 0;
 }
 
 void restore_stop_storing(Manager *m) {
         if (!m->storing)
                 return;
-        restore_save_state(m);
         pool_set_hooks(m->pool, NULL, NULL);
         m->storing = false;
-}
-
-void restore_state_changed(Manager *m) {
-        if (!m->storing)
-                return;
-        m->state_dirty = true;
-        manager_schedule_idle(m);
-}
-
-void restore_save_state(Manager *m) {
-        _cleanup_close_ int fd = -EBADF;
-        char name[48];
-        int k;
-
-        if (!m->state_dirty)
-                return;
-        m->state_dirty = false;
-        k = state_write(&m->leases, &fd);
-        if (k < 0) {
-                fprintf(stderr, "Cannot write the lease table for a restart: %s; a restart now would lose it.\n",
-                        strerror(-k));
-                return;
-        }
-        /* The new generation first: a crash between the two leaves one whole state, the highest wins. */
-        snprintf(name, sizeof(name), "state-%" PRIu64, m->state_generation + 1);
-        store_fd(name, fd);
-        if (m->state_generation > 0) {
-                snprintf(name, sizeof(name), "state-%" PRIu64, m->state_generation);
-                unstore_fd(name);
-        }
-        m->state_generation++;
 }
 
 /* --- what came back at start ---------------------------------------------------------------------- */
@@ -119,12 +136,37 @@ static bool parse_numbered(const char *name, const char *prefix, uint64_t *ret) 
 static void drop(Inherited *in, int fd, const char *name) {
         safe_close(fd);
         if (name)
-                unstore_fd(name);
+                (void)fdstore_remove(NULL, name);
         in->n_dropped++;
 }
 
+static void table_name(const Inherited *in, char buf[static 48]) {
+        snprintf(buf, 48, "%s%" PRIu64, in->table_legacy ? LEGACY_NAME_PREFIX : STORE_NAME_PREFIX,
+                 in->table_generation);
+}
+
+/* Keeps the newer of two stored tables: any "table-" over any "state-", else the higher generation. */
+static void take_table(Inherited *in, int fd, uint64_t generation, bool legacy) {
+        char name[48];
+
+        if (in->table_fd >= 0 &&
+            (legacy > in->table_legacy || (legacy == in->table_legacy && generation < in->table_generation))) {
+                snprintf(name, sizeof(name), "%s%" PRIu64, legacy ? LEGACY_NAME_PREFIX : STORE_NAME_PREFIX,
+                         generation);
+                drop(in, fd, name);
+                return;
+        }
+        if (in->table_fd >= 0) {
+                table_name(in, name);
+                drop(in, in->table_fd, name);
+        }
+        in->table_fd = fd;
+        in->table_generation = generation;
+        in->table_legacy = legacy;
+}
+
 int inherited_take(Inherited *ret, char **ret_message) {
-        _cleanup_(inherited_done) Inherited in = { .socket = -EBADF, .state_fd = -EBADF };
+        _cleanup_(inherited_done) Inherited in = INHERITED_NULL;
         char **names = NULL;
         int n, k = 0;
 
@@ -145,9 +187,13 @@ int inherited_take(Inherited *ret, char **ret_message) {
                 (void)fcntl(fd, F_SETFD, FD_CLOEXEC);
                 if (k < 0)
                         safe_close(fd);
-                else if (strcmp(name, RESTORE_SOCKET_NAME) == 0 ||
-                         (sd_is_socket(fd, AF_UNSPEC, 0, -1) > 0 && !parse_numbered(name, "slab-", &v) &&
-                          !parse_numbered(name, "state-", &v))) {
+                else if (parse_numbered(name, "slab-", &v))
+                        in.slabs[in.n_slabs++] = (InheritedSlab){ .id = v, .fd = fd };
+                else if (parse_numbered(name, STORE_NAME_PREFIX, &v))
+                        take_table(&in, fd, v, false);
+                else if (parse_numbered(name, LEGACY_NAME_PREFIX, &v))
+                        take_table(&in, fd, v, true);
+                else if (strcmp(name, RESTORE_SOCKET_NAME) == 0 || sd_is_socket(fd, AF_UNSPEC, 0, -1) > 0) {
                         if (in.socket >= 0 || sd_is_socket_unix(fd, SOCK_STREAM, 1, NULL, 0) <= 0) {
                                 set_message(ret_message, "The service manager passed %s; vmmbrokerd takes exactly "
                                             "one listening AF_UNIX stream socket (check ListenStream= in "
@@ -158,22 +204,6 @@ int inherited_take(Inherited *ret, char **ret_message) {
                                 continue;
                         }
                         in.socket = fd;
-                } else if (parse_numbered(name, "slab-", &v))
-                        in.slabs[in.n_slabs++] = (InheritedSlab){ .id = v, .fd = fd };
-                else if (parse_numbered(name, "state-", &v)) {
-                        char old[48];
-
-                        if (in.state_fd >= 0 && v < in.state_generation) {
-                                snprintf(old, sizeof(old), "state-%" PRIu64, v);
-                                drop(&in, fd, old);
-                                continue;
-                        }
-                        if (in.state_fd >= 0) {
-                                snprintf(old, sizeof(old), "state-%" PRIu64, in.state_generation);
-                                drop(&in, in.state_fd, old);
-                        }
-                        in.state_fd = fd;
-                        in.state_generation = v;
                 } else
                         drop(&in, fd, name);
         }
@@ -186,17 +216,17 @@ int inherited_take(Inherited *ret, char **ret_message) {
         if (in.socket >= 0 && fcntl(in.socket, F_SETFL, fcntl(in.socket, F_GETFL) | O_NONBLOCK) < 0)
                 return -errno;
         *ret = in;
-        in = (Inherited){ .socket = -EBADF, .state_fd = -EBADF };
+        in = INHERITED_NULL;
         return 0;
 }
 
 void inherited_done(Inherited *in) {
         safe_close(in->socket);
-        safe_close(in->state_fd);
+        safe_close(in->table_fd);
         for (size_t i = 0; i < in->n_slabs; i++)
                 safe_close(in->slabs[i].fd);
         free(in->slabs);
-        *in = (Inherited){ .socket = -EBADF, .state_fd = -EBADF };
+        *in = INHERITED_NULL;
 }
 
 /* Closes the slab fds no lease took and removes them from the store: nobody can have them back. */
@@ -217,16 +247,22 @@ static unsigned drop_unused_slabs(Inherited *in) {
 
 /* --- rebuilding the table ------------------------------------------------------------------------- */
 
-/* The stored fd of slab `id`, taken out of `in`; -EBADF if none. */
-static int take_slab_fd(Inherited *in, uint64_t id) {
-        for (size_t i = 0; i < in->n_slabs; i++)
-                if (in->slabs[i].id == id && in->slabs[i].fd >= 0) {
-                        int fd = in->slabs[i].fd;
+static int cmp_slab(const void *a, const void *b) {
+        const InheritedSlab *x = a, *y = b;
 
-                        in->slabs[i].fd = -EBADF;
-                        return fd;
-                }
-        return -EBADF;
+        return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/* The stored fd of slab `id`, taken out of `in` (sorted by id); -EBADF if none. */
+static int take_slab_fd(Inherited *in, uint64_t id) {
+        InheritedSlab key = { .id = id }, *s = bsearch(&key, in->slabs, in->n_slabs, sizeof(*s), cmp_slab);
+        int fd;
+
+        if (!s)
+                return -EBADF;
+        fd = s->fd;
+        s->fd = -EBADF;
+        return fd;
 }
 
 /* Imports a lease's slabs. Returns 0, or a negative errno / POOL_E_* (then none is left imported). */
@@ -251,33 +287,106 @@ static int import_slabs(Manager *m, Inherited *in, const StateLease *sl, Slab **
         return 0;
 }
 
-/* The holder of a restored hold, if its process is the same and alive; NULL if it has gone. */
-static Holder *restored_holder(Manager *m, const StateHold *sh, int *ret_error) {
-        int pidfd = -EBADF, k;
-        Holder *h;
-        bool created;
+/* A lease as it was, owned by and charged to its owner even over its limits (it was within them when made). */
+static int rebuild_lease(Broker *b, const StateLease *sl, size_t pool_device, Slab **slabs, Lease **ret) {
+        _cleanup_free_ Lease *l = calloc(1, sizeof(Lease));
+        User *owner;
+        int k;
 
-        *ret_error = 0;
-        if (sh->pid <= 0 || state_open_holder(sh->pid, sh->start_time, &pidfd) <= 0)
-                return NULL;
-        k = lease_table_get_holder(&m->leases, sh->pid, sh->uid, sh->gid, pidfd, &h, &created);
-        if (k < 0) {
-                safe_close(pidfd);
-                return NULL;
+        if (!l)
+                return -ENOMEM;
+        l->slabs = calloc(sl->n_slabs ?: 1, sizeof(Slab *));
+        l->label = sl->label ? strdup(sl->label) : NULL;
+        owner = user_get(&b->users, sl->uid, NULL, 0);
+        k = lease_table_reserve(&b->leases);
+        if (!l->slabs || (sl->label && !l->label) || !owner || k < 0) {
+                free(l->slabs);
+                free(l->label);
+                user_unref(owner);
+                return -ENOMEM;
         }
-        if (created) {
-                k = manager_watch_holder(m, h);
-                if (k < 0) {
-                        *ret_error = k;
-                        return NULL;
+        memcpy(l->id, sl->id, LEASE_ID_LEN + 1);
+        memcpy(l->slabs, slabs, sl->n_slabs * sizeof(Slab *));
+        l->n_slabs = sl->n_slabs;
+        l->device = sl->device;
+        l->pool_device = pool_device;
+        for (size_t j = 0; j < sl->n_slabs; j++)
+                l->size += slabs[j]->size;
+        l->created_usec = sl->created_usec;
+        l->uid = sl->uid;
+        l->pid = sl->pid;
+        snprintf(l->comm, sizeof(l->comm), "%s", sl->comm);
+        l->foreign = sl->foreign;
+        user_charge_anyway(owner, &l->charge_lease, USER_LEASES, pool_device, 1);
+        user_charge_anyway(owner, &l->charge_bytes, USER_BYTES, pool_device, l->size);
+        user_unref(owner);
+        lease_table_add(&b->leases, l);
+        *ret = TAKE_PTR(l);
+        return 0;
+}
+
+static int restore_tokens_and_name(Broker *b, Lease *l, const StateLease *sl) {
+        for (size_t j = 0; j < sl->n_tokens; j++) {
+                Token *tok = calloc(1, sizeof(Token));
+
+                if (!tok || lease_table_reserve(&b->leases) < 0) {
+                        free(tok);
+                        return -ENOMEM;
                 }
+                memcpy(tok->token, sl->tokens[j].token, LEASE_TOKEN_LEN + 1);
+                tok->uid = sl->tokens[j].uid;
+                tok->creator = sl->tokens[j].creator;
+                tok->readonly = sl->tokens[j].readonly;
+                lease_add_token(&b->leases, l, tok);
         }
-        return h;
+        if (sl->name) {
+                char *name = strdup(sl->name);
+                uid_t *uids = calloc(sl->n_name_uids ?: 1, sizeof(uid_t));
+
+                if (!name || !uids || lease_table_reserve(&b->leases) < 0) {
+                        free(name);
+                        free(uids);
+                        return -ENOMEM;
+                }
+                memcpy(uids, sl->name_uids, sl->n_name_uids * sizeof(uid_t));
+                lease_set_name(&b->leases, l, name, uids, sl->n_name_uids, sl->name_readonly);
+        }
+        return 0;
+}
+
+/* Re-attaches the holds whose process is the same and alive. */
+static int restore_holds(Broker *b, Lease *l, const StateLease *sl, unsigned *ret_holds, unsigned *ret_gone) {
+        for (size_t j = 0; j < sl->n_holds; j++) {
+                const StateHold *sh = &sl->holds[j];
+                User *u = user_get(&b->users, sh->uid, NULL, 0);
+                Holder *h = NULL;
+                Hold *hold;
+                int k;
+
+                if (!u)
+                        return -ENOMEM;
+                k = holder_restore(&b->holders, u, sh->pid, sh->gid, sh->start_time, &h);
+                user_unref(u);
+                if (k < 0)
+                        return k;
+                if (k == 0 || lease_find_hold(l, h)) {
+                        (*ret_gone)++;
+                        continue;
+                }
+                hold = calloc(1, sizeof(*hold));
+                if (!hold) {
+                        holder_free_if_unused(h);
+                        return -ENOMEM;
+                }
+                lease_add_hold(&b->leases, l, hold, h, sh->refs ?: 1, sh->readonly);
+                (*ret_holds)++;
+        }
+        return 0;
 }
 
 static int restore_one(Manager *m, Inherited *in, const StateLease *sl, unsigned *ret_holds, unsigned *ret_gone) {
         Slab *slabs[POOL_MAX_SLABS];
-        User *owner;
+        Broker *b = &m->broker;
         Lease *l;
         int i = pool_find_device(m->pool, sl->device), k;
 
@@ -286,35 +395,46 @@ static int restore_one(Manager *m, Inherited *in, const StateLease *sl, unsigned
         k = import_slabs(m, in, sl, slabs);
         if (k != 0)
                 return k;
-        owner = user_get(&m->users, sl->uid, NULL, 0);
-        k = owner ? lease_restore(&m->leases, owner, (size_t)i, sl->id, sl->device, sl->created_usec, sl->label,
-                                  sl->pid, sl->comm, sl->foreign, slabs, sl->n_slabs, &l)
-                  : -ENOMEM;
-        user_unref(&m->users, owner);
+        k = rebuild_lease(b, sl, (size_t)i, slabs, &l);
         if (k < 0) {
                 for (size_t j = 0; j < sl->n_slabs; j++)
                         pool_release(m->pool, slabs[j]);
                 return k;
         }
-        for (size_t j = 0; j < sl->n_tokens && k >= 0; j++)
-                k = lease_restore_token(l, sl->tokens[j].token, sl->tokens[j].uid, sl->tokens[j].creator,
-                                        sl->tokens[j].readonly);
-        if (k >= 0 && sl->name)
-                k = lease_publish(&m->leases, l, sl->name, sl->name_uids, sl->n_name_uids, sl->name_readonly);
-        for (size_t j = 0; j < sl->n_holds && k >= 0; j++) {
-                Holder *h = restored_holder(m, &sl->holds[j], &k);
-
-                if (h)
-                        k = lease_restore_hold(l, h, sl->holds[j].refs, sl->holds[j].readonly);
-                if (h && k >= 0)
-                        (*ret_holds)++;
-                else if (k >= 0)
-                        (*ret_gone)++;
-        }
+        k = restore_tokens_and_name(b, l, sl);
+        if (k >= 0)
+                k = restore_holds(b, l, sl, ret_holds, ret_gone);
         /* Every holder gone while the daemon was down, and no name: it ends, as their exits would have ended it. */
         if (k < 0 || (l->n_holds == 0 && !l->name))
-                lease_free(&m->leases, l);
+                lease_end(&b->leases, l);
         return k < 0 ? k : 0;
+}
+
+/* Reads the inherited table. Returns 0, a negative errno (-ENOMEM fatal), with a sentence in *ret_message. */
+static int read_table(Inherited *in, State *s, char **ret_message) {
+        return in->table_legacy ? state_read(in->table_fd, s, ret_message) : store_read(in->table_fd, s, ret_message);
+}
+
+/* Stores the rebuilt table as a new generation, then removes the one it came from. */
+static void store_rebuilt(Manager *m, Inherited *in) {
+        char name[48];
+        int k;
+
+        if (!m->broker.store)
+                return;
+        if (in->table_fd >= 0 && !in->table_legacy)
+                store_set_generation(m->broker.store, in->table_generation);
+        k = broker_store_snapshot(&m->broker, true);
+        if (k < 0) {
+                /* The old table stays stored, and is still right: nothing changes until this works. */
+                fprintf(stderr, "Failed to store the lease table: %s; changes are refused until it works.\n",
+                        strerror(-k));
+                return;
+        }
+        if (in->table_fd >= 0 && in->table_legacy) {
+                table_name(in, name);
+                (void)fdstore_remove(NULL, name);
+        }
 }
 
 int restore_leases(Manager *m, Inherited *in) {
@@ -323,27 +443,29 @@ int restore_leases(Manager *m, Inherited *in) {
         State s = {};
         int k;
 
-        if (in->state_fd < 0) {
+        qsort(in->slabs, in->n_slabs, sizeof(InheritedSlab), cmp_slab);
+        if (in->table_fd < 0) {
                 if (in->n_slabs > 0)
                         fprintf(stderr, "The service manager kept %u slabs but no lease table: releasing them.\n",
                                 drop_unused_slabs(in));
+                store_rebuilt(m, in);
                 return 0;
         }
-        k = state_read(in->state_fd, &s, &message);
+        k = read_table(in, &s, &message);
         if (k == -ENOMEM)
                 return k;
         if (k < 0) {
                 char name[48];
 
-                fprintf(stderr, "Cannot use the stored lease table (state-%" PRIu64 "): %s Every lease is released.\n",
-                        in->state_generation, message ?: strerror(-k));
-                snprintf(name, sizeof(name), "state-%" PRIu64, in->state_generation);
-                drop(in, in->state_fd, name);
-                in->state_fd = -EBADF;
+                table_name(in, name);
+                fprintf(stderr, "Cannot use the stored lease table (%s): %s Every lease is released.\n", name,
+                        message ?: strerror(-k));
+                drop(in, in->table_fd, name);
+                in->table_fd = -EBADF;
                 drop_unused_slabs(in);
+                store_rebuilt(m, in);
                 return 0;
         }
-        m->state_generation = in->state_generation;
         for (size_t i = 0; i < s.n_leases; i++) {
                 k = restore_one(m, in, &s.leases[i], &holds, &gone);
                 if (k == -ENOMEM)
@@ -361,6 +483,6 @@ int restore_leases(Manager *m, Inherited *in) {
         unused = drop_unused_slabs(in);         /* no lease names them: their owner is unknown, never cached */
         fprintf(stderr, "Restored %u leases (%u holds; %u holders had exited, %u leases could not be restored, "
                 "%u stored slabs were unused).\n", restored, holds, gone, dropped, unused);
-        restore_state_changed(m);
+        store_rebuilt(m, in);
         return 0;
 }

@@ -7,21 +7,24 @@
  * FileDescriptorStoreMax=):
  *
  *   - every slab's exported fd is stored as "slab-<id>" when the pool creates
- *     it, and removed when the pool releases it (the pool's hooks);
- *   - the lease table (daemon/state.c) is stored as "state-<generation>"
- *     after every request that changed it, before its reply is sent (a
- *     client never learns of a change a crash could lose), and when holders'
- *     exits changed it, when the loop is idle: the new generation first,
- *     then the old one removed, so that a crash in between leaves one whole
- *     state (the highest generation wins at start);
+ *     it, and removed when the pool releases it (the pool's hooks); a slab
+ *     that cannot be stored is not handed out;
+ *   - the lease table is kept by the Store (store.h): one memfd, stored once
+ *     as "table-<generation>", to which every change is appended before it is
+ *     made (broker.c); it is stored again only when it is compacted;
  *   - at start, the stored fds come back with the listening socket
- *     (LISTEN_FDS, named by LISTEN_FDNAMES): the newest state is read, its
+ *     (LISTEN_FDS, named by LISTEN_FDNAMES): the newest table is read, its
  *     slabs imported, its leases rebuilt, the holders still alive re-attached
- *     (pid and start time) and the holds of those that died dropped. What the
- *     daemon does not recognise is closed and removed from the store.
+ *     (pid and start time) and the holds of those that died dropped; then the
+ *     table is stored anew, as one snapshot. What the daemon does not
+ *     recognise is closed and removed from the store. A "state-<generation>"
+ *     (the previous version's whole-table JSON) is read the same way, so an
+ *     upgrade keeps every lease.
  *
- * Without a service manager (no NOTIFY_SOCKET), storing does nothing and a
- * restart ends every lease, as before.
+ * Storing is on when the service manager says it keeps fds: $NOTIFY_SOCKET
+ * and $FDSTORE (FileDescriptorStoreMax=, set by systemd 254 and later, and by
+ * vmmbroker.service for older ones). Without them nothing is stored and a
+ * restart ends every lease.
  */
 
 #include <stdbool.h>
@@ -41,12 +44,15 @@ typedef struct InheritedSlab {
 /* What the service manager passed. */
 typedef struct Inherited {
         int socket;                     /* the listening socket, or -EBADF */
-        int state_fd;                   /* the newest stored state, or -EBADF */
-        uint64_t state_generation;
+        int table_fd;                   /* the newest stored table, or -EBADF */
+        uint64_t table_generation;
+        bool table_legacy;              /* a "state-" JSON table of the previous version, not a "table-" store */
         InheritedSlab *slabs;
         size_t n_slabs;
-        unsigned n_dropped;             /* fds closed: older states, unknown names */
+        unsigned n_dropped;             /* fds closed: older tables, unknown names */
 } Inherited;
+
+#define INHERITED_NULL ((Inherited){ .socket = -EBADF, .table_fd = -EBADF })
 
 /*
  * Sorts out LISTEN_FDS. The socket is the fd named RESTORE_SOCKET_NAME, else
@@ -60,26 +66,28 @@ int inherited_take(Inherited *ret, char **ret_message);
 /* Closes whatever of it was not taken (the store keeps them: a start that fails does not lose them). */
 void inherited_done(Inherited *in);
 
-/* Starts storing: the pool's hooks store and remove slab fds from now on. Does nothing without NOTIFY_SOCKET. */
-void restore_start_storing(Manager *m);
+/*
+ * Starts storing when a service manager keeps fds ($NOTIFY_SOCKET, $FDSTORE > 0): slab fds
+ * from now on, and a Store for the table (given to the broker). Honours
+ * $VMMBROKER_TEST_STORE_FAULT ("STEP:N" or "STEP:N:crash", STEP one of write,
+ * grow, seal, notify), a test hook that makes the Nth such step fail. Returns
+ * 0, or -EINVAL with a sentence for a bad test hook, or -ENOMEM.
+ */
+int restore_start_storing(Manager *m, char **ret_message);
 
 /*
- * Rebuilds the lease table from `in` (its state and slabs), re-attaching
- * holders still alive. Prints a line per lease dropped and a summary on
- * stderr. Returns 0, or a negative errno for a failure of the daemon itself
- * (out of memory); a state that cannot be used is reported and ignored.
+ * Rebuilds the lease table from `in` (its table and slabs), re-attaching
+ * holders still alive, then stores the table anew. Prints a line per lease
+ * dropped and a summary on stderr. Returns 0, or a negative errno for a
+ * failure of the daemon itself (out of memory); a table that cannot be used
+ * is reported and ignored.
  */
 int restore_leases(Manager *m, Inherited *in);
 
 /*
- * At exit: stores the state if it changed, then stops storing, so that releasing the pool does not take
- * the slabs out of the store: a restart takes them back. (A service stopped for good has its store
- * emptied by the service manager.)
+ * At exit: stops storing slab fds, so that releasing the pool does not take
+ * them out of the store: a restart takes them back. (A service stopped for
+ * good has its store emptied by the service manager.) The table needs
+ * nothing: every change was stored when it was made.
  */
 void restore_stop_storing(Manager *m);
-
-/* Marks the lease table changed: it is stored again when the loop is next idle. */
-void restore_state_changed(Manager *m);
-
-/* Stores the state if it changed: before a reply to a request that changed it, and when the loop is idle. */
-void restore_save_state(Manager *m);

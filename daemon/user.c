@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 
+#include <assert.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,7 +32,17 @@ int user_registry_init(UserRegistry *r, const LimitsConfig *config, const uint64
         return 0;
 }
 
+static bool user_usage_is_zero(const User *u) {
+        for (size_t i = 0; i < u->registry->n_devices; i++)
+                if (u->bytes[i] != 0)
+                        return false;
+        return u->leases == 0 && u->connections == 0 && u->requests == 0;
+}
+
 static void user_free(UserRegistry *r, User *u) {
+        /* Every charge holds a reference: with none left, everything charged must have come back. */
+        assert(user_usage_is_zero(u));
+        assert(list_is_empty(&u->owned) && list_is_empty(&u->holders) && list_is_empty(&u->ready_peers));
         list_unlink(&u->link);
         r->n_users--;
         free(u->bytes);
@@ -39,10 +51,8 @@ static void user_free(UserRegistry *r, User *u) {
 }
 
 void user_registry_done(UserRegistry *r) {
-        User *u, *tmp;
-
-        list_for_each_entry_safe(u, tmp, &r->users, link)
-                user_free(r, u);
+        /* Users go with their last reference; one still here is a reference or a charge never released. */
+        assert(r->n_users == 0);
         free(r->capacity);
         *r = (UserRegistry){};
 }
@@ -121,8 +131,13 @@ User *user_get(UserRegistry *r, uid_t uid, const gid_t *gids, size_t n_gids) {
                 free(u);
                 return NULL;
         }
+        u->registry = r;
         u->uid = uid;
         u->n_refs = 1;
+        list_init(&u->owned);
+        list_init(&u->holders);
+        list_init(&u->ready_peers);
+        list_init(&u->link_ready);
         resolve_limits(r, u, gids, n_gids);
         u->groups_known = gids != NULL;
         list_link_tail(&r->users, &u->link);
@@ -136,79 +151,76 @@ User *user_ref(User *u) {
         return u;
 }
 
-void user_unref(UserRegistry *r, User *u) {
+User *user_unref(User *u) {
         if (u && --u->n_refs == 0)
-                user_free(r, u);
+                user_free(u->registry, u);
+        return NULL;
 }
 
-int user_charge(User *u, UserResource what, size_t device, uint64_t bytes, uint64_t *ret_limit,
-                uint64_t *ret_current) {
-        uint64_t current, limit;
-
+/* What a user has of a resource now, and may have at most. */
+static uint64_t usage_of(const User *u, UserResource what, size_t device, uint64_t *ret_limit) {
         switch (what) {
         case USER_BYTES:
-                current = u->bytes[device];
-                limit = u->max_bytes[device];
-                break;
+                *ret_limit = u->max_bytes[device];
+                return u->bytes[device];
         case USER_LEASES:
-                current = u->leases;
-                limit = u->max_leases;
-                bytes = 1;
-                break;
+                *ret_limit = u->max_leases;
+                return u->leases;
         case USER_CONNECTIONS:
+                *ret_limit = u->max_connections;
+                return u->connections;
         default:
-                current = u->connections;
-                limit = u->max_connections;
-                bytes = 1;
-                break;
+                *ret_limit = UINT64_MAX;
+                return u->requests;
         }
-        if (bytes > limit || current > limit - bytes) {
-                if (ret_limit)
-                        *ret_limit = limit;
-                if (ret_current)
-                        *ret_current = current;
+}
+
+/* Adds or gives back `amount`; asserts that a counter neither wraps nor goes below zero. */
+static void add_usage(User *u, UserResource what, size_t device, uint64_t amount, bool give_back) {
+        unsigned *counter = what == USER_LEASES ? &u->leases
+                          : what == USER_CONNECTIONS ? &u->connections
+                          : what == USER_REQUESTS ? &u->requests : NULL;
+
+        if (!counter) {
+                assert(give_back ? u->bytes[device] >= amount : u->bytes[device] <= UINT64_MAX - amount);
+                u->bytes[device] = give_back ? u->bytes[device] - amount : u->bytes[device] + amount;
+                return;
+        }
+        assert(amount == 1 && (give_back ? *counter > 0 : *counter < UINT_MAX));
+        *counter = give_back ? *counter - 1 : *counter + 1;
+}
+
+int user_charge(User *u, UserCharge *charge, UserResource what, size_t device, uint64_t amount,
+                UserQuota *ret_quota) {
+        uint64_t limit, current;
+
+        assert(!charge->user);
+        if (what != USER_BYTES)
+                amount = 1;
+        current = usage_of(u, what, device, &limit);
+        if (amount > limit || current > limit - amount) {
+                if (ret_quota)
+                        *ret_quota = (UserQuota){ .what = what, .asked = amount, .limit = limit, .current = current };
                 return -EDQUOT;
         }
-        switch (what) {
-        case USER_BYTES:
-                u->bytes[device] += bytes;
-                break;
-        case USER_LEASES:
-                u->leases++;
-                break;
-        case USER_CONNECTIONS:
-                u->connections++;
-                break;
-        }
+        user_charge_anyway(u, charge, what, device, amount);
         return 0;
 }
 
-void user_charge_anyway(User *u, UserResource what, size_t device, uint64_t amount) {
-        switch (what) {
-        case USER_BYTES:
-                u->bytes[device] += amount;
-                break;
-        case USER_LEASES:
-                u->leases += (unsigned)amount;
-                break;
-        case USER_CONNECTIONS:
-                u->connections += (unsigned)amount;
-                break;
-        }
+void user_charge_anyway(User *u, UserCharge *charge, UserResource what, size_t device, uint64_t amount) {
+        assert(!charge->user);
+        if (what != USER_BYTES)
+                amount = 1;
+        add_usage(u, what, device, amount, false);
+        *charge = (UserCharge){ .user = user_ref(u), .what = what, .device = device, .amount = amount };
 }
 
-void user_uncharge(User *u, UserResource what, size_t device, uint64_t bytes) {
-        switch (what) {
-        case USER_BYTES:
-                u->bytes[device] -= MIN(bytes, u->bytes[device]);
-                break;
-        case USER_LEASES:
-                u->leases -= u->leases > 0;
-                break;
-        case USER_CONNECTIONS:
-                u->connections -= u->connections > 0;
-                break;
-        }
+void user_charge_release(UserCharge *charge) {
+        if (!charge->user)
+                return;
+        add_usage(charge->user, charge->what, charge->device, charge->amount, true);
+        user_unref(charge->user);
+        *charge = USER_CHARGE_NULL;
 }
 
 const char *user_resource_name(UserResource what) {
@@ -216,16 +228,17 @@ const char *user_resource_name(UserResource what) {
                 [USER_BYTES] = "bytes",
                 [USER_LEASES] = "leases",
                 [USER_CONNECTIONS] = "connections",
+                [USER_REQUESTS] = "requests",
         };
 
         return names[what];
 }
 
-void user_quota_message(const User *u, UserResource what, int device, uint64_t asked, uint64_t limit,
-                        uint64_t current, char **ret) {
+void user_quota_message(const User *u, const UserQuota *q, int device, char **ret) {
         char b1[FORMAT_SIZE_MAX], b2[FORMAT_SIZE_MAX], b3[FORMAT_SIZE_MAX];
+        uint64_t asked = q->asked, limit = q->limit, current = q->current;
 
-        switch (what) {
+        switch (q->what) {
         case USER_BYTES:
                 set_message(ret, "User %u has %s of device %d and may have at most %s: %s more is over the limit "
                             "(MaxBytes= in vmmbroker.conf).", (unsigned)u->uid, format_size(current, b1, sizeof(b1)),
@@ -239,6 +252,9 @@ void user_quota_message(const User *u, UserResource what, int device, uint64_t a
                 set_message(ret, "User %u has %" PRIu64 " connections open and may have at most %" PRIu64
                             " (MaxConnections= in vmmbroker.conf): close one first.", (unsigned)u->uid, current,
                             limit);
+                break;
+        default:
+                set_message(ret, "User %u is over its limit of %s.", (unsigned)u->uid, user_resource_name(q->what));
                 break;
         }
 }

@@ -67,14 +67,19 @@ typedef struct LimitsConfig {
 /* [Limits] at its defaults. */
 UserLimits user_limits_default(void);
 
-/* The resources a charge can fail on, as QuotaExceeded names them. */
+/* What is charged to a user, as QuotaExceeded names them. */
 typedef enum UserResource {
-        USER_BYTES,
+        USER_BYTES,                     /* per device */
         USER_LEASES,
         USER_CONNECTIONS,
+        USER_REQUESTS,                  /* replies queued and not read: no limit of its own (one per connection) */
+        _USER_RESOURCE_MAX,
 } UserResource;
 
+typedef struct UserRegistry UserRegistry;
+
 typedef struct User {
+        UserRegistry *registry;
         uid_t uid;
         unsigned n_refs;
         uint64_t *bytes;                /* per device, in pool order */
@@ -84,18 +89,49 @@ typedef struct User {
         unsigned requests;
         bool groups_known;              /* limits resolved with the groups of a connected process */
         List link;                      /* in UserRegistry.users */
+
+        /* Indexes kept by the lease layer (lease.c), so that what a call costs is what its caller may see. */
+        List owned;                     /* Lease.link_owner: the leases this user owns */
+        List holders;                   /* Holder.link_user: this user's processes that hold or connect */
+
+        /* The manager's fair queue (manager.c): peers of this user with requests waiting to be served. */
+        List ready_peers;               /* Peer.link_ready */
+        List link_ready;                /* in Manager.ready_users while ready_peers is not empty */
 } User;
 
-typedef struct UserRegistry {
+struct UserRegistry {
         const LimitsConfig *config;
         size_t n_devices;
         uint64_t *capacity;             /* per device, in pool order */
         List users;
         unsigned n_users;
-} UserRegistry;
+};
+
+/*
+ * A charge: what one object took from one user, as a record. The object that
+ * was charged keeps it and releases exactly it with user_charge_release(), so
+ * nothing can be given back twice or by someone else. A charge holds a
+ * reference on its user. A zeroed charge (USER_CHARGE_NULL) holds nothing.
+ */
+typedef struct UserCharge {
+        User *user;                     /* NULL: nothing charged */
+        UserResource what;
+        size_t device;                  /* for USER_BYTES */
+        uint64_t amount;
+} UserCharge;
+
+#define USER_CHARGE_NULL ((UserCharge){})
+
+/* A refused charge, for the QuotaExceeded answer. */
+typedef struct UserQuota {
+        UserResource what;
+        uint64_t asked, limit, current;
+} UserQuota;
 
 /* Sets up a registry for devices of these capacities (copied). Returns 0 or -ENOMEM. */
 int user_registry_init(UserRegistry *r, const LimitsConfig *config, const uint64_t *capacity, size_t n_devices);
+
+/* Frees the registry. Every user must be gone (every charge released, every reference dropped): it asserts so. */
 void user_registry_done(UserRegistry *r);
 
 /*
@@ -105,23 +141,31 @@ void user_registry_done(UserRegistry *r);
  */
 User *user_get(UserRegistry *r, uid_t uid, const gid_t *gids, size_t n_gids);
 User *user_ref(User *u);
-/* Drops a reference; the user is forgotten when none is left. Accepts NULL. */
-void user_unref(UserRegistry *r, User *u);
+/* Drops a reference; the user is forgotten when none is left (its usage must then be zero). Accepts NULL;
+ * returns NULL. */
+User *user_unref(User *u);
 
 /*
- * Charges one of a resource (bytes: `bytes` of device `device`). Returns 0,
- * or -EDQUOT and changes nothing when it would go over the user's limit;
- * then *ret_limit and *ret_current (if given) say what they are.
+ * Charges `amount` of a resource (bytes of pool device `device` for
+ * USER_BYTES; 1 for the others) to `u` and records it in *charge, which must
+ * be empty. The limit:
+ *
+ *     usage + amount <= limit         (computed without overflow)
+ *
+ * with the user's resolved MaxBytes= for the device, MaxLeases= or
+ * MaxConnections=; USER_REQUESTS has none. Returns 0, or -EDQUOT and changes
+ * nothing when it would go over; then *ret_quota (if given) says what.
  */
-int user_charge(User *u, UserResource what, size_t device, uint64_t bytes, uint64_t *ret_limit,
-                uint64_t *ret_current);
-/* Charges even over the limit: for leases restored after a restart, which were within it when made. */
-void user_charge_anyway(User *u, UserResource what, size_t device, uint64_t amount);
+int user_charge(User *u, UserCharge *charge, UserResource what, size_t device, uint64_t amount,
+                UserQuota *ret_quota);
 
-/* Gives back what user_charge() took. */
-void user_uncharge(User *u, UserResource what, size_t device, uint64_t bytes);
+/* The same, even over the limit: for leases restored after a restart, which were within it when made. */
+void user_charge_anyway(User *u, UserCharge *charge, UserResource what, size_t device, uint64_t amount);
 
-/* "bytes", "leases" or "connections". */
+/* Gives back exactly what the charge took and empties it. Accepts an empty charge. */
+void user_charge_release(UserCharge *charge);
+
+/* "bytes", "leases", "connections" or "requests". */
 const char *user_resource_name(UserResource what);
 
 /*
@@ -129,5 +173,4 @@ const char *user_resource_name(UserResource what);
  * and may own at most 4 GiB: 2 GiB more is over the limit (MaxBytes= in
  * vmmbroker.conf)." Sets *ret (NULL if out of memory).
  */
-void user_quota_message(const User *u, UserResource what, int device, uint64_t asked, uint64_t limit,
-                        uint64_t current, char **ret);
+void user_quota_message(const User *u, const UserQuota *q, int device, char **ret);

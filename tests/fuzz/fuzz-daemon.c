@@ -417,19 +417,20 @@ static void check_pool(const char *when) {
 
 /*
  * What the daemon does when this process exits, and then some: every holder is handled as exited
- * (manager_holder_exited(), as the daemon does for a dead process), published leases ended, scrubs
+ * (holder_exited() and broker_reap_holders(), as the daemon does for a dead process), published leases ended, scrubs
  * waited for and the cache emptied, so that each input starts from the same state.
  */
 static void reset(void) {
         Holder *h, *htmp;
         Lease *l, *ltmp;
 
-        list_for_each_entry_safe(h, htmp, &manager->leases.holders, link)
-                (void)manager_holder_exited(manager, h);
-        if (!list_is_empty(&manager->leases.holders))
+        list_for_each_entry_safe(h, htmp, &manager->broker.holders.holders, link)
+                holder_exited(h);
+        (void)broker_reap_holders(&manager->broker);
+        if (!list_is_empty(&manager->broker.holders.holders))
                 die("a holder is still in use after its connection closed");
-        list_for_each_entry_safe(l, ltmp, &manager->leases.leases, link_table)
-                lease_free(&manager->leases, l);        /* published, nobody holding them */
+        list_for_each_entry_safe(l, ltmp, &manager->broker.leases.leases, link_table)
+                lease_end(&manager->broker.leases, l);  /* published, nobody holding them */
         if (pool_drain(manager->pool) < 0)
                 die("pool_drain failed: %s", pool_last_error(manager->pool));
         pool_trim(manager->pool);
@@ -532,7 +533,7 @@ static int connect_peer(bool admin) {
         p = list_last_entry(&manager->peers, Peer, link);
         if (!p)
                 die("peer_new made no peer");
-        p->admin = admin;
+        p->caller.admin = admin;
         return sv[1];
 }
 
@@ -613,11 +614,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         unsigned fds;
 
         run_input(data, size);
-        if (manager->leases.n_leases != 0 || manager->leases.n_published != 0 ||
-            !list_is_empty(&manager->leases.holders))
+        if (manager->broker.leases.n_leases != 0 || manager->broker.leases.n_published != 0 ||
+            !list_is_empty(&manager->broker.holders.holders))
                 die("leases or holders left after the holder was reclaimed");
-        if (manager->users.n_users != 0)
-                die("%u users left with nothing charged", manager->users.n_users);
+        if (manager->broker.users.n_users != 0)
+                die("%u users left with nothing charged", manager->broker.users.n_users);
         check_pool("after the input");
         fds = count_fds();
         if (fds != baseline_fds) {

@@ -703,7 +703,7 @@ static _Noreturn void child(const ChildSetup *c) {
 
 static bool env_is_ours(const char *entry) {
         static const char *const ours[] = { "LISTEN_PID=", "LISTEN_FDS=", "LISTEN_FDNAMES=", "NOTIFY_SOCKET=",
-                                            "WATCHDOG_USEC=", "WATCHDOG_PID=" };
+                                            "WATCHDOG_USEC=", "WATCHDOG_PID=", "FDSTORE=" };
 
         for (size_t i = 0; i < ELEMENTSOF(ours); i++)
                 if (strncmp(entry, ours[i], strlen(ours[i])) == 0)
@@ -790,7 +790,7 @@ static int reap_locked(Supervisor *s) {
 int supervisor_start(Supervisor *s) {
         _cleanup_close_ int report_read = -EBADF, report_write = -EBADF;
         char listen_pid[32] = "LISTEN_PID=", watchdog_pid[32] = "WATCHDOG_PID=";
-        char *listen_fds = NULL, *listen_fdnames = NULL, *notify = NULL, *watchdog = NULL;
+        char *listen_fds = NULL, *listen_fdnames = NULL, *notify = NULL, *watchdog = NULL, *fdstore = NULL;
         char **envp = NULL;
         int *fds = NULL, *moved = NULL;
         size_t n_env = 0, n_fds, names_len, e = 0;
@@ -817,7 +817,7 @@ int supervisor_start(Supervisor *s) {
                 n_env++;
         fds = calloc(n_fds, sizeof(int));
         moved = calloc(n_fds, sizeof(int));
-        envp = calloc(n_env + 7, sizeof(char *));
+        envp = calloc(n_env + 8, sizeof(char *));
         listen_fdnames = malloc(names_len);
         if (asprintf(&listen_fds, "LISTEN_FDS=%zu", n_fds) < 0)
                 listen_fds = NULL;      /* asprintf() leaves it undefined on failure */
@@ -826,8 +826,11 @@ int supervisor_start(Supervisor *s) {
         if (s->watchdog_usec > 0 &&
             asprintf(&watchdog, "WATCHDOG_USEC=%llu", (unsigned long long)s->watchdog_usec) < 0)
                 watchdog = NULL;
+        /* systemd 254 and later tell a service its FileDescriptorStoreMax= this way. */
+        if (s->fd_store_max > 0 && asprintf(&fdstore, "FDSTORE=%u", s->fd_store_max) < 0)
+                fdstore = NULL;
         if (!fds || !moved || !envp || !listen_fdnames || !listen_fds || !notify ||
-            (s->watchdog_usec > 0 && !watchdog)) {
+            (s->watchdog_usec > 0 && !watchdog) || (s->fd_store_max > 0 && !fdstore)) {
                 k = -ENOMEM;
                 goto finish;
         }
@@ -850,6 +853,8 @@ int supervisor_start(Supervisor *s) {
         envp[e++] = listen_fds;
         envp[e++] = listen_fdnames;
         envp[e++] = notify;
+        if (fdstore)
+                envp[e++] = fdstore;
         if (watchdog) {
                 envp[e++] = watchdog;
                 envp[e++] = watchdog_pid;
@@ -915,6 +920,7 @@ finish:
         free(listen_fdnames);
         free(notify);
         free(watchdog);
+        free(fdstore);
         return k;
 }
 

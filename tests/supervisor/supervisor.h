@@ -22,7 +22,8 @@
  *    ':' is ignored (the fds are stored as "stored"); FDSTOREREMOVE=1 closes every fd of that name and
  *    wins over FDSTORE=1 in the same message (whose fds are then closed); without FDPOLL=0 a stored fd on
  *    which poll() reports POLLHUP or POLLERR is dropped (memfds and other regular files never do);
- *  - starts the daemon as systemd does: LISTEN_PID (written in the child after fork, before exec),
+ *  - starts the daemon as systemd does: FDSTORE=fd_store_max when it is not 0 (as systemd 254 and later
+ *    do), LISTEN_PID (written in the child after fork, before exec),
  *    LISTEN_FDS = 1 + stored fds, the socket at fd 3 and the stored fds after it, LISTEN_FDNAMES =
  *    socket_name then the stored names, NOTIFY_SOCKET, and WATCHDOG_USEC/WATCHDOG_PID when asked; no other
  *    fds, signal mask emptied, its own process group. Stored fds come newest first, as systemd's store (a

@@ -1,0 +1,499 @@
+/* SPDX-License-Identifier: MIT */
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "broker.h"
+#include "macro.h"
+
+int broker_init(Broker *b, Pool *pool, const LimitsConfig *limits) {
+        size_t n = pool_n_devices(pool);
+        _cleanup_free_ uint64_t *capacity = calloc(n ?: 1, sizeof(uint64_t));
+        int k1, k2, k3;
+
+        *b = (Broker){ .pool = pool };
+        for (size_t i = 0; capacity && i < n; i++) {
+                PoolDeviceStats s;
+
+                pool_device_stats(pool, i, &s);
+                capacity[i] = s.capacity;       /* what bounds the users' bytes */
+        }
+        /* Each is set up enough for broker_done() even when another, or itself, fails. */
+        k1 = user_registry_init(&b->users, limits, capacity, capacity ? n : 0);
+        k2 = holder_registry_init(&b->holders);
+        k3 = lease_table_init(&b->leases, pool);
+        return !capacity ? -ENOMEM : k1 < 0 ? k1 : k2 < 0 ? k2 : k3;
+}
+
+void broker_done(Broker *b) {
+        lease_table_done(&b->leases);           /* the leases hold charges on users and holds of holders */
+        holder_registry_done(&b->holders);      /* the holders hold references on users */
+        user_registry_done(&b->users);
+        store_free(b->store);
+        b->store = NULL;
+}
+
+void broker_set_store(Broker *b, Store *store) {
+        store_free(b->store);
+        b->store = store;
+}
+
+/* --- writing ahead -------------------------------------------------------------------------------- */
+
+/*
+ * The store's steps, doing nothing when there is no store. An operation
+ * begins, adds what it will change, and commits before it changes anything.
+ */
+static void change_begin(Broker *b) {
+        if (b->store)
+                store_begin(b->store);
+}
+
+/* `k` is the first failure of adding to the change, if any. Returns 0, BROKER_E_NOT_STORED or -ENOMEM. */
+static int change_commit(Broker *b, int k) {
+        if (!b->store)
+                return 0;
+        if (k < 0) {
+                store_abort(b->store);
+                return k;
+        }
+        k = store_commit(b->store);
+        if (k < 0) {
+                b->store_error = k;
+                return BROKER_E_NOT_STORED;
+        }
+        b->store_error = 0;
+        return 0;
+}
+
+static int put_lease(Broker *b, const Lease *l) {
+        return b->store ? store_put_lease(b->store, l) : 0;
+}
+
+static int put_hold(Broker *b, const Lease *l, const Holder *h, unsigned refs, bool readonly) {
+        return b->store ? store_put_hold(b->store, l->id, h, refs, readonly) : 0;
+}
+
+/* The hold ends: its lease too when it was the last and the lease has no name. */
+static int put_hold_end(Broker *b, const Hold *hold) {
+        if (!b->store)
+                return 0;
+        if (hold_is_last(hold))
+                return store_end_lease(b->store, hold->lease->id);
+        return store_end_hold(b->store, hold->lease->id, hold->holder);
+}
+
+/* --- Alloc ---------------------------------------------------------------------------------------- */
+
+static uint64_t now_realtime_usec(void) {
+        struct timespec ts;
+
+        clock_gettime(CLOCK_REALTIME, &ts);
+        return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+}
+
+static int pool_outcome(int k) {
+        switch (k) {
+        case POOL_E_NOMEM:
+                return BROKER_E_NO_MEMORY;
+        case POOL_E_TOO_LARGE:
+                return BROKER_E_TOO_LARGE;
+        case POOL_E_NO_DEVICE:
+                return BROKER_E_NO_DEVICE;
+        case POOL_E_DRIVER:
+                return BROKER_E_DRIVER;
+        case POOL_E_NOT_KEPT:
+                return BROKER_E_NOT_STORED;
+        default:
+                return k;
+        }
+}
+
+/* Gives back what an Alloc took before it could be made. */
+static void alloc_undo(Broker *b, Lease *l, Slab **slabs, size_t n) {
+        for (size_t j = 0; j < n; j++)
+                pool_reclaim(b->pool, slabs[j]);
+        user_charge_release(&l->charge_bytes);
+        user_charge_release(&l->charge_lease);
+}
+
+int broker_alloc(Broker *b, const Caller *c, int64_t device, uint64_t size, const char *label, Lease **ret,
+                 UserQuota *ret_quota) {
+        Slab *slabs[POOL_MAX_SLABS];
+        _cleanup_free_ Lease *l = NULL;
+        _cleanup_free_ Hold *hold = NULL;
+        PoolDeviceStats s;
+        Holder *h = c->holder;
+        size_t n = 0;
+        int i, k;
+
+        if (device < 0)
+                i = pool_n_devices(b->pool) > 0 ? 0 : -1;
+        else
+                i = device <= INT32_MAX ? pool_find_device(b->pool, (int)device) : -1;
+        if (i < 0)
+                return BROKER_E_NO_DEVICE;
+        pool_device_stats(b->pool, (size_t)i, &s);
+        if (size > UINT64_MAX / 2 || ALIGN_UP(size, s.granularity) > s.capacity)
+                return BROKER_E_TOO_LARGE;      /* no limit could allow it: say so rather than QuotaExceeded */
+
+        l = calloc(1, sizeof(*l));
+        hold = calloc(1, sizeof(*hold));
+        if (!l || !hold)
+                return -ENOMEM;
+        if (label) {
+                l->label = strdup(label);
+                if (!l->label)
+                        return -ENOMEM;
+        }
+        k = lease_random_hex(l->id, LEASE_ID_LEN);
+        if (k >= 0)
+                k = lease_table_reserve(&b->leases);
+        if (k < 0) {
+                free(l->label);
+                return k;
+        }
+        if (user_charge(c->user, &l->charge_lease, USER_LEASES, (size_t)i, 1, ret_quota) < 0 ||
+            user_charge(c->user, &l->charge_bytes, USER_BYTES, (size_t)i, ALIGN_UP(size, s.granularity),
+                        ret_quota) < 0) {
+                user_charge_release(&l->charge_lease);
+                free(l->label);
+                return BROKER_E_QUOTA;
+        }
+        k = pool_alloc(b->pool, s.index, size, h->uid, slabs, &n);
+        if (k == 0) {
+                l->slabs = calloc(n, sizeof(Slab *));
+                if (!l->slabs)
+                        k = -ENOMEM;
+        }
+        if (k != 0) {
+                alloc_undo(b, l, slabs, k == -ENOMEM ? n : 0);
+                free(l->label);
+                return pool_outcome(k);
+        }
+        memcpy(l->slabs, slabs, n * sizeof(Slab *));
+        l->n_slabs = n;
+        l->device = s.index;
+        l->pool_device = (size_t)i;
+        for (size_t j = 0; j < n; j++)
+                l->size += slabs[j]->size;
+        l->created_usec = now_realtime_usec();
+        l->uid = h->uid;
+        l->pid = h->pid;
+        memcpy(l->comm, h->comm, sizeof(l->comm));
+
+        change_begin(b);
+        k = put_lease(b, l);
+        if (k >= 0)
+                k = put_hold(b, l, h, 1, false);
+        k = change_commit(b, k);
+        if (k != 0) {
+                alloc_undo(b, l, slabs, n);
+                free(l->slabs);
+                free(l->label);
+                return k;
+        }
+        lease_table_add(&b->leases, l);
+        lease_add_hold(&b->leases, l, TAKE_PTR(hold), h, 1, false);
+        *ret = TAKE_PTR(l);
+        return 0;
+}
+
+/* --- Free, Share, Revoke -------------------------------------------------------------------------- */
+
+/* The caller's hold on the lease `id`: a lease its process does not hold is not found. */
+static Hold *caller_hold(const Broker *b, const Caller *c, const char *id) {
+        Lease *l = lease_table_find(&b->leases, id);
+
+        return l ? lease_find_hold(l, c->holder) : NULL;
+}
+
+int broker_free(Broker *b, const Caller *c, const char *id) {
+        Hold *hold = caller_hold(b, c, id);
+        int k;
+
+        if (!hold)
+                return BROKER_E_NO_SUCH_LEASE;
+        change_begin(b);
+        if (hold->refs > 1)
+                k = put_hold(b, hold->lease, hold->holder, hold->refs - 1, hold->readonly);
+        else
+                k = put_hold_end(b, hold);
+        k = change_commit(b, k);
+        if (k != 0)
+                return k;
+        hold_unref(&b->leases, hold);
+        return 0;
+}
+
+int broker_share(Broker *b, const Caller *c, const char *id, uid_t uid, bool readonly, Token **ret) {
+        Hold *hold = caller_hold(b, c, id);
+        _cleanup_free_ Token *tok = NULL;
+        int k;
+
+        if (!hold)
+                return BROKER_E_NO_SUCH_LEASE;
+        if (hold->readonly && !readonly)
+                return BROKER_E_READONLY;
+        if (hold->lease->n_tokens >= LEASE_TOKENS_MAX)
+                return BROKER_E_TOKENS;
+        tok = calloc(1, sizeof(*tok));
+        if (!tok)
+                return -ENOMEM;
+        k = lease_random_hex(tok->token, LEASE_TOKEN_LEN);
+        if (k >= 0)
+                k = lease_table_reserve(&b->leases);
+        if (k < 0)
+                return k;
+        tok->uid = uid;
+        tok->creator = c->holder->uid;
+        tok->readonly = readonly;
+        tok->lease = hold->lease;
+
+        change_begin(b);
+        k = change_commit(b, b->store ? store_put_token(b->store, hold->lease->id, tok) : 0);
+        if (k != 0)
+                return k;
+        lease_add_token(&b->leases, hold->lease, tok);
+        *ret = TAKE_PTR(tok);
+        return 0;
+}
+
+int broker_revoke(Broker *b, const Caller *c, const char *token) {
+        Token *tok = lease_table_find_token(&b->leases, token);
+        uid_t uid = c->holder->uid;
+        int k;
+
+        if (!tok)
+                return BROKER_E_NO_SUCH_TOKEN;
+        if (uid != tok->lease->uid && uid != tok->creator && !c->admin)
+                return BROKER_E_NOT_OWNER;
+        change_begin(b);
+        k = change_commit(b, b->store ? store_end_token(b->store, tok->token) : 0);
+        if (k != 0)
+                return k;
+        token_free(&b->leases, tok);
+        return 0;
+}
+
+/* --- Attach --------------------------------------------------------------------------------------- */
+
+int broker_attach(Broker *b, const Caller *c, const char *token, const char *name, bool readonly, Hold **ret) {
+        _cleanup_free_ Hold *fresh = NULL;
+        Holder *h = c->holder;
+        bool was_foreign;
+        Hold *hold;
+        Lease *l;
+        int k;
+
+        if (token) {
+                Token *tok = lease_table_find_token(&b->leases, token);
+
+                if (!tok)
+                        return BROKER_E_NO_SUCH_TOKEN;
+                if (tok->uid != UID_ANY && tok->uid != h->uid)
+                        return BROKER_E_TOKEN_UID;
+                l = tok->lease;
+                readonly = readonly || tok->readonly;
+        } else {
+                l = lease_table_find_name(&b->leases, name);
+                if (!l)
+                        return BROKER_E_NO_SUCH_NAME;
+                if (!lease_name_allows(l, h->uid))
+                        return BROKER_E_NOT_PUBLISHED_TO;
+                readonly = readonly || l->name_readonly;
+        }
+        hold = lease_find_hold(l, h);
+        if (!hold) {
+                fresh = calloc(1, sizeof(*fresh));
+                if (!fresh)
+                        return -ENOMEM;
+        }
+
+        /* Once another user holds it, the lease is foreign for good: stored with it. */
+        was_foreign = l->foreign;
+        change_begin(b);
+        l->foreign = l->foreign || h->uid != l->uid;
+        k = l->foreign != was_foreign ? put_lease(b, l) : 0;
+        l->foreign = was_foreign;
+        if (k >= 0)
+                k = hold ? put_hold(b, l, h, hold->refs + 1, hold->readonly && readonly)
+                         : put_hold(b, l, h, 1, readonly);
+        k = change_commit(b, k);
+        if (k != 0)
+                return k;
+        if (hold)
+                hold_ref(&b->leases, hold, readonly);
+        else {
+                hold = TAKE_PTR(fresh);
+                lease_add_hold(&b->leases, l, hold, h, 1, readonly);
+        }
+        *ret = hold;
+        return 0;
+}
+
+/* --- Publish, Unpublish --------------------------------------------------------------------------- */
+
+int broker_publish(Broker *b, const Caller *c, const char *id, const char *name, const uid_t *uids, size_t n_uids,
+                   bool readonly) {
+        _cleanup_free_ uid_t *copy = NULL;
+        _cleanup_free_ char *dup = NULL;
+        Hold *hold = caller_hold(b, c, id);
+        Lease *l, *other;
+        uid_t *old_uids;
+        size_t old_n;
+        bool old_ro;
+        char *old_name;
+        int k;
+
+        if (!hold)
+                return BROKER_E_NO_SUCH_LEASE;
+        l = hold->lease;
+        if (c->holder->uid != l->uid || hold->readonly)
+                return BROKER_E_NOT_OWNER;
+        other = lease_table_find_name(&b->leases, name);
+        if (other && other != l)
+                return BROKER_E_NAME_IN_USE;
+        if (l->name && strcmp(l->name, name) != 0)
+                return BROKER_E_HAS_NAME;
+        dup = strdup(name);
+        copy = calloc(n_uids ?: 1, sizeof(uid_t));
+        if (!dup || !copy)
+                return -ENOMEM;
+        if (n_uids > 0)
+                memcpy(copy, uids, n_uids * sizeof(uid_t));
+        k = lease_table_reserve(&b->leases);
+        if (k < 0)
+                return k;
+
+        /* The lease as it will be, stored; then put back until the change is made. */
+        old_name = l->name;
+        old_uids = l->name_uids;
+        old_n = l->n_name_uids;
+        old_ro = l->name_readonly;
+        change_begin(b);
+        l->name = dup;
+        l->name_uids = copy;
+        l->n_name_uids = n_uids;
+        l->name_readonly = readonly;
+        k = put_lease(b, l);
+        l->name = old_name;
+        l->name_uids = old_uids;
+        l->n_name_uids = old_n;
+        l->name_readonly = old_ro;
+        k = change_commit(b, k);
+        if (k != 0)
+                return k;
+        lease_set_name(&b->leases, l, TAKE_PTR(dup), TAKE_PTR(copy), n_uids, readonly);
+        return 0;
+}
+
+int broker_unpublish(Broker *b, const Caller *c, const char *name) {
+        Lease *l = lease_table_find_name(&b->leases, name);
+        char *old;
+        int k;
+
+        if (!l)
+                return BROKER_E_NO_SUCH_NAME;
+        if (c->holder->uid != l->uid && !c->admin)
+                return BROKER_E_NOT_OWNER;
+        change_begin(b);
+        if (l->n_holds == 0)
+                k = b->store ? store_end_lease(b->store, l->id) : 0;
+        else {
+                old = l->name;
+                l->name = NULL;
+                k = put_lease(b, l);
+                l->name = old;
+        }
+        k = change_commit(b, k);
+        if (k != 0)
+                return k;
+        lease_unpublish(&b->leases, l);
+        return 0;
+}
+
+/* --- List ----------------------------------------------------------------------------------------- */
+
+int broker_list(Broker *b, const Caller *c, bool all, int (*fn)(const Lease *l, void *userdata), void *userdata) {
+        uint64_t serial = ++b->list_serial;
+        Holder *h;
+        Lease *l;
+        Hold *hold;
+        int k;
+
+        if (all && !c->admin)
+                return BROKER_E_NOT_OWNER;
+        if (all) {
+                list_for_each_entry(l, &b->leases.leases, link_table) {
+                        k = fn(l, userdata);
+                        if (k != 0)
+                                return k;
+                }
+                return 0;
+        }
+        /* What the caller's user owns, then what its processes hold of others' (each lease once). */
+        list_for_each_entry(l, &c->user->owned, link_owner) {
+                l->listed = serial;
+                k = fn(l, userdata);
+                if (k != 0)
+                        return k;
+        }
+        list_for_each_entry(h, &c->user->holders, link_user)
+                list_for_each_entry(hold, &h->holds, link_holder) {
+                        l = hold->lease;
+                        if (l->listed == serial)
+                                continue;
+                        l->listed = serial;
+                        k = fn(l, userdata);
+                        if (k != 0)
+                                return k;
+                }
+        return 0;
+}
+
+/* --- holders that exited -------------------------------------------------------------------------- */
+
+unsigned broker_reap_holders(Broker *b) {
+        unsigned n = 0;
+        Holder *h;
+
+        while ((h = holder_next_exited(&b->holders))) {
+                Hold *hold, *tmp;
+                int k = 0;
+
+                change_begin(b);
+                list_for_each_entry(hold, &h->holds, link_holder)
+                        if (k >= 0)
+                                k = put_hold_end(b, hold);
+                k = change_commit(b, k);
+                if (k != 0)
+                        break;          /* kept, and tried again at the next call (broker_has_unreaped()) */
+                list_for_each_entry_safe(hold, tmp, &h->holds, link_holder) {
+                        hold_end(&b->leases, hold);
+                        n++;
+                }
+                holder_reaped(h);
+        }
+        return n;
+}
+
+bool broker_has_unreaped(const Broker *b) {
+        return !list_is_empty(&b->holders.exited);
+}
+
+/* --- the store ------------------------------------------------------------------------------------ */
+
+int broker_store_snapshot(Broker *b, bool force) {
+        int k;
+
+        if (!b->store)
+                return 0;
+        if (!force && store_is_open(b->store) && !store_wants_snapshot(b->store))
+                return 0;
+        k = store_snapshot(b->store, &b->leases);
+        b->store_error = k < 0 ? k : 0;
+        return k;
+}

@@ -1,0 +1,158 @@
+/* SPDX-License-Identifier: MIT */
+#pragma once
+
+/*
+ * The broker's rules: every operation a client can ask for, with who may do
+ * it, over the lease table (lease.c), the holders (holder.c), the per-user
+ * accounting (user.c), the pool (pool.c) and the store (store.c).
+ *
+ * Each operation takes the caller (its process, user and whether it is an
+ * administrator) and returns one of:
+ *
+ *   0                  done;
+ *   BROKER_E_* > 0     an expected outcome the caller answers with a named
+ *                      error (method.c turns each into one); nothing changed;
+ *   -errno < 0         a failure of the daemon itself (out of memory); nothing
+ *                      changed. The connection that asked is closed.
+ *
+ * That is the daemon's error convention everywhere: modules return positive
+ * codes of their own (POOL_E_*, BROKER_E_*) for outcomes their direct caller
+ * must handle, and negative errno values for failures, passed up unchanged.
+ *
+ * Every change is written ahead: an operation prepares everything that can
+ * fail (memory, slabs, charges), stores the change (store_commit(), when the
+ * daemon runs under a service manager), and only then changes the table, in
+ * steps that cannot fail. A change that could not be stored is not made and
+ * is answered BROKER_E_NOT_STORED, so a client is never told of a change that
+ * a crash could lose, and a crash never brings back a lease that ended.
+ *
+ * Nothing here does socket I/O or talks to the event loop, so every rule is
+ * unit tested without either (tests/unit/test-broker.c).
+ */
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "holder.h"
+#include "lease.h"
+#include "pool.h"
+#include "store.h"
+#include "user.h"
+
+/* Expected outcomes, positive; see above. */
+enum {
+        BROKER_E_NO_DEVICE = 1,         /* no such device in the pool */
+        BROKER_E_TOO_LARGE,             /* more than the device's capacity or POOL_MAX_SLABS slabs */
+        BROKER_E_NO_MEMORY,             /* no room on the device now (pool_last_error() says why) */
+        BROKER_E_DRIVER,                /* the driver failed (pool_last_error() says how) */
+        BROKER_E_QUOTA,                 /* over one of the owner's limits (*ret_quota says which) */
+        BROKER_E_TOKENS,                /* the lease has LEASE_TOKENS_MAX tokens already */
+        BROKER_E_NO_SUCH_LEASE,         /* the caller's process holds no lease with that id */
+        BROKER_E_NO_SUCH_TOKEN,         /* no live token is that one */
+        BROKER_E_NO_SUCH_NAME,          /* no lease is published under that name */
+        BROKER_E_NAME_IN_USE,           /* another lease is published under that name */
+        BROKER_E_HAS_NAME,              /* the lease is published under another name already */
+        BROKER_E_READONLY,              /* the caller holds the lease read-only: it may only share it read-only */
+        BROKER_E_TOKEN_UID,             /* the token is for another user */
+        BROKER_E_NOT_PUBLISHED_TO,      /* the name is not published to the caller's user */
+        BROKER_E_NOT_OWNER,             /* only the owner (or an administrator, where it says) may */
+        BROKER_E_NOT_STORED,            /* the change could not be stored for a restart: it was not made */
+};
+
+typedef struct Broker {
+        Pool *pool;
+        UserRegistry users;
+        HolderRegistry holders;
+        LeaseTable leases;
+        Store *store;                   /* NULL: nothing is kept across a restart (no service manager) */
+        int store_error;                /* the last failure to store (negative errno), 0 once storing works */
+        uint64_t list_serial;           /* counts List calls, for Lease.listed */
+} Broker;
+
+/* Who asks: the process, its user, and whether it is an administrator (root, or the admin group). */
+typedef struct Caller {
+        Holder *holder;
+        User *user;
+        bool admin;
+} Caller;
+
+/*
+ * Sets up the lease layer over `pool`, with users limited by `limits` (which
+ * must outlive the broker). Returns 0 or a negative errno.
+ */
+int broker_init(Broker *b, Pool *pool, const LimitsConfig *limits);
+
+/* Ends every lease (releasing its slabs, see lease_table_done()), forgets every holder and user. */
+void broker_done(Broker *b);
+
+/* Gives the broker a store (it takes it): changes are stored ahead from now on. */
+void broker_set_store(Broker *b, Store *store);
+
+/*
+ * Alloc: `size` bytes of CUDA device `device` (VMMB_DEVICE_ANY-like: a
+ * negative value takes the first device), held once by the caller, owned by
+ * and charged to its user. Returns 0 with *ret, a BROKER_E_* (QUOTA fills
+ * *ret_quota), or a negative errno.
+ */
+int broker_alloc(Broker *b, const Caller *c, int64_t device, uint64_t size, const char *label, Lease **ret,
+                 UserQuota *ret_quota);
+
+/* Free: drops one reference of the caller's hold. NO_SUCH_LEASE for a lease its process does not hold. */
+int broker_free(Broker *b, const Caller *c, const char *id);
+
+/*
+ * Share: a token for the caller's lease, for `uid` (UID_ANY: anyone). A
+ * read-only holder may only make read-only tokens (READONLY). TOKENS when the
+ * lease has LEASE_TOKENS_MAX already.
+ */
+int broker_share(Broker *b, const Caller *c, const char *id, uid_t uid, bool readonly, Token **ret);
+
+/* Revoke: by the lease's owner, the token's maker or an administrator (NOT_OWNER otherwise). */
+int broker_revoke(Broker *b, const Caller *c, const char *token);
+
+/*
+ * Attach: the caller's process becomes a holder of the lease that `token` or
+ * (when token is NULL) `name` names. TOKEN_UID for a token made for another
+ * user; NOT_PUBLISHED_TO for a name the caller's user may not attach. The
+ * hold is read-only if the token or name says so or `readonly`.
+ */
+int broker_attach(Broker *b, const Caller *c, const char *token, const char *name, bool readonly, Hold **ret);
+
+/*
+ * Publish: only a read-write holder of the owner's user (NOT_OWNER). Publishing
+ * again under the lease's own name replaces uids and readonly. NAME_IN_USE,
+ * HAS_NAME.
+ */
+int broker_publish(Broker *b, const Caller *c, const char *id, const char *name, const uid_t *uids, size_t n_uids,
+                   bool readonly);
+
+/* Unpublish: by the owner or an administrator (NOT_OWNER); the lease ends if nobody holds it. */
+int broker_unpublish(Broker *b, const Caller *c, const char *name);
+
+/*
+ * Calls fn for every lease the caller sees (every lease with `all`, which
+ * needs an administrator: NOT_OWNER otherwise), each once, at a cost in
+ * proportion to what it sees: the leases its user owns, then those its
+ * processes hold. Returns 0, NOT_OWNER, or what fn returned (stopping there).
+ */
+int broker_list(Broker *b, const Caller *c, bool all, int (*fn)(const Lease *l, void *userdata), void *userdata);
+
+/*
+ * Drops the holds of every holder whose process has exited (ending the leases
+ * nobody else holds or published), storing each holder's change first. A
+ * holder whose change cannot be stored keeps its holds (its leases stay, so
+ * nothing a crash would bring back is given to anyone else) and is tried
+ * again at the next call. Returns the number of holds dropped.
+ */
+unsigned broker_reap_holders(Broker *b);
+
+/* Whether exited holders are still waiting to have their holds dropped (their change could not be stored). */
+bool broker_has_unreaped(const Broker *b);
+
+/*
+ * Writes the whole table to a new store generation when the store asks for
+ * it (its log has grown), or when no table is stored yet. Returns 0, or a
+ * negative errno when storing failed (then Broker.store_error says so).
+ */
+int broker_store_snapshot(Broker *b, bool force);

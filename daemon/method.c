@@ -1,0 +1,539 @@
+/* SPDX-License-Identifier: MIT */
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codec.h"
+#include "json.h"
+#include "macro.h"
+#include "message.h"
+#include "method.h"
+#include "size.h"
+
+static int reply_params(MethodReply *r, json_object *params) {
+        int k = varlink_reply_new(params, &r->msg);
+
+        json_object_put(params);
+        return k;
+}
+
+static int reply_invalid(MethodReply *r, const char *field, const char *message) {
+        return vmmb_error_invalid_parameter(field ?: "parameters", message ?: "invalid", &r->msg);
+}
+
+static int reply_empty(MethodReply *r) {
+        json_object *out = NULL;
+        int k = empty_params_encode(&out);
+
+        return k < 0 ? k : reply_params(r, out);
+}
+
+/* Answers with a lease and its slabs' fds (Alloc, Attach). */
+static int reply_lease(MethodReply *r, const Lease *l, bool readonly) {
+        WireSlab slabs[POOL_MAX_SLABS];
+        AllocReply reply = {
+                .lease = { .id = (char *)l->id, .device = l->device, .size = l->size,
+                           .slabs = slabs, .n_slabs = l->n_slabs, .readonly = readonly },
+        };
+        json_object *out = NULL;
+        int k;
+
+        for (size_t j = 0; j < l->n_slabs; j++) {
+                slabs[j] = (WireSlab){ .size = l->slabs[j]->size, .fd = j };
+                r->fds[j] = l->slabs[j]->fd;
+        }
+        k = alloc_reply_encode(&reply, &out);
+        if (k == 0)
+                k = reply_params(r, out);
+        if (k == 0)
+                r->n_fds = l->n_slabs;
+        return k;
+}
+
+/* A uid from a request: 0..UINT32_MAX-1 ((uid_t)-1 means none to the kernel). */
+static bool uid_is_valid(uint64_t uid) {
+        return uid < UINT32_MAX;
+}
+
+/*
+ * The named error for a broker outcome that needs nothing but the outcome and
+ * what the call named (`what`: a lease id, token or name). Outcomes with
+ * details of their own (QUOTA, TOO_LARGE, NO_MEMORY) are answered by their
+ * method.
+ */
+static int reply_outcome(Broker *b, MethodReply *r, int k, const char *what) {
+        _cleanup_free_ char *message = NULL;
+
+        switch (k) {
+        case BROKER_E_NO_SUCH_LEASE:
+                return vmmb_error_no_such_lease(what, &r->msg);
+        case BROKER_E_NO_SUCH_TOKEN:
+                return vmmb_error_no_such_token(&r->msg);
+        case BROKER_E_NO_SUCH_NAME:
+                return vmmb_error_no_such_name(what, &r->msg);
+        case BROKER_E_NAME_IN_USE:
+                return vmmb_error_name_in_use(what, &r->msg);
+        case BROKER_E_HAS_NAME:
+                set_message(&message, "Lease %s is published under another name already: unpublish it first.",
+                            what);
+                return reply_invalid(r, "name", message);
+        case BROKER_E_READONLY:
+                set_message(&message, "This process holds lease %s read-only: it can only share it read-only.",
+                            what);
+                return vmmb_error_permission_denied(message ?: "read-only", &r->msg);
+        case BROKER_E_TOKEN_UID:
+                return vmmb_error_permission_denied("This token is for another user.", &r->msg);
+        case BROKER_E_NOT_PUBLISHED_TO:
+                set_message(&message, "Lease '%s' is not published to this user.", what);
+                return vmmb_error_permission_denied(message ?: "not published to this user", &r->msg);
+        case BROKER_E_DRIVER:
+                return vmmb_error_driver_error(pool_last_error(b->pool), &r->msg);
+        case BROKER_E_NOT_STORED:
+                set_message(&message, "The broker could not store this change for a restart (%s), so it did not "
+                            "make it; it keeps trying: call again later.",
+                            b->store_error < 0 ? strerror(-b->store_error) : pool_last_error(b->pool));
+                return vmmb_error_store_failed(message ?: "not stored", &r->msg);
+        default:
+                return k < 0 ? k : -EPROTO;     /* an outcome this method cannot have */
+        }
+}
+
+/* --- io.vmmbroker ------------------------------------------------------------------------------------- */
+
+static int method_alloc(Broker *b, const Caller *c, json_object *params, MethodReply *r) {
+        char b1[FORMAT_SIZE_MAX], b2[FORMAT_SIZE_MAX];
+        _cleanup_free_ char *message = NULL;
+        const char *bad = NULL;
+        AllocParams a = {};
+        PoolDeviceStats s = {};
+        UserQuota quota = {};
+        Lease *l;
+        int k, i;
+
+        k = alloc_params_decode(params, &a, &bad, &message);
+        if (k < 0) {
+                k = k == -EINVAL ? reply_invalid(r, bad, message) : k;
+                goto out;
+        }
+        k = broker_alloc(b, c, a.device == VMMB_DEVICE_ANY ? -1 : a.device, a.size, a.label, &l, &quota);
+        i = a.device == VMMB_DEVICE_ANY ? 0 : a.device <= INT32_MAX ? pool_find_device(b->pool, (int)a.device) : -1;
+        if (i >= 0 && (size_t)i < pool_n_devices(b->pool))
+                pool_device_stats(b->pool, (size_t)i, &s);
+        switch (k) {
+        case 0:
+                k = reply_lease(r, l, false);
+                break;
+        case BROKER_E_NO_DEVICE:
+                k = vmmb_error_no_such_device(a.device, &r->msg);
+                break;
+        case BROKER_E_QUOTA:
+                user_quota_message(c->user, &quota, s.index, &message);
+                k = vmmb_error_quota_exceeded(user_resource_name(quota.what), quota.limit, quota.current,
+                                              message ?: "over a limit", &r->msg);
+                break;
+        case BROKER_E_TOO_LARGE:
+                set_message(&message, "%s is more than device %d can serve (capacity %s, at most %d slabs).",
+                            format_size(a.size, b1, sizeof(b1)), s.index, format_size(s.capacity, b2, sizeof(b2)),
+                            POOL_MAX_SLABS);
+                k = vmmb_error_invalid_parameter("size", message ?: "too large", &r->msg);
+                break;
+        case BROKER_E_NO_MEMORY: {
+                uint64_t requested = ALIGN_UP(a.size, s.granularity ?: 1);
+                uint64_t in_use = s.leased + s.scrubbing;
+                uint64_t available = s.capacity > in_use ? s.capacity - in_use : 0;
+
+                set_message(&message, "Device %d has no room for %" PRIu64 " bytes now: %s.", s.index, requested,
+                            pool_last_error(b->pool));
+                k = vmmb_error_out_of_memory(s.index, requested, available, message ?: "out of memory", &r->msg);
+                break;
+        }
+        default:
+                k = reply_outcome(b, r, k, NULL);
+                break;
+        }
+out:
+        alloc_params_done(&a);
+        return k;
+}
+
+static int method_free(Broker *b, const Caller *c, json_object *params, MethodReply *r) {
+        _cleanup_free_ char *message = NULL;
+        const char *bad = NULL;
+        FreeParams a = {};
+        int k;
+
+        k = free_params_decode(params, &a, &bad, &message);
+        if (k < 0)
+                k = k == -EINVAL ? reply_invalid(r, bad, message) : k;
+        else {
+                k = broker_free(b, c, a.id);
+                k = k == 0 ? reply_empty(r) : reply_outcome(b, r, k, a.id);
+        }
+        free_params_done(&a);
+        return k;
+}
+
+static int method_share(Broker *b, const Caller *c, json_object *params, MethodReply *r) {
+        _cleanup_free_ char *message = NULL;
+        const char *bad = NULL;
+        ShareParams a = {};
+        json_object *out = NULL;
+        Token *tok;
+        int k;
+
+        k = share_params_decode(params, &a, &bad, &message);
+        if (k < 0) {
+                k = k == -EINVAL ? reply_invalid(r, bad, message) : k;
+                goto out;
+        }
+        if (a.uid != JSON_ABSENT && !uid_is_valid((uint64_t)a.uid)) {
+                k = reply_invalid(r, "uid", "A uid is at most 4294967294.");
+                goto out;
+        }
+        k = broker_share(b, c, a.id, a.uid == JSON_ABSENT ? UID_ANY : (uid_t)a.uid, a.readonly, &tok);
+        if (k == BROKER_E_TOKENS) {
+                set_message(&message, "Lease %s has %u share tokens already: revoke one first.", a.id,
+                            LEASE_TOKENS_MAX);
+                k = vmmb_error_quota_exceeded("tokens", LEASE_TOKENS_MAX, LEASE_TOKENS_MAX,
+                                              message ?: "too many tokens", &r->msg);
+        } else if (k == 0) {
+                k = share_reply_encode(&(ShareReply){ .token = tok->token }, &out);
+                if (k == 0)
+                        k = reply_params(r, out);
+        } else
+                k = reply_outcome(b, r, k, a.id);
+out:
+        share_params_done(&a);
+        return k;
+}
+
+static int method_revoke(Broker *b, const Caller *c, json_object *params, MethodReply *r) {
+        _cleanup_free_ char *message = NULL;
+        const char *bad = NULL;
+        RevokeParams a = {};
+        int k;
+
+        k = revoke_params_decode(params, &a, &bad, &message);
+        if (k < 0)
+                k = k == -EINVAL ? reply_invalid(r, bad, message) : k;
+        else {
+                k = broker_revoke(b, c, a.token);
+                if (k == 0)
+                        k = reply_empty(r);
+                else if (k == BROKER_E_NOT_OWNER)
+                        k = vmmb_error_permission_denied("Only the lease's owner, the token's maker or an "
+                                                         "administrator can revoke a token.", &r->msg);
+                else
+                        k = reply_outcome(b, r, k, NULL);
+        }
+        revoke_params_done(&a);
+        return k;
+}
+
+static int method_attach(Broker *b, const Caller *c, json_object *params, MethodReply *r) {
+        _cleanup_free_ char *message = NULL;
+        const char *bad = NULL;
+        AttachParams a = {};
+        Hold *hold;
+        int k;
+
+        k = attach_params_decode(params, &a, &bad, &message);
+        if (k < 0)
+                k = k == -EINVAL ? reply_invalid(r, bad, message) : k;
+        else {
+                k = broker_attach(b, c, a.token, a.token ? NULL : a.name, a.readonly, &hold);
+                k = k == 0 ? reply_lease(r, hold->lease, hold->readonly) : reply_outcome(b, r, k, a.name);
+        }
+        attach_params_done(&a);
+        return k;
+}
+
+static int method_publish(Broker *b, const Caller *c, json_object *params, MethodReply *r) {
+        _cleanup_free_ char *message = NULL;
+        uid_t uids[VMMB_PUBLISH_UIDS_MAX];
+        const char *bad = NULL;
+        PublishParams a = {};
+        int k;
+
+        k = publish_params_decode(params, &a, &bad, &message);
+        if (k < 0) {
+                k = k == -EINVAL ? reply_invalid(r, bad, message) : k;
+                goto out;
+        }
+        for (size_t i = 0; i < a.n_uids; i++) {
+                if (!uid_is_valid(a.uids[i])) {
+                        k = reply_invalid(r, "uids", "A uid is at most 4294967294.");
+                        goto out;
+                }
+                uids[i] = (uid_t)a.uids[i];
+        }
+        k = broker_publish(b, c, a.id, a.name, uids, a.n_uids, a.readonly);
+        if (k == 0)
+                k = reply_empty(r);
+        else if (k == BROKER_E_NOT_OWNER)
+                k = vmmb_error_permission_denied("Only a read-write holder of the lease's owner can publish it.",
+                                                 &r->msg);
+        else
+                k = reply_outcome(b, r, k, k == BROKER_E_NO_SUCH_LEASE || k == BROKER_E_HAS_NAME ? a.id : a.name);
+out:
+        publish_params_done(&a);
+        return k;
+}
+
+static int method_unpublish(Broker *b, const Caller *c, json_object *params, MethodReply *r) {
+        _cleanup_free_ char *message = NULL;
+        const char *bad = NULL;
+        UnpublishParams a = {};
+        int k;
+
+        k = unpublish_params_decode(params, &a, &bad, &message);
+        if (k < 0)
+                k = k == -EINVAL ? reply_invalid(r, bad, message) : k;
+        else {
+                k = broker_unpublish(b, c, a.name);
+                if (k == 0)
+                        k = reply_empty(r);
+                else if (k == BROKER_E_NOT_OWNER)
+                        k = vmmb_error_permission_denied("Only the lease's owner or an administrator can "
+                                                         "unpublish it.", &r->msg);
+                else
+                        k = reply_outcome(b, r, k, a.name);
+        }
+        unpublish_params_done(&a);
+        return k;
+}
+
+static void user_to_wire(Broker *b, const User *u, WireUserDevice *devices, WireUser *ret) {
+        for (size_t i = 0; i < b->users.n_devices; i++) {
+                PoolDeviceStats s;
+
+                pool_device_stats(b->pool, i, &s);
+                devices[i] = (WireUserDevice){ .index = s.index, .bytes = u->bytes[i], .max_bytes = u->max_bytes[i] };
+        }
+        *ret = (WireUser){
+                .uid = u->uid,
+                .leases = u->leases,
+                .max_leases = u->max_leases,
+                .connections = u->connections,
+                .max_connections = u->max_connections,
+                .requests = u->requests,
+                .devices = b->users.n_devices > 0 ? devices : NULL,
+                .n_devices = b->users.n_devices,
+        };
+}
+
+static int method_users(Broker *b, const Caller *c, json_object *params, MethodReply *r) {
+        _cleanup_free_ char *message = NULL;
+        _cleanup_free_ WireUserDevice *devices = NULL;
+        _cleanup_free_ WireUser *users = NULL;
+        size_t n_dev = b->users.n_devices, n;
+        const char *bad = NULL;
+        ListParams a = {};
+        UsersReply reply = {};
+        json_object *out = NULL;
+        User *u;
+        int k;
+
+        k = list_params_decode(params, &a, &bad, &message);
+        if (k < 0)
+                return k == -EINVAL ? reply_invalid(r, bad, message) : k;
+        if (a.all && !c->admin)
+                return vmmb_error_permission_denied("Showing every user needs an administrator.", &r->msg);
+        n = a.all ? b->users.n_users : 1;       /* a user's own costs one, whatever the registry holds */
+        users = calloc(n ?: 1, sizeof(*users));
+        devices = calloc((n ?: 1) * (n_dev ?: 1), sizeof(*devices));
+        if (!users || !devices)
+                return -ENOMEM;
+        if (a.all)
+                list_for_each_entry(u, &b->users.users, link) {
+                        user_to_wire(b, u, devices + reply.n_users * n_dev, &users[reply.n_users]);
+                        reply.n_users++;
+                }
+        else
+                user_to_wire(b, c->user, devices, &users[reply.n_users++]);
+        reply.users = users;
+        k = users_reply_encode(&reply, &out);
+        return k < 0 ? k : reply_params(r, out);
+}
+
+/* What List gathers, lease by lease. */
+typedef struct ListBuilder {
+        WireLeaseInfo *infos;
+        size_t n, allocated;
+        WireHolder *holders;
+        size_t n_holders, holders_allocated;
+} ListBuilder;
+
+static int grow(void **p, size_t *allocated, size_t need, size_t size) {
+        size_t n = MAX(*allocated * 2, MAX(need, (size_t)16));
+        void *q;
+
+        if (need <= *allocated)
+                return 0;
+        q = reallocarray(*p, n, size);
+        if (!q)
+                return -ENOMEM;
+        *p = q;
+        *allocated = n;
+        return 0;
+}
+
+static int list_add(const Lease *l, void *userdata) {
+        ListBuilder *lb = userdata;
+        const Hold *hold;
+        WireLeaseInfo *info;
+
+        if (grow((void **)&lb->infos, &lb->allocated, lb->n + 1, sizeof(*lb->infos)) < 0 ||
+            grow((void **)&lb->holders, &lb->holders_allocated, lb->n_holders + l->n_holds, sizeof(*lb->holders)) < 0)
+                return -ENOMEM;
+        info = &lb->infos[lb->n++];
+        *info = (WireLeaseInfo){
+                .id = (char *)l->id,
+                .device = l->device,
+                .size = l->size,
+                .slabs = l->n_slabs,
+                .pid = l->pid,
+                .uid = l->uid,
+                .comm = l->comm[0] ? (char *)l->comm : NULL,
+                .label = l->label,
+                .created = (int64_t)l->created_usec,
+                .name = l->name,
+                .n_holders = l->n_holds,
+        };
+        /* Holders are placed by index: the array may move while it grows. */
+        info->holders = (WireHolder *)(uintptr_t)lb->n_holders;
+        list_for_each_entry(hold, &l->holds, link_lease)
+                lb->holders[lb->n_holders++] = (WireHolder){
+                        .pid = hold->holder->pid,
+                        .uid = hold->holder->uid,
+                        .comm = hold->holder->comm[0] ? hold->holder->comm : NULL,
+                        .readonly = hold->readonly,
+                };
+        return 0;
+}
+
+static int method_list(Broker *b, const Caller *c, json_object *params, MethodReply *r) {
+        _cleanup_free_ char *message = NULL;
+        const char *bad = NULL;
+        ListParams a = {};
+        ListBuilder lb = {};
+        ListReply reply = {};
+        json_object *out = NULL;
+        int k;
+
+        k = list_params_decode(params, &a, &bad, &message);
+        if (k < 0)
+                return k == -EINVAL ? reply_invalid(r, bad, message) : k;
+        k = broker_list(b, c, a.all, list_add, &lb);
+        if (k == BROKER_E_NOT_OWNER)
+                k = vmmb_error_permission_denied("Listing every user's leases needs an administrator.", &r->msg);
+        else if (k == 0) {
+                for (size_t i = 0; i < lb.n; i++)
+                        lb.infos[i].holders = lb.infos[i].n_holders > 0
+                                ? lb.holders + (uintptr_t)lb.infos[i].holders : NULL;
+                reply.leases = lb.infos;
+                reply.n_leases = lb.n;
+                k = list_reply_encode(&reply, &out);
+                if (k == 0)
+                        k = reply_params(r, out);
+        }
+        free(lb.infos);
+        free(lb.holders);
+        return k;
+}
+
+static int method_status(Broker *b, const Caller *c, json_object *params, MethodReply *r) {
+        _cleanup_free_ char *message = NULL;
+        size_t n = pool_n_devices(b->pool);
+        _cleanup_free_ WireDevice *devices = calloc(n ?: 1, sizeof(WireDevice));
+        _cleanup_free_ PoolDeviceStats *stats = calloc(n ?: 1, sizeof(PoolDeviceStats));
+        const char *bad = NULL;
+        StatusReply reply = {};
+        json_object *out = NULL;
+        int k;
+
+        k = empty_params_decode(params, &bad, &message);
+        if (k < 0)
+                return k == -EINVAL ? reply_invalid(r, bad, message) : k;
+        if (!devices || !stats)
+                return -ENOMEM;
+        for (size_t i = 0; i < n; i++) {
+                pool_device_stats(b->pool, i, &stats[i]);
+                devices[i] = (WireDevice){
+                        .index = stats[i].index,
+                        .name = (char *)stats[i].name,
+                        .total = stats[i].total,
+                        .granularity = stats[i].granularity,
+                        .capacity = stats[i].capacity,
+                        .leased = stats[i].leased,
+                        .scrubbing = stats[i].scrubbing,
+                        .cached = stats[i].cached,
+                        .leases = b->leases.device_leases[i],
+                };
+        }
+        reply.devices = devices;
+        reply.n_devices = n;
+        k = status_reply_encode(&reply, &out);
+        return k < 0 ? k : reply_params(r, out);
+}
+
+/* --- org.varlink.service ------------------------------------------------------------------------------ */
+
+static int method_get_info(Broker *b, const Caller *c, json_object *params, MethodReply *r) {
+        _cleanup_free_ char *message = NULL;
+        const char *bad = NULL;
+        json_object *out = NULL;
+        int k;
+
+        k = empty_params_decode(params, &bad, &message);
+        if (k < 0)
+                return k == -EINVAL ? varlink_error_invalid_parameter(bad ?: "parameters", &r->msg) : k;
+        k = varlink_info_encode(&out);
+        return k < 0 ? k : reply_params(r, out);
+}
+
+static int method_get_interface_description(Broker *b, const Caller *c, json_object *params, MethodReply *r) {
+        _cleanup_free_ char *message = NULL;
+        InterfaceParams a = {};
+        const char *bad = NULL;
+        json_object *out = NULL;
+        int k;
+
+        k = interface_params_decode(params, &a, &bad, &message);
+        if (k < 0)
+                return k == -EINVAL ? varlink_error_invalid_parameter(bad ?: "parameters", &r->msg) : k;
+        k = interface_description_encode(a.interface, &out);
+        if (k == -ENOENT)
+                k = varlink_error_interface_not_found(a.interface, &r->msg);
+        else if (k == 0)
+                k = reply_params(r, out);
+        interface_params_done(&a);
+        return k;
+}
+
+static const struct {
+        const char *name;
+        int (*handler)(Broker *b, const Caller *c, json_object *params, MethodReply *r);
+} methods[] = {
+        { VMMB_METHOD_ALLOC, method_alloc },
+        { VMMB_METHOD_FREE, method_free },
+        { VMMB_METHOD_LIST, method_list },
+        { VMMB_METHOD_SHARE, method_share },
+        { VMMB_METHOD_REVOKE, method_revoke },
+        { VMMB_METHOD_ATTACH, method_attach },
+        { VMMB_METHOD_PUBLISH, method_publish },
+        { VMMB_METHOD_UNPUBLISH, method_unpublish },
+        { VMMB_METHOD_STATUS, method_status },
+        { VMMB_METHOD_USERS, method_users },
+        { VARLINK_METHOD_GET_INFO, method_get_info },
+        { VARLINK_METHOD_GET_INTERFACE_DESCRIPTION, method_get_interface_description },
+};
+
+int method_call(Broker *b, const Caller *c, const VarlinkCall *call, MethodReply *r) {
+        for (size_t i = 0; i < ELEMENTSOF(methods); i++)
+                if (strcmp(call->method, methods[i].name) == 0)
+                        return methods[i].handler(b, c, call->parameters, r);
+        return varlink_error_method_not_found(call->method, &r->msg);
+}
