@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "codec.h"
+#include "json.h"
 #include "macro.h"
 #include "message.h"
 #include "store.h"
@@ -207,75 +208,15 @@ static inline void w_str(Buffer *b, const char *s, size_t max) {
         b->len += n;
 }
 
-/* json.c's UTF-8 rules: the length of the character at s, 0 if it is not one. */
-static size_t utf8_char(const uint8_t *s, size_t len, uint32_t *ret_cp) {
-        uint8_t c = s[0], lo = 0x80, hi = 0xbf;
-        uint32_t cp;
-        size_t n;
-
-        if (c < 0x80) {
-                *ret_cp = c;
-                return 1;
-        }
-        if (c >= 0xc2 && c <= 0xdf) {
-                n = 2;
-                cp = c & 0x1f;
-        } else if (c >= 0xe0 && c <= 0xef) {
-                n = 3;
-                cp = c & 0x0f;
-                if (c == 0xe0)
-                        lo = 0xa0;
-                else if (c == 0xed)
-                        hi = 0x9f;
-        } else if (c >= 0xf0 && c <= 0xf4) {
-                n = 4;
-                cp = c & 0x07;
-                if (c == 0xf0)
-                        lo = 0x90;
-                else if (c == 0xf4)
-                        hi = 0x8f;
-        } else
-                return 0;
-        if (len < n)
-                return 0;
-        for (size_t i = 1; i < n; i++) {
-                uint8_t x = s[i];
-
-                if (x < (i == 1 ? lo : 0x80) || x > (i == 1 ? hi : 0xbf))
-                        return 0;
-                cp = (cp << 6) | (x & 0x3f);
-        }
-        *ret_cp = cp;
-        return n;
-}
-
 /*
- * A string as JSON would have written it: bad UTF-8 bytes and control characters become '?', cut at a
- * character boundary to at most `max` (<= 255) bytes; `in_max` bounds what is read of s. Room: 1 + max.
+ * A string as JSON would have written it (json_printable_copy(): bad UTF-8 bytes and control characters
+ * become '?'), cut at a character boundary to at most `max` (<= 255) bytes; `in_max` bounds what is read of
+ * s. Room: 1 + max.
  */
 static void w_printable(Buffer *b, const char *s, size_t in_max, size_t max) {
-        const uint8_t *p = (const uint8_t *)s;
-        size_t len = strnlen(s, in_max), at = b->len, o = 0;
-        uint8_t *d = b->data + at + 1;
+        size_t o = json_printable_copy((char *)b->data + b->len + 1, s, strnlen(s, in_max), max, false);
 
-        for (size_t i = 0; i < len;) {
-                uint32_t cp = 0;
-                size_t n = utf8_char(p + i, len - i, &cp);
-
-                if (n == 0 || cp < 0x20 || (cp >= 0x7f && cp < 0xa0)) {
-                        if (o + 1 > max)
-                                break;
-                        d[o++] = '?';
-                        i += n == 0 ? 1 : n;
-                        continue;
-                }
-                if (o + n > max)
-                        break;
-                memcpy(d + o, p + i, n);
-                o += n;
-                i += n;
-        }
-        b->data[at] = (uint8_t)o;
+        b->data[b->len] = (uint8_t)o;
         b->len += 1 + o;
 }
 

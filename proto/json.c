@@ -79,18 +79,10 @@ bool json_string_is_printable(const char *s, size_t len, bool multiline) {
         return true;
 }
 
-/*
- * Copies s, replacing invalid UTF-8 bytes and control characters by '?' and
- * cutting it at a character boundary to at most max_len bytes (0: no limit).
- */
-static char *printable_dup(const char *s, size_t max_len, bool multiline, size_t *ret_len) {
+size_t json_printable_copy(char *dst, const char *s, size_t len, size_t max_len, bool multiline) {
         const uint8_t *p = (const uint8_t *)s;
-        size_t len = strlen(s), o = 0;
-        char *d;
+        size_t o = 0;
 
-        d = malloc(len + 1);
-        if (!d)
-                return NULL;
         for (size_t i = 0; i < len;) {
                 uint32_t cp;
                 size_t n = utf8_decode(p + i, len - i, &cp);
@@ -98,18 +90,28 @@ static char *printable_dup(const char *s, size_t max_len, bool multiline, size_t
                 if (n == 0 || is_control(cp, multiline)) {
                         if (max_len > 0 && o + 1 > max_len)
                                 break;
-                        d[o++] = '?';
+                        dst[o++] = '?';
                         i += n == 0 ? 1 : n;
                         continue;
                 }
                 if (max_len > 0 && o + n > max_len)
                         break;
-                memcpy(d + o, p + i, n);
+                memcpy(dst + o, p + i, n);
                 o += n;
                 i += n;
         }
-        d[o] = 0;
-        *ret_len = o;
+        return o;
+}
+
+/* json_printable_copy() into a new NUL-terminated string. */
+static char *printable_dup(const char *s, size_t max_len, bool multiline, size_t *ret_len) {
+        size_t len = strlen(s);
+        char *d = malloc(len + 1);
+
+        if (!d)
+                return NULL;
+        *ret_len = json_printable_copy(d, s, len, max_len, multiline);
+        d[*ret_len] = 0;
         return d;
 }
 

@@ -160,6 +160,15 @@ int json_build(const JsonField *fields, const void *in, json_object **ret);
  */
 bool json_string_is_printable(const char *s, size_t len, bool multiline);
 
+/*
+ * Copies s[0..len) into dst as a string json_string_is_printable() accepts:
+ * bytes that are not UTF-8 and control characters become '?', and it is cut at
+ * a character boundary to at most max_len bytes (0: no limit; dst has room for
+ * max_len, or len when there is none). No NUL is added. Returns the bytes
+ * written.
+ */
+size_t json_printable_copy(char *dst, const char *s, size_t len, size_t max_len, bool multiline);
+
 /* Drops a json-c reference held in *p; for _cleanup_(json_object_putp). */
 static inline void json_object_putp(json_object **p) {
         if (*p)
