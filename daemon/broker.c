@@ -464,13 +464,16 @@ unsigned broker_reap_holders(Broker *b) {
                 Hold *hold, *tmp;
                 int k = 0;
 
-                change_begin(b);
-                list_for_each_entry(hold, &h->holds, link_holder)
-                        if (k >= 0)
-                                k = put_hold_end(b, hold);
-                k = change_commit(b, k);
-                if (k != 0)
-                        break;          /* kept, and tried again at the next call (broker_has_unreaped()) */
+                /* A holder that held nothing changes nothing stored: it goes even while storing fails. */
+                if (!list_is_empty(&h->holds)) {
+                        change_begin(b);
+                        list_for_each_entry(hold, &h->holds, link_holder)
+                                if (k >= 0)
+                                        k = put_hold_end(b, hold);
+                        k = change_commit(b, k);
+                        if (k != 0)
+                                break;  /* kept, and tried again at the next call (broker_has_unreaped()) */
+                }
                 list_for_each_entry_safe(hold, tmp, &h->holds, link_holder) {
                         hold_end(&b->leases, hold);
                         n++;

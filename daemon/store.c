@@ -575,12 +575,12 @@ int store_commit(Store *s) {
 
         if (s->change_error < 0)
                 return commit_failed(s, s->change_error);
-        if (s->fd < 0)
-                return commit_failed(s, -ENOLINK);
         if (s->change.len <= RECORD_HEADER_SIZE) {
-                store_abort(s);         /* nothing changed: nothing to write */
+                store_abort(s);         /* nothing changed: nothing to write, whether or not a table is stored */
                 return 0;
         }
+        if (s->fd < 0)
+                return commit_failed(s, -ENOLINK);
         n = s->change.len;
         if (n - RECORD_HEADER_SIZE > UINT32_MAX || __builtin_add_overflow(s->end, (uint64_t)n, &rec_end) ||
             rec_end > STATE_SIZE_MAX)
