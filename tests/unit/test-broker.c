@@ -1,0 +1,1769 @@
+/* SPDX-License-Identifier: MIT */
+
+/*
+ * daemon/broker.c: every rule of the broker, with no socket and no event
+ * loop. A pool on the simulated device, the broker over it, and callers made
+ * by hand: a caller is a holder (a real process, watched through a real
+ * pidfd: this test's own process, or a child that blocks on a pipe until it
+ * is killed) with a user and whether it is an administrator. Each operation's
+ * success and every outcome it documents; what each user is charged; the
+ * leases a List shows; the holds of a process that exited; and the
+ * write-ahead rule with a store whose writes fail: a change that could not be
+ * stored is not made, and what the store holds reads back as exactly the
+ * acknowledged changes.
+ *
+ * Every test ends (teardown) with broker_done(), whose user_registry_done()
+ * asserts that every charge came back, then the pool freed with no
+ * allocation of the simulated device left alive.
+ */
+
+#include <check.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/pidfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "broker.h"
+#include "driver.h"
+#include "macro.h"
+#include "pool.h"
+#include "state.h"
+#include "store.h"
+#include "unit.h"
+
+#define MiB (UINT64_C(1) << 20)
+#define GiB (UINT64_C(1) << 30)
+#define CAPACITY (4 * GiB)              /* the pool's, on its one device */
+#define GRANULARITY (2 * MiB)           /* the simulated device's */
+
+#define UID_A 1000                      /* the usual owner */
+#define UID_B 1001                      /* another user */
+#define UID_SMALL 1002                  /* [User:1002] MaxLeases=2 MaxBytes=64M */
+#define UID_E 1003                      /* a stranger to everything */
+#define UID_ROOT 0
+
+/* ---- the fixture: driver, pool, broker ------------------------------------------------------------------- */
+
+static CudaDriver *cu;
+static Pool *pool;
+static Broker b;
+static bool broker_up;
+static LimitsRule rules[1];
+static LimitsConfig limits;
+static unsigned long (*sim_live_allocations)(void);
+static int (*sim_fail)(const char *);
+
+static void open_driver(void) {
+        _cleanup_free_ char *message = NULL;
+        void *lib;
+
+        ck_assert_msg(cuda_driver_open(&cu, NULL, &message) == 0, "%s", message);
+        lib = dlopen(cu->path, RTLD_NOW | RTLD_NOLOAD);
+        ck_assert_ptr_nonnull(lib);
+        sim_live_allocations = (unsigned long (*)(void))dlsym(lib, "simcuda_live_allocations");
+        sim_fail = (int (*)(const char *))dlsym(lib, "simcuda_fail");
+        ck_assert(sim_live_allocations && sim_fail);
+        dlclose(lib);
+}
+
+static void setup_broker_with(uint64_t max_slab) {
+        _cleanup_free_ char *message = NULL;
+        PoolConfig config = { .capacity = CAPACITY, .max_slab = max_slab };
+
+        open_driver();
+        ck_assert_msg(pool_new(&pool, cu, &config, &message) == 0, "%s", message);
+
+        /* [Limits] at the defaults (MaxBytes=80%, MaxLeases=1024); [User:1002] MaxLeases=2 MaxBytes=64M. */
+        limits = (LimitsConfig){ .defaults = user_limits_default(), .rules = rules, .n_rules = 1 };
+        rules[0] = (LimitsRule){ .id = UID_SMALL,
+                                 .limits = { .max_leases = 2, .max_bytes = 64 * MiB,
+                                             .set = LIMIT_MAX_LEASES | LIMIT_MAX_BYTES } };
+        ck_assert_int_eq(broker_init(&b, pool, &limits), 0);
+        broker_up = true;
+}
+
+static void setup_broker(void) {
+        setup_broker_with(GiB);
+}
+
+/* ---- processes: this one, and children that live until killed ------------------------------------------ */
+
+#define MAX_CHILDREN 16
+
+static pid_t children[MAX_CHILDREN];
+static size_t n_children;
+static int hold_pipe[2] = { -EBADF, -EBADF };  /* children block reading it; EOF when this process ends */
+
+static pid_t spawn(void) {
+        pid_t pid;
+
+        ck_assert_uint_lt(n_children, MAX_CHILDREN);
+        if (hold_pipe[0] < 0)
+                ck_assert_int_eq(pipe2(hold_pipe, O_CLOEXEC), 0);
+        pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+                char c;
+
+                close(hold_pipe[1]);
+                (void)!read(hold_pipe[0], &c, 1);
+                _exit(0);
+        }
+        children[n_children++] = pid;
+        return pid;
+}
+
+/* The process exits (killed and waited for: its pidfd is readable from then on). */
+static void kill_process(pid_t pid) {
+        for (size_t i = 0; i < n_children; i++)
+                if (children[i] == pid) {
+                        ck_assert_int_eq(kill(pid, SIGKILL), 0);
+                        ck_assert_int_eq(waitpid(pid, NULL, 0), pid);
+                        children[i] = children[--n_children];
+                        return;
+                }
+        ck_abort_msg("pid %d is not a child of the test", (int)pid);
+}
+
+/* ---- callers ------------------------------------------------------------------------------------------------ */
+
+#define MAX_CALLERS 16
+
+static Caller callers[MAX_CALLERS];
+static size_t n_callers;
+
+/* A connection of process `pid` of user `uid`, as peer.c makes one (the caller holds a reference on its user). */
+static Caller *connect_as(uid_t uid, pid_t pid, bool admin) {
+        Caller *c;
+        User *u;
+        int pidfd;
+
+        ck_assert_uint_lt(n_callers, MAX_CALLERS);
+        c = &callers[n_callers];
+        u = user_get(&b.users, uid, (const gid_t[]){ uid }, 1);
+        ck_assert_ptr_nonnull(u);
+        pidfd = pidfd_open(pid, 0);
+        ck_assert_int_ge(pidfd, 0);
+        ck_assert_int_eq(holder_connect(&b.holders, u, pid, uid, pidfd, &c->holder), 0);
+        c->user = u;
+        c->admin = admin;
+        n_callers++;
+        return c;
+}
+
+/* This test's own process, as user `uid`. */
+static Caller *this_process(uid_t uid) {
+        return connect_as(uid, getpid(), false);
+}
+
+/* A new process of user `uid`. */
+static Caller *new_process(uid_t uid) {
+        return connect_as(uid, spawn(), false);
+}
+
+/* The connection of the last caller made closes (peer.c's way): its holder goes once nothing else holds it. */
+static void disconnect_last(Caller *c) {
+        ck_assert_ptr_eq(c, &callers[n_callers - 1]);
+        holder_disconnect(c->holder);
+        user_unref(c->user);
+        n_callers--;
+}
+
+static Caller *administrator(void) {
+        return connect_as(UID_ROOT, spawn(), true);
+}
+
+/* ---- the store's fake service manager: keeps a dup of every memfd saved -------------------------------------- */
+
+#define FAKE_MAX 8
+
+typedef struct Fake {
+        char names[FAKE_MAX][64];
+        int fds[FAKE_MAX];
+        size_t n;
+        unsigned saves, removes;
+} Fake;
+
+static Fake fake;
+
+static int fake_save(void *userdata, const char *name, int fd) {
+        Fake *f = userdata;
+        int copy;
+
+        ck_assert_uint_lt(f->n, FAKE_MAX);
+        copy = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+        if (copy < 0)
+                return -errno;
+        snprintf(f->names[f->n], sizeof(f->names[f->n]), "%s", name);
+        f->fds[f->n++] = copy;
+        f->saves++;
+        return 0;
+}
+
+static int fake_remove(void *userdata, const char *name) {
+        Fake *f = userdata;
+
+        f->removes++;
+        for (size_t i = 0; i < f->n; i++)
+                if (strcmp(f->names[i], name) == 0) {
+                        safe_close(f->fds[i]);
+                        f->n--;
+                        memmove(&f->names[i], &f->names[i + 1], (f->n - i) * sizeof(f->names[0]));
+                        memmove(&f->fds[i], &f->fds[i + 1], (f->n - i) * sizeof(f->fds[0]));
+                        return 0;
+                }
+        return -ENOENT;
+}
+
+/* The stored table of the highest generation, as a restarted daemon picks it. */
+static int fake_latest(void) {
+        uint64_t best = 0;
+        int fd = -EBADF;
+
+        for (size_t i = 0; i < fake.n; i++) {
+                uint64_t g = strtoull(fake.names[i] + strlen(STORE_NAME_PREFIX), NULL, 10);
+
+                if (g > best) {
+                        best = g;
+                        fd = fake.fds[i];
+                }
+        }
+        ck_assert_int_ge(fd, 0);
+        return fd;
+}
+
+/* Gives the broker a store with the fake backend; stores the table (empty or not) as its first snapshot. */
+static void give_store(void) {
+        StoreBackend backend = { .save = fake_save, .remove = fake_remove, .userdata = &fake };
+        Store *s = NULL;
+
+        ck_assert_int_eq(store_new(&s, &backend), 0);
+        broker_set_store(&b, s);
+        ck_assert_int_eq(broker_store_snapshot(&b, true), 0);
+        ck_assert_int_eq(b.store_error, 0);
+}
+
+/* ---- teardown --------------------------------------------------------------------------------------------------- */
+
+static void teardown(void) {
+        /* The callers' references on their users; then the broker, whose users must all be gone. */
+        for (size_t i = 0; i < n_callers; i++)
+                user_unref(callers[i].user);
+        n_callers = 0;
+        if (broker_up) {
+                broker_done(&b);
+                ck_assert_uint_eq(b.users.n_users, 0);
+                broker_up = false;
+        }
+        while (n_children > 0)
+                kill_process(children[n_children - 1]);
+        hold_pipe[0] = safe_close(hold_pipe[0]);
+        hold_pipe[1] = safe_close(hold_pipe[1]);
+        for (size_t i = 0; i < fake.n; i++)
+                safe_close(fake.fds[i]);
+        fake = (Fake){};
+        pool = pool_free(pool);
+        if (cu) {
+                ck_assert_uint_eq(sim_live_allocations(), 0);
+                cu = cuda_driver_close(cu);
+        }
+}
+
+/* ---- helpers for the operations ------------------------------------------------------------------------------- */
+
+static Lease *alloc_ok(const Caller *c, uint64_t size) {
+        UserQuota q = {};
+        Lease *l = NULL;
+
+        ck_assert_int_eq(broker_alloc(&b, c, -1, size, NULL, &l, &q), 0);
+        ck_assert_ptr_nonnull(l);
+        return l;
+}
+
+/* A token's text, kept by the test (the Token itself goes with the lease or a Revoke). */
+typedef struct TokenText {
+        char s[LEASE_TOKEN_LEN + 1];
+} TokenText;
+
+static TokenText share_ok(const Caller *c, const Lease *l, uid_t uid, bool readonly) {
+        TokenText t;
+        Token *tok = NULL;
+
+        ck_assert_int_eq(broker_share(&b, c, l->id, uid, readonly, &tok), 0);
+        ck_assert_ptr_nonnull(tok);
+        memcpy(t.s, tok->token, sizeof(t.s));
+        return t;
+}
+
+static Hold *attach_token_ok(const Caller *c, const TokenText *t, bool readonly) {
+        Hold *hold = NULL;
+
+        ck_assert_int_eq(broker_attach(&b, c, t->s, NULL, readonly, &hold), 0);
+        ck_assert_ptr_nonnull(hold);
+        ck_assert_ptr_eq(hold->holder, c->holder);
+        return hold;
+}
+
+static Hold *attach_name_ok(const Caller *c, const char *name, bool readonly) {
+        Hold *hold = NULL;
+
+        ck_assert_int_eq(broker_attach(&b, c, NULL, name, readonly, &hold), 0);
+        ck_assert_ptr_nonnull(hold);
+        return hold;
+}
+
+static int attach_token(const Caller *c, const char *token) {
+        Hold *hold = NULL;
+
+        return broker_attach(&b, c, token, NULL, false, &hold);
+}
+
+static int attach_name(const Caller *c, const char *name) {
+        Hold *hold = NULL;
+
+        return broker_attach(&b, c, NULL, name, false, &hold);
+}
+
+/* The lease with that id, or NULL once it ended (copy the id first: an ended lease is freed). */
+static Lease *find(const char *id) {
+        return lease_table_find(&b.leases, id);
+}
+
+/* Slabs that went back to the pool for their uid (being scrubbed or cached) rather than to the driver. */
+static unsigned kept_slabs(void) {
+        PoolDeviceStats s;
+
+        pool_device_stats(pool, 0, &s);
+        return s.n_scrubbing + s.n_cached;
+}
+
+static uint64_t released_slabs(void) {
+        PoolDeviceStats s;
+
+        pool_device_stats(pool, 0, &s);
+        return s.released;
+}
+
+/* ---- Alloc --------------------------------------------------------------------------------------------------- */
+
+START_TEST(test_alloc) {
+        Caller *a;
+        Lease *l = NULL;
+        UserQuota q = {};
+        Hold *hold;
+
+        setup_broker();
+        a = this_process(UID_A);
+        ck_assert_int_eq(broker_alloc(&b, a, 0, 3 * MiB, "weights", &l, &q), 0);
+
+        /* Whole slabs, rounded up to the granularity, owned by and charged to the caller's user. */
+        ck_assert_uint_eq(l->size, 4 * MiB);
+        ck_assert_int_eq(l->device, 0);
+        ck_assert_uint_eq(l->uid, UID_A);
+        ck_assert_int_eq(l->pid, getpid());
+        ck_assert_str_eq(l->label, "weights");
+        ck_assert(!l->foreign);
+        ck_assert_ptr_null(l->name);
+        ck_assert_uint_eq(strlen(l->id), LEASE_ID_LEN);
+        ck_assert_ptr_eq(find(l->id), l);
+        ck_assert_uint_eq(b.leases.n_leases, 1);
+        ck_assert_ptr_eq(l->charge_lease.user, a->user);
+        ck_assert_uint_eq(a->user->leases, 1);
+        ck_assert_uint_eq(a->user->bytes[0], 4 * MiB);
+        ck_assert_ptr_eq(list_first_entry(&a->user->owned, Lease, link_owner), l);
+
+        /* Held once by the caller's process, read-write. */
+        ck_assert_uint_eq(l->n_holds, 1);
+        hold = lease_find_hold(l, a->holder);
+        ck_assert_ptr_nonnull(hold);
+        ck_assert_uint_eq(hold->refs, 1);
+        ck_assert(!hold->readonly);
+
+        /* A negative device is the first one; a second lease adds to the charges. */
+        ck_assert_int_eq(broker_alloc(&b, a, -1, 1, NULL, &l, &q), 0);
+        ck_assert_uint_eq(l->size, GRANULARITY);
+        ck_assert_ptr_null(l->label);
+        ck_assert_uint_eq(a->user->leases, 2);
+        ck_assert_uint_eq(a->user->bytes[0], 6 * MiB);
+        ck_assert_uint_eq(b.leases.n_leases, 2);
+}
+END_TEST
+
+START_TEST(test_alloc_no_device) {
+        Caller *a;
+        Lease *l = NULL;
+        UserQuota q = {};
+
+        setup_broker();
+        a = this_process(UID_A);
+        ck_assert_int_eq(broker_alloc(&b, a, 1, MiB, NULL, &l, &q), BROKER_E_NO_DEVICE);
+        ck_assert_int_eq(broker_alloc(&b, a, INT64_MAX, MiB, NULL, &l, &q), BROKER_E_NO_DEVICE);
+        ck_assert_int_eq(broker_alloc(&b, a, (int64_t)INT32_MAX + 1, MiB, NULL, &l, &q), BROKER_E_NO_DEVICE);
+        ck_assert_ptr_null(l);
+        ck_assert_uint_eq(a->user->leases, 0);
+        ck_assert_uint_eq(b.leases.n_leases, 0);
+}
+END_TEST
+
+START_TEST(test_alloc_too_large) {
+        Caller *a;
+        Lease *l = NULL;
+        UserQuota q = {};
+
+        setup_broker();
+        a = this_process(UID_A);
+        /* More than the device's capacity: TooLarge, not QuotaExceeded, though it is over the user's limit too. */
+        ck_assert_int_eq(broker_alloc(&b, a, 0, CAPACITY + 1, NULL, &l, &q), BROKER_E_TOO_LARGE);
+        ck_assert_int_eq(broker_alloc(&b, a, 0, UINT64_MAX, NULL, &l, &q), BROKER_E_TOO_LARGE);
+        ck_assert_int_eq(broker_alloc(&b, a, 0, UINT64_MAX / 2 + 1, NULL, &l, &q), BROKER_E_TOO_LARGE);
+        ck_assert_ptr_null(l);
+        ck_assert_uint_eq(a->user->leases, 0);
+        ck_assert_uint_eq(a->user->bytes[0], 0);
+}
+END_TEST
+
+/* More slabs than one message can carry: TooLarge too, with nothing left charged or leased. */
+START_TEST(test_alloc_too_many_slabs) {
+        PoolDeviceStats ps;
+        Caller *a;
+        Lease *l = NULL;
+        UserQuota q = {};
+
+        setup_broker_with(GRANULARITY);                 /* every slab is 2 MiB */
+        a = this_process(UID_A);
+        ck_assert_int_eq(broker_alloc(&b, a, 0, (POOL_MAX_SLABS + 1) * GRANULARITY, NULL, &l, &q),
+                         BROKER_E_TOO_LARGE);
+        ck_assert_ptr_null(l);
+        ck_assert_uint_eq(a->user->leases, 0);
+        ck_assert_uint_eq(a->user->bytes[0], 0);
+        pool_device_stats(pool, 0, &ps);
+        ck_assert_uint_eq(ps.n_leased, 0);
+        l = alloc_ok(a, POOL_MAX_SLABS * GRANULARITY);
+        ck_assert_uint_eq(l->n_slabs, POOL_MAX_SLABS);
+}
+END_TEST
+
+START_TEST(test_alloc_quota_bytes) {
+        Caller *s;
+        Lease *l = NULL;
+        UserQuota q = {};
+
+        setup_broker();
+        s = this_process(UID_SMALL);
+        alloc_ok(s, 48 * MiB);
+        ck_assert_int_eq(broker_alloc(&b, s, 0, 32 * MiB, NULL, &l, &q), BROKER_E_QUOTA);
+        ck_assert_int_eq(q.what, USER_BYTES);
+        ck_assert_uint_eq(q.limit, 64 * MiB);
+        ck_assert_uint_eq(q.current, 48 * MiB);
+        ck_assert_uint_eq(q.asked, 32 * MiB);
+        /* Nothing charged: not the lease either, whose charge came first. */
+        ck_assert_uint_eq(s->user->leases, 1);
+        ck_assert_uint_eq(s->user->bytes[0], 48 * MiB);
+        ck_assert_uint_eq(b.leases.n_leases, 1);
+        /* Up to the limit is within it. */
+        alloc_ok(s, 16 * MiB);
+        ck_assert_uint_eq(s->user->bytes[0], 64 * MiB);
+}
+END_TEST
+
+START_TEST(test_alloc_quota_leases) {
+        Caller *s;
+        Lease *l = NULL;
+        UserQuota q = {};
+
+        setup_broker();
+        s = this_process(UID_SMALL);
+        alloc_ok(s, MiB);
+        alloc_ok(s, MiB);
+        ck_assert_int_eq(broker_alloc(&b, s, 0, MiB, NULL, &l, &q), BROKER_E_QUOTA);
+        ck_assert_int_eq(q.what, USER_LEASES);
+        ck_assert_uint_eq(q.limit, 2);
+        ck_assert_uint_eq(q.current, 2);
+        ck_assert_uint_eq(q.asked, 1);
+        ck_assert_uint_eq(s->user->leases, 2);
+        ck_assert_uint_eq(s->user->bytes[0], 2 * GRANULARITY);
+}
+END_TEST
+
+/* A user's charges are its own: another user's leases do not count against it. */
+START_TEST(test_alloc_quota_is_per_user) {
+        Caller *s, *a;
+        Lease *l = NULL;
+        UserQuota q = {};
+
+        setup_broker();
+        s = this_process(UID_SMALL);
+        a = new_process(UID_A);
+        alloc_ok(s, MiB);
+        alloc_ok(s, MiB);
+        ck_assert_int_eq(broker_alloc(&b, s, 0, MiB, NULL, &l, &q), BROKER_E_QUOTA);
+        alloc_ok(a, 64 * MiB);
+        ck_assert_uint_eq(a->user->leases, 1);
+        ck_assert_uint_eq(s->user->leases, 2);
+}
+END_TEST
+
+START_TEST(test_alloc_no_memory) {
+        Caller *a, *bb, *e;
+        Lease *l = NULL;
+        UserQuota q = {};
+
+        setup_broker();
+        a = this_process(UID_A);
+        bb = new_process(UID_B);
+        e = new_process(UID_E);
+        /* Each may own 80% of the device; together they fill it. */
+        alloc_ok(a, 3 * GiB);
+        ck_assert_int_eq(broker_alloc(&b, bb, 0, 2 * GiB, NULL, &l, &q), BROKER_E_NO_MEMORY);
+        alloc_ok(bb, GiB);
+        ck_assert_int_eq(broker_alloc(&b, e, 0, MiB, NULL, &l, &q), BROKER_E_NO_MEMORY);
+        ck_assert_uint_eq(e->user->leases, 0);
+        ck_assert_uint_eq(e->user->bytes[0], 0);
+        ck_assert_uint_eq(bb->user->leases, 1);
+        ck_assert_uint_eq(bb->user->bytes[0], GiB);
+        ck_assert_uint_eq(b.leases.n_leases, 2);
+}
+END_TEST
+
+START_TEST(test_alloc_driver_error) {
+        Caller *a;
+        Lease *l = NULL;
+        UserQuota q = {};
+
+        setup_broker();
+        a = this_process(UID_A);
+        ck_assert_int_eq(sim_fail("cuMemCreate:1:CUDA_ERROR_UNKNOWN"), 0);
+        ck_assert_int_eq(broker_alloc(&b, a, 0, MiB, NULL, &l, &q), BROKER_E_DRIVER);
+        ck_assert_ptr_nonnull(strstr(pool_last_error(pool), "cuMemCreate"));
+        ck_assert_uint_eq(a->user->leases, 0);
+        ck_assert_uint_eq(a->user->bytes[0], 0);
+        ck_assert_uint_eq(b.leases.n_leases, 0);
+        alloc_ok(a, MiB);
+}
+END_TEST
+
+/* ---- Free ---------------------------------------------------------------------------------------------------- */
+
+/* A lease the caller's process does not hold is not found, even by another process of its owner. */
+START_TEST(test_free_not_held_is_not_found) {
+        Caller *a, *a2, *bb;
+        Lease *l;
+
+        setup_broker();
+        a = this_process(UID_A);
+        a2 = new_process(UID_A);
+        bb = new_process(UID_B);
+        l = alloc_ok(a, MiB);
+        ck_assert_int_eq(broker_free(&b, a2, l->id), BROKER_E_NO_SUCH_LEASE);
+        ck_assert_int_eq(broker_free(&b, bb, l->id), BROKER_E_NO_SUCH_LEASE);
+        ck_assert_int_eq(broker_free(&b, a, "00000000000000000000000000000000"), BROKER_E_NO_SUCH_LEASE);
+        ck_assert_int_eq(broker_free(&b, a, ""), BROKER_E_NO_SUCH_LEASE);
+        ck_assert_ptr_eq(find(l->id), l);
+        ck_assert_uint_eq(lease_find_hold(l, a->holder)->refs, 1);
+}
+END_TEST
+
+/* Alloc and two Attaches of one process: three references, and the lease ends at the third Free. */
+START_TEST(test_free_counts_references) {
+        char id[LEASE_ID_LEN + 1];
+        unsigned kept;
+        TokenText t;
+        Caller *a;
+        Lease *l;
+        Hold *hold;
+
+        setup_broker();
+        a = this_process(UID_A);
+        l = alloc_ok(a, 4 * MiB);
+        memcpy(id, l->id, sizeof(id));
+        t = share_ok(a, l, UID_ANY, false);
+        hold = attach_token_ok(a, &t, false);
+        ck_assert_ptr_eq(hold, lease_find_hold(l, a->holder));  /* the same hold, one more reference */
+        attach_token_ok(a, &t, false);
+        ck_assert_uint_eq(hold->refs, 3);
+        ck_assert_uint_eq(l->n_holds, 1);
+
+        kept = kept_slabs();
+        ck_assert_int_eq(broker_free(&b, a, id), 0);
+        ck_assert_int_eq(broker_free(&b, a, id), 0);
+        ck_assert_ptr_eq(find(id), l);
+        ck_assert_uint_eq(hold->refs, 1);
+        ck_assert_uint_eq(a->user->leases, 1);
+        ck_assert_int_eq(broker_free(&b, a, id), 0);
+        ck_assert_ptr_null(find(id));
+        ck_assert_int_eq(broker_free(&b, a, id), BROKER_E_NO_SUCH_LEASE);
+
+        /* Ended: its charges came back, its tokens went, its slabs went back to the pool for the owner. */
+        ck_assert_uint_eq(a->user->leases, 0);
+        ck_assert_uint_eq(a->user->bytes[0], 0);
+        ck_assert_uint_eq(b.leases.n_leases, 0);
+        ck_assert_uint_eq(b.leases.by_token.n, 0);
+        ck_assert_ptr_null(lease_table_find_token(&b.leases, t.s));
+        ck_assert_uint_eq(kept_slabs(), kept + 1);
+        ck_assert(list_is_empty(&a->holder->holds));
+}
+END_TEST
+
+/* ---- Share --------------------------------------------------------------------------------------------------- */
+
+START_TEST(test_share) {
+        Caller *a, *bb;
+        Token *tok = NULL;
+        Lease *l;
+
+        setup_broker();
+        a = this_process(UID_A);
+        bb = new_process(UID_B);
+        l = alloc_ok(a, MiB);
+        ck_assert_int_eq(broker_share(&b, a, l->id, UID_B, true, &tok), 0);
+        ck_assert_uint_eq(strlen(tok->token), LEASE_TOKEN_LEN);
+        ck_assert_uint_eq(tok->uid, UID_B);
+        ck_assert_uint_eq(tok->creator, UID_A);
+        ck_assert(tok->readonly);
+        ck_assert_ptr_eq(tok->lease, l);
+        ck_assert_uint_eq(l->n_tokens, 1);
+        ck_assert_ptr_eq(lease_table_find_token(&b.leases, tok->token), tok);
+
+        /* Only a process that holds the lease may share it. */
+        ck_assert_int_eq(broker_share(&b, bb, l->id, UID_ANY, false, &tok), BROKER_E_NO_SUCH_LEASE);
+        ck_assert_int_eq(broker_share(&b, a, "nope", UID_ANY, false, &tok), BROKER_E_NO_SUCH_LEASE);
+        ck_assert_uint_eq(l->n_tokens, 1);
+}
+END_TEST
+
+/* A read-only holder may share only read-only. */
+START_TEST(test_share_readonly_holder) {
+        Caller *a, *a2;
+        Token *tok = NULL;
+        TokenText t;
+        Hold *hold;
+        Lease *l;
+
+        setup_broker();
+        a = this_process(UID_A);
+        a2 = new_process(UID_A);
+        l = alloc_ok(a, MiB);
+        t = share_ok(a, l, UID_ANY, true);
+        hold = attach_token_ok(a2, &t, false);
+        ck_assert(hold->readonly);
+        ck_assert_int_eq(broker_share(&b, a2, l->id, UID_ANY, false, &tok), BROKER_E_READONLY);
+        ck_assert_uint_eq(l->n_tokens, 1);
+        ck_assert_int_eq(broker_share(&b, a2, l->id, UID_ANY, true, &tok), 0);
+        ck_assert(tok->readonly);
+        ck_assert_uint_eq(tok->creator, UID_A);
+        ck_assert_uint_eq(l->n_tokens, 2);
+}
+END_TEST
+
+START_TEST(test_share_tokens_max) {
+        Caller *a;
+        Token *tok = NULL;
+        TokenText first;
+        Lease *l;
+
+        setup_broker();
+        a = this_process(UID_A);
+        l = alloc_ok(a, MiB);
+        first = share_ok(a, l, UID_ANY, false);
+        for (unsigned i = 1; i < LEASE_TOKENS_MAX; i++)
+                share_ok(a, l, UID_ANY, false);
+        ck_assert_uint_eq(l->n_tokens, LEASE_TOKENS_MAX);
+        ck_assert_int_eq(broker_share(&b, a, l->id, UID_ANY, false, &tok), BROKER_E_TOKENS);
+        ck_assert_int_eq(broker_share(&b, a, l->id, UID_ANY, true, &tok), BROKER_E_TOKENS);
+        ck_assert_uint_eq(l->n_tokens, LEASE_TOKENS_MAX);
+        ck_assert_uint_eq(b.leases.by_token.n, LEASE_TOKENS_MAX);
+
+        /* A revoked token makes room for one more. */
+        ck_assert_int_eq(broker_revoke(&b, a, first.s), 0);
+        share_ok(a, l, UID_ANY, false);
+        ck_assert_uint_eq(l->n_tokens, LEASE_TOKENS_MAX);
+}
+END_TEST
+
+/* ---- Revoke -------------------------------------------------------------------------------------------------- */
+
+/* The owner, the token's maker or an administrator may revoke a token; nobody else. */
+START_TEST(test_revoke) {
+        Caller *a, *bb, *e, *root;
+        TokenText for_b, by_b, by_b2, t3;
+        Lease *l;
+
+        setup_broker();
+        a = this_process(UID_A);
+        bb = new_process(UID_B);
+        e = new_process(UID_E);
+        root = administrator();
+        l = alloc_ok(a, MiB);
+        for_b = share_ok(a, l, UID_B, false);
+        attach_token_ok(bb, &for_b, false);
+        by_b = share_ok(bb, l, UID_ANY, false);    /* made by B, who does not own the lease */
+        by_b2 = share_ok(bb, l, UID_ANY, false);
+        t3 = share_ok(a, l, UID_ANY, false);
+        ck_assert_uint_eq(l->n_tokens, 4);
+
+        /* A stranger may not, even one the token is for (E may attach with by_b, not revoke it). */
+        ck_assert_int_eq(broker_revoke(&b, e, for_b.s), BROKER_E_NOT_OWNER);
+        ck_assert_int_eq(broker_revoke(&b, e, by_b.s), BROKER_E_NOT_OWNER);
+        /* The maker of a token may not revoke another's token of a lease it does not own. */
+        ck_assert_int_eq(broker_revoke(&b, bb, for_b.s), BROKER_E_NOT_OWNER);
+        ck_assert_uint_eq(l->n_tokens, 4);
+
+        ck_assert_int_eq(broker_revoke(&b, bb, by_b.s), 0);      /* its maker */
+        ck_assert_int_eq(broker_revoke(&b, a, by_b2.s), 0);      /* the owner, of a token B made */
+        ck_assert_int_eq(broker_revoke(&b, root, t3.s), 0);      /* an administrator */
+        ck_assert_int_eq(broker_revoke(&b, a, for_b.s), 0);      /* the owner, of its own */
+        ck_assert_uint_eq(l->n_tokens, 0);
+        ck_assert_uint_eq(b.leases.by_token.n, 0);
+
+        /* Gone: a second revoke, and a token that never was, are not found. */
+        ck_assert_int_eq(broker_revoke(&b, a, for_b.s), BROKER_E_NO_SUCH_TOKEN);
+        ck_assert_int_eq(broker_revoke(&b, root, "0123456789abcdef0123456789abcdef"), BROKER_E_NO_SUCH_TOKEN);
+        ck_assert_int_eq(broker_revoke(&b, a, "short"), BROKER_E_NO_SUCH_TOKEN);
+        /* The holds the token gave stay. */
+        ck_assert_uint_eq(l->n_holds, 2);
+}
+END_TEST
+
+/* An administrator who is not root by uid, and root who is not an administrator: only the flag counts. */
+START_TEST(test_revoke_needs_admin_flag) {
+        Caller *a, *root_not_admin, *admin_e;
+        TokenText t;
+        Lease *l;
+
+        setup_broker();
+        a = this_process(UID_A);
+        root_not_admin = connect_as(UID_ROOT, spawn(), false);
+        admin_e = connect_as(UID_E, spawn(), true);
+        l = alloc_ok(a, MiB);
+        t = share_ok(a, l, UID_ANY, false);
+        ck_assert_int_eq(broker_revoke(&b, root_not_admin, t.s), BROKER_E_NOT_OWNER);
+        ck_assert_int_eq(broker_revoke(&b, admin_e, t.s), 0);
+}
+END_TEST
+
+/* ---- Attach by token ------------------------------------------------------------------------------------------ */
+
+START_TEST(test_attach_token) {
+        Caller *a, *bb, *e;
+        TokenText for_b, any;
+        Hold *hold;
+        Lease *l;
+
+        setup_broker();
+        a = this_process(UID_A);
+        bb = new_process(UID_B);
+        e = new_process(UID_E);
+        l = alloc_ok(a, MiB);
+        for_b = share_ok(a, l, UID_B, false);
+        any = share_ok(a, l, UID_ANY, false);
+
+        ck_assert_int_eq(attach_token(e, for_b.s), BROKER_E_TOKEN_UID);
+        ck_assert_uint_eq(l->n_holds, 1);
+        ck_assert(!l->foreign);
+
+        /* Another user attaching marks the lease foreign; the hold is its process's, read-write. */
+        hold = attach_token_ok(bb, &for_b, false);
+        ck_assert_ptr_eq(hold->lease, l);
+        ck_assert_uint_eq(hold->refs, 1);
+        ck_assert(!hold->readonly);
+        ck_assert(l->foreign);
+        ck_assert_uint_eq(l->n_holds, 2);
+        /* Attaching charges nothing to the attacher: the owner pays. */
+        ck_assert_uint_eq(bb->user->leases, 0);
+        ck_assert_uint_eq(bb->user->bytes[0], 0);
+        ck_assert_uint_eq(a->user->leases, 1);
+
+        /* A token for anyone is for anyone; the token stays usable. */
+        attach_token_ok(e, &any, false);
+        attach_token_ok(e, &any, false);
+        ck_assert_uint_eq(lease_find_hold(l, e->holder)->refs, 2);
+        ck_assert_uint_eq(l->n_holds, 3);
+        ck_assert_uint_eq(l->n_tokens, 2);
+}
+END_TEST
+
+START_TEST(test_attach_token_readonly) {
+        Caller *a, *a2, *a3;
+        TokenText ro, rw;
+        Hold *hold;
+        Lease *l;
+
+        setup_broker();
+        a = this_process(UID_A);
+        a2 = new_process(UID_A);
+        a3 = new_process(UID_A);
+        l = alloc_ok(a, MiB);
+        ro = share_ok(a, l, UID_ANY, true);
+        rw = share_ok(a, l, UID_ANY, false);
+
+        hold = attach_token_ok(a2, &ro, false);         /* the token says read-only */
+        ck_assert(hold->readonly);
+        hold = attach_token_ok(a3, &rw, true);          /* the caller asks read-only */
+        ck_assert(hold->readonly);
+        /* Attached again read-write: read-write if either is. */
+        hold = attach_token_ok(a3, &rw, false);
+        ck_assert(!hold->readonly);
+        ck_assert_uint_eq(hold->refs, 2);
+        hold = attach_token_ok(a3, &ro, false);
+        ck_assert(!hold->readonly);
+        ck_assert(!l->foreign);                         /* one user */
+}
+END_TEST
+
+START_TEST(test_attach_token_revoked_or_ended) {
+        char id[LEASE_ID_LEN + 1];
+        Caller *a, *bb;
+        TokenText t, t2;
+        Lease *l;
+
+        setup_broker();
+        a = this_process(UID_A);
+        bb = new_process(UID_B);
+        l = alloc_ok(a, MiB);
+        t = share_ok(a, l, UID_ANY, false);
+        ck_assert_int_eq(broker_revoke(&b, a, t.s), 0);
+        ck_assert_int_eq(attach_token(bb, t.s), BROKER_E_NO_SUCH_TOKEN);
+
+        /* The lease ended: its tokens with it. */
+        t2 = share_ok(a, l, UID_ANY, false);
+        memcpy(id, l->id, sizeof(id));
+        ck_assert_int_eq(broker_free(&b, a, id), 0);
+        ck_assert_ptr_null(find(id));
+        ck_assert_int_eq(attach_token(bb, t2.s), BROKER_E_NO_SUCH_TOKEN);
+        ck_assert_int_eq(attach_token(bb, "not a token"), BROKER_E_NO_SUCH_TOKEN);
+        ck_assert(list_is_empty(&bb->holder->holds));
+}
+END_TEST
+
+/* A foreign lease's slabs go back to the driver at its end, never to a cache another user could get. */
+START_TEST(test_foreign_lease_slabs_are_released) {
+        char id[LEASE_ID_LEN + 1];
+        uint64_t released;
+        unsigned kept;
+        Caller *a, *bb;
+        TokenText t;
+        Lease *l;
+
+        setup_broker();
+        a = this_process(UID_A);
+        bb = new_process(UID_B);
+
+        /* Not foreign: cached for the owner. */
+        l = alloc_ok(a, 6 * MiB);                       /* two slabs: 4 + 2 MiB */
+        ck_assert_uint_eq(l->n_slabs, 2);
+        memcpy(id, l->id, sizeof(id));
+        kept = kept_slabs();
+        released = released_slabs();
+        ck_assert_int_eq(broker_free(&b, a, id), 0);
+        ck_assert_uint_eq(kept_slabs(), kept + 2);
+        ck_assert_uint_eq(released_slabs(), released);
+
+        /* Foreign: released, even once the other user has let go. */
+        l = alloc_ok(a, 6 * MiB);
+        memcpy(id, l->id, sizeof(id));
+        t = share_ok(a, l, UID_B, false);
+        attach_token_ok(bb, &t, false);
+        ck_assert_int_eq(broker_free(&b, bb, id), 0);
+        ck_assert(l->foreign);                          /* for good */
+        kept = kept_slabs();
+        released = released_slabs();
+        ck_assert_int_eq(broker_free(&b, a, id), 0);
+        ck_assert_ptr_null(find(id));
+        ck_assert_uint_eq(released_slabs(), released + 2);
+        ck_assert_uint_eq(kept_slabs(), kept);
+}
+END_TEST
+
+/* ---- Attach by name --------------------------------------------------------------------------------------------- */
+
+START_TEST(test_attach_name) {
+        Caller *a, *a2, *bb, *e;
+        Hold *hold;
+        Lease *l;
+
+        setup_broker();
+        a = this_process(UID_A);
+        a2 = new_process(UID_A);
+        bb = new_process(UID_B);
+        e = new_process(UID_E);
+        l = alloc_ok(a, MiB);
+        ck_assert_int_eq(broker_publish(&b, a, l->id, "model", (const uid_t[]){ UID_B }, 1, false), 0);
+
+        ck_assert_int_eq(attach_name(bb, "no-such"), BROKER_E_NO_SUCH_NAME);
+        ck_assert_int_eq(attach_name(e, "model"), BROKER_E_NOT_PUBLISHED_TO);
+        ck_assert(list_is_empty(&e->holder->holds));
+
+        /* A user it is published to; the owner's other processes always. */
+        hold = attach_name_ok(bb, "model", false);
+        ck_assert_ptr_eq(hold->lease, l);
+        ck_assert(!hold->readonly);
+        ck_assert(l->foreign);
+        hold = attach_name_ok(a2, "model", false);
+        ck_assert(!hold->readonly);
+        hold = attach_name_ok(a2, "model", true);       /* again, asking read-only: stays read-write */
+        ck_assert(!hold->readonly);
+        ck_assert_uint_eq(hold->refs, 2);
+        ck_assert_uint_eq(l->n_holds, 3);
+}
+END_TEST
+
+/* A lease published read-only is attached read-only by name, by anyone (its owner's processes included). */
+START_TEST(test_attach_name_readonly) {
+        Caller *a, *a2, *bb;
+        Hold *hold;
+        Lease *l;
+
+        setup_broker();
+        a = this_process(UID_A);
+        a2 = new_process(UID_A);
+        bb = new_process(UID_B);
+        l = alloc_ok(a, MiB);
+        ck_assert_int_eq(broker_publish(&b, a, l->id, "ro-model", (const uid_t[]){ UID_B }, 1, true), 0);
+        hold = attach_name_ok(bb, "ro-model", false);
+        ck_assert(hold->readonly);
+        hold = attach_name_ok(a2, "ro-model", false);
+        ck_assert(hold->readonly);
+        ck_assert(!lease_find_hold(l, a->holder)->readonly);    /* the maker's hold is untouched */
+}
+END_TEST
+
+/* ---- Publish ----------------------------------------------------------------------------------------------- */
+
+START_TEST(test_publish) {
+        Caller *a, *bb;
+        Lease *l;
+
+        setup_broker();
+        a = this_process(UID_A);
+        bb = new_process(UID_B);
+        l = alloc_ok(a, MiB);
+        ck_assert_int_eq(broker_publish(&b, a, l->id, "weights", (const uid_t[]){ UID_B, UID_E }, 2, true), 0);
+        ck_assert_str_eq(l->name, "weights");
+        ck_assert_uint_eq(l->n_name_uids, 2);
+        ck_assert_uint_eq(l->name_uids[0], UID_B);
+        ck_assert_uint_eq(l->name_uids[1], UID_E);
+        ck_assert(l->name_readonly);
+        ck_assert_ptr_eq(lease_table_find_name(&b.leases, "weights"), l);
+        ck_assert_uint_eq(b.leases.n_published, 1);
+
+        /* Only a process that holds it. */
+        ck_assert_int_eq(broker_publish(&b, bb, l->id, "other", NULL, 0, false), BROKER_E_NO_SUCH_LEASE);
+        ck_assert_int_eq(broker_publish(&b, a, "nope", "other", NULL, 0, false), BROKER_E_NO_SUCH_LEASE);
+}
+END_TEST
+
+/* Only a read-write holder of the owner's user: not a foreign holder, not a read-only one. */
+START_TEST(test_publish_not_owner) {
+        Caller *a, *a2, *a3, *bb;
+        TokenText rw, ro, rw_a;
+        Lease *l;
+
+        setup_broker();
+        a = this_process(UID_A);
+        a2 = new_process(UID_A);
+        a3 = new_process(UID_A);
+        bb = new_process(UID_B);
+        l = alloc_ok(a, MiB);
+        rw = share_ok(a, l, UID_B, false);
+        ro = share_ok(a, l, UID_A, true);
+        rw_a = share_ok(a, l, UID_A, false);
+        attach_token_ok(bb, &rw, false);
+        attach_token_ok(a2, &ro, false);
+        ck_assert_int_eq(broker_publish(&b, bb, l->id, "x", NULL, 0, false), BROKER_E_NOT_OWNER);
+        ck_assert_int_eq(broker_publish(&b, a2, l->id, "x", NULL, 0, false), BROKER_E_NOT_OWNER);
+        ck_assert_ptr_null(l->name);
+        ck_assert_uint_eq(b.leases.n_published, 0);
+        /* Any read-write holder of the owner's user: not only the process that made it. */
+        attach_token_ok(a3, &rw_a, false);
+        ck_assert_int_eq(broker_publish(&b, a3, l->id, "x", NULL, 0, false), 0);
+        ck_assert_int_eq(broker_publish(&b, a, l->id, "x", (const uid_t[]){ UID_B }, 1, false), 0);
+}
+END_TEST
+
+START_TEST(test_publish_name_in_use_and_has_name) {
+        Caller *a, *bb;
+        Lease *l, *l2, *lb;
+
+        setup_broker();
+        a = this_process(UID_A);
+        bb = new_process(UID_B);
+        l = alloc_ok(a, MiB);
+        l2 = alloc_ok(a, MiB);
+        lb = alloc_ok(bb, MiB);
+        ck_assert_int_eq(broker_publish(&b, a, l->id, "x", NULL, 0, false), 0);
+        ck_assert_int_eq(broker_publish(&b, a, l2->id, "x", NULL, 0, false), BROKER_E_NAME_IN_USE);
+        ck_assert_int_eq(broker_publish(&b, bb, lb->id, "x", NULL, 0, false), BROKER_E_NAME_IN_USE);
+        ck_assert_int_eq(broker_publish(&b, a, l->id, "y", NULL, 0, false), BROKER_E_HAS_NAME);
+        ck_assert_ptr_null(l2->name);
+        ck_assert_str_eq(l->name, "x");
+        ck_assert_ptr_null(lease_table_find_name(&b.leases, "y"));
+        ck_assert_uint_eq(b.leases.n_published, 1);
+        ck_assert_int_eq(broker_publish(&b, a, l2->id, "y", NULL, 0, false), 0);
+        ck_assert_uint_eq(b.leases.n_published, 2);
+}
+END_TEST
+
+/* Publishing again under the lease's own name replaces who may attach it, and how. */
+START_TEST(test_publish_again_replaces_uids) {
+        Caller *a, *bb, *e;
+        Hold *hold;
+        Lease *l;
+
+        setup_broker();
+        a = this_process(UID_A);
+        bb = new_process(UID_B);
+        e = new_process(UID_E);
+        l = alloc_ok(a, MiB);
+        ck_assert_int_eq(broker_publish(&b, a, l->id, "x", (const uid_t[]){ UID_B }, 1, false), 0);
+        ck_assert_int_eq(broker_publish(&b, a, l->id, "x", (const uid_t[]){ UID_E }, 1, true), 0);
+        ck_assert_uint_eq(l->n_name_uids, 1);
+        ck_assert_uint_eq(l->name_uids[0], UID_E);
+        ck_assert(l->name_readonly);
+        ck_assert_uint_eq(b.leases.n_published, 1);
+        ck_assert_ptr_eq(lease_table_find_name(&b.leases, "x"), l);
+        ck_assert_int_eq(attach_name(bb, "x"), BROKER_E_NOT_PUBLISHED_TO);
+        hold = attach_name_ok(e, "x", false);
+        ck_assert(hold->readonly);
+
+        /* To nobody but the owner. */
+        ck_assert_int_eq(broker_publish(&b, a, l->id, "x", NULL, 0, false), 0);
+        ck_assert_uint_eq(l->n_name_uids, 0);
+        ck_assert(!l->name_readonly);
+        ck_assert_int_eq(attach_name(bb, "x"), BROKER_E_NOT_PUBLISHED_TO);
+}
+END_TEST
+
+/* ---- Unpublish --------------------------------------------------------------------------------------------- */
+
+START_TEST(test_unpublish) {
+        char id[LEASE_ID_LEN + 1];
+        Caller *a, *bb;
+        Lease *l;
+
+        setup_broker();
+        a = this_process(UID_A);
+        bb = new_process(UID_B);
+        l = alloc_ok(a, MiB);
+        memcpy(id, l->id, sizeof(id));
+        ck_assert_int_eq(broker_publish(&b, a, id, "x", (const uid_t[]){ UID_B }, 1, false), 0);
+        attach_name_ok(bb, "x", false);
+
+        ck_assert_int_eq(broker_unpublish(&b, a, "y"), BROKER_E_NO_SUCH_NAME);
+        ck_assert_int_eq(broker_unpublish(&b, bb, "x"), BROKER_E_NOT_OWNER);    /* a holder, not the owner */
+        ck_assert_str_eq(l->name, "x");
+
+        /* Held: the lease stays, without its name. */
+        ck_assert_int_eq(broker_unpublish(&b, a, "x"), 0);
+        ck_assert_ptr_eq(find(id), l);
+        ck_assert_ptr_null(l->name);
+        ck_assert_uint_eq(l->n_name_uids, 0);
+        ck_assert_ptr_null(lease_table_find_name(&b.leases, "x"));
+        ck_assert_uint_eq(b.leases.n_published, 0);
+        ck_assert_int_eq(broker_unpublish(&b, a, "x"), BROKER_E_NO_SUCH_NAME);
+        ck_assert_int_eq(attach_name(bb, "x"), BROKER_E_NO_SUCH_NAME);
+        ck_assert_uint_eq(l->n_holds, 2);
+}
+END_TEST
+
+/* A published lease outlives its holders; unpublished with nobody holding it, it ends. */
+START_TEST(test_unpublish_ends_unheld_lease) {
+        char id[LEASE_ID_LEN + 1];
+        Caller *a, *root;
+        Lease *l;
+
+        setup_broker();
+        a = this_process(UID_A);
+        root = administrator();
+        l = alloc_ok(a, MiB);
+        memcpy(id, l->id, sizeof(id));
+        ck_assert_int_eq(broker_publish(&b, a, id, "kept", NULL, 0, false), 0);
+        ck_assert_int_eq(broker_free(&b, a, id), 0);
+        ck_assert_ptr_eq(find(id), l);                  /* nobody holds it: it lives on, published */
+        ck_assert_uint_eq(l->n_holds, 0);
+        ck_assert_uint_eq(a->user->leases, 1);          /* still charged to its owner */
+
+        /* The administrator unpublishes it (it holds nothing of it): it ends, and the owner is charged nothing. */
+        ck_assert_int_eq(broker_unpublish(&b, root, "kept"), 0);
+        ck_assert_ptr_null(find(id));
+        ck_assert_uint_eq(b.leases.n_leases, 0);
+        ck_assert_uint_eq(a->user->leases, 0);
+        ck_assert_uint_eq(a->user->bytes[0], 0);
+}
+END_TEST
+
+/* ---- List -------------------------------------------------------------------------------------------------- */
+
+typedef struct Seen {
+        const Lease *leases[64];
+        size_t n;
+        size_t stop_after;              /* 0: never stop */
+} Seen;
+
+static int see(const Lease *l, void *userdata) {
+        Seen *s = userdata;
+
+        if (s->n < ELEMENTSOF(s->leases))
+                s->leases[s->n] = l;
+        s->n++;
+        return s->stop_after && s->n >= s->stop_after ? 42 : 0;
+}
+
+static size_t times_seen(const Seen *s, const Lease *l) {
+        size_t n = 0;
+
+        for (size_t i = 0; i < MIN(s->n, ELEMENTSOF(s->leases)); i++)
+                n += s->leases[i] == l;
+        return n;
+}
+
+static Seen list(const Caller *c, bool all) {
+        Seen s = {};
+
+        ck_assert_int_eq(broker_list(&b, c, all, see, &s), 0);
+        return s;
+}
+
+/* A caller sees what its user owns and what its user's processes hold, each lease once. */
+START_TEST(test_list_what_the_caller_sees) {
+        Caller *a, *a2, *bb, *bb2, *e;
+        TokenText t;
+        Lease *la, *la2, *lb, *le;
+        Seen s;
+
+        setup_broker();
+        a = this_process(UID_A);
+        a2 = new_process(UID_A);
+        bb = new_process(UID_B);
+        bb2 = new_process(UID_B);
+        e = new_process(UID_E);
+        la = alloc_ok(a, MiB);
+        la2 = alloc_ok(a2, MiB);                        /* another process of A's user */
+        lb = alloc_ok(bb, MiB);
+        le = alloc_ok(e, MiB);
+        t = share_ok(a, la, UID_ANY, false);
+        attach_token_ok(a2, &t, false);                 /* owned by A and held by two of its processes */
+        attach_token_ok(bb, &t, false);
+        attach_token_ok(bb2, &t, false);                /* held by two processes of B */
+
+        s = list(a, false);
+        ck_assert_uint_eq(s.n, 2);
+        ck_assert_uint_eq(times_seen(&s, la), 1);
+        ck_assert_uint_eq(times_seen(&s, la2), 1);
+        s = list(a2, false);                            /* the same user: the same leases */
+        ck_assert_uint_eq(s.n, 2);
+
+        s = list(bb, false);
+        ck_assert_uint_eq(s.n, 2);
+        ck_assert_uint_eq(times_seen(&s, lb), 1);
+        ck_assert_uint_eq(times_seen(&s, la), 1);
+
+        s = list(e, false);
+        ck_assert_uint_eq(s.n, 1);
+        ck_assert_uint_eq(times_seen(&s, le), 1);
+
+        /* Twice in a row: the same (each call shows each lease once, whatever the last one did). */
+        s = list(bb, false);
+        ck_assert_uint_eq(s.n, 2);
+}
+END_TEST
+
+START_TEST(test_list_all_needs_admin) {
+        Caller *a, *bb, *root, *root_not_admin;
+        Seen s = {};
+
+        setup_broker();
+        a = this_process(UID_A);
+        bb = new_process(UID_B);
+        root = administrator();
+        root_not_admin = connect_as(UID_ROOT, spawn(), false);
+        alloc_ok(a, MiB);
+        alloc_ok(a, MiB);
+        alloc_ok(bb, MiB);
+        ck_assert_int_eq(broker_list(&b, a, true, see, &s), BROKER_E_NOT_OWNER);
+        ck_assert_int_eq(broker_list(&b, root_not_admin, true, see, &s), BROKER_E_NOT_OWNER);
+        ck_assert_uint_eq(s.n, 0);
+        s = list(root, true);
+        ck_assert_uint_eq(s.n, 3);
+        s = list(root, false);                          /* without `all`, an administrator sees its own */
+        ck_assert_uint_eq(s.n, 0);
+}
+END_TEST
+
+/* What fn returns stops the listing and is returned. */
+START_TEST(test_list_stops_at_fn) {
+        Caller *a, *root;
+        Seen s = { .stop_after = 2 };
+
+        setup_broker();
+        a = this_process(UID_A);
+        root = administrator();
+        for (int i = 0; i < 4; i++)
+                alloc_ok(a, MiB);
+        ck_assert_int_eq(broker_list(&b, a, false, see, &s), 42);
+        ck_assert_uint_eq(s.n, 2);
+        s = (Seen){ .stop_after = 3 };
+        ck_assert_int_eq(broker_list(&b, root, true, see, &s), 42);
+        ck_assert_uint_eq(s.n, 3);
+}
+END_TEST
+
+/* The cost is what the caller sees: another user's thousand leases are never visited. */
+START_TEST(test_list_cost_is_what_the_caller_sees) {
+        Caller *a, *bb, *root;
+        Lease *first = NULL;
+        TokenText t;
+        Seen s;
+
+        setup_broker();
+        a = this_process(UID_A);
+        bb = new_process(UID_B);
+        root = administrator();
+        for (int i = 0; i < 1000; i++) {
+                Lease *l = alloc_ok(a, MiB);
+
+                first = first ?: l;
+        }
+        ck_assert_uint_eq(a->user->leases, 1000);
+        s = list(bb, false);
+        ck_assert_uint_eq(s.n, 0);
+        /* Not even visited: a List marks each lease it goes through, and none of A's is marked. */
+        {
+                const Lease *l;
+
+                list_for_each_entry(l, &b.leases.leases, link_table)
+                        ck_assert_uint_ne(l->listed, b.list_serial);
+        }
+        s = list(a, false);
+        ck_assert_uint_eq(s.n, 1000);
+
+        t = share_ok(a, first, UID_B, true);
+        attach_token_ok(bb, &t, false);
+        s = list(bb, false);
+        ck_assert_uint_eq(s.n, 1);
+        ck_assert_ptr_eq(s.leases[0], first);
+        s = list(root, true);
+        ck_assert_uint_eq(s.n, 1000);
+}
+END_TEST
+
+/* ---- holders that exit ---------------------------------------------------------------------------------------- */
+
+/*
+ * A process exits: its holds are dropped, whatever their references. Its leases nobody else holds end; one
+ * another live process holds survives, and so does one it published.
+ */
+START_TEST(test_reap) {
+        char only_c[LEASE_ID_LEN + 1], twice_c[LEASE_ID_LEN + 1];
+        Caller *a, *c, *bb;
+        TokenText t, t2, t3;
+        Lease *shared, *published, *held_by_b, *l;
+        unsigned released;
+        pid_t pid;
+
+        setup_broker();
+        a = this_process(UID_A);
+        bb = new_process(UID_B);
+        c = new_process(UID_A);
+        pid = c->holder->pid;
+
+        shared = alloc_ok(a, MiB);                      /* A's, held by C too */
+        t = share_ok(a, shared, UID_ANY, false);
+        attach_token_ok(c, &t, false);
+        l = alloc_ok(c, MiB);                           /* C's only */
+        memcpy(only_c, l->id, sizeof(only_c));
+        l = alloc_ok(c, MiB);                           /* C's only, three references */
+        memcpy(twice_c, l->id, sizeof(twice_c));
+        t2 = share_ok(c, l, UID_ANY, false);
+        attach_token_ok(c, &t2, false);
+        attach_token_ok(c, &t2, false);
+        published = alloc_ok(c, MiB);                   /* C's, published */
+        ck_assert_int_eq(broker_publish(&b, c, published->id, "kept", NULL, 0, false), 0);
+        held_by_b = alloc_ok(c, MiB);                   /* C's, held by B too */
+        t3 = share_ok(c, held_by_b, UID_B, false);
+        attach_token_ok(bb, &t3, false);
+        ck_assert_uint_eq(b.leases.n_leases, 5);
+        ck_assert_uint_eq(a->user->leases, 5);
+
+        /* Alive: nothing to reap. */
+        ck_assert_uint_eq(broker_reap_holders(&b), 0);
+        ck_assert(!broker_has_unreaped(&b));
+
+        kill_process(pid);
+        released = broker_reap_holders(&b);
+        ck_assert_uint_eq(released, 5);                 /* holds, not references */
+        ck_assert(!broker_has_unreaped(&b));
+        ck_assert(c->holder->exited);
+        ck_assert(list_is_empty(&c->holder->holds));
+
+        ck_assert_ptr_null(find(only_c));
+        ck_assert_ptr_null(find(twice_c));
+        ck_assert_ptr_null(lease_table_find_token(&b.leases, t2.s));
+        ck_assert_uint_eq(shared->n_holds, 1);
+        ck_assert_ptr_nonnull(lease_find_hold(shared, a->holder));
+        ck_assert_uint_eq(published->n_holds, 0);
+        ck_assert_ptr_eq(lease_table_find_name(&b.leases, "kept"), published);
+        ck_assert_uint_eq(held_by_b->n_holds, 1);
+        ck_assert_ptr_nonnull(lease_find_hold(held_by_b, bb->holder));
+        ck_assert_uint_eq(b.leases.n_leases, 3);
+        ck_assert_uint_eq(a->user->leases, 3);
+        ck_assert_uint_eq(a->user->bytes[0], 3 * GRANULARITY);
+
+        /* Reaped once. The exited holder is forgotten when its last connection closes. */
+        ck_assert_uint_eq(broker_reap_holders(&b), 0);
+        ck_assert_uint_eq(b.holders.n_holders, 3);
+        disconnect_last(c);
+        ck_assert_uint_eq(b.holders.n_holders, 2);
+
+        /* The published lease ends when unpublished (by its owner's user, from another process). */
+        ck_assert_int_eq(broker_unpublish(&b, a, "kept"), 0);
+        ck_assert_uint_eq(b.leases.n_leases, 2);
+}
+END_TEST
+
+/* Two processes that held a lease alone together exit: the first reaped ends its hold, the second the lease. */
+START_TEST(test_reap_last_two_holders) {
+        char id[LEASE_ID_LEN + 1];
+        Caller *a, *c1, *c2;
+        TokenText t;
+        Lease *l;
+
+        setup_broker();
+        a = this_process(UID_A);
+        c1 = new_process(UID_A);
+        c2 = new_process(UID_B);
+        l = alloc_ok(a, MiB);
+        memcpy(id, l->id, sizeof(id));
+        t = share_ok(a, l, UID_ANY, false);
+        attach_token_ok(c1, &t, false);
+        attach_token_ok(c2, &t, false);
+        ck_assert_int_eq(broker_free(&b, a, id), 0);
+        ck_assert_uint_eq(l->n_holds, 2);
+
+        kill_process(c1->holder->pid);
+        kill_process(c2->holder->pid);
+        ck_assert_uint_eq(broker_reap_holders(&b), 2);
+        ck_assert_ptr_null(find(id));
+        ck_assert_uint_eq(a->user->leases, 0);
+        ck_assert_uint_eq(a->user->bytes[0], 0);
+}
+END_TEST
+
+/* ---- the write-ahead rule ---------------------------------------------------------------------------------- */
+
+static int compare_lines(const void *x, const void *y) {
+        return strcmp(*(char *const *)x, *(char *const *)y);
+}
+
+typedef struct Lines {
+        char **v;
+        size_t n;
+} Lines;
+
+static void add_line(Lines *lines, const char *format, ...) _printf_(2, 3);
+static void add_line(Lines *lines, const char *format, ...) {
+        va_list ap;
+        char *s;
+
+        va_start(ap, format);
+        ck_assert_int_ge(vasprintf(&s, format, ap), 0);
+        va_end(ap);
+        lines->v = realloc(lines->v, (lines->n + 1) * sizeof(char *));
+        ck_assert_ptr_nonnull(lines->v);
+        lines->v[lines->n++] = s;
+}
+
+/* The lines sorted and joined (the order of leases, holds and tokens is not part of what is stored). */
+static char *join_lines(Lines *lines) {
+        size_t len = 1, at = 0;
+        char *out;
+
+        qsort(lines->v, lines->n, sizeof(char *), compare_lines);
+        for (size_t i = 0; i < lines->n; i++)
+                len += strlen(lines->v[i]) + 1;
+        out = malloc(len);
+        ck_assert_ptr_nonnull(out);
+        for (size_t i = 0; i < lines->n; i++) {
+                at += (size_t)sprintf(out + at, "%s\n", lines->v[i]);
+                free(lines->v[i]);
+        }
+        out[at] = 0;
+        free(lines->v);
+        *lines = (Lines){};
+        return out;
+}
+
+static void lease_line(Lines *lines, const char *id, int device, uint64_t size, const char *label, uid_t uid,
+                       pid_t pid, bool foreign, const char *name, const uid_t *uids, size_t n_uids, bool name_ro,
+                       const uint64_t *slab_ids, size_t n_slabs) {
+        char buf[256] = "";
+        size_t at = 0;
+
+        for (size_t i = 0; i < n_uids; i++)
+                at += (size_t)snprintf(buf + at, sizeof(buf) - at, "%u,", (unsigned)uids[i]);
+        at += (size_t)snprintf(buf + at, sizeof(buf) - at, " slabs=");
+        for (size_t i = 0; i < n_slabs; i++)
+                at += (size_t)snprintf(buf + at, sizeof(buf) - at, "%" PRIu64 ",", slab_ids[i]);
+        add_line(lines, "L %s device=%d size=%" PRIu64 " label=%s uid=%u pid=%d foreign=%d name=%s ro=%d uids=%s", id,
+                 device, size, label ?: "-", (unsigned)uid, (int)pid, foreign, name ?: "-", name_ro, buf);
+}
+
+/* The lease table as lines: each lease, each hold and each token. */
+static void table_lines(Lines *lines, const LeaseTable *t) {
+        const Lease *l;
+
+        list_for_each_entry(l, &t->leases, link_table) {
+                uint64_t slab_ids[POOL_MAX_SLABS];
+                const Hold *hold;
+                const Token *tok;
+
+                for (size_t i = 0; i < l->n_slabs; i++)
+                        slab_ids[i] = l->slabs[i]->id;
+                lease_line(lines, l->id, l->device, l->size, l->label, l->uid, l->pid, l->foreign, l->name,
+                           l->name_uids, l->n_name_uids, l->name_readonly, slab_ids, l->n_slabs);
+                list_for_each_entry(hold, &l->holds, link_lease)
+                        add_line(lines, "H %s pid=%d start=%" PRIu64 " uid=%u refs=%u ro=%d", l->id,
+                                 (int)hold->holder->pid, hold->holder->start_time, (unsigned)hold->holder->uid,
+                                 hold->refs, hold->readonly);
+                list_for_each_entry(tok, &l->tokens, link)
+                        add_line(lines, "T %s %s uid=%u creator=%u ro=%d", l->id, tok->token, (unsigned)tok->uid,
+                                 (unsigned)tok->creator, tok->readonly);
+        }
+}
+
+/* The same lines from a stored table read back. */
+static char *state_text(const State *s) {
+        Lines lines = {};
+
+        for (size_t i = 0; i < s->n_leases; i++) {
+                const StateLease *l = &s->leases[i];
+                uint64_t slab_ids[POOL_MAX_SLABS];
+
+                for (size_t j = 0; j < l->n_slabs; j++)
+                        slab_ids[j] = l->slabs[j].id;
+                lease_line(&lines, l->id, l->device, l->size, l->label, l->uid, l->pid, l->foreign, l->name,
+                           l->name_uids, l->n_name_uids, l->name_readonly, slab_ids, l->n_slabs);
+                for (size_t j = 0; j < l->n_holds; j++)
+                        add_line(&lines, "H %s pid=%d start=%" PRIu64 " uid=%u refs=%u ro=%d", l->id,
+                                 (int)l->holds[j].pid, l->holds[j].start_time, (unsigned)l->holds[j].uid,
+                                 l->holds[j].refs, l->holds[j].readonly);
+                for (size_t j = 0; j < l->n_tokens; j++)
+                        add_line(&lines, "T %s %s uid=%u creator=%u ro=%d", l->id, l->tokens[j].token,
+                                 (unsigned)l->tokens[j].uid, (unsigned)l->tokens[j].creator, l->tokens[j].readonly);
+        }
+        return join_lines(&lines);
+}
+
+static char *table_text(void) {
+        Lines lines = {};
+
+        table_lines(&lines, &b.leases);
+        return join_lines(&lines);
+}
+
+/* Everything an operation could change: the table, the indexes' counts, every user's charges, the pool. */
+static char *broker_text(void) {
+        PoolDeviceStats ps;
+        Lines lines = {};
+        const User *u;
+
+        table_lines(&lines, &b.leases);
+        add_line(&lines, "N leases=%u published=%u by_id=%zu by_token=%zu by_name=%zu generation=%" PRIu64,
+                 b.leases.n_leases, b.leases.n_published, b.leases.by_id.n, b.leases.by_token.n, b.leases.by_name.n,
+                 b.leases.generation);
+        list_for_each_entry(u, &b.users.users, link)
+                add_line(&lines, "U %u refs=%u leases=%u bytes=%" PRIu64, (unsigned)u->uid, u->n_refs, u->leases,
+                         u->bytes[0]);
+        pool_device_stats(pool, 0, &ps);
+        add_line(&lines, "P leased=%u/%" PRIu64 " holders=%u", ps.n_leased, ps.leased, b.holders.n_holders);
+        return join_lines(&lines);
+}
+
+/* What the service manager holds reads back as exactly the table (every acknowledged change, nothing else). */
+static void assert_stored_is_table(void) {
+        _cleanup_free_ char *message = NULL, *stored = NULL, *table = NULL;
+        State s = {};
+
+        ck_assert_msg(store_read(fake_latest(), &s, &message) == 0, "%s", message ?: "store_read failed");
+        stored = state_text(&s);
+        table = table_text();
+        ck_assert_str_eq(stored, table);
+        state_done(&s);
+}
+
+/*
+ * The next write into the store fails: `op` must answer NOT_STORED and change nothing at all. Then the
+ * same operation, tried again, is made, and the store reads back as the table.
+ */
+static unsigned n_faults;
+
+#define ASSERT_NOT_STORED_THEN_MADE(op)                                                                  \
+        do {                                                                                             \
+                _cleanup_free_ char *before_ = broker_text(), *after_ = NULL;                            \
+                store_inject_fault(b.store, STORE_STEP_WRITE, 1, -EIO, false);                           \
+                n_faults++;                                                                              \
+                ck_assert_int_eq((op), BROKER_E_NOT_STORED);                                             \
+                ck_assert_int_eq(b.store_error, -EIO);                                                   \
+                after_ = broker_text();                                                                  \
+                ck_assert_str_eq(after_, before_);                                                       \
+                ck_assert_int_eq((op), 0);                                                               \
+                ck_assert_int_eq(b.store_error, 0);                                                      \
+                assert_stored_is_table();                                                                \
+        } while (0)
+
+START_TEST(test_not_stored_before_the_first_snapshot) {
+        StoreBackend backend = { .save = fake_save, .remove = fake_remove, .userdata = &fake };
+        _cleanup_free_ char *before = NULL, *after = NULL;
+        Store *s = NULL;
+        Lease *l = NULL;
+        UserQuota q = {};
+        Caller *a;
+
+        setup_broker();
+        a = this_process(UID_A);
+        ck_assert_int_eq(store_new(&s, &backend), 0);
+        broker_set_store(&b, s);
+        before = broker_text();
+        ck_assert_int_eq(broker_alloc(&b, a, 0, MiB, NULL, &l, &q), BROKER_E_NOT_STORED);
+        ck_assert_int_eq(b.store_error, -ENOLINK);
+        after = broker_text();
+        ck_assert_str_eq(after, before);
+        ck_assert_int_eq(broker_store_snapshot(&b, false), 0);  /* nothing stored yet: it snapshots */
+        ck_assert(store_is_open(b.store));
+        alloc_ok(a, MiB);
+        assert_stored_is_table();
+}
+END_TEST
+
+/* Every operation, with the store failing once: refused and nothing changed; then made, and stored. */
+START_TEST(test_write_ahead_every_operation) {
+        char id[LEASE_ID_LEN + 1], id2[LEASE_ID_LEN + 1];
+        Caller *a, *bb;
+        TokenText t = {}, t_any = {};
+        Token *tok = NULL;
+        UserQuota q = {};
+        Hold *hold = NULL;
+        Lease *l = NULL;
+
+        setup_broker();
+        a = this_process(UID_A);
+        bb = new_process(UID_B);
+        alloc_ok(a, 3 * MiB);                           /* in the first snapshot */
+        give_store();
+        assert_stored_is_table();
+
+        /* Alloc: its slabs go back to the pool, its charges to the user. */
+        ASSERT_NOT_STORED_THEN_MADE(broker_alloc(&b, a, 0, 6 * MiB, "stored", &l, &q));
+        memcpy(id, l->id, sizeof(id));
+        l = alloc_ok(a, MiB);
+        memcpy(id2, l->id, sizeof(id2));
+
+        /* Share, for B and for anyone. */
+        ASSERT_NOT_STORED_THEN_MADE(broker_share(&b, a, id, UID_B, false, &tok));
+        memcpy(t.s, tok->token, sizeof(t.s));
+        ASSERT_NOT_STORED_THEN_MADE(broker_share(&b, a, id, UID_ANY, true, &tok));
+        memcpy(t_any.s, tok->token, sizeof(t_any.s));
+
+        /* Attach by another user: the lease becomes foreign only once the change is stored. */
+        ASSERT_NOT_STORED_THEN_MADE(broker_attach(&b, bb, t.s, NULL, false, &hold));
+        ck_assert(find(id)->foreign);
+        /* Attach again: one more reference; and the owner's process with a read-only token stays read-write. */
+        ASSERT_NOT_STORED_THEN_MADE(broker_attach(&b, bb, t_any.s, NULL, false, &hold));
+        ck_assert_uint_eq(hold->refs, 2);
+        ASSERT_NOT_STORED_THEN_MADE(broker_attach(&b, a, t_any.s, NULL, false, &hold));
+        ck_assert_uint_eq(hold->refs, 2);
+
+        /* Free of one reference of two. */
+        ASSERT_NOT_STORED_THEN_MADE(broker_free(&b, bb, id));
+        ck_assert_uint_eq(lease_find_hold(find(id), bb->holder)->refs, 1);
+
+        /* Publish, publish again with other users, attach by name. */
+        ASSERT_NOT_STORED_THEN_MADE(broker_publish(&b, a, id2, "stored-name", (const uid_t[]){ UID_B }, 1, false));
+        ASSERT_NOT_STORED_THEN_MADE(
+                broker_publish(&b, a, id2, "stored-name", (const uid_t[]){ UID_B, UID_E }, 2, true));
+        ASSERT_NOT_STORED_THEN_MADE(broker_attach(&b, bb, NULL, "stored-name", false, &hold));
+        ck_assert(hold->readonly);
+        ck_assert(find(id2)->foreign);
+
+        /* Revoke. */
+        ASSERT_NOT_STORED_THEN_MADE(broker_revoke(&b, a, t.s));
+
+        /* Free of a hold that is not the last; of the last hold of a published lease (it stays). */
+        ASSERT_NOT_STORED_THEN_MADE(broker_free(&b, bb, id2));
+        ASSERT_NOT_STORED_THEN_MADE(broker_free(&b, a, id2));
+        ck_assert_uint_eq(find(id2)->n_holds, 0);
+
+        /* Unpublish of a lease nobody holds: it ends. */
+        ASSERT_NOT_STORED_THEN_MADE(broker_unpublish(&b, a, "stored-name"));
+        ck_assert_ptr_null(find(id2));
+
+        /* Unpublish of a held lease: it stays. */
+        ck_assert_int_eq(broker_publish(&b, a, id, "held", NULL, 0, false), 0);
+        ASSERT_NOT_STORED_THEN_MADE(broker_unpublish(&b, a, "held"));
+        ck_assert_ptr_nonnull(find(id));
+
+        /* The last Free of the last hold: the lease ends. */
+        ASSERT_NOT_STORED_THEN_MADE(broker_free(&b, bb, id));
+        ASSERT_NOT_STORED_THEN_MADE(broker_free(&b, a, id));
+        ASSERT_NOT_STORED_THEN_MADE(broker_free(&b, a, id));
+        ck_assert_ptr_null(find(id));
+        ck_assert_uint_eq(b.leases.n_leases, 1);
+
+        /* The counters saw every one of those failures, and a snapshot now stores the same table. */
+        ck_assert_uint_eq(store_stats(b.store).failures, n_faults);
+        ck_assert_int_eq(broker_store_snapshot(&b, true), 0);
+        assert_stored_is_table();
+}
+END_TEST
+
+/* A reap whose change cannot be stored keeps the holder's holds until a later reap stores it. */
+START_TEST(test_reap_not_stored_keeps_holds) {
+        _cleanup_free_ char *before = NULL, *after = NULL;
+        char id[LEASE_ID_LEN + 1];
+        Caller *a, *c;
+        TokenText t;
+        Lease *shared, *l;
+
+        setup_broker();
+        a = this_process(UID_A);
+        c = new_process(UID_A);
+        give_store();
+        l = alloc_ok(c, MiB);
+        memcpy(id, l->id, sizeof(id));
+        shared = alloc_ok(a, MiB);
+        t = share_ok(a, shared, UID_ANY, false);
+        attach_token_ok(c, &t, false);
+        assert_stored_is_table();
+
+        kill_process(c->holder->pid);
+        before = broker_text();
+        store_inject_fault(b.store, STORE_STEP_WRITE, 1, -EIO, false);
+        ck_assert_uint_eq(broker_reap_holders(&b), 0);
+        ck_assert(broker_has_unreaped(&b));
+        ck_assert_int_eq(b.store_error, -EIO);
+        after = broker_text();
+        ck_assert_str_eq(after, before);
+        ck_assert_ptr_eq(find(id), l);
+        ck_assert_uint_eq(shared->n_holds, 2);
+        assert_stored_is_table();
+
+        /* Tried again, stored: the holds go. */
+        ck_assert_uint_eq(broker_reap_holders(&b), 2);
+        ck_assert(!broker_has_unreaped(&b));
+        ck_assert_int_eq(b.store_error, 0);
+        ck_assert_ptr_null(find(id));
+        ck_assert_uint_eq(shared->n_holds, 1);
+        assert_stored_is_table();
+}
+END_TEST
+
+/* Two exited holders, the second's change not stored: the first is reaped, the second waits for the next call. */
+START_TEST(test_reap_not_stored_second_holder) {
+        char id1[LEASE_ID_LEN + 1], id2[LEASE_ID_LEN + 1];
+        Caller *a, *c1, *c2;
+
+        setup_broker();
+        a = this_process(UID_A);
+        c1 = new_process(UID_A);
+        c2 = new_process(UID_A);
+        give_store();
+        memcpy(id1, alloc_ok(c1, MiB)->id, sizeof(id1));
+        memcpy(id2, alloc_ok(c2, MiB)->id, sizeof(id2));
+        alloc_ok(a, MiB);
+
+        kill_process(c1->holder->pid);
+        kill_process(c2->holder->pid);
+        store_inject_fault(b.store, STORE_STEP_WRITE, 2, -EIO, false);
+        ck_assert_uint_eq(broker_reap_holders(&b), 1);
+        ck_assert(broker_has_unreaped(&b));
+        ck_assert_uint_eq(b.leases.n_leases, 2);
+        ck_assert((find(id1) == NULL) != (find(id2) == NULL));    /* one of the two, whichever came first */
+        assert_stored_is_table();
+
+        ck_assert_uint_eq(broker_reap_holders(&b), 1);
+        ck_assert(!broker_has_unreaped(&b));
+        ck_assert_ptr_null(find(id1));
+        ck_assert_ptr_null(find(id2));
+        ck_assert_uint_eq(b.leases.n_leases, 1);
+        assert_stored_is_table();
+}
+END_TEST
+
+/*
+ * A process that held nothing exits while no table is stored yet (the snapshot at start failed): there is
+ * nothing to store for it, so it is reaped, and forgotten when its connection closes. (Were it kept until
+ * storing works, every short-lived client of an outage would keep its holder and pidfd.)
+ */
+START_TEST(test_reap_holder_without_holds_needs_no_store) {
+        StoreBackend backend = { .save = fake_save, .remove = fake_remove, .userdata = &fake };
+        Store *st = NULL;
+        Caller *c;
+
+        setup_broker();
+        this_process(UID_A);
+        c = new_process(UID_B);
+        ck_assert_int_eq(store_new(&st, &backend), 0);
+        broker_set_store(&b, st);                       /* no snapshot: not open */
+        kill_process(c->holder->pid);
+        ck_assert_uint_eq(broker_reap_holders(&b), 0);
+        ck_assert_int_eq(b.store_error, 0);             /* nothing failed to be stored */
+        ck_assert(!broker_has_unreaped(&b));
+        disconnect_last(c);
+        ck_assert_uint_eq(b.holders.n_holders, 1);
+}
+END_TEST
+
+/* A snapshot when the log has not grown is not written; forced, it is, and reads back the same. */
+START_TEST(test_snapshot) {
+        unsigned saves;
+        Caller *a;
+
+        setup_broker();
+        a = this_process(UID_A);
+        give_store();
+        alloc_ok(a, MiB);
+        saves = fake.saves;
+        ck_assert_int_eq(broker_store_snapshot(&b, false), 0);
+        ck_assert_uint_eq(fake.saves, saves);
+        ck_assert_int_eq(broker_store_snapshot(&b, true), 0);
+        ck_assert_uint_eq(fake.saves, saves + 1);
+        ck_assert_uint_eq(fake.n, 1);                   /* the previous generation removed */
+        assert_stored_is_table();
+
+        /* A snapshot that fails says so, and the store goes on with the memfd it had. */
+        store_inject_fault(b.store, STORE_STEP_WRITE, 1, -EIO, false);
+        ck_assert_int_eq(broker_store_snapshot(&b, true), -EIO);
+        ck_assert_int_eq(b.store_error, -EIO);
+        alloc_ok(a, MiB);
+        ck_assert_int_eq(b.store_error, 0);
+        assert_stored_is_table();
+}
+END_TEST
+
+int main(void) {
+        return run_suite(UNIT_SUITE("broker", teardown, test_alloc, test_alloc_no_device, test_alloc_too_large,
+                                    test_alloc_too_many_slabs,
+                                    test_alloc_quota_bytes, test_alloc_quota_leases, test_alloc_quota_is_per_user,
+                                    test_alloc_no_memory, test_alloc_driver_error, test_free_not_held_is_not_found,
+                                    test_free_counts_references, test_share, test_share_readonly_holder,
+                                    test_share_tokens_max, test_revoke, test_revoke_needs_admin_flag,
+                                    test_attach_token, test_attach_token_readonly, test_attach_token_revoked_or_ended,
+                                    test_foreign_lease_slabs_are_released, test_attach_name,
+                                    test_attach_name_readonly, test_publish, test_publish_not_owner,
+                                    test_publish_name_in_use_and_has_name, test_publish_again_replaces_uids,
+                                    test_unpublish, test_unpublish_ends_unheld_lease, test_list_what_the_caller_sees,
+                                    test_list_all_needs_admin, test_list_stops_at_fn,
+                                    test_list_cost_is_what_the_caller_sees, test_reap, test_reap_last_two_holders,
+                                    test_not_stored_before_the_first_snapshot, test_write_ahead_every_operation,
+                                    test_reap_not_stored_keeps_holds, test_reap_not_stored_second_holder,
+                                    test_reap_holder_without_holds_needs_no_store, test_snapshot)) == 0
+                       ? EXIT_SUCCESS
+                       : EXIT_FAILURE;
+}
