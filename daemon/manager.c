@@ -147,14 +147,18 @@ static int on_holder_exit(sd_event_source *s, int fd, uint32_t revents, void *us
         return 0;
 }
 
-/* The STATUS= line, sent when it would say something new: sd_notify() costs a socket of its own each time. */
-static void send_status(Manager *m) {
+/*
+ * The STATUS= line. It is a message to the service manager, so it is not sent per request: a change of
+ * the store's health is sent when the loop is next idle, a change of the table at most once a second
+ * (on_tick()), so that a busy daemon sends about nothing (bench-scale counts the messages).
+ */
+static void send_status(Manager *m, bool table_too) {
         const LeaseTable *t = &m->broker.leases;
         uint64_t leased = 0, cached = 0;
         char b1[FORMAT_SIZE_MAX], b2[FORMAT_SIZE_MAX];
 
-        if (m->status_sent && m->status_generation == t->generation &&
-            m->status_store_error == m->broker.store_error)
+        if (m->status_sent && m->status_store_error == m->broker.store_error &&
+            (!table_too || m->status_generation == t->generation))
                 return;
         for (size_t i = 0; i < pool_n_devices(m->pool); i++) {
                 PoolDeviceStats s;
@@ -189,7 +193,7 @@ static int on_idle(sd_event_source *s, void *userdata) {
                 broker_reap_holders(&m->broker);
         if (old < 0 && m->broker.store_error == 0)
                 fprintf(stderr, "Storing the lease table works again.\n");
-        send_status(m);
+        send_status(m, false);
         return 0;
 }
 
@@ -200,16 +204,17 @@ static int on_signal(sd_event_source *s, const struct signalfd_siginfo *si, void
 }
 
 /*
- * Every second: while storing fails, try again even if nothing else wakes the loop; and compact the store
- * even when a busy loop is never idle.
+ * Every second: while storing fails, try again even if nothing else wakes the loop; compact the store
+ * even when a busy loop is never idle; and say what changed in STATUS=.
  */
-static int on_retry(sd_event_source *s, uint64_t usec, void *userdata) {
+static int on_tick(sd_event_source *s, uint64_t usec, void *userdata) {
         Manager *m = userdata;
 
         if (m->broker.store_error < 0 || broker_has_unreaped(&m->broker))
                 schedule_idle(m);
         else
                 (void)broker_store_snapshot(&m->broker, false);
+        send_status(m, true);
         (void)sd_event_source_set_time_relative(s, 1000000);
         return 0;
 }
@@ -243,7 +248,7 @@ Manager *manager_free(Manager *m) {
 DEFINE_TRIVIAL_CLEANUP_FUNC(Manager, manager_free);
 
 static int manager_add_sources(Manager *m) {
-        sd_event_source *retry = NULL;
+        sd_event_source *tick = NULL;
         int k;
 
         k = sd_event_add_io(m->event, &m->holder_source, holder_registry_get_fd(&m->broker.holders), EPOLLIN,
@@ -269,12 +274,12 @@ static int manager_add_sources(Manager *m) {
         if (k >= 0)
                 k = sd_event_source_set_enabled(m->idle_source, SD_EVENT_OFF);
         if (k >= 0)
-                k = sd_event_add_time_relative(m->event, &retry, CLOCK_MONOTONIC, 1000000, 0, on_retry, m);
+                k = sd_event_add_time_relative(m->event, &tick, CLOCK_MONOTONIC, 1000000, 0, on_tick, m);
         if (k >= 0)
-                k = sd_event_source_set_enabled(retry, SD_EVENT_ON);
+                k = sd_event_source_set_enabled(tick, SD_EVENT_ON);
         if (k >= 0)
-                (void)sd_event_source_set_floating(retry, true);
-        sd_event_source_unref(retry);
+                (void)sd_event_source_set_floating(tick, true);
+        sd_event_source_unref(tick);
         return k;
 }
 
@@ -361,7 +366,7 @@ int manager_run(Manager *m) {
         int k;
 
         (void)sd_notify(false, "READY=1");
-        send_status(m);
+        send_status(m, true);
         k = sd_event_loop(m->event);
         (void)sd_notify(false, "STOPPING=1");
         /* What the service manager keeps stays there: the next run takes the leases back. */
