@@ -446,13 +446,6 @@ int pool_import(Pool *p, int device, uint64_t id, int fd, uint64_t size, uid_t u
         dev = &p->devices[i];
         if (size < dev->info.granularity || size > p->max_slab || id == 0)
                 return -EINVAL;
-        for (size_t j = 0; j < p->n_devices; j++) {
-                Slab *s;
-
-                list_for_each_entry(s, &p->devices[j].leased, link_state)
-                        if (s->id == id)
-                                return -EEXIST;
-        }
         slab = calloc(1, sizeof(*slab));
         if (!slab)
                 return -ENOMEM;

@@ -140,8 +140,10 @@ void pool_set_hooks(Pool *p, const PoolHooks *hooks, void *userdata);
 /*
  * Takes back a slab of a previous run of the daemon from its exported fd (ownership passes to the pool on
  * success): imports it, and adds it as leased to `uid`, with its id (later slabs get higher ids). The
- * hooks are not told: it is in the store already. Returns 0, -EINVAL (wrong size or device), -EEXIST (the
- * id is taken), or POOL_E_DRIVER (pool_last_error() says why), and on failure the fd is still the caller's.
+ * hooks are not told: it is in the store already. The id must not be one the pool has (restore.c takes each
+ * stored fd once, and a table that names a slab twice is refused whole): checking would cost a walk of the
+ * pool per slab, O(n^2) for a start with n leases. Returns 0, -EINVAL (wrong size or device), or
+ * POOL_E_DRIVER (pool_last_error() says why), and on failure the fd is still the caller's.
  */
 int pool_import(Pool *p, int device, uint64_t id, int fd, uint64_t size, uid_t uid, Slab **ret);
 

@@ -49,6 +49,7 @@
 #define GRANULARITY (UINT64_C(2) << 20)         /* minimum and recommended, as on an H100/H200 */
 #define MAX_DEVICES 64                          /* a Mapping keeps one bit per device in a uint64_t */
 #define DEFAULT_MEMORY (UINT64_C(8) << 30)
+#define SIM_BUCKETS 16384                       /* hash buckets for allocations and handles */
 #define DEFAULT_DRIVER_VERSION 13000
 #define HANDLE_TAG UINT64_C(0x5c0da00000000000) /* in every handle id, so that a small integer is never one */
 
@@ -238,7 +239,9 @@ static struct {
         bool held;                      /* simcuda_hold_streams(1) */
         struct CUctx_st ctx[MAX_DEVICES];
         uint64_t charged[MAX_DEVICES];
-        List allocations, handles, reservations, faults;
+        /* Allocations by inode and handles by id, hashed into buckets: a daemon with 100,000 slabs must not
+         * pay a walk of them per import or export (bench-scale's start with 10,000 leases did). */
+        List allocations[SIM_BUCKETS], handles[SIM_BUCKETS], reservations, faults;
         unsigned long n_allocations;
         uint64_t next_handle;
         uint64_t calls[N_ENTRIES];
@@ -246,11 +249,18 @@ static struct {
         .lock = PTHREAD_MUTEX_INITIALIZER,
         .work = PTHREAD_COND_INITIALIZER,
         .idle = PTHREAD_COND_INITIALIZER,
-        .allocations = LIST_INIT(sim.allocations),
-        .handles = LIST_INIT(sim.handles),
         .reservations = LIST_INIT(sim.reservations),
         .faults = LIST_INIT(sim.faults),
 };
+
+/* The bucket for a key, its list head made on first use. */
+static List *bucket(List *buckets, uint64_t key) {
+        List *b = &buckets[key % SIM_BUCKETS];
+
+        if (!b->next)
+                list_init(b);
+        return b;
+}
 
 /* The context current to this thread (cuCtxSetCurrent). */
 static __thread CUcontext current;
@@ -506,7 +516,7 @@ static CUresult allocation_new(int device, uint64_t size, Allocation **ret) {
                 .charged = true,
                 .refs = 1,
         };
-        list_link_tail(&sim.allocations, &a->link);
+        list_link_tail(bucket(sim.allocations, st.st_ino), &a->link);
         sim.charged[device] += size;
         sim.n_allocations++;
         *ret = a;
@@ -545,7 +555,7 @@ static int memfd_device(int fd) {
 static Handle *handle_find(CUmemGenericAllocationHandle id) {
         Handle *h;
 
-        list_for_each_entry(h, &sim.handles, link)
+        list_for_each_entry(h, bucket(sim.handles, id), link)
                 if (h->id == id)
                         return h;
         return NULL;
@@ -1168,7 +1178,7 @@ static CUresult sim_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t siz
         h->id = HANDLE_TAG | ++sim.next_handle;
         h->allocation = a;              /* takes allocation_new()'s reference */
         h->exportable = posix_fd;
-        list_link_tail(&sim.handles, &h->link);
+        list_link_tail(bucket(sim.handles, h->id), &h->link);
         *handle = h->id;
         return CUDA_SUCCESS;
 }
@@ -1233,7 +1243,7 @@ static CUresult sim_cuMemImportFromShareableHandle(CUmemGenericAllocationHandle 
                 return CUDA_ERROR_OUT_OF_MEMORY;
 
         /* Memory that lives in this process already (our own export) is the same allocation. */
-        list_for_each_entry(a, &sim.allocations, link)
+        list_for_each_entry(a, bucket(sim.allocations, st.st_ino), link)
                 if (a->st_dev == st.st_dev && a->st_ino == st.st_ino) {
                         found = a;
                         break;
@@ -1258,12 +1268,12 @@ static CUresult sim_cuMemImportFromShareableHandle(CUmemGenericAllocationHandle 
                         free(a);
                         return CUDA_ERROR_OPERATING_SYSTEM;
                 }
-                list_link_tail(&sim.allocations, &a->link);
+                list_link_tail(bucket(sim.allocations, a->st_ino), &a->link);
                 sim.n_allocations++;
         }
         h->id = HANDLE_TAG | ++sim.next_handle;
         h->allocation = a;
-        list_link_tail(&sim.handles, &h->link);
+        list_link_tail(bucket(sim.handles, h->id), &h->link);
         *handle = TAKE_PTR(h)->id;
         return CUDA_SUCCESS;
 }
