@@ -4,22 +4,32 @@
  * bench-scale: how the daemon holds up with many live leases, against the targets of the scaling issue.
  * It runs the real vmmbrokerd ($VMMBROKER_DAEMON) on the simulated device ($VMMBROKER_LIBCUDA), talks raw
  * varlink to it (tests/integration/rawclient.h) and closes every slab fd it receives (nothing is mapped).
- * Two daemons are started, one after the other:
+ * Three daemons of one configuration run, each on a simulated device of its own:
  *
  *   plain    started by this program with no NOTIFY_SOCKET, so it keeps no fd store (as a daemon run by
- *            hand). Measured: Alloc+Free round trips (the reference for target 2); then, with 5,000 leases
- *            of root's in its table, Status p99 from uid 65534 idle and while uid 65533 pipelines List
- *            on 64 connections as fast as the daemon answers (target 3).
- *   stored   under the test supervisor (tests/supervisor: systemd's fd store, FileDescriptorStoreMax=
- *            262144). Measured: Alloc+Free round trips with 0 live leases, then with N live leases held by
- *            a child process (target 1), the notifications the daemon sent the supervisor per 1,000 such
- *            requests (target 2), the daemon's memory with 0 and N leases (5), `vmmctl list --all` with N
- *            leases (6), and start to READY=1 after SIGTERM and after SIGKILL with the N leases live (4).
+ *            hand). Measured: Alloc+Free round trips with 0 leases against "0" (target 2); then, with 5,000
+ *            leases of root's in its table, Status p99 from uid 65534 idle and while uid 65533 pipelines
+ *            List on 64 connections as fast as the daemon answers (target 3). Stopped after that.
+ *   0        under a test supervisor (tests/supervisor: systemd's fd store, FileDescriptorStoreMax=262144),
+ *            never given a lease to hold: the reference for target 1 and the stored side of target 2.
+ *   N        under a second supervisor, the same: its round trips with N live leases held by a child
+ *            process against "0" (target 1), the notifications it sent its supervisor per 1,000 such
+ *            requests (target 2), its memory with 0 and N leases (5), `vmmctl list --all` with N leases (6),
+ *            and start to READY=1 after SIGTERM and after SIGKILL with the N leases live (4).
+ *
+ * Latencies measured one phase after another differ by 2x and more on a busy machine: drift, not the
+ * daemon. So the two daemons a target compares run at the same time and take turns: after each has its
+ * pool warmed, BLOCKS rounds of one block of BLOCK_PAIRS round trips on each, the order alternating (A B,
+ * B A, A B...) so that neither always goes first; each block ends with its daemon's scrubs done, so that
+ * they do not run into the other's block. Each side's pairs are pooled for p50 and p99; the per-round
+ * ratios of block p50s show how much drift is left. Interleaving alone is not enough: where the scheduler
+ * happens to put a daemon, on the client's CPU or another, makes its round trips 2x faster or slower for
+ * a whole run, so during a comparison the client runs on CPU 0 and both daemons on CPU PIN_CPU.
  *
  * An Alloc+Free round trip is one Alloc of 2 MiB and the Free of that lease on one open connection, timed
  * together, after the pool was warmed (16 slabs leased, freed and scrubbed) so that no slab is created.
  * "Notifications" are every message the supervisor acted on (FDSTORE=, FDSTOREREMOVE=, STATUS=...) while
- * those round trips ran, per 1,000 requests (an Alloc or a Free is one request).
+ * that daemon's blocks ran, per 1,000 requests (an Alloc or a Free is one request).
  * N is 10,000 or what RLIMIT_NOFILE allows (see lease_count()). Every phase is bounded in time: a phase
  * that runs past its cap stops and says how far it got. A program that prints, not a test; it exits 0
  * whether or not the targets are met, and 1 when it could not measure.
@@ -27,7 +37,9 @@
  * Usage: bench-scale [N]   ($VMMCTL names the vmmctl to time; without it, that row is not run)
  */
 
+#include <dirent.h>
 #include <errno.h>
+#include <sched.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <inttypes.h>
@@ -63,9 +75,12 @@
 
 #define N_MAX 10000                     /* live leases asked for by the issue */
 #define FD_RESERVE 512                  /* fds kept for sockets, cached slabs, states, stdio */
-#define PAIRS 2000                      /* Alloc+Free round trips per measurement */
+#define BLOCKS 20                       /* rounds of a comparison: one block on each daemon */
+#define BLOCK_PAIRS 100                 /* Alloc+Free round trips per block */
+#define PAIRS (BLOCKS * BLOCK_PAIRS)    /* per daemon and comparison */
 #define WARM_SLABS 16                   /* slabs cached before a measurement */
-#define PHASE_CAP_S 60.0                /* longest a latency measurement may run */
+#define PIN_CPU 1                       /* the daemons' CPU during comparisons; the client's is 0 */
+#define COMPARE_CAP_S 120.0             /* longest a comparison (both daemons) may run */
 #define FILL_CAP_S 300.0                /* longest the holder may take to lease its N */
 #define FILL_WINDOW 64                  /* Allocs the holder has in flight */
 #define STORE_MAX 262144                /* FileDescriptorStoreMax= of vmmbroker.service */
@@ -82,10 +97,13 @@
 #define VMMCTL_RUNS 5
 #define CHILD_TIMEOUT_MS 60000
 
-/* ---- bookkeeping: children, temporary files, the supervisor; all undone at exit ------------------------ */
+/* ---- bookkeeping: children, temporary files, the supervisors; all undone at exit ----------------------- */
+
+enum { STORED_0, STORED_N, N_STORED };  /* the daemons under a supervisor */
+static const char *const stored_tag[N_STORED] = { "0", "n" };
 
 static pid_t children[16];
-static Supervisor *supervisor;
+static Supervisor *supervisors[N_STORED];
 static char tmpdir[64];
 
 static void track(pid_t pid) {
@@ -106,14 +124,16 @@ static void cleanup(void) {
         char path[128];
 
         /* Daemons before the holders: a holder's death makes a live daemon scrub (touch) all its slabs. */
-        supervisor = supervisor_free(supervisor);
+        for (size_t i = 0; i < N_STORED; i++)
+                supervisors[i] = supervisor_free(supervisors[i]);
         for (size_t i = 0; i < ELEMENTSOF(children); i++)
                 if (children[i] > 0) {
                         kill(children[i], SIGKILL);
                         (void)waitpid(children[i], NULL, 0);
                 }
         if (tmpdir[0]) {
-                static const char *const files[] = { "vmmbroker.conf", "plain.sock", "stored.sock", "not-inherited" };
+                static const char *const files[] = { "vmmbroker.conf", "plain.sock", "stored-0.sock", "stored-n.sock",
+                                                     "not-inherited-0", "not-inherited-n" };
 
                 for (size_t i = 0; i < ELEMENTSOF(files); i++) {
                         snprintf(path, sizeof(path), "%s/%s", tmpdir, files[i]);
@@ -234,7 +254,7 @@ static double percentile(double *v, size_t n, unsigned p) {
 typedef struct Latency {
         double p50, p99;                /* microseconds */
         size_t n;                       /* round trips measured */
-        bool capped;                    /* stopped by PHASE_CAP_S before PAIRS */
+        bool capped;                    /* stopped by COMPARE_CAP_S before PAIRS */
         double messages;                /* notifications to the supervisor per 1,000 requests; NAN: none */
         double stored, removed;         /* fds it stored, and had removed, per 1,000 requests */
 } Latency;
@@ -317,45 +337,135 @@ static void warm_pool(VarlinkConn *c) {
         wait_scrubbed(c);
 }
 
-/* PAIRS Alloc+Free round trips on `c` (at most PHASE_CAP_S); the caller warms the pool first. */
-static Latency measure_pairs(VarlinkConn *c) {
-        _cleanup_free_ double *t = calloc(PAIRS, sizeof(double));
-        double deadline;
-        size_t n = 0;
+/* One Alloc+Free round trip on `c`, in microseconds. */
+static double round_trip(VarlinkConn *c) {
+        double t0 = now_us();
+        TestLease l;
+        int k;
 
-        if (!t)
-                die("out of memory");
-        deadline = now_us() + PHASE_CAP_S * 1e6;
-        for (; n < PAIRS && now_us() < deadline; n++) {
-                double t0 = now_us();
-                TestLease l;
-                int k;
-
-                k = lease_alloc(c, SLAB, &l);
-                if (k < 0)
-                        die("Alloc: %s", strerror(-k));
-                test_lease_close(&l);
-                k = lease_free(c, l.id);
-                if (k < 0)
-                        die("Free: %s", strerror(-k));
-                t[n] = now_us() - t0;
-        }
-        return latency_of(t, n, n < PAIRS);
+        k = lease_alloc(c, SLAB, &l);
+        if (k < 0)
+                die("Alloc: %s", strerror(-k));
+        test_lease_close(&l);
+        k = lease_free(c, l.id);
+        if (k < 0)
+                die("Free: %s", strerror(-k));
+        return now_us() - t0;
 }
 
-/* The same under the supervisor, with what the daemon sent it meanwhile, per 1,000 requests. */
-static Latency measure_pairs_stored(Supervisor *s, VarlinkConn *c) {
-        SupervisorStats before, after;
-        Latency l;
+/* ---- interleaved comparisons: two daemons, taking turns ---------------------------------------------------- */
 
-        warm_pool(c);
-        before = supervisor_stats(s);
-        l = measure_pairs(c);
-        after = supervisor_stats(s);
-        l.messages = (after.messages - before.messages) * 1000.0 / (2.0 * (double)l.n);
-        l.stored = (after.fds_stored - before.fds_stored) * 1000.0 / (2.0 * (double)l.n);
-        l.removed = (after.fds_removed - before.fds_removed) * 1000.0 / (2.0 * (double)l.n);
+/* One daemon's side of a comparison: its round trips, block by block, and what it sent its supervisor. */
+typedef struct Side {
+        VarlinkConn *c;
+        pid_t pid;                      /* the daemon */
+        Supervisor *s;                  /* its supervisor; NULL: no fd store, no notifications to count */
+        double t[PAIRS];                /* every round trip, microseconds */
+        size_t n;
+        double block_p50[BLOCKS];
+        size_t blocks;
+        unsigned messages, stored, removed;     /* what its supervisor acted on during its blocks */
+} Side;
+
+/* A block of BLOCK_PAIRS round trips (fewer past the deadline), then its scrubs waited for, untimed. */
+static void run_block(Side *x, double deadline) {
+        SupervisorStats before = {}, after = {};
+        double b[BLOCK_PAIRS];
+        size_t n = 0;
+
+        if (x->s)
+                before = supervisor_stats(x->s);
+        for (; n < BLOCK_PAIRS && now_us() < deadline; n++)
+                x->t[x->n + n] = b[n] = round_trip(x->c);
+        if (x->s) {
+                after = supervisor_stats(x->s);
+                x->messages += after.messages - before.messages;
+                x->stored += after.fds_stored - before.fds_stored;
+                x->removed += after.fds_removed - before.fds_removed;
+        }
+        wait_scrubbed(x->c);
+        x->n += n;
+        if (n > 0)
+                x->block_p50[x->blocks++] = percentile(b, n, 50);
+}
+
+/* A side's pooled round trips, and its notifications per 1,000 requests where it has a supervisor. */
+static Latency latency_of_side(Side *x) {
+        Latency l = latency_of(x->t, x->n, x->n < PAIRS);
+        double requests = 2.0 * (double)x->n;
+
+        if (x->s && x->n > 0) {
+                l.messages = x->messages * 1000.0 / requests;
+                l.stored = x->stored * 1000.0 / requests;
+                l.removed = x->removed * 1000.0 / requests;
+        }
         return l;
+}
+
+typedef struct Comparison {
+        Latency a, b;                   /* each side's pairs, pooled */
+        size_t rounds;                  /* rounds in which both ran a block */
+        double block_a, block_b;        /* the median of each side's block p50s */
+        double ratio_min, ratio_median, ratio_max;      /* of a's block p50 / b's, round by round */
+} Comparison;
+
+/* Sets the affinity of every thread of `pid` (0: the calling thread alone). */
+static void pin(pid_t pid, const cpu_set_t *set) {
+        char path[64];
+        struct dirent *de;
+        DIR *d;
+
+        if (pid == 0) {
+                (void)sched_setaffinity(0, sizeof(*set), set);
+                return;
+        }
+        snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+        d = opendir(path);
+        while (d && (de = readdir(d)))
+                if (de->d_name[0] != '.')
+                        (void)sched_setaffinity((pid_t)atoi(de->d_name), sizeof(*set), set);
+        if (d)
+                closedir(d);
+}
+
+/* Warms both pools, then BLOCKS rounds of a block on each, the order alternating, within COMPARE_CAP_S. */
+static Comparison compare(Side *a, Side *b) {
+        Comparison r = {};
+        double ratios[BLOCKS], deadline;
+        cpu_set_t all, client, daemons;
+
+        CPU_ZERO(&client);
+        CPU_ZERO(&daemons);
+        CPU_SET(0, &client);
+        CPU_SET(PIN_CPU, &daemons);
+        if (sched_getaffinity(0, sizeof(all), &all) < 0 || !CPU_ISSET(0, &all) || !CPU_ISSET(PIN_CPU, &all)) {
+                progress("CPUs 0 and %d are not both ours: not pinned", PIN_CPU);
+                daemons = client = all;
+        }
+        pin(0, &client);
+        pin(a->pid, &daemons);
+        pin(b->pid, &daemons);
+        warm_pool(a->c);
+        warm_pool(b->c);
+        deadline = now_us() + COMPARE_CAP_S * 1e6;
+        for (size_t i = 0; i < BLOCKS && now_us() < deadline; i++) {
+                run_block(i % 2 ? b : a, deadline);
+                run_block(i % 2 ? a : b, deadline);
+        }
+        pin(0, &all);                   /* as before: the daemons it starts later inherit it */
+        pin(a->pid, &all);
+        pin(b->pid, &all);
+        r.rounds = a->blocks < b->blocks ? a->blocks : b->blocks;
+        for (size_t i = 0; i < r.rounds; i++)
+                ratios[i] = a->block_p50[i] / b->block_p50[i];
+        r.ratio_median = r.rounds ? median(ratios, (unsigned)r.rounds) : NAN;     /* sorts them */
+        r.ratio_min = r.rounds ? ratios[0] : NAN;
+        r.ratio_max = r.rounds ? ratios[r.rounds - 1] : NAN;
+        r.block_a = a->blocks ? median(a->block_p50, (unsigned)a->blocks) : NAN;
+        r.block_b = b->blocks ? median(b->block_p50, (unsigned)b->blocks) : NAN;
+        r.a = latency_of_side(a);
+        r.b = latency_of_side(b);
+        return r;
 }
 
 /* Every lease in the table (List all: true, as root). -errno on failure. */
@@ -742,14 +852,15 @@ static Fairness measure_fairness(const char *socket) {
 
 /* ---- the daemon under the supervisor ------------------------------------------------------------------- */
 
-static Supervisor *stored_start(const char *daemon, const char *config, const char *capacity) {
-        static char socket[128], unused[128];
+/* Starts daemon `which` (STORED_0, STORED_N) under a supervisor of its own and waits for its READY=1. */
+static Supervisor *stored_start(unsigned which, const char *daemon, const char *config, const char *capacity) {
+        char socket[128], unused[128];
         Supervisor *s = NULL;
         int64_t ready;
         int k;
 
-        snprintf(socket, sizeof(socket), "%s/stored.sock", tmpdir);
-        snprintf(unused, sizeof(unused), "%s/not-inherited", tmpdir);
+        snprintf(socket, sizeof(socket), "%s/stored-%s.sock", tmpdir, stored_tag[which]);
+        snprintf(unused, sizeof(unused), "%s/not-inherited-%s", tmpdir, stored_tag[which]);
         k = supervisor_new(&(SupervisorOptions){
                                    .path = daemon,
                                    .argv = (const char *const[]){ daemon, "--socket", unused, "--config", config,
@@ -759,7 +870,7 @@ static Supervisor *stored_start(const char *daemon, const char *config, const ch
                            }, &s);
         if (k < 0)
                 die("supervisor_new: %s", strerror(-k));
-        supervisor = s;
+        supervisors[which] = s;
         if ((k = supervisor_start(s)) < 0)
                 die("supervisor_start: %s", strerror(-k));
         ready = supervisor_wait_ready(s, READY_TIMEOUT_MS);
@@ -818,8 +929,14 @@ static double time_vmmctl(const char *vmmctl, const char *socket) {
 
 /* ---- set-up ------------------------------------------------------------------------------------------------ */
 
-/* The live leases: N_MAX, or fewer where fds run out. The daemon keeps 2 fds per slab (its exported fd
- * and the simulator's memfd); this process keeps 1 (the supervisor's copy of the stored fd). */
+/*
+ * The live leases: N_MAX, or fewer where fds run out. The limit is per process, and this process raises
+ * its soft limit to the hard one, which the daemons inherit. Daemon N holds 2 fds per live slab (its
+ * exported fd and the simulator's memfd); this process holds 1 per slab stored by daemon N (its
+ * supervisor's copy of the stored fd), and 1 per slab of daemon 0, which has only its warm pool. So the
+ * bound is 2N + FD_RESERVE <= the hard limit, FD_RESERVE covering sockets, cached slabs, daemon 0's store
+ * and stdio.
+ */
 static unsigned lease_count(char *why, size_t len) {
         struct rlimit rl;
         unsigned n;
@@ -830,8 +947,9 @@ static unsigned lease_count(char *why, size_t len) {
         (void)setrlimit(RLIMIT_NOFILE, &rl);
         n = rl.rlim_max > 2 * N_MAX + FD_RESERVE ? N_MAX : (unsigned)((rl.rlim_max - FD_RESERVE) / 2);
         snprintf(why, len,
-                 "%s: hard RLIMIT_NOFILE %llu; the daemon holds 2 fds per live slab (its exported fd and the "
-                 "simulator's memfd), this process 1 (the supervisor's stored copy); %d kept for the rest",
+                 "%s: hard RLIMIT_NOFILE %llu, per process; daemon N holds 2 fds per live slab (its exported fd "
+                 "and the simulator's memfd), this process 1 (its supervisor's stored copy), daemon 0 a few "
+                 "(no leases); %d kept for the rest",
                  n == N_MAX ? "the issue's 10,000" : "the most the fd limit allows", (unsigned long long)rl.rlim_max,
                  FD_RESERVE);
         return n;
@@ -867,8 +985,11 @@ static void print_header(unsigned n, const char *why) {
         strftime(date, sizeof(date), "%Y-%m-%d %H:%M:%S %Z", localtime(&now));
         printf("bench-scale: %s, kernel %s, %ld CPUs, %s\n", date, u.release, sysconf(_SC_NPROCESSORS_ONLN), model);
         printf("method: vmmbrokerd on the simulated device, raw varlink over AF_UNIX; round trip = Alloc 2 MiB + Free "
-               "on one connection, warm pool; %d pairs per measurement (cap %.0f s); fd store = test supervisor, "
-               "FileDescriptorStoreMax=%d\n", PAIRS, PHASE_CAP_S, STORE_MAX);
+               "on one connection, warm pool; fd store = test supervisor, FileDescriptorStoreMax=%d\n", STORE_MAX);
+        printf("targets 1, 2: the two daemons compared run side by side, interleaved: %d rounds of one block of %d "
+               "round trips on each, order alternating (AB BA AB...), scrubs awaited between blocks; %d pairs per "
+               "daemon pooled for p50/p99 (cap %.0f s per comparison); client pinned to CPU 0, daemons to CPU %d\n",
+               BLOCKS, BLOCK_PAIRS, PAIRS, COMPARE_CAP_S, PIN_CPU);
         printf("N = %u live leases of 2 MiB, held by a child process (%s)\n\n", n, why);
 }
 
@@ -911,14 +1032,15 @@ static const char *capped(const Latency *l) {
         i = (i + 1) % 4;
         if (!l->capped)
                 return "";
-        snprintf(buf[i], sizeof(buf[i]), " [capped: %zu pairs in %.0f s]", l->n, PHASE_CAP_S);
+        snprintf(buf[i], sizeof(buf[i]), " [capped: %zu of %d pairs in %.0f s]", l->n, PAIRS, COMPARE_CAP_S);
         return buf[i];
 }
 
 typedef struct Results {
         unsigned n;
         Holder held;
-        Latency plain, stored0, storedN;
+        Comparison leases;              /* target 1: a = daemon N with its leases, b = daemon 0 */
+        Comparison store;               /* target 2: a = daemon 0 (the fd store), b = plain (none) */
         Fairness fair;
         unsigned fair_leases;
         Restart term, killed;
@@ -928,23 +1050,30 @@ typedef struct Results {
 } Results;
 
 static void print_latency_rows(const Results *r) {
+        const Latency *n = &r->leases.a, *zero = &r->leases.b, *stored = &r->store.a, *plain = &r->store.b;
+        const Comparison *l = &r->leases;
         char m[256];
 
-        snprintf(m, sizeof(m), "p50 %s with %u vs %s with 0: %.2fx%s", dur(r->storedN.p50), r->held.n,
-                 dur(r->stored0.p50), r->storedN.p50 / r->stored0.p50, capped(&r->storedN));
-        row("1. Alloc+Free p50, N leases vs 0", m, "<= 1.2x", r->storedN.p50 / r->stored0.p50, 1.2);
-        snprintf(m, sizeof(m), "p99 %s with %u vs %s with 0: %.2fx%s", dur(r->storedN.p99), r->held.n,
-                 dur(r->stored0.p99), r->storedN.p99 / r->stored0.p99, capped(&r->storedN));
-        row("1. Alloc+Free p99, N leases vs 0", m, "<= 1.2x", r->storedN.p99 / r->stored0.p99, 1.2);
-        snprintf(m, sizeof(m), "p50 %s with the store vs %s without: %.2fx%s", dur(r->stored0.p50),
-                 dur(r->plain.p50), r->stored0.p50 / r->plain.p50, capped(&r->plain));
-        row("2. Alloc+Free p50, fd store vs none", m, "<= 1.2x", r->stored0.p50 / r->plain.p50, 1.2);
-        snprintf(m, sizeof(m), "%.0f with 0 leases (%.0f fds stored, %.0f removed)", r->stored0.messages,
-                 r->stored0.stored, r->stored0.removed);
-        row("2. notifications / 1,000 requests", m, "0", r->stored0.messages, 0);
-        snprintf(m, sizeof(m), "%.0f with %u leases (%.0f fds stored, %.0f removed)", r->storedN.messages, r->held.n,
-                 r->storedN.stored, r->storedN.removed);
-        row("2. notifications / 1,000 requests", m, "0", r->storedN.messages, 0);
+        snprintf(m, sizeof(m), "p50 %s with %u vs %s with 0: %.2fx%s%s", dur(n->p50), r->held.n, dur(zero->p50),
+                 n->p50 / zero->p50, capped(n), capped(zero));
+        row("1. Alloc+Free p50, N leases vs 0", m, "<= 1.2x", n->p50 / zero->p50, 1.2);
+        snprintf(m, sizeof(m), "p99 %s with %u vs %s with 0: %.2fx%s%s", dur(n->p99), r->held.n, dur(zero->p99),
+                 n->p99 / zero->p99, capped(n), capped(zero));
+        row("1. Alloc+Free p99, N leases vs 0", m, "<= 1.2x", n->p99 / zero->p99, 1.2);
+        snprintf(m, sizeof(m), "median of block p50s %s vs %s: %.2fx; per-round ratio min %.2fx, median %.2fx, "
+                 "max %.2fx (%zu rounds)", dur(l->block_a), dur(l->block_b), l->block_a / l->block_b, l->ratio_min,
+                 l->ratio_median, l->ratio_max, l->rounds);
+        row("1. block p50s, N leases vs 0", m, "<= 1.2x", l->block_a / l->block_b, 1.2);
+        snprintf(m, sizeof(m), "p50 %s with the store vs %s without: %.2fx (p99 %s vs %s; per-round p50 ratio "
+                 "%.2fx-%.2fx)%s%s", dur(stored->p50), dur(plain->p50), stored->p50 / plain->p50, dur(stored->p99),
+                 dur(plain->p99), r->store.ratio_min, r->store.ratio_max, capped(stored), capped(plain));
+        row("2. Alloc+Free p50, fd store vs none", m, "<= 1.2x", stored->p50 / plain->p50, 1.2);
+        snprintf(m, sizeof(m), "%.1f with 0 leases (%.1f fds stored, %.1f removed)", zero->messages, zero->stored,
+                 zero->removed);
+        row("2. notifications / 1,000 requests", m, "0", zero->messages, 0);
+        snprintf(m, sizeof(m), "%.1f with %u leases (%.1f fds stored, %.1f removed)", n->messages, r->held.n,
+                 n->stored, n->removed);
+        row("2. notifications / 1,000 requests", m, "0", n->messages, 0);
 }
 
 static void print_fairness_row(const Results *r) {
@@ -1004,16 +1133,19 @@ static void print_results(const Results *r) {
 
 /* ---- the phases ---------------------------------------------------------------------------------------------- */
 
-/* The daemon without a store: the reference round trip, then fairness with FLOOD_LEASES in the table. */
+/* Target 2, then 3: daemon 0 against the plain daemon, both with 0 leases, interleaved; then fairness on the
+ * plain daemon with FLOOD_LEASES in its table, after which it is stopped. Daemon 0 stays for target 1. */
 static void phase_plain(const char *daemon, const char *config, const char *capacity, Results *r) {
         Plain p = plain_start(daemon, config, capacity);
-        _cleanup_(varlink_conn_freep) VarlinkConn *c = connect_or_die(p.socket);
+        Supervisor *s0 = stored_start(STORED_0, daemon, config, capacity);
+        Side stored = { .c = connect_or_die(supervisor_socket_path(s0)), .pid = supervisor_pid(s0), .s = s0 };
+        Side plain = { .c = connect_or_die(p.socket), .pid = p.pid };
         Holder h;
 
-        progress("without a store: %d Alloc+Free round trips", PAIRS);
-        warm_pool(c);
-        r->plain = measure_pairs(c);
-        c = varlink_conn_free(c);
+        progress("fd store vs none, 0 leases: %d rounds of %d round trips on each, interleaved", BLOCKS, BLOCK_PAIRS);
+        r->store = compare(&stored, &plain);
+        stored.c = varlink_conn_free(stored.c);
+        plain.c = varlink_conn_free(plain.c);
         progress("without a store: a holder leases %d slabs as root", FLOOD_LEASES);
         h = holder_start(p.socket, FLOOD_LEASES);
         r->fair_leases = h.n;
@@ -1023,34 +1155,40 @@ static void phase_plain(const char *daemon, const char *config, const char *capa
         holder_finish(&h);
 }
 
-/* The daemon under the supervisor: round trips with 0 and N leases, memory, vmmctl, restarts. */
+/* Daemon N: memory with 0 and N leases, round trips with N interleaved with daemon 0's (after which daemon 0
+ * is stopped), vmmctl, restarts. */
 static void phase_stored(const char *daemon, const char *config, const char *capacity, Results *r) {
-        Supervisor *s = stored_start(daemon, config, capacity);
+        Supervisor *s0 = supervisors[STORED_0], *s = stored_start(STORED_N, daemon, config, capacity);
         const char *socket = supervisor_socket_path(s), *vmmctl = getenv("VMMCTL");
-        VarlinkConn *c = connect_or_die(socket);
+        Side n = { .c = connect_or_die(socket), .pid = supervisor_pid(s), .s = s };
+        Side zero = { .c = connect_or_die(supervisor_socket_path(s0)), .pid = supervisor_pid(s0), .s = s0 };
 
-        progress("with the store: %d Alloc+Free round trips with 0 live leases", PAIRS);
-        r->stored0 = measure_pairs_stored(s, c);
+        warm_pool(n.c);
         r->mem0 = memory_of(supervisor_pid(s));
-        progress("with the store: a holder leases %u slabs (at most %.0f s)", r->n, FILL_CAP_S);
+        progress("daemon N: a holder leases %u slabs (at most %.0f s)", r->n, FILL_CAP_S);
         r->held = holder_start(socket, r->n);
         r->memN = memory_of(supervisor_pid(s));
-        progress("with the store: %u leases in %.1f s; %d round trips with them", r->held.n, r->held.seconds, PAIRS);
-        r->storedN = measure_pairs_stored(s, c);
-        c = varlink_conn_free(c);
+        progress("daemon N: %u leases in %.1f s; against daemon 0: %d rounds of %d round trips on each, interleaved",
+                 r->held.n, r->held.seconds, BLOCKS, BLOCK_PAIRS);
+        r->leases = compare(&n, &zero);
+        n.c = varlink_conn_free(n.c);
+        zero.c = varlink_conn_free(zero.c);
+        if (supervisor_stop(s0, SIGTERM) != 0)        /* it holds no leases: nothing to scrub */
+                progress("daemon 0 did not exit cleanly on SIGTERM");
+        supervisors[STORED_0] = supervisor_free(s0);
         if (!vmmctl)
                 r->vmmctl_why = "not run: $VMMCTL is not set";
         else {
-                progress("with the store: vmmctl list --all, %d runs", VMMCTL_RUNS);
+                progress("daemon N: vmmctl list --all, %d runs", VMMCTL_RUNS);
                 r->vmmctl_ms = time_vmmctl(vmmctl, socket);
         }
-        progress("with the store: restart after SIGTERM, then after SIGKILL");
+        progress("daemon N: restart after SIGTERM, then after SIGKILL");
         r->term = restart(s, SIGTERM);
         r->killed = restart(s, SIGKILL);
         /* The daemon first: were the holder to go first, the daemon would scrub (touch) all N slabs. */
         if (supervisor_stop(s, SIGTERM) != 0)
-                progress("the daemon under the supervisor did not exit cleanly on SIGTERM");
-        supervisor = supervisor_free(s);
+                progress("daemon N did not exit cleanly on SIGTERM");
+        supervisors[STORED_N] = supervisor_free(s);
         holder_finish(&r->held);
 }
 
