@@ -235,6 +235,8 @@ int broker_share(Broker *b, const Caller *c, const char *id, uid_t uid, bool rea
 
         if (!hold)
                 return BROKER_E_NO_SUCH_LEASE;
+        if (c->holder->uid != hold->lease->uid)
+                return BROKER_E_NOT_OWNER;
         if (hold->readonly && !readonly)
                 return BROKER_E_READONLY;
         if (hold->lease->n_tokens >= LEASE_TOKENS_MAX)
@@ -261,6 +263,24 @@ int broker_share(Broker *b, const Caller *c, const char *id, uid_t uid, bool rea
         return 0;
 }
 
+int broker_tokens(Broker *b, const Caller *c, const char *id, int (*fn)(const Token *t, void *userdata),
+                  void *userdata) {
+        Lease *l = lease_table_find(&b->leases, id);
+        const Token *tok;
+        int k;
+
+        if (!l || (!c->admin && !lease_find_hold(l, c->holder)))
+                return BROKER_E_NO_SUCH_LEASE;
+        if (!c->admin && c->holder->uid != l->uid)
+                return BROKER_E_NOT_OWNER;
+        list_for_each_entry(tok, &l->tokens, link) {
+                k = fn(tok, userdata);
+                if (k != 0)
+                        return k;
+        }
+        return 0;
+}
+
 int broker_revoke(Broker *b, const Caller *c, const char *token) {
         Token *tok = lease_table_find_token(&b->leases, token);
         uid_t uid = c->holder->uid;
@@ -280,7 +300,8 @@ int broker_revoke(Broker *b, const Caller *c, const char *token) {
 
 /* --- Attach --------------------------------------------------------------------------------------- */
 
-int broker_attach(Broker *b, const Caller *c, const char *token, const char *name, bool readonly, Hold **ret) {
+int broker_attach(Broker *b, const Caller *c, const char *token, uid_t owner, const char *name, bool readonly,
+                  Hold **ret) {
         _cleanup_free_ Hold *fresh = NULL;
         Holder *h = c->holder;
         bool was_foreign;
@@ -298,11 +319,9 @@ int broker_attach(Broker *b, const Caller *c, const char *token, const char *nam
                 l = tok->lease;
                 readonly = readonly || tok->readonly;
         } else {
-                l = lease_table_find_name(&b->leases, name);
-                if (!l)
-                        return BROKER_E_NO_SUCH_NAME;
-                if (!lease_name_allows(l, h->uid))
-                        return BROKER_E_NOT_PUBLISHED_TO;
+                l = lease_table_find_name(&b->leases, owner, name);
+                if (!l || !lease_name_allows(l, h->uid))
+                        return BROKER_E_NO_SUCH_NAME;   /* whether it exists is not the caller's to learn */
                 readonly = readonly || l->name_readonly;
         }
         hold = lease_find_hold(l, h);
@@ -339,7 +358,7 @@ int broker_attach(Broker *b, const Caller *c, const char *token, const char *nam
 int broker_publish(Broker *b, const Caller *c, const char *id, const char *name, const uid_t *uids, size_t n_uids,
                    bool readonly) {
         _cleanup_free_ uid_t *copy = NULL;
-        _cleanup_free_ char *dup = NULL;
+        _cleanup_free_ char *key = NULL;
         Hold *hold = caller_hold(b, c, id);
         Lease *l, *other;
         uid_t *old_uids;
@@ -353,14 +372,14 @@ int broker_publish(Broker *b, const Caller *c, const char *id, const char *name,
         l = hold->lease;
         if (c->holder->uid != l->uid || hold->readonly)
                 return BROKER_E_NOT_OWNER;
-        other = lease_table_find_name(&b->leases, name);
+        other = lease_table_find_name(&b->leases, l->uid, name);
         if (other && other != l)
                 return BROKER_E_NAME_IN_USE;
         if (l->name && strcmp(l->name, name) != 0)
                 return BROKER_E_HAS_NAME;
-        dup = strdup(name);
+        key = lease_name_key(l->uid, name);
         copy = calloc(n_uids ?: 1, sizeof(uid_t));
-        if (!dup || !copy)
+        if (!key || !copy)
                 return -ENOMEM;
         if (n_uids > 0)
                 memcpy(copy, uids, n_uids * sizeof(uid_t));
@@ -374,7 +393,7 @@ int broker_publish(Broker *b, const Caller *c, const char *id, const char *name,
         old_n = l->n_name_uids;
         old_ro = l->name_readonly;
         change_begin(b);
-        l->name = dup;
+        l->name = strchr(key, '/') + 1;
         l->name_uids = copy;
         l->n_name_uids = n_uids;
         l->name_readonly = readonly;
@@ -386,16 +405,16 @@ int broker_publish(Broker *b, const Caller *c, const char *id, const char *name,
         k = change_commit(b, k);
         if (k != 0)
                 return k;
-        lease_set_name(&b->leases, l, TAKE_PTR(dup), TAKE_PTR(copy), n_uids, readonly);
+        lease_set_name(&b->leases, l, TAKE_PTR(key), TAKE_PTR(copy), n_uids, readonly);
         return 0;
 }
 
-int broker_unpublish(Broker *b, const Caller *c, const char *name) {
-        Lease *l = lease_table_find_name(&b->leases, name);
+int broker_unpublish(Broker *b, const Caller *c, uid_t owner, const char *name) {
+        Lease *l = lease_table_find_name(&b->leases, owner, name);
         char *old;
         int k;
 
-        if (!l)
+        if (!l || (!c->admin && !lease_name_allows(l, c->holder->uid)))
                 return BROKER_E_NO_SUCH_NAME;
         if (c->holder->uid != l->uid && !c->admin)
                 return BROKER_E_NOT_OWNER;

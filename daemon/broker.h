@@ -55,7 +55,6 @@ enum {
         BROKER_E_HAS_NAME,              /* the lease is published under another name already */
         BROKER_E_READONLY,              /* the caller holds the lease read-only: it may only share it read-only */
         BROKER_E_TOKEN_UID,             /* the token is for another user */
-        BROKER_E_NOT_PUBLISHED_TO,      /* the name is not published to the caller's user */
         BROKER_E_NOT_OWNER,             /* only the owner (or an administrator, where it says) may */
         BROKER_E_NOT_STORED,            /* the change could not be stored for a restart: it was not made */
 };
@@ -102,33 +101,53 @@ int broker_alloc(Broker *b, const Caller *c, int64_t device, uint64_t size, cons
 int broker_free(Broker *b, const Caller *c, const char *id);
 
 /*
- * Share: a token for the caller's lease, for `uid` (UID_ANY: anyone). A
- * read-only holder may only make read-only tokens (READONLY). TOKENS when the
- * lease has LEASE_TOKENS_MAX already.
+ * Share: a token for the caller's lease, for `uid` (UID_ANY: anyone). Only
+ * processes of the owner's user make tokens (NOT_OWNER): a holder of another
+ * user cannot use up the owner's tokens or hand the memory on. A read-only
+ * holder may only make read-only tokens (READONLY). TOKENS when the lease has
+ * LEASE_TOKENS_MAX already.
  */
 int broker_share(Broker *b, const Caller *c, const char *id, uid_t uid, bool readonly, Token **ret);
+
+/*
+ * Tokens: calls fn for every live token of lease `id`, for a holder of the
+ * owner's user, or an administrator (any lease). NO_SUCH_LEASE for a lease
+ * the caller's process does not hold (an administrator: that does not exist),
+ * NOT_OWNER for a holder of another user. Returns what fn returned if not 0.
+ */
+int broker_tokens(Broker *b, const Caller *c, const char *id, int (*fn)(const Token *t, void *userdata),
+                  void *userdata);
 
 /* Revoke: by the lease's owner, the token's maker or an administrator (NOT_OWNER otherwise). */
 int broker_revoke(Broker *b, const Caller *c, const char *token);
 
 /*
  * Attach: the caller's process becomes a holder of the lease that `token` or
- * (when token is NULL) `name` names. TOKEN_UID for a token made for another
- * user; NOT_PUBLISHED_TO for a name the caller's user may not attach. The
- * hold is read-only if the token or name says so or `readonly`.
+ * (when token is NULL) `owner`'s name `name` names. TOKEN_UID for a token
+ * made for another user. A name that does not exist and one the caller's user
+ * may not attach are the same NO_SUCH_NAME: nobody learns whether another
+ * user's name exists. The hold is read-only if the token or name says so or
+ * `readonly`.
  */
-int broker_attach(Broker *b, const Caller *c, const char *token, const char *name, bool readonly, Hold **ret);
+int broker_attach(Broker *b, const Caller *c, const char *token, uid_t owner, const char *name, bool readonly,
+                  Hold **ret);
 
 /*
- * Publish: only a read-write holder of the owner's user (NOT_OWNER). Publishing
- * again under the lease's own name replaces uids and readonly. NAME_IN_USE,
- * HAS_NAME.
+ * Publish: only a read-write holder of the owner's user (NOT_OWNER), in the
+ * owner's namespace. Publishing again under the lease's own name replaces
+ * uids and readonly. NAME_IN_USE (another of the owner's leases has the
+ * name), HAS_NAME.
  */
 int broker_publish(Broker *b, const Caller *c, const char *id, const char *name, const uid_t *uids, size_t n_uids,
                    bool readonly);
 
-/* Unpublish: by the owner or an administrator (NOT_OWNER); the lease ends if nobody holds it. */
-int broker_unpublish(Broker *b, const Caller *c, const char *name);
+/*
+ * Unpublish `owner`'s name `name`: by the owner or an administrator; the
+ * lease ends if nobody holds it. A user who may attach the name but not
+ * unpublish it gets NOT_OWNER; one who may not even attach it NO_SUCH_NAME,
+ * as for a name that does not exist.
+ */
+int broker_unpublish(Broker *b, const Caller *c, uid_t owner, const char *name);
 
 /*
  * Calls fn for every lease the caller sees (every lease with `all`, which

@@ -66,6 +66,7 @@ static void holder_free(Holder *h) {
                 list_unlink(&h->link_exited);
         r->n_holders--;
         safe_close(h->pidfd);
+        user_charge_release(&h->charge);
         user_unref(h->user);
         free(h);
 }
@@ -113,8 +114,12 @@ static void read_comm(pid_t pid, char *buf, size_t len) {
         buf[strcspn(buf, "\n")] = 0;
 }
 
-/* A new holder watching `pidfd` (taken on success). */
-static int holder_new(HolderRegistry *r, User *u, pid_t pid, gid_t gid, int pidfd, Holder **ret) {
+/*
+ * A new holder watching `pidfd` (taken on success), charged to its user: within MaxProcesses= unless
+ * `anyway` (a process that held leases before a restart).
+ */
+static int holder_new(HolderRegistry *r, User *u, pid_t pid, gid_t gid, int pidfd, bool anyway, Holder **ret,
+                      UserQuota *ret_quota) {
         struct epoll_event ev = { .events = EPOLLIN };
         _cleanup_free_ Holder *h = calloc(1, sizeof(Holder));
         int k;
@@ -126,8 +131,14 @@ static int holder_new(HolderRegistry *r, User *u, pid_t pid, gid_t gid, int pidf
                 return k;
         *h = (Holder){ .registry = r, .pid = pid, .uid = u->uid, .gid = gid, .pidfd = pidfd };
         ev.data.ptr = h;
-        if (epoll_ctl(r->epoll_fd, EPOLL_CTL_ADD, pidfd, &ev) < 0)
+        if (anyway)
+                user_charge_anyway(u, &h->charge, USER_PROCESSES, 0, 1);
+        else if (user_charge(u, &h->charge, USER_PROCESSES, 0, 1, ret_quota) < 0)
+                return -EDQUOT;
+        if (epoll_ctl(r->epoll_fd, EPOLL_CTL_ADD, pidfd, &ev) < 0) {
+                user_charge_release(&h->charge);
                 return -errno;
+        }
         read_comm(pid, h->comm, sizeof(h->comm));
         /* Read through the pid, so only trusted while the pidfd says the process still lives: had it exited,
          * the pid may already name another process. */
@@ -156,7 +167,7 @@ static Holder *holder_find_live(HolderRegistry *r, pid_t pid) {
         return h;
 }
 
-int holder_connect(HolderRegistry *r, User *u, pid_t pid, gid_t gid, int pidfd, Holder **ret) {
+int holder_connect(HolderRegistry *r, User *u, pid_t pid, gid_t gid, int pidfd, Holder **ret, UserQuota *ret_quota) {
         Holder *h = holder_find_live(r, pid);
         int k;
 
@@ -165,7 +176,7 @@ int holder_connect(HolderRegistry *r, User *u, pid_t pid, gid_t gid, int pidfd, 
                 if (h->uid != u->uid)
                         return -EPERM;  /* a live process changed uid: refuse rather than mix */
         } else {
-                k = holder_new(r, u, pid, gid, pidfd, &h);
+                k = holder_new(r, u, pid, gid, pidfd, false, &h, ret_quota);
                 if (k < 0) {
                         safe_close(pidfd);
                         return k;
@@ -198,7 +209,7 @@ int holder_restore(HolderRegistry *r, User *u, pid_t pid, gid_t gid, uint64_t st
         k = state_open_holder(pid, start_time, &pidfd);
         if (k <= 0)
                 return k;
-        k = holder_new(r, u, pid, gid, pidfd, &h);
+        k = holder_new(r, u, pid, gid, pidfd, true, &h, NULL);
         if (k < 0) {
                 safe_close(pidfd);
                 return k;

@@ -38,6 +38,7 @@ typedef struct Holder {
         uint64_t start_time;            /* /proc/PID/stat's starttime when it connected, 0 if unknown: with the
                                            pid, tells this process from a later one given the same pid */
         User *user;                     /* a reference; the holder is in user->holders */
+        UserCharge charge;              /* one of the user's MaxProcesses= (its pidfd) */
         List holds;                     /* Hold.link_holder (lease.c) */
         unsigned n_connections;         /* connections of this process the daemon has open */
         bool exited;                    /* the process has exited: no request of it is served any more */
@@ -68,10 +69,11 @@ int holder_registry_get_fd(const HolderRegistry *r);
  * A connection of process `pid` of user `u` came: the holder for it (the live
  * one with that pid, or a new one watching `pidfd`), with one more
  * connection. Takes `pidfd` (closed when an existing holder is used, and on
- * failure). A live process whose uid changed is refused with -EPERM. Returns 0
- * or a negative errno.
+ * failure). A live process whose uid changed is refused with -EPERM; a new
+ * process over its user's MaxProcesses= with -EDQUOT (*ret_quota says so).
+ * Returns 0 or a negative errno.
  */
-int holder_connect(HolderRegistry *r, User *u, pid_t pid, gid_t gid, int pidfd, Holder **ret);
+int holder_connect(HolderRegistry *r, User *u, pid_t pid, gid_t gid, int pidfd, Holder **ret, UserQuota *ret_quota);
 
 /* One connection of the holder closed; it is forgotten when nothing refers to it any more. */
 void holder_disconnect(Holder *h);

@@ -16,8 +16,8 @@ static const void *lease_id_key(const HashLink *link) {
         return container_of(link, Lease, link_id)->id;
 }
 
-static const void *lease_name_key(const HashLink *link) {
-        return container_of(link, Lease, link_name)->name;
+static const void *lease_key_of_name(const HashLink *link) {
+        return container_of(link, Lease, link_name)->name_key;
 }
 
 static const void *token_key(const HashLink *link) {
@@ -39,7 +39,7 @@ static bool token_equal(const void *a, const void *b) {
 }
 
 static const HashMapType lease_by_id = { lease_id_key, hashmap_hash_string, string_equal };
-static const HashMapType lease_by_name = { lease_name_key, hashmap_hash_string, string_equal };
+static const HashMapType lease_by_name = { lease_key_of_name, hashmap_hash_string, string_equal };
 static const HashMapType token_by_token = { token_key, hashmap_hash_string, token_equal };
 
 int lease_table_init(LeaseTable *t, Pool *pool) {
@@ -88,9 +88,19 @@ Lease *lease_table_find(const LeaseTable *t, const char *id) {
         return link ? container_of(link, Lease, link_id) : NULL;
 }
 
-Lease *lease_table_find_name(const LeaseTable *t, const char *name) {
-        HashLink *link = hashmap_find(&t->by_name, name);
+char *lease_name_key(uid_t owner, const char *name) {
+        char *key;
 
+        return asprintf(&key, "%u/%s", (unsigned)owner, name) < 0 ? NULL : key;
+}
+
+Lease *lease_table_find_name(const LeaseTable *t, uid_t owner, const char *name) {
+        char key[16 + 256];
+        HashLink *link;
+
+        if (snprintf(key, sizeof(key), "%u/%s", (unsigned)owner, name) >= (int)sizeof(key))
+                return NULL;    /* longer than any name */
+        link = hashmap_find(&t->by_name, key);
         return link ? container_of(link, Lease, link_name) : NULL;
 }
 
@@ -150,7 +160,7 @@ void lease_end(LeaseTable *t, Lease *l) {
         t->n_leases--;
         t->device_leases[l->pool_device]--;
         t->generation++;
-        free(l->name);
+        free(l->name_key);
         free(l->name_uids);
         free(l->slabs);
         free(l->label);
@@ -229,11 +239,12 @@ void token_free(LeaseTable *t, Token *tok) {
         free(tok);
 }
 
-void lease_set_name(LeaseTable *t, Lease *l, char *name, uid_t *uids, size_t n_uids, bool readonly) {
+void lease_set_name(LeaseTable *t, Lease *l, char *key, uid_t *uids, size_t n_uids, bool readonly) {
         if (l->name)
-                free(name);     /* its own name already: only who may attach changes */
+                free(key);      /* its own name already: only who may attach changes */
         else {
-                l->name = name;
+                l->name_key = key;
+                l->name = strchr(key, '/') + 1;
                 hashmap_add(&t->by_name, &l->link_name);
                 t->n_published++;
         }
@@ -257,7 +268,8 @@ void lease_unpublish(LeaseTable *t, Lease *l) {
         if (!l->name)
                 return;
         hashmap_remove(&t->by_name, &l->link_name);
-        free(l->name);
+        free(l->name_key);
+        l->name_key = NULL;
         l->name = NULL;
         free(l->name_uids);
         l->name_uids = NULL;

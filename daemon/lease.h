@@ -79,7 +79,9 @@ struct Lease {
         unsigned n_holds;
         List tokens;                    /* Token */
         unsigned n_tokens;
-        char *name;                     /* published under this name, or NULL */
+        char *name;                     /* published under this name in its owner's namespace, or NULL: the part
+                                           of name_key after the owner */
+        char *name_key;                 /* "<owner uid>/<name>": its key in LeaseTable.by_name (owns the string) */
         uid_t *name_uids;               /* users besides the owner who may attach by name */
         size_t n_name_uids;
         bool name_readonly;             /* attaching by name gives a read-only hold */
@@ -118,8 +120,11 @@ int lease_table_reserve(LeaseTable *t);
 /* The lease with that identifier, or NULL. */
 Lease *lease_table_find(const LeaseTable *t, const char *id);
 
-/* The lease published as `name`, or NULL. */
-Lease *lease_table_find_name(const LeaseTable *t, const char *name);
+/* The lease that `owner` published as `name`, or NULL. */
+Lease *lease_table_find_name(const LeaseTable *t, uid_t owner, const char *name);
+
+/* The key of a name in the table: "<owner>/<name>", malloc'd (NULL when out of memory). */
+char *lease_name_key(uid_t owner, const char *name);
 
 /* The live token equal to `token` (compared in constant time), or NULL. */
 Token *lease_table_find_token(const LeaseTable *t, const char *token);
@@ -160,11 +165,12 @@ void lease_add_token(LeaseTable *t, Lease *l, Token *tok);
 void token_free(LeaseTable *t, Token *tok);
 
 /*
- * Publishes a lease as `name` (ownership of name and uids passes to the
- * lease), or changes who may attach it by its name when it has that name
- * already (then `name` is freed). The name must be free or the lease's own.
+ * Publishes a lease under `key` (lease_name_key() of its owner and the name;
+ * ownership of key and uids passes to the lease), or changes who may attach
+ * it by its name when it has that name already (then `key` is freed). The
+ * name must be free in the owner's namespace or the lease's own.
  */
-void lease_set_name(LeaseTable *t, Lease *l, char *name, uid_t *uids, size_t n_uids, bool readonly);
+void lease_set_name(LeaseTable *t, Lease *l, char *key, uid_t *uids, size_t n_uids, bool readonly);
 
 /* Removes a lease's name; the lease ends if nobody holds it. */
 void lease_unpublish(LeaseTable *t, Lease *l);

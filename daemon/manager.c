@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -22,7 +23,15 @@
 #include "restore.h"
 #include "size.h"
 
-#define MANAGER_MAX_PEERS 4096
+/* MaxConnectionsTotal= when not set: from the fd limit (each connection costs a socket, and a pidfd per
+ * process), leaving the rest to slabs. */
+static unsigned default_max_connections_total(void) {
+        struct rlimit rl;
+
+        if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur == RLIM_INFINITY)
+                return 65536;
+        return (unsigned)MIN(MAX(rl.rlim_cur / 4, (rlim_t)64), (rlim_t)65536);
+}
 
 /* Holder exits are handled before requests, so a request never sees a dead process's leases. */
 #define PRIORITY_HOLDER_EXIT (-10)
@@ -102,11 +111,7 @@ static int on_accept(sd_event_source *s, int fd, uint32_t revents, void *userdat
                         fprintf(stderr, "Failed to accept a connection: %m, ignoring\n");
                         return 0;
                 }
-                if (m->n_peers >= MANAGER_MAX_PEERS) {
-                        safe_close(cfd);
-                        continue;
-                }
-                (void)peer_new(m, cfd);
+                (void)peer_new(m, cfd);         /* which closes it if it cannot be served or told why */
         }
 }
 
@@ -124,6 +129,7 @@ static int on_serve(sd_event_source *s, void *userdata) {
                 List *link = fair_queue_pop(&m->fair);
 
                 peer_serve(container_of(link, Peer, link_ready));
+                m->served++;
         }
         if (fair_queue_is_empty(&m->fair))
                 (void)sd_event_source_set_enabled(s, SD_EVENT_OFF);
@@ -149,8 +155,9 @@ static int on_holder_exit(sd_event_source *s, int fd, uint32_t revents, void *us
 
 /*
  * The STATUS= line. It is a message to the service manager, so it is not sent per request: a change of
- * the store's health is sent when the loop is next idle, a change of the table at most once a second
- * (on_tick()), so that a busy daemon sends about nothing (bench-scale counts the messages).
+ * the store's health is sent when the loop is next idle; a change of the table once a second has passed
+ * with no request served, or after a minute of them (on_tick()), so that a busy daemon sends about nothing
+ * (bench-scale counts the messages).
  */
 static void send_status(Manager *m, bool table_too) {
         const LeaseTable *t = &m->broker.leases;
@@ -214,7 +221,11 @@ static int on_tick(sd_event_source *s, uint64_t usec, void *userdata) {
                 schedule_idle(m);
         else
                 (void)broker_store_snapshot(&m->broker, false);
-        send_status(m, true);
+        if (m->served == m->served_at_tick || ++m->busy_ticks >= 60) {
+                send_status(m, true);
+                m->busy_ticks = 0;
+        }
+        m->served_at_tick = m->served;
         (void)sd_event_source_set_time_relative(s, 1000000);
         return 0;
 }
@@ -299,6 +310,7 @@ int manager_new(Manager **ret, const ManagerConfig *config, char **ret_message) 
         m->has_admin_group = config->has_admin_group;
         m->admin_gid = config->admin_gid;
         m->reply_timeout_usec = config->reply_timeout_usec ?: MANAGER_DEFAULT_REPLY_TIMEOUT_USEC;
+        m->max_connections_total = config->max_connections_total ?: default_max_connections_total();
 
         k = sd_event_default(&m->event);
         if (k < 0)

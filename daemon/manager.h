@@ -34,6 +34,7 @@ typedef struct ManagerConfig {
         gid_t admin_gid;
         LimitsConfig limits;            /* per user; must outlive the manager */
         uint64_t reply_timeout_usec;    /* a connection that leaves a reply unread this long is closed; 0 = default */
+        unsigned max_connections_total; /* connections of all users at once; 0 = from the fd limit */
 } ManagerConfig;
 
 typedef struct Manager {
@@ -51,11 +52,16 @@ typedef struct Manager {
         sd_event_source *holder_source; /* holders' exits */
         sd_event_source *idle_source;   /* pool_idle(), snapshots, STATUS=, when nothing else is pending */
         List peers;
-        unsigned n_peers;
+        unsigned n_peers;               /* connections served (refused ones are not counted) */
+        unsigned n_refused;             /* connections waiting to be told they are refused */
+        unsigned max_connections_total; /* MaxConnectionsTotal=, resolved */
         bool storing;                   /* a service manager keeps slab fds and the table (restore.h) */
         uint64_t status_generation;     /* the table's generation the last STATUS= showed */
         int status_store_error;         /* and the store's error it showed */
         bool status_sent;
+        uint64_t served;                /* requests served */
+        uint64_t served_at_tick;        /* at the last on_tick() */
+        unsigned busy_ticks;            /* ticks in a row with requests served */
         bool has_admin_group;           /* members of admin_gid are administrators, as root is */
         gid_t admin_gid;
 } Manager;

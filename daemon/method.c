@@ -2,8 +2,10 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <pwd.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "codec.h"
 #include "json.h"
@@ -30,12 +32,63 @@ static int reply_empty(MethodReply *r) {
         return k < 0 ? k : reply_params(r, out);
 }
 
-/* Answers with a lease and its slabs' fds (Alloc, Attach). */
+/* A user's name, into buf; NULL when it has none (or the lookup failed). */
+static const char *user_name(uid_t uid, char *buf, size_t size) {
+        struct passwd pw, *found = NULL;
+        char scratch[1024];
+
+        if (getpwuid_r(uid, &pw, scratch, sizeof(scratch), &found) != 0 || !found ||
+            strlen(found->pw_name) >= size || strlen(found->pw_name) > VMMB_USER_NAME_MAX)
+                return NULL;
+        strcpy(buf, found->pw_name);
+        return buf;
+}
+
+/* OWNER of OWNER/NAME: a decimal uid, or a user name looked up. Returns 0, or -ESRCH for no such user. */
+static int owner_uid(const char *owner, uid_t *ret) {
+        struct passwd pw, *found = NULL;
+        char scratch[1024], *end;
+        unsigned long v;
+
+        if (owner[0] >= '0' && owner[0] <= '9') {
+                errno = 0;
+                v = strtoul(owner, &end, 10);
+                if (errno != 0 || *end || v >= UINT32_MAX)
+                        return -ESRCH;
+                *ret = (uid_t)v;
+                return 0;
+        }
+        if (getpwnam_r(owner, &pw, scratch, sizeof(scratch), &found) != 0 || !found)
+                return -ESRCH;
+        *ret = found->pw_uid;
+        return 0;
+}
+
+/*
+ * The owner and name of Attach's and Unpublish's name: "NAME" is the caller's user's own, "OWNER/NAME"
+ * another's. Returns 0, -EINVAL for a malformed one, -ESRCH for an owner that names no user.
+ */
+static int name_ref(const Caller *c, const char *ref, char *buf, uid_t *ret_owner, const char **ret_name) {
+        const char *owner;
+        int k = vmmb_lease_name_split(ref, buf, &owner, ret_name);
+
+        if (k < 0)
+                return k;
+        if (!owner) {
+                *ret_owner = c->holder->uid;
+                return 0;
+        }
+        return owner_uid(owner, ret_owner);
+}
+
+/* Answers with a lease, who owns it, and its slabs' fds (Alloc, Attach). */
 static int reply_lease(MethodReply *r, const Lease *l, bool readonly) {
         WireSlab slabs[POOL_MAX_SLABS];
+        char owner[VMMB_USER_NAME_MAX + 1];
         AllocReply reply = {
                 .lease = { .id = (char *)l->id, .device = l->device, .size = l->size,
-                           .slabs = slabs, .n_slabs = l->n_slabs, .readonly = readonly },
+                           .slabs = slabs, .n_slabs = l->n_slabs, .owner = l->uid,
+                           .owner_name = (char *)user_name(l->uid, owner, sizeof(owner)), .readonly = readonly },
         };
         json_object *out = NULL;
         int k;
@@ -85,9 +138,6 @@ static int reply_outcome(Broker *b, MethodReply *r, int k, const char *what) {
                 return vmmb_error_permission_denied(message ?: "read-only", &r->msg);
         case BROKER_E_TOKEN_UID:
                 return vmmb_error_permission_denied("This token is for another user.", &r->msg);
-        case BROKER_E_NOT_PUBLISHED_TO:
-                set_message(&message, "Lease '%s' is not published to this user.", what);
-                return vmmb_error_permission_denied(message ?: "not published to this user", &r->msg);
         case BROKER_E_DRIVER:
                 return vmmb_error_driver_error(pool_last_error(b->pool), &r->msg);
         case BROKER_E_NOT_STORED:
@@ -193,7 +243,10 @@ static int method_share(Broker *b, const Caller *c, json_object *params, MethodR
                 goto out;
         }
         k = broker_share(b, c, a.id, a.uid == JSON_ABSENT ? UID_ANY : (uid_t)a.uid, a.readonly, &tok);
-        if (k == BROKER_E_TOKENS) {
+        if (k == BROKER_E_NOT_OWNER)
+                k = vmmb_error_permission_denied("Only processes of the lease's owner can make tokens for it.",
+                                                 &r->msg);
+        else if (k == BROKER_E_TOKENS) {
                 set_message(&message, "Lease %s has %u share tokens already: revoke one first.", a.id,
                             LEASE_TOKENS_MAX);
                 k = vmmb_error_quota_exceeded("tokens", LEASE_TOKENS_MAX, LEASE_TOKENS_MAX,
@@ -239,11 +292,19 @@ static int method_attach(Broker *b, const Caller *c, json_object *params, Method
         Hold *hold;
         int k;
 
+        char buf[VMMB_LEASE_NAME_REF_MAX + 1];
+        const char *name = NULL;
+        uid_t owner = UID_ANY;
+
         k = attach_params_decode(params, &a, &bad, &message);
         if (k < 0)
                 k = k == -EINVAL ? reply_invalid(r, bad, message) : k;
+        else if (!a.token && (k = name_ref(c, a.name, buf, &owner, &name)) < 0)
+                k = k == -EINVAL ? reply_invalid(r, "name", "A name is NAME or OWNER/NAME: OWNER a user name or "
+                                                 "uid, NAME 1-128 letters, digits and ._-:@+.")
+                                 : vmmb_error_no_such_name(a.name, &r->msg);
         else {
-                k = broker_attach(b, c, a.token, a.token ? NULL : a.name, a.readonly, &hold);
+                k = broker_attach(b, c, a.token, owner, name, a.readonly, &hold);
                 k = k == 0 ? reply_lease(r, hold->lease, hold->readonly) : reply_outcome(b, r, k, a.name);
         }
         attach_params_done(&a);
@@ -288,11 +349,19 @@ static int method_unpublish(Broker *b, const Caller *c, json_object *params, Met
         UnpublishParams a = {};
         int k;
 
+        char buf[VMMB_LEASE_NAME_REF_MAX + 1];
+        const char *name = NULL;
+        uid_t owner;
+
         k = unpublish_params_decode(params, &a, &bad, &message);
         if (k < 0)
                 k = k == -EINVAL ? reply_invalid(r, bad, message) : k;
+        else if ((k = name_ref(c, a.name, buf, &owner, &name)) < 0)
+                k = k == -EINVAL ? reply_invalid(r, "name", "A name is NAME or OWNER/NAME: OWNER a user name or "
+                                                 "uid, NAME 1-128 letters, digits and ._-:@+.")
+                                 : vmmb_error_no_such_name(a.name, &r->msg);
         else {
-                k = broker_unpublish(b, c, a.name);
+                k = broker_unpublish(b, c, owner, name);
                 if (k == 0)
                         k = reply_empty(r);
                 else if (k == BROKER_E_NOT_OWNER)
@@ -302,6 +371,51 @@ static int method_unpublish(Broker *b, const Caller *c, json_object *params, Met
                         k = reply_outcome(b, r, k, a.name);
         }
         unpublish_params_done(&a);
+        return k;
+}
+
+/* What Tokens gathers. */
+typedef struct TokensBuilder {
+        WireToken *tokens;
+        size_t n;
+} TokensBuilder;
+
+static int tokens_add(const Token *t, void *userdata) {
+        TokensBuilder *tb = userdata;
+
+        /* A lease has at most LEASE_TOKENS_MAX: the array has room for them. */
+        tb->tokens[tb->n++] = (WireToken){
+                .token = (char *)t->token,
+                .uid = t->uid == UID_ANY ? JSON_ABSENT : (int64_t)t->uid,
+                .creator = t->creator,
+                .readonly = t->readonly,
+        };
+        return 0;
+}
+
+static int method_tokens(Broker *b, const Caller *c, json_object *params, MethodReply *r) {
+        WireToken tokens[LEASE_TOKENS_MAX];
+        _cleanup_free_ char *message = NULL;
+        TokensBuilder tb = { .tokens = tokens };
+        const char *bad = NULL;
+        json_object *out = NULL;
+        FreeParams a = {};
+        int k;
+
+        k = free_params_decode(params, &a, &bad, &message);
+        if (k < 0)
+                return k == -EINVAL ? reply_invalid(r, bad, message) : k;
+        k = broker_tokens(b, c, a.id, tokens_add, &tb);
+        if (k == 0) {
+                k = tokens_reply_encode(&(TokensReply){ .tokens = tb.tokens, .n_tokens = tb.n }, &out);
+                if (k == 0)
+                        k = reply_params(r, out);
+        } else if (k == BROKER_E_NOT_OWNER)
+                k = vmmb_error_permission_denied("Only processes of the lease's owner and administrators can see "
+                                                 "its tokens.", &r->msg);
+        else
+                k = reply_outcome(b, r, k, a.id);
+        free_params_done(&a);
         return k;
 }
 
@@ -527,6 +641,7 @@ static const struct {
         { VMMB_METHOD_UNPUBLISH, method_unpublish },
         { VMMB_METHOD_STATUS, method_status },
         { VMMB_METHOD_USERS, method_users },
+        { VMMB_METHOD_TOKENS, method_tokens },
         { VARLINK_METHOD_GET_INFO, method_get_info },
         { VARLINK_METHOD_GET_INTERFACE_DESCRIPTION, method_get_interface_description },
 };

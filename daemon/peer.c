@@ -21,16 +21,14 @@
 
 /* --- answering ------------------------------------------------------------------------------------ */
 
-/* QuotaExceeded for a connection over its user's MaxConnections. */
+/* QuotaExceeded for a connection over its user's MaxConnections= or MaxProcesses=. */
 static int peer_refusal(Peer *p, json_object **ret) {
         _cleanup_free_ char *message = NULL;
-        User *u = p->caller.user;
-        UserQuota q = { .what = USER_CONNECTIONS, .asked = 1, .limit = u->max_connections,
-                        .current = u->connections };
+        const UserQuota *q = &p->refusal;
 
-        user_quota_message(u, &q, -1, &message);
-        return vmmb_error_quota_exceeded(user_resource_name(USER_CONNECTIONS), q.limit, q.current,
-                                         message ?: "too many connections", ret);
+        user_quota_message(p->caller.user, q, -1, &message);
+        return vmmb_error_quota_exceeded(user_resource_name(q->what), q->limit, q->current,
+                                         message ?: "over a limit", ret);
 }
 
 /* Answers one call. Returns 0, or a negative errno that ends the connection. */
@@ -45,7 +43,7 @@ static int peer_dispatch(Peer *p, json_object *msg) {
                 return k;
         /* Whoever exited before this request was read is gone for it. */
         broker_reap_holders(b);
-        if (p->caller.holder->exited) {
+        if (p->caller.holder && p->caller.holder->exited) {
                 /* Its sender has exited: what it asked for would belong to nobody and never end. */
                 varlink_call_done(&call);
                 return -ECONNRESET;
@@ -64,10 +62,11 @@ static int peer_dispatch(Peer *p, json_object *msg) {
 static int on_reply_timeout(sd_event_source *s, uint64_t usec, void *userdata) {
         Peer *p = userdata;
 
-        fprintf(stderr, "Closing the connection of pid %d (uid %u): %s for %g s (ReplyTimeout=).\n",
-                (int)p->cred.pid, (unsigned)p->cred.uid,
-                p->refused ? "over its user's MaxConnections= and silent" : "it left a reply unread",
-                (double)p->manager->reply_timeout_usec / 1e6);
+        /* A refused connection that does not ask is simply closed: nothing to say about each of a flood. */
+        if (!p->refused)
+                fprintf(stderr, "Closing the connection of pid %d (uid %u): it left a reply unread for %g s "
+                        "(ReplyTimeout=).\n", (int)p->cred.pid, (unsigned)p->cred.uid,
+                        (double)p->manager->reply_timeout_usec / 1e6);
         peer_free(p);
         return 0;
 }
@@ -82,7 +81,8 @@ static void peer_set_timer(Peer *p, bool on) {
         }
         if (sd_event_now(p->manager->event, CLOCK_MONOTONIC, &now) < 0)
                 return;
-        (void)sd_event_source_set_time(p->reply_timer, now + p->manager->reply_timeout_usec);
+        (void)sd_event_source_set_time(p->reply_timer,
+                                       now + (p->refused ? PEER_REFUSED_TIMEOUT_USEC : p->manager->reply_timeout_usec));
         (void)sd_event_source_set_enabled(p->reply_timer, SD_EVENT_ONESHOT);
 }
 
@@ -254,21 +254,41 @@ int peer_new(Manager *m, int fd) {
                 k = -ENOMEM;
                 goto fail;
         }
-        /* Over the limit, the connection is kept just long enough to say why (peer_refusal()). */
-        p->refused = user_charge(p->caller.user, &p->charge_connection, USER_CONNECTIONS, 0, 1, NULL) < 0;
+        /* Over a limit, the connection is kept just long enough to say why (peer_refusal()). */
+        if (user_charge(p->caller.user, &p->charge_connection, USER_CONNECTIONS, 0, 1, &p->refusal) < 0)
+                p->refused = true;
+        else {
+                if (m->n_peers >= m->max_connections_total) {
+                        k = -EUSERS;    /* no slot for anyone: closed at once */
+                        goto fail;
+                }
+                pidfd = peer_pidfd(sock, p->cred.pid);
+                if (pidfd < 0) {
+                        k = pidfd;
+                        goto fail;
+                }
+                k = holder_connect(&m->broker.holders, p->caller.user, p->cred.pid, p->cred.gid, TAKE_FD(pidfd),
+                                   &p->caller.holder, &p->refusal);
+                if (k == -EDQUOT) {
+                        user_charge_release(&p->charge_connection);
+                        p->refused = true;
+                } else if (k < 0)
+                        goto fail;
+        }
+        if (p->refused) {
+                /* A bounded few of a user's refused connections wait to be told; the rest go at once. */
+                if (p->caller.user->refused >= PEER_REFUSED_PER_USER) {
+                        k = -EDQUOT;
+                        goto fail;
+                }
+                p->caller.user->refused++;
+                m->n_refused++;
+                p->waits_refused = true;
+        }
         k = sd_event_add_time(m->event, &p->reply_timer, CLOCK_MONOTONIC, UINT64_MAX, 0, on_reply_timeout, p);
         if (k < 0)
                 goto fail;
         peer_set_timer(p, p->refused);
-        pidfd = peer_pidfd(sock, p->cred.pid);
-        if (pidfd < 0) {
-                k = pidfd;
-                goto fail;
-        }
-        k = holder_connect(&m->broker.holders, p->caller.user, p->cred.pid, p->cred.gid, TAKE_FD(pidfd),
-                           &p->caller.holder);
-        if (k < 0)
-                goto fail;
         k = varlink_conn_new(&p->conn, sock, VARLINK_MAX_REQUEST, false);
         if (k < 0)
                 goto fail;
@@ -277,7 +297,8 @@ int peer_new(Manager *m, int fd) {
         if (k < 0)
                 goto fail;
         list_link_tail(&m->peers, &p->link);
-        m->n_peers++;
+        if (!p->refused)
+                m->n_peers++;
         return 0;
 
 fail:
@@ -290,7 +311,12 @@ Peer *peer_free(Peer *p) {
                 return NULL;
         if (list_is_linked(&p->link)) {
                 list_unlink(&p->link);
-                p->manager->n_peers--;
+                if (!p->refused)
+                        p->manager->n_peers--;
+        }
+        if (p->waits_refused) {
+                p->caller.user->refused--;
+                p->manager->n_refused--;
         }
         if (p->caller.user)
                 fair_queue_remove(&p->manager->fair, p->caller.user, &p->link_ready);

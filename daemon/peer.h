@@ -24,6 +24,9 @@
 
 typedef struct Manager Manager;
 
+#define PEER_REFUSED_PER_USER 8                         /* refused connections of one user told why at once */
+#define PEER_REFUSED_TIMEOUT_USEC (UINT64_C(1000000))   /* a refused connection's time to ask and be told */
+
 typedef struct Peer {
         Manager *manager;
         VarlinkConn *conn;
@@ -32,7 +35,9 @@ typedef struct Peer {
         Caller caller;                  /* its holder, its user (a reference) and whether it is an administrator */
         UserCharge charge_connection;   /* empty for a refused connection */
         UserCharge charge_request;      /* while a reply is queued */
-        bool refused;                   /* over the user's MaxConnections: answers QuotaExceeded, then closes */
+        bool refused;                   /* over one of its user's limits: answers QuotaExceeded, then closes */
+        UserQuota refusal;              /* which one */
+        bool waits_refused;             /* counted in its user's and the manager's refused connections */
         bool hangup;                    /* the client closed its end: its buffered requests are served, then
                                            the connection closes */
         sd_event_source *reply_timer;   /* closes the connection when a reply stays unread too long */
@@ -40,7 +45,14 @@ typedef struct Peer {
         List link_ready;                /* in its user's ready_peers (fair.h) while a request waits */
 } Peer;
 
-/* Takes a just-accepted connection (closed on failure). Returns 0 or a negative errno. */
+/*
+ * Takes a just-accepted connection (closed on failure). A connection over its
+ * user's MaxConnections= or MaxProcesses= is kept to answer QuotaExceeded to
+ * its first call, within PEER_REFUSED_TIMEOUT_USEC, and closed; it takes no
+ * slot of MaxConnectionsTotal=. At most PEER_REFUSED_PER_USER of a user's
+ * wait so at once; further ones are closed at once (-EDQUOT). Returns 0 or a
+ * negative errno.
+ */
 int peer_new(Manager *m, int fd);
 
 /* Closes the connection. The holder's leases stay: they end when the process frees them or exits. */

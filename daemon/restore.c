@@ -340,16 +340,16 @@ static int restore_tokens_and_name(Broker *b, Lease *l, const StateLease *sl) {
                 lease_add_token(&b->leases, l, tok);
         }
         if (sl->name) {
-                char *name = strdup(sl->name);
+                char *key = lease_name_key(l->uid, sl->name);
                 uid_t *uids = calloc(sl->n_name_uids ?: 1, sizeof(uid_t));
 
-                if (!name || !uids || lease_table_reserve(&b->leases) < 0) {
-                        free(name);
+                if (!key || !uids || lease_table_reserve(&b->leases) < 0) {
+                        free(key);
                         free(uids);
                         return -ENOMEM;
                 }
                 memcpy(uids, sl->name_uids, sl->n_name_uids * sizeof(uid_t));
-                lease_set_name(&b->leases, l, name, uids, sl->n_name_uids, sl->name_readonly);
+                lease_set_name(&b->leases, l, key, uids, sl->n_name_uids, sl->name_readonly);
         }
         return 0;
 }

@@ -359,7 +359,7 @@ static int check_lease(const StateLease *l, size_t i, char **ret_message) {
                                          "Lease %s's size is %" PRIu64 " bytes but its slabs add up to %" PRIu64 ".",
                                          l->id, l->size, sum);
 
-        if (l->name && !vmmb_lease_name_is_valid(l->name))
+        if (l->name && !vmmb_lease_name_was_valid(l->name))
                 return set_message_error(ret_message, -EBADMSG, "Lease %s's name is not a valid name.", l->id);
         if (!l->name && (l->n_name_uids > 0 || l->name_readonly))
                 return set_message_error(ret_message, -EBADMSG,
@@ -439,13 +439,30 @@ static int check_unique(const State *s, char **ret_message) {
         if (dup)
                 return set_message_error(ret_message, -EBADMSG, "Lease id %s appears twice.", dup);
 
+        /* Names are unique in their owner's namespace: compared as "<owner>/<name>". */
         n = 0;
         for (size_t i = 0; i < s->n_leases; i++)
-                if (s->leases[i].name)
-                        strs[n++] = s->leases[i].name;
+                if (s->leases[i].name) {
+                        char *key;
+
+                        if (asprintf(&key, "%u/%s", (unsigned)s->leases[i].uid, s->leases[i].name) < 0) {
+                                for (size_t j = 0; j < n; j++)
+                                        free((char *)strs[j]);
+                                return -ENOMEM;
+                        }
+                        strs[n++] = key;
+                }
         dup = find_duplicate_str(strs, n);
-        if (dup)
-                return set_message_error(ret_message, -EBADMSG, "Two leases are published as '%s'.", dup);
+        if (dup) {
+                int k = set_message_error(ret_message, -EBADMSG, "Two leases are published as '%s' (owner/name).",
+                                          dup);
+
+                for (size_t j = 0; j < n; j++)
+                        free((char *)strs[j]);
+                return k;
+        }
+        for (size_t j = 0; j < n; j++)
+                free((char *)strs[j]);
 
         n = 0;
         for (size_t i = 0; i < s->n_leases; i++)

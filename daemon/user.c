@@ -17,7 +17,8 @@ UserLimits user_limits_default(void) {
                 .max_bytes_percent = USER_DEFAULT_MAX_BYTES_PERCENT,
                 .max_leases = USER_DEFAULT_MAX_LEASES,
                 .max_connections = USER_DEFAULT_MAX_CONNECTIONS,
-                .set = LIMIT_MAX_BYTES | LIMIT_MAX_LEASES | LIMIT_MAX_CONNECTIONS,
+                .max_processes = USER_DEFAULT_MAX_PROCESSES,
+                .set = LIMIT_MAX_BYTES | LIMIT_MAX_LEASES | LIMIT_MAX_CONNECTIONS | LIMIT_MAX_PROCESSES,
         };
 }
 
@@ -36,7 +37,7 @@ static bool user_usage_is_zero(const User *u) {
         for (size_t i = 0; i < u->registry->n_devices; i++)
                 if (u->bytes[i] != 0)
                         return false;
-        return u->leases == 0 && u->connections == 0 && u->requests == 0;
+        return u->leases == 0 && u->connections == 0 && u->requests == 0 && u->processes == 0 && u->refused == 0;
 }
 
 static void user_free(UserRegistry *r, User *u) {
@@ -78,6 +79,8 @@ static void apply(UserRegistry *r, User *u, const UserLimits *from, unsigned mas
         if (mask & LIMIT_MAX_CONNECTIONS)
                 u->max_connections = generous ? MAX(u->max_connections, from->max_connections)
                                               : from->max_connections;
+        if (mask & LIMIT_MAX_PROCESSES)
+                u->max_processes = generous ? MAX(u->max_processes, from->max_processes) : from->max_processes;
 }
 
 static bool has_gid(const gid_t *gids, size_t n, gid_t gid) {
@@ -169,6 +172,9 @@ static uint64_t usage_of(const User *u, UserResource what, size_t device, uint64
         case USER_CONNECTIONS:
                 *ret_limit = u->max_connections;
                 return u->connections;
+        case USER_PROCESSES:
+                *ret_limit = u->max_processes;
+                return u->processes;
         default:
                 *ret_limit = UINT64_MAX;
                 return u->requests;
@@ -179,7 +185,8 @@ static uint64_t usage_of(const User *u, UserResource what, size_t device, uint64
 static void add_usage(User *u, UserResource what, size_t device, uint64_t amount, bool give_back) {
         unsigned *counter = what == USER_LEASES ? &u->leases
                           : what == USER_CONNECTIONS ? &u->connections
-                          : what == USER_REQUESTS ? &u->requests : NULL;
+                          : what == USER_REQUESTS ? &u->requests
+                          : what == USER_PROCESSES ? &u->processes : NULL;
 
         if (!counter) {
                 assert(give_back ? u->bytes[device] >= amount : u->bytes[device] <= UINT64_MAX - amount);
@@ -229,6 +236,7 @@ const char *user_resource_name(UserResource what) {
                 [USER_LEASES] = "leases",
                 [USER_CONNECTIONS] = "connections",
                 [USER_REQUESTS] = "requests",
+                [USER_PROCESSES] = "processes",
         };
 
         return names[what];
@@ -252,6 +260,11 @@ void user_quota_message(const User *u, const UserQuota *q, int device, char **re
                 set_message(ret, "User %u has %" PRIu64 " connections open and may have at most %" PRIu64
                             " (MaxConnections= in vmmbroker.conf): close one first.", (unsigned)u->uid, current,
                             limit);
+                break;
+        case USER_PROCESSES:
+                set_message(ret, "User %u has %" PRIu64 " processes known to the broker and may have at most %"
+                            PRIu64 " (MaxProcesses= in vmmbroker.conf): end or free the leases of one first.",
+                            (unsigned)u->uid, current, limit);
                 break;
         default:
                 set_message(ret, "User %u is over its limit of %s.", (unsigned)u->uid, user_resource_name(q->what));

@@ -34,12 +34,14 @@
 #define USER_DEFAULT_MAX_BYTES_PERCENT 80       /* of each device's capacity */
 #define USER_DEFAULT_MAX_LEASES 1024
 #define USER_DEFAULT_MAX_CONNECTIONS 64
+#define USER_DEFAULT_MAX_PROCESSES 256  /* processes the daemon keeps a pidfd of (holders) */
 
 /* Which keys a [User:] or [Group:] section sets. */
 enum {
         LIMIT_MAX_BYTES = 1 << 0,
         LIMIT_MAX_LEASES = 1 << 1,
         LIMIT_MAX_CONNECTIONS = 1 << 2,
+        LIMIT_MAX_PROCESSES = 1 << 3,
 };
 
 typedef struct UserLimits {
@@ -47,6 +49,7 @@ typedef struct UserLimits {
         unsigned max_bytes_percent;     /* 1-100, when max_bytes is 0 */
         unsigned max_leases;
         unsigned max_connections;
+        unsigned max_processes;
         unsigned set;                   /* LIMIT_* bits: the keys a section set ([Limits] sets all) */
 } UserLimits;
 
@@ -73,6 +76,7 @@ typedef enum UserResource {
         USER_LEASES,
         USER_CONNECTIONS,
         USER_REQUESTS,                  /* replies queued and not read: no limit of its own (one per connection) */
+        USER_PROCESSES,                 /* holders: processes the daemon keeps a pidfd of */
         _USER_RESOURCE_MAX,
 } UserResource;
 
@@ -86,7 +90,9 @@ typedef struct User {
         uint64_t *max_bytes;            /* per device, resolved */
         unsigned leases, max_leases;
         unsigned connections, max_connections;
+        unsigned processes, max_processes;
         unsigned requests;
+        unsigned refused;               /* connections over max_connections waiting to be told so (peer.c) */
         bool groups_known;              /* limits resolved with the groups of a connected process */
         List link;                      /* in UserRegistry.users */
 

@@ -88,7 +88,7 @@ static const JsonField revoke_params_fields[] = {
 
 static const JsonField attach_params_fields[] = {
         JSON_FIELD_STRING("token", AttachParams, token, false, VMMB_TOKEN_MAX),
-        JSON_FIELD_STRING("name", AttachParams, name, false, VMMB_LEASE_NAME_MAX),
+        JSON_FIELD_STRING("name", AttachParams, name, false, VMMB_LEASE_NAME_REF_MAX),
         JSON_FIELD_BOOL("readonly", AttachParams, readonly, false),
         JSON_FIELD_END,
 };
@@ -102,7 +102,7 @@ static const JsonField publish_params_fields[] = {
 };
 
 static const JsonField unpublish_params_fields[] = {
-        JSON_FIELD_STRING("name", UnpublishParams, name, true, VMMB_LEASE_NAME_MAX),
+        JSON_FIELD_STRING("name", UnpublishParams, name, true, VMMB_LEASE_NAME_REF_MAX),
         JSON_FIELD_END,
 };
 
@@ -126,7 +126,22 @@ static const JsonField lease_fields[] = {
         JSON_FIELD_INT64("device", WireLease, device, true, true),
         JSON_FIELD_UINT64("size", WireLease, size),
         JSON_FIELD_ARRAY("slabs", WireLease, slabs, n_slabs, WireSlab, slab_fields, true, 0),
+        JSON_FIELD_INT64("owner", WireLease, owner, false, true),
+        JSON_FIELD_STRING("owner_name", WireLease, owner_name, false, VMMB_USER_NAME_MAX),
         JSON_FIELD_BOOL("readonly", WireLease, readonly, false),
+        JSON_FIELD_END,
+};
+
+static const JsonField token_fields[] = {
+        JSON_FIELD_STRING("token", WireToken, token, true, VMMB_TOKEN_MAX),
+        JSON_FIELD_INT64("uid", WireToken, uid, false, true),
+        JSON_FIELD_INT64("creator", WireToken, creator, true, true),
+        JSON_FIELD_BOOL("readonly", WireToken, readonly, true),
+        JSON_FIELD_END,
+};
+
+static const JsonField tokens_reply_fields[] = {
+        JSON_FIELD_ARRAY("tokens", TokensReply, tokens, n_tokens, WireToken, token_fields, true, 0),
         JSON_FIELD_END,
 };
 
@@ -387,14 +402,46 @@ int attach_params_decode(json_object *params, AttachParams *ret, const char **re
 DEFINE_ENCODE(attach_params, AttachParams, attach_params_fields)
 DEFINE_DONE(attach_params, AttachParams, attach_params_fields)
 
-bool vmmb_lease_name_is_valid(const char *name) {
+static bool name_is_valid(const char *name, const char *chars) {
         size_t n = name ? strlen(name) : 0;
 
         if (n == 0 || n > VMMB_LEASE_NAME_MAX || !((name[0] >= 'a' && name[0] <= 'z') ||
                                                    (name[0] >= 'A' && name[0] <= 'Z') ||
                                                    (name[0] >= '0' && name[0] <= '9')))
                 return false;
-        return strspn(name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-:@+/") == n;
+        return strspn(name, chars) == n;
+}
+
+#define NAME_CHARS "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-:@+"
+
+bool vmmb_lease_name_is_valid(const char *name) {
+        return name_is_valid(name, NAME_CHARS);
+}
+
+bool vmmb_lease_name_was_valid(const char *name) {
+        return name_is_valid(name, NAME_CHARS "/");
+}
+
+int vmmb_lease_name_split(const char *ref, char *buf, const char **ret_owner, const char **ret_name) {
+        const char *slash = ref ? strchr(ref, '/') : NULL;
+        size_t n = ref ? strlen(ref) : 0;
+
+        if (n == 0 || n > VMMB_LEASE_NAME_REF_MAX)
+                return -EINVAL;
+        if (!slash) {
+                if (!vmmb_lease_name_is_valid(ref))
+                        return -EINVAL;
+                *ret_owner = NULL;
+                *ret_name = ref;
+                return 0;
+        }
+        if (slash == ref || (size_t)(slash - ref) > VMMB_USER_NAME_MAX || !vmmb_lease_name_was_valid(slash + 1))
+                return -EINVAL;
+        memcpy(buf, ref, n + 1);
+        buf[slash - ref] = 0;
+        *ret_owner = buf;
+        *ret_name = buf + (slash - ref) + 1;
+        return 0;
 }
 
 int publish_params_decode(json_object *params, PublishParams *ret, const char **ret_bad_field,
@@ -406,8 +453,8 @@ int publish_params_decode(json_object *params, PublishParams *ret, const char **
                 return r;
         if (!vmmb_lease_name_is_valid(ret->name))
                 return refuse_field(publish_params_fields, ret, "name", ret_bad_field, ret_message,
-                                    "A name is 1-128 letters, digits and ._-:@+/ that begins with a letter or "
-                                    "digit.");
+                                    "A name is 1-128 letters, digits and ._-:@+ that begins with a letter or "
+                                    "digit (others attach it as OWNER/NAME).");
         return 0;
 }
 DEFINE_ENCODE(publish_params, PublishParams, publish_params_fields)
@@ -469,6 +516,7 @@ DEFINE_DONE(alloc_reply, AllocReply, alloc_reply_fields)
 DEFINE_REPLY_CODEC(list_reply, ListReply, list_reply_fields)
 DEFINE_REPLY_CODEC(status_reply, StatusReply, status_reply_fields)
 DEFINE_REPLY_CODEC(users_reply, UsersReply, users_reply_fields)
+DEFINE_REPLY_CODEC(tokens_reply, TokensReply, tokens_reply_fields)
 
 int varlink_info_encode(json_object **ret) {
         char *interfaces[] = { (char *)VARLINK_SERVICE_INTERFACE, (char *)VMMB_INTERFACE, NULL };

@@ -33,6 +33,7 @@
 #define VMMB_METHOD_PUBLISH VMMB_INTERFACE ".Publish"
 #define VMMB_METHOD_UNPUBLISH VMMB_INTERFACE ".Unpublish"
 #define VMMB_METHOD_USERS VMMB_INTERFACE ".Users"
+#define VMMB_METHOD_TOKENS VMMB_INTERFACE ".Tokens"
 
 #define VMMB_ERROR_OUT_OF_MEMORY VMMB_INTERFACE ".OutOfMemory"
 #define VMMB_ERROR_QUOTA_EXCEEDED VMMB_INTERFACE ".QuotaExceeded"
@@ -61,6 +62,8 @@
 #define VMMB_MESSAGE_MAX 1024   /* messages for a person */
 #define VMMB_DESCRIPTION_MAX (60U * 1024U) /* an interface description (fits a 64 KiB reply) */
 #define VMMB_LEASE_NAME_MAX 128 /* Publish's name */
+#define VMMB_USER_NAME_MAX 64   /* a user name in OWNER/NAME */
+#define VMMB_LEASE_NAME_REF_MAX (VMMB_USER_NAME_MAX + 1 + VMMB_LEASE_NAME_MAX) /* Attach's and Unpublish's name */
 #define VMMB_TOKEN_LEN 32       /* hex digits of a token the daemon makes */
 #define VMMB_TOKEN_MAX 64       /* a token as the daemon reads it: longer is refused */
 
@@ -142,15 +145,31 @@ typedef struct WireSlab {
         uint64_t fd;            /* index among the fds sent with the reply */
 } WireSlab;
 
-/* Lease (id, device, size, slabs: []Slab, readonly: ?bool) */
+/* Lease (id, device, size, slabs: []Slab, owner: int, owner_name: ?string, readonly: ?bool) */
 typedef struct WireLease {
         char *id;
         int64_t device;
         uint64_t size;
         WireSlab *slabs;
         size_t n_slabs;
+        int64_t owner;          /* uid; JSON_ABSENT from a daemon older than the field */
+        char *owner_name;       /* NULL when absent */
         bool readonly;
 } WireLease;
+
+/* Token (token: string, uid: ?int, creator: int, readonly: bool) */
+typedef struct WireToken {
+        char *token;
+        int64_t uid;            /* JSON_ABSENT: any user */
+        int64_t creator;
+        bool readonly;
+} WireToken;
+
+/* Tokens' reply: (tokens: []Token); its parameters are FreeParams (id) */
+typedef struct TokensReply {
+        WireToken *tokens;
+        size_t n_tokens;
+} TokensReply;
 
 /* Alloc's and Attach's reply: (lease: Lease) */
 typedef struct AllocReply {
@@ -331,10 +350,27 @@ void unpublish_params_done(UnpublishParams *p);
 
 /*
  * Whether `name` may be published: 1-VMMB_LEASE_NAME_MAX bytes of ASCII
- * letters, digits and "._-:@+/", the first a letter or digit (so that it is
- * never taken for an option on a command line).
+ * letters, digits and "._-:@+", the first a letter or digit (so that it is
+ * never taken for an option on a command line). No '/': that separates the
+ * owner in OWNER/NAME.
  */
 bool vmmb_lease_name_is_valid(const char *name);
+
+/*
+ * Whether `name` could have been published by a daemon: as above, or with
+ * '/' in it, which versions before owner namespaces allowed (a table stored by
+ * one is read with its names as they were).
+ */
+bool vmmb_lease_name_was_valid(const char *name);
+
+/*
+ * Splits Attach's or Unpublish's name: "NAME" (the caller's own: *ret_owner
+ * NULL) or "OWNER/NAME" (*ret_owner points into a copy: `buf` of at least
+ * VMMB_LEASE_NAME_REF_MAX + 1 bytes), *ret_name the name. Returns 0, or
+ * -EINVAL when OWNER is empty or NAME is not one vmmb_lease_name_was_valid()
+ * accepts.
+ */
+int vmmb_lease_name_split(const char *ref, char *buf, const char **ret_owner, const char **ret_name);
 
 /* Decodes List's parameters. */
 int list_params_decode(json_object *params, ListParams *ret, const char **ret_bad_field, char **ret_message);
@@ -374,6 +410,11 @@ void users_reply_done(UsersReply *p);
 int status_reply_decode(json_object *params, StatusReply *ret, char **ret_message);
 /* Encodes Status's reply. */
 int status_reply_encode(const StatusReply *in, json_object **ret);
+
+/* Tokens' reply. */
+int tokens_reply_decode(json_object *params, TokensReply *ret, char **ret_message);
+int tokens_reply_encode(const TokensReply *in, json_object **ret);
+void tokens_reply_done(TokensReply *p);
 /* Frees StatusReply's devices. */
 void status_reply_done(StatusReply *p);
 

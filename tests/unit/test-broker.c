@@ -152,7 +152,7 @@ static Caller *connect_as(uid_t uid, pid_t pid, bool admin) {
         ck_assert_ptr_nonnull(u);
         pidfd = pidfd_open(pid, 0);
         ck_assert_int_ge(pidfd, 0);
-        ck_assert_int_eq(holder_connect(&b.holders, u, pid, uid, pidfd, &c->holder), 0);
+        ck_assert_int_eq(holder_connect(&b.holders, u, pid, uid, pidfd, &c->holder, NULL), 0);
         c->user = u;
         c->admin = admin;
         n_callers++;
@@ -303,19 +303,44 @@ static TokenText share_ok(const Caller *c, const Lease *l, uid_t uid, bool reado
         return t;
 }
 
+/*
+ * A name as Attach and Unpublish take it: "UID/NAME" for another user's, "NAME" for the caller's own (method.c
+ * turns a user name into a uid before the broker sees it).
+ */
+static const char *split_ref(const Caller *c, const char *ref, uid_t *ret_owner) {
+        const char *slash = strchr(ref, '/');
+
+        *ret_owner = slash ? (uid_t)strtoul(ref, NULL, 10) : c->holder->uid;
+        return slash ? slash + 1 : ref;
+}
+
+static int unpublish(const Caller *c, const char *ref) {
+        uid_t owner;
+        const char *name = split_ref(c, ref, &owner);
+
+        return broker_unpublish(&b, c, owner, name);
+}
+
+/* The lease `owner` published as `name`. */
+static Lease *find_name(uid_t owner, const char *name) {
+        return lease_table_find_name(&b.leases, owner, name);
+}
+
 static Hold *attach_token_ok(const Caller *c, const TokenText *t, bool readonly) {
         Hold *hold = NULL;
 
-        ck_assert_int_eq(broker_attach(&b, c, t->s, NULL, readonly, &hold), 0);
+        ck_assert_int_eq(broker_attach(&b, c, t->s, UID_ANY, NULL, readonly, &hold), 0);
         ck_assert_ptr_nonnull(hold);
         ck_assert_ptr_eq(hold->holder, c->holder);
         return hold;
 }
 
-static Hold *attach_name_ok(const Caller *c, const char *name, bool readonly) {
+static Hold *attach_name_ok(const Caller *c, const char *ref, bool readonly) {
         Hold *hold = NULL;
+        uid_t owner;
+        const char *name = split_ref(c, ref, &owner);
 
-        ck_assert_int_eq(broker_attach(&b, c, NULL, name, readonly, &hold), 0);
+        ck_assert_int_eq(broker_attach(&b, c, NULL, owner, name, readonly, &hold), 0);
         ck_assert_ptr_nonnull(hold);
         return hold;
 }
@@ -323,13 +348,15 @@ static Hold *attach_name_ok(const Caller *c, const char *name, bool readonly) {
 static int attach_token(const Caller *c, const char *token) {
         Hold *hold = NULL;
 
-        return broker_attach(&b, c, token, NULL, false, &hold);
+        return broker_attach(&b, c, token, UID_ANY, NULL, false, &hold);
 }
 
-static int attach_name(const Caller *c, const char *name) {
+static int attach_name(const Caller *c, const char *ref) {
         Hold *hold = NULL;
+        uid_t owner;
+        const char *name = split_ref(c, ref, &owner);
 
-        return broker_attach(&b, c, NULL, name, false, &hold);
+        return broker_attach(&b, c, NULL, owner, name, false, &hold);
 }
 
 /* The lease with that id, or NULL once it ended (copy the id first: an ended lease is freed). */
@@ -704,8 +731,10 @@ START_TEST(test_revoke) {
         l = alloc_ok(a, MiB);
         for_b = share_ok(a, l, UID_B, false);
         attach_token_ok(bb, &for_b, false);
-        by_b = share_ok(bb, l, UID_ANY, false);    /* made by B, who does not own the lease */
-        by_b2 = share_ok(bb, l, UID_ANY, false);
+        /* A holder of another user makes no tokens: it cannot use up the owner's or hand the memory on. */
+        ck_assert_int_eq(broker_share(&b, bb, l->id, UID_ANY, true, &(Token *){ NULL }), BROKER_E_NOT_OWNER);
+        by_b = share_ok(a, l, UID_ANY, false);
+        by_b2 = share_ok(a, l, UID_ANY, false);
         t3 = share_ok(a, l, UID_ANY, false);
         ck_assert_uint_eq(l->n_tokens, 4);
 
@@ -716,8 +745,9 @@ START_TEST(test_revoke) {
         ck_assert_int_eq(broker_revoke(&b, bb, for_b.s), BROKER_E_NOT_OWNER);
         ck_assert_uint_eq(l->n_tokens, 4);
 
-        ck_assert_int_eq(broker_revoke(&b, bb, by_b.s), 0);      /* its maker */
-        ck_assert_int_eq(broker_revoke(&b, a, by_b2.s), 0);      /* the owner, of a token B made */
+        ck_assert_int_eq(broker_revoke(&b, bb, by_b.s), BROKER_E_NOT_OWNER);    /* a holder, not the maker */
+        ck_assert_int_eq(broker_revoke(&b, a, by_b.s), 0);      /* its maker */
+        ck_assert_int_eq(broker_revoke(&b, a, by_b2.s), 0);
         ck_assert_int_eq(broker_revoke(&b, root, t3.s), 0);      /* an administrator */
         ck_assert_int_eq(broker_revoke(&b, a, for_b.s), 0);      /* the owner, of its own */
         ck_assert_uint_eq(l->n_tokens, 0);
@@ -897,12 +927,12 @@ START_TEST(test_attach_name) {
         l = alloc_ok(a, MiB);
         ck_assert_int_eq(broker_publish(&b, a, l->id, "model", (const uid_t[]){ UID_B }, 1, false), 0);
 
-        ck_assert_int_eq(attach_name(bb, "no-such"), BROKER_E_NO_SUCH_NAME);
-        ck_assert_int_eq(attach_name(e, "model"), BROKER_E_NOT_PUBLISHED_TO);
+        ck_assert_int_eq(attach_name(bb, "1000/no-such"), BROKER_E_NO_SUCH_NAME);
+        ck_assert_int_eq(attach_name(e, "1000/model"), BROKER_E_NO_SUCH_NAME);
         ck_assert(list_is_empty(&e->holder->holds));
 
         /* A user it is published to; the owner's other processes always. */
-        hold = attach_name_ok(bb, "model", false);
+        hold = attach_name_ok(bb, "1000/model", false);
         ck_assert_ptr_eq(hold->lease, l);
         ck_assert(!hold->readonly);
         ck_assert(l->foreign);
@@ -927,7 +957,7 @@ START_TEST(test_attach_name_readonly) {
         bb = new_process(UID_B);
         l = alloc_ok(a, MiB);
         ck_assert_int_eq(broker_publish(&b, a, l->id, "ro-model", (const uid_t[]){ UID_B }, 1, true), 0);
-        hold = attach_name_ok(bb, "ro-model", false);
+        hold = attach_name_ok(bb, "1000/ro-model", false);
         ck_assert(hold->readonly);
         hold = attach_name_ok(a2, "ro-model", false);
         ck_assert(hold->readonly);
@@ -951,7 +981,7 @@ START_TEST(test_publish) {
         ck_assert_uint_eq(l->name_uids[0], UID_B);
         ck_assert_uint_eq(l->name_uids[1], UID_E);
         ck_assert(l->name_readonly);
-        ck_assert_ptr_eq(lease_table_find_name(&b.leases, "weights"), l);
+        ck_assert_ptr_eq(find_name(UID_A, "weights"), l);
         ck_assert_uint_eq(b.leases.n_published, 1);
 
         /* Only a process that holds it. */
@@ -1000,14 +1030,17 @@ START_TEST(test_publish_name_in_use_and_has_name) {
         lb = alloc_ok(bb, MiB);
         ck_assert_int_eq(broker_publish(&b, a, l->id, "x", NULL, 0, false), 0);
         ck_assert_int_eq(broker_publish(&b, a, l2->id, "x", NULL, 0, false), BROKER_E_NAME_IN_USE);
-        ck_assert_int_eq(broker_publish(&b, bb, lb->id, "x", NULL, 0, false), BROKER_E_NAME_IN_USE);
+        /* Names live in their owner's namespace: another user's "x" is not A's (nobody can plant one). */
+        ck_assert_int_eq(broker_publish(&b, bb, lb->id, "x", NULL, 0, false), 0);
+        ck_assert_ptr_eq(find_name(UID_B, "x"), lb);
+        ck_assert_ptr_eq(find_name(UID_A, "x"), l);
         ck_assert_int_eq(broker_publish(&b, a, l->id, "y", NULL, 0, false), BROKER_E_HAS_NAME);
         ck_assert_ptr_null(l2->name);
         ck_assert_str_eq(l->name, "x");
-        ck_assert_ptr_null(lease_table_find_name(&b.leases, "y"));
-        ck_assert_uint_eq(b.leases.n_published, 1);
-        ck_assert_int_eq(broker_publish(&b, a, l2->id, "y", NULL, 0, false), 0);
+        ck_assert_ptr_null(find_name(UID_A, "y"));
         ck_assert_uint_eq(b.leases.n_published, 2);
+        ck_assert_int_eq(broker_publish(&b, a, l2->id, "y", NULL, 0, false), 0);
+        ck_assert_uint_eq(b.leases.n_published, 3);
 }
 END_TEST
 
@@ -1028,16 +1061,16 @@ START_TEST(test_publish_again_replaces_uids) {
         ck_assert_uint_eq(l->name_uids[0], UID_E);
         ck_assert(l->name_readonly);
         ck_assert_uint_eq(b.leases.n_published, 1);
-        ck_assert_ptr_eq(lease_table_find_name(&b.leases, "x"), l);
-        ck_assert_int_eq(attach_name(bb, "x"), BROKER_E_NOT_PUBLISHED_TO);
-        hold = attach_name_ok(e, "x", false);
+        ck_assert_ptr_eq(find_name(UID_A, "x"), l);
+        ck_assert_int_eq(attach_name(bb, "1000/x"), BROKER_E_NO_SUCH_NAME);
+        hold = attach_name_ok(e, "1000/x", false);
         ck_assert(hold->readonly);
 
         /* To nobody but the owner. */
         ck_assert_int_eq(broker_publish(&b, a, l->id, "x", NULL, 0, false), 0);
         ck_assert_uint_eq(l->n_name_uids, 0);
         ck_assert(!l->name_readonly);
-        ck_assert_int_eq(attach_name(bb, "x"), BROKER_E_NOT_PUBLISHED_TO);
+        ck_assert_int_eq(attach_name(bb, "1000/x"), BROKER_E_NO_SUCH_NAME);
 }
 END_TEST
 
@@ -1054,21 +1087,22 @@ START_TEST(test_unpublish) {
         l = alloc_ok(a, MiB);
         memcpy(id, l->id, sizeof(id));
         ck_assert_int_eq(broker_publish(&b, a, id, "x", (const uid_t[]){ UID_B }, 1, false), 0);
-        attach_name_ok(bb, "x", false);
+        attach_name_ok(bb, "1000/x", false);
 
-        ck_assert_int_eq(broker_unpublish(&b, a, "y"), BROKER_E_NO_SUCH_NAME);
-        ck_assert_int_eq(broker_unpublish(&b, bb, "x"), BROKER_E_NOT_OWNER);    /* a holder, not the owner */
+        ck_assert_int_eq(unpublish(a, "y"), BROKER_E_NO_SUCH_NAME);
+        ck_assert_int_eq(unpublish(bb, "x"), BROKER_E_NO_SUCH_NAME); /* B's own "x": none */
+        ck_assert_int_eq(unpublish(bb, "1000/x"), BROKER_E_NOT_OWNER); /* may attach it, not unpublish it */
         ck_assert_str_eq(l->name, "x");
 
         /* Held: the lease stays, without its name. */
-        ck_assert_int_eq(broker_unpublish(&b, a, "x"), 0);
+        ck_assert_int_eq(unpublish(a, "x"), 0);
         ck_assert_ptr_eq(find(id), l);
         ck_assert_ptr_null(l->name);
         ck_assert_uint_eq(l->n_name_uids, 0);
-        ck_assert_ptr_null(lease_table_find_name(&b.leases, "x"));
+        ck_assert_ptr_null(find_name(UID_A, "x"));
         ck_assert_uint_eq(b.leases.n_published, 0);
-        ck_assert_int_eq(broker_unpublish(&b, a, "x"), BROKER_E_NO_SUCH_NAME);
-        ck_assert_int_eq(attach_name(bb, "x"), BROKER_E_NO_SUCH_NAME);
+        ck_assert_int_eq(unpublish(a, "x"), BROKER_E_NO_SUCH_NAME);
+        ck_assert_int_eq(attach_name(bb, "1000/x"), BROKER_E_NO_SUCH_NAME);
         ck_assert_uint_eq(l->n_holds, 2);
 }
 END_TEST
@@ -1091,7 +1125,7 @@ START_TEST(test_unpublish_ends_unheld_lease) {
         ck_assert_uint_eq(a->user->leases, 1);          /* still charged to its owner */
 
         /* The administrator unpublishes it (it holds nothing of it): it ends, and the owner is charged nothing. */
-        ck_assert_int_eq(broker_unpublish(&b, root, "kept"), 0);
+        ck_assert_int_eq(unpublish(root, "1000/kept"), 0);
         ck_assert_ptr_null(find(id));
         ck_assert_uint_eq(b.leases.n_leases, 0);
         ck_assert_uint_eq(a->user->leases, 0);
@@ -1309,7 +1343,7 @@ START_TEST(test_reap) {
         ck_assert_uint_eq(shared->n_holds, 1);
         ck_assert_ptr_nonnull(lease_find_hold(shared, a->holder));
         ck_assert_uint_eq(published->n_holds, 0);
-        ck_assert_ptr_eq(lease_table_find_name(&b.leases, "kept"), published);
+        ck_assert_ptr_eq(find_name(UID_A, "kept"), published);
         ck_assert_uint_eq(held_by_b->n_holds, 1);
         ck_assert_ptr_nonnull(lease_find_hold(held_by_b, bb->holder));
         ck_assert_uint_eq(b.leases.n_leases, 3);
@@ -1323,7 +1357,7 @@ START_TEST(test_reap) {
         ck_assert_uint_eq(b.holders.n_holders, 2);
 
         /* The published lease ends when unpublished (by its owner's user, from another process). */
-        ck_assert_int_eq(broker_unpublish(&b, a, "kept"), 0);
+        ck_assert_int_eq(unpublish(a, "kept"), 0);
         ck_assert_uint_eq(b.leases.n_leases, 2);
 }
 END_TEST
@@ -1572,12 +1606,12 @@ START_TEST(test_write_ahead_every_operation) {
         memcpy(t_any.s, tok->token, sizeof(t_any.s));
 
         /* Attach by another user: the lease becomes foreign only once the change is stored. */
-        ASSERT_NOT_STORED_THEN_MADE(broker_attach(&b, bb, t.s, NULL, false, &hold));
+        ASSERT_NOT_STORED_THEN_MADE(broker_attach(&b, bb, t.s, UID_ANY, NULL, false, &hold));
         ck_assert(find(id)->foreign);
         /* Attach again: one more reference; and the owner's process with a read-only token stays read-write. */
-        ASSERT_NOT_STORED_THEN_MADE(broker_attach(&b, bb, t_any.s, NULL, false, &hold));
+        ASSERT_NOT_STORED_THEN_MADE(broker_attach(&b, bb, t_any.s, UID_ANY, NULL, false, &hold));
         ck_assert_uint_eq(hold->refs, 2);
-        ASSERT_NOT_STORED_THEN_MADE(broker_attach(&b, a, t_any.s, NULL, false, &hold));
+        ASSERT_NOT_STORED_THEN_MADE(broker_attach(&b, a, t_any.s, UID_ANY, NULL, false, &hold));
         ck_assert_uint_eq(hold->refs, 2);
 
         /* Free of one reference of two. */
@@ -1588,7 +1622,7 @@ START_TEST(test_write_ahead_every_operation) {
         ASSERT_NOT_STORED_THEN_MADE(broker_publish(&b, a, id2, "stored-name", (const uid_t[]){ UID_B }, 1, false));
         ASSERT_NOT_STORED_THEN_MADE(
                 broker_publish(&b, a, id2, "stored-name", (const uid_t[]){ UID_B, UID_E }, 2, true));
-        ASSERT_NOT_STORED_THEN_MADE(broker_attach(&b, bb, NULL, "stored-name", false, &hold));
+        ASSERT_NOT_STORED_THEN_MADE(broker_attach(&b, bb, NULL, UID_A, "stored-name", false, &hold));
         ck_assert(hold->readonly);
         ck_assert(find(id2)->foreign);
 
@@ -1601,12 +1635,12 @@ START_TEST(test_write_ahead_every_operation) {
         ck_assert_uint_eq(find(id2)->n_holds, 0);
 
         /* Unpublish of a lease nobody holds: it ends. */
-        ASSERT_NOT_STORED_THEN_MADE(broker_unpublish(&b, a, "stored-name"));
+        ASSERT_NOT_STORED_THEN_MADE(unpublish(a, "stored-name"));
         ck_assert_ptr_null(find(id2));
 
         /* Unpublish of a held lease: it stays. */
         ck_assert_int_eq(broker_publish(&b, a, id, "held", NULL, 0, false), 0);
-        ASSERT_NOT_STORED_THEN_MADE(broker_unpublish(&b, a, "held"));
+        ASSERT_NOT_STORED_THEN_MADE(unpublish(a, "held"));
         ck_assert_ptr_nonnull(find(id));
 
         /* The last Free of the last hold: the lease ends. */
@@ -1747,8 +1781,91 @@ START_TEST(test_snapshot) {
 }
 END_TEST
 
+static int count_token(const Token *t, void *userdata) {
+        (*(unsigned *)userdata)++;
+        return 0;
+}
+
+/* Tokens: the owner's holders and administrators see every token of a lease; nobody else learns of them. */
+START_TEST(test_tokens) {
+        Caller *a, *bb, *e, *root;
+        unsigned n = 0;
+        TokenText t;
+        Lease *l;
+
+        setup_broker();
+        a = this_process(UID_A);
+        bb = new_process(UID_B);
+        e = new_process(UID_E);
+        root = administrator();
+        l = alloc_ok(a, MiB);
+        t = share_ok(a, l, UID_B, true);
+        attach_token_ok(bb, &t, true);
+        for (unsigned i = 1; i < LEASE_TOKENS_MAX; i++)
+                share_ok(a, l, UID_ANY, false);
+        ck_assert_int_eq(broker_tokens(&b, a, l->id, count_token, &n), 0);
+        ck_assert_uint_eq(n, LEASE_TOKENS_MAX);
+        n = 0;
+        ck_assert_int_eq(broker_tokens(&b, root, l->id, count_token, &n), 0);
+        ck_assert_uint_eq(n, LEASE_TOKENS_MAX);
+        ck_assert_int_eq(broker_tokens(&b, bb, l->id, count_token, &n), BROKER_E_NOT_OWNER);  /* holds it */
+        ck_assert_int_eq(broker_tokens(&b, e, l->id, count_token, &n), BROKER_E_NO_SUCH_LEASE);
+        ck_assert_int_eq(broker_tokens(&b, root, "nope", count_token, &n), BROKER_E_NO_SUCH_LEASE);
+}
+END_TEST
+
+/*
+ * A name another user may not attach answers exactly as one that does not exist, and neither is found in
+ * the caller's own namespace: a user cannot plant a name under another's lookup.
+ */
+START_TEST(test_names_cannot_be_planted) {
+        Caller *a, *bb;
+        Lease *la, *lb;
+        Hold *hold;
+
+        setup_broker();
+        a = this_process(UID_A);
+        bb = new_process(UID_B);
+        lb = alloc_ok(bb, MiB);
+        ck_assert_int_eq(broker_publish(&b, bb, lb->id, "weights", (const uid_t[]){ UID_A }, 1, false), 0);
+        ck_assert_int_eq(broker_publish(&b, bb, alloc_ok(bb, MiB)->id, "secret", NULL, 0, false), 0);
+        ck_assert_int_eq(attach_name(a, "weights"), BROKER_E_NO_SUCH_NAME);      /* A's own: none */
+        ck_assert_int_eq(attach_name(a, "1001/secret"), BROKER_E_NO_SUCH_NAME);  /* exists, not for A */
+        ck_assert_int_eq(attach_name(a, "1001/nothing"), BROKER_E_NO_SUCH_NAME); /* does not exist */
+        la = alloc_ok(a, MiB);
+        ck_assert_int_eq(broker_publish(&b, a, la->id, "weights", NULL, 0, false), 0);
+        hold = attach_name_ok(a, "weights", false);
+        ck_assert_ptr_eq(hold->lease, la);
+        hold = attach_name_ok(a, "1001/weights", false);
+        ck_assert_ptr_eq(hold->lease, lb);
+}
+END_TEST
+
+/* MaxProcesses=: the processes of a user the daemon keeps a pidfd of; one over it is refused, others not. */
+START_TEST(test_max_processes) {
+        UserQuota q = {};
+        Holder *h = NULL;
+        User *u;
+        int pidfd;
+
+        setup_broker();
+        u = user_get(&b.users, UID_A, (const gid_t[]){ UID_A }, 1);
+        u->max_processes = 1;
+        this_process(UID_A);
+        pidfd = pidfd_open(getppid(), 0);
+        ck_assert_int_ge(pidfd, 0);
+        ck_assert_int_eq(holder_connect(&b.holders, u, getppid(), UID_A, pidfd, &h, &q), -EDQUOT);
+        ck_assert_int_eq(q.what, USER_PROCESSES);
+        ck_assert_uint_eq(q.limit, 1);
+        ck_assert_uint_eq(u->processes, 1);
+        user_unref(u);
+        new_process(UID_B);             /* another user is not affected */
+}
+END_TEST
+
 int main(void) {
-        return run_suite(UNIT_SUITE("broker", teardown, test_alloc, test_alloc_no_device, test_alloc_too_large,
+        return run_suite(UNIT_SUITE("broker", teardown, test_tokens, test_names_cannot_be_planted,
+                                    test_max_processes, test_alloc, test_alloc_no_device, test_alloc_too_large,
                                     test_alloc_too_many_slabs,
                                     test_alloc_quota_bytes, test_alloc_quota_leases, test_alloc_quota_is_per_user,
                                     test_alloc_no_memory, test_alloc_driver_error, test_free_not_held_is_not_found,

@@ -578,9 +578,28 @@ START_TEST(test_refuse_inconsistent) {
                    "{\"pid\":100,\"start_time\":5000,\"uid\":1000,\"gid\":1000,\"comm\":\"trainer\",\"refs\":1,"
                    "\"readonly\":true}",
                    -EBADMSG, "Process 100 holds lease 0123456789abcdef0123456789abcdef twice");
-        /* Two leases published under one name. */
-        refused_as("\"foreign\":true,", "\"foreign\":true,\"name\":\"shared.b\",", -EBADMSG,
-                   "published as 'shared.b'");
+        /* Two leases of one owner published under one name. */
+        expect_refused("{\"format\":1,\"leases\":["
+                       "{\"id\":\"0123456789abcdef0123456789abcdef\",\"device\":0,\"size\":2097152,"
+                       "\"created\":1,\"uid\":1000,\"pid\":100,\"comm\":\"t\",\"foreign\":false,\"name\":\"x\","
+                       "\"slabs\":[{\"id\":1,\"size\":2097152}],\"tokens\":[],\"holds\":[]},"
+                       "{\"id\":\"fedcba9876543210fedcba9876543210\",\"device\":0,\"size\":2097152,"
+                       "\"created\":1,\"uid\":1000,\"pid\":100,\"comm\":\"t\",\"foreign\":false,\"name\":\"x\","
+                       "\"slabs\":[{\"id\":2,\"size\":2097152}],\"tokens\":[],\"holds\":[]}]}",
+                       -EBADMSG, "published as '1000/x'");
+}
+END_TEST
+
+/* Names live in their owner's namespace: two owners may each publish the same name. */
+START_TEST(test_same_name_two_owners) {
+        _cleanup_free_ char *s = mutate("\"foreign\":true,", "\"foreign\":true,\"name\":\"shared.b\",");
+        _cleanup_close_ int fd = text_fd(s, strlen(s));
+        _cleanup_(state_done) State st = {};
+        _cleanup_free_ char *message = NULL;
+
+        ck_assert_msg(state_read(fd, &st, &message) == 0, "%s", message);
+        ck_assert_str_eq(st.leases[0].name, "shared.b");
+        ck_assert_str_eq(st.leases[1].name, "shared.b");
 }
 END_TEST
 
@@ -755,7 +774,7 @@ int main(void) {
         return run_suite(UNIT_SUITE("state", teardown, test_slab_ids, test_holders, test_empty, test_offset,
                                     test_start_time, test_check, test_valid_text, test_refuse_version,
                                     test_refuse_malformed,
-                                    test_refuse_inconsistent, test_refuse_counts, test_refuse_truncated, test_fuzz))
+                                    test_refuse_inconsistent, test_same_name_two_owners, test_refuse_counts, test_refuse_truncated, test_fuzz))
                        ? EXIT_FAILURE
                        : EXIT_SUCCESS;
 }
