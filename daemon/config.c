@@ -32,6 +32,8 @@ typedef struct ConfigKey {
         int (*parse)(Config *c, const char *value, char **ret_message);
         /* Writes the key's value as the file would take it. */
         void (*print)(const Config *c, FILE *f);
+        /* A comment printed above the key, or NULL; optional. */
+        const char *(*note)(const Config *c);
 } ConfigKey;
 
 /* --- the keys ------------------------------------------------------------------------------------- */
@@ -110,6 +112,29 @@ static void print_size(uint64_t bytes, FILE *f) {
         fprintf(f, "%" PRIu64 "%.*s", bytes, i >= 0, i >= 0 ? &suffixes[i] : "");
 }
 
+/*
+ * A count from 1 to 1000000; "" is `fallback`. 0 is refused with "must be at least 1: " and `why_not_0`,
+ * what 0 would do.
+ */
+static int parse_count(const char *value, unsigned fallback, const char *why_not_0, unsigned *ret,
+                       char **ret_message) {
+        char *end;
+        unsigned long v;
+
+        if (!*value) {
+                *ret = fallback;
+                return 0;
+        }
+        errno = 0;
+        v = strtoul(value, &end, 10);
+        if (!isdigit((unsigned char)value[0]) || errno != 0 || *end || v > 1000000)
+                return set_message_error(ret_message, -EINVAL, "expected a number from 1 to 1000000");
+        if (v == 0)
+                return set_message_error(ret_message, -EINVAL, "must be at least 1: %s", why_not_0);
+        *ret = (unsigned)v;
+        return 0;
+}
+
 static int parse_capacity(Config *c, const char *value, char **ret_message) {
         size_t len = strlen(value);
         uint64_t bytes = 0;
@@ -124,9 +149,13 @@ static int parse_capacity(Config *c, const char *value, char **ret_message) {
                 if (!isdigit((unsigned char)value[0]) || errno != 0 || end != value + len - 1 || v < 1 || v > 100)
                         return set_message_error(ret_message, -EINVAL, "a percentage must be 1%%-100%%");
                 percent = (unsigned)v;
-        } else if (len > 0 && (parse_size(value, &bytes) < 0 || bytes == 0))
+        } else if (len > 0 && parse_size(value, &bytes) < 0)
                 return set_message_error(ret_message, -EINVAL, "expected a size such as 64G, or a percentage of "
                                          "the memory free at start such as 90%%");
+        else if (len > 0 && bytes == 0)
+                return set_message_error(ret_message, -EINVAL,
+                                         "a pool of 0 bytes could lease nothing: set at least a device's "
+                                         "allocation granularity (2M on current GPUs), or a percentage");
         c->manager.pool.capacity = bytes;
         c->manager.pool.capacity_percent = percent;
         return 0;
@@ -198,13 +227,33 @@ static int parse_reply_timeout(Config *c, const char *value, char **ret_message)
                         unit = 60000000;
                 else
                         unit = 0;
-                if (!isdigit((unsigned char)value[0]) || errno != 0 || unit == 0 || v == 0 || v > UINT32_MAX)
+                if (!isdigit((unsigned char)value[0]) || errno != 0 || unit == 0 || v > UINT32_MAX)
                         return set_message_error(ret_message, -EINVAL,
-                                                 "expected a time such as 30s, 500ms or 2min, more than 0");
+                                                 "expected a time such as 30s, 500ms or 2min");
+                if (v == 0)
+                        return set_message_error(ret_message, -EINVAL,
+                                                 "must be at least 1ms: with 0 every connection would be closed "
+                                                 "as soon as a reply waited for it");
                 usec = v * unit;
         }
         c->manager.reply_timeout_usec = usec;
         return 0;
+}
+
+/* Empty (0): the manager derives it from the fd limit. */
+static int parse_max_connections_total(Config *c, const char *value, char **ret_message) {
+        return parse_count(value, 0, "with 0 nobody could connect (leave it empty to derive it from the fd limit)",
+                           &c->manager.max_connections_total, ret_message);
+}
+
+static void print_max_connections_total(const Config *c, FILE *f) {
+        if (c->manager.max_connections_total > 0)
+                fprintf(f, "%u", c->manager.max_connections_total);
+}
+
+static const char *note_max_connections_total(const Config *c) {
+        return c->manager.max_connections_total > 0 ? NULL :
+               "MaxConnectionsTotal= is empty: derived from the fd limit, RLIMIT_NOFILE / 4 (64-65536)";
 }
 
 static void print_reply_timeout(const Config *c, FILE *f) {
@@ -237,9 +286,13 @@ static int parse_max_bytes(Config *c, const char *value, char **ret_message) {
                 if (!isdigit((unsigned char)value[0]) || errno != 0 || end != value + len - 1 || v < 1 || v > 100)
                         return set_message_error(ret_message, -EINVAL, "a percentage must be 1%%-100%%");
                 percent = (unsigned)v;
-        } else if (parse_size(value, &bytes) < 0 || bytes == 0)
+        } else if (parse_size(value, &bytes) < 0)
                 return set_message_error(ret_message, -EINVAL, "expected a size such as 64G, or a percentage of "
                                          "each device's capacity such as 80%%");
+        else if (bytes == 0)
+                return set_message_error(ret_message, -EINVAL,
+                                         "with 0 the user could lease nothing: set at least a device's "
+                                         "allocation granularity (2M on current GPUs), or a percentage");
         c->limits->max_bytes = bytes;
         c->limits->max_bytes_percent = percent;
         c->limits->set |= LIMIT_MAX_BYTES;
@@ -253,25 +306,9 @@ static void print_max_bytes(const UserLimits *l, FILE *f) {
                 fprintf(f, "%u%%", l->max_bytes_percent);
 }
 
-/* A count of at least 1; "" is the default. */
-static int parse_count(const char *value, unsigned fallback, unsigned *ret, char **ret_message) {
-        char *end;
-        unsigned long v;
-
-        if (!*value) {
-                *ret = fallback;
-                return 0;
-        }
-        errno = 0;
-        v = strtoul(value, &end, 10);
-        if (!isdigit((unsigned char)value[0]) || errno != 0 || *end || v < 1 || v > 1000000)
-                return set_message_error(ret_message, -EINVAL, "expected a number from 1 to 1000000");
-        *ret = (unsigned)v;
-        return 0;
-}
-
 static int parse_max_leases(Config *c, const char *value, char **ret_message) {
-        int k = parse_count(value, USER_DEFAULT_MAX_LEASES, &c->limits->max_leases, ret_message);
+        int k = parse_count(value, USER_DEFAULT_MAX_LEASES, "with 0 the user could lease nothing",
+                            &c->limits->max_leases, ret_message);
 
         if (k == 0)
                 c->limits->set |= LIMIT_MAX_LEASES;
@@ -279,10 +316,21 @@ static int parse_max_leases(Config *c, const char *value, char **ret_message) {
 }
 
 static int parse_max_connections(Config *c, const char *value, char **ret_message) {
-        int k = parse_count(value, USER_DEFAULT_MAX_CONNECTIONS, &c->limits->max_connections, ret_message);
+        int k = parse_count(value, USER_DEFAULT_MAX_CONNECTIONS, "with 0 the user could not connect at all",
+                            &c->limits->max_connections, ret_message);
 
         if (k == 0)
                 c->limits->set |= LIMIT_MAX_CONNECTIONS;
+        return k;
+}
+
+static int parse_max_processes(Config *c, const char *value, char **ret_message) {
+        int k = parse_count(value, USER_DEFAULT_MAX_PROCESSES,
+                            "a process that connects counts, so with 0 the user could not connect at all",
+                            &c->limits->max_processes, ret_message);
+
+        if (k == 0)
+                c->limits->set |= LIMIT_MAX_PROCESSES;
         return k;
 }
 
@@ -297,6 +345,8 @@ static void print_limits(const UserLimits *l, FILE *f) {
                 fprintf(f, "MaxLeases=%u\n", l->max_leases);
         if (l->set & LIMIT_MAX_CONNECTIONS)
                 fprintf(f, "MaxConnections=%u\n", l->max_connections);
+        if (l->set & LIMIT_MAX_PROCESSES)
+                fprintf(f, "MaxProcesses=%u\n", l->max_processes);
 }
 
 static const ConfigKey keys[] = {
@@ -306,10 +356,13 @@ static const ConfigKey keys[] = {
         { "Broker", "MaxSlab", parse_max_slab, print_max_slab },
         { "Broker", "AdminGroup", parse_admin_group, print_admin_group },
         { "Broker", "ReplyTimeout", parse_reply_timeout, print_reply_timeout },
+        { "Broker", "MaxConnectionsTotal", parse_max_connections_total, print_max_connections_total,
+          note_max_connections_total },
         /* also valid in [User:NAME] and [Group:NAME]; printed by print_limits() */
         { "Limits", "MaxBytes", parse_max_bytes, NULL },
         { "Limits", "MaxLeases", parse_max_leases, NULL },
         { "Limits", "MaxConnections", parse_max_connections, NULL },
+        { "Limits", "MaxProcesses", parse_max_processes, NULL },
 };
 
 /* --- the file ------------------------------------------------------------------------------------- */
@@ -548,8 +601,12 @@ void config_print(const Config *c, FILE *f) {
 
         fputs("[Broker]\n", f);
         for (size_t i = 0; i < ELEMENTSOF(keys); i++) {
+                const char *note = keys[i].note ? keys[i].note(c) : NULL;
+
                 if (!keys[i].print)
                         continue;
+                if (note)
+                        fprintf(f, "# %s\n", note);
                 fprintf(f, "%s=", keys[i].name);
                 keys[i].print(c, f);
                 fputc('\n', f);

@@ -15,6 +15,7 @@
 #include "macro.h"
 #include "message.h"
 #include "pool.h"
+#include "size.h"
 
 #define POOL_MAX_CLASSES 48
 
@@ -631,6 +632,47 @@ int pool_alloc(Pool *p, int device, uint64_t size, uid_t uid, Slab **ret_slabs, 
 
 /* --- the pool ------------------------------------------------------------------------------------------- */
 
+/* A size as vmmbroker.conf takes it: "2M", "1K", "1500". */
+static char *config_size(uint64_t bytes, char *buf, size_t len) {
+        static const char suffixes[] = "KMGT";
+        int i = -1;
+
+        while (i < 3 && bytes >= 1024 && bytes % 1024 == 0) {
+                bytes /= 1024;
+                i++;
+        }
+        snprintf(buf, len, "%" PRIu64 "%.*s", bytes, i >= 0, i >= 0 ? &suffixes[i] : "");
+        return buf;
+}
+
+/*
+ * The sentence for a capacity below the device's granularity, e.g. "Capacity=1K gives device 0 a pool of
+ * 1 KiB, less than its allocation granularity (2 MiB): it could lease nothing. Set Capacity= to at least 2M."
+ */
+static void capacity_message(const PoolDevice *dev, const PoolConfig *config, uint64_t free_mem,
+                             char **ret_message) {
+        char asked[FORMAT_SIZE_MAX], pool[FORMAT_SIZE_MAX], free_s[FORMAT_SIZE_MAX], gran[FORMAT_SIZE_MAX],
+                min[FORMAT_SIZE_MAX];
+        unsigned percent = config->capacity_percent ?: POOL_DEFAULT_CAPACITY_PERCENT;
+
+        if (dev->capacity % 1024 == 0)
+                format_size(dev->capacity, pool, sizeof(pool));
+        else    /* "2.0 MiB" would hide why 2097151 bytes are too few */
+                snprintf(pool, sizeof(pool), "%" PRIu64 " bytes", dev->capacity);
+        format_size(dev->info.granularity, gran, sizeof(gran));
+        config_size(dev->info.granularity, min, sizeof(min));
+        if (config->capacity > 0)
+                set_message(ret_message, "Capacity=%s gives device %d a pool of %s, less than its allocation "
+                            "granularity (%s): it could lease nothing. Set Capacity= to at least %s.",
+                            config_size(config->capacity, asked, sizeof(asked)), dev->info.index, pool, gran, min);
+        else
+                set_message(ret_message, "Capacity=%u%% gives device %d a pool of %s (%u%% of the %s free at "
+                            "start), less than its allocation granularity (%s): it could lease nothing. Free "
+                            "memory on the device, or set Capacity= to a larger share or to at least %s.",
+                            percent, dev->info.index, pool, percent, format_size(free_mem, free_s, sizeof(free_s)),
+                            gran, min);
+}
+
 static int device_init(Pool *p, PoolDevice *dev, int index, const PoolConfig *config, char **ret_message) {
         size_t free_mem = 0, total = 0;
         CUresult r;
@@ -684,6 +726,12 @@ static int device_init(Pool *p, PoolDevice *dev, int index, const PoolConfig *co
                 dev->capacity = (uint64_t)free_mem / 100 *
                                 (config->capacity_percent ?: POOL_DEFAULT_CAPACITY_PERCENT);
         }
+        if (dev->capacity < dev->info.granularity) {
+                /* a pool that could not hold one slab would start and refuse every Alloc */
+                capacity_message(dev, config, free_mem, ret_message);
+                k = -EINVAL;
+                goto release;
+        }
         dev->capacity -= dev->capacity % dev->info.granularity;
 
         dev->stats.index = index;
@@ -694,6 +742,7 @@ static int device_init(Pool *p, PoolDevice *dev, int index, const PoolConfig *co
 
 fail:
         set_message(ret_message, "Cannot set up CUDA device %d: %s.", index, p->last_error);
+release:
         if (dev->stream)
                 (void)DRV(dev, cuStreamDestroy)(dev->stream);
         dev->stream = NULL;

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "macro.h"
+#include "message.h"
 #include "selfcheck.h"
 #include "size.h"
 
@@ -146,9 +147,15 @@ static int check_device(Pool *pool, CudaDriver *cu, size_t i, FILE *out) {
         return 0;
 
 fail:
+        /* The reason after the error's name: the driver's, the pool's (only for the codes it explains), or ours. */
+        if (!message && k == POOL_E_TOO_LARGE && CHECK_SIZE > before.capacity)
+                set_message(&message, "the check leases %s, more than the pool's capacity of %s on this device "
+                            "(Capacity=)", format_size(CHECK_SIZE, b1, sizeof(b1)),
+                            format_size(before.capacity, b2, sizeof(b2)));
+        if (!message && (k == POOL_E_DRIVER || k == POOL_E_NOMEM) && *pool_last_error(pool))
+                message = strdup(pool_last_error(pool));
         fprintf(out, "device %d: FAILED to %s: %s%s%s\n", before.index, what,
-                k > 0 ? pool_strerror(k) : strerror(-k), message || k > 0 ? ": " : "",
-                message ? message : k > 0 ? pool_last_error(pool) : "");
+                k > 0 ? pool_strerror(k) : strerror(-k), message ? ": " : "", message ?: "");
         return 1;
 }
 

@@ -267,11 +267,15 @@ START_TEST(test_print_config) {
                               "MaxSlab=512M\n"
                               "AdminGroup=\n"
                               "ReplyTimeout=30s\n"
+                              "# MaxConnectionsTotal= is empty: derived from the fd limit, RLIMIT_NOFILE / 4 "
+                              "(64-65536)\n"
+                              "MaxConnectionsTotal=\n"
                               "\n"
                               "[Limits]\n"
                               "MaxBytes=80%\n"
                               "MaxLeases=1024\n"
-                              "MaxConnections=64\n");
+                              "MaxConnections=64\n"
+                              "MaxProcesses=256\n");
         scratch_done(&s);
 }
 END_TEST

@@ -6,7 +6,8 @@
 set -eu
 daemon=$1
 template=$2
-expected=$("$daemon" --config /nonexistent/vmmbroker.conf --print-config | grep -v "^$")
+# (--print-config's own comments, "# ...", are not compared: the template words its own)
+expected=$("$daemon" --config /nonexistent/vmmbroker.conf --print-config | grep -v -e "^$" -e "^# ")
 shown=$(grep -E '^(\[[A-Za-z]+\]|#[A-Za-z]+=)' "$template" | sed 's/^#//')
 if [ "$expected" != "$shown" ]; then
         echo "$template does not show the defaults that vmmbrokerd --print-config prints:" >&2

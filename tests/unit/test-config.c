@@ -10,7 +10,9 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "driver.h"
 #include "macro.h"
+#include "pool.h"
 #include "unit.h"
 
 static char dir[64];
@@ -92,11 +94,18 @@ START_TEST(test_defaults_without_file) {
                                "MaxSlab=1G\n"
                                "AdminGroup=\n"
                                "ReplyTimeout=30s\n"
+                               "# MaxConnectionsTotal= is empty: derived from the fd limit, RLIMIT_NOFILE / 4 "
+                               "(64-65536)\n"
+                               "MaxConnectionsTotal=\n"
                                "\n"
                                "[Limits]\n"
                                "MaxBytes=80%\n"
                                "MaxLeases=1024\n"
-                               "MaxConnections=64\n");
+                               "MaxConnections=64\n"
+                               "MaxProcesses=256\n");
+        ck_assert_uint_eq(c.manager.max_connections_total, 0);
+        ck_assert_uint_eq(c.manager.limits.defaults.max_processes, USER_DEFAULT_MAX_PROCESSES);
+        ck_assert(c.manager.limits.defaults.set & LIMIT_MAX_PROCESSES);
         config_done(&c);
 }
 END_TEST
@@ -196,7 +205,8 @@ START_TEST(test_errors_name_the_line) {
         expect_error("[Broker]\nDevices=-1\n", 2, "expected \"all\"");
         expect_error("[Broker]\nDevices=64\n", 2, "expected \"all\"");
         expect_error("[Broker]\nDevices=1 1\n", 2, "device 1 is named twice");
-        expect_error("[Broker]\nCapacity=0\n", 2, "expected a size such as 64G");
+        expect_error("[Broker]\nCapacity=0\n", 2, "Capacity=0: a pool of 0 bytes could lease nothing: set at least "
+                     "a device's allocation granularity (2M on current GPUs)");
         expect_error("[Broker]\nCapacity=12X\n", 2, "expected a size such as 64G");
         expect_error("[Broker]\nCapacity=101%\n", 2, "a percentage must be 1%-100%");
         expect_error("[Broker]\nCapacity=0%\n", 2, "a percentage must be 1%-100%");
@@ -272,8 +282,10 @@ START_TEST(test_print_round_trip) {
         Config c;
 
         ck_assert_int_eq(load(&c, "[Broker]\nSocket=/run/x\nDevices=1,0\nCapacity=1536M\nMaxSlab=2G\n"
-                                  "AdminGroup=root\nReplyTimeout=2min\n[Limits]\nMaxBytes=40G\n"
-                                  "[User:0]\nMaxLeases=7\n[Group:root]\nMaxBytes=50%\nMaxConnections=3\n",
+                                  "AdminGroup=root\nReplyTimeout=2min\nMaxConnectionsTotal=500\n"
+                                  "[Limits]\nMaxBytes=40G\nMaxProcesses=12\n"
+                                  "[User:0]\nMaxLeases=7\nMaxProcesses=1\n"
+                                  "[Group:root]\nMaxBytes=50%\nMaxConnections=3\n",
                               &message), 0);
         first = printed(&c);
         ck_assert_str_eq(first, "[Broker]\n"
@@ -283,14 +295,17 @@ START_TEST(test_print_round_trip) {
                                 "MaxSlab=2G\n"
                                 "AdminGroup=root\n"
                                 "ReplyTimeout=2min\n"
+                                "MaxConnectionsTotal=500\n"
                                 "\n"
                                 "[Limits]\n"
                                 "MaxBytes=40G\n"
                                 "MaxLeases=1024\n"
                                 "MaxConnections=64\n"
+                                "MaxProcesses=12\n"
                                 "\n"
                                 "[User:0]\n"
                                 "MaxLeases=7\n"
+                                "MaxProcesses=1\n"
                                 "\n"
                                 "[Group:root]\n"
                                 "MaxBytes=50%\n"
@@ -308,14 +323,15 @@ START_TEST(test_limits) {
         const LimitsConfig *lc;
         Config c;
 
-        ck_assert_int_eq(load(&c, "[Limits]\nMaxBytes=64G\nMaxConnections=5\n"
+        ck_assert_int_eq(load(&c, "[Limits]\nMaxBytes=64G\nMaxConnections=5\nMaxProcesses=6\n"
                                   "[User:root]\nMaxBytes=90%\n"
-                                  "[Group:0]\nMaxLeases=10\n"
+                                  "[Group:0]\nMaxLeases=10\nMaxProcesses=30\n"
                                   "[User:0]\nMaxConnections=9\n", &message), 0);
         lc = &c.manager.limits;
         ck_assert_uint_eq(lc->defaults.max_bytes, UINT64_C(64) << 30);
         ck_assert_uint_eq(lc->defaults.max_connections, 5);
         ck_assert_uint_eq(lc->defaults.max_leases, USER_DEFAULT_MAX_LEASES);
+        ck_assert_uint_eq(lc->defaults.max_processes, 6);
         /* [User:root] and [User:0] are one rule; each sets only its own keys */
         ck_assert_uint_eq(lc->n_rules, 2);
         ck_assert(!lc->rules[0].group);
@@ -324,7 +340,8 @@ START_TEST(test_limits) {
         ck_assert_uint_eq(lc->rules[0].limits.max_bytes_percent, 90);
         ck_assert_uint_eq(lc->rules[0].limits.max_connections, 9);
         ck_assert(lc->rules[1].group);
-        ck_assert_uint_eq(lc->rules[1].limits.set, LIMIT_MAX_LEASES);
+        ck_assert_uint_eq(lc->rules[1].limits.set, LIMIT_MAX_LEASES | LIMIT_MAX_PROCESSES);
+        ck_assert_uint_eq(lc->rules[1].limits.max_processes, 30);
         config_done(&c);
 
         ck_assert_int_eq(load(&c, "[User:vmmb-no-such-user]\nMaxLeases=1\n", &message), -EINVAL);
@@ -332,8 +349,8 @@ START_TEST(test_limits) {
         config_done(&c);
         ck_assert_int_eq(load(&c, "[Group:]\n", &message), -EINVAL);
         config_done(&c);
-        ck_assert_int_eq(load(&c, "[Limits]\nMaxLeases=0\n", &message), -EINVAL);
-        ck_assert_ptr_nonnull(strstr(message, "MaxLeases=0: expected a number from 1 to 1000000"));
+        ck_assert_int_eq(load(&c, "[Limits]\nMaxLeases=1000001\n", &message), -EINVAL);
+        ck_assert_ptr_nonnull(strstr(message, "MaxLeases=1000001: expected a number from 1 to 1000000"));
         config_done(&c);
         ck_assert_int_eq(load(&c, "[Limits]\nMaxBytes=101%\n", &message), -EINVAL);
         config_done(&c);
@@ -343,6 +360,136 @@ START_TEST(test_limits) {
         config_done(&c);
         ck_assert_int_eq(load(&c, "[Broker]\nReplyTimeout=5h\n", &message), -EINVAL);
         config_done(&c);
+}
+END_TEST
+
+/* Values that could not work are refused with the smallest that would; an empty value still resets. */
+START_TEST(test_zero_refused) {
+        _cleanup_free_ char *message = NULL;
+        Config c;
+
+        expect_error("[Limits]\nMaxLeases=0\n", 2, "MaxLeases=0: must be at least 1: with 0 the user could lease "
+                     "nothing");
+        expect_error("[Limits]\nMaxConnections=00\n", 2, "MaxConnections=00: must be at least 1: with 0 the user "
+                     "could not connect at all");
+        expect_error("[Limits]\nMaxProcesses=0\n", 2, "MaxProcesses=0: must be at least 1: a process that "
+                     "connects counts, so with 0 the user could not connect at all");
+        expect_error("[User:0]\nMaxProcesses=0\n", 2, "MaxProcesses=0: must be at least 1");
+        expect_error("[Group:0]\nMaxConnections=0\n", 2, "MaxConnections=0: must be at least 1");
+        expect_error("[Limits]\nMaxBytes=0\n", 2, "MaxBytes=0: with 0 the user could lease nothing: set at least "
+                     "a device's allocation granularity (2M on current GPUs), or a percentage");
+        expect_error("[Limits]\nMaxBytes=0K\n", 2, "MaxBytes=0K: with 0 the user could lease nothing");
+        expect_error("[Limits]\nMaxBytes=0%\n", 2, "MaxBytes=0%: a percentage must be 1%-100%");
+        expect_error("[Broker]\nReplyTimeout=0\n", 2, "ReplyTimeout=0: must be at least 1ms: with 0 every "
+                     "connection would be closed as soon as a reply waited for it");
+        expect_error("[Broker]\nReplyTimeout=0ms\n", 2, "ReplyTimeout=0ms: must be at least 1ms");
+        expect_error("[Broker]\nReplyTimeout=0min\n", 2, "ReplyTimeout=0min: must be at least 1ms");
+        expect_error("[Broker]\nReplyTimeout=1h\n", 2, "ReplyTimeout=1h: expected a time such as 30s");
+        expect_error("[Broker]\nMaxConnectionsTotal=0\n", 2, "MaxConnectionsTotal=0: must be at least 1: with 0 "
+                     "nobody could connect (leave it empty to derive it from the fd limit)");
+        expect_error("[Broker]\nMaxConnectionsTotal=-5\n", 2, "MaxConnectionsTotal=-5: expected a number from 1 "
+                     "to 1000000");
+        expect_error("[Broker]\nMaxConnectionsTotal=1000001\n", 2, "expected a number from 1 to 1000000");
+        expect_error("[Broker]\nMaxProcesses=3\n", 2, "unknown key \"MaxProcesses\" in [Broker]");
+        expect_error("[Limits]\nMaxConnectionsTotal=3\n", 2, "unknown key \"MaxConnectionsTotal\" in [Limits]");
+
+        /* The command line goes through the same parser. */
+        config_init(&c);
+        ck_assert_int_eq(config_set(&c, "MaxConnectionsTotal", "0", "--max-connections-total", &message), -EINVAL);
+        ck_assert_str_eq(message, "--max-connections-total: MaxConnectionsTotal=0: must be at least 1: with 0 "
+                                  "nobody could connect (leave it empty to derive it from the fd limit)");
+        ck_assert_int_eq(config_set(&c, "ReplyTimeout", "0s", "--reply-timeout", &message), -EINVAL);
+        ck_assert_str_eq(message, "--reply-timeout: ReplyTimeout=0s: must be at least 1ms: with 0 every connection "
+                                  "would be closed as soon as a reply waited for it");
+        config_done(&c);
+
+        /* The smallest values are taken; an empty value goes back to the default. */
+        ck_assert_int_eq(load(&c, "[Broker]\nMaxConnectionsTotal=1\nReplyTimeout=1ms\n"
+                                  "[Limits]\nMaxLeases=1\nMaxConnections=1\nMaxProcesses=1\nMaxBytes=1\n",
+                              &message), 0);
+        ck_assert_uint_eq(c.manager.max_connections_total, 1);
+        ck_assert_uint_eq(c.manager.reply_timeout_usec, 1000);
+        ck_assert_uint_eq(c.manager.limits.defaults.max_leases, 1);
+        ck_assert_uint_eq(c.manager.limits.defaults.max_connections, 1);
+        ck_assert_uint_eq(c.manager.limits.defaults.max_processes, 1);
+        ck_assert_uint_eq(c.manager.limits.defaults.max_bytes, 1);
+        config_done(&c);
+        ck_assert_int_eq(load(&c, "[Broker]\nMaxConnectionsTotal=9\nMaxConnectionsTotal=\nReplyTimeout=5s\n"
+                                  "ReplyTimeout=\n[Limits]\nMaxProcesses=3\nMaxProcesses=\nMaxLeases=2\n"
+                                  "MaxLeases=\nMaxConnections=2\nMaxConnections=\nMaxBytes=1G\nMaxBytes=\n",
+                              &message), 0);
+        ck_assert_uint_eq(c.manager.max_connections_total, 0);
+        ck_assert_uint_eq(c.manager.reply_timeout_usec, 0);
+        ck_assert_uint_eq(c.manager.limits.defaults.max_processes, USER_DEFAULT_MAX_PROCESSES);
+        ck_assert_uint_eq(c.manager.limits.defaults.max_leases, USER_DEFAULT_MAX_LEASES);
+        ck_assert_uint_eq(c.manager.limits.defaults.max_connections, USER_DEFAULT_MAX_CONNECTIONS);
+        ck_assert_uint_eq(c.manager.limits.defaults.max_bytes, 0);
+        ck_assert_uint_eq(c.manager.limits.defaults.max_bytes_percent, USER_DEFAULT_MAX_BYTES_PERCENT);
+        config_done(&c);
+
+        /* A value refused leaves the key as it was. */
+        ck_assert_int_eq(load(&c, "[Broker]\nMaxConnectionsTotal=70\nMaxConnectionsTotal=0\n", &message), -EINVAL);
+        ck_assert_uint_eq(c.manager.max_connections_total, 70);
+        config_done(&c);
+}
+END_TEST
+
+/*
+ * The pool (on the simulated device, 2 MiB granularity) with `text` as the configuration: pool_new()'s result,
+ * its message in *ret_message and, when it succeeds, device 0's capacity in *ret_capacity.
+ */
+static int pool_with(const char *text, uint64_t *ret_capacity, char **ret_message) {
+        _cleanup_free_ char *message = NULL;
+        CudaDriver *cu = NULL;
+        Pool *pool = NULL;
+        PoolDeviceStats st;
+        Config c;
+        int k;
+
+        ck_assert_int_eq(load(&c, text, &message), 0);
+        ck_assert_msg(cuda_driver_open(&cu, NULL, &message) == 0, "%s", message);
+        k = pool_new(&pool, cu, &c.manager.pool, ret_message);
+        if (k == 0) {
+                pool_device_stats(pool, 0, &st);
+                *ret_capacity = st.capacity;
+        }
+        pool_free(pool);
+        cuda_driver_close(cu);
+        config_done(&c);
+        return k;
+}
+
+START_TEST(test_capacity_below_granularity) {
+        _cleanup_free_ char *message = NULL;
+        uint64_t capacity = 0;
+
+        ck_assert_int_eq(pool_with("[Broker]\nCapacity=1K\n", &capacity, &message), -EINVAL);
+        ck_assert_str_eq(message, "Capacity=1K gives device 0 a pool of 1 KiB, less than its allocation granularity "
+                                  "(2 MiB): it could lease nothing. Set Capacity= to at least 2M.");
+        ck_assert_int_eq(pool_with("[Broker]\nCapacity=2097151\n", &capacity, &message), -EINVAL);
+        ck_assert_str_eq(message, "Capacity=2097151 gives device 0 a pool of 2097151 bytes, less than its allocation "
+                                  "granularity (2 MiB): it could lease nothing. Set Capacity= to at least 2M.");
+
+        /* The granularity itself is enough; above it, the capacity is rounded down to a multiple of it. */
+        ck_assert_int_eq(pool_with("[Broker]\nCapacity=2M\n", &capacity, &message), 0);
+        ck_assert_uint_eq(capacity, UINT64_C(2) << 20);
+        ck_assert_int_eq(pool_with("[Broker]\nCapacity=5M\n", &capacity, &message), 0);
+        ck_assert_uint_eq(capacity, UINT64_C(4) << 20);
+}
+END_TEST
+
+START_TEST(test_capacity_percent_below_granularity) {
+        _cleanup_free_ char *message = NULL;
+        uint64_t capacity = 0;
+
+        /* Each test runs in a process of its own, which loads the simulator afresh: it reads this. */
+        ck_assert_int_eq(setenv("SIMCUDA_MEMORY", "100M", 1), 0);
+        ck_assert_int_eq(pool_with("[Broker]\nCapacity=1%\n", &capacity, &message), -EINVAL);
+        ck_assert_str_eq(message, "Capacity=1% gives device 0 a pool of 1 MiB (1% of the 100 MiB free at start), "
+                                  "less than its allocation granularity (2 MiB): it could lease nothing. Free memory "
+                                  "on the device, or set Capacity= to a larger share or to at least 2M.");
+        ck_assert_int_eq(pool_with("[Broker]\nCapacity=2%\n", &capacity, &message), 0);
+        ck_assert_uint_eq(capacity, UINT64_C(2) << 20);
 }
 END_TEST
 
@@ -362,6 +509,9 @@ int main(void) {
         tcase_add_test(tc, test_set_from_option);
         tcase_add_test(tc, test_print_round_trip);
         tcase_add_test(tc, test_limits);
+        tcase_add_test(tc, test_zero_refused);
+        tcase_add_test(tc, test_capacity_below_granularity);
+        tcase_add_test(tc, test_capacity_percent_below_granularity);
         suite_add_tcase(s, tc);
         return run_suite(s) == 0 ? 0 : 1;
 }
