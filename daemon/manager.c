@@ -94,10 +94,17 @@ static void schedule_idle(Manager *m) {
         (void)sd_event_source_set_enabled(m->idle_source, SD_EVENT_ONESHOT);
 }
 
+/*
+ * Connections accepted per wake-up of the listening socket: a user reconnecting as fast as it can must
+ * not keep the loop accepting while others' requests wait (the socket stays readable; the rest come at
+ * its next turn).
+ */
+#define ACCEPTS_PER_WAKEUP 16
+
 static int on_accept(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
         Manager *m = userdata;
 
-        for (;;) {
+        for (unsigned i = 0; i < ACCEPTS_PER_WAKEUP; i++) {
                 int cfd = accept4(fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 
                 if (cfd < 0) {
@@ -113,6 +120,7 @@ static int on_accept(sd_event_source *s, int fd, uint32_t revents, void *userdat
                 }
                 (void)peer_new(m, cfd);         /* which closes it if it cannot be served or told why */
         }
+        return 0;
 }
 
 /*
