@@ -68,6 +68,8 @@ struct vmmb_lease {
         uint64_t *sizes;                /* each slab's size, in mapping order */
         size_t n_slabs;
         bool readonly;                  /* mapped with read access only */
+        uid_t owner;                    /* the owner's uid, (uid_t)-1 when the broker did not say */
+        char *owner_name;               /* the owner's user name, NULL when the broker did not say */
 };
 
 /* --- errors ------------------------------------------------------------------------------------------- */
@@ -330,10 +332,11 @@ static int conn_receive(VarlinkConn *conn, json_object **ret, ReceivedFds *fds, 
 /*
  * Whether a call may be sent again when the broker may have carried it out
  * before the connection was lost: when one call and two leave the broker the
- * same and are answered the same. Of the calls this library makes, only
- * Publish is: the same lease published again under the same name, with the
- * same users and flags, changes nothing and succeeds again. (The read-only
- * calls, List, Status and Users, would be too; the library makes none.)
+ * same and are answered the same. Of the calls this library makes, Publish
+ * is: the same lease published again under the same name, with the same
+ * users and flags, changes nothing and succeeds again; and Tokens, which
+ * changes nothing at all. (The other read-only calls, List, Status and Users,
+ * would be too; the library makes none.)
  * Alloc, Attach and Share make something new each time: a lease or a hold
  * this process would not know of, or a token. Free drops one reference on
  * this process's hold, and a process may hold a lease more than once (an
@@ -343,7 +346,7 @@ static int conn_receive(VarlinkConn *conn, json_object **ret, ReceivedFds *fds, 
  * name from another lease that took it in between.
  */
 static bool method_is_repeatable(const char *method) {
-        return strcmp(method, VMMB_METHOD_PUBLISH) == 0;
+        return strcmp(method, VMMB_METHOD_PUBLISH) == 0 || strcmp(method, VMMB_METHOD_TOKENS) == 0;
 }
 
 /* "Alloc" for "io.vmmbroker.Alloc". */
@@ -504,6 +507,7 @@ static vmmb_lease *lease_destroy(vmmb_lease *l) {
                 return NULL;
         free(l->id);
         free(l->sizes);
+        free(l->owner_name);
         free(l);
         return NULL;
 }
@@ -594,14 +598,22 @@ static int lease_map_reply(vmmb_client *client, const char *method, json_object 
                 client_give_back(client, ar.lease.id);
                 goto out;
         }
+        /* (uid_t)-1 is no user: an owner is a uid below it, or absent (a broker older than owners) */
+        if (ar.lease.owner != JSON_ABSENT && (ar.lease.owner < 0 || ar.lease.owner >= (int64_t)UINT32_MAX)) {
+                k = set_error(-EPROTO, "The broker's reply to %s is not valid: lease %s is owned by uid %" PRId64 ".",
+                              method, ar.lease.id, ar.lease.owner);
+                client_give_back(client, ar.lease.id);
+                goto out;
+        }
 
         l = calloc(1, sizeof(*l));
         ordered = calloc(ar.lease.n_slabs, sizeof(int));
         if (l) {
                 l->id = strdup(ar.lease.id);
                 l->sizes = calloc(ar.lease.n_slabs, sizeof(uint64_t));
+                l->owner_name = ar.lease.owner_name ? strdup(ar.lease.owner_name) : NULL;
         }
-        if (!l || !ordered || !l->id || !l->sizes) {
+        if (!l || !ordered || !l->id || !l->sizes || (ar.lease.owner_name && !l->owner_name)) {
                 k = set_error(-ENOMEM, "Out of memory.");
                 client_give_back(client, ar.lease.id);
                 goto out;
@@ -611,6 +623,7 @@ static int lease_map_reply(vmmb_client *client, const char *method, json_object 
         l->device = (int)ar.lease.device;
         l->n_slabs = ar.lease.n_slabs;
         l->readonly = readonly || ar.lease.readonly;
+        l->owner = ar.lease.owner == JSON_ABSENT ? (uid_t)-1 : (uid_t)ar.lease.owner;
         for (size_t i = 0; i < l->n_slabs; i++) {
                 ordered[i] = fds->fds[ar.lease.slabs[i].fd];
                 l->sizes[i] = ar.lease.slabs[i].size;
@@ -797,14 +810,37 @@ static int token_check(const char *token, const char *function) {
         return 0;
 }
 
-/* Checks a name the caller passed. */
-static int name_check(const char *name, const char *function) {
+/*
+ * Checks a name to publish: NAME alone, in the owner's namespace. One with '/' is refused with a sentence on
+ * how others name it; `owner_name` is the lease owner's user name, for that sentence, or NULL.
+ */
+static int name_check(const char *name, const char *function, const char *owner_name) {
         if (!name)
                 return set_error(-EINVAL, "%s() needs a name.", function);
+        if (strchr(name, '/') && vmmb_lease_name_was_valid(name))
+                return set_error(-EINVAL, "'%.*s%s' cannot be published: a name has no '/'. A name lives in its "
+                                 "owner's namespace: publish it as NAME, and other users attach it as "
+                                 "OWNER/NAME (%s/NAME).", 64, name, strlen(name) > 64 ? "..." : "",
+                                 owner_name ?: "OWNER");
         if (!vmmb_lease_name_is_valid(name))
                 return set_error(-EINVAL, "'%.*s%s' cannot be a lease's name: a name is 1-%d ASCII letters, "
-                                 "digits and ._-:@+/ that begins with a letter or digit.", 64, name,
+                                 "digits and ._-:@+ that begins with a letter or digit.", 64, name,
                                  strlen(name) > 64 ? "..." : "", VMMB_LEASE_NAME_MAX);
+        return 0;
+}
+
+/* Checks a name to attach or unpublish: NAME (the caller's own) or OWNER/NAME. */
+static int name_ref_check(const char *ref, const char *function) {
+        char buf[VMMB_LEASE_NAME_REF_MAX + 1];
+        const char *owner, *name;
+
+        if (!ref)
+                return set_error(-EINVAL, "%s() needs a name.", function);
+        if (vmmb_lease_name_split(ref, buf, &owner, &name) < 0)
+                return set_error(-EINVAL, "'%.*s%s' is not a lease's name: that is NAME (one of your own) or "
+                                 "OWNER/NAME (OWNER a user name or uid), NAME 1-%d ASCII letters, digits and "
+                                 "._-:@+ that begins with a letter or digit.", 64, ref,
+                                 strlen(ref) > 64 ? "..." : "", VMMB_LEASE_NAME_MAX);
         return 0;
 }
 
@@ -874,7 +910,7 @@ VMMB_EXPORT int vmmb_attach_name(vmmb_client *client, const char *name, unsigned
 
         if (!client || !ret)
                 return set_error(-EINVAL, "vmmb_attach_name() needs a client and somewhere to put the lease.");
-        k = name_check(name, "vmmb_attach_name");
+        k = name_ref_check(name, "vmmb_attach_name");
         if (k < 0)
                 return k;
         k = flags_check(flags, "vmmb_attach_name");
@@ -944,7 +980,7 @@ VMMB_EXPORT int vmmb_publish(vmmb_lease *lease, const char *name, const uid_t *u
 
         if (!lease)
                 return set_error(-EINVAL, "vmmb_publish() needs a lease.");
-        k = name_check(name, "vmmb_publish");
+        k = name_check(name, "vmmb_publish", lease->owner_name);
         if (k < 0)
                 return k;
         k = flags_check(flags, "vmmb_publish");
@@ -981,13 +1017,77 @@ VMMB_EXPORT int vmmb_unpublish(vmmb_client *client, const char *name) {
 
         if (!client)
                 return set_error(-EINVAL, "vmmb_unpublish() needs a client.");
-        k = name_check(name, "vmmb_unpublish");
+        k = name_ref_check(name, "vmmb_unpublish");
         if (k < 0)
                 return k;
         k = unpublish_params_encode(&p, &params);
+        if (k == -EINVAL)
+                return set_error(-EINVAL, "The name has characters that cannot be sent.");
         if (k < 0)
                 return set_error(k, "Cannot encode the request: %s.", strerror(-k));
         return client_call_empty(client, VMMB_METHOD_UNPUBLISH, params);
+}
+
+VMMB_EXPORT int vmmb_tokens(vmmb_lease *lease, vmmb_token **ret, size_t *ret_n) {
+        _cleanup_(json_putp) json_object *params = NULL;
+        _cleanup_free_ char *message = NULL;
+        _cleanup_free_ vmmb_token *tokens = NULL;
+        FreeParams p = {};
+        VarlinkReply reply = {};
+        TokensReply tr = {};
+        int k;
+
+        if (!lease || !ret || !ret_n)
+                return set_error(-EINVAL, "vmmb_tokens() needs a lease and somewhere to put the tokens.");
+        p.id = lease->id;
+        k = free_params_encode(&p, &params);
+        if (k < 0)
+                return set_error(k, "Cannot encode the request: %s.", strerror(-k));
+        k = client_call(lease->client, VMMB_METHOD_TOKENS, params, &reply, NULL);
+        if (k < 0)
+                return k;
+        k = tokens_reply_decode(reply.parameters, &tr, &message);
+        if (k < 0) {
+                k = set_error_from(k == -ENOMEM ? k : -EPROTO, "The broker's reply to Tokens is not valid", message);
+                goto out;
+        }
+        if (tr.n_tokens > 0) {
+                tokens = calloc(tr.n_tokens, sizeof(vmmb_token));
+                if (!tokens) {
+                        k = set_error(-ENOMEM, "Out of memory.");
+                        goto out;
+                }
+        }
+        for (size_t i = 0; i < tr.n_tokens; i++) {
+                const WireToken *w = &tr.tokens[i];
+                size_t n = strlen(w->token);
+
+                /* (uid_t)-1 is VMMB_ANY_UID: a user is below it */
+                if (n == 0 || n >= VMMB_TOKEN_SIZE || (w->uid != JSON_ABSENT && w->uid >= (int64_t)UINT32_MAX) ||
+                    w->creator < 0 || w->creator >= (int64_t)UINT32_MAX) {
+                        k = set_error(-EPROTO, "The broker's reply to Tokens is not valid: token %zu is of %zu "
+                                      "characters, for uid %" PRId64 ", made by uid %" PRId64 ".", i, n, w->uid,
+                                      w->creator);
+                        goto out;
+                }
+                memcpy(tokens[i].token, w->token, n + 1);
+                tokens[i].uid = w->uid == JSON_ABSENT ? VMMB_ANY_UID : (uid_t)w->uid;
+                tokens[i].creator = (uid_t)w->creator;
+                tokens[i].readonly = w->readonly ? 1 : 0;
+        }
+        *ret = TAKE_PTR(tokens);
+        *ret_n = tr.n_tokens;
+        k = 0;
+out:
+        tokens_reply_done(&tr);
+        varlink_reply_done(&reply);
+        return k;
+}
+
+VMMB_EXPORT void vmmb_tokens_free(vmmb_token *tokens, size_t n) {
+        /* one block: the tokens hold nothing of their own (n is for a later layout that may) */
+        (void)n;
+        free(tokens);
 }
 
 VMMB_EXPORT int vmmb_free(vmmb_lease *lease) {
@@ -1016,6 +1116,14 @@ VMMB_EXPORT int vmmb_lease_device(const vmmb_lease *lease) {
 
 VMMB_EXPORT const char *vmmb_lease_id(const vmmb_lease *lease) {
         return lease ? lease->id : NULL;
+}
+
+VMMB_EXPORT uid_t vmmb_lease_owner(const vmmb_lease *lease) {
+        return lease ? lease->owner : (uid_t)-1;
+}
+
+VMMB_EXPORT const char *vmmb_lease_owner_name(const vmmb_lease *lease) {
+        return lease ? lease->owner_name : NULL;
 }
 
 VMMB_EXPORT int vmmb_lease_readonly(const vmmb_lease *lease) {

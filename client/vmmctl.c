@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 
 /*
- * vmmctl: the administrator's view of the broker, and the one change it
- * makes: taking a published lease's name away. Each command makes one
+ * vmmctl: the administrator's view of the broker (its pool, leases, users and
+ * a lease's share tokens), and the one change it makes: taking a published
+ * lease's name away. Each command makes one
  * varlink call on a blocking connection whose reads and writes give up after
  * IO_TIMEOUT_S (a stuck broker is an error, not a hang) and prints the reply
  * as a table for people or, with --json, as the broker's own parameters.
@@ -169,13 +170,26 @@ static const char *permission_hint(const char *method) {
         return "Run it as root or as a member of the broker's AdminGroup= (vmmbroker.conf(5)).";
 }
 
+/* What else the broker's error `error` to `method` may mean, or NULL. */
+static const char *error_hint(const char *error, const char *method) {
+        if (strcmp(error, VMMB_ERROR_PERMISSION_DENIED) == 0)
+                return permission_hint(method);
+        /* vmmctl holds no lease: only an administrator is shown a lease it does not hold */
+        if (strcmp(error, VMMB_ERROR_NO_SUCH_LEASE) == 0 && strcmp(method, VMMB_METHOD_TOKENS) == 0)
+                return "Unless vmmctl runs as root or a member of the broker's AdminGroup= (vmmbroker.conf(5)), "
+                       "the broker shows it no lease's tokens; the owner's own programs list theirs with "
+                       "vmmb_tokens() (libvmmbroker(3)).";
+        return NULL;
+}
+
 /* Says what the broker's error reply means and how to get past it; returns EXIT_BROKER_ERROR. */
 static int broker_refused(const VarlinkReply *reply, const char *method) {
         _cleanup_free_ char *message = NULL;
+        const char *hint = error_hint(reply->error, method);
 
         vmmb_error_describe(reply->error, reply->parameters, method, &message);
-        if (strcmp(reply->error, VMMB_ERROR_PERMISSION_DENIED) == 0)
-                log_error("%s %s", message ?: "Permission denied.", permission_hint(method));
+        if (hint)
+                log_error("%s %s", message ?: "The broker refused the call.", hint);
         else
                 log_error("%s", message ?: "The broker refused the call.");
         return EXIT_BROKER_ERROR;
@@ -515,18 +529,36 @@ static const char *format_user(int64_t uid, char *buf, size_t len) {
 }
 
 /*
+ * A published name as others attach it: OWNER/NAME, OWNER the owner's user name, or its uid when the name
+ * is unknown or would not be read back as this user's (the broker takes an OWNER that begins with a digit
+ * for a uid).
+ */
+static const char *format_published(int64_t uid, const char *name, char *buf, size_t len) {
+        char owner[USER_MAX];
+
+        format_user(uid, owner, sizeof(owner));
+        if (strlen(owner) > VMMB_USER_NAME_MAX || strchr(owner, '/') || (owner[0] >= '0' && owner[0] <= '9'))
+                snprintf(owner, sizeof(owner), "%" PRId64, uid);
+        snprintf(buf, len, "%s/%s", owner, name);
+        return buf;
+}
+
+/*
  * The rows of one lease: the lease with its first holder, then a continuation
  * row (holder columns only) for each further holder. A lease nobody holds (a
  * published one) shows "-" for the holder. Returns 0 or an exit status.
  */
 static int list_add_lease(Table *t, const WireLeaseInfo *l, uint64_t now_usec) {
         char device[24], slabs[24], size[FORMAT_SIZE_MAX], age[32], owner[USER_MAX];
+        char name[USER_MAX + 1 + VMMB_LEASE_NAME_MAX + 1] = "-";
         uint64_t created = l->created > 0 ? (uint64_t)l->created : 0;
         int k = 0;
 
         snprintf(device, sizeof(device), "%" PRId64, l->device);
         snprintf(slabs, sizeof(slabs), "%" PRIu64, l->slabs);
         format_user(l->uid, owner, sizeof(owner));
+        if (l->name)
+                format_published(l->uid, l->name, name, sizeof(name));
         for (size_t i = 0; k == 0 && i < (l->n_holders > 0 ? l->n_holders : 1); i++) {
                 const WireHolder *h = l->n_holders > 0 ? &l->holders[i] : NULL;
                 char pid[24] = "-", user[USER_MAX] = "-";
@@ -541,7 +573,7 @@ static int list_add_lease(Table *t, const WireLeaseInfo *l, uint64_t now_usec) {
                         [LIST_SIZE] = i == 0 ? format_size(l->size, size, sizeof(size)) : "",
                         [LIST_SLABS] = i == 0 ? slabs : "",
                         [LIST_OWNER] = i == 0 ? owner : "",
-                        [LIST_NAME] = i == 0 ? l->name ?: "-" : "",
+                        [LIST_NAME] = i == 0 ? name : "",
                         [LIST_LABEL] = i == 0 ? l->label ?: "-" : "",
                         [LIST_AGE] = i == 0 ? format_age(now_usec > created ? now_usec - created : 0, age,
                                                          sizeof(age))
@@ -747,12 +779,15 @@ static int verb_unpublish(Context *ctx, int argc, char **argv) {
         _cleanup_(json_object_putp) json_object *params = NULL, *reply = NULL;
         _cleanup_free_ char *message = NULL;
         UnpublishParams up = { .name = argv[0] };
+        char buf[VMMB_LEASE_NAME_REF_MAX + 1];
+        const char *owner, *name;
         int k;
 
-        /* A name Publish refuses is published nowhere: a typo, best said before asking. */
-        if (!vmmb_lease_name_is_valid(up.name))
-                return usage_error("'%s' is not a lease name: names are 1-%d letters, digits and ._-:@+/ that "
-                                   "begin with a letter or digit.", up.name, VMMB_LEASE_NAME_MAX);
+        /* A name that is neither NAME nor OWNER/NAME is published nowhere: a typo, best said before asking. */
+        if (vmmb_lease_name_split(up.name, buf, &owner, &name) < 0)
+                return usage_error("'%s' is not a lease name: a name is NAME (your own) or OWNER/NAME (OWNER a "
+                                   "user name or uid, as 'vmmctl list' shows it), NAME 1-%d letters, digits and "
+                                   "._-:@+ that begin with a letter or digit.", up.name, VMMB_LEASE_NAME_MAX);
         k = unpublish_params_encode(&up, &params);
         if (k < 0) {
                 log_error("Cannot make the call %s: %s", VMMB_METHOD_UNPUBLISH, strerror(-k));
@@ -769,9 +804,81 @@ static int verb_unpublish(Context *ctx, int argc, char **argv) {
         return 0;
 }
 
+enum {
+        TOKENS_TOKEN,
+        TOKENS_FOR,
+        TOKENS_CREATOR,
+        TOKENS_MODE,
+        TOKENS_COLUMNS,
+};
+
+static const TableColumn tokens_columns[TOKENS_COLUMNS] = {
+        [TOKENS_TOKEN] = { "TOKEN", TABLE_LEFT, 8 },
+        [TOKENS_FOR] = { "FOR", TABLE_LEFT, 3 },
+        [TOKENS_CREATOR] = { "CREATOR", TABLE_LEFT, 4 },
+        [TOKENS_MODE] = { "MODE", TABLE_LEFT, 0 },
+};
+
+static int verb_tokens(Context *ctx, int argc, char **argv) {
+        _cleanup_(json_object_putp) json_object *params = NULL, *reply = NULL;
+        _cleanup_free_ char *message = NULL;
+        FreeParams fp = { .id = argv[0] };
+        TokensReply tokens = {};
+        Table *t = NULL;
+        int k;
+
+        /* An identifier the broker would refuse is held by no lease: a typo, best said before asking. */
+        if (!*fp.id || strlen(fp.id) > VMMB_ID_MAX)
+                return usage_error("'%s' is not a lease identifier: 'vmmctl list --all' shows them.", fp.id);
+        k = free_params_encode(&fp, &params);
+        if (k < 0) {
+                log_error("Cannot make the call %s: %s", VMMB_METHOD_TOKENS, strerror(-k));
+                return EXIT_BROKER_ERROR;
+        }
+        k = broker_call(ctx, VMMB_METHOD_TOKENS, params, &reply);
+        if (k != 0)
+                return k;
+        k = tokens_reply_decode(reply, &tokens, &message);
+        if (k < 0)
+                return reply_unreadable(ctx, VMMB_METHOD_TOKENS, k, message);
+        if (ctx->args->json) {
+                tokens_reply_done(&tokens);
+                return print_json(reply);
+        }
+
+        if (table_new(&t, tokens_columns, TOKENS_COLUMNS) < 0) {
+                log_error("Out of memory.");
+                k = EXIT_BROKER_ERROR;
+                goto finish;
+        }
+        for (size_t i = 0; i < tokens.n_tokens && k == 0; i++) {
+                const WireToken *w = &tokens.tokens[i];
+                char user[USER_MAX] = "anyone", creator[USER_MAX];
+
+                if (w->uid != JSON_ABSENT)
+                        format_user(w->uid, user, sizeof(user));
+                k = table_add_row(t, (const char *const[]){
+                        [TOKENS_TOKEN] = w->token,
+                        [TOKENS_FOR] = user,
+                        [TOKENS_CREATOR] = format_user(w->creator, creator, sizeof(creator)),
+                        [TOKENS_MODE] = w->readonly ? "ro" : "rw",
+                }, TOKENS_COLUMNS);
+        }
+        fit_table(ctx, t);
+        if (k == 0)
+                k = print_table(ctx, t);
+        if (k == 0 && tokens.n_tokens == 0 && ctx->args->legend)
+                printf("No tokens of lease %s.\n", fp.id);
+finish:
+        table_free(t);
+        tokens_reply_done(&tokens);
+        return k;
+}
+
 static const Verb verbs[] = {
         { "status", 0, 0, NULL, false, verb_status },   /* the first is the default */
         { "list", 0, 0, NULL, true, verb_list },
+        { "tokens", 1, 1, "ID", false, verb_tokens },
         { "unpublish", 1, 1, "NAME", false, verb_unpublish },
         { "users", 0, 0, NULL, true, verb_users },
 };
@@ -785,8 +892,10 @@ static void help(void) {
                "\n"
                "Commands:\n"
                "  status                 Each device's pool: capacity, leased, cached, free (the default)\n"
-               "  list                   Your leases, their names and every process holding them\n"
-               "  unpublish NAME         Remove a published lease's name (its owner or an administrator)\n"
+               "  list                   Your leases, their names (OWNER/NAME) and their holders\n"
+               "  tokens ID              A lease's live share tokens (administrators)\n"
+               "  unpublish NAME|OWNER/NAME\n"
+               "                         Remove a published lease's name (its owner or an administrator)\n"
                "  users                  Your use and limits: leases, connections, bytes per device\n"
                "\n"
                "Options:\n"

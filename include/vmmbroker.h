@@ -14,13 +14,21 @@
  * vmmb_free() or until the process exits; closing the connection alone does
  * not end a lease.
  *
- * A lease may be shared with other processes: vmmb_share() makes a token
- * with which another process (of any user that can reach the broker, or of
- * one user) gets the same memory by vmmb_attach(); vmmb_publish() gives the
- * lease a name that vmmb_attach_name() finds, and keeps the lease alive after
- * every process holding it has exited, until vmmb_unpublish(). Each process
- * holding a lease frees its own hold; the memory goes back to the broker
- * when no process holds it and it is not published.
+ * A lease belongs to the user that made it, its owner, who is charged for
+ * it. It may be shared with other processes: vmmb_share() makes a token with
+ * which another process (of any user that can reach the broker, or of one
+ * user) gets the same memory by vmmb_attach(); vmmb_publish() gives the lease
+ * a name that vmmb_attach_name() finds, and keeps the lease alive after every
+ * process holding it has exited, until vmmb_unpublish(). Only the owner's
+ * processes make tokens and publish. Each process holding a lease frees its
+ * own hold; the memory goes back to the broker when no process holds it and
+ * it is not published.
+ *
+ * Names live in their owner's namespace: "NAME" is one of the calling user's
+ * own, "OWNER/NAME" one of user OWNER's (a user name or a uid), so two users
+ * may each publish "weights". A name the caller may not attach and one that
+ * does not exist are the same -ENOENT: nobody learns which names another
+ * user has.
  *
  * A client outlives its connection. When the broker stops, crashes or is
  * restarted, the call that finds the connection lost (or the next one)
@@ -75,6 +83,18 @@ typedef struct vmmb_lease vmmb_lease;
 
 /** Bytes of the buffer vmmb_share() writes a token to: room for the longest token and its NUL. */
 #define VMMB_TOKEN_SIZE 65
+
+/** A live share token of a lease, as vmmb_tokens() lists it. */
+typedef struct vmmb_token {
+        /** The token, as vmmb_share() returned it, NUL-terminated. */
+        char token[VMMB_TOKEN_SIZE];
+        /** The only user that may attach with it, or VMMB_ANY_UID for any user. */
+        uid_t uid;
+        /** The user whose process made it. */
+        uid_t creator;
+        /** 1 when attaching with it gives a read-only hold, else 0. */
+        int readonly;
+} vmmb_token;
 
 /**
  * vmmb_connect() - connect to the broker.
@@ -166,10 +186,12 @@ int vmmb_free(vmmb_lease *lease);
  * Pass the token to the other process, which calls vmmb_attach(). A token
  * may be used any number of times, until vmmb_revoke() or until the lease
  * ends; whoever presents it gets the memory, so keep it as secret as a
- * password. A read-only holder can only make read-only tokens.
+ * password. Only processes of the lease's owner may make tokens: a holder of
+ * another user (one that attached it) cannot hand the memory on. A read-only
+ * holder can only make read-only tokens.
  *
- * Return: 0, or a negative errno: -EACCES when a read-only holder asks for a
- * read-write token, -EDQUOT when the lease has as many live tokens as the
+ * Return: 0, or a negative errno: -EACCES when the calling user is not the
+ * lease's owner, or a read-only holder asks for a read-write token, -EDQUOT when the lease has as many live tokens as the
  * broker allows (64), -ENOENT when the broker has no such lease of this
  * process, -EINVAL for a NULL lease or token or a flag other than
  * VMMB_READONLY, -ECONNRESET when the broker went away after it received
@@ -229,40 +251,50 @@ int vmmb_attach(vmmb_client *client, const char *token, unsigned flags, vmmb_lea
 /**
  * vmmb_attach_name() - map a published lease, by its name.
  * @client: the client.
- * @name: the name given to vmmb_publish().
+ * @name: "NAME", a name the calling user published with vmmb_publish(), or "OWNER/NAME", one that
+ *        user OWNER (a user name or a uid) published.
  * @flags: 0, or VMMB_READONLY to map the memory read-only even when the name gives read-write.
  * @ret: the lease, mapped, on success.
  *
  * As vmmb_attach(), for a lease that vmmb_publish() named: allowed to the
- * lease's owner and to the users the publisher listed. Mapped read-only when
- * @flags has VMMB_READONLY or the lease was published read-only.
+ * lease's owner and to the users the publisher listed. Names live in their
+ * owner's namespace: another user's lease is attached as "OWNER/NAME"
+ * ("alice/weights", "1000/weights"); the owner may use either form.
+ * vmmb_lease_owner() and vmmb_lease_owner_name() then say whose lease it is.
+ * Mapped read-only when @flags has VMMB_READONLY or the lease was published
+ * read-only.
  *
  * Return: 0, or a negative errno: -ENOENT when no lease is published under
- * the name, -EACCES when it is not published to the calling user, -EINVAL
- * for a NULL client or ret, a name that cannot be published (see
- * vmmb_publish()) or a flag other than VMMB_READONLY, and the errors of
- * vmmb_attach() for the mapping and the connection.
+ * the name, or one is that the calling user may not attach (the broker does
+ * not tell the two apart: nobody learns another user's names), or OWNER names
+ * no user, -EINVAL for a NULL client or ret, a name that is neither NAME nor
+ * OWNER/NAME (NAME as vmmb_publish() takes it) or a flag other than
+ * VMMB_READONLY, and the errors of vmmb_attach() for the mapping and the
+ * connection.
  */
 int vmmb_attach_name(vmmb_client *client, const char *name, unsigned flags, vmmb_lease **ret);
 
 /**
  * vmmb_publish() - give a lease a name, and keep it alive under it.
  * @lease: the lease, held read-write by this process, which must be of the user that made it.
- * @name: 1-128 bytes of ASCII letters, digits and "._-:@+/", beginning with a letter or digit;
- *        unique in the broker.
+ * @name: 1-128 bytes of ASCII letters, digits and "._-:@+", beginning with a letter or digit;
+ *        unique among the owner's names. No '/': that separates the owner in OWNER/NAME.
  * @uids: users, besides the owner, who may attach by the name; may be NULL when @n_uids is 0.
  * @n_uids: the number of @uids, at most 64.
  * @flags: 0, or VMMB_READONLY for read-only holds through the name (the owner's included).
  *
- * A published lease outlives every process that holds it: it stays charged
- * to its owner, and its memory is kept as the last holder left it, until
- * vmmb_unpublish(). A lease has at most one name; publishing it again under
- * the same name replaces @uids and @flags.
+ * The name lives in the owner's namespace: the owner's processes attach it
+ * as "NAME", the users of @uids as "OWNER/NAME" (OWNER the owner's user name
+ * or uid). A published lease outlives every process that holds it: it stays
+ * charged to its owner, and its memory is kept as the last holder left it,
+ * until vmmb_unpublish(). A lease has at most one name; publishing it again
+ * under the same name replaces @uids and @flags.
  *
- * Return: 0, or a negative errno: -EEXIST when another lease is published
- * under the name, -EACCES when the caller is not of the lease's owner or
- * holds it read-only, -EINVAL for a NULL lease, a name that cannot be
- * published, a lease published under another name already, more than 64
+ * Return: 0, or a negative errno: -EEXIST when another of the owner's leases
+ * is published under the name, -EACCES when the caller is not of the lease's
+ * owner or holds it read-only, -EINVAL for a NULL lease, a name that cannot be
+ * published (one with '/' among them: vmmb_error_message() says that others
+ * attach it as OWNER/NAME), a lease published under another name already, more than 64
  * users, NULL @uids with @n_uids above 0, VMMB_ANY_UID among them or a flag
  * other than VMMB_READONLY, -ENOENT when the broker has no such lease of
  * this process, -ECONNRESET when the connection was lost twice during the
@@ -274,19 +306,50 @@ int vmmb_publish(vmmb_lease *lease, const char *name, const uid_t *uids, size_t 
 /**
  * vmmb_unpublish() - remove a lease's name.
  * @client: the client.
- * @name: the name given to vmmb_publish().
+ * @name: "NAME", one of the calling user's names, or "OWNER/NAME", one of user OWNER's (a user name or
+ *        a uid), as vmmb_attach_name() takes it.
  *
  * The lease ends when no process holds it any more; the processes that hold
  * it keep it. Allowed to the lease's owner and the broker's administrators.
  *
  * Return: 0, or a negative errno: -ENOENT when no lease is published under
- * the name, -EACCES when the caller may not unpublish it, -EINVAL for a NULL
- * client or a name that cannot be published, -ECONNRESET when the broker
+ * the name, or one is that the calling user may not even attach, -EACCES when
+ * the caller may attach it but not unpublish it, -EINVAL for a NULL client or
+ * a name that is neither NAME nor OWNER/NAME, -ECONNRESET when the broker
  * went away after it received the call (call again: -ENOENT then says the
  * name is gone), -ECONNREFUSED when no broker came back in time,
  * -EPROTO when the broker's reply makes no sense.
  */
 int vmmb_unpublish(vmmb_client *client, const char *name);
+
+/**
+ * vmmb_tokens() - list the live share tokens of a lease.
+ * @lease: the lease, held by this process, which must be of the lease's owner.
+ * @ret: on success, a new array of the tokens, to free with vmmb_tokens_free(); NULL when there are none.
+ * @ret_n: on success, the number of tokens in *@ret.
+ *
+ * Every live token of the lease, whichever of the owner's processes made it
+ * with vmmb_share(): what the owner may vmmb_revoke(). Tokens are secrets;
+ * the broker shows them to processes of the owner that hold the lease, and
+ * to its administrators (`vmmctl tokens`), no one else.
+ *
+ * Return: 0, or a negative errno: -EACCES when the calling user is not the
+ * lease's owner (a holder that attached another user's lease), -ENOENT when
+ * the broker has no such lease of this process, -EINVAL for a NULL lease, ret
+ * or ret_n, -ENOMEM when this process ran out of memory, -EOPNOTSUPP from a
+ * broker older than the call, -ECONNRESET when the connection was lost twice
+ * during the call (a call lost once is sent again: listing changes nothing),
+ * -ECONNREFUSED when no broker came back in time, -EPROTO when the broker's
+ * reply makes no sense.
+ */
+int vmmb_tokens(vmmb_lease *lease, vmmb_token **ret, size_t *ret_n);
+
+/**
+ * vmmb_tokens_free() - free an array of vmmb_tokens().
+ * @tokens: the array, or NULL.
+ * @n: the number of tokens in it, as vmmb_tokens() returned it.
+ */
+void vmmb_tokens_free(vmmb_token *tokens, size_t n);
 
 /**
  * vmmb_lease_ptr() - the lease's device address.
@@ -319,6 +382,33 @@ int vmmb_lease_device(const vmmb_lease *lease);
  * Return: a string owned by the lease.
  */
 const char *vmmb_lease_id(const vmmb_lease *lease);
+
+/**
+ * vmmb_lease_owner() - the user that owns the lease.
+ * @lease: the lease.
+ *
+ * The owner is the user that made the lease with vmmb_alloc(), who is
+ * charged for it, publishes it and makes its tokens: for a lease from
+ * vmmb_attach() or vmmb_attach_name(), the user whose memory this is, as the
+ * broker said in its reply.
+ *
+ * Return: the owner's uid; (uid_t)-1 when the broker did not say (a broker
+ * older than owner namespaces sends no owner) or for a NULL lease.
+ */
+uid_t vmmb_lease_owner(const vmmb_lease *lease);
+
+/**
+ * vmmb_lease_owner_name() - the user name of the lease's owner.
+ * @lease: the lease.
+ *
+ * The name is the broker's, from its user database, as it was when the
+ * lease was mapped: the OWNER of "OWNER/NAME" for vmmb_attach_name().
+ *
+ * Return: a string owned by the lease, valid until the lease is freed; NULL
+ * when the broker did not send one (it could not look the user up, or is
+ * older than owner namespaces) or for a NULL lease.
+ */
+const char *vmmb_lease_owner_name(const vmmb_lease *lease);
 
 /**
  * vmmb_lease_readonly() - whether the lease is mapped read-only here.

@@ -8,6 +8,11 @@
  *
  *     publish-pattern 1G weights && attach-pattern weights
  *
+ * NAME is the publisher's name as the library takes it: NAME for one the
+ * calling user published, OWNER/NAME for one another user published (OWNER
+ * a user name or uid: "alice/weights"). It prints the owner the broker says
+ * the lease has (vmmb_lease_owner(), vmmb_lease_owner_name()).
+ *
  * It prints the time from the attach request to a usable pointer (the
  * vmmb_attach_name() call: the broker's reply with the slabs' descriptors,
  * importing and mapping them), then how long reading back took. --readonly
@@ -32,6 +37,7 @@
 
 #include <cuda.h>
 
+#include "codec.h"
 #include "driver.h"
 #include "pattern.h"
 #include "size.h"
@@ -61,8 +67,9 @@ static int parse_seed(const char *s, uint32_t *ret) {
 
 static void usage(FILE *f) {
         fprintf(f,
-                "Usage: %s [--readonly] [--seed N] [--hold] [--unpublish] NAME\n"
+                "Usage: %s [--readonly] [--seed N] [--hold] [--unpublish] NAME|OWNER/NAME\n"
                 "Attach the lease published as NAME and check publish-pattern's pattern in every word.\n"
+                "NAME is one of your own names; another user's is OWNER/NAME (OWNER a user name or uid).\n"
                 "  --readonly   ask for a read-only hold\n"
                 "  --seed N     the pattern's seed (default: derived from NAME, as publish-pattern does)\n"
                 "  --hold       after checking, keep the lease until standard input closes\n"
@@ -79,7 +86,7 @@ int main(int argc, char *argv[]) {
                 { "help", no_argument, NULL, 'h' },
                 {}
         };
-        char *message = NULL, b[FORMAT_SIZE_MAX];
+        char *message = NULL, b[FORMAT_SIZE_MAX], split[VMMB_LEASE_NAME_REF_MAX + 1], owner[32];
         bool seed_given = false, hold = false, unpublish = false, retained = false, readonly;
         unsigned flags = 0;
         uint64_t size, bad = 0;
@@ -87,7 +94,7 @@ int main(int argc, char *argv[]) {
         vmmb_client *client = NULL;
         vmmb_lease *lease = NULL;
         CudaDriver *cu = NULL;
-        const char *name;
+        const char *name, *owner_part, *bare;
         double t0, t_attach, t_check;
         CUcontext ctx;
         CUdeviceptr ptr;
@@ -124,8 +131,15 @@ int main(int argc, char *argv[]) {
                 return EXIT_FAILURE;
         }
         name = argv[optind];
+        if (vmmb_lease_name_split(name, split, &owner_part, &bare) < 0) {
+                fprintf(stderr, "%s: '%s' is not a lease's name: NAME (one of yours) or OWNER/NAME (OWNER a user "
+                        "name or uid), NAME 1-128 letters, digits and ._-:@+, the first a letter or digit\n",
+                        program_invocation_short_name, name);
+                return EXIT_FAILURE;
+        }
+        /* publish-pattern derives the seed from the bare name it published */
         if (!seed_given)
-                seed = pattern_seed(name);
+                seed = pattern_seed(bare);
 
         /*
          * The driver and the context come first, and the connection, so that
@@ -154,9 +168,14 @@ int main(int argc, char *argv[]) {
         ptr = (CUdeviceptr)vmmb_lease_ptr(lease);
         size = vmmb_lease_size(lease);
         readonly = vmmb_lease_readonly(lease) > 0;
-        printf("pid %d: attached \"%s\" in %.1f us: lease %s, %s on device %d at 0x%" PRIx64 ", %s\n",
-               (int)getpid(), name, t_attach, vmmb_lease_id(lease), format_size(size, b, sizeof(b)),
-               vmmb_lease_device(lease), (uint64_t)ptr, readonly ? "read-only" : "read-write");
+        if (vmmb_lease_owner(lease) == (uid_t)-1)
+                snprintf(owner, sizeof(owner), "unknown");      /* a broker older than owner namespaces */
+        else
+                snprintf(owner, sizeof(owner), "uid %u", (unsigned)vmmb_lease_owner(lease));
+        printf("pid %d: attached \"%s\" in %.1f us: lease %s, %s on device %d at 0x%" PRIx64 ", %s, owned by "
+               "%s (%s)\n", (int)getpid(), name, t_attach, vmmb_lease_id(lease), format_size(size, b, sizeof(b)),
+               vmmb_lease_device(lease), (uint64_t)ptr, readonly ? "read-only" : "read-write",
+               vmmb_lease_owner_name(lease) ?: "?", owner);
         if ((flags & VMMB_READONLY) && !readonly) {
                 fprintf(stderr, "pid %d: asked for a read-only hold, got a read-write one\n", (int)getpid());
                 goto out;

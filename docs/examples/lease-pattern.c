@@ -37,6 +37,12 @@
 
 #define CHUNK (UINT64_C(64) << 20)
 
+#define USAGE                                                                                           \
+        "Usage: %s [--hold] [--zero] [SIZE]\n"                                                           \
+        "Lease SIZE (e.g. 256M, 1G; default 256M), write a pattern of this process's own, check it, free it.\n" \
+        "  --hold   after checking, keep the lease until standard input closes\n"                         \
+        "  --zero   first check that the new lease reads zero\n"
+
 static uint32_t word(uint64_t i, uint32_t seed) {
         return (uint32_t)(i * 2654435761u) ^ seed;
 }
@@ -54,16 +60,30 @@ int main(int argc, char *argv[]) {
         int k, status = EXIT_FAILURE;
         bool hold = false, zero = false;
 
-        for (; argc > 1 && argv[1][0] == '-'; argv++, argc--)
+        for (; argc > 1 && argv[1][0] == '-' && argv[1][1]; argv++, argc--)
                 if (strcmp(argv[1], "--hold") == 0)
                         hold = true;
                 else if (strcmp(argv[1], "--zero") == 0)
                         zero = true;
-                else
+                else if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+                        printf(USAGE, program_invocation_short_name);
+                        return EXIT_SUCCESS;
+                } else if (strcmp(argv[1], "--") == 0) {
+                        argv++, argc--;
                         break;
-        if (argc > 2 || (argc == 2 && (parse_size(argv[1], &size) < 0 || size == 0))) {
-                fprintf(stderr, "Usage: %s [--hold] [--zero] [SIZE]   (e.g. 256M, 1G; default 256M)\n",
-                        program_invocation_short_name);
+                } else {
+                        fprintf(stderr, "%s: unknown option %s\n" USAGE, program_invocation_short_name, argv[1],
+                                program_invocation_short_name);
+                        return EXIT_FAILURE;
+                }
+        if (argc > 2) {
+                fprintf(stderr, "%s: one SIZE at most, not also '%s'\n" USAGE, program_invocation_short_name,
+                        argv[2], program_invocation_short_name);
+                return EXIT_FAILURE;
+        }
+        if (argc == 2 && (parse_size(argv[1], &size) < 0 || size == 0)) {
+                fprintf(stderr, "%s: '%s' is not a size of more than 0 bytes, such as 256M or 1G\n" USAGE,
+                        program_invocation_short_name, argv[1], program_invocation_short_name);
                 return EXIT_FAILURE;
         }
         /* The library loads the driver for itself; the example needs it too, for the copies. */

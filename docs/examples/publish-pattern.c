@@ -12,6 +12,13 @@
  *     publish-pattern 1G weights && attach-pattern weights
  *     vmmctl unpublish weights              (or attach-pattern --unpublish)
  *
+ * NAME is a bare name, without '/': it lives in the namespace of the user that
+ * publishes it. That user's processes attach it as NAME, every other user (one
+ * given with --uid) as OWNER/NAME, OWNER the owner's user name or uid:
+ *
+ *     publish-pattern --uid bob 1G weights          (as alice)
+ *     attach-pattern alice/weights                  (as bob)
+ *
  * The pattern is word[i] = i * 2654435761 ^ seed (pattern.h), the seed the
  * FNV-1a hash of the name unless --seed gives one. --uid USER (a name or a
  * number; repeatable) lets that user attach too, besides the lease's owner;
@@ -83,6 +90,7 @@ static void usage(FILE *f) {
         fprintf(f,
                 "Usage: %s [--uid USER]... [--readonly] [--seed N] SIZE NAME\n"
                 "Lease SIZE (e.g. 64M, 1G), fill it with a pattern, publish it as NAME and exit holding it.\n"
+                "NAME has no '/': your processes attach it as NAME, other users as OWNER/NAME.\n"
                 "  --uid USER   USER (a name or a number) may attach it by NAME too; repeatable\n"
                 "  --readonly   attaching by NAME gives a read-only hold\n"
                 "  --seed N     the pattern's seed (default: derived from NAME)\n",
@@ -146,8 +154,13 @@ int main(int argc, char *argv[]) {
         }
         name = argv[optind + 1];
         /* The broker checks the name too, but only when publishing: after the lease was filled. */
+        if (strchr(name, '/')) {
+                fprintf(stderr, "%s: '%s' has a '/': publish a bare NAME, which lives in your own namespace; "
+                        "other users attach it as OWNER/NAME\n", program_invocation_short_name, name);
+                return EXIT_FAILURE;
+        }
         if (!vmmb_lease_name_is_valid(name)) {
-                fprintf(stderr, "%s: '%s' cannot be a lease's name: 1-128 letters, digits and ._-:@+/, "
+                fprintf(stderr, "%s: '%s' cannot be a lease's name: 1-128 letters, digits and ._-:@+, "
                         "the first a letter or digit\n", program_invocation_short_name, name);
                 return EXIT_FAILURE;
         }
@@ -208,6 +221,13 @@ int main(int argc, char *argv[]) {
         for (size_t i = 0; i < n_uids; i++)
                 printf("%s%u", i == 0 ? " for uids " : ",", (unsigned)uids[i]);
         printf("%s; exiting without freeing it\n", flags & VMMB_READONLY ? ", read-only" : "");
+        /* How the other users name it: OWNER/NAME, OWNER as the broker knows the lease's owner. */
+        if (vmmb_lease_owner_name(lease))
+                printf("pid %d: other users attach it as \"%s/%s\"\n", (int)getpid(), vmmb_lease_owner_name(lease),
+                       name);
+        else
+                printf("pid %d: other users attach it as \"%u/%s\"\n", (int)getpid(),
+                       (unsigned)vmmb_lease_owner(lease), name);
         status = EXIT_SUCCESS;
 out:
         free(host);

@@ -20,6 +20,7 @@
 #include <errno.h>
 #include <grp.h>
 #include <pthread.h>
+#include <pwd.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -129,6 +130,10 @@ START_TEST(test_alloc_write_read) {
         ck_assert_int_eq(vmmb_lease_device(l), 0);
         ck_assert_ptr_nonnull(vmmb_lease_id(l));
         ck_assert_str_ne(vmmb_lease_id(l), "");
+        /* the maker owns it, and the broker says so */
+        ck_assert_uint_eq(vmmb_lease_owner(l), getuid());
+        ck_assert_uint_eq(vmmb_lease_owner(NULL), (uid_t)-1);
+        ck_assert_ptr_null(vmmb_lease_owner_name(NULL));
 
         /* Leased memory reads zero; a memset and a copy reach all of it, across slabs (64 + 2 MiB). */
         ck_assert(lease_reads(l, 0));
@@ -685,10 +690,18 @@ static int child_publish(void *arg) {
         return 0;               /* exits holding it: the name keeps it */
 }
 
+/* The caller's user name, as the broker looks it up (NULL when it has none). */
+static const char *my_user_name(void) {
+        const struct passwd *pw = getpwuid(getuid());
+
+        return pw ? pw->pw_name : NULL;
+}
+
 START_TEST(test_publish) {
         vmmb_client *c = connect_or_fail();
         vmmb_lease *l = alloc_or_fail(c, 4 * MiB, 0, "published"), *l2, *other, *none = NULL;
-        const char *name = "test/weights-1.0:a@b+c_d";
+        const char *name = "test.weights-1.0:a@b+c_d";
+        char ref[256];
         uid_t users[] = { 1000, NOBODY };
         PublishArgs p = { .socket = h.socket, .name = "made-by-a-child", .value = 0xDA7A0001 };
         AttachArgs a;
@@ -705,6 +718,11 @@ START_TEST(test_publish) {
         ck_assert_int_eq(vmmb_publish(l, "another-name", NULL, 0, 0), -EINVAL);
         ck_assert_int_eq(vmmb_free(other), 0);
 
+        /* A name with '/' is refused before anything is sent, saying how others name it. */
+        ck_assert_int_eq(vmmb_publish(l, "test/weights", NULL, 0, 0), -EINVAL);
+        ck_assert_msg(strstr(vmmb_error_message(), "OWNER/NAME"), "message: %s", vmmb_error_message());
+        ck_assert_int_eq(vmmb_publish(l, "a/", NULL, 0, 0), -EINVAL);
+
         /* Published, it outlives every holder. */
         ck_assert_int_eq(vmmb_free(l), 0);
         ck_assert_uint_eq(daemon_leases(), 1);
@@ -712,6 +730,27 @@ START_TEST(test_publish) {
         ck_assert_int_eq(vmmb_lease_readonly(l), 0);
         ck_assert_uint_eq(vmmb_lease_size(l), 4 * MiB);
         ck_assert(lease_reads(l, 0x9E1B0000));
+
+        /* The reply says whose it is; the owner may name it OWNER/NAME too, by uid or user name. */
+        ck_assert_uint_eq(vmmb_lease_owner(l), getuid());
+        if (my_user_name())
+                ck_assert_str_eq(vmmb_lease_owner_name(l) ?: "(none)", my_user_name());
+        snprintf(ref, sizeof(ref), "%u/%s", (unsigned)getuid(), name);
+        l2 = attach_or_fail(c, NULL, ref, 0);
+        ck_assert_str_eq(vmmb_lease_id(l2), vmmb_lease_id(l));
+        ck_assert_uint_eq(vmmb_lease_owner(l2), getuid());
+        ck_assert_int_eq(vmmb_free(l2), 0);
+        if (my_user_name()) {
+                snprintf(ref, sizeof(ref), "%s/%s", my_user_name(), name);
+                l2 = attach_or_fail(c, NULL, ref, 0);
+                ck_assert_str_eq(vmmb_lease_id(l2), vmmb_lease_id(l));
+                ck_assert_int_eq(vmmb_free(l2), 0);
+        }
+        /* The same name of another owner is another name: none here. */
+        snprintf(ref, sizeof(ref), "%u/%s", (unsigned)getuid() + 4242, name);
+        ck_assert_int_eq(vmmb_attach_name(c, ref, 0, &none), -ENOENT);
+        ck_assert_int_eq(vmmb_attach_name(c, "no-such-user-of-vmmb/x", 0, &none), -ENOENT);
+        ck_assert_ptr_null(none);
 
         /* Another process attaches by the name; published read-only, it gets a read-only mapping. */
         a = (AttachArgs){ .socket = h.socket, .name = name, .id = vmmb_lease_id(l), .size = 4 * MiB,
@@ -822,14 +861,24 @@ START_TEST(test_share_errors) {
 
                 memset(long_name, 'n', sizeof(long_name) - 1);
                 long_name[sizeof(long_name) - 1] = 0;
-                for (size_t i = 0; i < 6; i++) {
+                for (size_t i = 0; i < 10; i++) {
                         const char *bad = (const char *[]){ "", "-starts-with-dash", ".hidden", "has space",
-                                                             "ünïcode", long_name }[i];
+                                                             "ünïcode", long_name, "/no-owner", "owner/",
+                                                             "owner/-dash", "owner/has space" }[i];
 
                         ck_assert_int_eq(vmmb_publish(l, bad, NULL, 0, 0), -EINVAL);
                         ck_assert_int_eq(vmmb_attach_name(c, bad, 0, &none), -EINVAL);
                         ck_assert_int_eq(vmmb_unpublish(c, bad), -EINVAL);
                         ck_assert_str_ne(vmmb_error_message(), "");
+                }
+                /* An OWNER longer than a user name can be. */
+                {
+                        char long_owner[80];
+
+                        memset(long_owner, 'o', 65);
+                        strcpy(long_owner + 65, "/x");
+                        ck_assert_int_eq(vmmb_attach_name(c, long_owner, 0, &none), -EINVAL);
+                        ck_assert_int_eq(vmmb_unpublish(c, long_owner), -EINVAL);
                 }
                 long_name[128] = 0;     /* 128 bytes: a name */
                 ck_assert_int_eq(vmmb_attach_name(c, long_name, 0, &none), -ENOENT);
@@ -859,19 +908,26 @@ typedef struct NobodyArgs {
         const char *token_any;          /* attachable by anyone */
         const char *token_nobody;       /* made for uid 65534 */
         const char *token_root;         /* made for uid 0 */
-        const char *name_closed;        /* published to no other user */
-        const char *name_open;          /* published to 65534 */
+        const char *name_closed;        /* published to no other user, as nobody names it (OWNER/NAME) */
+        const char *name_open;          /* published to 65534, as nobody names it (OWNER/NAME) */
+        const char *bare_open;          /* name_open without its owner: nobody's own namespace */
         const char *id;
         uint64_t size;
         uint32_t expect;
 } NobodyArgs;
 
-/* As uid 65534: attach what was shared with it, be refused what was not, revoke and unpublish nothing. */
+/*
+ * As uid 65534: attach what was shared with it, by OWNER/NAME; be refused what was not, and not told whether
+ * a name it may not attach exists; revoke, unpublish and share on nothing; publish the same name as root in
+ * its own namespace.
+ */
 static int child_nobody(void *arg) {
         const NobodyArgs *a = arg;
         vmmb_client *c = NULL;
-        vmmb_lease *l = NULL;
-        char token[VMMB_TOKEN_SIZE];
+        vmmb_lease *l = NULL, *own = NULL;
+        vmmb_token *tokens = NULL;
+        size_t n_tokens = 0;
+        char token[VMMB_TOKEN_SIZE], missing[256];
         int k;
 
         if (drop_to_nobody() != 0)
@@ -882,31 +938,70 @@ static int child_nobody(void *arg) {
 
         k = vmmb_attach(c, a->token_root, 0, &l);
         CHILD_CHECK(k == -EACCES && !l, "attach with root's token: %d", k);
+        /* A name not published to nobody reads as one that does not exist, and so does its bare NAME. */
         k = vmmb_attach_name(c, a->name_closed, 0, &l);
-        CHILD_CHECK(k == -EACCES && !l, "attach by a name not published to nobody: %d", k);
+        CHILD_CHECK(k == -ENOENT && !l, "attach by a name not published to nobody: %d", k);
+        snprintf(missing, sizeof(missing), "%s-missing", a->name_closed);
+        k = vmmb_attach_name(c, missing, 0, &l);
+        CHILD_CHECK(k == -ENOENT && !l, "attach by a name nobody published: %d", k);
+        k = vmmb_attach_name(c, a->bare_open, 0, &l);
+        CHILD_CHECK(k == -ENOENT && !l, "attach of root's name without its owner: %d", k);
         k = vmmb_revoke(c, a->token_root);
         CHILD_CHECK(k == -EACCES, "revoke of root's token: %d", k);
         k = vmmb_unpublish(c, a->name_open);
-        CHILD_CHECK(k == -EACCES, "unpublish of root's name: %d", k);
+        CHILD_CHECK(k == -EACCES, "unpublish of root's name published to nobody: %d", k);
+        k = vmmb_unpublish(c, a->name_closed);
+        CHILD_CHECK(k == -ENOENT, "unpublish of root's name not published to nobody: %d", k);
 
         for (size_t i = 0; i < 3; i++) {
                 k = i == 0 ? vmmb_attach(c, a->token_any, 0, &l) :
                     i == 1 ? vmmb_attach(c, a->token_nobody, 0, &l) : vmmb_attach_name(c, a->name_open, 0, &l);
                 CHILD_CHECK(k == 0, "attach %zu as nobody: %s", i, strerror(-k));
                 CHILD_CHECK(strcmp(vmmb_lease_id(l), a->id) == 0 && vmmb_lease_size(l) == a->size, "lease");
+                /* whose memory it is: root's */
+                CHILD_CHECK(vmmb_lease_owner(l) == 0, "owner %u", (unsigned)vmmb_lease_owner(l));
+                CHILD_CHECK(strcmp(vmmb_lease_owner_name(l) ?: "(none)", "root") == 0, "owner name %s",
+                            vmmb_lease_owner_name(l) ?: "(none)");
                 CHILD_CHECK(words_are(vmmb_lease_ptr(l), a->size, a->expect), "does not read 0x%08x", a->expect);
                 CHILD_CHECK(vmmb_free(l) == 0, "free");
                 l = NULL;
         }
 
-        /* A holder of another user may share it on, but not publish it. */
+        /* A holder of another user may neither publish it, nor share it on, nor see its tokens. */
         k = vmmb_attach(c, a->token_any, 0, &l);
         CHILD_CHECK(k == 0, "attach: %s", strerror(-k));
         k = vmmb_publish(l, "nobodys", NULL, 0, 0);
         CHILD_CHECK(k == -EACCES, "publish of root's lease by nobody: %d", k);
         k = vmmb_share(l, VMMB_ANY_UID, 0, token);
-        CHILD_CHECK(k == 0, "share by nobody: %s", strerror(-k));
-        CHILD_CHECK(vmmb_revoke(c, token) == 0, "nobody revokes its own token");
+        CHILD_CHECK(k == -EACCES, "share of root's lease by nobody: %d", k);
+        k = vmmb_share(l, VMMB_ANY_UID, VMMB_READONLY, token);
+        CHILD_CHECK(k == -EACCES, "read-only share of root's lease by nobody: %d", k);
+        k = vmmb_tokens(l, &tokens, &n_tokens);
+        CHILD_CHECK(k == -EACCES && !tokens, "tokens of root's lease by nobody: %d", k);
+        CHILD_CHECK(*vmmb_error_message(), "no message");
+        CHILD_CHECK(vmmb_free(l) == 0, "free");
+
+        /* Nobody's own namespace: the same name as root's is another lease, its own. */
+        k = vmmb_alloc(c, 2 * MiB, 0, "nobody's", &own);
+        CHILD_CHECK(k == 0, "alloc by nobody: %s", strerror(-k));
+        CHILD_CHECK(vmmb_lease_owner(own) == NOBODY, "owner %u", (unsigned)vmmb_lease_owner(own));
+        k = vmmb_publish(own, a->bare_open, NULL, 0, 0);
+        CHILD_CHECK(k == 0, "nobody publishes root's name in its own namespace: %s", strerror(-k));
+        k = vmmb_attach_name(c, a->bare_open, 0, &l);
+        CHILD_CHECK(k == 0, "attach of nobody's own name: %s", strerror(-k));
+        CHILD_CHECK(strcmp(vmmb_lease_id(l), vmmb_lease_id(own)) == 0, "attached %s, not its own %s",
+                    vmmb_lease_id(l), vmmb_lease_id(own));
+        CHILD_CHECK(vmmb_lease_owner(l) == NOBODY, "owner %u", (unsigned)vmmb_lease_owner(l));
+        CHILD_CHECK(vmmb_free(l) == 0, "free");
+        /* and the owner of a lease lists the tokens that it made */
+        k = vmmb_share(own, 0, VMMB_READONLY, token);
+        CHILD_CHECK(k == 0, "share by nobody of its own lease: %s", strerror(-k));
+        k = vmmb_tokens(own, &tokens, &n_tokens);
+        CHILD_CHECK(k == 0 && n_tokens == 1 && strcmp(tokens[0].token, token) == 0 && tokens[0].uid == 0 &&
+                    tokens[0].creator == NOBODY && tokens[0].readonly == 1, "tokens of its own lease: %d", k);
+        vmmb_tokens_free(tokens, n_tokens);
+        k = vmmb_unpublish(c, a->bare_open);
+        CHILD_CHECK(k == 0, "nobody unpublishes its own name: %s", strerror(-k));
         vmmb_close(c);
         return 0;
 }
@@ -941,14 +1036,81 @@ START_TEST(test_other_user) {
         ck_assert_int_eq(chmod(h.dir, 0711), 0);
         ck_assert_int_eq(chmod(h.socket, 0666), 0);
         a = (NobodyArgs){ .socket = h.socket, .token_any = any, .token_nobody = nobody, .token_root = root,
-                          .name_closed = "for-root", .name_open = "for-nobody", .id = vmmb_lease_id(l),
-                          .size = 4 * MiB, .expect = 0x0BAD0000 };
+                          .name_closed = "0/for-root", .name_open = "root/for-nobody", .bare_open = "for-nobody",
+                          .id = vmmb_lease_id(l), .size = 4 * MiB, .expect = 0x0BAD0000 };
         run_child(child_nobody, &a);
 
-        /* Root's tokens and names are as they were. */
+        /* Root's tokens and names are as they were; nobody's lease ended with its name. */
+        ck_assert_uint_eq(daemon_leases(), 2);
         ck_assert_int_eq(vmmb_revoke(c, root), 0);
         ck_assert_int_eq(vmmb_unpublish(c, "for-root"), 0);
         ck_assert_int_eq(vmmb_unpublish(c, "for-nobody"), 0);
+        ck_assert_int_eq(vmmb_free(l), 0);
+        ck_assert_uint_eq(daemon_leases(), 0);
+        vmmb_close(c);
+}
+END_TEST
+
+/* The tokens of `l` must be exactly want[0..n): each once, in any order, with its uid, creator and mode. */
+static void check_tokens(vmmb_lease *l, const vmmb_token *want, size_t n) {
+        vmmb_token *got = NULL;
+        size_t n_got = 0;
+        int k;
+
+        k = vmmb_tokens(l, &got, &n_got);
+        ck_assert_msg(k == 0, "vmmb_tokens: %s: %s", strerror(-k), vmmb_error_message());
+        ck_assert_uint_eq(n_got, n);
+        ck_assert(n > 0 ? got != NULL : got == NULL);
+        for (size_t i = 0; i < n; i++) {
+                const vmmb_token *t = NULL;
+
+                for (size_t j = 0; j < n_got; j++)
+                        if (strcmp(got[j].token, want[i].token) == 0)
+                                t = &got[j];
+                ck_assert_msg(t, "token %s is not listed", want[i].token);
+                ck_assert_uint_eq(t->uid, want[i].uid);
+                ck_assert_uint_eq(t->creator, want[i].creator);
+                ck_assert_int_eq(t->readonly, want[i].readonly);
+        }
+        vmmb_tokens_free(got, n_got);
+}
+
+START_TEST(test_tokens) {
+        vmmb_client *c = connect_or_fail();
+        vmmb_lease *l = alloc_or_fail(c, 2 * MiB, 0, "tokens"), *l2;
+        vmmb_token want[3] = {}, *none = NULL;
+        size_t n = 99;
+
+        /* None yet: an empty list, no array. */
+        check_tokens(l, want, 0);
+
+        want[0] = (vmmb_token){ .uid = VMMB_ANY_UID, .creator = getuid(), .readonly = 0 };
+        share_or_fail(l, VMMB_ANY_UID, 0, want[0].token);
+        want[1] = (vmmb_token){ .uid = NOBODY, .creator = getuid(), .readonly = 1 };
+        share_or_fail(l, NOBODY, VMMB_READONLY, want[1].token);
+        want[2] = (vmmb_token){ .uid = getuid(), .creator = getuid(), .readonly = 0 };
+        share_or_fail(l, getuid(), 0, want[2].token);
+        check_tokens(l, want, 3);
+
+        /* Another hold of the owner's user, here a second one of this process, sees them too. */
+        l2 = attach_or_fail(c, want[2].token, NULL, 0);
+        ck_assert_uint_eq(vmmb_lease_owner(l2), getuid());
+        check_tokens(l2, want, 3);
+
+        /* Revoked, a token is no longer listed. */
+        ck_assert_int_eq(vmmb_revoke(c, want[1].token), 0);
+        want[1] = want[2];
+        check_tokens(l, want, 2);
+
+        /* Arguments. */
+        ck_assert_int_eq(vmmb_tokens(NULL, &none, &n), -EINVAL);
+        ck_assert_int_eq(vmmb_tokens(l, NULL, &n), -EINVAL);
+        ck_assert_int_eq(vmmb_tokens(l, &none, NULL), -EINVAL);
+        ck_assert_str_ne(vmmb_error_message(), "");
+        ck_assert_ptr_null(none);
+        vmmb_tokens_free(NULL, 0);
+
+        ck_assert_int_eq(vmmb_free(l2), 0);
         ck_assert_int_eq(vmmb_free(l), 0);
         ck_assert_uint_eq(daemon_leases(), 0);
         vmmb_close(c);
@@ -975,6 +1137,7 @@ int main(void) {
         tcase_add_test(tc, test_publish);
         tcase_add_test(tc, test_share_errors);
         tcase_add_test(tc, test_other_user);
+        tcase_add_test(tc, test_tokens);
         suite_add_tcase(s, tc);
 
         failed = run_suite(s);

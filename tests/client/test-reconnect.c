@@ -154,13 +154,15 @@ static vmmb_lease *alloc_or_fail(vmmb_client *c, uint64_t size) {
 
 /* ---- a call on a thread of its own --------------------------------------------------------------------- */
 
-typedef enum Op { OP_ALLOC, OP_FREE, OP_PUBLISH, OP_UNPUBLISH, OP_REVOKE } Op;
+typedef enum Op { OP_ALLOC, OP_FREE, OP_PUBLISH, OP_UNPUBLISH, OP_REVOKE, OP_TOKENS } Op;
 
 typedef struct ClientOp {
         pthread_t thread;
         Op op;
         vmmb_client *client;
-        vmmb_lease *lease;              /* OP_FREE, OP_PUBLISH: the lease; OP_ALLOC: the result */
+        vmmb_lease *lease;              /* OP_FREE, OP_PUBLISH, OP_TOKENS: the lease; OP_ALLOC: the result */
+        vmmb_token *tokens;             /* OP_TOKENS: the result */
+        size_t n_tokens;
         int result;
         char message[1024];             /* vmmb_error_message() of the thread */
 } ClientOp;
@@ -177,13 +179,16 @@ static void *client_op_run(void *arg) {
                 o->lease = NULL;
                 break;
         case OP_PUBLISH:
-                o->result = vmmb_publish(o->lease, "team/weights", NULL, 0, 0);
+                o->result = vmmb_publish(o->lease, "team.weights", NULL, 0, 0);
                 break;
         case OP_UNPUBLISH:
-                o->result = vmmb_unpublish(o->client, "team/weights");
+                o->result = vmmb_unpublish(o->client, "team.weights");
                 break;
         case OP_REVOKE:
                 o->result = vmmb_revoke(o->client, "0123456789abcdef0123456789abcdef");
+                break;
+        case OP_TOKENS:
+                o->result = vmmb_tokens(o->lease, &o->tokens, &o->n_tokens);
                 break;
         }
         snprintf(o->message, sizeof(o->message), "%s", vmmb_error_message());
@@ -460,7 +465,7 @@ START_TEST(test_gives_up) {
 
         /* Missing: -ECONNREFUSED too (-ENOENT would be the broker's NoSuchName); the message says why. */
         ck_assert_int_eq(unlink(path), 0);
-        ck_assert_int_eq(vmmb_unpublish(c, "team/weights"), -ECONNREFUSED);
+        ck_assert_int_eq(vmmb_unpublish(c, "team.weights"), -ECONNREFUSED);
         ck_assert_msg(strstr(vmmb_error_message(), "no broker listened at") &&
                       strstr(vmmb_error_message(), strerror(ENOENT)), "message: %s", vmmb_error_message());
 
@@ -502,7 +507,7 @@ START_TEST(test_timeout_env) {
         safe_close(listen_fd);
         ck_assert_int_eq(unlink(path), 0);
         start = now_msec();
-        ck_assert_int_eq(vmmb_unpublish(c, "team/weights"), -ECONNREFUSED);
+        ck_assert_int_eq(vmmb_unpublish(c, "team.weights"), -ECONNREFUSED);
         ck_assert_uint_lt(now_msec() - start, WAIT_MS);
         ck_assert_msg(strstr(vmmb_error_message(), "within 0 s"), "message: %s", vmmb_error_message());
         vmmb_close(c);
@@ -594,7 +599,7 @@ END_TEST
  */
 START_TEST(test_read_call_is_not_sent_again) {
         int fds_before = harness_fd_count(getpid());
-        _cleanup_free_ char *first = NULL, *second = NULL;
+        _cleanup_free_ char *first = NULL, *second = NULL, *first_tokens = NULL, *second_tokens = NULL;
         CUmemGenericAllocationHandle handle;
         char path[128];
         int listen_fd = fake_listen(path);
@@ -637,6 +642,30 @@ START_TEST(test_read_call_is_not_sent_again) {
         ck_assert_str_eq(first, second);
         fake_reply(vc, NULL, NULL, 0);
         ck_assert_msg(client_op_finish(&o) == 0, "vmmb_publish: %s", o.message);
+        ck_assert(!fake_pending(listen_fd));
+
+        /* Tokens, which changes nothing: lost after it was read, sent again, the same call. */
+        client_op_start(&o, OP_TOKENS, c, l);
+        fake_read_call(vc, VMMB_METHOD_TOKENS, &first_tokens);
+        varlink_conn_free(vc);
+        vc = fake_accept(listen_fd);
+        fake_read_call(vc, VMMB_METHOD_TOKENS, &second_tokens);
+        ck_assert_str_eq(first_tokens, second_tokens);
+        {
+                json_object *p =
+                        json_tokener_parse("{\"tokens\": [{\"token\": \"0123456789abcdef0123456789abcdef\", "
+                                           "\"creator\": 0, \"readonly\": true}]}");
+
+                ck_assert_ptr_nonnull(p);
+                fake_reply(vc, p, NULL, 0);
+                json_object_put(p);
+        }
+        ck_assert_msg(client_op_finish(&o) == 0, "vmmb_tokens: %s", o.message);
+        ck_assert_uint_eq(o.n_tokens, 1);
+        ck_assert_str_eq(o.tokens[0].token, "0123456789abcdef0123456789abcdef");
+        ck_assert_uint_eq(o.tokens[0].uid, VMMB_ANY_UID);
+        ck_assert_int_eq(o.tokens[0].readonly, 1);
+        vmmb_tokens_free(o.tokens, o.n_tokens);
         ck_assert(!fake_pending(listen_fd));
 
         /* Publish lost after it was read twice: given up. */

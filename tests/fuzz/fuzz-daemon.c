@@ -217,6 +217,11 @@ static void check_reply(Client *cl, json_object *msg, const int *fds, size_t n_f
                         if (k == 0)
                                 remember(cl->tokens, s.token);
                         share_reply_done(&s);
+                } else if (has_key(p, "tokens")) {
+                        TokensReply t = {};
+
+                        k = tokens_reply_decode(p, &t, &message);
+                        tokens_reply_done(&t);
                 } else if (has_key(p, "leases")) {
                         ListReply l = {};
 

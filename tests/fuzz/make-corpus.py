@@ -48,10 +48,22 @@ seed("free", call("Free", {"id": "0123456789abcdef0123456789abcdef"}))
 seed("share", call("Share", {"id": "0123456789abcdef0123456789abcdef", "uid": 1000, "readonly": True}))
 seed("revoke", call("Revoke", {"token": "fedcba9876543210fedcba9876543210"}))
 seed("attach-token", call("Attach", {"token": "fedcba9876543210fedcba9876543210", "readonly": True}))
-seed("attach-name", call("Attach", {"name": "fuzz/shared"}))
-seed("publish", call("Publish", {"id": "0123456789abcdef0123456789abcdef", "name": "fuzz/shared",
+seed("attach-name", call("Attach", {"name": "fuzz.shared"}))
+seed("publish", call("Publish", {"id": "0123456789abcdef0123456789abcdef", "name": "fuzz.shared",
                                  "uids": [0, 1000, 4294967294], "readonly": False}))
-seed("unpublish", call("Unpublish", {"name": "fuzz/shared"}))
+seed("publish-slash", call("Publish", {"id": "0123456789abcdef0123456789abcdef", "name": "fuzz/shared"}))
+seed("unpublish", call("Unpublish", {"name": "fuzz.shared"}))
+seed("tokens", call("Tokens", {"id": "0123456789abcdef0123456789abcdef"}))
+seed("tokens-admin", call("Tokens", {"id": "0123456789abcdef0123456789abcdef"}), flags=ADMIN)
+
+# Attach's and Unpublish's NAME or OWNER/NAME: OWNER a user name or uid, malformed ones, names stored before
+# owner namespaces (with '/' in NAME), an OWNER at and past the longest user name.
+OWNER_NAMES = ["root/fuzz.shared", "0/fuzz.shared", "65534/fuzz.shared", "4294967295/x", "4294967296/x",
+               "99999999999999999999/x", "no-such-user/x", "root/legacy/with/slashes", "/x", "a/", "a//b",
+               "root/-dash", "o" * 64 + "/x", "o" * 65 + "/x", "root/" + "n" * 128, "root/" + "n" * 129, "1a/x"]
+seed("attach-owner-name", b"".join(call("Attach", {"name": n}) for n in OWNER_NAMES))
+seed("unpublish-owner-name", b"".join(call("Unpublish", {"name": n}) for n in OWNER_NAMES))
+seed("unpublish-owner-name-admin", b"".join(call("Unpublish", {"name": n}) for n in OWNER_NAMES), flags=ADMIN)
 seed("list", call("List", {}))
 seed("list-all", call("List", {"all": True}))
 seed("list-all-admin", call("List", {"all": True}), flags=ADMIN)
@@ -85,6 +97,24 @@ seed("session-publish",
 seed("session-token-for-another-uid",
      call("Alloc", {"size": 2 * MiB}) + call("Share", {"id": "$L0", "uid": 4242}) + call("Attach", {"token": "$T0"})
      + call("Revoke", {"token": "$T0"}), flags=SESSION)
+seed("session-tokens-list",
+     call("Alloc", {"size": 2 * MiB}) + call("Tokens", {"id": "$L0"}) + call("Share", {"id": "$L0"})
+     + call("Share", {"id": "$L0", "uid": 65534, "readonly": True}) + call("Tokens", {"id": "$L0"})
+     + call("Revoke", {"token": "$T1"}) + call("Tokens", {"id": "$L0"}) + call("Attach", {"token": "$T0"})
+     + call("Tokens", {"id": "$L0"}) + call("Free", {"id": "$L0"}) + call("Free", {"id": "$L0"})
+     + call("Tokens", {"id": "$L0"}) + call("Tokens", {"id": "no-such-lease"}), flags=SESSION)
+seed("session-tokens-admin",
+     call("Alloc", {"size": 2 * MiB}) + call("Share", {"id": "$L0"}) + call("Free", {"id": "$L0"})
+     + call("Tokens", {"id": "$L0"}) + call("Alloc", {"size": 2 * MiB}) + call("Publish", {"id": "$L0", "name": "t"})
+     + call("Share", {"id": "$L0"}) + call("Free", {"id": "$L0"}) + call("Tokens", {"id": "$L0"}),
+     flags=SESSION | ADMIN)
+seed("session-owner-names",
+     call("Alloc", {"size": 2 * MiB}) + call("Publish", {"id": "$L0", "name": "fuzz.own"})
+     + call("Attach", {"name": "root/fuzz.own"}) + call("Attach", {"name": "0/fuzz.own"})
+     + call("Attach", {"name": "65534/fuzz.own"}) + call("Publish", {"id": "$L0", "name": "fuzz/own"})
+     + call("Unpublish", {"name": "65534/fuzz.own"}) + call("Unpublish", {"name": "0/fuzz.own"})
+     + call("Unpublish", {"name": "root/fuzz.own"}) + call("Unpublish", {"name": "fuzz.own"})
+     + call("List", {}), flags=SESSION)
 seed("session-name-in-use",
      call("Alloc", {"size": 2 * MiB}) + call("Publish", {"id": "$L0", "name": "taken"})
      + call("Alloc", {"size": 2 * MiB}) + call("Publish", {"id": "$L0", "name": "taken"}), flags=SESSION)
@@ -132,10 +162,12 @@ seed("wrong-types", call("Alloc", {"size": "1G"}) + call("Alloc", {"size": -1}) 
      + call("Alloc", {"size": 18446744073709551615}) + call("Alloc", {"size": 0}) + call("Free", {"id": 7})
      + call("Share", {"id": "x", "uid": 4294967295}) + call("Publish", {"id": "x", "name": "-bad", "uids": [-1]})
      + call("Publish", {"id": "x", "name": "n", "uids": [4294967295]})
-     + call("Attach", {"token": "x", "name": "y"}) + call("Attach", {}))
+     + call("Attach", {"token": "x", "name": "y"}) + call("Attach", {}) + call("Tokens", {"id": 7})
+     + call("Tokens", {}) + call("Tokens", {"id": "x" * 65}) + call("Attach", {"name": 7})
+     + call("Unpublish", {"name": "x" * 300}))
 seed("unknown-parameter-every-method",
      b"".join(call(m, {"bogus": 1}) for m in ("Alloc", "Free", "Share", "Revoke", "Attach", "Publish", "Unpublish",
-                                             "List", "Users", "Status", "org.varlink.service.GetInfo",
+                                             "Tokens", "List", "Users", "Status", "org.varlink.service.GetInfo",
                                              "org.varlink.service.GetInterfaceDescription"))
      + call("List", {"all": 1}) + call("Users", {"all": "yes"}) + call("org.varlink.service.GetInterfaceDescription"))
 seed("unknown-method", call("io.vmmbroker.Nothing") + call("com.example.Other.Call"))

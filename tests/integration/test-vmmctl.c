@@ -124,15 +124,72 @@ static char *lease_share(const char *socket, const char *id, bool readonly) {
         return ret;
 }
 
-/* Publishes lease `id` of this process under `name`, for its owner alone. */
-static void lease_publish(const char *socket, const char *id, const char *name) {
+/* Publishes lease `id` of this process under `name`, for its owner and the `n_uids` users of `uids`. */
+static void lease_publish_to(const char *socket, const char *id, const char *name, uint64_t *uids, size_t n_uids) {
         _cleanup_(json_object_putp) json_object *params = NULL;
-        PublishParams pp = { .id = (char *)id, .name = (char *)name };
+        PublishParams pp = { .id = (char *)id, .name = (char *)name, .uids = uids, .n_uids = n_uids };
         VarlinkReply r = {};
 
         ck_assert_int_eq(publish_params_encode(&pp, &params), 0);
         raw_call_ok(socket, VMMB_METHOD_PUBLISH, params, &r);
         varlink_reply_done(&r);
+}
+
+/* Publishes lease `id` of this process under `name`, for its owner alone. */
+static void lease_publish(const char *socket, const char *id, const char *name) {
+        lease_publish_to(socket, id, name, NULL, 0);
+}
+
+/* Shares lease `id` of this process with `uid` (JSON_ABSENT: anyone); returns the token (to free). */
+static char *lease_share_for(const char *socket, const char *id, int64_t uid, bool readonly) {
+        _cleanup_(json_object_putp) json_object *params = NULL;
+        ShareParams sp = { .id = (char *)id, .uid = uid, .readonly = readonly };
+        ShareReply sr = {};
+        VarlinkReply r = {};
+        char *ret;
+
+        ck_assert_int_eq(share_params_encode(&sp, &params), 0);
+        raw_call_ok(socket, VMMB_METHOD_SHARE, params, &r);
+        ck_assert_int_eq(share_reply_decode(r.parameters, &sr, NULL), 0);
+        ret = TAKE_PTR(sr.token);
+        share_reply_done(&sr);
+        varlink_reply_done(&r);
+        return ret;
+}
+
+/* The tokens of lease `id`, raw. */
+static void tokens_get(const char *socket, const char *id, TokensReply *ret) {
+        _cleanup_(json_object_putp) json_object *params = NULL;
+        FreeParams fp = { .id = (char *)id };
+        VarlinkReply r = {};
+
+        ck_assert_int_eq(free_params_encode(&fp, &params), 0);
+        raw_call_ok(socket, VMMB_METHOD_TOKENS, params, &r);
+        ck_assert_int_eq(tokens_reply_decode(r.parameters, ret, NULL), 0);
+        varlink_reply_done(&r);
+}
+
+/* Attaches the lease published as `name` (NAME or OWNER/NAME) to this process; returns its identifier. */
+static char *lease_attach_name(const char *socket, const char *name) {
+        _cleanup_(json_object_putp) json_object *params = NULL;
+        AttachParams ap = { .name = (char *)name };
+        VarlinkReply r = {};
+        char *ret;
+
+        ck_assert_int_eq(attach_params_encode(&ap, &params), 0);
+        raw_call(socket, VMMB_METHOD_ATTACH, params, &r);
+        ck_assert_msg(!r.error, "Attach(%s): %s", name, r.error);
+        /* the fds were closed by raw_call(): the hold stays without them; only the identifier is wanted */
+        {
+                json_object *lease, *id;
+
+                ck_assert(json_object_object_get_ex(r.parameters, "lease", &lease));
+                ck_assert(json_object_object_get_ex(lease, "id", &id));
+                ret = strdup(json_object_get_string(id));
+        }
+        ck_assert_ptr_nonnull(ret);
+        varlink_reply_done(&r);
+        return ret;
 }
 
 /* Ends this process's hold on lease `id`. */
@@ -603,6 +660,17 @@ static const char *user_str(int64_t uid, char buf[static 64]) {
         return buf;
 }
 
+/* A published name as vmmctl list shows it: OWNER/NAME, OWNER the user name (the uid if it has none). */
+static const char *published_str(int64_t uid, const char *name, char buf[static 256]) {
+        char user[64];
+
+        user_str(uid, user);
+        if (user[0] >= '0' && user[0] <= '9')
+                snprintf(user, sizeof(user), "%" PRId64, uid);
+        snprintf(buf, 256, "%s/%s", user, name);
+        return buf;
+}
+
 /* ---- tests ----------------------------------------------------------------------------------------- */
 
 START_TEST(test_status_table) {
@@ -720,7 +788,7 @@ static void check_holder_cells(const char *header, const char *row, const WireHo
  * the broker's order; nothing else.
  */
 static void check_list_rows(char **lines, size_t n, const ListReply *raw) {
-        char buf[FORMAT_SIZE_MAX], num[24], user[64];
+        char buf[FORMAT_SIZE_MAX], num[24], user[64], published[256];
         size_t n_rows = 0;
 
         ck_assert_uint_ge(n, 1);
@@ -737,7 +805,8 @@ static void check_list_rows(char **lines, size_t n, const ListReply *raw) {
                 CHECK_FIELD(lines[0], row, list_columns, "SIZE", size_str(l->size, buf));
                 CHECK_FIELD(lines[0], row, list_columns, "SLABS", number_str((int64_t)l->slabs, num));
                 CHECK_FIELD(lines[0], row, list_columns, "OWNER", user_str(l->uid, user));
-                CHECK_FIELD(lines[0], row, list_columns, "NAME", l->name ?: "-");
+                CHECK_FIELD(lines[0], row, list_columns, "NAME",
+                            l->name ? published_str(l->uid, l->name, published) : "-");
                 CHECK_FIELD(lines[0], row, list_columns, "LABEL", l->label ?: "-");
                 age = field(lines[0], row, list_columns, ELEMENTSOF(list_columns), "AGE");
                 ck_assert_msg(strspn(age, "0123456789") > 0 && age[strlen(age) - 1] == 's', "AGE '%s'", age);
@@ -956,8 +1025,8 @@ static bool lease_listed(const ListReply *raw, const char *id) {
 }
 
 START_TEST(test_list_holders) {
-        _cleanup_free_ char *token = NULL;
-        char *lines[MAX_LINES], num[24], user[64];
+        _cleanup_free_ char *token = NULL, *shown = NULL, *attached = NULL;
+        char *lines[MAX_LINES], num[24], user[64], published_name[256];
         const WireLeaseInfo *shared, *published;
         HolderProcess hp;
         ListReply raw = {};
@@ -1014,7 +1083,13 @@ START_TEST(test_list_holders) {
         /* The published lease nobody holds: its name, and "-" for a holder. */
         r = list_row_index(lines, n, f.ids[2]);
         ck_assert_uint_gt(r, 0);
-        CHECK_FIELD(lines[0], lines[r], list_columns, "NAME", "vmmctl-test.published");
+        /* as OWNER/NAME, which Attach takes as it is */
+        CHECK_FIELD(lines[0], lines[r], list_columns, "NAME",
+                    published_str(getuid(), "vmmctl-test.published", published_name));
+        shown = field(lines[0], lines[r], list_columns, ELEMENTSOF(list_columns), "NAME");
+        attached = lease_attach_name(f.h.socket, shown);
+        ck_assert_str_eq(attached, f.ids[2]);
+        lease_free(f.h.socket, f.ids[2]);
         CHECK_FIELD(lines[0], lines[r], list_columns, "PID", "-");
         CHECK_FIELD(lines[0], lines[r], list_columns, "USER", "-");
         CHECK_FIELD(lines[0], lines[r], list_columns, "MODE", "-");
@@ -1092,21 +1167,262 @@ START_TEST(test_unpublish) {
                       "not {}: %s", o.out);
         output_done(&o);
 
-        /* Someone who is neither the owner nor an administrator: PermissionDenied, with who may. */
+        /* OWNER/NAME, by uid and by user name: the same name of the caller's own. */
+        {
+                char ref[256];
+
+                lease_publish(f.h.socket, f.ids[0], "vmmctl-own");
+                snprintf(ref, sizeof(ref), "%u/vmmctl-own", (unsigned)getuid());
+                RUN_OK(&o, "--socket", f.h.socket, "unpublish", ref);
+                output_done(&o);
+                list_get(f.h.socket, &raw);
+                ck_assert_ptr_null(lease_find(&raw, f.ids[0])->name);
+                list_reply_done(&raw);
+                lease_publish(f.h.socket, f.ids[0], "vmmctl-own");
+                RUN_OK(&o, "--socket", f.h.socket, "unpublish", published_str(getuid(), "vmmctl-own", ref));
+                output_done(&o);
+                /* another owner's namespace has no such name */
+                lease_publish(f.h.socket, f.ids[0], "vmmctl-own");
+                snprintf(ref, sizeof(ref), "%u/vmmctl-own", (unsigned)getuid() + 4242);
+                RUN(&o, "--socket", f.h.socket, "unpublish", ref);
+                ck_assert_msg(o.status == 1, "exit %d: %s", o.status, o.err);
+                ck_assert_ptr_nonnull(strstr(o.err, ref));
+                output_done(&o);
+                RUN_OK(&o, "--socket", f.h.socket, "unpublish", "vmmctl-own");
+                output_done(&o);
+        }
+
+        /* Someone who may attach the name but is neither the owner nor an administrator: PermissionDenied,
+         * with who may; one who may not even attach it: NoSuchName, as for a name that does not exist. */
         if (getuid() == 0) {
-                lease_publish(f.h.socket, f.ids[0], "vmmctl-root");
+                uint64_t nobody = NOBODY;
+
+                lease_publish_to(f.h.socket, f.ids[0], "vmmctl-root", &nobody, 1);
                 socket_open_to_all(&f.h);
-                run_full((const char *const[]){ "--socket", f.h.socket, "unpublish", "vmmctl-root", NULL },
+                run_full((const char *const[]){ "--socket", f.h.socket, "unpublish", "root/vmmctl-root", NULL },
                          &(Run){ .uid = NOBODY }, &o);
                 ck_assert_msg(o.status == 1, "as nobody: exit %d: %s", o.status, o.err);
                 ck_assert_str_eq(o.out, "");
                 ck_assert_msg(strncmp(o.err, "vmmctl: ", 8) == 0 && strstr(o.err, "may unpublish it"),
                               "stderr: %s", o.err);
                 output_done(&o);
+                /* its own namespace has no such name */
+                run_full((const char *const[]){ "--socket", f.h.socket, "unpublish", "vmmctl-root", NULL },
+                         &(Run){ .uid = NOBODY }, &o);
+                ck_assert_msg(o.status == 1 && !strstr(o.err, "may unpublish it"), "as nobody: exit %d: %s",
+                              o.status, o.err);
+                output_done(&o);
                 list_get(f.h.socket, &raw);
                 ck_assert_str_eq(lease_find(&raw, f.ids[0])->name ?: "(none)", "vmmctl-root");
                 list_reply_done(&raw);
+                /* published to nobody else, it is NoSuchName to nobody */
+                lease_publish_to(f.h.socket, f.ids[0], "vmmctl-root", NULL, 0);
+                run_full((const char *const[]){ "--socket", f.h.socket, "unpublish", "0/vmmctl-root", NULL },
+                         &(Run){ .uid = NOBODY }, &o);
+                ck_assert_msg(o.status == 1 && strstr(o.err, "0/vmmctl-root") && !strstr(o.err, "may unpublish"),
+                              "as nobody: exit %d: %s", o.status, o.err);
+                output_done(&o);
         }
+        fixture_stop(&f);
+}
+END_TEST
+
+/* As nobody: leases 2 MiB, publishes it as `arg` and exits; the name keeps the lease. No ck_assert() here. */
+static int publish_as_nobody(void *arg) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
+        const char *const *a = arg;     /* socket, name */
+        _cleanup_(json_object_putp) json_object *params = NULL, *call = NULL, *msg = NULL;
+        AllocParams ap = { .size = 2 * MiB, .device = VMMB_DEVICE_ANY, .label = (char *)"nobody's" };
+        VarlinkReply r = {};
+        int *fds = NULL;
+        size_t n_fds = 0;
+        char *id;
+
+        if (setgroups(0, NULL) < 0 || setgid(NOBODY) < 0 || setuid(NOBODY) < 0)
+                return 11;
+        if (harness_conn_open(a[0], true, &c) < 0)
+                return 12;
+        if (alloc_params_encode(&ap, &params) < 0 || varlink_call_new(VMMB_METHOD_ALLOC, params, false, false,
+                                                                      &call) < 0)
+                return 13;
+        if (varlink_conn_send(c, call, NULL, 0) < 0 || varlink_conn_flush(c) < 0 ||
+            varlink_conn_receive(c, &msg, &fds, &n_fds) != 1 || varlink_reply_parse(msg, &r) < 0 || r.error)
+                return 14;
+        close_many(fds, n_fds);
+        free(fds);
+        {
+                json_object *lease, *jid;
+
+                if (!json_object_object_get_ex(r.parameters, "lease", &lease) ||
+                    !json_object_object_get_ex(lease, "id", &jid))
+                        return 15;
+                id = strdup(json_object_get_string(jid));
+        }
+        varlink_reply_done(&r);
+        json_object_put(params);
+        json_object_put(call);
+        json_object_put(msg);
+        params = call = msg = NULL;
+        {
+                PublishParams pp = { .id = id, .name = (char *)a[1] };
+
+                if (publish_params_encode(&pp, &params) < 0 ||
+                    varlink_call_new(VMMB_METHOD_PUBLISH, params, false, false, &call) < 0)
+                        return 16;
+        }
+        free(id);
+        if (varlink_conn_send(c, call, NULL, 0) < 0 || varlink_conn_flush(c) < 0 ||
+            varlink_conn_receive(c, &msg, NULL, NULL) != 1 || varlink_reply_parse(msg, &r) < 0)
+                return 17;
+        if (r.error) {
+                fprintf(stderr, "nobody: Publish: %s\n", r.error);
+                varlink_reply_done(&r);
+                return 18;
+        }
+        varlink_reply_done(&r);
+        return 0;
+}
+
+/* An administrator sees another user's name as OWNER/NAME, and takes it away by it. */
+START_TEST(test_unpublish_other_owner) {
+        const char *args[] = { NULL, "vmmctl-nobodys" };
+        char *lines[MAX_LINES], expected[256];
+        ListReply raw = {};
+        Harness h;
+        Output o;
+        size_t n;
+        pid_t pid;
+
+        if (getuid() != 0) {
+                fprintf(stderr, "test_unpublish_other_owner: not root, another user's name not checked\n");
+                return;
+        }
+        ck_assert_int_eq(harness_start(&h, NULL), 0);
+        socket_open_to_all(&h);
+        args[0] = h.socket;
+        pid = harness_fork(publish_as_nobody, args);
+        ck_assert_int_gt(pid, 0);
+        ck_assert_int_eq(harness_wait(pid), 0);
+
+        /* list --all: nobody's lease, with no holder, named nobody/NAME (or 65534/NAME) */
+        RUN_OK(&o, "--socket", h.socket, "list", "--all");
+        n = split_lines(o.out, lines);
+        ck_assert_uint_eq(n, 2);
+        CHECK_FIELD(lines[0], lines[1], list_columns, "NAME", published_str(NOBODY, "vmmctl-nobodys", expected));
+        output_done(&o);
+
+        /* root's own namespace has no such name; nobody's has */
+        RUN(&o, "--socket", h.socket, "unpublish", "vmmctl-nobodys");
+        ck_assert_msg(o.status == 1, "exit %d: %s", o.status, o.err);
+        output_done(&o);
+        RUN_OK(&o, "--socket", h.socket, "unpublish", expected);
+        ck_assert_str_eq(o.out, "");
+        output_done(&o);
+        list_get(h.socket, &raw);
+        ck_assert_uint_eq(raw.n_leases, 0);
+        list_reply_done(&raw);
+        ck_assert_int_eq(harness_stop(&h), 0);
+}
+END_TEST
+
+/* ---- tokens --------------------------------------------------------------------------------------- */
+
+static const Column tokens_columns[] = {
+        { "TOKEN", false }, { "FOR", false }, { "CREATOR", false }, { "MODE", false },
+};
+
+START_TEST(test_tokens) {
+        _cleanup_free_ char *any = NULL, *for_nobody = NULL;
+        char *lines[MAX_LINES], user[64];
+        TokensReply raw = {}, shown = {};
+        Output o;
+        Fixture f;
+        size_t n;
+
+        fixture_start(&f);
+        any = lease_share_for(f.h.socket, f.ids[0], JSON_ABSENT, false);
+        for_nobody = lease_share_for(f.h.socket, f.ids[0], NOBODY, true);
+        tokens_get(f.h.socket, f.ids[0], &raw);
+        ck_assert_uint_eq(raw.n_tokens, 2);
+
+        if (getuid() != 0) {
+                /* not an administrator: vmmctl holds no lease, so the broker shows it none */
+                RUN(&o, "--socket", f.h.socket, "tokens", f.ids[0]);
+                ck_assert_int_eq(o.status, 1);
+                ck_assert_msg(strstr(o.err, "AdminGroup=") && strstr(o.err, "vmmb_tokens()"), "stderr: %s", o.err);
+                output_done(&o);
+                tokens_reply_done(&raw);
+                fixture_stop(&f);
+                return;
+        }
+
+        /* The table: a row per token, in the broker's order. */
+        RUN_OK(&o, "--socket", f.h.socket, "tokens", f.ids[0]);
+        ck_assert_ptr_nonnull(strstr(o.out, any));
+        ck_assert_ptr_nonnull(strstr(o.out, for_nobody));
+        n = split_lines(o.out, lines);
+        ck_assert_uint_eq(n, 1 + raw.n_tokens);
+        check_header(lines[0], tokens_columns, ELEMENTSOF(tokens_columns));
+        for (size_t i = 0; i < raw.n_tokens; i++) {
+                const WireToken *t = &raw.tokens[i];
+
+                CHECK_FIELD(lines[0], lines[1 + i], tokens_columns, "TOKEN", t->token);
+                CHECK_FIELD(lines[0], lines[1 + i], tokens_columns, "FOR",
+                            t->uid == JSON_ABSENT ? "anyone" : user_str(t->uid, user));
+                CHECK_FIELD(lines[0], lines[1 + i], tokens_columns, "CREATOR", user_str(t->creator, user));
+                CHECK_FIELD(lines[0], lines[1 + i], tokens_columns, "MODE", t->readonly ? "ro" : "rw");
+        }
+        output_done(&o);
+
+        /* --json: the broker's reply. */
+        {
+                _cleanup_(json_object_putp) json_object *j = NULL;
+
+                RUN_OK(&o, "--socket", f.h.socket, "--json", "tokens", f.ids[0]);
+                j = json_tokener_parse(o.out);
+                ck_assert_msg(j, "not JSON: %s", o.out);
+                ck_assert_int_eq(tokens_reply_decode(j, &shown, NULL), 0);
+                ck_assert_uint_eq(shown.n_tokens, raw.n_tokens);
+                for (size_t i = 0; i < raw.n_tokens; i++) {
+                        ck_assert_str_eq(shown.tokens[i].token, raw.tokens[i].token);
+                        ck_assert_int_eq(shown.tokens[i].uid, raw.tokens[i].uid);
+                        ck_assert_int_eq(shown.tokens[i].creator, raw.tokens[i].creator);
+                        ck_assert_int_eq(shown.tokens[i].readonly, raw.tokens[i].readonly);
+                }
+                tokens_reply_done(&shown);
+                output_done(&o);
+        }
+
+        /* A lease with none; --no-legend. */
+        RUN_OK(&o, "--socket", f.h.socket, "tokens", f.ids[1]);
+        ck_assert_uint_eq(split_lines(o.out, lines), 2);
+        check_header(lines[0], tokens_columns, ELEMENTSOF(tokens_columns));
+        ck_assert_ptr_nonnull(strstr(lines[1], "No tokens"));
+        output_done(&o);
+        RUN_OK(&o, "--socket", f.h.socket, "tokens", f.ids[1], "--no-legend");
+        ck_assert_str_eq(o.out, "");
+        output_done(&o);
+
+        /* No such lease: the broker's NoSuchLease, exit status 1. */
+        RUN(&o, "--socket", f.h.socket, "tokens", "0123456789abcdef0123456789abcdef");
+        ck_assert_int_eq(o.status, 1);
+        ck_assert_str_eq(o.out, "");
+        ck_assert_ptr_nonnull(strstr(o.err, "0123456789abcdef0123456789abcdef"));
+        output_done(&o);
+
+        /* Not an administrator, nor a holder: the broker shows nothing; vmmctl says who may. */
+        socket_open_to_all(&f.h);
+        run_full((const char *const[]){ "--socket", f.h.socket, "tokens", f.ids[0], NULL }, &(Run){ .uid = NOBODY },
+                 &o);
+        ck_assert_msg(o.status == 1, "as nobody: exit %d: %s", o.status, o.err);
+        ck_assert_str_eq(o.out, "");
+        ck_assert_msg(strncmp(o.err, "vmmctl: ", 8) == 0 && strstr(o.err, "AdminGroup=") &&
+                              strstr(o.err, "vmmb_tokens()"),
+                      "stderr: %s", o.err);
+        ck_assert_ptr_null(strstr(o.err, any));
+        output_done(&o);
+
+        tokens_reply_done(&raw);
         fixture_stop(&f);
 }
 END_TEST
@@ -1584,6 +1900,13 @@ START_TEST(test_usage) {
                 { "unpublish", "a-name", "another" },
                 { "unpublish", "not a name" },
                 { "unpublish", "--all", "a-name" },
+                { "unpublish", "/no-owner" },
+                { "unpublish", "owner/" },
+                { "unpublish", "owner/not a name" },
+                { "tokens" },
+                { "tokens", "an-id", "another" },
+                { "tokens", "" },
+                { "tokens", "--all", "an-id" },
                 { "users", "extra" },
                 { "users", "--all", "extra" },
         };
@@ -1600,6 +1923,13 @@ START_TEST(test_usage) {
         /* the missing argument is named */
         RUN(&o, "unpublish");
         ck_assert_ptr_nonnull(strstr(o.err, "NAME"));
+        output_done(&o);
+        RUN(&o, "tokens");
+        ck_assert_ptr_nonnull(strstr(o.err, "ID"));
+        output_done(&o);
+        /* a malformed name says what a name is */
+        RUN(&o, "unpublish", "owner/");
+        ck_assert_ptr_nonnull(strstr(o.err, "OWNER/NAME"));
         output_done(&o);
 
         RUN_OK(&o, "--help");
@@ -1648,6 +1978,7 @@ END_TEST
 int main(void) {
         return run_suite(UNIT_SUITE("vmmctl", NULL, test_status_table, test_status_json, test_list_table,
                                     test_list_json, test_list_all, test_list_holders, test_unpublish,
+                                    test_unpublish_other_owner, test_tokens,
                                     test_users_table, test_users_json, test_users_all, test_users_fitted,
                                     test_list_empty, test_unreachable, test_usage, test_fit_terminal)) == 0
                        ? EXIT_SUCCESS

@@ -712,7 +712,9 @@ static unsigned unpublish_prefix(VarlinkConn *ctl, const char *prefix) {
 
                 if (!l.leases[i].name || strncmp(l.leases[i].name, prefix, strlen(prefix)) != 0)
                         continue;
-                snprintf(params, sizeof(params), "{\"name\": \"%s\"}", l.leases[i].name);
+                /* As root, another user's name is OWNER/NAME. */
+                snprintf(params, sizeof(params), "{\"name\": \"%" PRId64 "/%s\"}", l.leases[i].uid,
+                         l.leases[i].name);
                 call_or_die(ctl, VMMB_METHOD_UNPUBLISH, params, &r);
                 reply_done(&r);
                 n++;
