@@ -47,7 +47,9 @@ step "pool benchmark, real driver"
 
 export VMMBROKER_DAEMON="$PWD/$build/daemon/vmmbrokerd" VMMCTL="$PWD/$build/client/vmmctl"
 for t in tests/integration/test-daemon tests/integration/test-share tests/integration/test-vmmctl \
-         tests/client/test-client; do
+         tests/integration/test-limits tests/integration/test-fairness tests/integration/test-tenant \
+         tests/client/test-client \
+         tests/unit/test-broker; do
         [ -x "$build/$t" ] || continue
         step "$t against the real driver (the daemon and its clients on the GPU)"
         "$build/$t" >"$out/$(basename "$t").log" 2>&1 || status=1
@@ -86,9 +88,25 @@ if [ -x "$build/tests/restart/test-restart" ]; then
         grep -E '%:|:F:|:E:' "$out/test-reconnect.log"
 fi
 
+if [ -x "$build/tests/restart/test-store-faults" ]; then
+        step "the lease table's store failing and crashing at each step, on the real driver"
+        CK_DEFAULT_TIMEOUT=280 "$build/tests/restart/test-store-faults" >"$out/test-store-faults.log" 2>&1 || status=1
+        grep -E '%:|:F:|:E:|^store' "$out/test-store-faults.log"
+fi
+
 if [ -x "$build/tests/bench/bench-broker" ]; then
         step "broker benchmark, real driver"
         "$build/tests/bench/bench-broker" 20 2>&1 | tee "$out/bench-broker.log" || status=1
+fi
+
+if [ -x "$build/tests/bench/bench-scale" ] && [ "${VMMB_GPU_SCALE:-1}" = 1 ]; then
+        step "scaling targets on the simulated device, on this machine's cores (bench-scale, bench-tenant, bench-store)"
+        VMMBROKER_LIBCUDA=$sim "$build/tests/bench/bench-scale" >"$out/bench-scale.log" 2>&1 || status=1
+        sed -n '/target    verdict/,$p' "$out/bench-scale.log"
+        VMMBROKER_LIBCUDA=$sim "$build/tests/bench/bench-tenant" >"$out/bench-tenant.log" 2>&1 || status=1
+        grep -E 'idle|under flood|target' "$out/bench-tenant.log"
+        "$build/tests/bench/bench-store" >"$out/bench-store.log" 2>&1 || status=1
+        tail -12 "$out/bench-store.log"
 fi
 
 exit $status
