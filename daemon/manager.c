@@ -95,16 +95,22 @@ static void schedule_idle(Manager *m) {
 }
 
 /*
- * Connections accepted per wake-up of the listening socket: a user reconnecting as fast as it can must
- * not keep the loop accepting while others' requests wait (the socket stays readable; the rest come at
- * its next turn).
+ * Connections accepted per wake-up of the listening socket. A user reconnecting as fast as it can keeps
+ * the socket readable, and sd-event serves the readable sources before the fair queue (PRIORITY_SERVE):
+ * so after a full batch the socket is left alone until the queue has had a round (on_serve() turns it
+ * back on). Accepting and serving take turns, and a connection flood delays nobody's requests.
  */
-#define ACCEPTS_PER_WAKEUP 16
+#define ACCEPTS_PER_WAKEUP 8
 
 static int on_accept(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
         Manager *m = userdata;
 
-        for (unsigned i = 0; i < ACCEPTS_PER_WAKEUP; i++) {
+        for (unsigned i = 0;; i++) {
+                if (i == ACCEPTS_PER_WAKEUP) {
+                        (void)sd_event_source_set_enabled(s, SD_EVENT_OFF);
+                        (void)sd_event_source_set_enabled(m->serve_source, SD_EVENT_ON);
+                        return 0;
+                }
                 int cfd = accept4(fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 
                 if (cfd < 0) {
@@ -141,6 +147,8 @@ static int on_serve(sd_event_source *s, void *userdata) {
         }
         if (fair_queue_is_empty(&m->fair))
                 (void)sd_event_source_set_enabled(s, SD_EVENT_OFF);
+        /* A round has been served: new connections may come in again (on_accept()). */
+        (void)sd_event_source_set_enabled(m->listen_source, SD_EVENT_ON);
         schedule_idle(m);               /* released slabs' fds are closed there, STATUS= sent */
         return 0;
 }

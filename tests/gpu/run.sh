@@ -20,30 +20,34 @@ sim="$PWD/$build/tests/simcuda/libcuda.so.1"
 unset VMMBROKER_LIBCUDA
 status=0
 
-step() { printf '\n=== %s\n' "$*"; }
+results=()
+current=""
+step() { current="$*"; printf '\n=== %s\n' "$*"; }
+# Records that the current step failed (and the script with it); the table at the end lists them.
+failed() { status=1; results+=("FAILED  $current${1:+ ($1)}"); }
 
 step "GPU"
 nvidia-smi --query-gpu=index,name,driver_version,memory.total,memory.used --format=csv,noheader
 
 step "conformance suite, real driver"
-"$build/tests/conformance/vmmb-conformance" >"$out/conformance-gpu.log" 2>&1 || status=1
+"$build/tests/conformance/vmmb-conformance" >"$out/conformance-gpu.log" 2>&1 || failed
 grep -E '^observed:|%:|Checks' "$out/conformance-gpu.log"
 step "conformance suite, simulated device (to compare the observed lines)"
-VMMBROKER_LIBCUDA=$sim "$build/tests/conformance/vmmb-conformance" >"$out/conformance-sim.log" 2>&1 || status=1
+VMMBROKER_LIBCUDA=$sim "$build/tests/conformance/vmmb-conformance" >"$out/conformance-sim.log" 2>&1 || failed
 grep -E '%:|Checks' "$out/conformance-sim.log"
 step "observed error codes that differ (real < > simulated)"
 diff <(grep '^observed:' "$out/conformance-gpu.log" | sort) <(grep '^observed:' "$out/conformance-sim.log" | sort) &&
         echo "none"
 
 step "vmmbrokerd --check, real driver"
-"$build/daemon/vmmbrokerd" --check 2>&1 | tee "$out/check.log" || status=1
+"$build/daemon/vmmbrokerd" --check 2>&1 | tee "$out/check.log" || failed
 
 step "pool benchmark, simulated device"
-VMMBROKER_LIBCUDA=$sim "$build/tests/bench/bench-pool" 3 2>&1 | tee "$out/bench-sim.log" || status=1
+VMMBROKER_LIBCUDA=$sim "$build/tests/bench/bench-pool" 3 2>&1 | tee "$out/bench-sim.log" || failed
 step "driver costs, real driver"
-"$build/tests/bench/bench-driver" 20 2>&1 | tee "$out/bench-driver.log" || status=1
+"$build/tests/bench/bench-driver" 20 2>&1 | tee "$out/bench-driver.log" || failed
 step "pool benchmark, real driver"
-"$build/tests/bench/bench-pool" 20 2>&1 | tee "$out/bench-gpu.log" || status=1
+"$build/tests/bench/bench-pool" 20 2>&1 | tee "$out/bench-gpu.log" || failed
 
 export VMMBROKER_DAEMON="$PWD/$build/daemon/vmmbrokerd" VMMCTL="$PWD/$build/client/vmmctl"
 for t in tests/integration/test-daemon tests/integration/test-share tests/integration/test-vmmctl \
@@ -52,7 +56,7 @@ for t in tests/integration/test-daemon tests/integration/test-share tests/integr
          tests/unit/test-broker; do
         [ -x "$build/$t" ] || continue
         step "$t against the real driver (the daemon and its clients on the GPU)"
-        "$build/$t" >"$out/$(basename "$t").log" 2>&1 || status=1
+        "$build/$t" >"$out/$(basename "$t").log" 2>&1 || failed
         grep -E '%:|:F:|:E:' "$out/$(basename "$t").log"
 done
 
@@ -65,48 +69,54 @@ fi
 if [ -x "$build/client/vmmctl" ]; then
         step "vmmctl status and list --all while 3 lease-pattern processes hold 1 GiB each"
         "$build/docs/examples/with-daemon" bash docs/examples/show-leases.sh "$build/docs/examples/lease-pattern" \
-                "$build/client/vmmctl" 1G 3 || status=1
+                "$build/client/vmmctl" 1G 3 || failed
 fi
 
 if [ -x "$build/docs/examples/publish-pattern" ]; then
         step "publish-pattern 1 GiB and exits; then 3 attach-pattern processes attach it by name"
         "$build/docs/examples/with-daemon" bash docs/examples/share-pair.sh "$build/docs/examples/publish-pattern" \
-                "$build/docs/examples/attach-pattern" 1G 3 "$build/client/vmmctl" || status=1
+                "$build/docs/examples/attach-pattern" 1G 3 "$build/client/vmmctl" || failed
 fi
 
 if [ "$(id -u)" -eq 0 ] && [ -x "$build/docs/examples/lease-pattern" ]; then
         step "tenant isolation: user A's canary, then user B (uid 65534) leases the same amount"
-        bash tests/gpu/canary.sh "$build" 1G 65534 || status=1
+        bash tests/gpu/canary.sh "$build" 1G 65534 || failed
 fi
 
 if [ -x "$build/tests/restart/test-restart" ]; then
         step "restarts without loss: 20 restarts (half SIGKILL) with clients holding canaries; READY with 1000 leases"
         CK_DEFAULT_TIMEOUT=500 VMMB_RESTARTS=20 VMMB_RESTART_LEASES=1000 "$build/tests/restart/test-restart" \
-                >"$out/test-restart.log" 2>&1 || status=1
+                >"$out/test-restart.log" 2>&1 || failed
         grep -E '%:|:F:|:E:|^restart:' "$out/test-restart.log"
-        "$build/tests/client/test-reconnect" >"$out/test-reconnect.log" 2>&1 || status=1
+        "$build/tests/client/test-reconnect" >"$out/test-reconnect.log" 2>&1 || failed
         grep -E '%:|:F:|:E:' "$out/test-reconnect.log"
 fi
 
 if [ -x "$build/tests/restart/test-store-faults" ]; then
         step "the lease table's store failing and crashing at each step, on the real driver"
-        CK_DEFAULT_TIMEOUT=280 "$build/tests/restart/test-store-faults" >"$out/test-store-faults.log" 2>&1 || status=1
+        CK_DEFAULT_TIMEOUT=280 "$build/tests/restart/test-store-faults" >"$out/test-store-faults.log" 2>&1 || failed
         grep -E '%:|:F:|:E:|^store' "$out/test-store-faults.log"
 fi
 
 if [ -x "$build/tests/bench/bench-broker" ]; then
         step "broker benchmark, real driver"
-        "$build/tests/bench/bench-broker" 20 2>&1 | tee "$out/bench-broker.log" || status=1
+        "$build/tests/bench/bench-broker" 20 2>&1 | tee "$out/bench-broker.log" || failed
 fi
 
 if [ -x "$build/tests/bench/bench-scale" ] && [ "${VMMB_GPU_SCALE:-1}" = 1 ]; then
         step "scaling targets on the simulated device, on this machine's cores (bench-scale, bench-tenant, bench-store)"
-        VMMBROKER_LIBCUDA=$sim "$build/tests/bench/bench-scale" >"$out/bench-scale.log" 2>&1 || status=1
+        VMMBROKER_LIBCUDA=$sim "$build/tests/bench/bench-scale" >"$out/bench-scale.log" 2>&1 || failed
         sed -n '/target    verdict/,$p' "$out/bench-scale.log"
-        VMMBROKER_LIBCUDA=$sim "$build/tests/bench/bench-tenant" >"$out/bench-tenant.log" 2>&1 || status=1
+        VMMBROKER_LIBCUDA=$sim "$build/tests/bench/bench-tenant" >"$out/bench-tenant.log" 2>&1 || failed
         grep -E 'idle|under flood|target' "$out/bench-tenant.log"
-        "$build/tests/bench/bench-store" >"$out/bench-store.log" 2>&1 || status=1
+        "$build/tests/bench/bench-store" >"$out/bench-store.log" 2>&1 || failed
         tail -12 "$out/bench-store.log"
 fi
 
+step "summary"
+if [ ${#results[@]} -eq 0 ]; then
+        echo "every step passed"
+else
+        printf '%s\n' "${results[@]}"
+fi
 exit $status
