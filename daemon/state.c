@@ -200,17 +200,18 @@ bool state_is_holder_alive(pid_t pid, uint64_t start_time) {
 
 /* ---- reading ---------------------------------------------------------------------------------------------- */
 
-void state_done(State *s) {
-        for (size_t i = 0; s->leases && i < s->n_leases; i++) {
-                StateLease *l = &s->leases[i];
+void state_lease_done(StateLease *l) {
+        free(l->label);
+        free(l->name);
+        free(l->name_uids);
+        free(l->slabs);
+        free(l->tokens);
+        free(l->holds);
+}
 
-                free(l->label);
-                free(l->name);
-                free(l->name_uids);
-                free(l->slabs);
-                free(l->tokens);
-                free(l->holds);
-        }
+void state_done(State *s) {
+        for (size_t i = 0; s->leases && i < s->n_leases; i++)
+                state_lease_done(&s->leases[i]);
         free(s->leases);
         *s = (State){};
 }

@@ -139,6 +139,9 @@ int state_read(int fd, State *ret, char **ret_message);
  */
 int state_check(const State *s, char **ret_message);
 
+/* Frees what a StateLease holds (its strings and arrays), not the struct. */
+void state_lease_done(StateLease *l);
+
 /* Frees what state_read() put in a State and empties it. Accepts an empty State. */
 void state_done(State *s);
 

@@ -861,18 +861,9 @@ static uint64_t hash_hold(uint64_t seed, size_t lease, pid_t pid, uint64_t start
                      (start_time * UINT64_C(0xc2b2ae3d27d4eb4f)));
 }
 
-static void lease_contents_free(StateLease *l) {
-        free(l->label);
-        free(l->name);
-        free(l->name_uids);
-        free(l->slabs);
-        free(l->tokens);
-        free(l->holds);
-}
-
 static void replay_done(Replay *r) {
         for (size_t i = 0; i < r->n_leases; i++)
-                lease_contents_free(&r->leases[i].l);
+                state_lease_done(&r->leases[i].l);
         free(r->leases);
         map_done(&r->by_id);
         map_done(&r->by_token);
@@ -947,7 +938,7 @@ static int replay_compact(Replay *r, bool final) {
                 size_t n;
 
                 if (rl->dead) {
-                        lease_contents_free(l);
+                        state_lease_done(l);
                         continue;
                 }
                 n = 0;
@@ -1175,7 +1166,7 @@ static int apply_put_lease(Replay *r, Cursor *c) {
         } else if (flags & LEASE_F_NAME_READONLY)
                 c->bad = true;
         if (error < 0 || c->bad) {
-                lease_contents_free(&v);
+                state_lease_done(&v);
                 return error < 0 ? error : bad(r, "a lease that cannot be decoded");
         }
 
@@ -1190,19 +1181,19 @@ static int apply_put_lease(Replay *r, Cursor *c) {
                 v.n_tokens = l->n_tokens;
                 l->holds = NULL;
                 l->tokens = NULL;
-                lease_contents_free(l);
+                state_lease_done(l);
                 *l = v;
                 return 0;
         }
         if (r->live_leases >= STATE_LEASES_MAX) {
-                lease_contents_free(&v);
+                state_lease_done(&v);
                 return bad(r, "more leases than a table holds");
         }
         k = grow_array((void **)&r->leases, &r->cap_leases, r->n_leases, sizeof(ReplayLease));
         if (k >= 0)
                 k = map_add(&r->by_id, hash, (uint32_t)r->n_leases, 0);
         if (k < 0) {
-                lease_contents_free(&v);
+                state_lease_done(&v);
                 return k == -EBADMSG ? bad(r, "too many leases") : k;
         }
         rl = &r->leases[r->n_leases++];
@@ -1265,7 +1256,7 @@ static int apply_end_lease(Replay *r, Cursor *c) {
         r->live -= 1 + rl->live_holds + rl->live_tokens;
         rl->dead = true;
         r->live_leases--;
-        lease_contents_free(&rl->l);
+        state_lease_done(&rl->l);
         rl->l = (StateLease){};
         rl->live_holds = rl->live_tokens = 0;
         return 0;

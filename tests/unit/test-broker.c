@@ -181,64 +181,9 @@ static Caller *administrator(void) {
         return connect_as(UID_ROOT, spawn(), true);
 }
 
-/* ---- the store's fake service manager: keeps a dup of every memfd saved -------------------------------------- */
-
-#define FAKE_MAX 8
-
-typedef struct Fake {
-        char names[FAKE_MAX][64];
-        int fds[FAKE_MAX];
-        size_t n;
-        unsigned saves, removes;
-} Fake;
+#include "fake-fdstore.h"
 
 static Fake fake;
-
-static int fake_save(void *userdata, const char *name, int fd) {
-        Fake *f = userdata;
-        int copy;
-
-        ck_assert_uint_lt(f->n, FAKE_MAX);
-        copy = fcntl(fd, F_DUPFD_CLOEXEC, 3);
-        if (copy < 0)
-                return -errno;
-        snprintf(f->names[f->n], sizeof(f->names[f->n]), "%s", name);
-        f->fds[f->n++] = copy;
-        f->saves++;
-        return 0;
-}
-
-static int fake_remove(void *userdata, const char *name) {
-        Fake *f = userdata;
-
-        f->removes++;
-        for (size_t i = 0; i < f->n; i++)
-                if (strcmp(f->names[i], name) == 0) {
-                        safe_close(f->fds[i]);
-                        f->n--;
-                        memmove(&f->names[i], &f->names[i + 1], (f->n - i) * sizeof(f->names[0]));
-                        memmove(&f->fds[i], &f->fds[i + 1], (f->n - i) * sizeof(f->fds[0]));
-                        return 0;
-                }
-        return -ENOENT;
-}
-
-/* The stored table of the highest generation, as a restarted daemon picks it. */
-static int fake_latest(void) {
-        uint64_t best = 0;
-        int fd = -EBADF;
-
-        for (size_t i = 0; i < fake.n; i++) {
-                uint64_t g = strtoull(fake.names[i] + strlen(STORE_NAME_PREFIX), NULL, 10);
-
-                if (g > best) {
-                        best = g;
-                        fd = fake.fds[i];
-                }
-        }
-        ck_assert_int_ge(fd, 0);
-        return fd;
-}
 
 /* Gives the broker a store with the fake backend; stores the table (empty or not) as its first snapshot. */
 static void give_store(void) {
@@ -1525,7 +1470,7 @@ static void assert_stored_is_table(void) {
         _cleanup_free_ char *message = NULL, *stored = NULL, *table = NULL;
         State s = {};
 
-        ck_assert_msg(store_read(fake_latest(), &s, &message) == 0, "%s", message ?: "store_read failed");
+        ck_assert_msg(store_read(fake_latest(&fake), &s, &message) == 0, "%s", message ?: "store_read failed");
         stored = state_text(&s);
         table = table_text();
         ck_assert_str_eq(stored, table);
