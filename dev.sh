@@ -19,10 +19,11 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 # systemd: systemd-analyze and systemd-socket-activate for the unit and activation tests;
+# systemd-container: systemd-nspawn, which boots systemd in a container for tests/systemd/boot-test.sh;
 # groff-base: the man page check; clang and libclang-rt-14-dev (libFuzzer and the sanitizers' runtimes, only
 # recommended by clang) for the fuzz target, llvm-14 for llvm-symbolizer in its reports.
-PACKAGES=(meson ninja-build gcc pkg-config libjson-c-dev libsystemd-dev check varlink-go systemd groff-base
-          clang libclang-rt-14-dev llvm-14)
+PACKAGES=(meson ninja-build gcc pkg-config libjson-c-dev libsystemd-dev check varlink-go systemd systemd-container
+          groff-base clang libclang-rt-14-dev llvm-14)
 
 say() { printf '==> %s\n' "$*" >&2; }
 

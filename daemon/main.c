@@ -6,12 +6,17 @@
  */
 
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
+#include <systemd/sd-daemon.h>
+#include <unistd.h>
 
 #include "config.h"
 #include "driver.h"
@@ -20,6 +25,17 @@
 #include "pool.h"
 #include "selfcheck.h"
 #include "size.h"
+
+/*
+ * Exit statuses (vmmbrokerd(8), EXIT STATUS). 2 and 6 are the LSB numbers systemd names
+ * (INVALIDARGUMENT, NOTCONFIGURED): vmmbroker.service does not restart on them
+ * (RestartPreventExitStatus=2 6), since the next start would fail the same way.
+ */
+enum {
+        /* EXIT_FAILURE (1): a start-up failure that may pass (out of memory, a driver call failing): retried */
+        EXIT_BAD_CONFIG = 2,    /* the command line or the configuration is wrong */
+        EXIT_CANNOT_SERVE = 6,  /* no driver, no usable device, a pool the devices cannot hold */
+};
 
 /* Command-line options that set a key of the configuration file, applied after the file. */
 typedef struct Override {
@@ -159,18 +175,102 @@ static int parse_argv(int argc, char *argv[], Args *args) {
         return 1;
 }
 
-/* The configuration file, then the command line on top. */
-static int load_config(const Args *args, Config *config) {
-        _cleanup_free_ char *message = NULL;
+/* The configuration file, then the command line on top. What is wrong goes to *ret_message. */
+static int load_config(const Args *args, Config *config, char **ret_message) {
         int k;
 
-        k = config_load(config, args->config_path ?: VMMBROKER_CONFIG_FILE, &message);
+        k = config_load(config, args->config_path ?: VMMBROKER_CONFIG_FILE, ret_message);
         for (size_t i = 0; k >= 0 && i < args->n_overrides; i++)
                 k = config_set(config, args->overrides[i].key, args->overrides[i].value, args->overrides[i].option,
-                               &message);
+                               ret_message);
         if (k < 0)
-                fprintf(stderr, "%s: %s\n", program_invocation_short_name, message ?: strerror(-k));
+                fprintf(stderr, "%s: %s\n", program_invocation_short_name, *ret_message ?: strerror(-k));
         return k;
+}
+
+/*
+ * Whether manager_new() failing with this error would fail again at the next start with the same driver,
+ * devices and configuration: no driver or one too old (ENOENT, EPROTONOSUPPORT), no device that can be
+ * used (ENODEV, ENXIO), a configuration the devices cannot hold (EINVAL: a capacity below the granularity,
+ * a device listed twice, a slab size), a socket that cannot be used (the wrong kind passed, a path too
+ * long, taken by another daemon, not permitted). Anything else (ENOMEM, EMFILE, EIO from a driver call) may
+ * pass and is retried, as many times as the unit's start limit allows.
+ */
+static bool cannot_serve(int error) {
+        switch (error) {
+        case ENOENT:
+        case ENOTDIR:
+        case ENODEV:
+        case ENXIO:
+        case EPROTONOSUPPORT:
+        case EOPNOTSUPP:
+        case EINVAL:
+        case ERANGE:
+        case ENAMETOOLONG:
+        case EADDRINUSE:
+        case EACCES:
+        case EPERM:
+                return true;
+        default:
+                return false;
+        }
+}
+
+/*
+ * A copy of the listening socket the service manager passed (-EBADF when none), taken before the manager
+ * takes the original, so that a daemon that cannot serve can still close the connections waiting on it.
+ */
+static int listening_socket_copy(void) {
+        int n = sd_listen_fds(false);
+
+        for (int fd = SD_LISTEN_FDS_START; n > 0 && fd < SD_LISTEN_FDS_START + n; fd++)
+                if (sd_is_socket_unix(fd, SOCK_STREAM, 1, NULL, 0) > 0) {
+                        int copy = fcntl(fd, F_DUPFD_CLOEXEC, SD_LISTEN_FDS_START + n);
+
+                        return copy < 0 ? -errno : copy;
+                }
+        return -EBADF;
+}
+
+/*
+ * Accepts and closes every connection waiting on the listening socket. A connection left in the backlog
+ * keeps the socket readable, and systemd starts the service again at once for it, as often as the start
+ * limit allows; closed, its client learns at once that no broker answers, and the service stays failed until
+ * the next client comes (or an administrator starts it).
+ */
+static unsigned drain_waiting(int fd) {
+        struct pollfd p = { .fd = fd, .events = POLLIN };
+        unsigned n = 0;
+
+        while (fd >= 0 && n < 65536 && poll(&p, 1, 0) > 0 && (p.revents & POLLIN)) {
+                int c = accept4(fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+
+                if (c < 0)
+                        break;
+                close(c);
+                n++;
+        }
+        return n;
+}
+
+/*
+ * Tells the service manager why the daemon is exiting (systemctl status shows STATUS=, and ERRNO= as
+ * "Error:") and waits until it has read that, so that the line cannot lose a race with our exit. When
+ * starting again cannot help, also closes the connections waiting on the socket (drain_waiting()).
+ * listen_fd is listening_socket_copy(). Returns exit_status.
+ */
+static int give_up(int listen_fd, int exit_status, const char *what, const char *message, int error) {
+        unsigned closed;
+
+        if (sd_notifyf(false, "STATUS=%s: %s\nERRNO=%d", what, message ?: strerror(error), error) > 0)
+                (void)sd_notify_barrier(false, UINT64_C(5) * 1000000);
+        if (exit_status != EXIT_FAILURE) {
+                closed = drain_waiting(listen_fd);
+                if (closed > 0)
+                        fprintf(stderr, "%s: closed %u waiting connection(s): nothing can serve them\n",
+                                program_invocation_short_name, closed);
+        }
+        return exit_status;
 }
 
 static int run_check(const PoolConfig *config) {
@@ -213,19 +313,23 @@ static void raise_fd_limit(void) {
 
 int main(int argc, char *argv[]) {
         _cleanup_free_ char *message = NULL;
+        /* A copy of the passed socket for give_up(), taken before the manager takes the socket. */
+        _cleanup_close_ int listen_copy = listening_socket_copy();
         Config config;
         Manager *m = NULL;
         Args args = {};
         int k;
 
         k = parse_argv(argc, argv, &args);
-        if (k <= 0)
-                return k < 0 ? 2 : 0;
+        if (k < 0)
+                return give_up(listen_copy, EXIT_BAD_CONFIG, "Bad command line", "see journalctl -u vmmbroker", -k);
+        if (k == 0)
+                return 0;
         raise_fd_limit();
         config_init(&config);
-        k = load_config(&args, &config);
-        if (k < 0)
-                k = 2;                  /* like a usage error: trying again cannot help */
+        k = load_config(&args, &config, &message);
+        if (k < 0)              /* like a usage error: trying again cannot help */
+                k = give_up(listen_copy, EXIT_BAD_CONFIG, "Bad configuration", message, -k);
         else if (args.print_config) {
                 config_print(&config, stdout);
                 k = 0;
@@ -235,8 +339,12 @@ int main(int argc, char *argv[]) {
                 k = manager_new(&m, &config.manager, &message);
                 if (k < 0) {
                         fprintf(stderr, "Cannot start: %s\n", message ?: strerror(-k));
-                        k = 1;
+                        if (cannot_serve(-k))
+                                k = give_up(listen_copy, EXIT_CANNOT_SERVE, "Cannot serve", message, -k);
+                        else
+                                k = give_up(listen_copy, EXIT_FAILURE, "Cannot start, retrying", message, -k);
                 } else {
+                        listen_copy = safe_close(listen_copy);
                         fprintf(stderr, "vmmbrokerd %s: serving %zu device(s) on %s with %s\n", VMMBROKER_VERSION,
                                 pool_n_devices(m->pool), m->bound_path ?: "the socket passed by the service manager",
                                 m->cu->path);
@@ -244,7 +352,7 @@ int main(int argc, char *argv[]) {
                         manager_free(m);
                         if (k < 0)
                                 fprintf(stderr, "Event loop failed: %s\n", strerror(-k));
-                        k = k < 0 ? 1 : 0;
+                        k = k < 0 ? EXIT_FAILURE : 0;
                 }
         }
         config_done(&config);
