@@ -16,7 +16,9 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <locale.h>
+#include <poll.h>
 #include <pwd.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +27,7 @@
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/un.h>
+#include <termios.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -48,12 +51,11 @@
 #define ANSI_FREE "\033[32m"            /* green */
 #define ANSI_RESET "\033[0m"
 
-#define HINT_UNREACHABLE "Is vmmbroker.socket active (systemctl status vmmbroker.socket)? Are you in the vmmbroker group?"
-
 enum {
         EXIT_BROKER_ERROR = 1,          /* the broker refused, or its reply made no sense */
         EXIT_USAGE = 2,
         EXIT_UNREACHABLE = 3,
+        CALL_DENIED = 100,              /* not an exit status: broker_call() with ctx->quiet_denied was refused */
 };
 
 typedef struct Args {
@@ -61,6 +63,9 @@ typedef struct Args {
         bool json;
         bool all;
         bool legend;
+        double interval;                /* top: seconds between refreshes */
+        bool once;                      /* top: print one frame and exit */
+        bool has_interval;
 } Args;
 
 /* What a command works with: the options, the output's kind and the connection (made on first use). */
@@ -71,6 +76,8 @@ typedef struct Context {
         bool color;
         const char *ellipsis;
         VarlinkConn *conn;
+        FILE *out;                      /* where tables go: stdout, or vmmctl top's frame */
+        bool quiet_denied;              /* broker_call() returns CALL_DENIED for PermissionDenied, silently */
 } Context;
 
 typedef struct Verb {
@@ -124,8 +131,12 @@ static int broker_connect(Context *ctx) {
                 if (errno == EAGAIN)
                         log_error("The broker at %s did not accept the connection within %d s. Is vmmbrokerd "
                                   "stuck (systemctl status vmmbroker.service)?", ctx->socket, IO_TIMEOUT_S);
-                else
-                        log_error("Cannot connect to the broker at %s: %m. " HINT_UNREACHABLE, ctx->socket);
+                else {
+                        _cleanup_free_ char *message = NULL;
+
+                        vmmb_connect_message(ctx->socket, VMMB_DEFAULT_SOCKET, -errno, &message);
+                        log_error("%s", message ?: strerror(errno));
+                }
                 return EXIT_UNREACHABLE;
         }
         k = varlink_conn_new(&ctx->conn, fd, VARLINK_MAX_REPLY, false);
@@ -227,6 +238,10 @@ static int broker_call(Context *ctx, const char *method, json_object *params, js
                 varlink_reply_done(&reply);
                 return broker_io_failed(ctx, -EBADMSG, "reading", method);
         }
+        if (reply.error && ctx->quiet_denied && strcmp(reply.error, VMMB_ERROR_PERMISSION_DENIED) == 0) {
+                varlink_reply_done(&reply);
+                return CALL_DENIED;
+        }
         if (reply.error) {
                 k = broker_refused(&reply, method);
                 varlink_reply_done(&reply);
@@ -273,7 +288,7 @@ static void fit_table(const Context *ctx, Table *t) {
 static int print_table(const Context *ctx, const Table *t) {
         int k;
 
-        k = table_print(t, stdout, ctx->args->legend, ctx->color, ctx->ellipsis);
+        k = table_print(t, ctx->out ?: stdout, ctx->args->legend, ctx->color, ctx->ellipsis);
         if (k < 0) {
                 log_error("Cannot print the table: %s", strerror(-k));
                 return EXIT_BROKER_ERROR;
@@ -407,31 +422,17 @@ static const TableColumn status_columns[STATUS_COLUMNS] = {
 
 #define BAR_MAX (BAR_CELLS + BAR_FRAME + 64)    /* the bar with its colour sequences */
 
-static int verb_status(Context *ctx, int argc, char **argv) {
-        _cleanup_(json_object_putp) json_object *params = NULL;
-        _cleanup_free_ char *message = NULL;
-        StatusReply status = {};
+/* Prints Status' reply as a table. Returns 0 or an exit status. */
+static int print_status(Context *ctx, const StatusReply *status) {
         Table *t = NULL;
-        int k;
-
-        k = broker_call(ctx, VMMB_METHOD_STATUS, NULL, &params);
-        if (k != 0)
-                return k;
-        k = status_reply_decode(params, &status, &message);
-        if (k < 0)
-                return reply_unreadable(ctx, VMMB_METHOD_STATUS, k, message);
-        if (ctx->args->json) {
-                status_reply_done(&status);
-                return print_json(params);
-        }
+        int k = 0;
 
         if (table_new(&t, status_columns, STATUS_COLUMNS) < 0) {
                 log_error("Out of memory.");
-                k = EXIT_BROKER_ERROR;
-                goto finish;
+                return EXIT_BROKER_ERROR;
         }
-        for (size_t i = 0; i < status.n_devices && k == 0; i++) {
-                const WireDevice *d = &status.devices[i];
+        for (size_t i = 0; i < status->n_devices && k == 0; i++) {
+                const WireDevice *d = &status->devices[i];
                 char index[24], leases[24], capacity[FORMAT_SIZE_MAX], leased[FORMAT_SIZE_MAX];
                 char cached[FORMAT_SIZE_MAX], free_[FORMAT_SIZE_MAX], bar[BAR_MAX];
 
@@ -456,10 +457,10 @@ static int verb_status(Context *ctx, int argc, char **argv) {
                 fit_table(ctx, t);
                 width = table_column_width(t, STATUS_USAGE);
                 cells = width > BAR_FRAME + BAR_CELLS ? BAR_CELLS : width - BAR_FRAME;
-                for (size_t i = 0; i < status.n_devices && k == 0; i++) {
+                for (size_t i = 0; i < status->n_devices && k == 0; i++) {
                         char bar[BAR_MAX];
 
-                        format_bar(&status.devices[i], cells, ctx->color, bar, sizeof(bar));
+                        format_bar(&status->devices[i], cells, ctx->color, bar, sizeof(bar));
                         if (table_set(t, i, STATUS_USAGE, bar) < 0) {
                                 log_error("Out of memory.");
                                 k = EXIT_BROKER_ERROR;
@@ -468,8 +469,27 @@ static int verb_status(Context *ctx, int argc, char **argv) {
         }
         if (k == 0)
                 k = print_table(ctx, t);
-finish:
         table_free(t);
+        return k;
+}
+
+static int verb_status(Context *ctx, int argc, char **argv) {
+        _cleanup_(json_object_putp) json_object *params = NULL;
+        _cleanup_free_ char *message = NULL;
+        StatusReply status = {};
+        int k;
+
+        k = broker_call(ctx, VMMB_METHOD_STATUS, NULL, &params);
+        if (k != 0)
+                return k;
+        k = status_reply_decode(params, &status, &message);
+        if (k < 0)
+                return reply_unreadable(ctx, VMMB_METHOD_STATUS, k, message);
+        if (ctx->args->json) {
+                status_reply_done(&status);
+                return print_json(params);
+        }
+        k = print_status(ctx, &status);
         status_reply_done(&status);
         return k;
 }
@@ -707,12 +727,57 @@ static int users_add_user(Table *t, const WireUser *u, size_t bar_cells_n, bool 
         return k;
 }
 
+/* Prints Users' reply as a table (sorting it). Returns 0 or an exit status. */
+static int print_users(Context *ctx, UsersReply *users) {
+        Table *t = NULL;
+        int k = 0;
+
+        /* by user, then by device: no users or devices means no array, and qsort() may not be given NULL */
+        if (users->n_users > 0)
+                qsort(users->users, users->n_users, sizeof(users->users[0]), user_compare);
+        for (size_t i = 0; i < users->n_users; i++)
+                if (users->users[i].n_devices > 0)
+                        qsort(users->users[i].devices, users->users[i].n_devices,
+                              sizeof(users->users[i].devices[0]), user_device_compare);
+        if (table_new(&t, users_columns, USERS_COLUMNS) < 0) {
+                log_error("Out of memory.");
+                return EXIT_BROKER_ERROR;
+        }
+        for (size_t i = 0; i < users->n_users && k == 0; i++)
+                k = users_add_user(t, &users->users[i], BAR_CELLS, ctx->color);
+        if (k == 0 && ctx->columns > 0) {
+                /* A narrowed usage column takes shorter bars rather than an ellipsis: the rows again. */
+                size_t width, cells, row = 0;
+
+                fit_table(ctx, t);
+                width = table_column_width(t, USERS_USAGE);
+                cells = width > BAR_FRAME + BAR_CELLS ? BAR_CELLS : width - BAR_FRAME;
+                for (size_t i = 0; i < users->n_users && k == 0; i++) {
+                        const WireUser *u = &users->users[i];
+
+                        for (size_t j = 0; j < u->n_devices && k == 0; j++) {
+                                char bar[BAR_MAX];
+
+                                format_user_bar(&u->devices[j], cells, ctx->color, bar, sizeof(bar));
+                                if (table_set(t, row + j, USERS_USAGE, bar) < 0) {
+                                        log_error("Out of memory.");
+                                        k = EXIT_BROKER_ERROR;
+                                }
+                        }
+                        row += u->n_devices > 0 ? u->n_devices : 1;
+                }
+        }
+        if (k == 0)                     /* never empty: the caller's own user is always there */
+                k = print_table(ctx, t);
+        table_free(t);
+        return k;
+}
+
 static int verb_users(Context *ctx, int argc, char **argv) {
         _cleanup_(json_object_putp) json_object *params = NULL, *reply = NULL;
         _cleanup_free_ char *message = NULL;
         ListParams lp = { .all = ctx->args->all };
         UsersReply users = {};
-        Table *t = NULL;
         int k;
 
         k = list_params_encode(&lp, &params);
@@ -730,47 +795,7 @@ static int verb_users(Context *ctx, int argc, char **argv) {
                 users_reply_done(&users);
                 return print_json(reply);
         }
-
-        /* by user, then by device: no users or devices means no array, and qsort() may not be given NULL */
-        if (users.n_users > 0)
-                qsort(users.users, users.n_users, sizeof(users.users[0]), user_compare);
-        for (size_t i = 0; i < users.n_users; i++)
-                if (users.users[i].n_devices > 0)
-                        qsort(users.users[i].devices, users.users[i].n_devices, sizeof(users.users[i].devices[0]),
-                              user_device_compare);
-        if (table_new(&t, users_columns, USERS_COLUMNS) < 0) {
-                log_error("Out of memory.");
-                k = EXIT_BROKER_ERROR;
-                goto finish;
-        }
-        for (size_t i = 0; i < users.n_users && k == 0; i++)
-                k = users_add_user(t, &users.users[i], BAR_CELLS, ctx->color);
-        if (k == 0 && ctx->columns > 0) {
-                /* A narrowed usage column takes shorter bars rather than an ellipsis: the rows again. */
-                size_t width, cells, row = 0;
-
-                fit_table(ctx, t);
-                width = table_column_width(t, USERS_USAGE);
-                cells = width > BAR_FRAME + BAR_CELLS ? BAR_CELLS : width - BAR_FRAME;
-                for (size_t i = 0; i < users.n_users && k == 0; i++) {
-                        const WireUser *u = &users.users[i];
-
-                        for (size_t j = 0; j < u->n_devices && k == 0; j++) {
-                                char bar[BAR_MAX];
-
-                                format_user_bar(&u->devices[j], cells, ctx->color, bar, sizeof(bar));
-                                if (table_set(t, row + j, USERS_USAGE, bar) < 0) {
-                                        log_error("Out of memory.");
-                                        k = EXIT_BROKER_ERROR;
-                                }
-                        }
-                        row += u->n_devices > 0 ? u->n_devices : 1;
-                }
-        }
-        if (k == 0)                     /* never empty: the caller's own user is always there */
-                k = print_table(ctx, t);
-finish:
-        table_free(t);
+        k = print_users(ctx, &users);
         users_reply_done(&users);
         return k;
 }
@@ -875,12 +900,338 @@ finish:
         return k;
 }
 
+static int verb_metrics(Context *ctx, int argc, char **argv) {
+        _cleanup_(json_object_putp) json_object *reply = NULL;
+        _cleanup_free_ char *message = NULL;
+        MetricsReply metrics = {};
+        int k;
+
+        k = broker_call(ctx, VMMB_METHOD_METRICS, NULL, &reply);
+        if (k != 0)
+                return k;
+        k = metrics_reply_decode(reply, &metrics, &message);
+        if (k < 0)
+                return reply_unreadable(ctx, VMMB_METHOD_METRICS, k, message);
+        if (ctx->args->json)
+                k = print_json(reply);
+        else
+                fputs(metrics.text, stdout);
+        metrics_reply_done(&metrics);
+        return k;
+}
+
+/* --- top --------------------------------------------------------------------------------------------- */
+
+#define TOP_LEASES_DEFAULT 10           /* largest leases shown when the terminal's height is unknown */
+
+enum {
+        TOP_ID,
+        TOP_DEVICE,
+        TOP_SIZE,
+        TOP_OWNER,
+        TOP_NAME,
+        TOP_LABEL,
+        TOP_AGE,
+        TOP_HOLDERS,
+        TOP_COMMAND,
+        TOP_COLUMNS,
+};
+
+static const TableColumn top_columns[TOP_COLUMNS] = {
+        [TOP_ID] = { "LEASE", TABLE_LEFT, 8 },
+        [TOP_DEVICE] = { "DEVICE", TABLE_RIGHT, 0 },
+        [TOP_SIZE] = { "SIZE", TABLE_RIGHT, 0 },
+        [TOP_OWNER] = { "OWNER", TABLE_LEFT, 5 },
+        [TOP_NAME] = { "NAME", TABLE_LEFT, 4 },
+        [TOP_LABEL] = { "LABEL", TABLE_LEFT, 5 },
+        [TOP_AGE] = { "AGE", TABLE_RIGHT, 0 },
+        [TOP_HOLDERS] = { "HOLDERS", TABLE_RIGHT, 0 },
+        [TOP_COMMAND] = { "COMMAND", TABLE_LEFT, 7 },
+};
+
+/* Largest first; equal sizes oldest first. */
+static int lease_size_compare(const void *a, const void *b) {
+        const WireLeaseInfo *x = a, *y = b;
+
+        if (x->size != y->size)
+                return x->size > y->size ? -1 : 1;
+        return lease_compare(a, b);
+}
+
+/* The `n` largest leases as a table. Returns 0 or an exit status. */
+static int print_top_leases(Context *ctx, ListReply *list, size_t n) {
+        struct timespec now;
+        uint64_t now_usec;
+        Table *t = NULL;
+        int k = 0;
+
+        (void)clock_gettime(CLOCK_REALTIME, &now);
+        now_usec = (uint64_t)now.tv_sec * 1000000 + (uint64_t)now.tv_nsec / 1000;
+        if (list->n_leases > 0)
+                qsort(list->leases, list->n_leases, sizeof(list->leases[0]), lease_size_compare);
+        if (table_new(&t, top_columns, TOP_COLUMNS) < 0) {
+                log_error("Out of memory.");
+                return EXIT_BROKER_ERROR;
+        }
+        for (size_t i = 0; i < list->n_leases && i < n && k == 0; i++) {
+                const WireLeaseInfo *l = &list->leases[i];
+                char device[24], size[FORMAT_SIZE_MAX], owner[USER_MAX], age[32], holders[24];
+                char name[USER_MAX + 1 + VMMB_LEASE_NAME_MAX + 1] = "-";
+                uint64_t created = l->created > 0 ? (uint64_t)l->created : 0;
+
+                snprintf(device, sizeof(device), "%" PRId64, l->device);
+                snprintf(holders, sizeof(holders), "%zu", l->n_holders);
+                if (l->name)
+                        format_published(l->uid, l->name, name, sizeof(name));
+                k = table_add_row(t, (const char *const[]){
+                        [TOP_ID] = l->id,
+                        [TOP_DEVICE] = device,
+                        [TOP_SIZE] = format_size(l->size, size, sizeof(size)),
+                        [TOP_OWNER] = format_user(l->uid, owner, sizeof(owner)),
+                        [TOP_NAME] = name,
+                        [TOP_LABEL] = l->label ?: "-",
+                        [TOP_AGE] = format_age(now_usec > created ? now_usec - created : 0, age, sizeof(age)),
+                        [TOP_HOLDERS] = holders,
+                        [TOP_COMMAND] = l->n_holders > 0 && l->holders[0].comm ? l->holders[0].comm
+                                        : l->comm ?: "-",
+                }, TOP_COLUMNS);
+        }
+        fit_table(ctx, t);
+        if (k == 0)
+                k = print_table(ctx, t);
+        table_free(t);
+        return k;
+}
+
+/*
+ * Calls `method` with {all: true} when the caller is an administrator, else with {} (the caller's own).
+ * *all says which was answered. Returns 0 or an exit status.
+ */
+static int call_all_or_own(Context *ctx, const char *method, bool *all, json_object **ret) {
+        _cleanup_(json_object_putp) json_object *params = NULL;
+        ListParams lp = { .all = *all };
+        int k;
+
+        k = list_params_encode(&lp, &params);
+        if (k < 0) {
+                log_error("Cannot make the call %s: %s", method, strerror(-k));
+                return EXIT_BROKER_ERROR;
+        }
+        ctx->quiet_denied = *all;
+        k = broker_call(ctx, method, params, ret);
+        ctx->quiet_denied = false;
+        if (k == CALL_DENIED) {
+                *all = false;
+                return call_all_or_own(ctx, method, all, ret);
+        }
+        return k;
+}
+
+static size_t count_lines(const char *s, size_t len) {
+        size_t n = 0;
+
+        for (size_t i = 0; i < len; i++)
+                n += s[i] == '\n';
+        return n;
+}
+
+/* The terminal's height, or 0 when stdout is no terminal. */
+static size_t terminal_rows(void) {
+        struct winsize ws = {};
+
+        if (!isatty(STDOUT_FILENO))
+                return 0;
+        if (ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_row > 0)
+                return ws.ws_row;
+        return 24;
+}
+
+/*
+ * One frame of top into *ret (malloc'd): a title, the devices, the users and the largest leases, as many as
+ * fit `rows` lines (0: TOP_LEASES_DEFAULT). *all starts true and turns false when the broker says the caller
+ * is no administrator (then the users and leases are its own). Returns 0 or an exit status.
+ */
+static int top_frame(Context *ctx, size_t rows, bool *all, char **ret, size_t *ret_len) {
+        _cleanup_(json_object_putp) json_object *status_params = NULL, *users_params = NULL, *list_params = NULL;
+        _cleanup_free_ char *message = NULL;
+        StatusReply status = {};
+        UsersReply users = {};
+        ListReply list = {};
+        char *buf = NULL, clock[32];
+        size_t len = 0, used, n_leases;
+        time_t now = time(NULL);
+        struct tm tm;
+        FILE *f;
+        int k;
+
+        k = broker_call(ctx, VMMB_METHOD_STATUS, NULL, &status_params);
+        if (k == 0)
+                k = call_all_or_own(ctx, VMMB_METHOD_USERS, all, &users_params);
+        if (k == 0)
+                k = call_all_or_own(ctx, VMMB_METHOD_LIST, all, &list_params);
+        if (k != 0)
+                return k;
+        k = status_reply_decode(status_params, &status, &message);
+        if (k < 0)
+                return reply_unreadable(ctx, VMMB_METHOD_STATUS, k, message);
+        k = users_reply_decode(users_params, &users, &message);
+        if (k < 0) {
+                status_reply_done(&status);
+                return reply_unreadable(ctx, VMMB_METHOD_USERS, k, message);
+        }
+        k = list_reply_decode(list_params, &list, &message);
+        if (k < 0) {
+                status_reply_done(&status);
+                users_reply_done(&users);
+                return reply_unreadable(ctx, VMMB_METHOD_LIST, k, message);
+        }
+
+        f = open_memstream(&buf, &len);
+        if (!f) {
+                log_error("Out of memory.");
+                k = EXIT_BROKER_ERROR;
+                goto finish;
+        }
+        ctx->out = f;
+        strftime(clock, sizeof(clock), "%H:%M:%S", localtime_r(&now, &tm));
+        fprintf(f, "vmmctl top: the broker at %s, %s", ctx->socket, clock);
+        if (ctx->args->once || rows == 0)
+                fputc('\n', f);
+        else
+                fprintf(f, ", every %gs (q quits)\n", ctx->args->interval);
+        fputc('\n', f);
+        k = print_status(ctx, &status);
+        if (k == 0) {
+                fprintf(f, "\n%s\n", *all ? "Users:" : "Your user (every user's needs an administrator):");
+                k = print_users(ctx, &users);
+        }
+        if (k == 0) {
+                fflush(f);
+                used = count_lines(buf, len) + 3;
+                n_leases = rows == 0 ? TOP_LEASES_DEFAULT : rows > used + 1 ? rows - used - 1 : 0;
+                fprintf(f, "\n%s (%zu in all):\n", *all ? "Largest leases" : "Your largest leases", list.n_leases);
+                if (n_leases > 0)
+                        k = print_top_leases(ctx, &list, n_leases);
+        }
+        ctx->out = NULL;
+        if (fclose(f) != 0 && k == 0) {
+                log_error("Out of memory.");
+                k = EXIT_BROKER_ERROR;
+        }
+        if (k == 0) {
+                *ret = buf;
+                *ret_len = len;
+                buf = NULL;
+        }
+        free(buf);
+finish:
+        status_reply_done(&status);
+        users_reply_done(&users);
+        list_reply_done(&list);
+        return k;
+}
+
+static volatile sig_atomic_t top_quit, top_resized;
+
+static void top_on_signal(int sig) {
+        if (sig == SIGWINCH)
+                top_resized = 1;
+        else
+                top_quit = 1;
+}
+
+static size_t terminal_columns(void);
+
+/*
+ * Writes a frame over the previous one: home, each line ended by clearing the rest of it, then clearing
+ * what is below the frame. Returns 0 or -errno.
+ */
+static int top_draw(const char *buf, size_t len) {
+        fputs("\033[H", stdout);
+        for (size_t i = 0; i < len; i++) {
+                if (buf[i] == '\n')
+                        fputs("\033[K", stdout);
+                fputc(buf[i], stdout);
+        }
+        fputs("\033[J", stdout);
+        return fflush(stdout) == 0 ? 0 : -errno;
+}
+
+static int verb_top(Context *ctx, int argc, char **argv) {
+        bool live = !ctx->args->once && isatty(STDOUT_FILENO), keys = live && isatty(STDIN_FILENO), all = true;
+        struct sigaction sa = { .sa_handler = top_on_signal };
+        struct termios saved, raw;
+        int k = 0;
+
+        if (ctx->args->json) {
+                log_error("'top' draws tables: use 'status', 'users --all' and 'list --all' with --json.");
+                return EXIT_USAGE;
+        }
+        if (!live) {
+                char *buf = NULL;
+                size_t len = 0;
+
+                k = top_frame(ctx, 0, &all, &buf, &len);
+                if (k == 0)
+                        fwrite(buf, 1, len, stdout);
+                free(buf);
+                return k;
+        }
+        (void)sigaction(SIGINT, &sa, NULL);
+        (void)sigaction(SIGTERM, &sa, NULL);
+        (void)sigaction(SIGWINCH, &sa, NULL);
+        if (keys && tcgetattr(STDIN_FILENO, &saved) == 0) {
+                raw = saved;
+                raw.c_lflag &= ~(tcflag_t)(ICANON | ECHO);
+                raw.c_cc[VMIN] = 0;
+                raw.c_cc[VTIME] = 0;
+                keys = tcsetattr(STDIN_FILENO, TCSANOW, &raw) == 0;
+        } else
+                keys = false;
+        fputs("\033[?25l\033[2J", stdout);      /* hide the cursor, clear the screen */
+        while (!top_quit) {
+                struct pollfd p = { .fd = STDIN_FILENO, .events = POLLIN };
+                char *buf = NULL;
+                size_t len = 0;
+                int timeout = (int)(ctx->args->interval * 1000);
+
+                ctx->columns = terminal_columns();
+                k = top_frame(ctx, terminal_rows(), &all, &buf, &len);
+                if (k == 0 && top_draw(buf, len) < 0)
+                        k = EXIT_BROKER_ERROR;
+                free(buf);
+                if (k != 0)
+                        break;
+                top_resized = 0;
+                while (!top_quit && !top_resized) {
+                        char c;
+                        int n = poll(&p, keys ? 1 : 0, timeout);
+
+                        if (n == 0 || (n < 0 && errno != EINTR))
+                                break;
+                        if (n > 0 && read(STDIN_FILENO, &c, 1) == 1) {
+                                if (c == 'q' || c == 'Q')
+                                        top_quit = 1;
+                                else if (c == ' ' || c == '\f')
+                                        break;          /* refresh now */
+                        } else if (n > 0)
+                                break;
+                }
+        }
+        if (keys)
+                (void)tcsetattr(STDIN_FILENO, TCSANOW, &saved);
+        fputs("\033[?25h\n", stdout);           /* the cursor back, below the last frame */
+        return k;
+}
+
 static const Verb verbs[] = {
         { "status", 0, 0, NULL, false, verb_status },   /* the first is the default */
         { "list", 0, 0, NULL, true, verb_list },
         { "tokens", 1, 1, "ID", false, verb_tokens },
         { "unpublish", 1, 1, "NAME", false, verb_unpublish },
         { "users", 0, 0, NULL, true, verb_users },
+        { "metrics", 0, 0, NULL, false, verb_metrics },
+        { "top", 0, 0, NULL, false, verb_top },
 };
 
 /* --- the command line -------------------------------------------------------------------------------- */
@@ -897,6 +1248,8 @@ static void help(void) {
                "  unpublish NAME|OWNER/NAME\n"
                "                         Remove a published lease's name (its owner or an administrator)\n"
                "  users                  Your use and limits: leases, connections, bytes per device\n"
+               "  metrics                The broker's metrics, OpenMetrics text (administrators)\n"
+               "  top                    Devices, users and the largest leases, refreshed (q quits)\n"
                "\n"
                "Options:\n"
                "  -h --help              Show this help and exit\n"
@@ -906,6 +1259,8 @@ static void help(void) {
                "     --json              Print the broker's reply as JSON\n"
                "  -a --all               list, users: every user's, not only yours (administrators only)\n"
                "     --no-legend         Print no header line\n"
+               "     --interval SECONDS  top: seconds between refreshes (default 2)\n"
+               "     --once              top: print one frame and exit (as when stdout is no terminal)\n"
                "\n"
                "Exit status: 0 success, 1 the broker refused or answered nonsense, 2 usage error,\n"
                "3 the broker cannot be reached.\n");
@@ -925,7 +1280,7 @@ _printf_(1, 2) static int usage_error(const char *fmt, ...) {
 
 /* Returns -1 to go on, else the exit status. */
 static int parse_argv(int argc, char *argv[], Args *args) {
-        enum { ARG_VERSION = 0x100, ARG_SOCKET, ARG_JSON, ARG_NO_LEGEND };
+        enum { ARG_VERSION = 0x100, ARG_SOCKET, ARG_JSON, ARG_NO_LEGEND, ARG_INTERVAL, ARG_ONCE };
         static const struct option options[] = {
                 { "help", no_argument, NULL, 'h' },
                 { "version", no_argument, NULL, ARG_VERSION },
@@ -933,6 +1288,8 @@ static int parse_argv(int argc, char *argv[], Args *args) {
                 { "json", no_argument, NULL, ARG_JSON },
                 { "all", no_argument, NULL, 'a' },
                 { "no-legend", no_argument, NULL, ARG_NO_LEGEND },
+                { "interval", required_argument, NULL, ARG_INTERVAL },
+                { "once", no_argument, NULL, ARG_ONCE },
                 {}
         };
         int c;
@@ -959,6 +1316,19 @@ static int parse_argv(int argc, char *argv[], Args *args) {
                         break;
                 case ARG_NO_LEGEND:
                         args->legend = false;
+                        break;
+                case ARG_INTERVAL: {
+                        char *end;
+
+                        errno = 0;
+                        args->interval = strtod(optarg, &end);
+                        if (errno != 0 || end == optarg || *end || !(args->interval >= 0.1 && args->interval <= 3600))
+                                return usage_error("--interval takes seconds from 0.1 to 3600, not '%s'.", optarg);
+                        args->has_interval = true;
+                        break;
+                }
+                case ARG_ONCE:
+                        args->once = true;
                         break;
                 case ':':
                         return usage_error("Option %s needs an argument.", argv[optind - 1]);
@@ -1000,7 +1370,7 @@ static bool use_color(void) {
 }
 
 int main(int argc, char *argv[]) {
-        Args args = { .legend = true };
+        Args args = { .legend = true, .interval = 2 };
         Context ctx = { .args = &args };
         const Verb *verb = &verbs[0];
         int k, n_args;
@@ -1028,6 +1398,8 @@ int main(int argc, char *argv[]) {
                                    argv[optind + verb->max_args]);
         if (args.all && !verb->takes_all)
                 return usage_error("--all goes with 'list' and 'users', not '%s'.", verb->name);
+        if ((args.once || args.has_interval) && verb->run != verb_top)
+                return usage_error("--%s goes with 'top', not '%s'.", args.once ? "once" : "interval", verb->name);
 
         ctx.socket = args.socket ?: getenv("VMMBROKER_SOCKET");
         if (!ctx.socket || !*ctx.socket)

@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "broker.h"
+#include "events.h"
 #include "macro.h"
 
 int broker_init(Broker *b, Pool *pool, const LimitsConfig *limits) {
@@ -60,6 +61,7 @@ static int change_commit(Broker *b, int k) {
                 return k;
         }
         k = store_commit(b->store);
+        event_store_health(b->store_error, MIN(k, 0));
         if (k < 0) {
                 b->store_error = k;
                 return BROKER_E_NOT_STORED;
@@ -197,6 +199,7 @@ int broker_alloc(Broker *b, const Caller *c, int64_t device, uint64_t size, cons
         }
         lease_table_add(&b->leases, l);
         lease_add_hold(&b->leases, l, TAKE_PTR(hold), h, 1, false);
+        event_lease_made(l, h);
         *ret = TAKE_PTR(l);
         return 0;
 }
@@ -224,6 +227,7 @@ int broker_free(Broker *b, const Caller *c, const char *id) {
         k = change_commit(b, k);
         if (k != 0)
                 return k;
+        event_hold_freed(hold);
         hold_unref(&b->leases, hold);
         return 0;
 }
@@ -406,6 +410,7 @@ int broker_publish(Broker *b, const Caller *c, const char *id, const char *name,
         if (k != 0)
                 return k;
         lease_set_name(&b->leases, l, TAKE_PTR(key), TAKE_PTR(copy), n_uids, readonly);
+        event_lease_published(l, c->holder);
         return 0;
 }
 
@@ -430,6 +435,7 @@ int broker_unpublish(Broker *b, const Caller *c, uid_t owner, const char *name) 
         k = change_commit(b, k);
         if (k != 0)
                 return k;
+        event_lease_unpublished(l, c->holder);
         lease_unpublish(&b->leases, l);
         return 0;
 }
@@ -494,6 +500,7 @@ unsigned broker_reap_holders(Broker *b) {
                                 break;  /* kept, and tried again at the next call (broker_has_unreaped()) */
                 }
                 list_for_each_entry_safe(hold, tmp, &h->holds, link_holder) {
+                        event_hold_reclaimed(hold);
                         hold_end(&b->leases, hold);
                         n++;
                 }
@@ -516,6 +523,7 @@ int broker_store_snapshot(Broker *b, bool force) {
         if (!force && store_is_open(b->store) && !store_wants_snapshot(b->store))
                 return 0;
         k = store_snapshot(b->store, &b->leases);
+        event_store_health(b->store_error, MIN(k, 0));
         b->store_error = k < 0 ? k : 0;
         return k;
 }

@@ -528,6 +528,11 @@ static int load_file(Config *c, const char *path, char **ret_message) {
                 set_message(ret_message, "cannot read %s: %s", path, strerror(-k));
                 return k;
         }
+        if (!c->manager.limits.file) {
+                c->manager.limits.file = strdup(path);  /* the limits' messages name it */
+                if (!c->manager.limits.file)
+                        return -ENOMEM;
+        }
         while ((n = getline(&line, &size, f)) >= 0) {
                 number++;
                 if (n > CONFIG_MAX_LINE)
@@ -631,5 +636,6 @@ void config_done(Config *c) {
         for (size_t i = 0; i < c->manager.limits.n_rules; i++)
                 free(c->manager.limits.rules[i].name);
         free(c->manager.limits.rules);
+        free(c->manager.limits.file);
         config_init(c);
 }

@@ -19,6 +19,7 @@
 #include "macro.h"
 #include "manager.h"
 #include "message.h"
+#include "metrics.h"
 #include "peer.h"
 #include "restore.h"
 #include "size.h"
@@ -314,6 +315,7 @@ int manager_new(Manager **ret, const ManagerConfig *config, char **ret_message) 
         _cleanup_(inherited_done) Inherited in = INHERITED_NULL;
         _cleanup_(manager_freep) Manager *m = NULL;
         const char *path = config->socket_path ?: MANAGER_DEFAULT_SOCKET;
+        bool restored_table;
         sigset_t mask;
         int k;
 
@@ -379,9 +381,11 @@ int manager_new(Manager **ret, const ManagerConfig *config, char **ret_message) 
                 return k;
         m->listen_fd = k;
 
+        restored_table = in.table_fd >= 0;
         k = restore_leases(m, &in);
         if (k < 0)
                 return k;
+        metrics_started(restored_table && m->broker.leases.n_leases > 0, m->broker.leases.n_leases);
         k = manager_add_sources(m);
         if (k < 0)
                 return k;

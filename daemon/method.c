@@ -12,6 +12,7 @@
 #include "macro.h"
 #include "message.h"
 #include "method.h"
+#include "metrics.h"
 #include "size.h"
 
 static int reply_params(MethodReply *r, json_object *params) {
@@ -593,6 +594,26 @@ static int method_status(Broker *b, const Caller *c, json_object *params, Method
         return k < 0 ? k : reply_params(r, out);
 }
 
+/* Every user's use is in it: for administrators only. Costs O(devices + users x devices), no lease walk. */
+static int method_metrics(Broker *b, const Caller *c, json_object *params, MethodReply *r) {
+        _cleanup_free_ char *message = NULL, *text = NULL;
+        const char *bad = NULL;
+        json_object *out = NULL;
+        int k;
+
+        k = empty_params_decode(params, &bad, &message);
+        if (k < 0)
+                return k == -EINVAL ? reply_invalid(r, bad, message) : k;
+        if (!c->admin)
+                return vmmb_error_permission_denied("The metrics show every user's use: they need an "
+                                                    "administrator.", &r->msg);
+        k = metrics_format(b, &text);
+        if (k < 0)
+                return k;
+        k = metrics_reply_encode(&(MetricsReply){ .text = text }, &out);
+        return k < 0 ? k : reply_params(r, out);
+}
+
 /* --- org.varlink.service ------------------------------------------------------------------------------ */
 
 static int method_get_info(Broker *b, const Caller *c, json_object *params, MethodReply *r) {
@@ -642,6 +663,7 @@ static const struct {
         { VMMB_METHOD_STATUS, method_status },
         { VMMB_METHOD_USERS, method_users },
         { VMMB_METHOD_TOKENS, method_tokens },
+        { VMMB_METHOD_METRICS, method_metrics },
         { VARLINK_METHOD_GET_INFO, method_get_info },
         { VARLINK_METHOD_GET_INTERFACE_DESCRIPTION, method_get_interface_description },
 };

@@ -13,6 +13,7 @@
 #include "manager.h"
 #include "message.h"
 #include "method.h"
+#include "metrics.h"
 #include "peer.h"
 
 #ifndef SO_PEERPIDFD
@@ -50,8 +51,12 @@ static int peer_dispatch(Peer *p, json_object *msg) {
         }
         if (p->refused)
                 k = peer_refusal(p, &r.msg);    /* the answer to its first call says why; then it closes */
-        else
+        else {
+                uint64_t start = metrics_clock();
+
                 k = method_call(b, &p->caller, &call, &r);
+                metrics_request_done(call.method, r.msg, k, start);
+        }
         if (k == 0 && r.msg && !call.oneway)
                 k = varlink_conn_send(p->conn, r.msg, r.fds, r.n_fds);
         json_object_put(r.msg);

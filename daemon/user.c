@@ -2,6 +2,7 @@
 
 #include <assert.h>
 #include <errno.h>
+#include <stdio.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <stdlib.h>
@@ -242,29 +243,42 @@ const char *user_resource_name(UserResource what) {
         return names[what];
 }
 
+/* Where a limit comes from, for its message: "in FILE", or that no file set it. */
+static const char *limit_source(const User *u, char *buf, size_t size) {
+        const char *file = u->registry && u->registry->config ? u->registry->config->file : NULL;
+
+        if (file)
+                snprintf(buf, size, "in %s", file);
+        else
+                snprintf(buf, size, "at its default: the broker read no configuration file; see vmmbroker.conf(5)");
+        return buf;
+}
+
 void user_quota_message(const User *u, const UserQuota *q, int device, char **ret) {
-        char b1[FORMAT_SIZE_MAX], b2[FORMAT_SIZE_MAX], b3[FORMAT_SIZE_MAX];
+        char b1[FORMAT_SIZE_MAX], b2[FORMAT_SIZE_MAX], b3[FORMAT_SIZE_MAX], where[PATH_MAX + 128];
         uint64_t asked = q->asked, limit = q->limit, current = q->current;
 
         switch (q->what) {
         case USER_BYTES:
                 set_message(ret, "User %u has %s of device %d and may have at most %s: %s more is over the limit "
-                            "(MaxBytes= in vmmbroker.conf).", (unsigned)u->uid, format_size(current, b1, sizeof(b1)),
-                            device, format_size(limit, b2, sizeof(b2)), format_size(asked, b3, sizeof(b3)));
+                            "(MaxBytes= %s).", (unsigned)u->uid, format_size(current, b1, sizeof(b1)),
+                            device, format_size(limit, b2, sizeof(b2)), format_size(asked, b3, sizeof(b3)),
+                            limit_source(u, where, sizeof(where)));
                 break;
         case USER_LEASES:
-                set_message(ret, "User %u owns %" PRIu64 " leases and may own at most %" PRIu64 " (MaxLeases= in "
-                            "vmmbroker.conf): free or unpublish one first.", (unsigned)u->uid, current, limit);
+                set_message(ret, "User %u owns %" PRIu64 " leases and may own at most %" PRIu64 " (MaxLeases= %s): "
+                            "free or unpublish one first.", (unsigned)u->uid, current, limit,
+                            limit_source(u, where, sizeof(where)));
                 break;
         case USER_CONNECTIONS:
                 set_message(ret, "User %u has %" PRIu64 " connections open and may have at most %" PRIu64
-                            " (MaxConnections= in vmmbroker.conf): close one first.", (unsigned)u->uid, current,
-                            limit);
+                            " (MaxConnections= %s): close one first.", (unsigned)u->uid, current, limit,
+                            limit_source(u, where, sizeof(where)));
                 break;
         case USER_PROCESSES:
                 set_message(ret, "User %u has %" PRIu64 " processes known to the broker and may have at most %"
-                            PRIu64 " (MaxProcesses= in vmmbroker.conf): end or free the leases of one first.",
-                            (unsigned)u->uid, current, limit);
+                            PRIu64 " (MaxProcesses= %s): end or free the leases of one first.",
+                            (unsigned)u->uid, current, limit, limit_source(u, where, sizeof(where)));
                 break;
         default:
                 set_message(ret, "User %u is over its limit of %s.", (unsigned)u->uid, user_resource_name(q->what));

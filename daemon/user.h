@@ -65,6 +65,7 @@ typedef struct LimitsConfig {
         UserLimits defaults;            /* [Limits] */
         LimitsRule *rules;
         size_t n_rules;
+        char *file;                     /* the configuration file read, for messages; NULL when none existed */
 } LimitsConfig;
 
 /* [Limits] at its defaults. */

@@ -1,9 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 
 #include <errno.h>
+#include <grp.h>
 #include <inttypes.h>
 #include <stdlib.h>
+#include <pwd.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "codec.h"
 #include "json.h"
@@ -216,6 +221,11 @@ static const JsonField device_fields[] = {
 
 static const JsonField status_reply_fields[] = {
         JSON_FIELD_ARRAY("devices", StatusReply, devices, n_devices, WireDevice, device_fields, true, 0),
+        JSON_FIELD_END,
+};
+
+static const JsonField metrics_reply_fields[] = {
+        JSON_FIELD_TEXT("text", MetricsReply, text, true, VMMB_METRICS_MAX),
         JSON_FIELD_END,
 };
 
@@ -517,6 +527,7 @@ DEFINE_REPLY_CODEC(list_reply, ListReply, list_reply_fields)
 DEFINE_REPLY_CODEC(status_reply, StatusReply, status_reply_fields)
 DEFINE_REPLY_CODEC(users_reply, UsersReply, users_reply_fields)
 DEFINE_REPLY_CODEC(tokens_reply, TokensReply, tokens_reply_fields)
+DEFINE_REPLY_CODEC(metrics_reply, MetricsReply, metrics_reply_fields)
 
 int varlink_info_encode(json_object **ret) {
         char *interfaces[] = { (char *)VARLINK_SERVICE_INTERFACE, (char *)VMMB_INTERFACE, NULL };
@@ -725,4 +736,82 @@ void vmmb_error_describe(const char *error, json_object *params, const char *met
         else
                 set_message(ret_message, "The broker refused %s with %s.", method, error);
         vmmb_error_done(&e);
+}
+
+static const char *file_kind(mode_t mode) {
+        return S_ISREG(mode) ? "regular file" : S_ISDIR(mode) ? "directory" : S_ISFIFO(mode) ? "FIFO"
+               : S_ISLNK(mode) ? "symbolic link" : "special file";
+}
+
+void vmmb_connect_message(const char *path, const char *default_path, int error, char **ret) {
+        bool service = default_path && strcmp(path, default_path) == 0;
+        const struct group *gr;
+        const struct passwd *pw;
+        char owner[64], group[64];
+        struct stat st;
+        int k = stat(path, &st) < 0 ? -errno : 0;
+
+        *ret = NULL;
+        if (k == -EACCES) {
+                set_message(ret, "Cannot connect to the broker at %s: %s. You may not enter the folder it is in: "
+                            "it is another user's, or the broker's folder is not open to you.", path,
+                            strerror(EACCES));
+                return;
+        }
+        switch (error) {
+        case -ENOENT:
+        case -ENOTDIR:
+                if (service)
+                        set_message(ret, "Cannot connect to the broker at %s: nothing is there. The broker's "
+                                    "service is not installed or its socket is not active: 'systemctl start "
+                                    "vmmbroker.socket' starts it ('systemctl status vmmbroker.socket' says why "
+                                    "it stopped). For a broker of your own, set VMMBROKER_SOCKET to its socket "
+                                    "('./dev.sh run' prints it).", path);
+                else
+                        set_message(ret, "Cannot connect to the broker at %s: nothing is there. No broker was "
+                                    "started on that socket: start one ('./dev.sh run', or 'vmmbrokerd --socket "
+                                    "%s'), or set VMMBROKER_SOCKET to the socket of one that runs (the "
+                                    "service's is %s).", path, path, default_path ?: "its default");
+                return;
+        case -ECONNREFUSED:
+                if (k == 0 && !S_ISSOCK(st.st_mode))
+                        set_message(ret, "Cannot connect to the broker at %s: it is a %s, not a socket. "
+                                    "VMMBROKER_SOCKET or --socket names the wrong file.", path,
+                                    file_kind(st.st_mode));
+                else if (service)
+                        set_message(ret, "Cannot connect to the broker at %s: nobody listens on that socket. "
+                                    "The broker stopped and its socket unit is not active: 'systemctl status "
+                                    "vmmbroker.socket vmmbroker.service' says why.", path);
+                else
+                        set_message(ret, "Cannot connect to the broker at %s: nobody listens on that socket. "
+                                    "The broker that made it has stopped: start it again.", path);
+                return;
+        case -EACCES:
+        case -EPERM:
+                if (k < 0)
+                        break;
+                pw = getpwuid(st.st_uid);
+                gr = getgrgid(st.st_gid);
+                snprintf(owner, sizeof(owner), "%s", pw ? pw->pw_name : "");
+                if (!pw)
+                        snprintf(owner, sizeof(owner), "uid %u", (unsigned)st.st_uid);
+                snprintf(group, sizeof(group), "%s", gr ? gr->gr_name : "");
+                if (!gr)
+                        snprintf(group, sizeof(group), "%u", (unsigned)st.st_gid);
+                if ((st.st_mode & S_IWGRP) && st.st_gid != 0)
+                        set_message(ret, "Cannot connect to the broker at %s: %s. Leasing GPU memory needs "
+                                    "membership of the socket's group, %s: an administrator adds you with "
+                                    "'usermod -aG %s %s', then you log in again.", path, strerror(-error), group,
+                                    group, getpwuid(geteuid()) ? getpwuid(geteuid())->pw_name : "USER");
+                else
+                        set_message(ret, "Cannot connect to the broker at %s: %s. Only %s may connect to it "
+                                    "(mode %04o, group %s): it is %s's own broker, as './dev.sh run' starts one. "
+                                    "Start your own, or use the service's socket%s%s.", path, strerror(-error),
+                                    owner, (unsigned)(st.st_mode & 07777), group, owner,
+                                    default_path ? ", " : "", default_path ?: "");
+                return;
+        default:
+                break;
+        }
+        set_message(ret, "Cannot connect to the broker at %s: %s.", path, strerror(-error));
 }

@@ -34,6 +34,7 @@
 #define VMMB_METHOD_UNPUBLISH VMMB_INTERFACE ".Unpublish"
 #define VMMB_METHOD_USERS VMMB_INTERFACE ".Users"
 #define VMMB_METHOD_TOKENS VMMB_INTERFACE ".Tokens"
+#define VMMB_METHOD_METRICS VMMB_INTERFACE ".Metrics"
 
 #define VMMB_ERROR_OUT_OF_MEMORY VMMB_INTERFACE ".OutOfMemory"
 #define VMMB_ERROR_QUOTA_EXCEEDED VMMB_INTERFACE ".QuotaExceeded"
@@ -61,6 +62,7 @@
 #define VMMB_NAME_MAX 256       /* device names, process names, error resources */
 #define VMMB_MESSAGE_MAX 1024   /* messages for a person */
 #define VMMB_DESCRIPTION_MAX (60U * 1024U) /* an interface description (fits a 64 KiB reply) */
+#define VMMB_METRICS_MAX (32U * 1024U * 1024U) /* Metrics' text (a reply is at most 64 MiB) */
 #define VMMB_LEASE_NAME_MAX 128 /* Publish's name */
 #define VMMB_USER_NAME_MAX 64   /* a user name in OWNER/NAME */
 #define VMMB_LEASE_NAME_REF_MAX (VMMB_USER_NAME_MAX + 1 + VMMB_LEASE_NAME_MAX) /* Attach's and Unpublish's name */
@@ -251,6 +253,11 @@ typedef struct StatusReply {
         size_t n_devices;
 } StatusReply;
 
+/* Metrics' reply: (text: string), the OpenMetrics text exposition */
+typedef struct MetricsReply {
+        char *text;
+} MetricsReply;
+
 /* org.varlink.service.GetInfo's reply */
 typedef struct VarlinkInfo {
         char *vendor;
@@ -418,6 +425,11 @@ void tokens_reply_done(TokensReply *p);
 /* Frees StatusReply's devices. */
 void status_reply_done(StatusReply *p);
 
+/* Metrics' reply. */
+int metrics_reply_decode(json_object *params, MetricsReply *ret, char **ret_message);
+int metrics_reply_encode(const MetricsReply *in, json_object **ret);
+void metrics_reply_done(MetricsReply *p);
+
 /* Encodes GetInfo's reply: vendor "vmmbroker", product "vmmbrokerd", the version, the URL, the interfaces. */
 int varlink_info_encode(json_object **ret);
 /* Decodes GetInfo's reply. */
@@ -505,3 +517,12 @@ int vmmb_error_to_errno(const char *error);
  * (NULL if memory runs out).
  */
 void vmmb_error_describe(const char *error, json_object *params, const char *method, char **ret_message);
+
+/*
+ * Why connecting to the broker at `path` failed with `error` (a negative errno of connect()) and what to do
+ * about it, as one message for a person, malloc'd into *ret: "Cannot connect to the broker at PATH: WHY.
+ * HINT" (NULL when out of memory). The hint fits what is at the path: nothing (a broker not started; for
+ * `default_path`, the service's socket unit), something that is not a socket, a socket nobody listens on,
+ * a socket of the broker's group the caller is not in, or another user's own (development) broker.
+ */
+void vmmb_connect_message(const char *path, const char *default_path, int error, char **ret);

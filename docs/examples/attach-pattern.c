@@ -127,6 +127,8 @@ int main(int argc, char *argv[]) {
                         return EXIT_FAILURE;
                 }
         if (argc - optind != 1) {
+                fprintf(stderr, "%s: %s\n", program_invocation_short_name,
+                        argc - optind < 1 ? "needs the NAME of a published lease" : "takes one NAME, nothing more");
                 usage(stderr);
                 return EXIT_FAILURE;
         }
@@ -154,7 +156,7 @@ int main(int argc, char *argv[]) {
         }
         k = vmmb_connect(NULL, &client);
         if (k < 0) {
-                fprintf(stderr, "pid %d: cannot connect to the broker: %s\n", (int)getpid(), vmmb_error_message());
+                fprintf(stderr, "pid %d: %s\n", (int)getpid(), vmmb_error_message());
                 goto out;
         }
 

@@ -94,7 +94,7 @@ int main(int argc, char *argv[]) {
         }
         k = vmmb_connect(NULL, &client);
         if (k < 0) {
-                fprintf(stderr, "pid %d: cannot connect to the broker: %s\n", (int)getpid(), vmmb_error_message());
+                fprintf(stderr, "pid %d: %s\n", (int)getpid(), vmmb_error_message());
                 goto out;
         }
         k = vmmb_alloc(client, size, 0, "lease-pattern", &lease);

@@ -148,7 +148,15 @@ int main(int argc, char *argv[]) {
                         usage(stderr);
                         return EXIT_FAILURE;
                 }
-        if (argc - optind != 2 || parse_size(argv[optind], &size) < 0 || size == 0) {
+        if (argc - optind != 2) {
+                fprintf(stderr, "%s: %s\n", program_invocation_short_name,
+                        argc - optind < 2 ? "needs a SIZE and a NAME" : "takes a SIZE and a NAME, nothing more");
+                usage(stderr);
+                return EXIT_FAILURE;
+        }
+        if (parse_size(argv[optind], &size) < 0 || size == 0) {
+                fprintf(stderr, "%s: '%s' is not a size of more than 0 bytes, such as 64M or 1G\n",
+                        program_invocation_short_name, argv[optind]);
                 usage(stderr);
                 return EXIT_FAILURE;
         }
@@ -176,7 +184,7 @@ int main(int argc, char *argv[]) {
         }
         k = vmmb_connect(NULL, &client);
         if (k < 0) {
-                fprintf(stderr, "pid %d: cannot connect to the broker: %s\n", (int)getpid(), vmmb_error_message());
+                fprintf(stderr, "pid %d: %s\n", (int)getpid(), vmmb_error_message());
                 goto out;
         }
         k = vmmb_alloc(client, size, VMMB_ANY_DEVICE, "publish-pattern", &lease);

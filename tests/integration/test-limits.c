@@ -111,7 +111,7 @@ static void expect_quota(VarlinkConn *c, uint64_t size, const char *resource, ui
         ck_assert_str_eq(e.resource, resource);
         ck_assert_uint_eq(e.limit, limit);
         ck_assert_uint_eq(e.current, current);
-        ck_assert_ptr_nonnull(strstr(e.message, "vmmbroker.conf"));     /* it says where the limit is set */
+        ck_assert_ptr_nonnull(strstr(e.message, " in /tmp/vmmb-limits-"));     /* the file that sets the limit */
         vmmb_error_done(&e);
         reply_done(&r);
 }

@@ -28,7 +28,9 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "codec.h"
@@ -1873,10 +1875,40 @@ START_TEST(test_unreachable) {
         RUN(&o, "--socket", path, "status");
         ck_assert_int_eq(o.status, 3);
         ck_assert_str_eq(o.out, "");
-        ck_assert_msg(strncmp(o.err, "vmmctl: ", 8) == 0 && strstr(o.err, path) && strstr(o.err, strerror(ENOENT)) &&
-                              strstr(o.err, "systemctl status vmmbroker.socket"),
+        /* Nothing there, and not the service's socket: how to start a broker there, not systemctl. */
+        ck_assert_msg(strncmp(o.err, "vmmctl: ", 8) == 0 && strstr(o.err, path) && strstr(o.err, "nothing is there") &&
+                              strstr(o.err, "vmmbrokerd --socket") && !strstr(o.err, "systemctl") &&
+                              !strstr(o.err, "group"),
                       "stderr: %s", o.err);
         output_done(&o);
+        {
+                /* A regular file is not a socket; a socket nobody listens on is a stopped broker's. */
+                char file[80], stale[80];
+                struct sockaddr_un sa = { .sun_family = AF_UNIX };
+                int fd;
+
+                snprintf(file, sizeof(file), "%s/file", dir);
+                fd = open(file, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+                ck_assert_int_ge(fd, 0);
+                close(fd);
+                RUN(&o, "--socket", file, "status");
+                ck_assert_int_eq(o.status, 3);
+                ck_assert_msg(strstr(o.err, "it is a regular file, not a socket") && !strstr(o.err, "refused"),
+                              "stderr: %s", o.err);
+                output_done(&o);
+                ck_assert_int_eq(unlink(file), 0);
+
+                snprintf(stale, sizeof(stale), "%s/stale", dir);
+                snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", stale);
+                fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+                ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+                close(fd);
+                RUN(&o, "--socket", stale, "status");
+                ck_assert_int_eq(o.status, 3);
+                ck_assert_msg(strstr(o.err, "nobody listens on that socket"), "stderr: %s", o.err);
+                output_done(&o);
+                ck_assert_int_eq(unlink(stale), 0);
+        }
         RUN(&o, "--socket", path, "unpublish", "some-name");
         ck_assert_int_eq(o.status, 3);
         output_done(&o);

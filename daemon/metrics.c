@@ -1,0 +1,403 @@
+/* SPDX-License-Identifier: MIT */
+
+#include <errno.h>
+#include <stddef.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "codec.h"
+#include "macro.h"
+#include "metrics.h"
+
+static const char *const method_names[_METRICS_METHOD_MAX] = {
+        [METRICS_ALLOC] = VMMB_METHOD_ALLOC,
+        [METRICS_FREE] = VMMB_METHOD_FREE,
+        [METRICS_SHARE] = VMMB_METHOD_SHARE,
+        [METRICS_REVOKE] = VMMB_METHOD_REVOKE,
+        [METRICS_TOKENS] = VMMB_METHOD_TOKENS,
+        [METRICS_ATTACH] = VMMB_METHOD_ATTACH,
+        [METRICS_PUBLISH] = VMMB_METHOD_PUBLISH,
+        [METRICS_UNPUBLISH] = VMMB_METHOD_UNPUBLISH,
+        [METRICS_LIST] = VMMB_METHOD_LIST,
+        [METRICS_USERS] = VMMB_METHOD_USERS,
+        [METRICS_STATUS] = VMMB_METHOD_STATUS,
+        [METRICS_METRICS] = VMMB_METHOD_METRICS,
+        [METRICS_GET_INFO] = VARLINK_METHOD_GET_INFO,
+        [METRICS_GET_INTERFACE_DESCRIPTION] = VARLINK_METHOD_GET_INTERFACE_DESCRIPTION,
+        [METRICS_OTHER] = "other",
+};
+
+static const char *const outcome_names[_METRICS_OUTCOME_MAX] = {
+        [METRICS_OK] = "ok",
+        [METRICS_OUT_OF_MEMORY] = VMMB_ERROR_OUT_OF_MEMORY,
+        [METRICS_QUOTA_EXCEEDED] = VMMB_ERROR_QUOTA_EXCEEDED,
+        [METRICS_NO_SUCH_LEASE] = VMMB_ERROR_NO_SUCH_LEASE,
+        [METRICS_NO_SUCH_TOKEN] = VMMB_ERROR_NO_SUCH_TOKEN,
+        [METRICS_NO_SUCH_NAME] = VMMB_ERROR_NO_SUCH_NAME,
+        [METRICS_NAME_IN_USE] = VMMB_ERROR_NAME_IN_USE,
+        [METRICS_NO_SUCH_DEVICE] = VMMB_ERROR_NO_SUCH_DEVICE,
+        [METRICS_INVALID_PARAMETER] = VMMB_ERROR_INVALID_PARAMETER,
+        [METRICS_PERMISSION_DENIED] = VMMB_ERROR_PERMISSION_DENIED,
+        [METRICS_DRIVER_ERROR] = VMMB_ERROR_DRIVER_ERROR,
+        [METRICS_STORE_FAILED] = VMMB_ERROR_STORE_FAILED,
+        [METRICS_METHOD_NOT_FOUND] = VARLINK_ERROR_METHOD_NOT_FOUND,
+        [METRICS_INTERFACE_NOT_FOUND] = VARLINK_ERROR_INTERFACE_NOT_FOUND,
+        [METRICS_OTHER_ERROR] = "other",
+        [METRICS_FAILED] = "failed",
+};
+
+static const char *const event_names[_METRICS_EVENT_MAX] = {
+        [METRICS_EVENT_MADE] = "made",
+        [METRICS_EVENT_ENDED] = "ended",
+        [METRICS_EVENT_RECLAIMED] = "reclaimed",
+        [METRICS_EVENT_PUBLISHED] = "published",
+        [METRICS_EVENT_UNPUBLISHED] = "unpublished",
+        [METRICS_EVENT_STORE_FAILED] = "store_failed",
+        [METRICS_EVENT_STORE_RECOVERED] = "store_recovered",
+};
+
+/* Upper bounds of the buckets in microseconds, and as the `le` label writes them (in seconds). */
+static const uint64_t bucket_usec[METRICS_BUCKETS] = {
+        10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000, 500000, 1000000,
+};
+static const char *const bucket_le[METRICS_BUCKETS] = {
+        "1e-05", "2.5e-05", "5e-05", "0.0001", "0.00025", "0.0005", "0.001", "0.0025", "0.005", "0.01",
+        "0.025", "0.05", "0.1", "0.25", "0.5", "1.0",
+};
+
+static struct {
+        uint64_t requests[_METRICS_METHOD_MAX][_METRICS_OUTCOME_MAX];
+        uint64_t buckets[_METRICS_METHOD_MAX][METRICS_BUCKETS];         /* not cumulative: one per bucket */
+        uint64_t count[_METRICS_METHOD_MAX];
+        uint64_t sum_usec[_METRICS_METHOD_MAX];
+        uint64_t events[_METRICS_EVENT_MAX];
+        uint64_t events_dropped;
+        bool table_restored;
+        unsigned leases_restored;
+        double start_time;              /* seconds since the epoch */
+} m;
+
+static double now_realtime(void) {
+        struct timespec ts;
+
+        (void)clock_gettime(CLOCK_REALTIME, &ts);
+        return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+MetricsMethod metrics_method(const char *method) {
+        for (size_t i = 0; i < METRICS_OTHER; i++)
+                if (strcmp(method, method_names[i]) == 0)
+                        return (MetricsMethod)i;
+        return METRICS_OTHER;
+}
+
+MetricsOutcome metrics_outcome(const char *error, int k) {
+        if (k < 0)
+                return METRICS_FAILED;
+        if (!error)
+                return METRICS_OK;
+        for (size_t i = METRICS_OK + 1; i < METRICS_OTHER_ERROR; i++)
+                if (strcmp(error, outcome_names[i]) == 0)
+                        return (MetricsOutcome)i;
+        return METRICS_OTHER_ERROR;
+}
+
+void metrics_request(MetricsMethod method, MetricsOutcome outcome, uint64_t usec) {
+        size_t b = 0;
+
+        m.requests[method][outcome]++;
+        while (b < METRICS_BUCKETS && usec > bucket_usec[b])
+                b++;
+        if (b < METRICS_BUCKETS)
+                m.buckets[method][b]++;
+        m.count[method]++;
+        m.sum_usec[method] += usec;
+}
+
+uint64_t metrics_clock(void) {
+        struct timespec ts;
+
+        (void)clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+}
+
+void metrics_request_done(const char *method, json_object *reply, int k, uint64_t start) {
+        json_object *error = NULL;
+        uint64_t now = metrics_clock();
+
+        if (reply)
+                (void)json_object_object_get_ex(reply, "error", &error);
+        metrics_request(metrics_method(method), metrics_outcome(error ? json_object_get_string(error) : NULL, k),
+                        now > start ? now - start : 0);
+}
+
+void metrics_event(MetricsEvent event) {
+        m.events[event]++;
+}
+
+void metrics_event_dropped(void) {
+        m.events_dropped++;
+}
+
+void metrics_started(bool table_restored, unsigned leases_restored) {
+        m.table_restored = table_restored;
+        m.leases_restored = leases_restored;
+        m.start_time = now_realtime();
+}
+
+void metrics_reset(void) {
+        memset(&m, 0, sizeof(m));
+}
+
+/* --- the text ------------------------------------------------------------------------------------------ */
+
+/* The short name of a method or error: the part after the interface ("Alloc", "NoSuchLease"). */
+static const char *short_name(const char *name) {
+        const char *dot = strrchr(name, '.');
+
+        return dot ? dot + 1 : name;
+}
+
+/* A label value, escaped as OpenMetrics wants: \\, \" and \n. */
+static void put_label_value(FILE *f, const char *s) {
+        for (; *s; s++)
+                switch (*s) {
+                case '\\':
+                        fputs("\\\\", f);
+                        break;
+                case '"':
+                        fputs("\\\"", f);
+                        break;
+                case '\n':
+                        fputs("\\n", f);
+                        break;
+                default:
+                        fputc(*s, f);
+                }
+}
+
+/* The metadata of a metric family: TYPE, UNIT (when not NULL), HELP. */
+static void family(FILE *f, const char *name, const char *type, const char *unit, const char *help) {
+        fprintf(f, "# TYPE %s %s\n", name, type);
+        if (unit)
+                fprintf(f, "# UNIT %s %s\n", name, unit);
+        fprintf(f, "# HELP %s %s\n", name, help);
+}
+
+typedef struct DeviceRow {
+        PoolDeviceStats s;
+        unsigned leases;
+} DeviceRow;
+
+/* One gauge per device: `field` of each row. */
+static void device_gauge(FILE *f, const DeviceRow *rows, size_t n, const char *name, const char *unit,
+                         const char *help, size_t offset) {
+        family(f, name, "gauge", unit, help);
+        for (size_t i = 0; i < n; i++)
+                fprintf(f, "%s{device=\"%d\"} %" PRIu64 "\n", name, rows[i].s.index,
+                        *(const uint64_t *)((const char *)&rows[i].s + offset));
+}
+
+static void device_counter(FILE *f, const DeviceRow *rows, size_t n, const char *name, const char *help,
+                           size_t offset) {
+        family(f, name, "counter", NULL, help);
+        for (size_t i = 0; i < n; i++)
+                fprintf(f, "%s_total{device=\"%d\"} %" PRIu64 "\n", name, rows[i].s.index,
+                        *(const uint64_t *)((const char *)&rows[i].s + offset));
+}
+
+static int format_devices(FILE *f, Broker *b) {
+        size_t n = pool_n_devices(b->pool);
+        _cleanup_free_ DeviceRow *rows = calloc(n ?: 1, sizeof(DeviceRow));
+
+        if (!rows)
+                return -ENOMEM;
+        for (size_t i = 0; i < n; i++) {
+                pool_device_stats(b->pool, i, &rows[i].s);
+                rows[i].leases = b->leases.device_leases[i];
+        }
+        family(f, "vmmbroker_device", "info", NULL, "A device the broker serves: its CUDA index and name.");
+        for (size_t i = 0; i < n; i++) {
+                fprintf(f, "vmmbroker_device_info{device=\"%d\",name=\"", rows[i].s.index);
+                put_label_value(f, rows[i].s.name ?: "");
+                fputs("\"} 1\n", f);
+        }
+        device_gauge(f, rows, n, "vmmbroker_device_memory_bytes", "bytes", "Memory of the device.",
+                     offsetof(PoolDeviceStats, total));
+        device_gauge(f, rows, n, "vmmbroker_device_capacity_bytes", "bytes",
+                     "What the pool may hold on the device (Capacity=).", offsetof(PoolDeviceStats, capacity));
+        device_gauge(f, rows, n, "vmmbroker_device_leased_bytes", "bytes", "Bytes in leases.",
+                     offsetof(PoolDeviceStats, leased));
+        device_gauge(f, rows, n, "vmmbroker_device_cached_bytes", "bytes",
+                     "Bytes freed, scrubbed and kept for their user to lease again.",
+                     offsetof(PoolDeviceStats, cached));
+        device_gauge(f, rows, n, "vmmbroker_device_scrubbing_bytes", "bytes",
+                     "Bytes freed and being scrubbed (not yet usable).", offsetof(PoolDeviceStats, scrubbing));
+        family(f, "vmmbroker_device_leases", "gauge", NULL, "Leases on the device.");
+        for (size_t i = 0; i < n; i++)
+                fprintf(f, "vmmbroker_device_leases{device=\"%d\"} %u\n", rows[i].s.index, rows[i].leases);
+        family(f, "vmmbroker_device_waiters", "gauge", NULL,
+               "Requests waiting for memory on the device: always 0, as the broker answers OutOfMemory at once "
+               "rather than queueing.");
+        for (size_t i = 0; i < n; i++)
+                fprintf(f, "vmmbroker_device_waiters{device=\"%d\"} 0\n", rows[i].s.index);
+        device_counter(f, rows, n, "vmmbroker_device_cache_hits", "Slabs leased from the cache.",
+                       offsetof(PoolDeviceStats, hits));
+        device_counter(f, rows, n, "vmmbroker_device_slabs_created", "Slabs created with the driver.",
+                       offsetof(PoolDeviceStats, created));
+        device_counter(f, rows, n, "vmmbroker_device_slabs_released", "Slabs released to the driver.",
+                       offsetof(PoolDeviceStats, released));
+        device_counter(f, rows, n, "vmmbroker_device_evictions",
+                       "Cached slabs released to make room for a request.", offsetof(PoolDeviceStats, evicted));
+        device_counter(f, rows, n, "vmmbroker_device_scrubbed_bytes", "Bytes scrubbed.",
+                       offsetof(PoolDeviceStats, scrubbed_bytes));
+        return 0;
+}
+
+static int format_users(FILE *f, Broker *b) {
+        size_t n = pool_n_devices(b->pool);
+        _cleanup_free_ int *index = calloc(n ?: 1, sizeof(int));
+        User *u;
+
+        if (!index)
+                return -ENOMEM;
+        for (size_t i = 0; i < n; i++) {
+                PoolDeviceStats s;
+
+                pool_device_stats(b->pool, i, &s);
+                index[i] = s.index;
+        }
+        family(f, "vmmbroker_user_bytes", "gauge", "bytes", "Bytes in the leases a user owns on a device.");
+        list_for_each_entry(u, &b->users.users, link)
+                for (size_t i = 0; i < b->users.n_devices && i < n; i++)
+                        fprintf(f, "vmmbroker_user_bytes{uid=\"%u\",device=\"%d\"} %" PRIu64 "\n",
+                                (unsigned)u->uid, index[i], u->bytes[i]);
+        family(f, "vmmbroker_user_max_bytes", "gauge", "bytes", "The most a user may own on a device (MaxBytes=).");
+        list_for_each_entry(u, &b->users.users, link)
+                for (size_t i = 0; i < b->users.n_devices && i < n; i++)
+                        fprintf(f, "vmmbroker_user_max_bytes{uid=\"%u\",device=\"%d\"} %" PRIu64 "\n",
+                                (unsigned)u->uid, index[i], u->max_bytes[i]);
+        family(f, "vmmbroker_user_leases", "gauge", NULL, "Leases a user owns, published ones included.");
+        list_for_each_entry(u, &b->users.users, link)
+                fprintf(f, "vmmbroker_user_leases{uid=\"%u\"} %u\n", (unsigned)u->uid, u->leases);
+        family(f, "vmmbroker_user_connections", "gauge", NULL, "Connections a user's processes have open.");
+        list_for_each_entry(u, &b->users.users, link)
+                fprintf(f, "vmmbroker_user_connections{uid=\"%u\"} %u\n", (unsigned)u->uid, u->connections);
+        family(f, "vmmbroker_user_processes", "gauge", NULL, "A user's processes the broker keeps a pidfd of.");
+        list_for_each_entry(u, &b->users.users, link)
+                fprintf(f, "vmmbroker_user_processes{uid=\"%u\"} %u\n", (unsigned)u->uid, u->processes);
+        return 0;
+}
+
+static void format_requests(FILE *f) {
+        family(f, "vmmbroker_requests", "counter", NULL,
+               "Requests answered, by method and outcome (ok, the error's name, or failed: the connection was "
+               "closed).");
+        for (size_t i = 0; i < _METRICS_METHOD_MAX; i++)
+                for (size_t o = 0; o < _METRICS_OUTCOME_MAX; o++)
+                        if (m.requests[i][o] > 0)
+                                fprintf(f, "vmmbroker_requests_total{method=\"%s\",outcome=\"%s\"} %" PRIu64 "\n",
+                                        short_name(method_names[i]), short_name(outcome_names[o]),
+                                        m.requests[i][o]);
+        family(f, "vmmbroker_request_duration_seconds", "histogram", "seconds",
+               "Time from reading a request to having its reply ready, by method.");
+        for (size_t i = 0; i < _METRICS_METHOD_MAX; i++) {
+                uint64_t cumulative = 0;
+
+                if (m.count[i] == 0)
+                        continue;
+                for (size_t j = 0; j < METRICS_BUCKETS; j++) {
+                        cumulative += m.buckets[i][j];
+                        fprintf(f, "vmmbroker_request_duration_seconds_bucket{method=\"%s\",le=\"%s\"} %" PRIu64
+                                "\n", short_name(method_names[i]), bucket_le[j], cumulative);
+                }
+                fprintf(f, "vmmbroker_request_duration_seconds_bucket{method=\"%s\",le=\"+Inf\"} %" PRIu64 "\n",
+                        short_name(method_names[i]), m.count[i]);
+                fprintf(f, "vmmbroker_request_duration_seconds_count{method=\"%s\"} %" PRIu64 "\n",
+                        short_name(method_names[i]), m.count[i]);
+                fprintf(f, "vmmbroker_request_duration_seconds_sum{method=\"%s\"} %.6f\n",
+                        short_name(method_names[i]), (double)m.sum_usec[i] / 1e6);
+        }
+}
+
+static void format_broker(FILE *f, Broker *b) {
+        unsigned connections = 0;
+        User *u;
+
+        list_for_each_entry(u, &b->users.users, link)
+                connections += u->connections;
+        family(f, "vmmbroker_build", "info", NULL, "The daemon's version.");
+        fprintf(f, "vmmbroker_build_info{version=\"%s\"} 1\n", VMMBROKER_VERSION);
+        family(f, "vmmbroker_start_time_seconds", "gauge", "seconds",
+               "When this run of the daemon started, in seconds since the epoch: it changes at each restart.");
+        fprintf(f, "vmmbroker_start_time_seconds %.3f\n", m.start_time);
+        family(f, "vmmbroker_restarted", "gauge", NULL,
+               "1 when this run took back a lease table that an earlier run stored (a restart), else 0.");
+        fprintf(f, "vmmbroker_restarted %d\n", m.table_restored);
+        family(f, "vmmbroker_leases_restored", "gauge", NULL, "Leases this run took back from an earlier run.");
+        fprintf(f, "vmmbroker_leases_restored %u\n", m.leases_restored);
+        family(f, "vmmbroker_leases", "gauge", NULL, "Leases, published ones included.");
+        fprintf(f, "vmmbroker_leases %u\n", b->leases.n_leases);
+        family(f, "vmmbroker_leases_published", "gauge", NULL, "Leases published under a name.");
+        fprintf(f, "vmmbroker_leases_published %u\n", b->leases.n_published);
+        family(f, "vmmbroker_users", "gauge", NULL, "Users with something charged (a connection or a lease).");
+        fprintf(f, "vmmbroker_users %u\n", b->users.n_users);
+        family(f, "vmmbroker_connections", "gauge", NULL, "Connections served.");
+        fprintf(f, "vmmbroker_connections %u\n", connections);
+        family(f, "vmmbroker_lease_events", "counter", NULL,
+               "Lease events, by kind (made, ended, reclaimed, published, unpublished, store_failed, "
+               "store_recovered); each is also sent to the journal.");
+        for (size_t i = 0; i < _METRICS_EVENT_MAX; i++)
+                fprintf(f, "vmmbroker_lease_events_total{event=\"%s\"} %" PRIu64 "\n", event_names[i],
+                        m.events[i]);
+        family(f, "vmmbroker_journal_events_dropped", "counter", NULL,
+               "Lease events the journal's socket did not take (full or absent).");
+        fprintf(f, "vmmbroker_journal_events_dropped_total %" PRIu64 "\n", m.events_dropped);
+}
+
+static void format_store(FILE *f, Broker *b) {
+        StoreStats s = b->store ? store_stats(b->store) : (StoreStats){};
+
+        family(f, "vmmbroker_store_enabled", "gauge", NULL,
+               "1 when the lease table is stored for restarts (the service manager keeps fds), else 0.");
+        fprintf(f, "vmmbroker_store_enabled %d\n", b->store != NULL);
+        family(f, "vmmbroker_store_healthy", "gauge", NULL,
+               "0 while storing fails (changes are refused), else 1.");
+        fprintf(f, "vmmbroker_store_healthy %d\n", b->store_error == 0);
+        family(f, "vmmbroker_store_generation", "gauge", NULL, "Generation of the stored table (0: none yet).");
+        fprintf(f, "vmmbroker_store_generation %" PRIu64 "\n", s.generation);
+        family(f, "vmmbroker_store_commits", "counter", NULL, "Changes stored.");
+        fprintf(f, "vmmbroker_store_commits_total %" PRIu64 "\n", s.commits);
+        family(f, "vmmbroker_store_failures", "counter", NULL, "Commits and snapshots that failed.");
+        fprintf(f, "vmmbroker_store_failures_total %" PRIu64 "\n", s.failures);
+        family(f, "vmmbroker_store_snapshots", "counter", NULL, "Snapshots of the whole table written.");
+        fprintf(f, "vmmbroker_store_snapshots_total %" PRIu64 "\n", s.snapshots);
+        family(f, "vmmbroker_store_log_bytes", "gauge", "bytes", "Bytes of the stored table's log.");
+        fprintf(f, "vmmbroker_store_log_bytes %" PRIu64 "\n", s.log_bytes);
+}
+
+int metrics_format(Broker *b, char **ret) {
+        char *text = NULL;
+        size_t size = 0;
+        FILE *f = open_memstream(&text, &size);
+        int k;
+
+        if (!f)
+                return -ENOMEM;
+        format_broker(f, b);
+        k = format_devices(f, b);
+        if (k >= 0)
+                k = format_users(f, b);
+        format_requests(f);
+        format_store(f, b);
+        fputs("# EOF\n", f);
+        if (fclose(f) != 0 || !text || k < 0) {
+                free(text);
+                return -ENOMEM;
+        }
+        *ret = text;
+        return 0;
+}

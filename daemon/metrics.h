@@ -1,0 +1,120 @@
+/* SPDX-License-Identifier: MIT */
+#pragma once
+
+/*
+ * What the daemon counts for people who watch it, and the OpenMetrics text of
+ * the Metrics method (docs/metrics.md lists every metric):
+ *
+ *   - requests, by method and outcome, and how long each method took to
+ *     answer (a histogram in seconds): counted by peer.c around method_call();
+ *   - lease events (made, ended, reclaimed from an exited holder, published,
+ *     unpublished, store failed, store recovered): counted by events.c;
+ *   - how this run started: leases taken back from an earlier run's table.
+ *
+ * Everything else the text shows is read when it is asked for, from what the
+ * daemon keeps anyway: the pool's per-device statistics, the lease table's
+ * per-device counts, each user's charges and the store's counters. Nothing
+ * walks the lease table: a scrape costs O(devices + users x devices).
+ *
+ * The counters are one set per process (the daemon has one event loop and
+ * one thread), so that the layers that count them need no way to reach the
+ * manager.
+ */
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <json-c/json.h>
+
+#include "broker.h"
+
+/* The methods counted by name; any other is counted as "other". */
+typedef enum MetricsMethod {
+        METRICS_ALLOC,
+        METRICS_FREE,
+        METRICS_SHARE,
+        METRICS_REVOKE,
+        METRICS_TOKENS,
+        METRICS_ATTACH,
+        METRICS_PUBLISH,
+        METRICS_UNPUBLISH,
+        METRICS_LIST,
+        METRICS_USERS,
+        METRICS_STATUS,
+        METRICS_METRICS,
+        METRICS_GET_INFO,
+        METRICS_GET_INTERFACE_DESCRIPTION,
+        METRICS_OTHER,
+        _METRICS_METHOD_MAX,
+} MetricsMethod;
+
+/* What a request came to: "ok", an error the daemon answered (by its short name), or "failed". */
+typedef enum MetricsOutcome {
+        METRICS_OK,
+        METRICS_OUT_OF_MEMORY,
+        METRICS_QUOTA_EXCEEDED,
+        METRICS_NO_SUCH_LEASE,
+        METRICS_NO_SUCH_TOKEN,
+        METRICS_NO_SUCH_NAME,
+        METRICS_NAME_IN_USE,
+        METRICS_NO_SUCH_DEVICE,
+        METRICS_INVALID_PARAMETER,
+        METRICS_PERMISSION_DENIED,
+        METRICS_DRIVER_ERROR,
+        METRICS_STORE_FAILED,
+        METRICS_METHOD_NOT_FOUND,
+        METRICS_INTERFACE_NOT_FOUND,
+        METRICS_OTHER_ERROR,            /* an error name not in this list */
+        METRICS_FAILED,                 /* a failure of the daemon itself: the connection was closed */
+        _METRICS_OUTCOME_MAX,
+} MetricsOutcome;
+
+/* Lease events (events.h sends them to the journal). */
+typedef enum MetricsEvent {
+        METRICS_EVENT_MADE,
+        METRICS_EVENT_ENDED,
+        METRICS_EVENT_RECLAIMED,        /* a hold dropped because its process exited */
+        METRICS_EVENT_PUBLISHED,
+        METRICS_EVENT_UNPUBLISHED,
+        METRICS_EVENT_STORE_FAILED,
+        METRICS_EVENT_STORE_RECOVERED,
+        _METRICS_EVENT_MAX,
+} MetricsEvent;
+
+/* Histogram buckets, upper bounds in microseconds: 10 us .. 1 s, then +Inf. */
+#define METRICS_BUCKETS 16
+
+/* The method a call names. */
+MetricsMethod metrics_method(const char *method);
+
+/* The outcome of a reply: its error name (NULL for none) when the daemon answered; failed when k < 0. */
+MetricsOutcome metrics_outcome(const char *error, int k);
+
+/* Counts one request, answered in `usec` microseconds. */
+void metrics_request(MetricsMethod method, MetricsOutcome outcome, uint64_t usec);
+
+/* CLOCK_MONOTONIC in microseconds, to time a request with. */
+uint64_t metrics_clock(void);
+
+/*
+ * peer.c's hook: counts the call of `method` begun at `start` (metrics_clock()) that method_call() answered
+ * with `reply` (its error, if any, is the outcome) and returned k.
+ */
+void metrics_request_done(const char *method, json_object *reply, int k, uint64_t start);
+
+/* Counts a lease event. */
+void metrics_event(MetricsEvent event);
+
+/* Counts an event that could not be sent to the journal (its socket was full or gone). */
+void metrics_event_dropped(void);
+
+/* How this run started: whether a table of an earlier run came back, and how many leases it restored. */
+void metrics_started(bool table_restored, unsigned leases_restored);
+
+/*
+ * The OpenMetrics text (ends with "# EOF\n"), malloc'd into *ret. The caller checks that an administrator
+ * asked. Returns 0 or -ENOMEM.
+ */
+int metrics_format(Broker *b, char **ret);
+
+/* Forgets every count (for tests). */
+void metrics_reset(void);
