@@ -30,6 +30,7 @@
 
 #include "codec.h"
 #include "driver.h"
+#include "internal.h"
 #include "json.h"
 #include "list.h"
 #include "macro.h"
@@ -86,6 +87,16 @@ _printf_(2, 3) static int set_error(int error, const char *fmt, ...) {
         return error;
 }
 
+/* set_error() for the library's other files (internal.h). */
+int client_set_error(int error, const char *fmt, ...) {
+        va_list ap;
+
+        va_start(ap, fmt);
+        (void)vsnprintf(error_message, sizeof(error_message), fmt, ap);
+        va_end(ap);
+        return error;
+}
+
 /* Like set_error(), with the sentence of a lower layer (may be NULL: then strerror()). */
 static int set_error_from(int error, const char *what, const char *message) {
         if (message && *message)
@@ -110,6 +121,10 @@ static int driver_get(CudaDriver **ret) {
                 return set_error_from(-ENODEV, "Cannot use the CUDA driver", driver_message);
         *ret = driver;
         return 0;
+}
+
+int client_driver(CudaDriver **ret) {
+        return driver_get(ret);
 }
 
 /* --- calls ---------------------------------------------------------------------------------------------- */
@@ -515,8 +530,10 @@ static vmmb_lease *lease_destroy(vmmb_lease *l) {
 DEFINE_TRIVIAL_CLEANUP_FUNC(vmmb_lease, lease_destroy);
 
 /*
- * Unmaps a lease (the driver waits for work that uses it) and, once nothing
- * of it is mapped here, tells the broker. When unmapping fails the broker is
+ * Unmaps a lease and, once nothing of it is mapped here, tells the broker.
+ * cuMemUnmap does not wait for work queued on the range (work that runs after
+ * it faults, CUDA_ERROR_ILLEGAL_ADDRESS, sticky for its context): the caller
+ * has made sure none is (vmmb_free_stream() waits for a stream first). When unmapping fails the broker is
  * not told: the memory may still be reachable in this process, so it must not
  * be scrubbed and handed out again; the broker reclaims it when the process
  * exits. Frees the lease object in every case.
@@ -705,19 +722,14 @@ VMMB_EXPORT int vmmb_connect(const char *socket_path, vmmb_client **ret) {
                 return k;
 
         k = socket_connect(path, &fd);
-        switch (k) {
-        case 0:
-                break;
-        case -ENOENT:
-        case -ECONNREFUSED:
-                return set_error(k, "Cannot connect to the broker at %s: %s. Is vmmbrokerd running? "
-                                 "Set VMMBROKER_SOCKET to its socket.", path, strerror(-k));
-        case -EACCES:
-        case -EPERM:
-                return set_error(k, "Cannot connect to the broker at %s: %s. Leasing GPU memory needs "
-                                 "membership in the socket's group (vmmbroker).", path, strerror(-k));
-        default:
-                return set_error(k, "Cannot connect to the broker at %s: %s.", path, strerror(-k));
+        if (k < 0) {
+                _cleanup_free_ char *message = NULL;
+
+                /* The hint that fits what is at the path: nothing, not a socket, nobody listening, whose */
+                vmmb_connect_message(path, VMMB_DEFAULT_SOCKET, k, &message);
+                if (!message)
+                        return set_error(k, "Cannot connect to the broker at %s: %s.", path, strerror(-k));
+                return set_error(k, "%s", message);
         }
 
         c = calloc(1, sizeof(*c));
@@ -1100,6 +1112,50 @@ VMMB_EXPORT int vmmb_free(vmmb_lease *lease) {
         list_unlink(&lease->link);
         (void)pthread_mutex_unlock(&c->leases_lock);
         return lease_release(lease);
+}
+
+/*
+ * Waits for `stream` in the calling thread's current context, or, when the
+ * thread has none, in the lease device's primary context (retained for the
+ * wait only). Then frees as vmmb_free() does. When the wait fails, the lease is
+ * left as it was: unmapping could fault work that may still run.
+ */
+VMMB_EXPORT int vmmb_free_stream(vmmb_lease *lease, void *stream) {
+        CUcontext current = NULL, primary = NULL;
+        CudaDriver *cu = NULL;
+        CUdevice dev = 0;
+        CUresult r;
+        int k;
+
+        if (!lease)
+                return 0;
+        k = driver_get(&cu);            /* loaded already: the lease was mapped with it */
+        if (k < 0)
+                return k;
+        r = cu->cuCtxGetCurrent(&current);
+        if (r == CUDA_SUCCESS && !current) {
+                r = cu->cuDeviceGet(&dev, lease->device);
+                if (r == CUDA_SUCCESS)
+                        r = cu->cuDevicePrimaryCtxRetain(&primary, dev);
+                if (r == CUDA_SUCCESS) {
+                        r = cu->cuCtxSetCurrent(primary);
+                        if (r != CUDA_SUCCESS) {
+                                (void)cu->cuDevicePrimaryCtxRelease(dev);
+                                primary = NULL;
+                        }
+                }
+        }
+        if (r == CUDA_SUCCESS)
+                r = cu->cuStreamSynchronize((CUstream)stream);
+        if (primary) {
+                (void)cu->cuCtxSetCurrent(NULL);
+                (void)cu->cuDevicePrimaryCtxRelease(dev);
+        }
+        if (r != CUDA_SUCCESS)
+                return set_error(cuda_result_to_errno(r), "Cannot wait for the work queued on stream %p before "
+                                 "freeing lease %s: %s. The lease is left as it was, mapped and held.", stream,
+                                 lease->id, cuda_result_name(cu, r));
+        return vmmb_free(lease);
 }
 
 VMMB_EXPORT uint64_t vmmb_lease_ptr(const vmmb_lease *lease) {

@@ -120,7 +120,8 @@ int vmmb_connect(const char *socket_path, vmmb_client **ret);
  * @client: the client, or NULL.
  *
  * Every lease still held through this client is freed first, as by
- * vmmb_free(): do not use their pointers afterwards, nor the lease objects.
+ * vmmb_free(), which does not wait for queued work: do not use their pointers
+ * afterwards, nor the lease objects, and let no queued work still use them.
  * A broker that is gone (its socket missing or refusing connections) is not
  * waited for: each lease is unmapped, connecting is tried once, and holds the
  * broker was not told of end when the process exits.
@@ -156,9 +157,15 @@ int vmmb_alloc(vmmb_client *client, uint64_t size, int device, const char *label
  * vmmb_free() - end a lease.
  * @lease: the lease, or NULL.
  *
- * Unmaps the memory (synchronously: the driver waits for work using it; the
- * library does not synchronize a context of its own), then tells the broker,
- * which scrubs it and reuses it. The lease object is freed in every case.
+ * Unmaps the memory at once, then tells the broker, which scrubs it and
+ * reuses it. Neither the driver nor the library waits for work that the GPU
+ * still has queued on the memory: cuMemUnmap returns while a kernel, copy or
+ * memset queued on a stream may still use the range, and that work then
+ * faults (CUDA_ERROR_ILLEGAL_ADDRESS, a sticky error that ends the CUDA
+ * context of the process). The caller must make sure that no queued work
+ * uses the memory (synchronize the streams that use it, wait for an event
+ * recorded after the last use), or call vmmb_free_stream(), which waits for
+ * a stream first. The lease object is freed in every case.
  * When telling the broker fails, the broker reclaims the memory when this
  * process exits: -ECONNREFUSED when no broker came back in time,
  * and -ECONNRESET when the broker went away after it received the call, and
@@ -175,6 +182,30 @@ int vmmb_alloc(vmmb_client *client, uint64_t size, int device, const char *label
  * Return: 0, or a negative errno from the unmapping or from the broker.
  */
 int vmmb_free(vmmb_lease *lease);
+
+/**
+ * vmmb_free_stream() - end a lease once the work queued on a stream is done.
+ * @lease: the lease, or NULL.
+ * @stream: a CUstream (a cudaStream_t: the same pointer), or NULL for the legacy default stream;
+ *          CU_STREAM_LEGACY and CU_STREAM_PER_THREAD too. Declared void * so that this header
+ *          needs no CUDA header.
+ *
+ * Waits for every piece of work queued on @stream so far (cuStreamSynchronize),
+ * then frees the lease as vmmb_free() does. Work on other streams is not
+ * waited for. The stream is waited for in the calling thread's current CUDA
+ * context, which must be the stream's (as for any driver call with a stream);
+ * a thread with no current context waits in the primary context of the
+ * lease's device. When the wait fails, nothing is unmapped or freed: the lease
+ * stays mapped and held (its work may still run), and the caller may
+ * vmmb_free() it once sure that nothing uses it, or leave it to the end of the
+ * process.
+ *
+ * Return: 0, or a negative errno: those of vmmb_free(), -EINVAL when the driver
+ * does not know the stream (or it is of another context), -EIO (or another
+ * errno of the driver) when the context failed (a fault in work queued
+ * earlier: CUDA_ERROR_ILLEGAL_ADDRESS is sticky); then the lease is left as it was.
+ */
+int vmmb_free_stream(vmmb_lease *lease, void *stream);
 
 /**
  * vmmb_share() - make a token with which another process can attach a lease.
@@ -422,6 +453,88 @@ const char *vmmb_lease_owner_name(const vmmb_lease *lease);
  * Return: 1 when mapped read-only, 0 when read-write (or for a NULL lease).
  */
 int vmmb_lease_readonly(const vmmb_lease *lease);
+
+/*
+ * PyTorch's pluggable allocator.
+ *
+ * vmmb_torch_alloc() and vmmb_torch_free() have exactly the signatures that
+ * torch.cuda.memory.CUDAPluggableAllocator takes, so PyTorch calls them from
+ * C, with no Python on the allocation path: each segment PyTorch's caching
+ * allocator asks for is a lease of its own. They use one client for the whole
+ * process, connected on first use to $VMMBROKER_SOCKET (else
+ * VMMB_DEFAULT_SOCKET), and never closed: at exit the broker takes back what
+ * is still leased. Every function may be called from any thread. The stream
+ * parameters are cudaStream_t, which is a CUstream: declared void * so that
+ * this header needs no CUDA header.
+ */
+
+/**
+ * vmmb_torch_alloc() - lease a segment for PyTorch.
+ * @size: bytes, more than 0; rounded up to the granularity (2 MiB) by the broker.
+ * @device: the CUDA device index (PyTorch passes its current device; never VMMB_ANY_DEVICE).
+ * @stream: the stream the segment is for (a cudaStream_t); unused, as leased memory is ready at once.
+ *
+ * Leases @size bytes on @device (labelled "torch" in `vmmctl list`), mapped
+ * read-write and zeroed. Before asking, it ends the leases of earlier
+ * vmmb_torch_free() calls whose work is done; when the broker refuses for room
+ * (-ENOMEM) or the user's limit (-EDQUOT) while such frees still wait for
+ * their streams, it waits for them and asks once more.
+ *
+ * Return: the device pointer, or NULL on failure (PyTorch then raises its
+ * out-of-memory error). The calling thread's vmmb_error_message() says why
+ * (the broker's sentence when it refused); nothing is printed.
+ */
+void *vmmb_torch_alloc(ssize_t size, int device, void *stream);
+
+/**
+ * vmmb_torch_free() - give a segment of vmmb_torch_alloc() back, once the work queued on its stream is done.
+ * @ptr: the pointer vmmb_torch_alloc() returned; NULL, or any other pointer, is ignored.
+ * @size: the segment's size as PyTorch knows it (unused: the library knows the lease).
+ * @device: the segment's device (unused: the library knows the lease).
+ * @stream: the stream whose queued work may still use the segment (a cudaStream_t), or NULL for
+ *          the legacy default stream, in the primary context of the segment's device.
+ *
+ * Does not block. An event is recorded on @stream, and the lease is unmapped
+ * and freed only once the event has completed: checked by later calls of
+ * vmmb_torch_alloc() and vmmb_torch_free() in any thread, and by
+ * vmmb_torch_release_all(); at exit the broker takes back what is left. When the event cannot be recorded, it
+ * waits for @stream (then for the whole context) instead. A segment whose
+ * work the driver cannot say is done (its context failed) is never unmapped:
+ * the broker takes it back when the process exits.
+ * Work queued on other streams is not waited for: PyTorch's caching allocator
+ * waits for the segment's other streams before it frees it.
+ */
+void vmmb_torch_free(void *ptr, ssize_t size, int device, void *stream);
+
+/**
+ * vmmb_torch_release_all() - give back every segment of vmmb_torch_alloc() still leased.
+ *
+ * For a pool being torn down: waits for the frees of vmmb_torch_free() still
+ * pending, then, for each device with segments that were never freed,
+ * synchronizes its primary context (all work on the device in this process)
+ * and frees them. Call it only when nothing will use those segments again
+ * (every PyTorch pool that allocated through these functions is gone);
+ * vmmb_torch_free() of one of them afterwards is ignored. Frees made at the
+ * same time in other threads finish on their own.
+ *
+ * Return: the number of segments given back that were never freed with
+ * vmmb_torch_free(), or a negative errno when some segment could not be given
+ * back (the first failure; vmmb_error_message() says why): those whose context
+ * failed stay leased until the process exits, and the others are freed.
+ */
+int vmmb_torch_release_all(void);
+
+/**
+ * vmmb_torch_lease_id() - the lease that holds a pointer of vmmb_torch_alloc().
+ * @ptr: the pointer vmmb_torch_alloc() returned, or any address inside its segment.
+ * @buf: where to write the lease's identifier (as vmmb_lease_id() gives it), with its NUL.
+ * @size: bytes at @buf.
+ *
+ * Return: the identifier's length (without the NUL), or a negative errno:
+ * -ENOENT when no segment still leased holds @ptr, -ERANGE when @size is too
+ * small, -EINVAL for a NULL @buf.
+ */
+int vmmb_torch_lease_id(const void *ptr, char *buf, size_t size);
 
 /**
  * vmmb_error_message() - what went wrong in the calling thread's last failed call.

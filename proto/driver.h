@@ -68,7 +68,12 @@
         X(cuStreamDestroy, 4000)                        \
         X(cuStreamSynchronize, 2000)                    \
         X(cuStreamQuery, 2000)                          \
-        X(cuLaunchHostFunc, 10000)
+        X(cuLaunchHostFunc, 10000)                      \
+        X(cuEventCreate, 2000)                          \
+        X(cuEventRecord, 2000)                          \
+        X(cuEventQuery, 2000)                           \
+        X(cuEventSynchronize, 2000)                     \
+        X(cuEventDestroy, 4000)
 
 typedef struct CudaDriver {
         void *library;

@@ -745,6 +745,43 @@ START_TEST(no_access_before_set_access) {
 }
 END_TEST
 
+/*
+ * --- 10b. cuMemUnmap does not wait for work queued on the range (in a peer:
+ * the work then faults, and the error is sticky).
+ *
+ * The documentation says nothing about queued work. On an H100 (driver 580,
+ * CUDA 13.0) cuMemUnmap returned after 181 us with ten 8 GiB memsets queued
+ * on the range, and the stream then failed with CUDA_ERROR_ILLEGAL_ADDRESS:
+ * freeing memory is safe only once no queued work uses it (vmmb_free()'s
+ * documentation, vmmb_free_stream(), vmmb_torch_free()). Here the memsets are
+ * held behind a host function that blocks the stream, so that they are still
+ * queued when cuMemUnmap runs however fast the GPU is. The check asks that
+ * the unmap succeed without waiting for them, and that the stream then report
+ * an error (any: the line says which) rather than the process crash.
+ */
+
+START_TEST(unmap_with_work_queued) {
+        PeerMsg req = { .magic = PEER_MAGIC, .size = 64 * MiB }, report;
+        CUresult unmap, sync;
+        bool waited;
+        Peer p;
+
+        p = peer_start("unmap-queued");
+        ASSERT_OK(msg_send(p.sock, &req, -1));
+        peer_finish(&p, &report);
+        unmap = (CUresult)report.result[0];
+        sync = (CUresult)report.result[1];
+        waited = report.size != 0;
+        observe("unmap a range with memsets still queued on it", unmap);
+        observe_text("unmap waits for the work queued on the range", waited ? "yes" : "no");
+        observe("synchronize the stream after the range of its queued memsets was unmapped", sync);
+        assert_result("unmap a range with memsets still queued on it", unmap, CUDA_SUCCESS);
+        ck_assert_msg(!waited, "cuMemUnmap waited for the memsets queued on the range.");
+        ck_assert_msg(sync != CUDA_SUCCESS, "The memsets queued on a range that was then unmapped completed "
+                      "without an error.");
+}
+END_TEST
+
 /* --- 11. The device memory budget. */
 
 START_TEST(device_memory_budget) {
@@ -930,6 +967,7 @@ static Suite *conformance_suite(void) {
 
         tc = tcase(s, "access");
         tcase_add_test(tc, no_access_before_set_access);
+        tcase_add_test(tc, unmap_with_work_queued);
 
         tc = tcase(s, "budget");
         tcase_add_test(tc, device_memory_budget);

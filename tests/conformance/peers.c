@@ -8,9 +8,12 @@
  * failed in text) and exits 0 when everything succeeded, 1 otherwise.
  */
 
+#include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "conformance.h"
 
@@ -143,6 +146,119 @@ static bool peer_no_access(int sock, PeerMsg *report) {
         return true;
 }
 
+/*
+ * A gate on a stream: a host function that blocks the stream until the peer
+ * opens it, or GATE_TIMEOUT_S passes (so that a driver call that waited for
+ * the stream would come back, late, rather than hang).
+ */
+#define GATE_TIMEOUT_S 5
+
+typedef struct Gate {
+        pthread_mutex_t lock;
+        pthread_cond_t cond;
+        bool open;
+        bool entered, left, timed_out;
+} Gate;
+
+static void CUDA_CB gate_wait(void *userdata) {
+        Gate *g = userdata;
+        struct timespec deadline;
+
+        /* No CUDA calls in here: a host function must not make any. */
+        (void)clock_gettime(CLOCK_REALTIME, &deadline);
+        deadline.tv_sec += GATE_TIMEOUT_S;
+        (void)pthread_mutex_lock(&g->lock);
+        g->entered = true;
+        while (!g->open && !g->timed_out)
+                if (pthread_cond_timedwait(&g->cond, &g->lock, &deadline) == ETIMEDOUT)
+                        g->timed_out = true;
+        g->left = true;
+        (void)pthread_mutex_unlock(&g->lock);
+}
+
+static void gate_open(Gate *g) {
+        (void)pthread_mutex_lock(&g->lock);
+        g->open = true;
+        (void)pthread_cond_broadcast(&g->cond);
+        (void)pthread_mutex_unlock(&g->lock);
+}
+
+static bool gate_left(Gate *g) {
+        bool left;
+
+        (void)pthread_mutex_lock(&g->lock);
+        left = g->left;
+        (void)pthread_mutex_unlock(&g->lock);
+        return left;
+}
+
+/*
+ * "unmap-queued": receives {size}; maps an allocation of that size, and on a
+ * stream queues a gate (a host function that blocks the stream until opened)
+ * and behind it UNMAP_QUEUED_MEMSETS memsets of the whole range. With them
+ * all still queued, it unmaps the range, then opens the gate and synchronizes
+ * the stream. Reports cuMemUnmap's result in result[0], cuStreamSynchronize's
+ * in result[1], and in `size` 1 when the unmap returned only after the gate
+ * had let the stream go on (it waited for the stream), else 0. This runs in a
+ * peer: the memsets fault, and the error is sticky for the peer's context.
+ */
+#define UNMAP_QUEUED_MEMSETS 8
+
+static bool peer_unmap_queued(int sock, PeerMsg *report) {
+        Gate gate = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
+        CUmemGenericAllocationHandle h;
+        CUstream stream = NULL;
+        CUdeviceptr va = 0;
+        PeerMsg req;
+        bool left;
+
+        if (!msg_recv(sock, &req, NULL))
+                return false;
+        if (!mem_create(req.size, &h))
+                return false;
+        if (!mem_map(h, req.size, &va)) {
+                (void)mem_release(h);
+                return false;
+        }
+        if (!CU(gpu.cu->cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING)))
+                goto fail;
+        if (!CU(gpu.cu->cuLaunchHostFunc(stream, gate_wait, &gate)))
+                goto fail;
+        for (int i = 0; i < UNMAP_QUEUED_MEMSETS; i++)
+                if (!CU(gpu.cu->cuMemsetD32Async(va, UINT32_C(0x0dd0beef) + (uint32_t)i, req.size / 4, stream))) {
+                        gate_open(&gate);
+                        goto fail;
+                }
+        if (gate_left(&gate)) {
+                gate_open(&gate);
+                (void)set_why("The gate on the stream timed out before the memsets were queued.");
+                goto fail;
+        }
+
+        report->result[0] = gpu.cu->cuMemUnmap(va, req.size);
+        left = gate_left(&gate);        /* the stream went on before cuMemUnmap returned: it waited */
+        report->size = left ? 1 : 0;
+        gate_open(&gate);
+        report->result[1] = gpu.cu->cuStreamSynchronize(stream);
+
+        /* The context is broken now, if the memsets faulted: clean up as far as it lets us, and do not judge. */
+        (void)gpu.cu->cuStreamDestroy(stream);
+        if (report->result[0] != CUDA_SUCCESS)
+                (void)gpu.cu->cuMemUnmap(va, req.size);
+        (void)gpu.cu->cuMemAddressFree(va, req.size);
+        (void)gpu.cu->cuMemRelease(h);
+        return true;
+
+fail:
+        if (stream) {
+                (void)gpu.cu->cuStreamSynchronize(stream);
+                (void)gpu.cu->cuStreamDestroy(stream);
+        }
+        (void)mem_unmap(va, req.size);
+        (void)mem_release(h);
+        return false;
+}
+
 static const struct {
         const char *name;
         bool (*run)(int sock, PeerMsg *report);
@@ -152,6 +268,7 @@ static const struct {
         { "export-and-exit", peer_export_and_exit, false },
         { "import-twice", peer_import_twice, false },
         { "no-access", peer_no_access, true },
+        { "unmap-queued", peer_unmap_queued, true },
 };
 
 int peer_main(const char *role, int sock) {

@@ -1153,6 +1153,97 @@ START_TEST(test_fault_is_sticky) {
 }
 END_TEST
 
+/*
+ * Unmapping memory that a queued memset targets: cuMemUnmap does not wait,
+ * the memset does not touch the allocation (still alive through its handle),
+ * and the stream and the context report CUDA_ERROR_ILLEGAL_ADDRESS, as do
+ * events recorded behind it.
+ */
+START_TEST(test_unmap_under_queued_work) {
+        CUmemAccessDesc access = { .location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0 },
+                                   .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+        CUmemGenericAllocationHandle h;
+        CUdeviceptr va, again;
+        CUevent e;
+        CUstream s;
+
+        open_ctx();
+        h = create(GRAN);
+        va = reserve(GRAN);
+        expect_ok(cu->cuMemMap(va, GRAN, 0, h, 0));
+        expect_ok(cu->cuMemSetAccess(va, GRAN, &access, 1));
+        expect_ok(cu->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+        expect_ok(cu->cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+        sim.hold_streams(1);
+        expect_ok(cu->cuMemsetD32Async(va, 0xffffffffu, GRAN / 4, s));
+        expect_ok(cu->cuEventRecord(e, s));
+        expect_ok(cu->cuMemUnmap(va, GRAN));            /* returns with the memset queued */
+        expect(cu->cuStreamQuery(s), CUDA_ERROR_NOT_READY);
+        expect(cu->cuEventQuery(e), CUDA_ERROR_NOT_READY);
+        sim.hold_streams(0);
+        expect(cu->cuStreamSynchronize(s), CUDA_ERROR_ILLEGAL_ADDRESS);
+        expect(cu->cuEventSynchronize(e), CUDA_ERROR_ILLEGAL_ADDRESS);
+        expect(cu->cuEventQuery(e), CUDA_ERROR_ILLEGAL_ADDRESS);
+
+        /* the allocation was not written: mapped again (the VMM calls still work), it reads zero */
+        again = reserve(GRAN);
+        expect_ok(cu->cuMemMap(again, GRAN, 0, h, 0));
+        expect_ok(cu->cuMemSetAccess(again, GRAN, &access, 1));
+        ck_assert_uint_eq(*(volatile uint32_t *)(uintptr_t)again, 0);
+        ck_assert_uint_eq(*(volatile uint32_t *)(uintptr_t)(again + GRAN - 4), 0);
+        expect_ok(cu->cuMemUnmap(again, GRAN));
+        expect_ok(cu->cuMemAddressFree(again, GRAN));
+        expect_ok(cu->cuMemAddressFree(va, GRAN));
+        expect_ok(cu->cuMemRelease(h));
+        expect_ok(cu->cuEventDestroy(e));
+        expect(cu->cuStreamDestroy(s), CUDA_ERROR_ILLEGAL_ADDRESS);
+}
+END_TEST
+
+/* Events: complete once the work queued before them has run; destroyed with a record queued, freed after it. */
+START_TEST(test_events) {
+        CUdeviceptr p;
+        CUevent e, f, bad;
+        CUstream s;
+
+        open_ctx();
+        expect(cu->cuEventCreate(&bad, 0x100), CUDA_ERROR_INVALID_VALUE);
+        expect(cu->cuEventCreate(NULL, 0), CUDA_ERROR_INVALID_VALUE);
+        expect_ok(cu->cuEventCreate(&e, CU_EVENT_DEFAULT));
+        expect_ok(cu->cuEventCreate(&f, CU_EVENT_DISABLE_TIMING | CU_EVENT_BLOCKING_SYNC));
+        expect_ok(cu->cuEventQuery(e));                 /* never recorded: complete */
+        expect_ok(cu->cuMemAlloc(&p, GRAN));
+        expect_ok(cu->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+
+        sim.hold_streams(1);
+        expect_ok(cu->cuMemsetD8Async(p, 1, GRAN, s));
+        expect_ok(cu->cuEventRecord(e, s));
+        expect(cu->cuEventQuery(e), CUDA_ERROR_NOT_READY);
+        expect_ok(cu->cuEventRecord(f, NULL));          /* the NULL stream does not wait for a non-blocking one */
+        expect_ok(cu->cuEventQuery(f));
+        expect(cu->cuEventRecord(f, (CUstream)0x1000), CUDA_ERROR_INVALID_HANDLE);
+        expect_ok(cu->cuEventQuery(f));
+        sim.hold_streams(0);
+        expect_ok(cu->cuEventSynchronize(e));
+        expect_ok(cu->cuEventQuery(e));
+
+        /* recorded again: not complete until the new record has run */
+        sim.hold_streams(1);
+        expect_ok(cu->cuEventRecord(e, s));
+        expect(cu->cuEventQuery(e), CUDA_ERROR_NOT_READY);
+        expect_ok(cu->cuEventDestroy(e));               /* with the record queued */
+        expect(cu->cuEventQuery(e), CUDA_ERROR_INVALID_HANDLE);
+        expect(cu->cuEventDestroy(e), CUDA_ERROR_INVALID_HANDLE);
+        sim.hold_streams(0);
+        expect_ok(cu->cuStreamSynchronize(s));
+
+        expect_ok(cu->cuEventDestroy(f));
+        expect(cu->cuEventDestroy(NULL), CUDA_ERROR_INVALID_HANDLE);
+        expect_ok(cu->cuStreamDestroy(s));
+        expect_ok(cu->cuMemFree(p));
+}
+END_TEST
+
 START_TEST(test_stream_destroy_drains) {
         unsigned n = 0;
         CUstream s, t;
@@ -1227,6 +1318,8 @@ static Suite *simcuda_suite(void) {
         tcase_add_test(tc, test_null_stream_waits);
         tcase_add_test(tc, test_fault_is_sticky);
         tcase_add_test(tc, test_stream_destroy_drains);
+        tcase_add_test(tc, test_unmap_under_queued_work);
+        tcase_add_test(tc, test_events);
         suite_add_tcase(s, tc);
 
         return s;
