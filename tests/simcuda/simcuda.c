@@ -12,7 +12,8 @@
  *  - a reservation is a PROT_NONE anonymous mapping; cuMemMap maps the memfd
  *    over part of it (MAP_FIXED) and cuMemUnmap puts PROT_NONE memory back;
  *  - cuMemSetAccess is mprotect(); a device pointer is the host address;
- *  - a stream is a worker thread with a FIFO of operations.
+ *  - a stream is a worker thread with a FIFO of operations;
+ *  - an event is a counter of records and of those that have run on their stream.
  *
  * Only cuGetProcAddress_v2, cuGetProcAddress and the simcuda_* test hooks are
  * exported; the entry points are static and reached through cuGetProcAddress.
@@ -25,6 +26,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/falloc.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <pthread.h>
@@ -182,6 +184,7 @@ typedef enum OpKind {
         OP_COPY_TO_DEVICE,
         OP_COPY_FROM_DEVICE,
         OP_HOST_FUNC,
+        OP_EVENT,                       /* cuEventRecord: marks the event's record `seq` done */
 } OpKind;
 
 /* One operation on a stream. */
@@ -196,6 +199,8 @@ typedef struct Op {
         void *dst;                      /* OP_COPY_FROM_DEVICE */
         CUhostFn fn;                    /* OP_HOST_FUNC */
         void *data;
+        CUevent event;                  /* OP_EVENT */
+        uint64_t seq;
 } Op;
 
 /* cuda.h declares these two structs and leaves them to the driver. */
@@ -213,6 +218,21 @@ struct CUctx_st {                       /* a device's primary context */
         unsigned refs;                  /* retained minus released; 0: inactive */
         CUresult sticky;                /* a fault poisoned the context, for the rest of the process */
         List streams;                   /* CUstream_st.link */
+        List events;                    /* CUevent_st.link */
+};
+
+/*
+ * An event: cuEventRecord counts a record and queues an operation that marks
+ * it done when it runs on its stream. The event is complete when every record
+ * has run. Destroyed while a record is still queued, it lives on (out of the
+ * context's list, so no call finds it) until that operation has run.
+ */
+struct CUevent_st {
+        List link;                      /* in CUctx_st.events, until destroyed */
+        CUcontext ctx;
+        uint64_t recorded, done;        /* records made, and the last one that ran */
+        unsigned queued;                /* OP_EVENT operations still on a stream */
+        bool destroyed;
 };
 
 /* "The Nth call of ENTRY from now fails with ERROR." */
@@ -385,6 +405,7 @@ static void setup_once(void) {
         for (int i = 0; i < MAX_DEVICES; i++) {
                 sim.ctx[i].device = i;
                 list_init(&sim.ctx[i].streams);
+                list_init(&sim.ctx[i].events);
         }
         sim.n_devices = 1;
         sim.budget = DEFAULT_MEMORY;
@@ -749,10 +770,20 @@ static void alloc_free(Reservation *res) {
 
 /* ---- Streams ----------------------------------------------------------------------------------------- */
 
+static Mapping *mapping_find(uint64_t addr);
+
 static void op_fill(const Op *op) {
         void *p = (void *)(uintptr_t)op->device;
         uint8_t byte = op->value & 0xff;
+        Mapping *m;
 
+        /*
+         * Zeroing a whole allocation (the broker's scrub) drops its pages instead of writing them: they read
+         * zero again, as a device zeroes at TB/s where a CPU memset costs the simulated machine's time.
+         */
+        if (op->value == 0 && (m = mapping_find(op->device)) && m->start == op->device && m->size == op->bytes &&
+            fallocate(m->allocation->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, (off_t)op->bytes) == 0)
+                return;
         if (op->width == 1 || op->value == byte * UINT32_C(0x01010101))
                 memset(p, byte, op->bytes);
         else
@@ -769,6 +800,7 @@ static bool op_accessible(CUcontext ctx, const Op *op) {
         case OP_COPY_FROM_DEVICE:
                 return accessible(ctx->device, op->device, op->bytes, false);
         case OP_HOST_FUNC:
+        case OP_EVENT:
                 break;
         }
         return true;
@@ -791,6 +823,10 @@ static void op_run(CUcontext ctx, const Op *op) {
                 pthread_mutex_lock(&sim.lock);
                 return;
         }
+        if (op->kind == OP_EVENT) {
+                op->event->done = MAX(op->event->done, op->seq);
+                return;
+        }
         if (op->bytes == 0)
                 return;
         if (!op_accessible(ctx, op)) {
@@ -808,8 +844,16 @@ static void op_run(CUcontext ctx, const Op *op) {
                 memcpy(op->dst, (const void *)(uintptr_t)op->device, op->bytes);
                 break;
         case OP_HOST_FUNC:
+        case OP_EVENT:
                 break;
         }
+}
+
+/* A queued operation leaves its stream (run, or skipped in a poisoned context): what it held goes. */
+static void op_done(Op *op) {
+        if (op->kind == OP_EVENT && --op->event->queued == 0 && op->event->destroyed)
+                free(op->event);
+        free(op);
 }
 
 static void *stream_worker(void *arg) {
@@ -828,7 +872,7 @@ static void *stream_worker(void *arg) {
                         break;
                 op_run(s->ctx, op);
                 list_unlink(&op->link);
-                free(op);
+                op_done(op);
                 pthread_cond_broadcast(&sim.idle);
         }
         pthread_mutex_unlock(&sim.lock);
@@ -909,6 +953,8 @@ static CUresult submit(CUcontext ctx, CUstream hStream, const Op *op) {
         if (!queued)
                 return CUDA_ERROR_OUT_OF_MEMORY;
         *queued = *op;
+        if (op->kind == OP_EVENT)
+                op->event->queued++;
         list_link_tail(&s->ops, &queued->link);
         pthread_cond_broadcast(&sim.work);
         return CUDA_SUCCESS;
@@ -933,11 +979,18 @@ static void ctx_reset(CUcontext ctx) {
         Reservation *res, *tmp;
         CUstream s;
 
+        CUevent e, etmp;
+
         while ((s = stream_first_live(ctx)))
                 stream_destroy(s);
         list_for_each_entry_safe(res, tmp, &sim.reservations, link)
                 if (res->alloc_ctx == ctx)
                         alloc_free(res);
+        /* the streams are drained: no record of these events is queued any more */
+        list_for_each_entry_safe(e, etmp, &ctx->events, link) {
+                list_unlink(&e->link);
+                free(e);
+        }
 }
 
 /* ---- Entry points: errors, initialisation, devices --------------------------------------------------- */
@@ -1594,6 +1647,100 @@ static CUresult sim_cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *userDa
         if (!fn)
                 return CUDA_ERROR_INVALID_VALUE;
         return submit(ctx, hStream, &(Op){ .kind = OP_HOST_FUNC, .fn = fn, .data = userData });
+}
+
+/* ---- Entry points: events ---------------------------------------------------------------------------- */
+
+/* A live event of any context, or NULL. */
+static CUevent event_find(CUevent hEvent) {
+        CUevent e;
+
+        if (!hEvent)
+                return NULL;
+        for (int i = 0; i < sim.n_devices; i++)
+                list_for_each_entry(e, &sim.ctx[i].events, link)
+                        if (e == hEvent)
+                                return e;
+        return NULL;
+}
+
+static CUresult sim_cuEventCreate(CUevent *phEvent, unsigned int Flags) {
+        ENTER(cuEventCreate);
+        const unsigned known = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING;
+        CUcontext ctx;
+        CUevent e;
+        CUresult r;
+
+        r = ctx_usable(&ctx);
+        if (r != CUDA_SUCCESS)
+                return r;
+        if (!phEvent || (Flags & ~known))
+                return CUDA_ERROR_INVALID_VALUE;
+        e = calloc(1, sizeof(*e));
+        if (!e)
+                return CUDA_ERROR_OUT_OF_MEMORY;
+        e->ctx = ctx;
+        list_link_tail(&ctx->events, &e->link);
+        *phEvent = e;
+        return CUDA_SUCCESS;
+}
+
+/* The event and the stream must be of the current context. */
+static CUresult sim_cuEventRecord(CUevent hEvent, CUstream hStream) {
+        ENTER(cuEventRecord);
+        CUcontext ctx;
+        CUevent e;
+        CUresult r;
+
+        r = ctx_usable(&ctx);
+        if (r != CUDA_SUCCESS)
+                return r;
+        e = event_find(hEvent);
+        if (!e || e->ctx != ctx)
+                return CUDA_ERROR_INVALID_HANDLE;
+        /* the lock is held: a queued record cannot run before it is counted */
+        r = submit(ctx, hStream, &(Op){ .kind = OP_EVENT, .event = e, .seq = e->recorded + 1 });
+        if (r == CUDA_SUCCESS)
+                e->recorded++;
+        return r;
+}
+
+/* Needs no current context: the event knows its own. */
+static CUresult sim_cuEventQuery(CUevent hEvent) {
+        ENTER(cuEventQuery);
+        CUevent e = event_find(hEvent);
+
+        if (!e)
+                return CUDA_ERROR_INVALID_HANDLE;
+        if (e->ctx->sticky != CUDA_SUCCESS)
+                return e->ctx->sticky;
+        return e->done >= e->recorded ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+static CUresult sim_cuEventSynchronize(CUevent hEvent) {
+        ENTER(cuEventSynchronize);
+        CUevent e = event_find(hEvent);
+
+        if (!e)
+                return CUDA_ERROR_INVALID_HANDLE;
+        while (e->done < e->recorded && e->ctx->sticky == CUDA_SUCCESS)
+                pthread_cond_wait(&sim.idle, &sim.lock);
+        return e->ctx->sticky;
+}
+
+/* A record still queued runs, and the event is freed after it. Works in a poisoned context. */
+static CUresult sim_cuEventDestroy(CUevent hEvent) {
+        ENTER(cuEventDestroy);
+        CUevent e = event_find(hEvent);
+
+        if (!e)
+                return CUDA_ERROR_INVALID_HANDLE;
+        list_unlink(&e->link);
+        if (e->queued)
+                e->destroyed = true;
+        else
+                free(e);
+        return CUDA_SUCCESS;
 }
 
 /* ---- cuGetProcAddress: the only way in ---------------------------------------------------------------- */
