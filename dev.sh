@@ -6,24 +6,31 @@
 #
 #   ./dev.sh run     build, then run the broker in the foreground on a socket of
 #                    your own: on the machine's GPU, or on the simulated device
-#                    when there is no driver (it says which); Ctrl-C stops it
+#                    when there is no driver (it says which); Ctrl-C stops it.
+#                    You are its administrator (vmmctl list --all, vmmctl top)
+#                    and may lease its whole pool: it reads build/dev/vmmbroker.conf,
+#                    which it writes (AdminGroup= your group, MaxBytes=100% for you)
 #   ./dev.sh test    build and run every test, then again under
 #                    AddressSanitizer + UndefinedBehaviorSanitizer, then fuzz
 #                    the daemon for $FUZZ_SECONDS (60) s with libFuzzer (clang)
 #   ./dev.sh bench   build, then run the benchmarks (GPU or simulated device)
+#   ./dev.sh help    this text
 #
 # Build folders: build/ (plain), build-sanitize/ (ASan + UBSan) and build-fuzz/
 # (clang, libFuzzer + ASan + UBSan). Extra arguments after `test` go to
-# `meson test` (e.g. ./dev.sh test pool) and skip the fuzzing.
+# `meson test` (e.g. ./dev.sh test pool) and skip the fuzzing; after `run`, to
+# vmmbrokerd (e.g. ./dev.sh run --capacity 50%); after `bench`, to bench-pool.
 set -euo pipefail
 cd "$(dirname "$0")"
 
 # systemd: systemd-analyze and systemd-socket-activate for the unit and activation tests;
 # systemd-container: systemd-nspawn, which boots systemd in a container for tests/systemd/boot-test.sh;
+# python3: the Python package's tests (tests/python), with Debian's /usr/bin/python3;
+# python3-prometheus-client: the OpenMetrics parser that checks vmmctl metrics (tests/integration);
 # groff-base: the man page check; clang and libclang-rt-14-dev (libFuzzer and the sanitizers' runtimes, only
 # recommended by clang) for the fuzz target, llvm-14 for llvm-symbolizer in its reports.
-PACKAGES=(meson ninja-build gcc pkg-config libjson-c-dev libsystemd-dev check varlink-go systemd systemd-container
-          groff-base clang libclang-rt-14-dev llvm-14)
+PACKAGES=(meson ninja-build gcc pkg-config libjson-c-dev libsystemd-dev check varlink-go systemd systemd-container python3
+          python3-prometheus-client groff-base clang libclang-rt-14-dev llvm-14)
 
 say() { printf '==> %s\n' "$*" >&2; }
 
@@ -98,15 +105,22 @@ run)
         build build
         pick_driver
         sock="${XDG_RUNTIME_DIR:-/tmp}/vmmbroker-$(id -u)/io.vmmbroker"
-        say "self-check: build/daemon/vmmbrokerd --check"
-        build/daemon/vmmbrokerd --check "$@"
+        # A development broker: whoever starts it administers it and may lease its whole pool.
+        mkdir -p build/dev
+        printf '%s\n' "# Written by ./dev.sh run for a development broker started by $(id -un): the members of" \
+                "# its group are administrators, and it may lease the whole pool (vmmbroker.conf(5))." \
+                "[Broker]" "AdminGroup=$(id -gn)" "" "[User:$(id -un)]" "MaxBytes=100%" >build/dev/vmmbroker.conf
+        say "self-check: build/daemon/vmmbrokerd --config build/dev/vmmbroker.conf --check"
+        build/daemon/vmmbrokerd --config build/dev/vmmbroker.conf --check "$@"
         cat >&2 <<EOF
 ==> starting the broker on $sock (Ctrl-C stops it). From another shell:
       export VMMBROKER_SOCKET=$sock${VMMBROKER_LIBCUDA:+ VMMBROKER_LIBCUDA=$VMMBROKER_LIBCUDA}
       build/docs/examples/lease-pattern 256M            # lease, write, verify, free
       docs/examples/run-pair.sh build/docs/examples/lease-pattern 64M 4
+      build/client/vmmctl top                           # the live view (q quits)
+==> configuration: build/dev/vmmbroker.conf (you administer this broker; MaxBytes=100% for you)
 EOF
-        exec build/daemon/vmmbrokerd --socket "$sock" "$@"
+        exec build/daemon/vmmbrokerd --config build/dev/vmmbroker.conf --socket "$sock" "$@"
         ;;
 test)
         install_packages
@@ -142,7 +156,8 @@ bench)
         exec build/tests/bench/bench-pool "$@"
         ;;
 *)
-        sed -n '3,15p' "$0" | sed 's/^# \{0,1\}//'
+        # the comment at the top, whole: from line 3 to the first line that is not a comment
+        sed -n '4,/^[^#]/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
         [ -z "$cmd" ] || [ "$cmd" = help ] || [ "$cmd" = --help ] || exit 2
         ;;
 esac

@@ -1,0 +1,95 @@
+# SPDX-License-Identifier: MIT
+"""vmmbroker - lease GPU memory from vmmbrokerd, and share it, from Python.
+
+The package speaks to the GPU memory broker through libvmmbroker (ctypes; no
+compiled extension). A program connects to the broker, asks for device
+memory and gets a *lease*: the broker sends the memory, the library maps it
+into one range of this process's device addresses, and the program uses the
+address like any memory from cuMemAlloc, or hands it to a framework without
+a copy through ``__cuda_array_interface__`` or DLPack::
+
+    import vmmbroker, torch
+    with vmmbroker.connect() as client:
+        with client.alloc(256 << 20, label="scratch") as lease:
+            t = torch.from_dlpack(lease.view("float32", (1024, 65536)))
+            t.fill_(1.0)
+            torch.cuda.synchronize()
+            del t
+
+CONNECTING
+    connect(socket_path=None) -> Client. The socket is ``socket_path``, else
+    $VMMBROKER_SOCKET, else /run/vmmbroker/io.vmmbroker. A Client outlives
+    its connection: when the broker restarts, the next call connects again
+    (waiting up to $VMMBROKER_RECONNECT_TIMEOUT seconds, 30 by default), and
+    leases stay mapped throughout. The CUDA driver is libcuda.so.1, or the
+    file $VMMBROKER_LIBCUDA names; libvmmbroker is $VMMBROKER_LIBRARY when
+    set, else the one the dynamic loader finds (library_path() says which).
+
+LEASES
+    Client.alloc(size, device=None, label=None) -> Lease. The memory reads
+    zero and is rounded up to the device's granularity (2 MiB). It stays this
+    process's until Lease.free(), the end of a ``with`` block, garbage
+    collection of the Lease, Client.close(), the interpreter's exit, or the
+    end of the process (the broker takes back a dead process's holds).
+    Properties: id, ptr, size, device, readonly, owner, owner_name.
+    free() unmaps the memory; the driver does not wait for work still queued
+    on it, so synchronize first.
+
+SHARING
+    A lease belongs to the user that made it, its owner, who is charged for
+    it and alone makes tokens for it and publishes it. Lease.share(uid=None,
+    readonly=False) makes a token; another process passes it to
+    Client.attach(token=...) and maps the same memory. Lease.publish(name,
+    uids=(), readonly=False) names the lease and keeps it alive after every
+    holder has exited, until Client.unpublish(name). Names live in their
+    owner's namespace: the owner attaches "NAME", the users it listed
+    attach "OWNER/NAME" (OWNER a user name or uid). A name the caller may
+    not attach and one that does not exist are the same NotFound. Each
+    process frees its own hold; the memory goes back to the broker when no
+    process holds the lease and it is not published. Lease.tokens() lists
+    the live tokens, Client.revoke(token) revokes one.
+
+ARRAYS
+    A Lease is a 1-D uint8 array over its whole size; Lease.view(dtype,
+    shape, offset=0) is a typed window of it (LeaseView). Both expose
+    ``__cuda_array_interface__`` (version 3; no stream to synchronize with)
+    and DLPack (``__dlpack__``, a legacy "dltensor" capsule, and
+    ``__dlpack_device__`` -> (2, device), kDLCUDA), so PyTorch, CuPy, JAX
+    and Numba take them without a copy. A DLPack export keeps the lease
+    mapped: free() of a lease with live exports ends the hold only when the
+    last tensor made from it is deleted.
+
+STATUS
+    Client.status() lists the pool on each device; Client.list(all=False)
+    the leases the calling user made or holds (every lease for the broker's
+    administrators). Both are the broker's own answers, as dicts
+    (docs/protocol.md: Device, LeaseInfo).
+
+ERRORS
+    Failures raise Error, an OSError whose errno is the error number and
+    whose strerror is the broker's or the library's sentence. NotFound
+    (ENOENT, ENOKEY), PermissionDenied (EACCES), QuotaExceeded (EDQUOT) and
+    OutOfMemory (ENOMEM) are its subclasses for the errnos worth catching on
+    their own. Misused arguments raise TypeError or ValueError.
+
+SEE ALSO
+    libvmmbroker(3), vmmbrokerd(8), vmmctl(1), docs/python.md.
+"""
+
+from __future__ import annotations
+
+from ._client import Client, Lease, LeaseView, connect
+from ._dtypes import DTYPES as _DTYPES
+from ._errors import Error, NotFound, OutOfMemory, PermissionDenied, QuotaExceeded
+from ._lib import DEFAULT_SOCKET, library_path
+
+__version__ = "0.1.0"
+
+#: The element types Lease.view() takes, by name.
+DTYPES: tuple[str, ...] = tuple(_DTYPES)
+
+__all__ = [
+    "connect", "Client", "Lease", "LeaseView",
+    "Error", "NotFound", "PermissionDenied", "QuotaExceeded", "OutOfMemory",
+    "DEFAULT_SOCKET", "DTYPES", "library_path",
+]

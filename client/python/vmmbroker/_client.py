@@ -1,0 +1,688 @@
+# SPDX-License-Identifier: MIT
+"""Client, Lease and LeaseView: libvmmbroker's objects, in Python."""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import errno
+import math
+import os
+import threading
+import weakref
+from typing import Any, Iterable, Optional
+
+from . import _dlpack, _lib, _varlink
+from ._dtypes import DType, dtype as _dtype
+from ._errors import error
+
+__all__ = ["connect", "Client", "Lease", "LeaseView"]
+
+# Set when the interpreter exits: from then on, a hold whose free was put off (a DLPack tensor still alive)
+# is left to the process's exit, which ends it anyway, instead of calling into the library during teardown.
+_exiting = False
+_clients: "weakref.WeakSet[Client]" = weakref.WeakSet()
+
+
+def _fail(rc: int) -> None:
+    raise error(rc, _lib.error_message())
+
+
+def _encode(s: str, what: str) -> bytes:
+    if not isinstance(s, str):
+        raise TypeError(f"{what} must be a str, not {type(s).__name__}")
+    return s.encode("utf-8")
+
+
+def _socket_path(socket_path: Optional[str]) -> str:
+    if socket_path is not None:
+        return socket_path
+    return os.environ.get("VMMBROKER_SOCKET") or _lib.DEFAULT_SOCKET
+
+
+def connect(socket_path: Optional[str] = None) -> "Client":
+    """Connect to the broker and return a Client (vmmb_connect()).
+
+    ``socket_path`` is the broker's socket; with None, $VMMBROKER_SOCKET when it
+    is set and not empty, else /run/vmmbroker/io.vmmbroker. Loads the CUDA
+    driver (libcuda.so.1, or $VMMBROKER_LIBCUDA) the first time in the process.
+    Connecting does not wait for a broker; a call that finds none waits up to
+    $VMMBROKER_RECONNECT_TIMEOUT seconds (30) for one to come back.
+
+    Raises Error: ENODEV when the CUDA driver cannot be loaded, EINVAL for an
+    empty path, ENAMETOOLONG, EACCES when the caller may not connect.
+    """
+    path = None if socket_path is None else _encode(socket_path, "socket_path")
+    handle = ctypes.c_void_p()
+    rc = _lib.lib().vmmb_connect(path, ctypes.byref(handle))
+    if rc < 0:
+        _fail(rc)
+    return Client(handle, _socket_path(socket_path))
+
+
+class Client:
+    """A connection to the broker, from connect(); a context manager that closes it.
+
+    Every method may be called from several threads at once. A Client belongs
+    to the process that made it: in a child of fork(), connect again.
+    """
+    __module__ = "vmmbroker"
+
+    def __init__(self, handle: ctypes.c_void_p, socket_path: str) -> None:
+        """Made by connect(); not called directly."""
+        self._handle: Optional[ctypes.c_void_p] = handle
+        self._socket_path = socket_path
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._leases: "weakref.WeakSet[Lease]" = weakref.WeakSet()
+        self._held = 0                 # leases of this client not yet given back to the library
+        self._closing = False
+        _clients.add(self)
+
+    # --- life ---------------------------------------------------------------------------------------
+
+    @property
+    def socket_path(self) -> str:
+        """The broker's socket this client talks to."""
+        return self._socket_path
+
+    @property
+    def closed(self) -> bool:
+        """Whether close() was called."""
+        return self._closing
+
+    def close(self) -> None:
+        """Free every lease of this client still held, then close the connection (vmmb_close()).
+
+        A lease with live DLPack exports is freed when the last of them is
+        deleted, and the connection is closed after it. Closing twice is
+        harmless. Leases' addresses must not be used afterwards.
+        """
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+            leases = list(self._leases)
+        for lease in leases:
+            try:
+                lease.free()
+            except Exception:       # the broker is told at exit anyway
+                pass
+        self._maybe_close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closing else "open"
+        return f"<vmmbroker.Client {self._socket_path!r} {state}>"
+
+    def _maybe_close(self) -> None:
+        with self._lock:
+            if not self._closing or self._held or self._handle is None:
+                return
+            handle, self._handle = self._handle, None
+        if os.getpid() == self._pid and not _exiting_late():
+            _lib.lib().vmmb_close(handle)
+
+    def _check(self) -> ctypes.c_void_p:
+        if os.getpid() != self._pid:
+            raise RuntimeError("a vmmbroker Client cannot be used in a child of fork(): connect again there")
+        handle = self._handle
+        if self._closing or handle is None:
+            raise ValueError("the vmmbroker Client is closed")
+        return handle
+
+    def _adopt(self, handle: ctypes.c_void_p) -> "Lease":
+        lease = Lease(self, handle)
+        with self._lock:
+            self._held += 1
+            self._leases.add(lease)
+        return lease
+
+    def _lease_done(self) -> None:
+        with self._lock:
+            self._held -= 1
+        self._maybe_close()
+
+    # --- calls --------------------------------------------------------------------------------------
+
+    def alloc(self, size: int, device: Optional[int] = None, label: Optional[str] = None) -> "Lease":
+        """Lease at least ``size`` bytes of device memory (vmmb_alloc()).
+
+        ``device`` is a CUDA device index as the broker numbers them, None for
+        the first device it serves. The broker rounds the size up to the
+        device's granularity (2 MiB); ``Lease.size`` says what was leased. The
+        memory is mapped read-write and reads zero. ``label`` (at most 128
+        bytes) is shown by ``vmmctl list``.
+
+        Raises Error: EINVAL for a size of 0 or more than the device can
+        serve, or a label too long; QuotaExceeded (EDQUOT) over a limit of the
+        calling user; OutOfMemory (ENOMEM) when the device has no room; ENODEV
+        for a device the broker does not serve; ECONNREFUSED when no broker
+        answers.
+        """
+        if not isinstance(size, int) or isinstance(size, bool):
+            raise TypeError(f"size must be an int, not {type(size).__name__}")
+        if size < 0 or size >= 1 << 64:
+            raise error(errno.EINVAL, f"A lease's size is a number of bytes above 0, not {size}.")
+        dev = _lib.ANY_DEVICE if device is None else int(device)
+        lab = None if label is None else _encode(label, "label")
+        handle = self._check()
+        out = ctypes.c_void_p()
+        rc = _lib.lib().vmmb_alloc(handle, size, dev, lab, ctypes.byref(out))
+        if rc < 0:
+            _fail(rc)
+        return self._adopt(out)
+
+    def attach(self, token: Optional[str] = None, name: Optional[str] = None,
+               readonly: bool = False) -> "Lease":
+        """Map a lease that another process shared: by ``token`` (from Lease.share()) or by
+        ``name`` (from Lease.publish()): exactly one of the two (vmmb_attach(), vmmb_attach_name()).
+
+        ``name`` is "NAME", one of the calling user's own names, or
+        "OWNER/NAME", one that user OWNER (a user name or a uid) published.
+        The memory is the same as every other holder's, as they left it. It is
+        mapped read-only when ``readonly`` is true or the token or name gives
+        read-only holds (``Lease.readonly`` says which). Free the hold as any
+        lease; attaching a lease this process holds already maps it once more.
+
+        Raises NotFound: ENOKEY for a token no live lease has (mistyped,
+        revoked, ended), ENOENT for a name that does not exist or that the
+        caller may not attach (the two read the same); PermissionDenied
+        (EACCES) for a token made for another user; Error EINVAL for a
+        malformed token or name.
+        """
+        if (token is None) == (name is None):
+            raise ValueError("attach() takes exactly one of token= and name=")
+        flags = _lib.READONLY if readonly else 0
+        handle = self._check()
+        out = ctypes.c_void_p()
+        if token is not None:
+            rc = _lib.lib().vmmb_attach(handle, _encode(token, "token"), flags, ctypes.byref(out))
+        else:
+            rc = _lib.lib().vmmb_attach_name(handle, _encode(name, "name"), flags, ctypes.byref(out))
+        if rc < 0:
+            _fail(rc)
+        return self._adopt(out)
+
+    def unpublish(self, name: str) -> None:
+        """Remove a published name ("NAME" or "OWNER/NAME") (vmmb_unpublish()).
+
+        The processes that hold the lease keep it; it ends when none does.
+        Allowed to the lease's owner and the broker's administrators.
+
+        Raises NotFound (ENOENT) for a name that does not exist or the caller
+        may not attach; PermissionDenied (EACCES) when the caller may attach
+        it but not unpublish it.
+        """
+        rc = _lib.lib().vmmb_unpublish(self._check(), _encode(name, "name"))
+        if rc < 0:
+            _fail(rc)
+
+    def revoke(self, token: str) -> None:
+        """Revoke a token of Lease.share() (vmmb_revoke()): later attaches with it fail
+        (NotFound, ENOKEY); holds already taken with it stay.
+
+        Allowed to the lease's owner, the user that made the token, and the
+        broker's administrators. Raises NotFound (ENOKEY) for a token the
+        broker does not know, PermissionDenied (EACCES).
+        """
+        rc = _lib.lib().vmmb_revoke(self._check(), _encode(token, "token"))
+        if rc < 0:
+            _fail(rc)
+
+    def status(self) -> list[dict[str, Any]]:
+        """The pool on each device the broker serves (the broker's Status call).
+
+        One dict per device: index, name, total, granularity, capacity,
+        leased, scrubbing, cached (bytes) and leases (a count), as
+        docs/protocol.md describes Device.
+        """
+        self._check()
+        reply = _varlink.call(self._socket_path, "Status")
+        return list(reply.get("devices") or [])
+
+    def list(self, all: bool = False) -> list[dict[str, Any]]:
+        """Leases that the calling user made or holds; every lease with ``all=True``
+        (administrators only) (the broker's List call).
+
+        One dict per lease: id, device, size, slabs, pid, uid, comm, label,
+        created (microseconds since the epoch), name (when published) and
+        holders (a list of dicts: pid, uid, comm, readonly), as
+        docs/protocol.md describes LeaseInfo; optional fields may be absent.
+
+        Raises PermissionDenied (EACCES) for ``all=True`` by a user who is not
+        an administrator.
+        """
+        self._check()
+        reply = _varlink.call(self._socket_path, "List", {"all": True} if all else {})
+        return list(reply.get("leases") or [])
+
+
+def _exiting_late() -> bool:
+    return _exiting
+
+
+class _Exportable:
+    """What Lease and LeaseView share: the array interfaces over one C-contiguous window."""
+
+    def _window(self) -> tuple["Lease", int, DType, tuple[int, ...]]:
+        raise NotImplementedError
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """The CUDA Array Interface, version 3, over the window.
+
+        "stream" is None: the broker's memory comes with no work queued on it
+        by this package, so a consumer need not synchronize with anything.
+        "strides" is None: the window is C-contiguous. The consumer keeps a
+        reference to this object, which keeps the lease from being freed by
+        garbage collection, but not from an explicit free(): use DLPack when
+        a framework tensor must outlive your own references.
+        """
+        lease, ptr, dt, shape = self._window()
+        count = math.prod(shape)
+        return {
+            "shape": shape,
+            "typestr": dt.typestr,
+            "data": (ptr if count else 0, lease.readonly),
+            "strides": None,
+            "stream": None,
+            "version": 3,
+        }
+
+    def __dlpack__(self, *, stream: Optional[int] = None, max_version: Optional[tuple[int, int]] = None,
+                   dl_device: Optional[tuple[int, int]] = None, copy: Optional[bool] = None) -> Any:
+        """Export the window as a DLPack capsule ("dltensor", a legacy DLManagedTensor), without a copy.
+
+        ``stream`` is the consumer's CUDA stream; nothing is synchronized, as
+        this package queues no work on the memory. ``max_version`` may be
+        anything: the legacy capsule is what every consumer takes.
+        ``dl_device`` other than (2, device) and ``copy=True`` raise
+        BufferError: a lease does not copy itself elsewhere.
+
+        The lease stays mapped until the consumer's tensor is deleted (or the
+        capsule is dropped unconsumed): free() of a lease with live exports
+        is put off until the last one is gone. A read-only lease is exported
+        too (legacy DLPack has no read-only flag): writing to it faults.
+        """
+        lease, ptr, dt, shape = self._window()
+        _dlpack.check_dlpack_args(lease.device, stream, max_version, dl_device, copy)
+        return _dlpack.export(lease, ptr, lease.device, dt, shape)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """(2, device): kDLCUDA and the lease's CUDA device index."""
+        lease = self._window()[0]
+        return (_dlpack.KDL_CUDA, lease.device)
+
+
+class Lease(_Exportable):
+    """Device memory leased from the broker and mapped into this process.
+
+    From Client.alloc() or Client.attach(). A context manager that frees it;
+    also freed when garbage-collected and when the interpreter exits (and, in
+    any case, when the process ends: the broker reclaims a dead holder's
+    leases). Exposes the memory as a 1-D uint8 array through
+    ``__cuda_array_interface__`` and DLPack; view() gives typed windows.
+    """
+    __module__ = "vmmbroker"
+
+    def __init__(self, client: Client, handle: ctypes.c_void_p) -> None:
+        """Made by Client.alloc() and Client.attach(); not called directly."""
+        lib = _lib.lib()
+        self._client = client
+        self._handle: Optional[ctypes.c_void_p] = handle
+        self._lock = threading.RLock()
+        self._exports = 0
+        self._free_asked = False
+        self._free_stream: Optional[int] = None
+        self._id = (lib.vmmb_lease_id(handle) or b"").decode("utf-8", "replace")
+        self._ptr = int(lib.vmmb_lease_ptr(handle))
+        self._size = int(lib.vmmb_lease_size(handle))
+        self._device = int(lib.vmmb_lease_device(handle))
+        owner = int(lib.vmmb_lease_owner(handle))
+        self._owner = None if owner == _lib.ANY_UID else owner
+        name = lib.vmmb_lease_owner_name(handle)
+        self._owner_name = name.decode("utf-8", "replace") if name else None
+        self._readonly = bool(lib.vmmb_lease_readonly(handle))
+
+    # --- properties ---------------------------------------------------------------------------------
+
+    @property
+    def id(self) -> str:
+        """The lease's identifier, as ``vmmctl list`` and Client.list() show it."""
+        return self._id
+
+    @property
+    def ptr(self) -> int:
+        """The start of the mapping: a CUDA device address (CUdeviceptr). ValueError once freed."""
+        self._mapped()
+        return self._ptr
+
+    @property
+    def size(self) -> int:
+        """Bytes mapped at ``ptr``: the request rounded up to the device's granularity."""
+        return self._size
+
+    @property
+    def device(self) -> int:
+        """The CUDA device index of the memory, as the broker numbers devices."""
+        return self._device
+
+    @property
+    def readonly(self) -> bool:
+        """Whether the memory is mapped read-only here (writing to it from the device faults)."""
+        return self._readonly
+
+    @property
+    def owner(self) -> Optional[int]:
+        """The uid of the lease's owner (who made it and is charged for it); None if the broker did not say."""
+        return self._owner
+
+    @property
+    def owner_name(self) -> Optional[str]:
+        """The owner's user name, as the broker looked it up; None if it did not send one."""
+        return self._owner_name
+
+    @property
+    def freed(self) -> bool:
+        """Whether free() was called (the hold itself may wait for live DLPack exports)."""
+        return self._free_asked
+
+    @property
+    def client(self) -> Client:
+        """The client the lease came from."""
+        return self._client
+
+    def __repr__(self) -> str:
+        state = " freed" if self._free_asked else ""
+        ro = " readonly" if self._readonly else ""
+        return (f"<vmmbroker.Lease {self._id} {self._size} bytes on device {self._device} "
+                f"at {self._ptr:#x}{ro}{state}>")
+
+    # --- life ---------------------------------------------------------------------------------------
+
+    def free(self, stream: Optional[int] = None) -> None:
+        """End this process's hold on the lease (vmmb_free()). Idempotent.
+
+        Unmaps the memory, then tells the broker. Neither the driver nor the
+        library waits for work still queued on the memory, which would then
+        fault: synchronize first, or pass ``stream`` (a CUstream /
+        cudaStream_t as an int; 0 or 1 for the legacy default stream, 2 for
+        the per-thread one) to wait for the work queued on it first
+        (vmmb_free_stream()). When that wait fails, Error is raised and the
+        memory stays mapped until Client.close() or the end of the process.
+
+        When DLPack exports of the lease are alive (a framework tensor made
+        from it), the hold ends when the last of them is deleted (waiting for
+        ``stream`` then). For a shared or published lease this ends only this
+        process's hold.
+
+        Raises Error when telling the broker failed (ECONNREFUSED,
+        ECONNRESET): the memory is unmapped all the same and the broker takes
+        it back when the process exits.
+        """
+        if stream is not None and (not isinstance(stream, int) or isinstance(stream, bool)):
+            raise TypeError(f"stream must be None or an int (a CUDA stream), not {type(stream).__name__}")
+        with self._lock:
+            if self._free_asked:
+                return
+            self._free_asked = True
+            self._free_stream = stream
+            if self._exports:
+                return
+        self._release(raise_errors=True)
+
+    def _release(self, raise_errors: bool) -> None:
+        with self._lock:
+            handle, self._handle = self._handle, None
+            stream = self._free_stream
+        if handle is None:
+            return
+        rc = 0
+        if os.getpid() == self._client._pid and not _exiting_late():
+            if stream is None:
+                rc = _lib.lib().vmmb_free(handle)
+            else:
+                # A failed wait leaves the lease mapped and held, a failed free does not, and the errno
+                # does not tell the two apart: either way the handle is not used again, and what the
+                # library still holds is given back by Client.close() or the end of the process.
+                rc = _lib.free_stream(handle, stream)
+            message = _lib.error_message() if rc < 0 else ""
+        self._client._lease_done()
+        if rc < 0 and raise_errors:
+            raise error(rc, message)
+
+    def __enter__(self) -> "Lease":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.free()
+
+    def __del__(self) -> None:
+        try:
+            if not self._free_asked:
+                self._free_asked = True
+                self._release(raise_errors=False)
+        except Exception:
+            pass
+
+    def _mapped(self) -> ctypes.c_void_p:
+        handle = self._handle
+        if handle is None:
+            raise ValueError(f"lease {self._id} is freed")
+        return handle
+
+    def _usable(self) -> ctypes.c_void_p:
+        if self._free_asked:
+            raise ValueError(f"lease {self._id} is freed")
+        self._client._check()
+        return self._mapped()
+
+    def _export_acquire(self) -> None:
+        with self._lock:
+            if self._free_asked or self._handle is None:
+                raise BufferError(f"lease {self._id} is freed: nothing to export")
+            self._exports += 1
+
+    def _export_release(self) -> None:
+        with self._lock:
+            self._exports -= 1
+            last = self._exports == 0 and self._free_asked
+        if last:
+            self._release(raise_errors=False)
+
+    # --- sharing ------------------------------------------------------------------------------------
+
+    def share(self, uid: Optional[int] = None, readonly: bool = False) -> str:
+        """Make a token with which another process attaches this lease (vmmb_share()).
+
+        ``uid``: the only user that may attach with it; None for any user that
+        can reach the broker. ``readonly``: attaching with it gives read-only
+        holds. A token works until Client.revoke() or the end of the lease;
+        whoever presents it gets the memory, so keep it as secret as a
+        password. Only the owner's processes make tokens.
+
+        Raises PermissionDenied (EACCES) for a holder that is not of the owner
+        or a read-only holder asking for a read-write token; QuotaExceeded
+        (EDQUOT) past 64 live tokens.
+        """
+        u = _lib.ANY_UID if uid is None else int(uid)
+        buf = ctypes.create_string_buffer(_lib.TOKEN_SIZE)
+        with self._lock:
+            rc = _lib.lib().vmmb_share(self._usable(), u, _lib.READONLY if readonly else 0, buf)
+        if rc < 0:
+            _fail(rc)
+        return buf.value.decode("ascii")
+
+    def publish(self, name: str, uids: Iterable[int] = (), readonly: bool = False) -> None:
+        """Publish the lease as ``name`` in its owner's namespace (vmmb_publish()).
+
+        ``name``: 1-128 ASCII letters, digits and "._-:@+", beginning with a
+        letter or digit, no "/". The owner's processes attach it as "NAME",
+        the users of ``uids`` (at most 64) as "OWNER/NAME". ``readonly``: holds
+        through the name are read-only, the owner's included. A published
+        lease outlives every process holding it, with what was last written
+        to it, until Client.unpublish(). Publishing again under the same name
+        replaces the users and the flag.
+
+        Raises Error EEXIST for a name another of the owner's leases has,
+        EINVAL for a bad name or a lease published under another name;
+        PermissionDenied (EACCES) when the caller is not of the owner or holds
+        it read-only.
+        """
+        ids = [int(u) for u in uids]
+        arr = (ctypes.c_uint32 * max(len(ids), 1))(*ids)
+        with self._lock:
+            rc = _lib.lib().vmmb_publish(self._usable(), _encode(name, "name"), arr, len(ids),
+                                         _lib.READONLY if readonly else 0)
+        if rc < 0:
+            _fail(rc)
+
+    def tokens(self) -> list[dict[str, Any]]:
+        """The live share tokens of the lease (vmmb_tokens()), for a holder of the owner.
+
+        One dict per token: token (str), uid (the only user that may attach
+        with it, None for any), creator (the uid whose process made it),
+        readonly (bool). Raises PermissionDenied (EACCES) for a holder that is
+        not of the owner.
+        """
+        arr = ctypes.POINTER(_lib.Token)()
+        n = ctypes.c_size_t()
+        with self._lock:
+            rc = _lib.lib().vmmb_tokens(self._usable(), ctypes.byref(arr), ctypes.byref(n))
+        if rc < 0:
+            _fail(rc)
+        try:
+            return [{
+                "token": arr[i].token.decode("ascii"),
+                "uid": None if arr[i].uid == _lib.ANY_UID else int(arr[i].uid),
+                "creator": int(arr[i].creator),
+                "readonly": bool(arr[i].readonly),
+            } for i in range(n.value)]
+        finally:
+            _lib.lib().vmmb_tokens_free(arr, n.value)
+
+    # --- arrays -------------------------------------------------------------------------------------
+
+    def _window(self) -> tuple["Lease", int, DType, tuple[int, ...]]:
+        self._mapped()
+        return self, self._ptr, _dtype("uint8"), (self._size,)
+
+    def view(self, dtype: Any, shape: Any, offset: int = 0) -> "LeaseView":
+        """A typed, C-contiguous window of the lease: ``shape`` elements of ``dtype`` from byte ``offset``.
+
+        ``dtype`` is a name: bool, int8, int16, int32, int64, uint8, uint16,
+        uint32, uint64, float16, bfloat16, float32, float64, complex64,
+        complex128 (or an alias: half, float, double, bf16..., or an object
+        whose str() is one, such as numpy.dtype("float32") or torch.float32).
+        ``shape`` is an int or a tuple of ints. ``offset`` must be a multiple
+        of the element's size, and the window must lie inside the lease
+        (ValueError otherwise). The view exposes the same array interfaces as
+        the lease, and keeps the lease alive.
+        """
+        return LeaseView(self, _dtype(dtype), shape, offset)
+
+
+class LeaseView(_Exportable):
+    """A typed window of a Lease, from Lease.view(): exposes ``__cuda_array_interface__``
+    and DLPack for ``shape`` elements of ``dtype`` at ``lease.ptr + offset``."""
+    __module__ = "vmmbroker"
+
+    def __init__(self, lease: Lease, dtype: DType, shape: Any, offset: int = 0) -> None:
+        """Made by Lease.view(); not called directly."""
+        if isinstance(shape, int) and not isinstance(shape, bool):
+            shape = (shape,)
+        if isinstance(shape, (str, bytes)):
+            raise TypeError(f"shape must be an int or a tuple of ints, not {shape!r}")
+        try:
+            shape = tuple(int(n) for n in shape)
+        except TypeError:
+            raise TypeError(f"shape must be an int or a tuple of ints, not {shape!r}") from None
+        if any(n < 0 for n in shape):
+            raise ValueError(f"shape {shape} has a negative dimension")
+        if not isinstance(offset, int) or isinstance(offset, bool):
+            raise TypeError("offset must be an int")
+        if offset < 0:
+            raise ValueError(f"offset {offset} is negative")
+        if offset % dtype.itemsize:
+            raise ValueError(f"offset {offset} is not a multiple of {dtype.name}'s {dtype.itemsize} bytes")
+        nbytes = math.prod(shape) * dtype.itemsize
+        if offset + nbytes > lease.size:
+            raise ValueError(f"{dtype.name}{list(shape)} at offset {offset} ({nbytes} bytes) does not fit "
+                             f"in the lease's {lease.size} bytes")
+        self._lease = lease
+        self._dtype = dtype
+        self._shape = shape
+        self._offset = offset
+        self._nbytes = nbytes
+
+    @property
+    def lease(self) -> Lease:
+        """The lease the window is of."""
+        return self._lease
+
+    @property
+    def dtype(self) -> str:
+        """The element type's name ("float32")."""
+        return self._dtype.name
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element."""
+        return self._dtype.itemsize
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The window's shape."""
+        return self._shape
+
+    @property
+    def offset(self) -> int:
+        """Bytes from the start of the lease."""
+        return self._offset
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes in the window."""
+        return self._nbytes
+
+    @property
+    def ptr(self) -> int:
+        """The window's device address: lease.ptr + offset."""
+        return self._lease.ptr + self._offset
+
+    @property
+    def readonly(self) -> bool:
+        """Whether the lease is mapped read-only here."""
+        return self._lease.readonly
+
+    def __repr__(self) -> str:
+        return (f"<vmmbroker.LeaseView {self._dtype.name}{list(self._shape)} at offset {self._offset} "
+                f"of lease {self._lease.id}>")
+
+    def _window(self) -> tuple[Lease, int, DType, tuple[int, ...]]:
+        return self._lease, self.ptr, self._dtype, self._shape
+
+
+@atexit.register
+def _at_exit() -> None:
+    # Free what can be freed; a lease with live DLPack exports is left to the process's exit.
+    global _exiting
+    for client in list(_clients):
+        try:
+            if client._pid == os.getpid():
+                client.close()
+        except Exception:
+            pass
+    _exiting = True

@@ -1,0 +1,126 @@
+# SPDX-License-Identifier: MIT
+"""libvmmbroker through ctypes: finding the library and declaring its functions.
+
+Nothing here is public: the package's classes wrap it. The library is found as
+$VMMBROKER_LIBRARY names it (a path, or a name for the dynamic loader), else
+by ctypes.util.find_library("vmmbroker"), else as "libvmmbroker.so.0".
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+import threading
+from typing import Optional
+
+#: Bytes of the buffer vmmb_share() writes a token to (VMMB_TOKEN_SIZE).
+TOKEN_SIZE = 65
+#: vmmb_alloc()'s "first device the broker serves" (VMMB_ANY_DEVICE).
+ANY_DEVICE = -1
+#: The read-only flag of vmmb_share(), vmmb_attach*() and vmmb_publish() (VMMB_READONLY).
+READONLY = 1
+#: vmmb_share()'s "any user" and vmmb_lease_owner()'s "not said" ((uid_t)-1).
+ANY_UID = 0xFFFFFFFF
+#: The broker's socket when neither the caller nor $VMMBROKER_SOCKET names one (VMMB_DEFAULT_SOCKET).
+DEFAULT_SOCKET = "/run/vmmbroker/io.vmmbroker"
+
+
+class Token(ctypes.Structure):
+    """struct vmmb_token."""
+    _fields_ = [
+        ("token", ctypes.c_char * TOKEN_SIZE),
+        ("uid", ctypes.c_uint32),
+        ("creator", ctypes.c_uint32),
+        ("readonly", ctypes.c_int),
+    ]
+
+
+_client_p = ctypes.c_void_p
+_lease_p = ctypes.c_void_p
+
+# name: (restype, argtypes)
+_PROTOTYPES = {
+    "vmmb_connect": (ctypes.c_int, [ctypes.c_char_p, ctypes.POINTER(_client_p)]),
+    "vmmb_close": (None, [_client_p]),
+    "vmmb_alloc": (ctypes.c_int, [_client_p, ctypes.c_uint64, ctypes.c_int, ctypes.c_char_p,
+                                  ctypes.POINTER(_lease_p)]),
+    "vmmb_free": (ctypes.c_int, [_lease_p]),
+    "vmmb_share": (ctypes.c_int, [_lease_p, ctypes.c_uint32, ctypes.c_uint, ctypes.c_char_p]),
+    "vmmb_revoke": (ctypes.c_int, [_client_p, ctypes.c_char_p]),
+    "vmmb_attach": (ctypes.c_int, [_client_p, ctypes.c_char_p, ctypes.c_uint, ctypes.POINTER(_lease_p)]),
+    "vmmb_attach_name": (ctypes.c_int, [_client_p, ctypes.c_char_p, ctypes.c_uint, ctypes.POINTER(_lease_p)]),
+    "vmmb_publish": (ctypes.c_int, [_lease_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint32),
+                                    ctypes.c_size_t, ctypes.c_uint]),
+    "vmmb_unpublish": (ctypes.c_int, [_client_p, ctypes.c_char_p]),
+    "vmmb_tokens": (ctypes.c_int, [_lease_p, ctypes.POINTER(ctypes.POINTER(Token)),
+                                   ctypes.POINTER(ctypes.c_size_t)]),
+    "vmmb_tokens_free": (None, [ctypes.POINTER(Token), ctypes.c_size_t]),
+    "vmmb_lease_ptr": (ctypes.c_uint64, [_lease_p]),
+    "vmmb_lease_size": (ctypes.c_uint64, [_lease_p]),
+    "vmmb_lease_device": (ctypes.c_int, [_lease_p]),
+    "vmmb_lease_id": (ctypes.c_char_p, [_lease_p]),
+    "vmmb_lease_owner": (ctypes.c_uint32, [_lease_p]),
+    "vmmb_lease_owner_name": (ctypes.c_char_p, [_lease_p]),
+    "vmmb_lease_readonly": (ctypes.c_int, [_lease_p]),
+    "vmmb_error_message": (ctypes.c_char_p, []),
+}
+
+_lock = threading.Lock()
+_lib: Optional[ctypes.CDLL] = None
+
+
+def library_path() -> str:
+    """What the package loads: $VMMBROKER_LIBRARY, else what the loader finds for "vmmbroker"."""
+    env = os.environ.get("VMMBROKER_LIBRARY")
+    if env:
+        return env
+    return ctypes.util.find_library("vmmbroker") or "libvmmbroker.so.0"
+
+
+def lib() -> ctypes.CDLL:
+    """The loaded library, with every function declared; loaded at the first call."""
+    global _lib
+    with _lock:
+        if _lib is None:
+            path = library_path()
+            try:
+                dll = ctypes.CDLL(path)
+            except OSError as e:
+                raise ImportError(f"vmmbroker: cannot load libvmmbroker ({path}): {e}; install it, "
+                                  "or point $VMMBROKER_LIBRARY at libvmmbroker.so.0") from e
+            for name, (restype, argtypes) in _PROTOTYPES.items():
+                f = getattr(dll, name)
+                f.restype = restype
+                f.argtypes = argtypes
+            _lib = dll
+        return _lib
+
+
+def has_symbol(name: str) -> bool:
+    """Whether the loaded library exports `name`."""
+    try:
+        getattr(lib(), name)
+    except AttributeError:
+        return False
+    return True
+
+
+def error_message() -> str:
+    """vmmb_error_message(): the calling thread's last failure, as a sentence."""
+    m = lib().vmmb_error_message()
+    return m.decode("utf-8", "replace") if m else ""
+
+
+def free_stream(lease: ctypes.c_void_p, stream: int) -> int:
+    """vmmb_free_stream(lease, stream); -EOPNOTSUPP when the library has no such function."""
+    dll = lib()
+    try:
+        f = dll.vmmb_free_stream
+    except AttributeError:
+        return -errno.EOPNOTSUPP
+    f.restype = ctypes.c_int
+    f.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    return f(lease, stream or None)
+

@@ -1,0 +1,344 @@
+# SPDX-License-Identifier: MIT
+"""A GPU-resident weight store: a state dict kept in one published lease, attached by name without a copy.
+
+    import vmmbroker, vmmbroker.weights as w
+
+    client = vmmbroker.connect()
+    w.publish_state_dict(client, "gpt2-medium", model.state_dict())   # the producer may exit now
+
+    # later, in any process of an allowed user:
+    sd = w.attach_state_dict(client, "gpt2-medium")                   # about a millisecond
+    with torch.device("meta"):
+        model = Model(config)
+    model.load_state_dict(sd, assign=True)                            # the parameters view the lease
+
+The tensors are copied into ONE lease, each at an offset aligned to 256 bytes,
+and a layout header is written at the start of the lease's device memory, so
+that the lease is all a consumer needs: nothing on disk, no side channel. The
+lease is published under the name (vmmbroker's Lease.publish()), so it
+outlives the producer; vmmbroker's Client.unpublish(name) ends it once no
+process holds it.
+
+Layout of the lease (version 1; little-endian):
+
+    offset 0   magic          8 bytes  b"VMMBWTS\\0"
+           8   version        u32      1
+          12   prefix size    u32      64 (bytes before the JSON)
+          16   json size      u64      bytes of the JSON that follows the prefix
+          24   data offset    u64      where the tensor data starts (aligned)
+          32   data size      u64      bytes of tensor data after the data offset
+          40   json crc32     u32      zlib.crc32 of the JSON bytes
+          44   zero padding to 64
+          64   JSON (UTF-8):  {"tensors": [[name, dtype, shape, stride, offset, nbytes], ...],
+                               "metadata": {...}}
+                offset is relative to the data offset; dtype is PyTorch's name
+                ("bfloat16", "float32", ...); tensors that shared memory in the
+                producer's state dict (tied weights) share it here too.
+
+The layout functions (plan_layout, encode_layout, decode_prefix, decode_layout)
+are plain Python, usable and tested without PyTorch.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import time
+import zlib
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+__all__ = [
+    "ALIGN",
+    "FORMAT_VERSION",
+    "MAGIC",
+    "LayoutError",
+    "StateDict",
+    "attach_state_dict",
+    "decode_layout",
+    "decode_prefix",
+    "encode_layout",
+    "plan_layout",
+    "publish_state_dict",
+    "read_layout",
+]
+
+MAGIC = b"VMMBWTS\0"
+FORMAT_VERSION = 1
+PREFIX_SIZE = 64
+ALIGN = 256
+_PREFIX = struct.Struct("<8sIIQQQI")     # magic, version, prefix size, json size, data offset, data size, crc
+FIRST_READ = 64 * 1024                  # bytes read back at attach before parsing: most headers fit
+
+# Element sizes of the dtypes a header may name (PyTorch's names), for checking without PyTorch.
+ITEMSIZE = {
+    "bool": 1, "uint8": 1, "int8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1,
+    "float8_e5m2fnuz": 1, "float8_e8m0fnu": 1,
+    "int16": 2, "uint16": 2, "float16": 2, "bfloat16": 2,
+    "int32": 4, "uint32": 4, "float32": 4, "complex32": 4,
+    "int64": 8, "uint64": 8, "float64": 8, "complex64": 8,
+    "complex128": 16,
+}
+
+
+#: Where the last attach_state_dict() in this process spent its time (nanoseconds): the broker's attach
+#: and mapping, wrapping the lease in a tensor, reading the header back, making the views.
+last_timings: Dict[str, int] = {}
+
+
+class LayoutError(ValueError):
+    """The lease's memory does not hold a weight-store layout this version reads."""
+
+
+def _align(n: int, a: int) -> int:
+    return (n + a - 1) // a * a
+
+
+def contiguous_stride(shape: Sequence[int]) -> List[int]:
+    stride = [1] * len(shape)
+    acc = 1
+    for i in range(len(shape) - 1, -1, -1):
+        stride[i] = acc
+        acc *= max(int(shape[i]), 1)
+    return stride
+
+
+def plan_layout(specs: Iterable[Tuple[str, str, Sequence[int], Optional[str]]],
+                align: int = ALIGN) -> Tuple[List[list], int]:
+    """Offsets for tensors laid out back to back, each aligned to ALIGN bytes.
+
+    specs: (name, dtype name, shape, alias) in order; alias is None, or the name
+    of an earlier spec whose memory this one shares (same dtype and shape).
+    Returns (entries, data size): entries are [name, dtype, shape, stride,
+    offset, nbytes] as the JSON keeps them, offsets relative to the data offset.
+    """
+    if align <= 0 or align & (align - 1):
+        raise ValueError(f"alignment {align} is not a power of two")
+    entries: List[list] = []
+    by_name: Dict[str, list] = {}
+    end = 0
+    for name, dtype, shape, alias in specs:
+        if not isinstance(name, str):
+            raise TypeError(f"state dict key {name!r} is not a string")
+        if name in by_name:
+            raise ValueError(f"duplicate tensor name {name!r}")
+        if dtype not in ITEMSIZE:
+            raise ValueError(f"{name}: dtype {dtype!r} cannot be stored")
+        shape = [int(s) for s in shape]
+        n = 1
+        for s in shape:
+            if s < 0:
+                raise ValueError(f"{name}: negative dimension in {shape}")
+            n *= s
+        nbytes = n * ITEMSIZE[dtype]
+        if alias is not None:
+            src = by_name.get(alias)
+            if src is None or src[4] < 0:
+                raise ValueError(f"{name}: alias of {alias!r}, which comes later or is missing")
+            if src[1] != dtype or src[5] < nbytes:
+                raise ValueError(f"{name}: alias of {alias!r} with another dtype or a larger size")
+            offset = src[4]
+        else:
+            offset = _align(end, align)
+            end = offset + nbytes
+        e = [name, dtype, shape, contiguous_stride(shape), offset, nbytes]
+        entries.append(e)
+        by_name[name] = e
+    return entries, end
+
+
+def encode_layout(entries: List[list], data_size: int, metadata: Optional[Mapping[str, Any]] = None,
+                  align: int = ALIGN) -> Tuple[bytes, int]:
+    """The header bytes (prefix + JSON) and the data offset they imply (the header's end, aligned)."""
+    doc = {"tensors": entries, "metadata": dict(metadata or {})}
+    js = json.dumps(doc, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode("ascii")
+    data_offset = _align(PREFIX_SIZE + len(js), align)
+    prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, PREFIX_SIZE, len(js), data_offset, data_size,
+                          zlib.crc32(js) & 0xFFFFFFFF)
+    return prefix + b"\0" * (PREFIX_SIZE - len(prefix)) + js, data_offset
+
+
+def decode_prefix(buf: bytes) -> Tuple[int, int, int, int]:
+    """(json size, data offset, data size, crc32) from the first PREFIX_SIZE bytes; LayoutError if not a layout."""
+    if len(buf) < PREFIX_SIZE:
+        raise LayoutError("too short for a weight-store header")
+    magic, version, prefix_size, js, data_offset, data_size, crc = _PREFIX.unpack_from(buf, 0)
+    if magic != MAGIC:
+        raise LayoutError("not a vmmbroker weight store (bad magic)")
+    if version != FORMAT_VERSION:
+        raise LayoutError(f"weight-store layout version {version}; this vmmbroker reads {FORMAT_VERSION}")
+    if prefix_size != PREFIX_SIZE or data_offset < PREFIX_SIZE + js:
+        raise LayoutError("corrupt weight-store header (sizes)")
+    return js, data_offset, data_size, crc
+
+
+def decode_layout(buf: bytes, lease_size: Optional[int] = None) -> Tuple[List[list], int, Dict[str, Any]]:
+    """(entries, data offset, metadata) from the header bytes (at least prefix + JSON)."""
+    js, data_offset, data_size, crc = decode_prefix(buf)
+    if len(buf) < PREFIX_SIZE + js:
+        raise LayoutError(f"header needs {PREFIX_SIZE + js} bytes, {len(buf)} given")
+    if lease_size is not None and data_offset + data_size > lease_size:
+        raise LayoutError(f"layout needs {data_offset + data_size} bytes, the lease has {lease_size}")
+    raw = bytes(buf[PREFIX_SIZE:PREFIX_SIZE + js])
+    if zlib.crc32(raw) & 0xFFFFFFFF != crc:
+        raise LayoutError("corrupt weight-store header (checksum)")
+    doc = json.loads(raw)
+    entries = doc["tensors"]
+    for e in entries:
+        if e[4] < 0 or e[4] + e[5] > data_size:
+            raise LayoutError(f"{e[0]}: bytes {e[4]}..{e[4] + e[5]} outside the data")
+        if e[1] not in ITEMSIZE:
+            raise LayoutError(f"{e[0]}: unknown dtype {e[1]!r}")
+    return entries, data_offset, doc.get("metadata", {})
+
+
+# --- PyTorch --------------------------------------------------------------------------------
+
+class StateDict(dict):
+    """The tensors attach_state_dict() returned, by name, plus the lease they view.
+
+    A plain dict for load_state_dict(). The tensors (and what is built on
+    them: nn.Parameters after load_state_dict(..., assign=True)) keep the
+    lease: it is freed, after a device synchronize, when the last of them is
+    gone. close() frees it at once: only when no tensor of it is used any more.
+    """
+
+    lease: Any
+    metadata: Dict[str, Any]
+    _memory: Any
+
+    def close(self) -> None:
+        self.clear()
+        mem, self._memory = getattr(self, "_memory", None), None
+        self.lease = None
+        if mem is not None:
+            mem.close()
+
+
+def _dtype_name(dtype) -> str:
+    return str(dtype).rsplit(".", 1)[-1]
+
+
+def publish_state_dict(client, name: str, state_dict: Mapping[str, Any], uids: Sequence[int] = (),
+                       readonly: bool = True, *, metadata: Optional[Mapping[str, Any]] = None,
+                       device: Optional[int] = None, label: Optional[str] = None, align: int = ALIGN):
+    """Copy STATE_DICT's tensors into one new lease, write the layout, publish it as NAME; return the Lease.
+
+    uids, readonly: as Lease.publish() (other users allowed to attach; read-only
+    holds through the name). metadata: JSON-able data kept in the header (a
+    model config, a revision), returned by attach_state_dict() as .metadata.
+    device: as Client.alloc() (None: the client's default). Tensors may be on
+    any device (CPU ones are copied up). Tensors that share memory (tied
+    weights) are stored once and come back sharing it. The producer may free
+    the returned lease or exit: the name keeps the memory until
+    Client.unpublish(name). On failure the new lease is freed and nothing is
+    published.
+    """
+    import torch
+
+    from . import torch as vt
+
+    specs = []
+    sources = []            # (entry index, tensor) of the tensors to copy
+    seen: Dict[tuple, str] = {}
+    for key, t in state_dict.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{key}: not a tensor ({type(t).__name__})")
+        t = t.detach()
+        if t.is_meta:
+            raise ValueError(f"{key}: a meta tensor has no data to store")
+        dtype = _dtype_name(t.dtype)
+        alias = None
+        if t.is_contiguous() and t.numel() > 0:
+            ident = (t.device, t.data_ptr(), t.dtype, tuple(t.shape))
+            alias = seen.get(ident)
+            if alias is None:
+                seen[ident] = key
+        specs.append((key, dtype, tuple(t.shape), alias))
+        if alias is None:
+            sources.append((len(specs) - 1, t))
+    entries, data_size = plan_layout(specs, align)
+    header, data_offset = encode_layout(entries, data_size, metadata, align)
+
+    lease = client.alloc(data_offset + data_size, device=device, label=label or f"weights:{name}"[:128])
+    try:
+        base = vt.tensor(lease)
+        for i, t in sources:
+            e = entries[i]
+            if e[5]:
+                dst = base[data_offset + e[4]: data_offset + e[4] + e[5]]
+                dst.copy_(t.reshape(-1).view(torch.uint8), non_blocking=False)
+        # the header last, so that a half-written store never has a valid magic
+        base[: len(header)].copy_(torch.frombuffer(bytearray(header), dtype=torch.uint8))
+        torch.cuda.synchronize(base.device)
+        del base
+        lease.publish(name, uids=tuple(uids), readonly=readonly)
+    except BaseException:
+        try:
+            lease.free()
+        except Exception:
+            pass
+        raise
+    return lease
+
+
+def read_layout(base) -> Tuple[List[list], int, Dict[str, Any]]:
+    """Read the layout from BASE, a 1-D uint8 CUDA tensor over a whole lease (one small copy, two if large)."""
+    size = base.shape[0]
+    first = min(size, FIRST_READ)
+    buf = base[:first].cpu().numpy().tobytes()
+    js, _, _, _ = decode_prefix(buf)
+    need = PREFIX_SIZE + js
+    if need > first:
+        if need > size:
+            raise LayoutError(f"header of {need} bytes in a lease of {size}")
+        buf += base[first:need].cpu().numpy().tobytes()
+    return decode_layout(buf, size)
+
+
+def attach_state_dict(client, name: str, readonly: bool = True) -> StateDict:
+    """Attach the weight store published as NAME ("NAME" or "OWNER/NAME") and return its tensors, no copy.
+
+    One attach, one small device-to-host copy of the header, then one view per
+    tensor. The tensors live on the lease's device; with readonly (the
+    default) the memory is mapped read-only: fine for inference and
+    load_state_dict(..., assign=True), a fault if written. They keep the lease
+    (see StateDict). Raises vmmbroker.Error from the broker, LayoutError when
+    the lease holds no weight store.
+    """
+    import torch
+
+    from . import torch as vt
+
+    clock = time.perf_counter_ns
+    t0 = clock()
+    lease = client.attach(name=name, readonly=readonly)
+    t1 = clock()
+    try:
+        mem = vt._LeaseMemory(lease, owned=True)
+    except BaseException:
+        lease.free()
+        raise
+    try:
+        base = torch.as_tensor(mem)
+        mem.torch_device = base.device
+        t2 = clock()
+        entries, data_offset, metadata = read_layout(base)
+    except BaseException:
+        mem.close()
+        raise
+    t3 = clock()
+
+    out = StateDict()
+    typed: Dict[str, Any] = {}
+    for name_, dtype, shape, stride, offset, _ in entries:
+        view = typed.get(dtype)
+        if view is None:
+            view = typed[dtype] = base.view(getattr(torch, dtype))
+        out[name_] = view.as_strided(shape, stride, (data_offset + offset) // ITEMSIZE[dtype])
+    out.lease = lease
+    out.metadata = metadata
+    out._memory = mem
+    t4 = clock()
+    last_timings.update(attach_ns=t1 - t0, wrap_ns=t2 - t1, header_ns=t3 - t2, views_ns=t4 - t3,
+                        tensors=len(entries))
+    return out

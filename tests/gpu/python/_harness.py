@@ -1,0 +1,149 @@
+# SPDX-License-Identifier: MIT
+"""What the GPU programs of tests/gpu/python share: finding the package and the library, a private broker, a table.
+
+Environment (all optional):
+  VMMBROKER_BUILD    the build folder, relative to the repository or absolute (default: build)
+  VMMBROKER_LIBRARY  libvmmbroker (default: BUILD/client/libvmmbroker.so.0 when it exists)
+  VMMBROKER_DAEMON   vmmbrokerd (default: BUILD/daemon/vmmbrokerd)
+  VMMBROKER_SOCKET   a broker that runs already; when unset, broker() starts one on a private socket
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Iterator, List, Optional, Sequence
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+def _build_dir() -> str:
+    b = os.environ.get("VMMBROKER_BUILD", "build")
+    return b if os.path.isabs(b) else os.path.join(REPO, b)
+
+
+def setup_paths() -> None:
+    """Make `import vmmbroker` find the tree's package and the build's library (also for child processes)."""
+    pkg = os.path.join(REPO, "client", "python")
+    if pkg not in sys.path:
+        sys.path.insert(0, pkg)
+    pp = os.environ.get("PYTHONPATH", "")
+    if pkg not in pp.split(os.pathsep):
+        os.environ["PYTHONPATH"] = pkg + (os.pathsep + pp if pp else "")
+    if not os.environ.get("VMMBROKER_LIBRARY"):
+        lib = os.path.join(_build_dir(), "client", "libvmmbroker.so.0")
+        if os.path.exists(lib):
+            os.environ["VMMBROKER_LIBRARY"] = lib
+    carry = os.path.join(REPO, ".carry", "lib")      # libraries the GPU machine lacks (tests/gpu/run.sh)
+    if os.path.isdir(carry):
+        ld = os.environ.get("LD_LIBRARY_PATH", "")
+        if carry not in ld.split(os.pathsep):
+            os.environ["LD_LIBRARY_PATH"] = carry + (os.pathsep + ld if ld else "")
+
+
+def _accepts(path: str) -> bool:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.settimeout(1.0)
+        s.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+@contextlib.contextmanager
+def broker(timeout: float = 30.0, log: Optional[str] = None) -> Iterator[str]:
+    """A broker for the block: $VMMBROKER_SOCKET's if set, else a vmmbrokerd of our own on a private socket.
+
+    Sets $VMMBROKER_SOCKET for this process and its children; yields the socket path.
+    The daemon's output goes to LOG (default: $OUT/vmmbrokerd-PID.log, else a temporary file).
+    """
+    setup_paths()
+    existing = os.environ.get("VMMBROKER_SOCKET")
+    if existing:
+        yield existing
+        return
+    daemon = os.environ.get("VMMBROKER_DAEMON") or os.path.join(_build_dir(), "daemon", "vmmbrokerd")
+    if not os.access(daemon, os.X_OK):
+        raise SystemExit(f"no vmmbrokerd at {daemon}: set VMMBROKER_DAEMON or VMMBROKER_BUILD")
+    tmp = tempfile.mkdtemp(prefix="vmmb-py-")
+    path = os.path.join(tmp, "io.vmmbroker")
+    if log is None:
+        out = os.environ.get("OUT")
+        log = os.path.join(out if out and os.path.isdir(out) else tmp, f"vmmbrokerd-{os.getpid()}.log")
+    logf = open(log, "ab")
+    proc = subprocess.Popen([daemon, "--socket", path, "--config", "/nonexistent"],
+                            stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + timeout
+        while not _accepts(path):
+            if proc.poll() is not None:
+                raise SystemExit(f"vmmbrokerd exited with status {proc.returncode} (log: {log})")
+            if time.monotonic() > deadline:
+                raise SystemExit(f"vmmbrokerd did not listen on {path} within {timeout:.0f} s (log: {log})")
+            time.sleep(0.05)
+        os.environ["VMMBROKER_SOCKET"] = path
+        yield path
+    finally:
+        os.environ.pop("VMMBROKER_SOCKET", None)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        logf.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run_self(script: str, args: Sequence[str], timeout: float = 600, env: Optional[dict] = None) -> str:
+    """Run SCRIPT ARGS in a new Python process with our environment; return its stdout (stderr passes through)."""
+    e = dict(os.environ)
+    if env:
+        e.update(env)
+    p = subprocess.run([sys.executable, script, *args], stdout=subprocess.PIPE, env=e, timeout=timeout)
+    out = p.stdout.decode("utf-8", "replace")
+    if p.returncode != 0:
+        sys.stdout.write(out)
+        raise SystemExit(f"{os.path.basename(script)} {' '.join(args)}: exit status {p.returncode}")
+    return out
+
+
+def last_json(out: str):
+    """The last line of OUT that starts with '{', parsed."""
+    import json
+    for line in reversed(out.splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    raise SystemExit("child printed no JSON result")
+
+
+def table(title: str, header: Sequence[str], rows: List[Sequence[object]]) -> None:
+    """Print a small aligned table (the last thing each program prints)."""
+    cells = [[str(c) for c in header]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    print()
+    print(f"== {title}")
+    for n, r in enumerate(cells):
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        if n == 0:
+            print("  ".join("-" * w for w in widths))
+    sys.stdout.flush()
+
+
+def median(xs: Sequence[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    if n == 0:
+        return float("nan")
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2

@@ -1,0 +1,669 @@
+# SPDX-License-Identifier: MIT
+"""The vmmbroker Python package against the real daemon on the simulated device.
+
+Run by `meson test python` with $VMMBROKER_DAEMON, $VMMBROKER_LIBRARY,
+$VMMBROKER_LIBCUDA and $PYTHONPATH set (tests/python/meson.build). The test
+starts its own daemon (broker.py); the other processes of the sharing and exit
+tests are child.py, as another user (nobody) when the test runs as root.
+On the simulated device a lease's device address is a host address of the
+process that mapped it, so the tests read and write leased memory with ctypes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import gc
+import json
+import os
+import pwd
+import signal
+import subprocess
+import sys
+import threading
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import vmmbroker                                    # noqa: E402
+from vmmbroker import _dlpack, _lib, _varlink       # noqa: E402
+from broker import Broker                           # noqa: E402
+
+MiB = 1 << 20
+CHILD_TIMEOUT_S = 60
+NOBODY = 65534
+# The one daemon of this file: per-user limits low enough to go over, high enough for every other test.
+CONFIG = "[Limits]\nMaxBytes=1G\nMaxLeases=64\n"
+
+broker: Broker
+
+
+def setUpModule() -> None:
+    global broker
+    broker = Broker(CONFIG)
+    os.environ["VMMBROKER_SOCKET"] = broker.socket
+    os.environ["VMMBROKER_RECONNECT_TIMEOUT"] = "5"
+
+
+def tearDownModule() -> None:
+    gc.collect()
+    status = broker.stop()
+    if status not in (0, None):
+        raise AssertionError(f"vmmbrokerd exited with {status}:\n{broker.log()}")
+
+
+def listed(all: bool = True) -> dict[str, dict]:
+    with vmmbroker.connect() as c:
+        return {l["id"]: l for l in c.list(all=all)}
+
+
+def others_can_run(path: str) -> bool:
+    """Whether a user other than the file's owner may run `path` (every directory above it searchable)."""
+    path = os.path.realpath(path)
+    if not os.stat(path).st_mode & 0o001:
+        return False
+    d = os.path.dirname(path)
+    while True:
+        if not os.stat(d).st_mode & 0o001:
+            return False
+        if d == "/":
+            return True
+        d = os.path.dirname(d)
+
+
+def other_uid() -> int:
+    """The user the child processes run as: nobody when root (and nobody may run this Python: not one
+    under /root, such as pyenv's), else the caller's own."""
+    return NOBODY if os.getuid() == 0 and others_can_run(sys.executable) else os.getuid()
+
+
+def run_child(mode: str, args: dict, as_other: bool = True, **popen) -> subprocess.Popen:
+    kw: dict = {}
+    if as_other and other_uid() != os.getuid():
+        kw = {"user": NOBODY, "group": NOBODY, "extra_groups": []}
+    return subprocess.Popen([sys.executable, os.path.join(HERE, "child.py"), mode, json.dumps(args)],
+                            stdout=subprocess.PIPE, text=True, **kw, **popen)
+
+
+def child_result(mode: str, args: dict, as_other: bool = True) -> dict:
+    p = run_child(mode, args, as_other)
+    out, _ = p.communicate(timeout=CHILD_TIMEOUT_S)
+    assert p.returncode == 0, f"child.py {mode} exited with {p.returncode}: {out}"
+    return json.loads(out.strip().splitlines()[-1])
+
+
+class ClientTestCase(unittest.TestCase):
+    def setUp(self) -> None:
+        self.client = vmmbroker.connect()
+
+    def tearDown(self) -> None:
+        self.client.close()
+
+
+class TestLeases(ClientTestCase):
+    def test_alloc_properties(self) -> None:
+        with self.client.alloc(3 * MiB, label="py-props") as lease:
+            self.assertIsInstance(lease, vmmbroker.Lease)
+            self.assertEqual(lease.size, 4 * MiB)          # rounded up to the 2 MiB granularity
+            self.assertEqual(lease.device, 0)
+            self.assertFalse(lease.readonly)
+            self.assertEqual(lease.owner, os.getuid())
+            self.assertEqual(lease.owner_name, pwd.getpwuid(os.getuid()).pw_name)
+            self.assertRegex(lease.id, r"^[0-9a-f]+$")
+            self.assertNotEqual(lease.ptr, 0)
+            self.assertEqual(ctypes.string_at(lease.ptr, lease.size), bytes(lease.size))  # reads zero
+            info = listed()[lease.id]
+            self.assertEqual(info["size"], lease.size)
+            self.assertEqual(info["label"], "py-props")
+            self.assertEqual([h["pid"] for h in info["holders"]], [os.getpid()])
+            self.assertIn(lease.id, repr(lease))
+
+    def test_alloc_device(self) -> None:
+        with self.client.alloc(MiB, device=0) as lease:
+            self.assertEqual(lease.device, 0)
+        with self.assertRaises(vmmbroker.Error) as cm:
+            self.client.alloc(MiB, device=7)
+        self.assertEqual(cm.exception.errno, errno.ENODEV)
+
+    def test_free_is_idempotent(self) -> None:
+        lease = self.client.alloc(MiB)
+        lid = lease.id
+        self.assertIn(lid, listed())
+        lease.free()
+        self.assertTrue(lease.freed)
+        self.assertNotIn(lid, listed())
+        lease.free()
+        self.assertEqual(lease.id, lid)                      # what it was stays readable
+        with self.assertRaises(ValueError):
+            lease.ptr
+        with self.assertRaises(ValueError):
+            lease.share()
+
+    def test_context_managers(self) -> None:
+        with vmmbroker.connect() as c:
+            with c.alloc(MiB) as inner:
+                lid = inner.id
+                self.assertIn(lid, listed())
+            self.assertNotIn(lid, listed())
+            kept = c.alloc(MiB)                             # freed by the client's close
+            kept_id = kept.id
+        self.assertTrue(c.closed)
+        self.assertTrue(kept.freed)
+        self.assertNotIn(kept_id, listed())
+        with self.assertRaises(ValueError):
+            c.alloc(MiB)
+        c.close()                                           # twice is harmless
+
+    def test_free_after_a_stream(self) -> None:
+        if not _lib.has_symbol("vmmb_free_stream"):
+            self.skipTest("libvmmbroker has no vmmb_free_stream yet")
+        for stream in (0, 1):                                 # the legacy default stream, both ways
+            lease = self.client.alloc(MiB)
+            lid = lease.id
+            lease.free(stream=stream)
+            self.assertNotIn(lid, listed())
+        with self.assertRaises(TypeError):
+            self.client.alloc(MiB).free(stream="default")  # type: ignore[arg-type]
+
+    def test_garbage_collection_frees(self) -> None:
+        lease = self.client.alloc(MiB)
+        lid = lease.id
+        del lease
+        gc.collect()
+        self.assertNotIn(lid, listed())
+
+    def test_status(self) -> None:
+        before = self.client.status()
+        self.assertEqual(len(before), 1)
+        dev = before[0]
+        for key in ("index", "name", "total", "granularity", "capacity", "leased", "scrubbing", "cached",
+                    "leases"):
+            self.assertIn(key, dev)
+        self.assertEqual(dev["index"], 0)
+        self.assertEqual(dev["granularity"], 2 * MiB)
+        with self.client.alloc(8 * MiB):
+            self.assertEqual(self.client.status()[0]["leased"], dev["leased"] + 8 * MiB)
+
+    def test_list_own(self) -> None:
+        with self.client.alloc(MiB, label="mine") as lease:
+            mine = {l["id"]: l for l in self.client.list()}
+            self.assertEqual(mine[lease.id]["uid"], os.getuid())
+            self.assertEqual(mine[lease.id]["pid"], os.getpid())
+
+    def test_threads(self) -> None:
+        results: list = []
+
+        def work() -> None:
+            for _ in range(5):
+                with self.client.alloc(MiB) as lease:
+                    results.append(lease.size)
+
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(CHILD_TIMEOUT_S)
+        self.assertEqual(results, [2 * MiB] * 20)
+
+
+class TestErrors(ClientTestCase):
+    def assertError(self, cm, cls, number: int) -> None:
+        e = cm.exception
+        self.assertIs(type(e), cls)
+        self.assertIsInstance(e, vmmbroker.Error)
+        self.assertIsInstance(e, OSError)
+        self.assertEqual(e.errno, number)
+        self.assertTrue(e.strerror and e.strerror != os.strerror(number), "no sentence of the broker's")
+        self.assertEqual(e.message, e.strerror)
+        self.assertIn(e.strerror, str(e))
+
+    def test_size_zero(self) -> None:
+        with self.assertRaises(vmmbroker.Error) as cm:
+            self.client.alloc(0)
+        self.assertError(cm, vmmbroker.Error, errno.EINVAL)
+        self.assertIn("0 bytes", cm.exception.strerror)
+
+    def test_bad_arguments(self) -> None:
+        with self.assertRaises(TypeError):
+            self.client.alloc("1M")  # type: ignore[arg-type]
+        with self.assertRaises(vmmbroker.Error) as cm:
+            self.client.alloc(-1)
+        self.assertEqual(cm.exception.errno, errno.EINVAL)
+        with self.assertRaises(ValueError):
+            self.client.attach()
+        with self.assertRaises(ValueError):
+            self.client.attach(token="0" * 32, name="x")
+
+    def test_over_a_limit(self) -> None:
+        with self.assertRaises(vmmbroker.QuotaExceeded) as cm:
+            self.client.alloc(2 << 30)                       # MaxBytes=1G
+        self.assertError(cm, vmmbroker.QuotaExceeded, errno.EDQUOT)
+
+    def test_attach_bad_name(self) -> None:
+        with self.assertRaises(vmmbroker.NotFound) as cm:
+            self.client.attach(name="no-such-name")
+        self.assertError(cm, vmmbroker.NotFound, errno.ENOENT)
+        self.assertIn("no-such-name", cm.exception.strerror)
+        with self.assertRaises(vmmbroker.NotFound) as cm:
+            self.client.attach(name="root/no-such-name")
+        self.assertEqual(cm.exception.errno, errno.ENOENT)
+        with self.assertRaises(vmmbroker.Error) as cm:
+            self.client.attach(name="")
+        self.assertEqual(cm.exception.errno, errno.EINVAL)
+
+    def test_attach_bad_token(self) -> None:
+        with self.assertRaises(vmmbroker.NotFound) as cm:
+            self.client.attach(token="0" * 32)
+        self.assertError(cm, vmmbroker.NotFound, errno.ENOKEY)
+        with self.assertRaises(vmmbroker.NotFound) as cm:
+            self.client.revoke("0" * 32)
+        self.assertEqual(cm.exception.errno, errno.ENOKEY)
+
+    def test_unpublish_unknown(self) -> None:
+        with self.assertRaises(vmmbroker.NotFound) as cm:
+            self.client.unpublish("never-published")
+        self.assertError(cm, vmmbroker.NotFound, errno.ENOENT)
+
+    def test_publish_errors(self) -> None:
+        with self.client.alloc(MiB) as a, self.client.alloc(MiB) as b:
+            with self.assertRaises(vmmbroker.Error) as cm:
+                a.publish("with/slash")
+            self.assertEqual(cm.exception.errno, errno.EINVAL)
+            a.publish("py-taken")
+            try:
+                with self.assertRaises(vmmbroker.Error) as cm:
+                    b.publish("py-taken")
+                self.assertEqual(cm.exception.errno, errno.EEXIST)
+            finally:
+                self.client.unpublish("py-taken")
+
+    def test_no_broker(self) -> None:
+        missing = os.path.join(broker.dir, "nobody-listens")
+        with self.assertRaises(vmmbroker.Error) as cm:
+            vmmbroker.connect(missing)
+        self.assertIn(cm.exception.errno, (errno.ENOENT, errno.ECONNREFUSED))
+        self.assertIn(missing, cm.exception.strerror)
+        with self.assertRaises(vmmbroker.Error) as cm:
+            vmmbroker.connect("")
+        self.assertEqual(cm.exception.errno, errno.EINVAL)
+        # Status and List speak varlink themselves: the same errors.
+        with self.assertRaises(vmmbroker.Error) as cm:
+            _varlink.call(missing, "Status")
+        self.assertIn(cm.exception.errno, (errno.ENOENT, errno.ECONNREFUSED))
+        self.assertIn(missing, cm.exception.strerror)
+        # And the broker's own errors, mapped as libvmmbroker maps them.
+        with self.assertRaises(vmmbroker.Error) as cm:
+            _varlink.call(broker.socket, "NoSuchMethod")
+        self.assertEqual(cm.exception.errno, errno.EOPNOTSUPP)
+
+
+class TestArrayInterface(ClientTestCase):
+    def test_lease_interface(self) -> None:
+        with self.client.alloc(MiB) as lease:
+            self.assertEqual(lease.__cuda_array_interface__, {
+                "shape": (2 * MiB,),
+                "typestr": "|u1",
+                "data": (lease.ptr, False),
+                "strides": None,
+                "stream": None,                # CAI v3: None means no synchronization is needed
+                "version": 3,
+            })
+
+    def test_view(self) -> None:
+        with self.client.alloc(MiB) as lease:
+            v = lease.view("float32", (4, 8), offset=256)
+            self.assertIsInstance(v, vmmbroker.LeaseView)
+            self.assertEqual((v.dtype, v.shape, v.offset, v.nbytes, v.itemsize), ("float32", (4, 8), 256, 128, 4))
+            self.assertEqual(v.ptr, lease.ptr + 256)
+            self.assertIs(v.lease, lease)
+            self.assertEqual(v.__cuda_array_interface__, {
+                "shape": (4, 8), "typestr": "<f4", "data": (lease.ptr + 256, False),
+                "strides": None, "stream": None, "version": 3})
+            self.assertEqual(lease.view("int64", 10).shape, (10,))
+            for name, typestr in [("bool", "|b1"), ("int8", "|i1"), ("int16", "<i2"), ("int32", "<i4"),
+                                  ("int64", "<i8"), ("uint8", "|u1"), ("uint16", "<u2"), ("uint32", "<u4"),
+                                  ("uint64", "<u8"), ("float16", "<f2"), ("bfloat16", "<V2"),
+                                  ("float32", "<f4"), ("float64", "<f8"), ("complex64", "<c8"),
+                                  ("complex128", "<c16"), ("bf16", "<V2"), ("torch.float16", "<f2")]:
+                self.assertEqual(lease.view(name, 2).__cuda_array_interface__["typestr"], typestr, name)
+            self.assertEqual(set(vmmbroker.DTYPES) >= {"bfloat16", "float32", "int64"}, True)
+            empty = lease.view("float32", (0, 4))
+            self.assertEqual(empty.__cuda_array_interface__["data"], (0, False))   # CAI: 0 for zero-size
+
+    def test_view_bounds(self) -> None:
+        with self.client.alloc(MiB) as lease:
+            n = lease.size // 4
+            lease.view("float32", n)                                   # exactly the whole lease
+            lease.view("float32", 1, offset=lease.size - 4)            # the last element
+            with self.assertRaises(ValueError):
+                lease.view("float32", n + 1)
+            with self.assertRaises(ValueError):
+                lease.view("float32", 1, offset=lease.size)
+            with self.assertRaises(ValueError):
+                lease.view("uint8", (2, lease.size // 2), offset=1)
+            with self.assertRaises(ValueError):
+                lease.view("float32", 1, offset=2)                     # misaligned
+            with self.assertRaises(ValueError):
+                lease.view("float32", 1, offset=-4)
+            with self.assertRaises(ValueError):
+                lease.view("float32", (-1,))
+            with self.assertRaises(ValueError):
+                lease.view("float128", 1)
+            with self.assertRaises(TypeError):
+                lease.view("float32", "4")
+
+    def test_readonly_interface(self) -> None:
+        # Read-only in this process: a lease published read-only that this process no longer holds
+        # read-write (a process holding it read-write already stays read-write).
+        with self.client.alloc(MiB) as lease:
+            lid = lease.id
+            lease.publish("py-ro", readonly=True)
+        try:
+            with self.client.attach(name="py-ro") as ro:
+                self.assertTrue(ro.readonly)
+                self.assertEqual(ro.id, lid)
+                self.assertEqual(ro.__cuda_array_interface__["data"], (ro.ptr, True))
+                self.assertEqual(ro.view("int32", 4).__cuda_array_interface__["data"], (ro.ptr, True))
+        finally:
+            self.client.unpublish("py-ro")
+
+
+# The DLPack structs as dlpack.h declares them, written out here apart from the package's own.
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p),
+                ("deleter", ctypes.CFUNCTYPE(None, ctypes.c_void_p))]
+
+
+api = ctypes.pythonapi
+api.PyCapsule_GetName.restype = ctypes.c_char_p
+api.PyCapsule_GetName.argtypes = [ctypes.py_object]
+api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+api.PyCapsule_SetName.restype = ctypes.c_int
+api.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
+USED = ctypes.c_char_p(b"used_dltensor")    # a consumer's name for the capsule; must outlive it
+
+
+def consume(capsule) -> int:
+    """What a consumer (torch.from_dlpack) does: takes the tensor and renames the capsule."""
+    address = api.PyCapsule_GetPointer(capsule, b"dltensor")
+    assert api.PyCapsule_SetName(capsule, USED) == 0
+    return address
+
+
+class TestDLPack(ClientTestCase):
+    def counting(self, lease: vmmbroker.Lease) -> list:
+        """Counts the releases the tensors' deleter makes on `lease`."""
+        calls: list = []
+        release = lease._export_release
+
+        def counted() -> None:
+            calls.append(1)
+            release()
+        lease._export_release = counted  # type: ignore[method-assign]
+        return calls
+
+    def test_device(self) -> None:
+        with self.client.alloc(MiB) as lease:
+            self.assertEqual(lease.__dlpack_device__(), (2, 0))
+            self.assertEqual(lease.view("float32", 4).__dlpack_device__(), (2, 0))
+
+    def test_capsule_fields(self) -> None:
+        with self.client.alloc(MiB) as lease:
+            cap = lease.__dlpack__()
+            self.assertEqual(api.PyCapsule_GetName(cap), b"dltensor")
+            m = DLManagedTensor.from_address(api.PyCapsule_GetPointer(cap, b"dltensor"))
+            t = m.dl_tensor
+            self.assertEqual(t.data, lease.ptr)
+            self.assertEqual((t.device.device_type, t.device.device_id), (2, 0))     # kDLCUDA, device 0
+            self.assertEqual(t.ndim, 1)
+            self.assertEqual(t.shape[0], lease.size)
+            self.assertEqual(t.strides[0], 1)
+            self.assertEqual((t.dtype.code, t.dtype.bits, t.dtype.lanes), (1, 8, 1))  # kDLUInt, 8 bits
+            self.assertEqual(t.byte_offset, 0)
+            self.assertTrue(m.deleter)
+            del t, m, cap
+
+            cap = lease.view("float32", (4, 8), offset=256).__dlpack__(stream=1, max_version=(1, 0))
+            self.assertEqual(api.PyCapsule_GetName(cap), b"dltensor")
+            t = DLManagedTensor.from_address(api.PyCapsule_GetPointer(cap, b"dltensor")).dl_tensor
+            self.assertEqual(t.data, lease.ptr + 256)
+            self.assertEqual(t.ndim, 2)
+            self.assertEqual([t.shape[0], t.shape[1]], [4, 8])
+            self.assertEqual([t.strides[0], t.strides[1]], [8, 1])                   # in elements
+            self.assertEqual((t.dtype.code, t.dtype.bits, t.dtype.lanes), (2, 32, 1))  # kDLFloat
+            del t, cap
+
+            for name, code, bits in [("bfloat16", 4, 16), ("int64", 0, 64), ("bool", 6, 8),
+                                     ("complex64", 5, 64), ("float16", 2, 16)]:
+                cap = lease.view(name, 2).__dlpack__()
+                t = DLManagedTensor.from_address(api.PyCapsule_GetPointer(cap, b"dltensor")).dl_tensor
+                self.assertEqual((t.dtype.code, t.dtype.bits), (code, bits), name)
+                del t, cap
+
+    def test_unconsumed_capsule_deletes_once(self) -> None:
+        with self.client.alloc(MiB) as lease:
+            calls = self.counting(lease)
+            before = _dlpack.live_exports()
+            cap = lease.__dlpack__()
+            self.assertEqual(_dlpack.live_exports(), before + 1)
+            del cap
+            gc.collect()
+            self.assertEqual(calls, [1])
+            self.assertEqual(_dlpack.live_exports(), before)
+
+    def test_consumed_capsule_is_the_consumer_s(self) -> None:
+        with self.client.alloc(MiB) as lease:
+            calls = self.counting(lease)
+            cap = lease.__dlpack__()
+            address = consume(cap)
+            del cap                                   # consumed: the capsule's destructor leaves it
+            gc.collect()
+            self.assertEqual(calls, [])
+            m = DLManagedTensor.from_address(address)
+            self.assertEqual(m.dl_tensor.data, lease.ptr)
+            deleter = m.deleter
+            done = threading.Thread(target=deleter, args=(address,))   # consumers may delete in any thread
+            done.start()
+            done.join(CHILD_TIMEOUT_S)
+            self.assertEqual(calls, [1])
+
+    def test_free_waits_for_exports(self) -> None:
+        lease = self.client.alloc(MiB)
+        lid = lease.id
+        cap = lease.__dlpack__()
+        tensor = consume(cap)
+        del cap
+        lease.free()                                  # put off: a tensor still uses the memory
+        self.assertTrue(lease.freed)
+        self.assertIn(lid, listed())
+        self.assertNotEqual(lease.ptr, 0)             # still mapped
+        with self.assertRaises(BufferError):
+            lease.__dlpack__()
+        DLManagedTensor.from_address(tensor).deleter(tensor)
+        self.assertNotIn(lid, listed())
+        with self.assertRaises(ValueError):
+            lease.ptr
+
+    def test_close_waits_for_exports(self) -> None:
+        c = vmmbroker.connect()
+        lease = c.alloc(MiB)
+        lid = lease.id
+        cap = lease.__dlpack__()
+        c.close()
+        self.assertIn(lid, listed())
+        del cap
+        self.assertNotIn(lid, listed())
+
+    def test_export_keeps_lease_alive(self) -> None:
+        lease = self.client.alloc(MiB)
+        lid = lease.id
+        cap = lease.view("int32", 16).__dlpack__()
+        del lease
+        gc.collect()
+        self.assertIn(lid, listed())
+        del cap
+        gc.collect()
+        self.assertNotIn(lid, listed())
+
+    def test_arguments(self) -> None:
+        with self.client.alloc(MiB) as lease:
+            for kw in ({"stream": None}, {"stream": -1}, {"stream": 1}, {"stream": 2}, {"max_version": (1, 1)},
+                       {"dl_device": (2, 0)}, {"copy": False}):
+                del_me = lease.__dlpack__(**kw)
+                self.assertEqual(api.PyCapsule_GetName(del_me), b"dltensor")
+                del del_me
+            with self.assertRaises(BufferError):
+                lease.__dlpack__(dl_device=(1, 0))
+            with self.assertRaises(BufferError):
+                lease.__dlpack__(copy=True)
+            with self.assertRaises(TypeError):
+                lease.__dlpack__(stream="default")
+            with self.assertRaises(TypeError):
+                lease.__dlpack__(1)  # type: ignore[misc]
+
+
+class TestSharing(ClientTestCase):
+    def test_token(self) -> None:
+        uid = other_uid()
+        with self.client.alloc(MiB) as lease:
+            ctypes.memset(lease.ptr, 0xAB, 4096)
+            token = lease.share(uid=uid)
+            self.assertRegex(token, r"^[0-9a-f]{32}$")
+            r = child_result("attach", {"token": token, "check_len": 4096, "write": [4096, 0xCD, 4096],
+                                        "try": ["share", "tokens", "list-all"]})
+            self.assertEqual(r["uid"], uid)
+            self.assertEqual(r["lease"], {"id": lease.id, "size": lease.size, "device": 0, "readonly": False,
+                                          "owner": os.getuid(),
+                                          "owner_name": pwd.getpwuid(os.getuid()).pw_name})
+            self.assertEqual(r["data"], "ab" * 4096)
+            self.assertEqual(ctypes.string_at(lease.ptr + 4096, 4096), b"\xcd" * 4096)   # the same memory
+            if uid != os.getuid():
+                self.assertEqual(r["share"]["type"], "PermissionDenied")
+                self.assertEqual(r["share"]["errno"], errno.EACCES)
+                self.assertEqual(r["tokens"]["errno"], errno.EACCES)
+                self.assertEqual(r["list-all"]["type"], "PermissionDenied")
+            self.assertEqual([h["pid"] for h in listed()[lease.id]["holders"]], [os.getpid()])  # child freed
+
+    def test_readonly_token_tokens_and_revoke(self) -> None:
+        uid = other_uid()
+        with self.client.alloc(MiB) as lease:
+            ro = lease.share(readonly=True)
+            rw = lease.share(uid=uid)
+            toks = {t["token"]: t for t in lease.tokens()}
+            self.assertEqual(toks[ro], {"token": ro, "uid": None, "creator": os.getuid(), "readonly": True})
+            self.assertEqual(toks[rw], {"token": rw, "uid": uid, "creator": os.getuid(), "readonly": False})
+            r = child_result("attach", {"token": ro, "write": [0, 1, 1], "try": ["share"]})
+            self.assertTrue(r["lease"]["readonly"])
+            self.assertIn(r["share"]["errno"], (errno.EACCES,))
+            self.client.revoke(rw)
+            self.assertEqual([t["token"] for t in lease.tokens()], [ro])
+            r = child_result("attach", {"token": rw})
+            self.assertEqual(r["attach"]["type"], "NotFound")
+            self.assertEqual(r["attach"]["errno"], errno.ENOKEY)
+
+    def test_publish_attach_unpublish(self) -> None:
+        uid = other_uid()
+        me = pwd.getpwuid(os.getuid()).pw_name
+        lease = self.client.alloc(MiB)
+        lid = lease.id
+        ctypes.memset(lease.ptr, 0x42, 64)
+        lease.publish("py-weights", uids=[uid] if uid != os.getuid() else [], readonly=True)
+        name = f"{me}/py-weights"
+        r = child_result("attach", {"name": name, "check_len": 64, "try": ["unpublish", "attach-missing"],
+                                    "unpublish": name, "missing": f"{me}/py-missing"})
+        self.assertEqual(r["lease"]["id"], lid)
+        self.assertTrue(r["lease"]["readonly"])
+        self.assertEqual(r["lease"]["owner"], os.getuid())
+        self.assertEqual(r["lease"]["owner_name"], me)
+        self.assertEqual(r["data"], "42" * 64)
+        self.assertEqual(r["attach-missing"]["type"], "NotFound")
+        if uid != os.getuid():
+            self.assertEqual(r["unpublish"]["type"], "PermissionDenied")
+        else:
+            self.assertEqual(r["unpublish"], "ok")
+            lease.publish("py-weights", readonly=True)
+        # Published: the lease outlives every holder.
+        lease.free()
+        info = listed()[lid]
+        self.assertEqual(info["name"], "py-weights")
+        self.assertEqual(info["holders"], [])
+        with self.client.attach(name="py-weights") as again:     # the owner's own form
+            self.assertEqual(again.id, lid)
+            self.assertTrue(again.readonly)                       # published read-only: the owner's too
+            self.assertEqual(ctypes.string_at(again.ptr, 64), b"\x42" * 64)
+        with self.client.attach(name=f"{os.getuid()}/py-weights") as by_uid:
+            self.assertEqual(by_uid.id, lid)
+        self.client.unpublish("py-weights")
+        self.assertNotIn(lid, listed())
+        with self.assertRaises(vmmbroker.NotFound):
+            self.client.attach(name="py-weights")
+
+
+class TestExit(unittest.TestCase):
+    """A lease is given back when its process exits, however it exits."""
+
+    def exit_child(self, how: str, **args) -> tuple[str, list]:
+        p = run_child("alloc-exit", dict(args, how=how), as_other=False, stdin=subprocess.PIPE)
+        lines = [p.stdout.readline()]
+        lid = json.loads(lines[0])["id"]
+        self.assertIn(lid, listed())                          # held while the child lives
+        if how == "kill":
+            p.send_signal(signal.SIGKILL)
+        out, _ = p.communicate(timeout=CHILD_TIMEOUT_S)       # closes its stdin: it goes on and exits
+        lines += out.splitlines()
+        return lid, [json.loads(l) for l in lines[1:] if l.strip()]
+
+    def test_exit_without_freeing(self) -> None:
+        lid, _ = self.exit_child("exit")                      # os._exit(): no atexit, no __del__
+        self.assertNotIn(lid, listed())                       # the broker drops a dead process's holds
+
+    def test_killed(self) -> None:
+        lid, _ = self.exit_child("kill")
+        self.assertNotIn(lid, listed())
+
+    def test_atexit_frees(self) -> None:
+        lid, rest = self.exit_child("atexit")
+        self.assertEqual(len(rest), 1, rest)
+        self.assertNotIn(lid, rest[0]["after_atexit"])        # freed by the package before the process ended
+        self.assertNotIn(lid, listed())
+
+    def test_exit_with_a_live_export(self) -> None:
+        lid, _ = self.exit_child("atexit", export=True)
+        self.assertNotIn(lid, listed())
+
+
+class TestTorchEntryPoints(unittest.TestCase):
+    """libvmmbroker's PyTorch allocator entry points (client/torch.c), called as PyTorch calls them."""
+
+    def test_alloc_free_release(self) -> None:
+        if not _lib.has_symbol("vmmb_torch_alloc") or not _lib.has_symbol("vmmb_torch_free"):
+            self.skipTest("libvmmbroker has no vmmb_torch_alloc/vmmb_torch_free yet")
+        r = child_result("torch", {"size": 3 * MiB}, as_other=False)
+        self.assertNotEqual(r["ptr"], 0)
+        self.assertEqual(r["readback"], "5a" * 16)
+        self.assertGreaterEqual(r["held_after_alloc"], 3 * MiB)
+        if "lease_id" in r:                                   # the segment is a lease labelled "torch"
+            self.assertEqual(r["labels"].get(r["lease_id"]), "torch", r)
+        if "held_after_release" in r:
+            self.assertGreaterEqual(r["release_all"], 0)
+            self.assertEqual(r["held_after_release"], 0)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
