@@ -550,6 +550,32 @@ static Slab *cache_take(PoolDevice *dev, unsigned cls, uid_t uid) {
         return slab;
 }
 
+/*
+ * A cached slab of the class for `uid`; else, when one of that class and uid is being scrubbed, waits for
+ * the scrubs queued so far and takes it. Under fast alloc/free of one size the slab just freed is usually
+ * still being scrubbed when the next request comes: waiting for it (the device zeroes at TB/s: microseconds
+ * for small slabs) is cheaper than creating and exporting a new one, and the pool does not grow with churn.
+ */
+static Slab *cache_take_or_wait(PoolDevice *dev, unsigned cls, uid_t uid) {
+        Slab *slab = cache_take(dev, cls, uid), *s;
+        bool scrubbing = false;
+
+        if (slab)
+                return slab;
+        list_for_each_entry(s, &dev->scrubbing, link_state)
+                if (s->size_class == cls && s->uid == uid) {
+                        scrubbing = true;
+                        break;
+                }
+        if (!scrubbing || make_current(dev) < 0)
+                return NULL;
+        if (DRV(dev, cuStreamSynchronize)(dev->stream) != CUDA_SUCCESS)
+                return NULL;    /* the scrub will be seen as failed when its completion is dispatched */
+        dev->stats.scrub_waits++;
+        (void)pool_dispatch(dev->pool);
+        return cache_take(dev, cls, uid);
+}
+
 /* Undoes a request that failed: created slabs go back to the driver, cached ones back to the cache. */
 static void alloc_rollback(PoolDevice *dev, Slab **slabs, size_t n) {
         for (size_t i = n; i-- > 0;) {
@@ -586,7 +612,7 @@ int pool_alloc(Pool *p, int device, uint64_t size, uid_t uid, Slab **ret_slabs, 
 
         /* Cached slabs first. They stay marked SLAB_CACHED until the request succeeds, for the rollback. */
         for (size_t j = 0; j < n; j++) {
-                slabs[j] = cache_take(dev, size_class(dev, sizes[j]), uid);
+                slabs[j] = cache_take_or_wait(dev, size_class(dev, sizes[j]), uid);
                 if (!slabs[j])
                         fresh += sizes[j];
         }

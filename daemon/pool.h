@@ -101,6 +101,7 @@ typedef struct PoolDeviceStats {
         uint64_t scrubs;                /* scrubs completed */
         uint64_t scrubbed_bytes;
         uint64_t primed;                /* unbound slabs created by pool_idle() */
+        uint64_t scrub_waits;           /* requests that waited for a scrub rather than create a slab */
         uint64_t driver_calls;          /* Driver API calls the pool made for this device */
 } PoolDeviceStats;
 
