@@ -281,17 +281,44 @@ def publish_state_dict(client, name: str, state_dict: Mapping[str, Any], uids: S
     return lease
 
 
+_cuda = None
+
+
+def _device_bytes(base, start: int, n: int) -> bytes:
+    """N bytes of BASE's device memory from START: one cuMemcpyDtoH straight into a host buffer.
+
+    A tensor's .cpu() goes through PyTorch's copy machinery and a temporary tensor (about 0.5 ms each
+    time, measured on an H100); the driver's synchronous copy of a few KiB takes microseconds. Falls
+    back to .cpu() when libcuda cannot be loaded.
+    """
+    global _cuda
+    import ctypes
+
+    if _cuda is None:
+        try:
+            _cuda = ctypes.CDLL("libcuda.so.1")
+            _cuda.cuMemcpyDtoH_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t]
+            _cuda.cuMemcpyDtoH_v2.restype = ctypes.c_int
+        except (OSError, AttributeError):
+            _cuda = False
+    if _cuda:
+        buf = ctypes.create_string_buffer(n)
+        if _cuda.cuMemcpyDtoH_v2(buf, base.data_ptr() + start, n) == 0:
+            return buf.raw
+    return base[start:start + n].cpu().numpy().tobytes()
+
+
 def read_layout(base) -> Tuple[List[list], int, Dict[str, Any]]:
     """Read the layout from BASE, a 1-D uint8 CUDA tensor over a whole lease (one small copy, two if large)."""
     size = base.shape[0]
     first = min(size, FIRST_READ)
-    buf = base[:first].cpu().numpy().tobytes()
+    buf = _device_bytes(base, 0, first)
     js, _, _, _ = decode_prefix(buf)
     need = PREFIX_SIZE + js
     if need > first:
         if need > size:
             raise LayoutError(f"header of {need} bytes in a lease of {size}")
-        buf += base[first:need].cpu().numpy().tobytes()
+        buf += _device_bytes(base, first, need - first)
     return decode_layout(buf, size)
 
 
