@@ -510,6 +510,10 @@ int pool_drain(Pool *p) {
 
                 if (list_is_empty(&dev->scrubbing))
                         continue;
+                if (make_current(dev) < 0) {
+                        ret = -EIO;
+                        continue;
+                }
                 r = DRV(dev, cuStreamSynchronize)(dev->stream);
                 if (r != CUDA_SUCCESS) {
                         driver_error(dev, "cuStreamSynchronize", r);

@@ -348,7 +348,8 @@ static int restore_tokens_and_name(Broker *b, Lease *l, const StateLease *sl) {
                         free(uids);
                         return -ENOMEM;
                 }
-                memcpy(uids, sl->name_uids, sl->n_name_uids * sizeof(uid_t));
+                if (sl->n_name_uids > 0)
+                        memcpy(uids, sl->name_uids, sl->n_name_uids * sizeof(uid_t));
                 lease_set_name(&b->leases, l, key, uids, sl->n_name_uids, sl->name_readonly);
         }
         return 0;
