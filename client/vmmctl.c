@@ -101,6 +101,39 @@ _printf_(1, 2) static void log_error(const char *fmt, ...) {
 
 _printf_(1, 2) static int usage_error(const char *fmt, ...);
 
+/*
+ * For the system service's socket: what systemd says of vmmbroker.service (its state, and its last
+ * STATUS=, where a daemon that cannot serve says why), as one line on stderr. Says nothing where there is
+ * no systemd or no such unit. systemctl show answers at once: it asks PID 1, and starts nothing.
+ */
+static void explain_unit(const Context *ctx) {
+        char line[1024], active[64] = "", sub[64] = "", result[64] = "", status[768] = "";
+        FILE *f;
+
+        if (strcmp(ctx->socket, VMMB_DEFAULT_SOCKET) != 0)
+                return;
+        f = popen("systemctl show -p ActiveState -p SubState -p Result -p StatusText vmmbroker.service "
+                  "2>/dev/null", "re");
+        if (!f)
+                return;
+        while (fgets(line, sizeof(line), f)) {
+                line[strcspn(line, "\n")] = 0;
+                if (strncmp(line, "ActiveState=", 12) == 0)
+                        snprintf(active, sizeof(active), "%.63s", line + 12);
+                else if (strncmp(line, "SubState=", 9) == 0)
+                        snprintf(sub, sizeof(sub), "%.63s", line + 9);
+                else if (strncmp(line, "Result=", 7) == 0)
+                        snprintf(result, sizeof(result), "%.63s", line + 7);
+                else if (strncmp(line, "StatusText=", 11) == 0)
+                        snprintf(status, sizeof(status), "%.767s", line + 11);
+        }
+        if (pclose(f) != 0 || !*active)
+                return;
+        fprintf(stderr, "%s: vmmbroker.service is %s (%s%s%s)%s%s\n", program_invocation_short_name, active, sub,
+                *result && strcmp(result, "success") != 0 ? ", " : "",
+                *result && strcmp(result, "success") != 0 ? result : "", *status ? ": " : "", status);
+}
+
 /* --- talking to the broker --------------------------------------------------------------------------- */
 
 static int broker_connect(Context *ctx) {
@@ -136,6 +169,7 @@ static int broker_connect(Context *ctx) {
 
                         vmmb_connect_message(ctx->socket, VMMB_DEFAULT_SOCKET, -errno, &message);
                         log_error("%s", message ?: strerror(errno));
+                        explain_unit(ctx);
                 }
                 return EXIT_UNREACHABLE;
         }
@@ -159,6 +193,7 @@ static int broker_io_failed(const Context *ctx, int error, const char *what, con
         case -EPIPE:
                 log_error("The broker at %s closed the connection while %s %s. Did vmmbrokerd stop "
                           "(systemctl status vmmbroker.service)?", ctx->socket, what, method);
+                explain_unit(ctx);
                 return EXIT_UNREACHABLE;
         case -EBADMSG:
         case -EMSGSIZE:
