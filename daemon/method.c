@@ -33,18 +33,6 @@ static int reply_empty(MethodReply *r) {
         return k < 0 ? k : reply_params(r, out);
 }
 
-/* A user's name, into buf; NULL when it has none (or the lookup failed). */
-static const char *user_name(uid_t uid, char *buf, size_t size) {
-        struct passwd pw, *found = NULL;
-        char scratch[1024];
-
-        if (getpwuid_r(uid, &pw, scratch, sizeof(scratch), &found) != 0 || !found ||
-            strlen(found->pw_name) >= size || strlen(found->pw_name) > VMMB_USER_NAME_MAX)
-                return NULL;
-        strcpy(buf, found->pw_name);
-        return buf;
-}
-
 /* OWNER of OWNER/NAME: a decimal uid, or a user name looked up. Returns 0, or -ESRCH for no such user. */
 static int owner_uid(const char *owner, uid_t *ret) {
         struct passwd pw, *found = NULL;
@@ -85,11 +73,11 @@ static int name_ref(const Caller *c, const char *ref, char *buf, uid_t *ret_owne
 /* Answers with a lease, who owns it, and its slabs' fds (Alloc, Attach). */
 static int reply_lease(MethodReply *r, const Lease *l, bool readonly) {
         WireSlab slabs[POOL_MAX_SLABS];
-        char owner[VMMB_USER_NAME_MAX + 1];
         AllocReply reply = {
                 .lease = { .id = (char *)l->id, .device = l->device, .size = l->size,
                            .slabs = slabs, .n_slabs = l->n_slabs, .owner = l->uid,
-                           .owner_name = (char *)user_name(l->uid, owner, sizeof(owner)), .readonly = readonly },
+                           .owner_name = (char *)user_name(l->charge_lease.user, VMMB_USER_NAME_MAX),
+                           .readonly = readonly },
         };
         json_object *out = NULL;
         int k;

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <pwd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -49,6 +50,7 @@ static void user_free(UserRegistry *r, User *u) {
         r->n_users--;
         free(u->bytes);
         free(u->max_bytes);
+        free(u->name);
         free(u);
 }
 
@@ -229,6 +231,20 @@ void user_charge_release(UserCharge *charge) {
         add_usage(charge->user, charge->what, charge->device, charge->amount, true);
         user_unref(charge->user);
         *charge = USER_CHARGE_NULL;
+}
+
+const char *user_name(User *u, size_t max) {
+        struct passwd pw, *found = NULL;
+        char scratch[1024];
+
+        if (!u->name) {
+                if (getpwuid_r(u->uid, &pw, scratch, sizeof(scratch), &found) != 0)
+                        return NULL;    /* not cached: the lookup may work next time */
+                u->name = strdup(found ? found->pw_name : "");
+                if (!u->name)
+                        return NULL;
+        }
+        return *u->name && strlen(u->name) <= max ? u->name : NULL;
 }
 
 const char *user_resource_name(UserResource what) {

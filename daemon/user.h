@@ -95,6 +95,7 @@ typedef struct User {
         unsigned requests;
         unsigned refused;               /* connections over max_connections waiting to be told so (peer.c) */
         bool groups_known;              /* limits resolved with the groups of a connected process */
+        char *name;                     /* its user name, looked up once (user_name()); "" when it has none */
         List link;                      /* in UserRegistry.users */
 
         /* Indexes kept by the lease layer (lease.c), so that what a call costs is what its caller may see. */
@@ -171,6 +172,13 @@ void user_charge_anyway(User *u, UserCharge *charge, UserResource what, size_t d
 
 /* Gives back exactly what the charge took and empties it. Accepts an empty charge. */
 void user_charge_release(UserCharge *charge);
+
+/*
+ * The user's name, as replies give it (Lease.owner_name): looked up once per User with getpwuid_r() and
+ * kept while the daemon knows the user, so that no request pays an NSS lookup. NULL when the uid has no
+ * name or the lookup failed (then it is tried again next time); at most `max` bytes, else NULL.
+ */
+const char *user_name(User *u, size_t max);
 
 /* "bytes", "leases", "connections" or "requests". */
 const char *user_resource_name(UserResource what);
