@@ -26,6 +26,11 @@ static int reply_invalid(MethodReply *r, const char *field, const char *message)
         return vmmb_error_invalid_parameter(field ?: "parameters", message ?: "invalid", &r->msg);
 }
 
+/* After a *_params_decode() failure k: -EINVAL becomes InvalidParameter naming `bad`, anything else stays. */
+static int reply_decode_failed(MethodReply *r, int k, const char *bad, const char *message) {
+        return k == -EINVAL ? reply_invalid(r, bad, message) : k;
+}
+
 static int reply_empty(MethodReply *r) {
         json_object *out = NULL;
         int k = empty_params_encode(&out);
@@ -68,6 +73,13 @@ static int name_ref(const Caller *c, const char *ref, char *buf, uid_t *ret_owne
                 return 0;
         }
         return owner_uid(owner, ret_owner);
+}
+
+/* After a name_ref() failure k: a malformed reference is InvalidParameter, an unknown owner NoSuchName. */
+static int reply_bad_name_ref(MethodReply *r, int k, const char *ref) {
+        return k == -EINVAL ? reply_invalid(r, "name", "A name is NAME or OWNER/NAME: OWNER a user name or "
+                                            "uid, NAME 1-128 letters, digits and ._-:@+.")
+                            : vmmb_error_no_such_name(ref, &r->msg);
 }
 
 /* Answers with a lease, who owns it, and its slabs' fds (Alloc, Attach). */
@@ -153,7 +165,7 @@ static int method_alloc(Broker *b, const Caller *c, json_object *params, MethodR
 
         k = alloc_params_decode(params, &a, &bad, &message);
         if (k < 0) {
-                k = k == -EINVAL ? reply_invalid(r, bad, message) : k;
+                k = reply_decode_failed(r, k, bad, message);
                 goto out;
         }
         k = broker_alloc(b, c, a.device == VMMB_DEVICE_ANY ? -1 : a.device, a.size, a.label, &l, &quota);
@@ -205,7 +217,7 @@ static int method_free(Broker *b, const Caller *c, json_object *params, MethodRe
 
         k = free_params_decode(params, &a, &bad, &message);
         if (k < 0)
-                k = k == -EINVAL ? reply_invalid(r, bad, message) : k;
+                k = reply_decode_failed(r, k, bad, message);
         else {
                 k = broker_free(b, c, a.id);
                 k = k == 0 ? reply_empty(r) : reply_outcome(b, r, k, a.id);
@@ -224,7 +236,7 @@ static int method_share(Broker *b, const Caller *c, json_object *params, MethodR
 
         k = share_params_decode(params, &a, &bad, &message);
         if (k < 0) {
-                k = k == -EINVAL ? reply_invalid(r, bad, message) : k;
+                k = reply_decode_failed(r, k, bad, message);
                 goto out;
         }
         if (a.uid != JSON_ABSENT && !uid_is_valid((uint64_t)a.uid)) {
@@ -259,7 +271,7 @@ static int method_revoke(Broker *b, const Caller *c, json_object *params, Method
 
         k = revoke_params_decode(params, &a, &bad, &message);
         if (k < 0)
-                k = k == -EINVAL ? reply_invalid(r, bad, message) : k;
+                k = reply_decode_failed(r, k, bad, message);
         else {
                 k = broker_revoke(b, c, a.token);
                 if (k == 0)
@@ -287,11 +299,9 @@ static int method_attach(Broker *b, const Caller *c, json_object *params, Method
 
         k = attach_params_decode(params, &a, &bad, &message);
         if (k < 0)
-                k = k == -EINVAL ? reply_invalid(r, bad, message) : k;
+                k = reply_decode_failed(r, k, bad, message);
         else if (!a.token && (k = name_ref(c, a.name, buf, &owner, &name)) < 0)
-                k = k == -EINVAL ? reply_invalid(r, "name", "A name is NAME or OWNER/NAME: OWNER a user name or "
-                                                 "uid, NAME 1-128 letters, digits and ._-:@+.")
-                                 : vmmb_error_no_such_name(a.name, &r->msg);
+                k = reply_bad_name_ref(r, k, a.name);
         else {
                 k = broker_attach(b, c, a.token, owner, name, a.readonly, &hold);
                 k = k == 0 ? reply_lease(r, hold->lease, hold->readonly) : reply_outcome(b, r, k, a.name);
@@ -309,7 +319,7 @@ static int method_publish(Broker *b, const Caller *c, json_object *params, Metho
 
         k = publish_params_decode(params, &a, &bad, &message);
         if (k < 0) {
-                k = k == -EINVAL ? reply_invalid(r, bad, message) : k;
+                k = reply_decode_failed(r, k, bad, message);
                 goto out;
         }
         for (size_t i = 0; i < a.n_uids; i++) {
@@ -344,11 +354,9 @@ static int method_unpublish(Broker *b, const Caller *c, json_object *params, Met
 
         k = unpublish_params_decode(params, &a, &bad, &message);
         if (k < 0)
-                k = k == -EINVAL ? reply_invalid(r, bad, message) : k;
+                k = reply_decode_failed(r, k, bad, message);
         else if ((k = name_ref(c, a.name, buf, &owner, &name)) < 0)
-                k = k == -EINVAL ? reply_invalid(r, "name", "A name is NAME or OWNER/NAME: OWNER a user name or "
-                                                 "uid, NAME 1-128 letters, digits and ._-:@+.")
-                                 : vmmb_error_no_such_name(a.name, &r->msg);
+                k = reply_bad_name_ref(r, k, a.name);
         else {
                 k = broker_unpublish(b, c, owner, name);
                 if (k == 0)
@@ -393,7 +401,7 @@ static int method_tokens(Broker *b, const Caller *c, json_object *params, Method
 
         k = free_params_decode(params, &a, &bad, &message);
         if (k < 0)
-                return k == -EINVAL ? reply_invalid(r, bad, message) : k;
+                return reply_decode_failed(r, k, bad, message);
         k = broker_tokens(b, c, a.id, tokens_add, &tb);
         if (k == 0) {
                 k = tokens_reply_encode(&(TokensReply){ .tokens = tb.tokens, .n_tokens = tb.n }, &out);
@@ -441,7 +449,7 @@ static int method_users(Broker *b, const Caller *c, json_object *params, MethodR
 
         k = list_params_decode(params, &a, &bad, &message);
         if (k < 0)
-                return k == -EINVAL ? reply_invalid(r, bad, message) : k;
+                return reply_decode_failed(r, k, bad, message);
         if (a.all && !c->admin)
                 return vmmb_error_permission_denied("Showing every user needs an administrator.", &r->msg);
         n = a.all ? b->users.n_users : 1;       /* a user's own costs one, whatever the registry holds */
@@ -528,7 +536,7 @@ static int method_list(Broker *b, const Caller *c, json_object *params, MethodRe
 
         k = list_params_decode(params, &a, &bad, &message);
         if (k < 0)
-                return k == -EINVAL ? reply_invalid(r, bad, message) : k;
+                return reply_decode_failed(r, k, bad, message);
         k = broker_list(b, c, a.all, list_add, &lb);
         if (k == BROKER_E_NOT_OWNER)
                 k = vmmb_error_permission_denied("Listing every user's leases needs an administrator.", &r->msg);
@@ -559,7 +567,7 @@ static int method_status(Broker *b, const Caller *c, json_object *params, Method
 
         k = empty_params_decode(params, &bad, &message);
         if (k < 0)
-                return k == -EINVAL ? reply_invalid(r, bad, message) : k;
+                return reply_decode_failed(r, k, bad, message);
         if (!devices || !stats)
                 return -ENOMEM;
         for (size_t i = 0; i < n; i++) {
@@ -591,7 +599,7 @@ static int method_metrics(Broker *b, const Caller *c, json_object *params, Metho
 
         k = empty_params_decode(params, &bad, &message);
         if (k < 0)
-                return k == -EINVAL ? reply_invalid(r, bad, message) : k;
+                return reply_decode_failed(r, k, bad, message);
         if (!c->admin)
                 return vmmb_error_permission_denied("The metrics show every user's use: they need an "
                                                     "administrator.", &r->msg);
