@@ -12,19 +12,24 @@
 #include <unistd.h>
 
 #include "fdpass.h"
+#include "hashmap.h"
 #include "macro.h"
 #include "message.h"
 #include "pool.h"
 #include "size.h"
 
-#define POOL_MAX_CLASSES 48
-
-/* Free slabs of one size class that may be handed to one uid; most recently cached first. */
-struct CacheBucket {
+/* What a cached slab is found by: its size and the uid whose data it may hold. */
+typedef struct BucketKey {
+        uint64_t size;
         uid_t uid;
+} BucketKey;
+
+/* Free slabs of one size that may be handed to one uid; most recently cached first. */
+struct CacheBucket {
+        BucketKey key;
         unsigned n;
         List slabs;
-        List link;              /* in PoolDevice.cache[class] */
+        HashLink link;          /* in PoolDevice.cache */
 };
 
 struct PoolDevice {
@@ -34,8 +39,7 @@ struct PoolDevice {
         CUstream stream;                /* the scrub stream */
         uint64_t capacity;
         uint64_t created_bytes;         /* every live slab: leased, scrubbing or cached */
-        unsigned n_classes;
-        List cache[POOL_MAX_CLASSES];   /* CacheBucket, one per uid that has cached slabs of the class */
+        HashMap cache;                  /* CacheBucket by (size, uid), one per size and uid with cached slabs */
         List lru;                       /* cached Slab, least recently used first */
         List leased;                    /* Slab handed out */
         List scrubbing;                 /* Slab, in stream order */
@@ -110,18 +114,12 @@ size_t pool_plan(uint64_t size, uint64_t granularity, uint64_t max_slab, uint64_
                 if (sizes && n < max_sizes)
                         sizes[n] = max_slab;
         rest = size % max_slab;
-        for (uint64_t s = max_slab >> 1; s >= granularity && rest > 0; s >>= 1)
-                if (rest & s) {
-                        if (sizes && n < max_sizes)
-                                sizes[n] = s;
-                        n++;
-                        rest -= s;
-                }
+        if (rest > 0) {
+                if (sizes && n < max_sizes)
+                        sizes[n] = rest;
+                n++;
+        }
         return n;
-}
-
-static unsigned size_class(const PoolDevice *dev, uint64_t size) {
-        return (unsigned)(__builtin_ctzll(size) - __builtin_ctzll(dev->info.granularity));
 }
 
 /* Stream work needs the device's context current on this thread. (Callers may switch it, so always set it.) */
@@ -137,13 +135,31 @@ static int make_current(PoolDevice *dev) {
 
 /* --- the cache ------------------------------------------------------------------------------------------ */
 
-static CacheBucket *bucket_find(PoolDevice *dev, unsigned cls, uid_t uid) {
-        CacheBucket *b;
+static const void *bucket_key(const HashLink *link) {
+        return &container_of(link, CacheBucket, link)->key;
+}
 
-        list_for_each_entry(b, &dev->cache[cls], link)
-                if (b->uid == uid)
-                        return b;
-        return NULL;
+static uint64_t bucket_hash(const void *key) {
+        const BucketKey *k = key;
+        /* sizes are multiples of the granularity and uids 32 bits: this is one-to-one for a given uid */
+        uint64_t u = k->size ^ ((uint64_t)k->uid * UINT64_C(0x9e3779b97f4a7c15));
+
+        return hashmap_hash_u64(&u);
+}
+
+static bool bucket_equal(const void *a, const void *b) {
+        const BucketKey *x = a, *y = b;
+
+        return x->size == y->size && x->uid == y->uid;
+}
+
+static const HashMapType bucket_type = { .key = bucket_key, .hash = bucket_hash, .equal = bucket_equal };
+
+static CacheBucket *bucket_find(PoolDevice *dev, uint64_t size, uid_t uid) {
+        BucketKey key = { .size = size, .uid = uid };
+        HashLink *link = hashmap_find(&dev->cache, &key);
+
+        return link ? container_of(link, CacheBucket, link) : NULL;
 }
 
 /*
@@ -166,15 +182,15 @@ static void lru_insert(PoolDevice *dev, Slab *slab) {
 
 /* Puts a zeroed slab into its uid's bucket, as the most recently used. */
 static int cache_insert(PoolDevice *dev, Slab *slab) {
-        CacheBucket *b = bucket_find(dev, slab->size_class, slab->uid);
+        CacheBucket *b = bucket_find(dev, slab->size, slab->uid);
 
         if (!b) {
                 b = calloc(1, sizeof(*b));
                 if (!b)
                         return -ENOMEM;
-                b->uid = slab->uid;
+                b->key = (BucketKey){ .size = slab->size, .uid = slab->uid };
                 list_init(&b->slabs);
-                list_link_tail(&dev->cache[slab->size_class], &b->link);
+                hashmap_add(&dev->cache, &b->link);
         }
         slab->state = SLAB_CACHED;
         slab->bucket = b;
@@ -197,7 +213,7 @@ static void cache_remove(PoolDevice *dev, Slab *slab) {
         dev->stats.cached -= slab->size;
         dev->stats.n_cached--;
         if (--b->n == 0) {
-                list_unlink(&b->link);
+                hashmap_remove(&dev->cache, &b->link);
                 free(b);
         }
 }
@@ -278,7 +294,6 @@ static void slab_init(PoolDevice *dev, Slab *slab, uint64_t id, int fd, uint64_t
         slab->id = id;
         slab->device = dev;
         slab->size = size;
-        slab->size_class = size_class(dev, size);
         slab->uid = uid;
         slab->state = SLAB_LEASED;
         slab->fd = fd;
@@ -346,7 +361,7 @@ static int slab_map(PoolDevice *dev, Slab *slab) {
 
         if (slab->scrub_va)
                 return 0;
-        r = DRV(dev, cuMemAddressReserve)(&va, slab->size, slab->size, 0, 0);
+        r = DRV(dev, cuMemAddressReserve)(&va, slab->size, cuda_slab_alignment(slab->size), 0, 0);
         if (r != CUDA_SUCCESS) {
                 driver_error(dev, "cuMemAddressReserve", r);
                 return -EIO;
@@ -442,10 +457,10 @@ int pool_import(Pool *p, int device, uint64_t id, int fd, uint64_t size, uid_t u
         PoolDevice *dev;
         CUresult r;
 
-        if (i < 0 || size == 0 || (size & (size - 1)) != 0)
+        if (i < 0)
                 return -EINVAL;
         dev = &p->devices[i];
-        if (size < dev->info.granularity || size > p->max_slab || id == 0)
+        if (size == 0 || size % dev->info.granularity != 0 || size > p->max_slab || id == 0)
                 return -EINVAL;
         slab = calloc(1, sizeof(*slab));
         if (!slab)
@@ -538,15 +553,15 @@ int pool_find_device(Pool *p, int device) {
 }
 
 /*
- * Takes a cached slab of `cls` for `uid`, most recently used first; else an
+ * Takes a cached slab of `size` for `uid`, most recently used first; else an
  * unbound one (never leased, so it holds nobody's data); else NULL.
  */
-static Slab *cache_take(PoolDevice *dev, unsigned cls, uid_t uid) {
-        CacheBucket *b = bucket_find(dev, cls, uid);
+static Slab *cache_take(PoolDevice *dev, uint64_t size, uid_t uid) {
+        CacheBucket *b = bucket_find(dev, size, uid);
         Slab *slab;
 
         if (!b)
-                b = bucket_find(dev, cls, UID_UNBOUND);
+                b = bucket_find(dev, size, UID_UNBOUND);
         if (!b)
                 return NULL;
         slab = list_first_entry(&b->slabs, Slab, link_state);
@@ -555,19 +570,19 @@ static Slab *cache_take(PoolDevice *dev, unsigned cls, uid_t uid) {
 }
 
 /*
- * A cached slab of the class for `uid`; else, when one of that class and uid is being scrubbed, waits for
+ * A cached slab of `size` for `uid`; else, when one of that size and uid is being scrubbed, waits for
  * the scrubs queued so far and takes it. Under fast alloc/free of one size the slab just freed is usually
  * still being scrubbed when the next request comes: waiting for it (the device zeroes at TB/s: microseconds
  * for small slabs) is cheaper than creating and exporting a new one, and the pool does not grow with churn.
  */
-static Slab *cache_take_or_wait(PoolDevice *dev, unsigned cls, uid_t uid) {
-        Slab *slab = cache_take(dev, cls, uid), *s;
+static Slab *cache_take_or_wait(PoolDevice *dev, uint64_t size, uid_t uid) {
+        Slab *slab = cache_take(dev, size, uid), *s;
         bool scrubbing = false;
 
         if (slab)
                 return slab;
         list_for_each_entry(s, &dev->scrubbing, link_state)
-                if (s->size_class == cls && s->uid == uid) {
+                if (s->size == size && s->uid == uid) {
                         scrubbing = true;
                         break;
                 }
@@ -577,7 +592,7 @@ static Slab *cache_take_or_wait(PoolDevice *dev, unsigned cls, uid_t uid) {
                 return NULL;    /* the scrub will be seen as failed when its completion is dispatched */
         dev->stats.scrub_waits++;
         (void)pool_dispatch(dev->pool);
-        return cache_take(dev, cls, uid);
+        return cache_take(dev, size, uid);
 }
 
 /* Undoes a request that failed: created slabs go back to the driver, cached ones back to the cache. */
@@ -616,7 +631,7 @@ int pool_alloc(Pool *p, int device, uint64_t size, uid_t uid, Slab **ret_slabs, 
 
         /* Cached slabs first. They stay marked SLAB_CACHED until the request succeeds, for the rollback. */
         for (size_t j = 0; j < n; j++) {
-                slabs[j] = cache_take_or_wait(dev, size_class(dev, sizes[j]), uid);
+                slabs[j] = cache_take_or_wait(dev, sizes[j], uid);
                 if (!slabs[j])
                         fresh += sizes[j];
         }
@@ -712,8 +727,9 @@ static int device_init(Pool *p, PoolDevice *dev, int index, const PoolConfig *co
         list_init(&dev->lru);
         list_init(&dev->leased);
         list_init(&dev->scrubbing);
-        for (size_t c = 0; c < POOL_MAX_CLASSES; c++)
-                list_init(&dev->cache[c]);
+        k = hashmap_init(&dev->cache, &bucket_type);
+        if (k < 0)
+                return k;
 
         k = cuda_device_probe(p->cu, index, &dev->info, ret_message);
         if (k < 0)
@@ -724,9 +740,6 @@ static int device_init(Pool *p, PoolDevice *dev, int index, const PoolConfig *co
                                             p->max_slab, index, dev->info.granularity);
                 return -EINVAL;
         }
-        dev->n_classes = (unsigned)(__builtin_ctzll(p->max_slab) - __builtin_ctzll(dev->info.granularity)) + 1;
-        if (dev->n_classes > POOL_MAX_CLASSES)
-                return -EINVAL;
 
         r = DRV(dev, cuDevicePrimaryCtxRetain)(&dev->ctx, dev->info.device);
         if (r != CUDA_SUCCESS) {
@@ -784,8 +797,10 @@ release:
 static void device_done(PoolDevice *dev) {
         Slab *slab, *tmp;
 
-        if (!dev->ctx)
+        if (!dev->ctx) {
+                hashmap_done(&dev->cache);
                 return;
+        }
         if (make_current(dev) == 0 && dev->stream)
                 (void)DRV(dev, cuStreamSynchronize)(dev->stream);
         list_for_each_entry_safe(slab, tmp, &dev->scrubbing, link_state) {
@@ -798,6 +813,7 @@ static void device_done(PoolDevice *dev) {
         }
         while (release_oldest(dev))
                 ;
+        hashmap_done(&dev->cache);
         if (dev->stream)
                 (void)DRV(dev, cuStreamDestroy)(dev->stream);
         (void)DRV(dev, cuDevicePrimaryCtxRelease)(dev->info.device);

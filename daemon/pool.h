@@ -5,14 +5,14 @@
  * The slab pool: the daemon's CUDA VMM physical allocations ("slabs"), per
  * device.
  *
- * - Sizes: slabs come in size classes, powers of two from the device's
- *   allocation granularity up to the maximum slab size. A request is rounded
- *   up to the granularity and served by its binary decomposition plus whole
- *   maximum slabs: the fewest slabs, never more than POOL_MAX_SLABS.
+ * - Sizes: a slab is any multiple of the device's allocation granularity up
+ *   to the maximum slab size. A request is rounded up to the granularity and
+ *   served by whole maximum slabs plus one slab of the rest: a lease up to
+ *   the maximum slab is one slab, so a client imports and maps it once.
  * - Export once: a slab is exported (POSIX fd) when it is created and the fd
  *   is kept for the slab's life. Handing a slab out is sending that fd again.
  * - Isolation: a slab belongs to the uid it was first leased to; once freed it
- *   is cached for that uid only. Another uid gets fresh slabs, or unbound ones
+ *   is cached for that uid only, by its exact size. Another uid gets fresh slabs, or unbound ones
  *   (created ahead by pool_idle() and never leased).
  * - Zeroed: a freed slab is scrubbed asynchronously, on the pool's own
  *   mapping and stream, and is cached only when the scrub has completed.
@@ -69,8 +69,7 @@ typedef struct Slab {
         uint64_t id;                    /* unique in the pool, from 1, never reused: names the slab's fd in the
                                            service manager's fd store ("slab-<id>") */
         PoolDevice *device;
-        uint64_t size;
-        unsigned size_class;            /* log2(size / granularity) */
+        uint64_t size;                  /* a multiple of the granularity, at most the maximum slab */
         uid_t uid;                      /* whose data it may hold */
         SlabState state;
         CUmemGenericAllocationHandle handle;
@@ -165,7 +164,7 @@ int pool_drain(Pool *p);
  * Work the pool keeps out of requests; the daemon calls it when it has nothing
  * else to do. It closes the exported fds of released slabs (which frees their
  * memory) and, when it closed any, creates one unbound slab of the smallest
- * class: closing an exported fd makes the driver's next export slow, and that
+ * size, the granularity: closing an exported fd makes the driver's next export slow, and that
  * export is better paid here than in a client's request. Returns true if it
  * did anything.
  */
@@ -188,7 +187,8 @@ int pool_find_device(Pool *p, int device);
 /* The last driver failure, "cuMemCreate: CUDA_ERROR_OUT_OF_MEMORY", for POOL_E_DRIVER and POOL_E_NOMEM. */
 const char *pool_last_error(Pool *p);
 
-/* The requested size rounded up to the granularity, split into the slab sizes that serve it, largest first.
+/* The requested size rounded up to the granularity, split into the slab sizes that serve it: whole maximum
+ * slabs, then one slab of the rest.
  * Returns the number of slabs (which may exceed POOL_MAX_SLABS: the caller checks), or 0 if size is 0 or
  * overflows. sizes may be NULL to only count; otherwise it has room for max_sizes entries. */
 size_t pool_plan(uint64_t size, uint64_t granularity, uint64_t max_slab, uint64_t *sizes, size_t max_sizes);

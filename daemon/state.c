@@ -347,11 +347,11 @@ static int check_lease(const StateLease *l, size_t i, char **ret_message) {
         for (size_t j = 0; j < l->n_slabs; j++) {
                 if (l->slabs[j].id == 0)
                         return set_message_error(ret_message, -EBADMSG, "Lease %s has a slab of id 0.", l->id);
-                if (!IS_POWER_OF_2(l->slabs[j].size))
-                        return set_message_error(ret_message, -EBADMSG,
-                                                 "Lease %s's slab %" PRIu64 " has a size (%" PRIu64
-                                                 ") that is not a power of two.",
-                                                 l->id, l->slabs[j].id, l->slabs[j].size);
+                /* the pool checks the size against the device's granularity and maximum slab when it
+                 * imports the slab (pool_import()) */
+                if (l->slabs[j].size == 0)
+                        return set_message_error(ret_message, -EBADMSG, "Lease %s's slab %" PRIu64 " is empty.",
+                                                 l->id, l->slabs[j].id);
                 if (__builtin_add_overflow(sum, l->slabs[j].size, &sum))
                         return set_message_error(ret_message, -EBADMSG, "Lease %s's slabs overflow.", l->id);
         }

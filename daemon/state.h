@@ -54,7 +54,7 @@
 
 typedef struct StateSlab {
         uint64_t id;                            /* Slab.id: its fd is stored as "slab-<id>" */
-        uint64_t size;                          /* a power of two */
+        uint64_t size;                          /* not 0 (the pool checks it against the device) */
 } StateSlab;
 
 typedef struct StateToken {
@@ -128,7 +128,7 @@ int state_read(int fd, State *ret, char **ret_message);
  * was read (store_read() makes them too): at most STATE_LEASES_MAX leases;
  * ids and tokens 32 lowercase hex digits; command names and labels printable
  * UTF-8 within their limits; 1..POOL_MAX_SLABS slabs of non-zero ids and
- * power-of-two sizes adding up to the size; a valid name, with name_uids
+ * non-zero sizes adding up to the size; a valid name, with name_uids
  * (at most STATE_NAME_UIDS_MAX) and name_readonly only with a name; at most
  * LEASE_TOKENS_MAX tokens and STATE_HOLDS_MAX holds; no uid, gid or creator
  * of UID_ANY (a token's uid may be), no negative device or pid, refs at

@@ -62,6 +62,10 @@ CUmemAllocationProp cuda_slab_prop(CUdevice device) {
         };
 }
 
+uint64_t cuda_slab_alignment(uint64_t size) {
+        return size == 0 ? 0 : UINT64_C(1) << (63 - __builtin_clzll(size));
+}
+
 static const char *driver_path(const char *path) {
         const char *e;
 
@@ -271,7 +275,7 @@ int cuda_map_fds(CudaDriver *cu, CUdevice device, const int *fds, const uint64_t
                 total += sizes[i];
         }
 
-        r = cu->cuMemAddressReserve(&va, total, sizes[0], 0, 0);
+        r = cu->cuMemAddressReserve(&va, total, cuda_slab_alignment(sizes[0]), 0, 0);
         if (r != CUDA_SUCCESS) {
                 set_message(ret_message, "Cannot reserve %" PRIu64 " bytes of device address space: %s.", total,
                      cuda_result_name(cu, r));

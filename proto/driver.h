@@ -129,8 +129,16 @@ int cuda_result_to_errno(CUresult r);
 CUmemAllocationProp cuda_slab_prop(CUdevice device);
 
 /*
+ * The alignment to reserve a slab's address range with: the largest power of two not above its size. Slabs
+ * are any multiple of the granularity, and cuMemAddressReserve takes only power-of-two alignments
+ * (CUDA_ERROR_INVALID_VALUE otherwise, on the real driver and the simulated device alike).
+ */
+uint64_t cuda_slab_alignment(uint64_t size);
+
+/*
  * What a holder does with a lease: imports each slab fd, reserves one
- * contiguous range for them all (aligned to the first, largest slab), maps the
+ * contiguous range for them all (aligned as cuda_slab_alignment() says for the
+ * first, largest slab), maps the
  * slabs into it in order and sets access for the whole range with one
  * cuMemSetAccess (read-write, or read-only). The imported handles are released
  * once mapped: the mapping keeps the memory. The fds stay open; the caller

@@ -452,38 +452,57 @@ START_TEST(contiguous_allocations_in_one_range) {
 END_TEST
 
 /* The driver layer's own helper (proto/driver.c) on exported slabs, as a lease holder uses it. */
-START_TEST(driver_layer_maps_fds) {
-        const uint64_t sizes[] = { 2 * G, G };
-        const uint32_t seed = UINT32_C(0xd15c0ded);
+/* cuda_map_fds() over slabs exported here: one range in which each slab reads what its own mapping reads. */
+static void driver_layer_maps(const uint64_t *sizes, size_t n, uint32_t seed) {
         _cleanup_free_ char *message = NULL;
         CUmemGenericAllocationHandle h[2];
         CUdeviceptr va[2], lease = 0;
         int fds[2] = { -EBADF, -EBADF };
+        uint64_t offset = 0;
 
-        for (size_t i = 0; i < 2; i++) {
+        ck_assert_uint_le(n, 2);
+        for (size_t i = 0; i < n; i++) {
                 ASSERT_OK(mem_create(sizes[i], &h[i]));
                 ASSERT_OK(mem_export(h[i], &fds[i]));
                 ASSERT_OK(mem_map(h[i], sizes[i], &va[i]));
         }
-        ck_assert_msg(cuda_map_fds(gpu.cu, gpu.info.device, fds, sizes, 2, false, &lease, &message) == 0, "%s",
+        ck_assert_msg(cuda_map_fds(gpu.cu, gpu.info.device, fds, sizes, n, false, &lease, &message) == 0, "%s",
                       message);
-        ASSERT_OK(mem_write_pattern(lease, sizes[0] + sizes[1], seed));
-        {
-                _cleanup_free_ uint32_t *a = NULL, *b = NULL;
+        for (size_t i = 0; i < n; i++)
+                offset += sizes[i];
+        ASSERT_OK(mem_write_pattern(lease, offset, seed));
+        offset = 0;
+        for (size_t i = 0; i < n; i++) {
+                _cleanup_free_ uint32_t *a = NULL;
 
-                ASSERT_OK(mem_read(va[0], sizes[0], &a));
-                ASSERT_OK(mem_read(va[1], sizes[1], &b));
-                ASSERT_OK(pattern_check(a, 0, sizes[0] / sizeof(uint32_t), seed, "slab 0 through its own mapping"));
-                for (size_t i = 0; i < sizes[1] / sizeof(uint32_t); i++)
-                        ck_assert_msg(b[i] == pattern_word(seed, sizes[0] / sizeof(uint32_t) + i),
-                                      "slab 1 through its own mapping differs at byte %zu", i * sizeof(uint32_t));
+                ASSERT_OK(mem_read(va[i], sizes[i], &a));
+                for (size_t w = 0; w < sizes[i] / sizeof(uint32_t); w++)
+                        ck_assert_msg(a[w] == pattern_word(seed, offset / sizeof(uint32_t) + w),
+                                      "slab %zu through its own mapping differs at byte %zu", i, w * sizeof(uint32_t));
+                offset += sizes[i];
         }
-        ck_assert_int_eq(cuda_unmap(gpu.cu, lease, sizes, 2), 0);
-        for (size_t i = 0; i < 2; i++) {
+        ck_assert_int_eq(cuda_unmap(gpu.cu, lease, sizes, n), 0);
+        for (size_t i = 0; i < n; i++) {
                 ASSERT_OK(mem_unmap(va[i], sizes[i]));
                 ASSERT_OK(mem_release(h[i]));
         }
-        close_many(fds, 2);
+        close_many(fds, n);
+}
+
+START_TEST(driver_layer_maps_fds) {
+        const uint64_t sizes[] = { 2 * G, G };
+
+        driver_layer_maps(sizes, ELEMENTSOF(sizes), UINT32_C(0xd15c0ded));
+}
+END_TEST
+
+/* Slabs of any multiple of the granularity (the pool's exact-size slabs), not only powers of two: a lease of
+ * 678 MiB is one slab, reserved with the largest power-of-two alignment below its size. */
+START_TEST(driver_layer_maps_odd_sizes) {
+        const uint64_t one[] = { 3 * gpu.granularity }, two[] = { 5 * gpu.granularity, 3 * gpu.granularity };
+
+        driver_layer_maps(one, ELEMENTSOF(one), UINT32_C(0x0dd51ab5));
+        driver_layer_maps(two, ELEMENTSOF(two), UINT32_C(0x0dd51ab6));
 }
 END_TEST
 
@@ -529,6 +548,23 @@ START_TEST(reserve_size_not_a_granularity_multiple) {
         if (r == CUDA_SUCCESS)
                 (void)gpu.cu->cuMemAddressFree(va, size);
         expect_result("reserve, size a page multiple but not a granularity multiple", r, CUDA_ERROR_INVALID_VALUE);
+}
+END_TEST
+
+/* The alignment must be a power of two: the pool and cuda_map_fds() reserve with cuda_slab_alignment(). */
+START_TEST(reserve_alignment_not_a_power_of_two) {
+        const size_t size = 3 * gpu.granularity;
+        CUdeviceptr va = 0;
+        CUresult r;
+
+        r = gpu.cu->cuMemAddressReserve(&va, size, size, 0, 0);
+        if (r == CUDA_SUCCESS)
+                (void)gpu.cu->cuMemAddressFree(va, size);
+        expect_result("reserve, alignment not a power of two", r, CUDA_ERROR_INVALID_VALUE);
+        ck_assert_uint_eq(cuda_slab_alignment(size), 2 * gpu.granularity);
+        ASSERT_CU(gpu.cu->cuMemAddressReserve(&va, size, cuda_slab_alignment(size), 0, 0));
+        ck_assert_uint_eq(va % cuda_slab_alignment(size), 0);
+        ASSERT_CU(gpu.cu->cuMemAddressFree(va, size));
 }
 END_TEST
 
@@ -951,11 +987,13 @@ static Suite *conformance_suite(void) {
         tcase_add_test(tc, release_while_mapped);
         tcase_add_test(tc, contiguous_allocations_in_one_range);
         tcase_add_test(tc, driver_layer_maps_fds);
+        tcase_add_test(tc, driver_layer_maps_odd_sizes);
 
         tc = tcase(s, "rules");
         tcase_add_test(tc, create_size_not_a_granularity_multiple);
         tcase_add_test(tc, reserve_size_not_a_page_multiple);
         tcase_add_test(tc, reserve_size_not_a_granularity_multiple);
+        tcase_add_test(tc, reserve_alignment_not_a_power_of_two);
         tcase_add_test(tc, map_with_nonzero_offset);
         tcase_add_test(tc, map_part_of_an_allocation);
         tcase_add_test(tc, map_at_unaligned_address);

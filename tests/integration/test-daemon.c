@@ -45,7 +45,7 @@
 #endif
 
 #define MiB (UINT64_C(1) << 20)
-#define LEASE_SIZE (66 * MiB)           /* two slabs: 64 MiB + 2 MiB */
+#define LEASE_SIZE (66 * MiB)           /* two slabs: 64 MiB + 2 MiB (start() sets the maximum slab) */
 #define N_CLIENTS 4
 #define NOBODY 65534
 
@@ -59,8 +59,9 @@ static WireDevice status_of(const Harness *h) {
         return d;
 }
 
+/* A 64 MiB maximum slab, so that LEASE_SIZE is two slabs and every test crosses a slab boundary. */
 static void start(Harness *h) {
-        int k = harness_start(h, NULL);
+        int k = harness_start(h, (const char *const[]){ "--max-slab", "64M", NULL });
 
         ck_assert_msg(k == 0, "harness_start: %s", strerror(-k));
 }

@@ -78,6 +78,9 @@ static void fixture_start(Fixture *f, const char *faults, const char *memory, co
         ck_assert_msg(k == 0, "connect: %s", strerror(-k));
 }
 
+/* A 64 MiB maximum slab: a lease of 66 MiB is two slabs, 64 + 2 MiB, for the cases of a second slab. */
+#define SLABS_64M ((const char *const[]){ "--max-slab", "64M", NULL })
+
 static void fixture_stop(Fixture *f) {
         f->ctl = varlink_conn_free(f->ctl);
         ck_assert_int_eq(harness_stop(&f->h), 0);
@@ -345,30 +348,33 @@ static const AllocFault alloc_faults[] = {
           64 * MiB, DRIVER, "cuMemExportToShareableHandle on device 0: CUDA_ERROR_OUT_OF_MEMORY", false },
         { "export OS error", "cuMemExportToShareableHandle:1:CUDA_ERROR_OPERATING_SYSTEM", NULL, {}, 0,
           64 * MiB, DRIVER, "CUDA_ERROR_OPERATING_SYSTEM", false },
-        /* Three slabs (64 + 16 + 2 MiB): the ones made before the failure go back to the driver. */
-        { "3rd slab out of memory", "cuMemCreate:3", NULL, {}, 0, 82 * MiB, OOM, "CUDA_ERROR_OUT_OF_MEMORY",
-          true },
-        { "2nd slab create error", "cuMemCreate:2:CUDA_ERROR_UNKNOWN", NULL, {}, 0, 82 * MiB, DRIVER,
-          "cuMemCreate on device 0: CUDA_ERROR_UNKNOWN", true },
-        { "3rd slab export error", "cuMemExportToShareableHandle:3", NULL, {}, 0, 82 * MiB, DRIVER,
-          "cuMemExportToShareableHandle on device 0: CUDA_ERROR_UNKNOWN", true },
+        /* Three slabs with a 32 MiB maximum (32 + 32 + 18 MiB): the ones made before the failure go back to
+         * the driver. */
+        { "3rd slab out of memory", "cuMemCreate:3", NULL, { "--max-slab", "32M" }, 0, 82 * MiB, OOM,
+          "CUDA_ERROR_OUT_OF_MEMORY", true },
+        { "2nd slab create error", "cuMemCreate:2:CUDA_ERROR_UNKNOWN", NULL, { "--max-slab", "32M" }, 0, 82 * MiB,
+          DRIVER, "cuMemCreate on device 0: CUDA_ERROR_UNKNOWN", true },
+        { "3rd slab export error", "cuMemExportToShareableHandle:3", NULL, { "--max-slab", "32M" }, 0, 82 * MiB,
+          DRIVER, "cuMemExportToShareableHandle on device 0: CUDA_ERROR_UNKNOWN", true },
         /* Twenty 2 MiB slabs; the 17th fails. */
         { "17th of 20 slabs", "cuMemCreate:17:CUDA_ERROR_UNKNOWN", NULL, { "--max-slab", "2M" }, 0, 40 * MiB,
           DRIVER, "CUDA_ERROR_UNKNOWN", true },
-        /* 64 MiB cached first: the request takes it, then fails; it goes back to the cache. */
-        { "cache hit, then create error", "cuMemCreate:2:CUDA_ERROR_UNKNOWN", NULL, {}, 64 * MiB, 82 * MiB,
-          DRIVER, "CUDA_ERROR_UNKNOWN", false },
-        { "cache hit, slab made, then OOM", "cuMemCreate:3", NULL, {}, 64 * MiB, 82 * MiB, OOM,
-          "CUDA_ERROR_OUT_OF_MEMORY", true },
-        { "cache hit, then export error", "cuMemExportToShareableHandle:2:CUDA_ERROR_INVALID_VALUE", NULL, {},
-          64 * MiB, 82 * MiB, DRIVER, "cuMemExportToShareableHandle", false },
-        /* 80 MiB of capacity, 64 MiB cached: an 18 MiB request (16 + 2) evicts the cached slab to make room,
-         * then fails on its second slab. The evicted slab stays released, as pool.h allows. */
-        { "evicted for room, then error", "cuMemCreate:3:CUDA_ERROR_UNKNOWN", NULL, { "--capacity", "80M" },
+        /* 64 MiB cached first (a 64 MiB maximum: 82 MiB is 64 + 18): the request takes it, then fails; it goes
+         * back to the cache. */
+        { "cache hit, then create error", "cuMemCreate:2:CUDA_ERROR_UNKNOWN", NULL, { "--max-slab", "64M" },
+          64 * MiB, 82 * MiB, DRIVER, "CUDA_ERROR_UNKNOWN", false },
+        /* 32 MiB cached first (82 MiB is 32 + 32 + 18): a hit, a slab made, then out of memory. */
+        { "cache hit, slab made, then OOM", "cuMemCreate:3", NULL, { "--max-slab", "32M" }, 32 * MiB, 82 * MiB,
+          OOM, "CUDA_ERROR_OUT_OF_MEMORY", true },
+        { "cache hit, then export error", "cuMemExportToShareableHandle:2:CUDA_ERROR_INVALID_VALUE", NULL,
+          { "--max-slab", "64M" }, 64 * MiB, 82 * MiB, DRIVER, "cuMemExportToShareableHandle", false },
+        /* 80 MiB of capacity, 64 MiB cached: an 18 MiB request evicts the cached slab to make room, then its
+         * create fails. The evicted slab stays released, as pool.h allows. */
+        { "evicted for room, then error", "cuMemCreate:2:CUDA_ERROR_UNKNOWN", NULL, { "--capacity", "80M" },
           64 * MiB, 18 * MiB, DRIVER, "CUDA_ERROR_UNKNOWN", true, 64 * MiB },
         /* Not injected: the device (64 MiB) is smaller than the configured capacity (128 MiB), so the driver
-         * runs out on the second slab, with nothing cached to release. */
-        { "real out of memory", NULL, "64M", { "--capacity", "128M" }, 0, 66 * MiB, OOM,
+         * runs out on the second slab (64 + 2 MiB), with nothing cached to release. */
+        { "real out of memory", NULL, "64M", { "--capacity", "128M", "--max-slab", "64M" }, 0, 66 * MiB, OOM,
           "cuMemCreate on device 0: CUDA_ERROR_OUT_OF_MEMORY", true },
 };
 
@@ -430,7 +436,7 @@ START_TEST(test_scrub_fault) {
         Fixture f;
 
         fprintf(stderr, "case: %s (SIMCUDA_FAIL=%s)\n", c->name, c->faults);
-        fixture_start(&f, c->faults, NULL, NULL);
+        fixture_start(&f, c->faults, NULL, SLABS_64M);
         state_settled(&f, &before);
 
         /* A client leases, leaves CANARY in the memory and frees it; the daemon's scrub of it fails. */
@@ -466,7 +472,7 @@ static const ClientFault client_faults[] = {
         { "device lookup fails", "cuDeviceGet:1:CUDA_ERROR_INVALID_DEVICE", -ENODEV },
 };
 
-#define CLIENT_SIZE (66 * MiB)          /* two slabs: 64 + 2 MiB */
+#define CLIENT_SIZE (66 * MiB)          /* two slabs: 64 + 2 MiB (SLABS_64M) */
 
 typedef struct ClientArgs {
         const char *socket;
@@ -572,7 +578,7 @@ START_TEST(test_client_alloc_fault) {
         Fixture f;
 
         fprintf(stderr, "case: vmmb_alloc, %s (%s)\n", c->name, c->faults);
-        fixture_start(&f, NULL, NULL, NULL);
+        fixture_start(&f, NULL, NULL, SLABS_64M);
         /* Cached first, so that the lease given back returns to the same state. */
         lease_and_free(&f, CLIENT_SIZE);
         run_client_fault(&f, c, NULL);
@@ -591,7 +597,7 @@ START_TEST(test_client_attach_fault) {
         Reply r;
 
         fprintf(stderr, "case: vmmb_attach, %s (%s)\n", c->name, c->faults);
-        fixture_start(&f, NULL, NULL, NULL);
+        fixture_start(&f, NULL, NULL, SLABS_64M);
         ck_assert_int_eq(lease_alloc(f.ctl, CLIENT_SIZE, &l), 0);
         test_lease_close(&l);
         snprintf(params, sizeof(params), "{\"id\": \"%s\"}", l.id);

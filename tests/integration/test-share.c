@@ -40,7 +40,7 @@
 #include "unit.h"
 
 #define MiB (UINT64_C(1) << 20)
-#define LEASE_SIZE (66 * MiB)           /* two slabs: 64 MiB + 2 MiB */
+#define LEASE_SIZE (66 * MiB)           /* two slabs: 64 MiB + 2 MiB (start() sets the maximum slab) */
 #define WORD 0xC0FFEE01u                /* what producers write */
 #define N_CONSUMERS 3
 #define NOBODY 65534
@@ -199,8 +199,9 @@ static int child_finish(Child *x) {
 
 /* ---- the test process --------------------------------------------------------------------------- */
 
+/* A 64 MiB maximum slab, so that LEASE_SIZE is two slabs and every test crosses a slab boundary. */
 static void start(Harness *h) {
-        int k = harness_start(h, NULL);
+        int k = harness_start(h, (const char *const[]){ "--max-slab", "64M", NULL });
 
         ck_assert_msg(k == 0, "harness_start: %s", strerror(-k));
 }

@@ -325,7 +325,7 @@ static void fixture_start(Fixture *f) {
         int k = harness_start(&f->h, NULL);
 
         ck_assert_msg(k == 0, "harness_start: %s", strerror(-k));
-        f->ids[0] = lease_alloc(f->h.socket, 66 * MiB, "weights");     /* two slabs: 64 MiB + 2 MiB */
+        f->ids[0] = lease_alloc(f->h.socket, 66 * MiB, "weights");     /* one slab of 66 MiB */
         f->ids[1] = lease_alloc(f->h.socket, 3 * MiB, LONG_LABEL);
         f->ids[2] = lease_alloc(f->h.socket, 1, NULL);
 }
@@ -841,8 +841,8 @@ START_TEST(test_list_table) {
         ck_assert_ptr_nonnull(strstr(o.out, LONG_LABEL));
         n = split_lines(o.out, lines);
         check_list_rows(lines, n, &raw);
-        /* The two slabs of the 66 MiB lease. */
-        CHECK_FIELD(lines[0], list_row(lines, n, f.ids[0]), list_columns, "SLABS", "2");
+        /* The one slab of the 66 MiB lease. */
+        CHECK_FIELD(lines[0], list_row(lines, n, f.ids[0]), list_columns, "SLABS", "1");
         CHECK_FIELD(lines[0], list_row(lines, n, f.ids[0]), list_columns, "LABEL", "weights");
         CHECK_FIELD(lines[0], list_row(lines, n, f.ids[2]), list_columns, "LABEL", "-");
         /* Each lease has one holder, this process, read-write, and no name. */
@@ -1608,7 +1608,7 @@ START_TEST(test_users_table) {
         if (!two_devices(__func__))
                 return;
         users_daemon_start(&h);
-        /* This user's two leases on device 0: 66 MiB (two slabs) and 3 MiB, which the granularity makes 4. */
+        /* This user's two leases on device 0: 66 MiB and 3 MiB, which the granularity makes 4. */
         id0 = lease_alloc_on(h.socket, 66 * MiB, 0, "weights");
         id1 = lease_alloc_on(h.socket, 3 * MiB, 0, NULL);
         ck_assert_int_eq(harness_conn_open(h.socket, false, &c), 0);

@@ -827,12 +827,12 @@ START_TEST(test_foreign_lease_slabs_are_released) {
         TokenText t;
         Lease *l;
 
-        setup_broker();
+        setup_broker_with(4 * MiB);
         a = this_process(UID_A);
         bb = new_process(UID_B);
 
         /* Not foreign: cached for the owner. */
-        l = alloc_ok(a, 6 * MiB);                       /* two slabs: 4 + 2 MiB */
+        l = alloc_ok(a, 6 * MiB);                       /* two slabs: 4 + 2 MiB (the maximum slab is 4 MiB) */
         ck_assert_uint_eq(l->n_slabs, 2);
         memcpy(id, l->id, sizeof(id));
         kept = kept_slabs();

@@ -148,15 +148,18 @@ START_TEST(test_plan) {
         ck_assert_uint_eq(pool_plan(3 * MiB, 2 * MiB, G, s, ELEMENTSOF(s)), 1);
         ck_assert_uint_eq(s[0], 4 * MiB);
 
-        ck_assert_uint_eq(pool_plan(66 * MiB, 2 * MiB, G, s, ELEMENTSOF(s)), 2);
-        ck_assert_uint_eq(s[0], 64 * MiB);
-        ck_assert_uint_eq(s[1], 2 * MiB);
+        /* Any multiple of the granularity up to the maximum slab is one slab of exactly that size. */
+        ck_assert_uint_eq(pool_plan(66 * MiB, 2 * MiB, G, s, ELEMENTSOF(s)), 1);
+        ck_assert_uint_eq(s[0], 66 * MiB);
+        ck_assert_uint_eq(pool_plan(677 * MiB, 2 * MiB, G, s, ELEMENTSOF(s)), 1);
+        ck_assert_uint_eq(s[0], 678 * MiB);
+        ck_assert_uint_eq(pool_plan(G, 2 * MiB, G, s, ELEMENTSOF(s)), 1);
+        ck_assert_uint_eq(s[0], G);
 
-        /* 3 GiB + 1022 MiB: three maximum slabs, then 512+256+128+64+32+16+8+4+2 MiB, largest first. */
-        ck_assert_uint_eq(pool_plan(3 * G + 1022 * MiB, 2 * MiB, G, s, ELEMENTSOF(s)), 12);
+        /* 3 GiB + 1022 MiB: three maximum slabs, then one of 1022 MiB. */
+        ck_assert_uint_eq(pool_plan(3 * G + 1022 * MiB, 2 * MiB, G, s, ELEMENTSOF(s)), 4);
         ck_assert_uint_eq(s[2], G);
-        ck_assert_uint_eq(s[3], 512 * MiB);
-        ck_assert_uint_eq(s[11], 2 * MiB);
+        ck_assert_uint_eq(s[3], 1022 * MiB);
 
         /* Counting only, and counts past the fd limit are reported for the caller to refuse. */
         ck_assert_uint_eq(pool_plan(300 * G, 2 * MiB, G, NULL, 0), 300);
@@ -170,7 +173,7 @@ START_TEST(test_fresh_then_cached) {
         uint64_t calls;
         size_t n, m;
 
-        open_pool(64 * MiB, 0);
+        open_pool(64 * MiB, 4 * MiB);  /* 6 MiB is two slabs, 4 + 2 */
         calls = stats().driver_calls;
         ck_assert_int_eq(alloc(6 * MiB, UID_A, a, &n), 0);
         ck_assert_uint_eq(n, 2);
@@ -244,6 +247,37 @@ START_TEST(test_churn_does_not_grow_the_pool) {
         s = stats();
         ck_assert_uint_eq(s.created, 1);
         ck_assert_uint_le(s.cached + s.scrubbing + s.leased, 4 * MiB);
+}
+END_TEST
+
+/* A lease of any size up to the maximum slab is one slab of exactly that size, cached by its size: a
+ * request of another size never takes it (it would hand out more than was asked, or less). */
+START_TEST(test_exact_size_slabs) {
+        Slab *a[POOL_MAX_SLABS], *b[POOL_MAX_SLABS], *c[POOL_MAX_SLABS];
+        size_t n, m, k;
+
+        open_pool(256 * MiB, 0);
+        ck_assert_int_eq(alloc(20 * MiB, UID_A, a, &n), 0);
+        ck_assert_uint_eq(n, 1);
+        ck_assert_uint_eq(a[0]->size, 20 * MiB);
+        lease_io(a, n, 0x11, -1);
+        reclaim_all(a, n);
+        wait_scrubs(1);
+
+        ck_assert_int_eq(alloc(18 * MiB, UID_A, b, &m), 0);
+        ck_assert_uint_eq(m, 1);
+        ck_assert_uint_eq(b[0]->size, 18 * MiB);
+        ck_assert_ptr_ne(b[0], a[0]);
+        ck_assert_uint_eq(stats().hits, 0);
+
+        ck_assert_int_eq(alloc(19 * MiB + 1, UID_A, c, &k), 0);       /* rounds up to 20 MiB: the cached one */
+        ck_assert_ptr_eq(c[0], a[0]);
+        lease_io(c, k, -1, 0);
+        ck_assert_uint_eq(stats().hits, 1);
+        ck_assert_uint_eq(stats().created, 2);
+        reclaim_all(b, m);
+        reclaim_all(c, k);
+        ck_assert_int_eq(pool_drain(pool), 0);
 }
 END_TEST
 
@@ -381,10 +415,10 @@ START_TEST(test_driver_oom_fails_cleanly) {
         unsigned long live;
         size_t n;
 
-        open_pool(64 * MiB, 0);
+        open_pool(64 * MiB, 4 * MiB);  /* 6 MiB is two slabs, 4 + 2 */
         before = stats();
         live = sim.live_allocations();
-        /* 6 MiB is 4 + 2: the first create succeeds, the second finds the device out of memory. */
+        /* The first create succeeds, the second finds the device out of memory. */
         ck_assert_int_eq(sim.inject("cuMemCreate:2:CUDA_ERROR_OUT_OF_MEMORY"), 0);
         ck_assert_int_eq(alloc(6 * MiB, UID_A, a, &n), POOL_E_NOMEM);
         ck_assert_ptr_nonnull(strstr(pool_last_error(pool), "CUDA_ERROR_OUT_OF_MEMORY"));
@@ -398,7 +432,7 @@ START_TEST(test_export_failure) {
         PoolDeviceStats before;
         size_t n;
 
-        open_pool(64 * MiB, 0);
+        open_pool(64 * MiB, 4 * MiB);  /* 6 MiB is two slabs, 4 + 2 */
         before = stats();
         ck_assert_int_eq(sim.inject("cuMemExportToShareableHandle:2:CUDA_ERROR_INVALID_VALUE"), 0);
         ck_assert_int_eq(alloc(6 * MiB, UID_A, a, &n), POOL_E_DRIVER);
@@ -417,7 +451,7 @@ START_TEST(test_failed_request_returns_hits) {
         PoolDeviceStats before;
         size_t n, m, k;
 
-        open_pool(64 * MiB, 0);
+        open_pool(64 * MiB, 4 * MiB);  /* 6 MiB is two slabs, 4 + 2 */
         ck_assert_int_eq(alloc(4 * MiB, UID_A, a, &n), 0);
         ck_assert_int_eq(alloc(4 * MiB, UID_A, b, &m), 0);
         reclaim_all(a, n);
@@ -503,7 +537,7 @@ START_TEST(test_idle_closes_and_primes) {
         ck_assert(pool_idle(pool));
         ck_assert_uint_ne(fd_inode(fd), ino);   /* closed (or the number reused by another file) */
 
-        /* ... and it made one unbound slab of the smallest class, which any uid gets, with no driver call. */
+        /* ... and it made one unbound slab of the smallest size (the granularity), which any uid gets, with no driver call. */
         ck_assert_uint_eq(stats().primed, 1);
         ck_assert_uint_eq(stats().n_cached, 1);
         calls = stats().driver_calls;
@@ -537,6 +571,7 @@ static Suite *pool_suite(void) {
         tcase_add_test(tc, test_fresh_then_cached);
         tcase_add_test(tc, test_scrubbing_slab_waited_for);
         tcase_add_test(tc, test_churn_does_not_grow_the_pool);
+        tcase_add_test(tc, test_exact_size_slabs);
         tcase_add_test(tc, test_uid_isolation);
         tcase_add_test(tc, test_lru_eviction);
         tcase_add_test(tc, test_too_large);
