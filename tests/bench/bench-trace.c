@@ -321,17 +321,77 @@ static int cmp_u64(const void *a, const void *b) {
         return x < y ? -1 : x > y;
 }
 
+/* Prints medians per distinct size and per segment, then the targets. us[m] holds passes x segments samples. */
+static void report(const Trace *t, double *const us[N_METHODS], unsigned passes) {
+        size_t n_samples = (size_t)passes * t->n_segments, n_distinct = 0;
+        _cleanup_free_ uint64_t *distinct = calloc(t->n_segments, sizeof(uint64_t));
+        _cleanup_free_ double *x = calloc(n_samples, sizeof(double));
+        double med[N_METHODS], overall[N_METHODS], r;
+        char b[FORMAT_SIZE_MAX], measured[160];
+        bool any_large = false;
+
+        if (!distinct || !x)
+                die("calloc", -ENOMEM);
+        memcpy(distinct, t->sizes, t->n_segments * sizeof(uint64_t));
+        qsort(distinct, t->n_segments, sizeof(uint64_t), cmp_u64);
+        for (size_t i = 0; i < t->n_segments; i++)
+                if (i == 0 || distinct[i] != distinct[n_distinct - 1])
+                        distinct[n_distinct++] = distinct[i];
+
+        printf("%-11s %8s %10s %11s %11s %9s %10s\n", "size", "segments", "broker", "in-process", "cuMemAlloc",
+               "vs in-pr", "vs alloc");
+        for (size_t d = 0; d < n_distinct; d++) {
+                unsigned n = 0;
+
+                for (int m = 0; m < N_METHODS; m++)
+                        med[m] = size_median(t, us[m], passes, distinct[d], x, &n);
+                printf("%-11s %8u %10.1f %11.1f %11.1f %8.2fx %9.2fx\n", format_size(distinct[d], b, sizeof(b)),
+                       n / passes, med[BROKER], med[IN_PROCESS], med[CUMEMALLOC], med[BROKER] / med[IN_PROCESS],
+                       med[BROKER] / med[CUMEMALLOC]);
+        }
+        for (int m = 0; m < N_METHODS; m++) {
+                memcpy(x, us[m], n_samples * sizeof(double));
+                overall[m] = median(x, (unsigned)n_samples);
+        }
+        printf("%-11s %8zu %10.1f %11.1f %11.1f %8.2fx %9.2fx\n", "per segment", t->n_segments, overall[BROKER],
+               overall[IN_PROCESS], overall[CUMEMALLOC], overall[BROKER] / overall[IN_PROCESS],
+               overall[BROKER] / overall[CUMEMALLOC]);
+
+        printf("\n" TARGET_ROW, "target (issue 14)", "target", "verdict", "measured");
+        r = overall[BROKER] / overall[IN_PROCESS];
+        snprintf(measured, sizeof(measured), "%.2fx: %.1f / %.1f us (median of %zu)", r, overall[BROKER],
+                 overall[IN_PROCESS], n_samples);
+        target_row("per segment, broker vs in-process VMM", "<= 1.5x", r <= TARGET_IN_PROCESS, r, TARGET_IN_PROCESS,
+                   measured);
+        for (size_t d = 0; d < n_distinct; d++) {
+                char what[64];
+                double mb, ma;
+                unsigned n;
+
+                if (distinct[d] < LARGE)
+                        continue;
+                any_large = true;
+                mb = size_median(t, us[BROKER], passes, distinct[d], x, &n);
+                ma = size_median(t, us[CUMEMALLOC], passes, distinct[d], x, &n);
+                r = mb / ma;
+                snprintf(what, sizeof(what), "%s, broker vs cuMemAlloc", format_size(distinct[d], b, sizeof(b)));
+                snprintf(measured, sizeof(measured), "%.2fx: %.1f / %.1f us (median of %u)", r, mb, ma, n);
+                target_row(what, "< 1.0x", r < 1.0, r, 1.0, measured);
+        }
+        if (!any_large)
+                printf(TARGET_ROW, "from 512 MiB up, broker vs cuMemAlloc", "< 1.0x", "not measured",
+                       "no segment of 512 MiB or more in the trace");
+}
+
 int main(int argc, char *argv[]) {
         CUmemAllocationProp prop;
         _cleanup_free_ char *message = NULL;
-        _cleanup_free_ uint64_t *distinct = NULL;
         _cleanup_free_ Held *held = NULL;
         _cleanup_free_ double *pool = NULL;
-        double *us[N_METHODS] = {}, overall[N_METHODS];
+        double *us[N_METHODS] = {};
         unsigned passes = argc > 2 ? (unsigned)strtoul(argv[2], NULL, 10) : DEFAULT_PASSES;
-        size_t n_distinct = 0, n_samples, gran = 0;
-        char b1[FORMAT_SIZE_MAX], b2[FORMAT_SIZE_MAX], b3[FORMAT_SIZE_MAX];
-        bool any_large = false;
+        size_t n_samples, gran = 0;
+        char b1[FORMAT_SIZE_MAX], b2[FORMAT_SIZE_MAX];
         vmmb_client *client;
         Trace t;
         Harness h;
@@ -392,71 +452,7 @@ int main(int argc, char *argv[]) {
                 }
         vmmb_close(client);
 
-        /* Per distinct size. */
-        distinct = calloc(t.n_segments, sizeof(uint64_t));
-        if (!distinct)
-                die("calloc", -ENOMEM);
-        memcpy(distinct, t.sizes, t.n_segments * sizeof(uint64_t));
-        qsort(distinct, t.n_segments, sizeof(uint64_t), cmp_u64);
-        for (size_t i = 0; i < t.n_segments; i++)
-                if (i == 0 || distinct[i] != distinct[n_distinct - 1])
-                        distinct[n_distinct++] = distinct[i];
-
-        printf("%-10s %8s %10s %11s %11s %9s %10s\n", "size", "segments", "broker", "in-process", "cuMemAlloc",
-               "vs in-pr", "vs alloc");
-        {
-                _cleanup_free_ double *x = calloc(n_samples, sizeof(double));
-                double med[N_METHODS];
-
-                if (!x)
-                        die("calloc", -ENOMEM);
-                for (size_t d = 0; d < n_distinct; d++) {
-                        unsigned n = 0;
-
-                        for (int m = 0; m < N_METHODS; m++)
-                                med[m] = size_median(&t, us[m], passes, distinct[d], x, &n);
-                        printf("%-10s %8u %10.1f %11.1f %11.1f %8.2fx %9.2fx\n",
-                               format_size(distinct[d], b1, sizeof(b1)), n / passes, med[BROKER], med[IN_PROCESS],
-                               med[CUMEMALLOC], med[BROKER] / med[IN_PROCESS], med[BROKER] / med[CUMEMALLOC]);
-                }
-                for (int m = 0; m < N_METHODS; m++) {
-                        memcpy(x, us[m], n_samples * sizeof(double));
-                        overall[m] = median(x, (unsigned)n_samples);
-                }
-                printf("%-10s %8zu %10.1f %11.1f %11.1f %8.2fx %9.2fx\n", "per segment", t.n_segments,
-                       overall[BROKER], overall[IN_PROCESS], overall[CUMEMALLOC],
-                       overall[BROKER] / overall[IN_PROCESS], overall[BROKER] / overall[CUMEMALLOC]);
-
-                printf("\n" TARGET_ROW, "target (issue 14)", "target", "verdict", "measured");
-                {
-                        char measured[160];
-                        double r = overall[BROKER] / overall[IN_PROCESS];
-
-                        snprintf(measured, sizeof(measured), "%.2fx: %.1f / %.1f us (median of %zu)", r,
-                                 overall[BROKER], overall[IN_PROCESS], n_samples);
-                        target_row("per segment, broker vs in-process VMM", "<= 1.5x", r <= TARGET_IN_PROCESS, r,
-                                   TARGET_IN_PROCESS, measured);
-                }
-                for (size_t d = 0; d < n_distinct; d++) {
-                        char what[64], measured[160];
-                        double mb, ma, r;
-                        unsigned n;
-
-                        if (distinct[d] < LARGE)
-                                continue;
-                        any_large = true;
-                        mb = size_median(&t, us[BROKER], passes, distinct[d], x, &n);
-                        ma = size_median(&t, us[CUMEMALLOC], passes, distinct[d], x, &n);
-                        r = mb / ma;
-                        snprintf(what, sizeof(what), "%s, broker vs cuMemAlloc", format_size(distinct[d], b3,
-                                                                                             sizeof(b3)));
-                        snprintf(measured, sizeof(measured), "%.2fx: %.1f / %.1f us (median of %u)", r, mb, ma, n);
-                        target_row(what, "< 1.0x", r < 1.0, r, 1.0, measured);
-                }
-                if (!any_large)
-                        printf(TARGET_ROW, "from 512 MiB up, broker vs cuMemAlloc", "< 1.0x", "not measured",
-                               "no segment of 512 MiB or more in the trace");
-        }
+        report(&t, us, passes);
 
         trace_done(&t);
         k = harness_stop(&h);
