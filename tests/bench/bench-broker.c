@@ -2,20 +2,38 @@
 
 /*
  * bench-broker: what a client pays for memory from the broker, against what
- * the driver costs without it. It starts its own vmmbrokerd ($VMMBROKER_DAEMON)
- * on a private socket, on whatever driver it loads (the GPU's, or the
- * simulated device through VMMBROKER_LIBCUDA), and measures for each size, as
- * medians over repetitions:
+ * the driver costs without it (issue 14's first and third targets). It starts
+ * its own vmmbrokerd ($VMMBROKER_DAEMON) on a private socket, on whatever
+ * driver it loads (the GPU's, or the simulated device through
+ * VMMBROKER_LIBCUDA), and measures for each size of SIZES, as medians over
+ * repetitions, all in one run:
  *
+ *   slabs        how many slabs the daemon served the size with: the layout of
+ *                one raw Alloc over the wire, the same the client maps
  *   request      vmmb_alloc() with a warm pool: from the request to a usable
  *                pointer (the daemon's reply, import, reserve, map, access)
- *   floor        the same slabs' fds, already exported, imported and mapped in
- *                one process: cuMemImportFromShareableHandle + reserve + map +
- *                one cuMemSetAccess (cuda_map_fds()), the least a client can pay
+ *   floor        the driver floor for the same slab layout: the very slabs the
+ *                daemon handed out (the fds of that raw Alloc, exported by the
+ *                daemon as for any client) imported, reserved, mapped and given
+ *                access in this process: cuda_map_fds(), what the client does,
+ *                less the round trip
+ *   bare         a bare AF_UNIX round trip of a Status request's and reply's
+ *                size to a forked process that only answers, measured between
+ *                this size's requests: what any request pays for the socket
+ *   free         vmmb_free() of such a lease: unmap in the client, then Free
+ *   unmap        the unmap floor: cuda_unmap() of the floor's mapping (cuMemUnmap
+ *                of each slab, cuMemAddressFree), which is what vmmb_free()
+ *                does in the process (the client releases its imported handles
+ *                right after mapping, so there is nothing more to release)
  *   cuMemAlloc   cuMemAlloc of the same size, for comparison
  *   reclaim      from SIGKILL of a process holding the lease to the daemon
  *                reporting it reclaimed (leased drops), and to it being cached
  *                again (scrubbed, reusable); polled through Status
+ *
+ * Placement: nothing is pinned. This process, the daemon and the echo process
+ * run wherever the scheduler puts them, as a daemon and its clients do; the
+ * bare round trip and the requests share that placement. The header says what
+ * the machine is; the end prints each target met or MISSED, by how much.
  *
  * A program that prints measurements, not a test. Usage: bench-broker [REPS].
  */
@@ -29,22 +47,49 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "codec.h"
 #include "driver.h"
 #include "harness.h"
+#include "json.h"
+#include "machine.h"
 #include "macro.h"
-#include "pool.h"
+#include "rawclient.h"
 #include "size.h"
 #include "timing.h"
 #include "varlink.h"
 #include "vmmbroker.h"
 
 #define MiB (UINT64_C(1) << 20)
+#define GiB (UINT64_C(1) << 30)
 #define MAX_REPS 100
+#define RECLAIM_REPS 5
+#define TARGET_REQUEST 1.2              /* request <= 1.2x the driver floor for the same slab layout */
+#define TARGET_FREE 1.2                 /* free <= 1.2x the unmap floor */
+
+/*
+ * The sizes measured, from 2 MiB to 4 GiB: the powers of two a pool likes, and the odd sizes frameworks ask
+ * for, which a power-of-two layout serves with several slabs.
+ */
+static const struct {
+        uint64_t size;
+        const char *why;
+} SIZES[] = {
+        { 2 * MiB, "the granularity: PyTorch's small-block segments" },
+        { 20 * MiB, "PyTorch's caching allocator's large-segment size" },
+        { 64 * MiB, "a power of two" },
+        { 154 * MiB, "a PyTorch segment seen in GPT-2 training (issue 14)" },
+        { 512 * MiB, "a power of two" },
+        { 677 * MiB, "GPT-2 medium's weights in bf16, rounded up" },
+        { 1 * GiB, "the default maximum slab" },
+        { 2 * GiB, "two maximum slabs" },
+        { 4 * GiB, "four maximum slabs" },
+};
 
 static CudaDriver *cu;
+static CUdevice dev0;
 
 static void die(const char *what, int k) {
         fprintf(stderr, "bench-broker: %s: %s (%s)\n", what, strerror(k < 0 ? -k : k), vmmb_error_message());
@@ -81,24 +126,6 @@ static void status(const char *path, uint64_t *ret_leased, uint64_t *ret_scrubbi
         varlink_conn_free(c);
 }
 
-/* A bare round trip: Status on an open connection, no fds, no driver. */
-static double bench_round_trip(const char *path, unsigned reps) {
-        VarlinkConn *c = NULL;
-        double t[MAX_REPS];
-        uint64_t a, b, d;
-
-        if (harness_conn_open(path, false, &c) < 0)
-                die("connect", -ECONNREFUSED);
-        for (unsigned i = 0; i < reps; i++) {
-                double t0 = now_us();
-
-                status_on(c, &a, &b, &d);
-                t[i] = now_us() - t0;
-        }
-        varlink_conn_free(c);
-        return median(t, reps);
-}
-
 /* Waits (polling Status, this is a benchmark) until nothing is being scrubbed. */
 static void wait_scrubbed(const char *path) {
         uint64_t leased, scrubbing, cached;
@@ -108,73 +135,231 @@ static void wait_scrubbed(const char *path) {
         while (scrubbing > 0);
 }
 
+/* ---- the bare round trip: a forked process that answers each request with a reply of Status's size ---- */
+
+static int echo_fd = -EBADF;
+static pid_t echo_pid;
+static size_t request_len, reply_len;   /* a Status call's and its reply's bytes on the wire, NUL included */
+
+/* The bytes a message takes on the wire: its JSON text as varlink writes it, and the NUL. */
+static size_t wire_len(json_object *msg) {
+        size_t len = 0;
+
+        (void)json_object_to_json_string_length(msg, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE, &len);
+        return len + 1;
+}
+
+/* Measures what a Status call and its reply take on the wire, on a connection of its own. */
+static void measure_status_sizes(const char *path) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
+        _cleanup_(json_object_putp) json_object *call_msg = NULL, *reply_msg = NULL;
+        Reply r;
+        int k;
+
+        k = conn_open(path, &c);
+        if (k < 0)
+                die("connect", k);
+        k = call_text(c, VMMB_METHOD_STATUS, NULL, &r);
+        if (k < 0 || r.error)
+                die("Status", k < 0 ? k : -EPROTO);
+        k = varlink_call_new(VMMB_METHOD_STATUS, NULL, false, false, &call_msg);
+        reply_msg = json_object_new_object();
+        if (k < 0 || !reply_msg ||
+            json_object_object_add(reply_msg, "parameters", json_object_get(r.params)) < 0)
+                die("Status sizes", -ENOMEM);
+        request_len = wire_len(call_msg);
+        reply_len = wire_len(reply_msg);
+        reply_done(&r);
+}
+
+/*
+ * Forks the answering process. Before the driver is loaded: the child uses no CUDA, but nothing forked after
+ * the driver was initialised should touch it, and it must not hold this process's driver state.
+ */
+static void echo_start(void) {
+        int sv[2];
+
+        if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
+                die("socketpair", -errno);
+        echo_pid = fork();
+        if (echo_pid < 0)
+                die("fork", -errno);
+        if (echo_pid == 0) {
+                _cleanup_free_ char *reply = malloc(reply_len);
+                char buf[4096];
+                size_t got = 0;
+                ssize_t n;
+
+                close(sv[0]);
+                if (!reply)
+                        _exit(1);
+                memset(reply, ' ', reply_len - 1);
+                reply[reply_len - 1] = 0;
+                /* A whole request in, then the whole reply out in one write, as the daemon answers. */
+                while ((n = read(sv[1], buf, sizeof(buf))) > 0) {
+                        got += (size_t)n;
+                        if (got < request_len)
+                                continue;
+                        got -= request_len;
+                        if (write(sv[1], reply, reply_len) != (ssize_t)reply_len)
+                                break;
+                }
+                _exit(0);
+        }
+        close(sv[1]);
+        echo_fd = sv[0];
+}
+
+static void echo_stop(void) {
+        echo_fd = safe_close(echo_fd);
+        (void)waitpid(echo_pid, NULL, 0);
+}
+
+static double bare_round_trip(void) {
+        _cleanup_free_ char *msg = malloc(request_len);
+        char buf[4096];
+        size_t got = 0;
+        double t0;
+
+        if (!msg)
+                die("malloc", -ENOMEM);
+        memset(msg, ' ', request_len - 1);
+        msg[request_len - 1] = 0;
+        t0 = now_us();
+        if (write(echo_fd, msg, request_len) != (ssize_t)request_len)
+                die("write", -errno);
+        while (got < reply_len) {
+                ssize_t n = read(echo_fd, buf, sizeof(buf));
+
+                if (n <= 0)
+                        die("read", n < 0 ? -errno : -EPIPE);
+                got += (size_t)n;
+        }
+        return now_us() - t0;
+}
+
+/* Status on an open connection against the bare round trip, one of each in turn; medians. */
+static void bench_round_trips(const char *path, unsigned n, double *ret_status, double *ret_bare) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
+        _cleanup_free_ double *st = calloc(n, sizeof(double)), *bare = calloc(n, sizeof(double));
+        uint64_t a, b, d;
+
+        if (!st || !bare)
+                die("calloc", -ENOMEM);
+        if (harness_conn_open(path, false, &c) < 0)
+                die("connect", -ECONNREFUSED);
+        for (unsigned i = 0; i < n; i++) {
+                double t0;
+
+                bare[i] = bare_round_trip();
+                t0 = now_us();
+                status_on(c, &a, &b, &d);
+                st[i] = now_us() - t0;
+        }
+        *ret_status = median(st, n);
+        *ret_bare = median(bare, n);
+}
+
+/* ---- one size ------------------------------------------------------------------------------------------ */
+
 typedef struct Row {
         uint64_t size;
-        double request, floor, alloc, reclaimed, cached;
+        TestLease layout;               /* the slabs of one raw Alloc (their fds closed) */
+        double request, floor, bare, free, unmap, alloc, reclaimed, cached;
 } Row;
 
-static double bench_request(vmmb_client *client, const char *path, uint64_t size, unsigned reps) {
-        double t[MAX_REPS];
+/* Request to usable pointer and vmmb_free(), each request on a warm pool; a bare round trip before each. */
+static void bench_request(vmmb_client *client, const char *path, unsigned reps, Row *row) {
+        double t[MAX_REPS], tf[MAX_REPS], tb[MAX_REPS];
         vmmb_lease *l;
         int k;
 
         /* Warm the pool: the slabs this size needs, scrubbed and cached for this uid. */
-        k = vmmb_alloc(client, size, 0, "bench", &l);
+        k = vmmb_alloc(client, row->size, 0, "bench", &l);
         if (k < 0)
                 die("vmmb_alloc", k);
         vmmb_free(l);
         wait_scrubbed(path);
 
         for (unsigned i = 0; i < reps; i++) {
-                double t0 = now_us();
+                double t0;
 
-                k = vmmb_alloc(client, size, 0, "bench", &l);
+                tb[i] = bare_round_trip();
+                t0 = now_us();
+                k = vmmb_alloc(client, row->size, 0, "bench", &l);
                 t[i] = now_us() - t0;
                 if (k < 0)
                         die("vmmb_alloc", k);
+                t0 = now_us();
                 k = vmmb_free(l);
+                tf[i] = now_us() - t0;
                 if (k < 0)
                         die("vmmb_free", k);
                 wait_scrubbed(path);
         }
-        return median(t, reps);
+        row->request = median(t, reps);
+        row->free = median(tf, reps);
+        row->bare = median(tb, reps);
 }
 
-/* Import + reserve + map + access of already exported slabs, as the client does, in one process. */
-static double bench_floor(uint64_t size, unsigned reps) {
-        CUmemAllocationProp prop = cuda_slab_prop(0);
-        CUmemGenericAllocationHandle h[POOL_MAX_SLABS];
-        uint64_t sizes[POOL_MAX_SLABS];
-        int fds[POOL_MAX_SLABS];
-        double t[MAX_REPS];
-        size_t n;
+/* Alloc on device 0 over raw varlink: the lease as the wire has it, slab sizes and fds in mapping order. */
+static void raw_alloc(VarlinkConn *c, uint64_t size, TestLease *ret) {
+        _cleanup_(json_object_putp) json_object *params = NULL;
+        AllocParams a = { .size = size, .device = 0 };
+        Reply r;
+        int k;
 
-        /* The same slabs the daemon's pool uses for this size. */
-        n = pool_plan(size, 2 * MiB, POOL_DEFAULT_MAX_SLAB, sizes, ELEMENTSOF(sizes));
-        for (size_t i = 0; i < n; i++) {
-                check(cu->cuMemCreate(&h[i], sizes[i], &prop, 0), "cuMemCreate");
-                check(cu->cuMemExportToShareableHandle(&fds[i], h[i], CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
-                      "cuMemExportToShareableHandle");
-        }
+        k = alloc_params_encode(&a, &params);
+        if (k < 0)
+                die("Alloc", k);
+        k = call(c, VMMB_METHOD_ALLOC, params, &r);
+        if (k < 0 || r.error)
+                die(r.error ?: "Alloc", k < 0 ? k : -EREMOTEIO);
+        k = lease_take(&r, ret);
+        reply_done(&r);
+        if (k < 0)
+                die("Alloc reply", k);
+}
+
+/*
+ * The driver floor for the broker's own slab layout: one raw Alloc of the size (from the warm pool, so the same
+ * slabs vmmb_alloc() got), then its fds imported, mapped and given access as the client does, and unmapped
+ * as vmmb_free() does, reps times. The layout stays in the row.
+ */
+static void bench_floor(const char *path, unsigned reps, Row *row) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
+        double t[MAX_REPS], tu[MAX_REPS];
+        TestLease *l = &row->layout;
+        int k;
+
+        k = conn_open(path, &c);
+        if (k < 0)
+                die("connect", k);
+        raw_alloc(c, row->size, l);
         for (unsigned i = 0; i < reps; i++) {
                 _cleanup_free_ char *message = NULL;
                 CUdeviceptr va;
                 double t0 = now_us();
-                int k;
 
-                k = cuda_map_fds(cu, 0, fds, sizes, n, false, &va, &message);
+                k = cuda_map_fds(cu, dev0, l->fds, l->sizes, l->n, l->readonly, &va, &message);
                 t[i] = now_us() - t0;
                 if (k < 0) {
                         fprintf(stderr, "bench-broker: %s\n", message);
                         exit(EXIT_FAILURE);
                 }
-                (void)cuda_unmap(cu, va, sizes, n);
+                t0 = now_us();
+                k = cuda_unmap(cu, va, l->sizes, l->n);
+                tu[i] = now_us() - t0;
+                if (k < 0)
+                        die("cuda_unmap", k);
         }
-        for (size_t i = 0; i < n; i++) {
-                safe_close(fds[i]);
-                (void)cu->cuMemRelease(h[i]);
-        }
-        return median(t, reps);
+        test_lease_close(l);
+        k = lease_free(c, l->id);
+        if (k < 0)
+                die("Free", k);
+        wait_scrubbed(path);
+        row->floor = median(t, reps);
+        row->unmap = median(tu, reps);
 }
 
 static double bench_cumemalloc(uint64_t size, unsigned reps) {
@@ -231,12 +416,12 @@ static pid_t spawn_holder(const char *path, uint64_t size) {
         return pid;
 }
 
-static void bench_reclaim(const char *path, uint64_t size, unsigned reps, Row *row) {
+static void bench_reclaim(const char *path, unsigned reps, Row *row) {
         double reclaimed[MAX_REPS], cached[MAX_REPS];
 
         for (unsigned i = 0; i < reps; i++) {
                 uint64_t leased, scrubbing, c;
-                pid_t pid = spawn_holder(path, size);
+                pid_t pid = spawn_holder(path, row->size);
                 double t0;
 
                 wait_scrubbed(path);
@@ -256,11 +441,47 @@ static void bench_reclaim(const char *path, uint64_t size, unsigned reps, Row *r
         row->cached = median(cached, reps);
 }
 
+/* ---- the report ---------------------------------------------------------------------------------------- */
+
+#define TARGET_ROW "%-34s %-8s %-17s %s\n"       /* what, target, verdict, measured */
+
+/* One target row: met when value <= limit, else MISSED by how much over the limit. */
+static void target_row(const char *what, double value, double limit, const char *measured) {
+        char target[16], verdict[32];
+
+        snprintf(target, sizeof(target), "<= %.1fx", limit);
+        if (value <= limit)
+                snprintf(verdict, sizeof(verdict), "met");
+        else
+                snprintf(verdict, sizeof(verdict), "MISSED by %.0f%%", (value / limit - 1) * 100);
+        printf(TARGET_ROW, what, target, verdict, measured);
+}
+
+/* "154 MiB = 128 MiB + 16 MiB + 8 MiB + 2 MiB", or "2 GiB = 2 x 1 GiB"; runs of one size are counted. */
+static void print_layout(const Row *row) {
+        char b[FORMAT_SIZE_MAX];
+
+        printf("  %-8s =", format_size(row->size, b, sizeof(b)));
+        for (size_t i = 0; i < row->layout.n;) {
+                size_t j = i;
+
+                while (j < row->layout.n && row->layout.sizes[j] == row->layout.sizes[i])
+                        j++;
+                printf("%s", i ? " +" : "");
+                if (j - i > 1)
+                        printf(" %zu x", j - i);
+                printf(" %s", format_size(row->layout.sizes[i], b, sizeof(b)));
+                i = j;
+        }
+        printf("\n");
+}
+
 int main(int argc, char *argv[]) {
-        static const uint64_t sizes[] = { 2 * MiB, 64 * MiB, 512 * MiB, 1024 * MiB };
         _cleanup_free_ char *message = NULL;
         unsigned reps = argc > 1 ? (unsigned)strtoul(argv[1], NULL, 10) : 20;
-        Row rows[ELEMENTSOF(sizes)] = {};
+        unsigned reclaim_reps = MIN(reps, (unsigned)RECLAIM_REPS);
+        Row rows[ELEMENTSOF(SIZES)] = {};
+        double status_us, bare_us;
         vmmb_client *client;
         Harness h;
         CUcontext ctx;
@@ -275,39 +496,81 @@ int main(int argc, char *argv[]) {
         k = harness_start(&h, NULL);
         if (k < 0)
                 die("starting vmmbrokerd (is VMMBROKER_DAEMON set?)", k);
+        measure_status_sizes(h.socket);
+        echo_start();                   /* before this process loads the driver */
         k = cuda_driver_open(&cu, NULL, &message);
         if (k < 0) {
                 fprintf(stderr, "%s\n", message);
                 return EXIT_FAILURE;
         }
+        check(cu->cuDeviceGet(&dev0, 0), "cuDeviceGet");
         check(cu->cuDevicePrimaryCtxRetain(&ctx, 0), "cuDevicePrimaryCtxRetain");
         check(cu->cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
         k = vmmb_connect(h.socket, &client);
         if (k < 0)
                 die("vmmb_connect", k);
 
-        for (size_t i = 0; i < ELEMENTSOF(sizes); i++) {
-                rows[i].size = sizes[i];
-                rows[i].request = bench_request(client, h.socket, sizes[i], reps);
-                rows[i].floor = bench_floor(sizes[i], reps);
-                rows[i].alloc = bench_cumemalloc(sizes[i], reps);
-                bench_reclaim(h.socket, sizes[i], reps < 5 ? reps : 5, &rows[i]);
+        machine_print("bench-broker", cu);
+        printf("method: %u repetitions per size (reclaim: %u), medians in us, CLOCK_MONOTONIC around each call; "
+               "one daemon started for the run, its pool warm for this uid before each size; the floor maps the "
+               "slabs of one raw Alloc of the size (the layout below); nothing pinned (placement is the "
+               "scheduler's, the same for requests and bare round trips); bare = %zu-byte call, %zu-byte reply "
+               "(Status's) through an AF_UNIX stream socket to a forked echo process\n",
+               reps, reclaim_reps, request_len, reply_len);
+        fflush(stdout);
+
+        for (size_t i = 0; i < ELEMENTSOF(SIZES); i++) {
+                rows[i].size = SIZES[i].size;
+                bench_request(client, h.socket, reps, &rows[i]);
+                bench_floor(h.socket, reps, &rows[i]);
+                rows[i].alloc = bench_cumemalloc(rows[i].size, reps);
+                bench_reclaim(h.socket, reclaim_reps, &rows[i]);
         }
         vmmb_close(client);
+        bench_round_trips(h.socket, 10 * reps, &status_us, &bare_us);
+        echo_stop();
 
-        printf("bench-broker: a bare Status round trip on an open connection: %.1f us (median of %u)\n",
-               bench_round_trip(h.socket, reps), reps);
-        printf("bench-broker: driver %s (CUDA %d.%d), %u repetitions (reclaim: %u), medians in us\n", cu->path,
-               cu->version / 1000, cu->version % 1000 / 10, reps, reps < 5 ? reps : 5);
-        printf("%-8s %10s %10s %8s %11s %10s %13s %13s\n", "size", "request", "floor", "ratio", "cuMemAlloc",
-               "vs alloc", "kill->reclaim", "kill->cached");
-        for (size_t i = 0; i < ELEMENTSOF(sizes); i++) {
+        printf("round trips on an open connection (interleaved, median of %u): bare %.1f us, Status %.1f us "
+               "(%.2fx)\n", 10 * reps, bare_us, status_us, status_us / bare_us);
+        printf("layouts the daemon served (slabs in mapping order):\n");
+        for (size_t i = 0; i < ELEMENTSOF(rows); i++)
+                print_layout(&rows[i]);
+        printf("%-8s %5s %9s %9s %7s %7s %9s %8s %7s %10s %8s %13s %12s\n", "size", "slabs", "request", "floor",
+               "ratio", "bare", "free", "unmap", "ratio", "cuMemAlloc", "vs alloc", "kill->reclaim",
+               "kill->cached");
+        for (size_t i = 0; i < ELEMENTSOF(rows); i++) {
+                const Row *r = &rows[i];
                 char b[FORMAT_SIZE_MAX];
 
-                printf("%-8s %10.1f %10.1f %7.2fx %11.1f %9.2fx %13.1f %13.1f\n", format_size(rows[i].size, b, sizeof(b)),
-                       rows[i].request, rows[i].floor, rows[i].request / rows[i].floor, rows[i].alloc,
-                       rows[i].request / rows[i].alloc, rows[i].reclaimed, rows[i].cached);
+                printf("%-8s %5zu %9.1f %9.1f %6.2fx %7.1f %9.1f %8.1f %6.2fx %10.1f %7.2fx %13.1f %12.1f\n",
+                       format_size(r->size, b, sizeof(b)), r->layout.n, r->request, r->floor, r->request / r->floor,
+                       r->bare, r->free, r->unmap, r->free / r->unmap, r->alloc, r->request / r->alloc,
+                       r->reclaimed, r->cached);
         }
+
+        printf("\n" TARGET_ROW, "target (issue 14)", "target", "verdict", "measured");
+        for (size_t i = 0; i < ELEMENTSOF(rows); i++) {
+                const Row *r = &rows[i];
+                char what[64], measured[160], b[FORMAT_SIZE_MAX];
+
+                format_size(r->size, b, sizeof(b));
+                snprintf(what, sizeof(what), "request vs floor, %s", b);
+                snprintf(measured, sizeof(measured), "%.2fx: %.1f / %.1f us, %zu slab%s (bare round trip %.1f us)",
+                         r->request / r->floor, r->request, r->floor, r->layout.n, r->layout.n == 1 ? "" : "s",
+                         r->bare);
+                target_row(what, r->request / r->floor, TARGET_REQUEST, measured);
+        }
+        for (size_t i = 0; i < ELEMENTSOF(rows); i++) {
+                const Row *r = &rows[i];
+                char what[64], measured[160], b[FORMAT_SIZE_MAX];
+
+                format_size(r->size, b, sizeof(b));
+                snprintf(what, sizeof(what), "free vs unmap floor, %s", b);
+                snprintf(measured, sizeof(measured), "%.2fx: %.1f / %.1f us (bare round trip %.1f us)",
+                         r->free / r->unmap, r->free, r->unmap, r->bare);
+                target_row(what, r->free / r->unmap, TARGET_FREE, measured);
+        }
+
         k = harness_stop(&h);
         (void)cu->cuDevicePrimaryCtxRelease(0);
         cuda_driver_close(cu);

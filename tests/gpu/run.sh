@@ -4,7 +4,9 @@
 # What a GPU run proves for this tree, in one command on a machine with the
 # NVIDIA driver (the lent GPU: see docs/gpu.md): the driver conformance suite
 # against the real driver, the daemon's self-check, and the pool benchmark;
-# then the same benchmark on the simulated device for comparison.
+# then the same benchmark on the simulated device for comparison. Later, the
+# broker benchmarks: bench-broker, and bench-trace on the recorded training
+# trace (recorded first with PyTorch while the tree has none).
 #
 #   tests/gpu/run.sh BUILD_DIR [OUT_DIR]
 #
@@ -98,8 +100,27 @@ if [ -x "$build/tests/restart/test-store-faults" ]; then
 fi
 
 if [ -x "$build/tests/bench/bench-broker" ]; then
-        step "broker benchmark, real driver"
+        step "broker benchmark, real driver (request and free against the driver floor for the daemon's slabs)"
         "$build/tests/bench/bench-broker" 20 2>&1 | tee "$out/bench-broker.log" || failed
+fi
+
+if [ -x "$build/tests/bench/bench-trace" ]; then
+        # The trace kept in the tree; until there is one, record it here (PyTorch and transformers needed)
+        # and say so: it is to be committed as tests/bench/traces/gpt2-train-segments.txt.
+        trace=tests/bench/traces/gpt2-train-segments.txt
+        if [ ! -f "$trace" ] && python3 -c 'import torch, transformers' 2>/dev/null; then
+                step "recording the segments of a GPT-2-shaped training run (PyTorch's allocator, no broker)"
+                trace=$out/gpt2-train-segments.txt
+                python3 tests/gpu/python/record_segments.py "$trace" 2>&1 | tail -3 || failed
+                echo "not in the tree yet: commit $trace as tests/bench/traces/gpt2-train-segments.txt"
+        fi
+        step "workload trace benchmark, real driver (bench-trace $trace)"
+        if [ -f "$trace" ]; then
+                "$build/tests/bench/bench-trace" "$trace" 5 2>&1 | tee "$out/bench-trace.log" || failed
+        else
+                echo "no trace: $trace is not in the tree and PyTorch with transformers is not here to record it"
+                results+=("SKIPPED $current (no trace to replay)")
+        fi
 fi
 
 if [ -x "$build/tests/bench/bench-scale" ] && [ "${VMMB_GPU_SCALE:-1}" = 1 ]; then
