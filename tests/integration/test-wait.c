@@ -143,9 +143,10 @@ static void fill(VarlinkConn *c, TestLease *ret) {
 
 /* Which of `conns` has a reply to read first, within IO_TIMEOUT_S; -1 if none. */
 static int first_readable(VarlinkConn **conns, size_t n) {
-        struct pollfd p[MAX_CONN];
+        struct pollfd p[MAX_CONN + 1];
         int k;
 
+        ck_assert_uint_le(n, MAX_CONN + 1);
         for (size_t i = 0; i < n; i++)
                 p[i] = (struct pollfd){ .fd = conns[i] ? varlink_conn_get_fd(conns[i]) : -1, .events = POLLIN };
         do
