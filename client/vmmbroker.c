@@ -775,16 +775,19 @@ VMMB_EXPORT void vmmb_close(vmmb_client *client) {
         client_destroy(client);
 }
 
-VMMB_EXPORT int vmmb_alloc(vmmb_client *client, uint64_t size, int device, const char *label, vmmb_lease **ret) {
+/* Alloc, waiting up to wait_usec for room (0: not at all); `function` names the caller in messages. */
+static int client_alloc(vmmb_client *client, uint64_t size, int device, const char *label, uint64_t wait_usec,
+                        const char *function, vmmb_lease **ret) {
         _cleanup_(received_fds_done) ReceivedFds fds = {};
         _cleanup_(json_putp) json_object *params = NULL;
-        AllocParams a = { .size = size, .device = device, .label = (char *)label };
+        AllocParams a = { .size = size, .device = device, .label = (char *)label,
+                          .wait_usec = (int64_t)MIN(wait_usec, (uint64_t)INT64_MAX) };
         VarlinkReply reply = {};
         CudaDriver *cu = NULL;
         int k;
 
         if (!client || !ret)
-                return set_error(-EINVAL, "vmmb_alloc() needs a client and somewhere to put the lease.");
+                return set_error(-EINVAL, "%s() needs a client and somewhere to put the lease.", function);
         if (size == 0)
                 return set_error(-EINVAL, "Cannot lease 0 bytes: the size must be more than 0.");
         if (label && strlen(label) > VMMB_LABEL_MAX)
@@ -807,6 +810,15 @@ VMMB_EXPORT int vmmb_alloc(vmmb_client *client, uint64_t size, int device, const
         k = lease_map_reply(client, "Alloc", reply.parameters, &fds, device, size, false, ret);
         varlink_reply_done(&reply);
         return k;
+}
+
+VMMB_EXPORT int vmmb_alloc(vmmb_client *client, uint64_t size, int device, const char *label, vmmb_lease **ret) {
+        return client_alloc(client, size, device, label, 0, "vmmb_alloc", ret);
+}
+
+VMMB_EXPORT int vmmb_alloc_wait(vmmb_client *client, uint64_t size, int device, const char *label,
+                                uint64_t timeout_usec, vmmb_lease **ret) {
+        return client_alloc(client, size, device, label, timeout_usec, "vmmb_alloc_wait", ret);
 }
 
 /* Checks a token the caller passed; `function` names the caller in the message. */

@@ -41,7 +41,7 @@
 
 #define IO_TIMEOUT_S 30                 /* longest wait for the broker to accept, read or answer */
 #define BAR_CELLS 20                    /* the usage bar's cells when there is room */
-#define BAR_CELLS_MIN 5                 /* ... and when there is not */
+#define BAR_CELLS_MIN 4                 /* ... and when there is not */
 #define BAR_FRAME (sizeof("[] 100%") - 1) /* what the bar cell holds besides the cells */
 #define DEFAULT_COLUMNS 80              /* a terminal that does not say its width */
 
@@ -440,6 +440,7 @@ enum {
         STATUS_CACHED,
         STATUS_FREE,
         STATUS_LEASES,
+        STATUS_WAITERS,
         STATUS_USAGE,
         STATUS_COLUMNS,
 };
@@ -452,6 +453,7 @@ static const TableColumn status_columns[STATUS_COLUMNS] = {
         [STATUS_CACHED] = { "CACHED", TABLE_RIGHT, 0 },
         [STATUS_FREE] = { "FREE", TABLE_RIGHT, 0 },
         [STATUS_LEASES] = { "LEASES", TABLE_RIGHT, 0 },
+        [STATUS_WAITERS] = { "WAIT", TABLE_RIGHT, 0 },    /* Alloc calls waiting for room */
         [STATUS_USAGE] = { "USAGE", TABLE_LEFT, BAR_CELLS_MIN + BAR_FRAME },
 };
 
@@ -468,11 +470,16 @@ static int print_status(Context *ctx, const StatusReply *status) {
         }
         for (size_t i = 0; i < status->n_devices && k == 0; i++) {
                 const WireDevice *d = &status->devices[i];
-                char index[24], leases[24], capacity[FORMAT_SIZE_MAX], leased[FORMAT_SIZE_MAX];
+                char index[24], leases[24], waiters[24], capacity[FORMAT_SIZE_MAX], leased[FORMAT_SIZE_MAX];
                 char cached[FORMAT_SIZE_MAX], free_[FORMAT_SIZE_MAX], bar[BAR_MAX];
 
                 snprintf(index, sizeof(index), "%" PRId64, d->index);
                 snprintf(leases, sizeof(leases), "%" PRIu64, d->leases);
+                /* Alloc calls waiting for room; "-" from a daemon that has no waiting. */
+                if (d->waiters < 0)
+                        snprintf(waiters, sizeof(waiters), "-");
+                else
+                        snprintf(waiters, sizeof(waiters), "%" PRId64, d->waiters);
                 format_bar(d, BAR_CELLS, ctx->color, bar, sizeof(bar));
                 k = table_add_row(t, (const char *const[]){
                         [STATUS_DEVICE] = index,
@@ -482,6 +489,7 @@ static int print_status(Context *ctx, const StatusReply *status) {
                         [STATUS_CACHED] = format_size(d->cached, cached, sizeof(cached)),
                         [STATUS_FREE] = format_size(device_free(d), free_, sizeof(free_)),
                         [STATUS_LEASES] = leases,
+                        [STATUS_WAITERS] = waiters,
                         [STATUS_USAGE] = bar,
                 }, STATUS_COLUMNS);
         }

@@ -14,7 +14,7 @@ int broker_init(Broker *b, Pool *pool, const LimitsConfig *limits) {
         _cleanup_free_ uint64_t *capacity = calloc(n ?: 1, sizeof(uint64_t));
         int k1, k2, k3;
 
-        *b = (Broker){ .pool = pool };
+        *b = (Broker){ .pool = pool, .max_alloc_wait_usec = BROKER_DEFAULT_MAX_ALLOC_WAIT_USEC };
         for (size_t i = 0; capacity && i < n; i++) {
                 PoolDeviceStats s;
 
@@ -25,10 +25,17 @@ int broker_init(Broker *b, Pool *pool, const LimitsConfig *limits) {
         k1 = user_registry_init(&b->users, limits, capacity, capacity ? n : 0);
         k2 = holder_registry_init(&b->holders);
         k3 = lease_table_init(&b->leases, pool);
-        return !capacity ? -ENOMEM : k1 < 0 ? k1 : k2 < 0 ? k2 : k3;
+        b->waits = calloc(n ?: 1, sizeof(WaitQueue));
+        for (size_t i = 0; b->waits && i < n; i++)
+                wait_queue_init(&b->waits[i]);
+        return !capacity || !b->waits ? -ENOMEM : k1 < 0 ? k1 : k2 < 0 ? k2 : k3;
 }
 
 void broker_done(Broker *b) {
+        for (size_t i = 0; b->waits && i < pool_n_devices(b->pool); i++)
+                wait_queue_done(&b->waits[i]);          /* their connections are gone: every waiter with them */
+        free(b->waits);
+        b->waits = NULL;
         lease_table_done(&b->leases);           /* the leases hold charges on users and holds of holders */
         holder_registry_done(&b->holders);      /* the holders hold references on users */
         user_registry_done(&b->users);
@@ -111,6 +118,10 @@ static int pool_outcome(int k) {
         default:
                 return k;
         }
+}
+
+uint64_t broker_alloc_wait_usec(const Broker *b, int64_t asked) {
+        return asked <= 0 ? 0 : MIN((uint64_t)asked, b->max_alloc_wait_usec);
 }
 
 /* Gives back what an Alloc took before it could be made. */

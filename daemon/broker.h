@@ -39,12 +39,16 @@
 #include "pool.h"
 #include "store.h"
 #include "user.h"
+#include "wait.h"
+
+#define BROKER_DEFAULT_MAX_ALLOC_WAIT_USEC (UINT64_C(300) * 1000000)   /* MaxAllocWait= when not set: 5 min */
 
 /* Expected outcomes, positive; see above. */
 enum {
         BROKER_E_NO_DEVICE = 1,         /* no such device in the pool */
         BROKER_E_TOO_LARGE,             /* more than the device's capacity or POOL_MAX_SLABS slabs */
-        BROKER_E_NO_MEMORY,             /* no room on the device now (pool_last_error() says why) */
+        BROKER_E_NO_MEMORY,             /* no room on the device now (pool_last_error() says why): the one
+                                           outcome an Alloc may wait on (broker_alloc_wait_usec()) */
         BROKER_E_DRIVER,                /* the driver failed (pool_last_error() says how) */
         BROKER_E_QUOTA,                 /* over one of the owner's limits (*ret_quota says which) */
         BROKER_E_TOKENS,                /* the lease has LEASE_TOKENS_MAX tokens already */
@@ -67,6 +71,8 @@ typedef struct Broker {
         Store *store;                   /* NULL: nothing is kept across a restart (no service manager) */
         int store_error;                /* the last failure to store (negative errno), 0 once storing works */
         uint64_t list_serial;           /* counts List calls, for Lease.listed */
+        WaitQueue *waits;               /* per pool device: Alloc calls waiting for room (wait.h) */
+        uint64_t max_alloc_wait_usec;   /* MaxAllocWait=: the longest an Alloc may wait; 0: none may */
 } Broker;
 
 /* Who asks: the process, its user, and whether it is an administrator (root, or the admin group). */
@@ -96,6 +102,16 @@ void broker_set_store(Broker *b, Store *store);
  */
 int broker_alloc(Broker *b, const Caller *c, int64_t device, uint64_t size, const char *label, Lease **ret,
                  UserQuota *ret_quota);
+
+/*
+ * How long an Alloc that found no room (BROKER_E_NO_MEMORY, and only that:
+ * a call over the capacity or its user's limits can never be served, and
+ * fails at once) waits for room, given the wait it asked for (`asked`: its
+ * wait_usec, negative when absent): at most MaxAllocWait=. 0: it does not
+ * wait. While it waits its user's limits still hold: each try charges it as
+ * a new Alloc would, and a try over a limit ends the wait with QUOTA.
+ */
+uint64_t broker_alloc_wait_usec(const Broker *b, int64_t asked);
 
 /* Free: drops one reference of the caller's hold. NO_SUCH_LEASE for a lease its process does not hold. */
 int broker_free(Broker *b, const Caller *c, const char *id);

@@ -209,35 +209,77 @@ static void print_admin_group(const Config *c, FILE *f) {
         fputs(c->admin_group ?: "", f);
 }
 
+/* A time as the [Broker] keys take it: "30s", "500ms", "2min", a bare number of seconds. */
+static int parse_time(const char *value, uint64_t *ret, char **ret_message) {
+        char *end;
+        unsigned long long v;
+        uint64_t unit;
+
+        errno = 0;
+        v = strtoull(value, &end, 10);
+        if (strcmp(end, "s") == 0 || !*end)
+                unit = 1000000;
+        else if (strcmp(end, "ms") == 0)
+                unit = 1000;
+        else if (strcmp(end, "min") == 0)
+                unit = 60000000;
+        else
+                unit = 0;
+        if (!isdigit((unsigned char)value[0]) || errno != 0 || unit == 0 || v > UINT32_MAX)
+                return set_message_error(ret_message, -EINVAL, "expected a time such as 30s, 500ms or 2min");
+        *ret = v * unit;
+        return 0;
+}
+
+static void print_time(uint64_t usec, FILE *f) {
+        if (usec % 60000000 == 0)
+                fprintf(f, "%" PRIu64 "min", usec / 60000000);
+        else if (usec % 1000000 == 0)
+                fprintf(f, "%" PRIu64 "s", usec / 1000000);
+        else
+                fprintf(f, "%" PRIu64 "ms", usec / 1000);
+}
+
 static int parse_reply_timeout(Config *c, const char *value, char **ret_message) {
         uint64_t usec = 0;
 
         if (*value) {
-                char *end;
-                unsigned long long v;
-                uint64_t unit;
+                int k = parse_time(value, &usec, ret_message);
 
-                errno = 0;
-                v = strtoull(value, &end, 10);
-                if (strcmp(end, "s") == 0 || !*end)
-                        unit = 1000000;
-                else if (strcmp(end, "ms") == 0)
-                        unit = 1000;
-                else if (strcmp(end, "min") == 0)
-                        unit = 60000000;
-                else
-                        unit = 0;
-                if (!isdigit((unsigned char)value[0]) || errno != 0 || unit == 0 || v > UINT32_MAX)
-                        return set_message_error(ret_message, -EINVAL,
-                                                 "expected a time such as 30s, 500ms or 2min");
-                if (v == 0)
+                if (k < 0)
+                        return k;
+                if (usec == 0)
                         return set_message_error(ret_message, -EINVAL,
                                                  "must be at least 1ms: with 0 every connection would be closed "
                                                  "as soon as a reply waited for it");
-                usec = v * unit;
         }
         c->manager.reply_timeout_usec = usec;
         return 0;
+}
+
+/* Empty: the default; 0: no Alloc waits (MANAGER_ALLOC_WAIT_OFF). */
+static int parse_max_alloc_wait(Config *c, const char *value, char **ret_message) {
+        uint64_t usec = 0;
+
+        if (*value) {
+                int k = parse_time(value, &usec, ret_message);
+
+                if (k < 0)
+                        return k;
+                if (usec == 0)
+                        usec = MANAGER_ALLOC_WAIT_OFF;
+        }
+        c->manager.max_alloc_wait_usec = usec;
+        return 0;
+}
+
+static void print_max_alloc_wait(const Config *c, FILE *f) {
+        uint64_t usec = c->manager.max_alloc_wait_usec ?: BROKER_DEFAULT_MAX_ALLOC_WAIT_USEC;
+
+        if (usec == MANAGER_ALLOC_WAIT_OFF)
+                fputs("0", f);
+        else
+                print_time(usec, f);
 }
 
 /* Empty (0): the manager derives it from the fd limit. */
@@ -257,14 +299,7 @@ static const char *note_max_connections_total(const Config *c) {
 }
 
 static void print_reply_timeout(const Config *c, FILE *f) {
-        uint64_t usec = c->manager.reply_timeout_usec ?: MANAGER_DEFAULT_REPLY_TIMEOUT_USEC;
-
-        if (usec % 60000000 == 0)
-                fprintf(f, "%" PRIu64 "min", usec / 60000000);
-        else if (usec % 1000000 == 0)
-                fprintf(f, "%" PRIu64 "s", usec / 1000000);
-        else
-                fprintf(f, "%" PRIu64 "ms", usec / 1000);
+        print_time(c->manager.reply_timeout_usec ?: MANAGER_DEFAULT_REPLY_TIMEOUT_USEC, f);
 }
 
 /* [Limits], [User:] and [Group:] keys set c->limits, the section being read. */
@@ -358,6 +393,7 @@ static const ConfigKey keys[] = {
         { "Broker", "ReplyTimeout", parse_reply_timeout, print_reply_timeout },
         { "Broker", "MaxConnectionsTotal", parse_max_connections_total, print_max_connections_total,
           note_max_connections_total },
+        { "Broker", "MaxAllocWait", parse_max_alloc_wait, print_max_alloc_wait },
         /* also valid in [User:NAME] and [Group:NAME]; printed by print_limits() */
         { "Limits", "MaxBytes", parse_max_bytes, NULL },
         { "Limits", "MaxLeases", parse_max_leases, NULL },

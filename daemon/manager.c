@@ -37,6 +37,9 @@ static unsigned default_max_connections_total(void) {
 /* Holder exits are handled before requests, so a request never sees a dead process's leases. */
 #define PRIORITY_HOLDER_EXIT (-10)
 #define PRIORITY_SCRUB (-5)
+/* Waiting Allocs are tried when memory came back (scrubs completed, holders exited), before any new
+ * request is served: what comes back goes to those who waited first. */
+#define PRIORITY_WAITERS (-4)
 /*
  * Serving comes after reading (SD_EVENT_PRIORITY_NORMAL): a wake-up of a connection only reads, once, and a
  * connection with a request buffered is not woken again until it is served, so reading is bounded by the
@@ -96,6 +99,65 @@ static void schedule_idle(Manager *m) {
 }
 
 /*
+ * Waiting Allocs served per device per wake-up: a loop that serves a burst of waiters still polls between
+ * bursts (each serve is an Alloc and a reply). When the burst is used up the source runs again.
+ */
+#define WAITERS_PER_WAKEUP 16
+
+/* Has device i's memory in use gone down since its first waiter last found no room? */
+static bool waiters_may_fit(Manager *m, size_t i) {
+        PoolDeviceStats s;
+
+        if (!wait_queue_first(&m->broker.waits[i]))
+                return false;
+        pool_device_stats(m->pool, i, &s);
+        return m->waiters_in_use[i] == 0 || s.leased + s.scrubbing < m->waiters_in_use[i];
+}
+
+/*
+ * Tries the waiting Allocs of every device in turn (wait.h): the first waiter, then the next while each is
+ * served. The turn is strict: a first waiter that does not fit stops its device's queue. `all`: every
+ * device; else only those whose memory in use went down since their first waiter last tried.
+ */
+static void serve_waiters(Manager *m, bool all) {
+        for (size_t i = 0; i < pool_n_devices(m->pool); i++) {
+                WaitQueue *q = &m->broker.waits[i];
+                unsigned n = 0;
+                Waiter *w;
+
+                if (!all && !waiters_may_fit(m, i))
+                        continue;
+                while ((w = wait_queue_first(q))) {
+                        PoolDeviceStats s;
+
+                        if (n++ == WAITERS_PER_WAKEUP) {
+                                (void)sd_event_source_set_enabled(m->waiters_source, SD_EVENT_ONESHOT);
+                                break;
+                        }
+                        if (!peer_wait_try(container_of(w, Peer, waiter), ALLOC_TRY_AGAIN))
+                                continue;
+                        pool_device_stats(m->pool, i, &s);
+                        m->waiters_in_use[i] = s.leased + s.scrubbing;
+                        break;
+                }
+        }
+}
+
+/* Memory may have come back: try the waiters once the loop gets there (PRIORITY_WAITERS). */
+static void wake_waiters(Manager *m) {
+        (void)sd_event_source_set_enabled(m->waiters_source, SD_EVENT_ONESHOT);
+}
+
+static int on_waiters(sd_event_source *s, void *userdata) {
+        serve_waiters(userdata, true);
+        return 0;
+}
+
+static void check_waiter_exited(Waiter *w, void *userdata) {
+        peer_wait_check_exited(container_of(w, Peer, waiter));
+}
+
+/*
  * Connections accepted per wake-up of the listening socket. A user reconnecting as fast as it can keeps
  * the socket readable, and sd-event serves the readable sources before the fair queue (PRIORITY_SERVE):
  * so after a full batch the socket is left alone until the queue has had a round (on_serve() turns it
@@ -148,6 +210,8 @@ static int on_serve(sd_event_source *s, void *userdata) {
         }
         if (fair_queue_is_empty(&m->fair))
                 (void)sd_event_source_set_enabled(s, SD_EVENT_OFF);
+        /* A Free, an Unpublish, a scrub that failed may have given memory back at once. */
+        serve_waiters(m, false);
         /* A round has been served: new connections may come in again (on_accept()). */
         (void)sd_event_source_set_enabled(m->listen_source, SD_EVENT_ON);
         schedule_idle(m);               /* released slabs' fds are closed there, STATUS= sent */
@@ -157,8 +221,10 @@ static int on_serve(sd_event_source *s, void *userdata) {
 static int on_pool(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
         Manager *m = userdata;
 
-        if (pool_dispatch(m->pool) > 0)
+        if (pool_dispatch(m->pool) > 0) {
+                wake_waiters(m);        /* scrubbed slabs are cached: room for whoever waits */
                 schedule_idle(m);
+        }
         return 0;
 }
 
@@ -166,6 +232,10 @@ static int on_holder_exit(sd_event_source *s, int fd, uint32_t revents, void *us
         Manager *m = userdata;
 
         broker_reap_holders(&m->broker);
+        /* A waiting call of an exited process leaves its queue unanswered; its memory came back too. */
+        for (size_t i = 0; i < pool_n_devices(m->pool); i++)
+                wait_queue_for_each(&m->broker.waits[i], check_waiter_exited, NULL);
+        wake_waiters(m);
         schedule_idle(m);
         return 0;
 }
@@ -243,6 +313,7 @@ static int on_tick(sd_event_source *s, uint64_t usec, void *userdata) {
                 m->busy_ticks = 0;
         }
         m->served_at_tick = m->served;
+        wake_waiters(m);                /* the driver's memory may have come back from outside the pool */
         (void)sd_event_source_set_time_relative(s, 1000000);
         return 0;
 }
@@ -261,6 +332,8 @@ Manager *manager_free(Manager *m) {
         sd_event_source_disable_unref(m->serve_source);
         sd_event_source_disable_unref(m->pool_source);
         sd_event_source_disable_unref(m->idle_source);
+        sd_event_source_disable_unref(m->waiters_source);
+        free(m->waiters_in_use);
         if (m->bound_path) {
                 (void)unlink(m->bound_path);
                 free(m->bound_path);
@@ -301,6 +374,12 @@ static int manager_add_sources(Manager *m) {
                 k = sd_event_source_set_priority(m->idle_source, SD_EVENT_PRIORITY_IDLE);
         if (k >= 0)
                 k = sd_event_source_set_enabled(m->idle_source, SD_EVENT_OFF);
+        if (k >= 0)
+                k = sd_event_add_defer(m->event, &m->waiters_source, on_waiters, m);
+        if (k >= 0)
+                k = sd_event_source_set_priority(m->waiters_source, PRIORITY_WAITERS);
+        if (k >= 0)
+                k = sd_event_source_set_enabled(m->waiters_source, SD_EVENT_OFF);
         if (k >= 0)
                 k = sd_event_add_time_relative(m->event, &tick, CLOCK_MONOTONIC, 1000000, 0, on_tick, m);
         if (k >= 0)
@@ -361,6 +440,11 @@ int manager_new(Manager **ret, const ManagerConfig *config, char **ret_message) 
         k = broker_init(&m->broker, m->pool, &config->limits);
         if (k < 0)
                 return k;
+        m->broker.max_alloc_wait_usec = config->max_alloc_wait_usec == MANAGER_ALLOC_WAIT_OFF ? 0 :
+                                        config->max_alloc_wait_usec ?: BROKER_DEFAULT_MAX_ALLOC_WAIT_USEC;
+        m->waiters_in_use = calloc(pool_n_devices(m->pool) ?: 1, sizeof(uint64_t));
+        if (!m->waiters_in_use)
+                return -ENOMEM;
         k = restore_start_storing(m, ret_message);
         if (k < 0)
                 return k;
@@ -401,6 +485,14 @@ int manager_run(Manager *m) {
         send_status(m, true);
         k = sd_event_loop(m->event);
         (void)sd_notify(false, "STOPPING=1");
+        /* Waiting calls are not kept across a restart: each is told the broker stops, so its client knows
+         * it was not served (a closed connection alone would leave that unknown). */
+        for (size_t i = 0; i < pool_n_devices(m->pool); i++) {
+                Waiter *w;
+
+                while ((w = wait_queue_first(&m->broker.waits[i])))
+                        (void)peer_wait_try(container_of(w, Peer, waiter), ALLOC_TRY_STOPPING);
+        }
         /* What the service manager keeps stays there: the next run takes the leases back. */
         restore_stop_storing(m);
         return k;

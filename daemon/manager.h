@@ -26,6 +26,7 @@
 
 #define MANAGER_DEFAULT_SOCKET "/run/vmmbroker/io.vmmbroker"
 #define MANAGER_DEFAULT_REPLY_TIMEOUT_USEC (UINT64_C(30) * 1000000)
+#define MANAGER_ALLOC_WAIT_OFF UINT64_MAX      /* ManagerConfig.max_alloc_wait_usec: MaxAllocWait=0, no waiting */
 
 typedef struct ManagerConfig {
         const char *socket_path;        /* bound when systemd passed no socket; NULL = MANAGER_DEFAULT_SOCKET */
@@ -35,6 +36,8 @@ typedef struct ManagerConfig {
         LimitsConfig limits;            /* per user; must outlive the manager */
         uint64_t reply_timeout_usec;    /* a connection that leaves a reply unread this long is closed; 0 = default */
         unsigned max_connections_total; /* connections of all users at once; 0 = from the fd limit */
+        uint64_t max_alloc_wait_usec;   /* the longest an Alloc may wait for room; 0 = the default (5 min),
+                                           MANAGER_ALLOC_WAIT_OFF = none may */
 } ManagerConfig;
 
 typedef struct Manager {
@@ -51,6 +54,10 @@ typedef struct Manager {
         sd_event_source *pool_source;   /* scrub completions */
         sd_event_source *holder_source; /* holders' exits */
         sd_event_source *idle_source;   /* pool_idle(), snapshots, STATUS=, when nothing else is pending */
+        sd_event_source *waiters_source; /* tries waiting Allocs when memory came back (Broker.waits) */
+        uint64_t *waiters_in_use;       /* per device: leased + scrubbing bytes when its first waiter last
+                                           found no room (a request served since then tries it again only
+                                           if that went down) */
         List peers;
         unsigned n_peers;               /* connections served (refused ones are not counted) */
         unsigned n_refused;             /* connections waiting to be told they are refused */

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <pwd.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -153,60 +154,115 @@ static int reply_outcome(Broker *b, MethodReply *r, int k, const char *what) {
 
 /* --- io.vmmbroker ------------------------------------------------------------------------------------- */
 
-static int method_alloc(Broker *b, const Caller *c, json_object *params, MethodReply *r) {
-        char b1[FORMAT_SIZE_MAX], b2[FORMAT_SIZE_MAX];
+/* "3.2 s", "250 ms", "40 us": how long a call waited, for a sentence. */
+static void format_wait(uint64_t usec, char *buf, size_t len) {
+        if (usec >= 1000000)
+                (void)snprintf(buf, len, "%.1f s", (double)usec / 1e6);
+        else if (usec >= 1000)
+                (void)snprintf(buf, len, "%" PRIu64 " ms", usec / 1000);
+        else
+                (void)snprintf(buf, len, "%" PRIu64 " us", usec);
+}
+
+/*
+ * One try of an Alloc: `how` says whether it is the call as it came (ALLOC_TRY_FIRST), a waiting call tried
+ * again, or one whose wait ended (`waited_usec` into its wait). Answers it in *r, or, when the device has no
+ * room, leaves r->msg NULL and sets r->wait (a first try that may wait, see AllocWait) or nothing (a waiting
+ * call tried again: it goes on waiting).
+ */
+static int alloc_try(Broker *b, const Caller *c, AllocParams *a, AllocTry how, uint64_t waited_usec,
+                     MethodReply *r) {
+        char b1[FORMAT_SIZE_MAX], b2[FORMAT_SIZE_MAX], w[32];
         _cleanup_free_ char *message = NULL;
-        const char *bad = NULL;
-        AllocParams a = {};
         PoolDeviceStats s = {};
         UserQuota quota = {};
         Lease *l;
         int k, i;
 
-        k = alloc_params_decode(params, &a, &bad, &message);
-        if (k < 0) {
-                k = reply_decode_failed(r, k, bad, message);
-                goto out;
-        }
-        k = broker_alloc(b, c, a.device == VMMB_DEVICE_ANY ? -1 : a.device, a.size, a.label, &l, &quota);
-        i = a.device == VMMB_DEVICE_ANY ? 0 : a.device <= INT32_MAX ? pool_find_device(b->pool, (int)a.device) : -1;
+        if (how == ALLOC_TRY_STOPPING)
+                k = BROKER_E_NO_MEMORY;         /* not tried: the daemon is going away */
+        else
+                k = broker_alloc(b, c, a->device == VMMB_DEVICE_ANY ? -1 : a->device, a->size, a->label, &l,
+                                 &quota);
+        i = a->device == VMMB_DEVICE_ANY ? 0 : a->device <= INT32_MAX ? pool_find_device(b->pool, (int)a->device) : -1;
         if (i >= 0 && (size_t)i < pool_n_devices(b->pool))
                 pool_device_stats(b->pool, (size_t)i, &s);
         switch (k) {
         case 0:
-                k = reply_lease(r, l, false);
-                break;
+                return reply_lease(r, l, false);
         case BROKER_E_NO_DEVICE:
-                k = vmmb_error_no_such_device(a.device, &r->msg);
-                break;
+                return vmmb_error_no_such_device(a->device, &r->msg);
         case BROKER_E_QUOTA:
                 user_quota_message(c->user, &quota, s.index, &message);
-                k = vmmb_error_quota_exceeded(user_resource_name(quota.what), quota.limit, quota.current,
-                                              message ?: "over a limit", &r->msg);
-                break;
+                return vmmb_error_quota_exceeded(user_resource_name(quota.what), quota.limit, quota.current,
+                                                 message ?: "over a limit", &r->msg);
         case BROKER_E_TOO_LARGE:
                 set_message(&message, "%s is more than device %d can serve (capacity %s, at most %d slabs).",
-                            format_size(a.size, b1, sizeof(b1)), s.index, format_size(s.capacity, b2, sizeof(b2)),
+                            format_size(a->size, b1, sizeof(b1)), s.index, format_size(s.capacity, b2, sizeof(b2)),
                             POOL_MAX_SLABS);
-                k = vmmb_error_invalid_parameter("size", message ?: "too large", &r->msg);
-                break;
+                return vmmb_error_invalid_parameter("size", message ?: "too large", &r->msg);
         case BROKER_E_NO_MEMORY: {
-                uint64_t requested = ALIGN_UP(a.size, s.granularity ?: 1);
+                uint64_t requested = ALIGN_UP(a->size, s.granularity ?: 1);
                 uint64_t in_use = s.leased + s.scrubbing;
                 uint64_t available = s.capacity > in_use ? s.capacity - in_use : 0;
+                uint64_t wait_usec = broker_alloc_wait_usec(b, a->wait_usec);
 
-                set_message(&message, "Device %d has no room for %" PRIu64 " bytes now: %s.", s.index, requested,
-                            pool_last_error(b->pool));
-                k = vmmb_error_out_of_memory(s.index, requested, available, message ?: "out of memory", &r->msg);
-                break;
+                if (how == ALLOC_TRY_AGAIN)
+                        return 0;               /* it goes on waiting */
+                if (how == ALLOC_TRY_FIRST && wait_usec > 0 && i >= 0) {
+                        r->wait = calloc(1, sizeof(AllocWait));
+                        if (!r->wait)
+                                return -ENOMEM;
+                        r->wait->params = *a;   /* it takes the label */
+                        *a = (AllocParams){};
+                        r->wait->device = (size_t)i;
+                        r->wait->wait_usec = wait_usec;
+                        return 0;
+                }
+                format_wait(waited_usec, w, sizeof(w));
+                if (how == ALLOC_TRY_STOPPING)
+                        set_message(&message, "Device %d had no room for %" PRIu64 " bytes, and the broker is "
+                                    "stopping: it waited %s for room. Call again once the broker is back.",
+                                    s.index, requested, w);
+                else if (how == ALLOC_TRY_EXPIRED)
+                        set_message(&message, "Device %d has no room for %" PRIu64 " bytes now: %s. It waited %s "
+                                    "for room to come back (wait_usec, at most MaxAllocWait=).", s.index,
+                                    requested, pool_last_error(b->pool), w);
+                else
+                        set_message(&message, "Device %d has no room for %" PRIu64 " bytes now: %s.", s.index,
+                                    requested, pool_last_error(b->pool));
+                return vmmb_error_out_of_memory(s.index, requested, available, message ?: "out of memory", &r->msg);
         }
         default:
-                k = reply_outcome(b, r, k, NULL);
-                break;
+                return reply_outcome(b, r, k, NULL);
         }
-out:
+}
+
+static int method_alloc(Broker *b, const Caller *c, json_object *params, MethodReply *r) {
+        _cleanup_free_ char *message = NULL;
+        const char *bad = NULL;
+        AllocParams a = {};
+        int k;
+
+        k = alloc_params_decode(params, &a, &bad, &message);
+        if (k < 0)
+                return reply_decode_failed(r, k, bad, message);
+        k = alloc_try(b, c, &a, ALLOC_TRY_FIRST, 0, r);
         alloc_params_done(&a);
         return k;
+}
+
+int method_alloc_again(Broker *b, const Caller *c, AllocWait *w, AllocTry how, uint64_t waited_usec,
+                       MethodReply *r) {
+        return alloc_try(b, c, &w->params, how, waited_usec, r);
+}
+
+AllocWait *alloc_wait_free(AllocWait *w) {
+        if (!w)
+                return NULL;
+        alloc_params_done(&w->params);
+        free(w);
+        return NULL;
 }
 
 static int method_free(Broker *b, const Caller *c, json_object *params, MethodReply *r) {
@@ -582,6 +638,7 @@ static int method_status(Broker *b, const Caller *c, json_object *params, Method
                         .scrubbing = stats[i].scrubbing,
                         .cached = stats[i].cached,
                         .leases = b->leases.device_leases[i],
+                        .waiters = b->waits[i].n_waiters,
                 };
         }
         reply.devices = devices;

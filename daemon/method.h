@@ -11,13 +11,36 @@
 #include <json-c/json.h>
 
 #include "broker.h"
+#include "codec.h"
 #include "varlink.h"
+
+/*
+ * An Alloc that waits for room (its wait_usec, when its device has none):
+ * what it asked, kept by its connection while it waits in the device's wait
+ * queue (Broker.waits, wait.h), and tried again with method_alloc_again().
+ */
+typedef struct AllocWait {
+        AllocParams params;             /* as decoded */
+        size_t device;                  /* the pool index of the device it waits on */
+        uint64_t wait_usec;             /* how long it may wait: its wait_usec, at most MaxAllocWait= */
+} AllocWait;
+
+AllocWait *alloc_wait_free(AllocWait *w);
 
 typedef struct MethodReply {
         json_object *msg;               /* a whole envelope: a reply or an error */
         int fds[POOL_MAX_SLABS];        /* sent with it (borrowed from the slabs) */
         size_t n_fds;
+        AllocWait *wait;                /* instead of msg: the call waits for room; the caller takes it */
 } MethodReply;
+
+/* Which try of an Alloc: as it came, again while it waits, when its wait ran out, or as the daemon stops. */
+typedef enum AllocTry {
+        ALLOC_TRY_FIRST,
+        ALLOC_TRY_AGAIN,
+        ALLOC_TRY_EXPIRED,
+        ALLOC_TRY_STOPPING,             /* not tried: answered OutOfMemory saying the broker is stopping */
+} AllocTry;
 
 /*
  * Answers one call of `c`: fills *r (free r->msg with json_object_put()) and
@@ -26,3 +49,14 @@ typedef struct MethodReply {
  * MethodNotFound.
  */
 int method_call(Broker *b, const Caller *c, const VarlinkCall *call, MethodReply *r);
+
+/*
+ * Tries a waiting Alloc again (`how`, `waited_usec` into its wait, for the
+ * sentence of the error that ends it). Fills *r as method_call() does when the
+ * call is answered: a lease, or the error that ends its wait (OutOfMemory
+ * when it expired or the daemon stops, QuotaExceeded when its user's limits
+ * no longer allow it, ...). With ALLOC_TRY_AGAIN and still no room, it leaves
+ * r->msg NULL: the call goes on waiting. Returns 0 or a negative errno.
+ */
+int method_alloc_again(Broker *b, const Caller *c, AllocWait *w, AllocTry how, uint64_t waited_usec,
+                       MethodReply *r);

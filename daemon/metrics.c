@@ -59,6 +59,14 @@ static const char *const event_names[_METRICS_EVENT_MAX] = {
         [METRICS_EVENT_STORE_RECOVERED] = "store_recovered",
 };
 
+static const char *const wait_names[_METRICS_WAIT_MAX] = {
+        [METRICS_WAIT_SERVED] = "served",
+        [METRICS_WAIT_EXPIRED] = "expired",
+        [METRICS_WAIT_REFUSED] = "refused",
+        [METRICS_WAIT_LEFT] = "left",
+        [METRICS_WAIT_STOPPED] = "stopped",
+};
+
 /* Upper bounds of the buckets in microseconds, and as the `le` label writes them (in seconds). */
 static const uint64_t bucket_usec[METRICS_BUCKETS] = {
         10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000, 500000, 1000000,
@@ -75,6 +83,7 @@ static struct {
         uint64_t sum_usec[_METRICS_METHOD_MAX];
         uint64_t events[_METRICS_EVENT_MAX];
         uint64_t events_dropped;
+        uint64_t waits[_METRICS_WAIT_MAX];
         bool table_restored;
         unsigned leases_restored;
         double start_time;              /* seconds since the epoch */
@@ -136,6 +145,10 @@ void metrics_request_done(const char *method, json_object *reply, int k, uint64_
 
 void metrics_event(MetricsEvent event) {
         m.events[event]++;
+}
+
+void metrics_wait_done(MetricsWait how) {
+        m.waits[how]++;
 }
 
 void metrics_event_dropped(void) {
@@ -240,10 +253,9 @@ static int format_devices(FILE *f, Broker *b) {
         for (size_t i = 0; i < n; i++)
                 fprintf(f, "vmmbroker_device_leases{device=\"%d\"} %u\n", rows[i].s.index, rows[i].leases);
         family(f, "vmmbroker_device_waiters", "gauge", NULL,
-               "Requests waiting for memory on the device: always 0, as the broker answers OutOfMemory at once "
-               "rather than queueing.");
+               "Alloc calls waiting for memory on the device (wait_usec).");
         for (size_t i = 0; i < n; i++)
-                fprintf(f, "vmmbroker_device_waiters{device=\"%d\"} 0\n", rows[i].s.index);
+                fprintf(f, "vmmbroker_device_waiters{device=\"%d\"} %u\n", rows[i].s.index, b->waits[i].n_waiters);
         device_counter(f, rows, n, "vmmbroker_device_cache_hits", "Slabs leased from the cache.",
                        offsetof(PoolDeviceStats, hits));
         device_counter(f, rows, n, "vmmbroker_device_slabs_created", "Slabs created with the driver.",
@@ -353,6 +365,12 @@ static void format_broker(FILE *f, Broker *b) {
         for (size_t i = 0; i < _METRICS_EVENT_MAX; i++)
                 fprintf(f, "vmmbroker_lease_events_total{event=\"%s\"} %" PRIu64 "\n", event_names[i],
                         m.events[i]);
+        family(f, "vmmbroker_alloc_waits", "counter", NULL,
+               "Alloc calls that waited for memory, by how the wait ended (served; expired: its deadline "
+               "passed; refused: another error, such as its user's limits; left: its connection closed or its "
+               "process exited; stopped: the broker stopped).");
+        for (size_t i = 0; i < _METRICS_WAIT_MAX; i++)
+                fprintf(f, "vmmbroker_alloc_waits_total{outcome=\"%s\"} %" PRIu64 "\n", wait_names[i], m.waits[i]);
         family(f, "vmmbroker_journal_events_dropped", "counter", NULL,
                "Lease events the journal's socket did not take (full or absent).");
         fprintf(f, "vmmbroker_journal_events_dropped_total %" PRIu64 "\n", m.events_dropped);

@@ -80,6 +80,16 @@ typedef enum MetricsEvent {
         _METRICS_EVENT_MAX,
 } MetricsEvent;
 
+/* How a waiting Alloc's wait ended. */
+typedef enum MetricsWait {
+        METRICS_WAIT_SERVED,
+        METRICS_WAIT_EXPIRED,           /* its deadline passed */
+        METRICS_WAIT_REFUSED,           /* answered another error (its user's limits, the driver, the store) */
+        METRICS_WAIT_LEFT,              /* its connection closed or its process exited */
+        METRICS_WAIT_STOPPED,           /* the daemon stopped */
+        _METRICS_WAIT_MAX,
+} MetricsWait;
+
 /* Histogram buckets, upper bounds in microseconds: 10 us .. 1 s, then +Inf. */
 #define METRICS_BUCKETS 16
 
@@ -100,6 +110,9 @@ uint64_t metrics_clock(void);
  * with `reply` (its error, if any, is the outcome) and returned k.
  */
 void metrics_request_done(const char *method, json_object *reply, int k, uint64_t start);
+
+/* Counts a waiting Alloc's end (peer.c). */
+void metrics_wait_done(MetricsWait how);
 
 /* Counts a lease event. */
 void metrics_event(MetricsEvent event);

@@ -32,6 +32,28 @@ static int peer_refusal(Peer *p, json_object **ret) {
                                          message ?: "over a limit", ret);
 }
 
+/* Parks the connection with its Alloc `w` (taken), waiting since `since`. Returns 0 or -ENOMEM. */
+static int peer_park(Peer *p, AllocWait *w, bool oneway, uint64_t since) {
+        int k = wait_queue_push(&p->manager->broker.waits[w->device], &p->waiter, p->caller.user);
+
+        if (k < 0) {
+                alloc_wait_free(w);
+                return k;
+        }
+        p->wait = w;
+        p->wait_since = since;
+        p->wait_oneway = oneway;
+        return 0;
+}
+
+/* Ends the wait: out of the queue (`served` gives its user's turn to the next), the call forgotten. */
+static void peer_unpark(Peer *p, bool served) {
+        if (!p->wait)
+                return;
+        wait_queue_remove(&p->manager->broker.waits[p->wait->device], &p->waiter, served);
+        p->wait = alloc_wait_free(p->wait);
+}
+
 /* Answers one call. Returns 0, or a negative errno that ends the connection. */
 static int peer_dispatch(Peer *p, json_object *msg) {
         Broker *b = &p->manager->broker;
@@ -55,6 +77,12 @@ static int peer_dispatch(Peer *p, json_object *msg) {
                 uint64_t start = metrics_clock();
 
                 k = method_call(b, &p->caller, &call, &r);
+                if (r.wait) {
+                        /* No room, and it may wait: counted when it is answered (peer_wait_try()). */
+                        k = peer_park(p, TAKE_PTR(r.wait), call.oneway, start);
+                        varlink_call_done(&call);
+                        return k;
+                }
                 metrics_request_done(call.method, r.msg, k, start);
         }
         if (k == 0 && r.msg && !call.oneway)
@@ -67,6 +95,12 @@ static int peer_dispatch(Peer *p, json_object *msg) {
 static int on_reply_timeout(sd_event_source *s, uint64_t usec, void *userdata) {
         Peer *p = userdata;
 
+        if (p->wait) {
+                /* The waiting call's deadline: one last try, then OutOfMemory saying how long it waited. */
+                (void)peer_wait_try(p, ALLOC_TRY_EXPIRED);
+                return 0;
+        }
+
         /* A refused connection that does not ask is simply closed: nothing to say about each of a flood. */
         if (!p->refused)
                 fprintf(stderr, "Closing the connection of pid %d (uid %u): it left a reply unread for %g s "
@@ -76,10 +110,15 @@ static int on_reply_timeout(sd_event_source *s, uint64_t usec, void *userdata) {
         return 0;
 }
 
-/* Arms the reply timer from now, or stops it. */
+/* Arms the reply timer from now, or stops it; while a call waits, it is the wait's deadline. */
 static void peer_set_timer(Peer *p, bool on) {
         uint64_t now;
 
+        if (p->wait) {
+                (void)sd_event_source_set_time(p->reply_timer, p->wait_since + p->wait->wait_usec);
+                (void)sd_event_source_set_enabled(p->reply_timer, SD_EVENT_ONESHOT);
+                return;
+        }
         if (!on) {
                 (void)sd_event_source_set_enabled(p->reply_timer, SD_EVENT_OFF);
                 return;
@@ -100,7 +139,7 @@ static void peer_set_timer(Peer *p, bool on) {
  */
 static void peer_update(Peer *p) {
         bool pending = varlink_conn_pending(p->conn) > 0;
-        bool ready = !pending && varlink_conn_has_message(p->conn);
+        bool ready = !pending && !p->wait && varlink_conn_has_message(p->conn);
         Manager *m = p->manager;
 
         if (pending && !p->charge_request.user)
@@ -115,7 +154,8 @@ static void peer_update(Peer *p) {
                 (void)sd_event_source_set_enabled(m->serve_source, SD_EVENT_ON);
         } else if (!ready)
                 fair_queue_remove(&m->fair, p->caller.user, &p->link_ready);
-        (void)sd_event_source_set_io_events(p->io, pending ? EPOLLOUT : ready ? 0 : EPOLLIN);
+        /* A parked connection is woken only by a hangup (always reported), which ends its wait. */
+        (void)sd_event_source_set_io_events(p->io, pending ? EPOLLOUT : ready || p->wait ? 0 : EPOLLIN);
 }
 
 void peer_serve(Peer *p) {
@@ -134,8 +174,8 @@ void peer_serve(Peer *p) {
                 else if (k == 0 && p->refused)
                         k = -ECONNRESET;        /* it has its answer */
         }
-        if (k >= 0 && p->hangup && !varlink_conn_has_message(p->conn))
-                k = -ECONNRESET;
+        if (k >= 0 && p->hangup && (p->wait || !varlink_conn_has_message(p->conn)))
+                k = -ECONNRESET;        /* a waiting call whose client has gone leaves the queue */
         if (k < 0) {
                 peer_free(p);
                 return;
@@ -143,10 +183,60 @@ void peer_serve(Peer *p) {
         peer_update(p);
 }
 
+bool peer_wait_try(Peer *p, AllocTry how) {
+        Broker *b = &p->manager->broker;
+        uint64_t start = metrics_clock();
+        MethodReply r = {};
+        bool served;
+        int k;
+
+        if (how != ALLOC_TRY_STOPPING) {
+                broker_reap_holders(b);
+                if (p->caller.holder && p->caller.holder->exited) {
+                        peer_free(p);   /* what it waits for would belong to nobody */
+                        return false;
+                }
+        }
+        k = method_alloc_again(b, &p->caller, p->wait, how, start - p->wait_since, &r);
+        if (k == 0 && !r.msg)
+                return true;
+        metrics_request_done(VMMB_METHOD_ALLOC, r.msg, k, start);
+        served = k == 0 && r.n_fds > 0;
+        metrics_wait_done(served ? METRICS_WAIT_SERVED :
+                          how == ALLOC_TRY_STOPPING ? METRICS_WAIT_STOPPED :
+                          how == ALLOC_TRY_EXPIRED ? METRICS_WAIT_EXPIRED : METRICS_WAIT_REFUSED);
+        peer_unpark(p, served);
+        if (k == 0 && !p->wait_oneway)
+                k = varlink_conn_send(p->conn, r.msg, r.fds, r.n_fds);
+        json_object_put(r.msg);
+        if (k >= 0) {
+                k = varlink_conn_flush(p->conn);
+                if (k == -EAGAIN)
+                        k = 0;
+        }
+        if (k < 0) {
+                peer_free(p);
+                return false;
+        }
+        peer_update(p);
+        return false;
+}
+
+void peer_wait_check_exited(Peer *p) {
+        if (p->wait && p->caller.holder && p->caller.holder->exited)
+                peer_free(p);
+}
+
 static int on_peer_io(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
         Peer *p = userdata;
         int k = 0;
 
+        if (p->wait) {
+                /* Parked: only a hangup wakes it, and the call's client is gone. */
+                if (revents & (EPOLLHUP | EPOLLERR))
+                        peer_free(p);
+                return 0;
+        }
         if (varlink_conn_pending(p->conn) > 0) {
                 k = varlink_conn_flush(p->conn);
                 if (k == -EAGAIN)
@@ -325,6 +415,10 @@ Peer *peer_free(Peer *p) {
         }
         if (p->caller.user)
                 fair_queue_remove(&p->manager->fair, p->caller.user, &p->link_ready);
+        if (p->wait) {
+                metrics_wait_done(METRICS_WAIT_LEFT);
+                peer_unpark(p, false);
+        }
         sd_event_source_disable_unref(p->io);
         sd_event_source_disable_unref(p->reply_timer);
         varlink_conn_free(p->conn);

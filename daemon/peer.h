@@ -12,6 +12,17 @@
  * serves one request per turn (peer_serve()). While a reply is still queued,
  * the connection's further requests wait (a client that does not read its
  * replies holds at most one reply in the daemon).
+ *
+ * An Alloc that waits for room (wait_usec) parks its connection: the call is
+ * kept (AllocWait) with its place in the device's wait queue (wait.h), the
+ * connection reads nothing more (further calls wait in its socket, as behind
+ * an unread reply) and watches only for hangup, and the reply timer becomes
+ * the wait's deadline. The manager tries it again when memory comes back
+ * (peer_wait_try()); it is answered when served, when its deadline passes,
+ * when its user's limits no longer allow it, or when the daemon stops; it
+ * leaves the queue unanswered when its connection closes or its process
+ * exits. One waiting call per connection: waiters are bounded by the
+ * connections (MaxConnections=, MaxConnectionsTotal=).
  */
 
 #include <stdbool.h>
@@ -20,7 +31,9 @@
 
 #include "broker.h"
 #include "list.h"
+#include "method.h"
 #include "varlink.h"
+#include "wait.h"
 
 typedef struct Manager Manager;
 
@@ -43,6 +56,10 @@ typedef struct Peer {
         sd_event_source *reply_timer;   /* closes the connection when a reply stays unread too long */
         List link;                      /* in Manager.peers */
         List link_ready;                /* in its user's ready_peers (fair.h) while a request waits */
+        AllocWait *wait;                /* an Alloc waiting for room (parked): nothing more is read meanwhile */
+        Waiter waiter;                  /* its place in its device's wait queue (Broker.waits) */
+        uint64_t wait_since;            /* when it began waiting (metrics_clock()) */
+        bool wait_oneway;               /* the waiting call asked for no reply */
 } Peer;
 
 /*
@@ -60,3 +77,14 @@ Peer *peer_free(Peer *p);
 
 /* Serves the peer's next request (its turn in the fair queue came); it may close the peer. */
 void peer_serve(Peer *p);
+
+/*
+ * Tries the peer's waiting Alloc (`how`: ALLOC_TRY_AGAIN when memory came
+ * back, ALLOC_TRY_STOPPING when the daemon stops). Returns true when it goes
+ * on waiting; false when it was answered (the connection reads again) or the
+ * peer was closed (its process has exited, or sending failed).
+ */
+bool peer_wait_try(Peer *p, AllocTry how);
+
+/* Closes the peer if it is waiting and its process has exited (it leaves the queue unanswered). */
+void peer_wait_check_exited(Peer *p);

@@ -154,6 +154,32 @@ void vmmb_close(vmmb_client *client);
 int vmmb_alloc(vmmb_client *client, uint64_t size, int device, const char *label, vmmb_lease **ret);
 
 /**
+ * vmmb_alloc_wait() - lease device memory, waiting for room if there is none now.
+ * @client: the client.
+ * @size: as for vmmb_alloc().
+ * @device: as for vmmb_alloc().
+ * @label: as for vmmb_alloc().
+ * @timeout_usec: how long to wait for room, in microseconds; 0 does not wait (vmmb_alloc()). The broker
+ *                waits at most its MaxAllocWait= (5 minutes by default) whatever this says.
+ * @ret: the lease, mapped read-write and zeroed, on success.
+ *
+ * When the device has no room now, the call waits in the device's queue in
+ * the broker, where users take turns and each user's calls are served first
+ * come, first served, and returns as soon as room comes back (another lease
+ * freed). A call that can never be served (more than the device's capacity,
+ * over the calling user's limits) fails at once. The client is busy while it
+ * waits: calls on it from other threads wait too (use another client for
+ * them). If the broker stops while the call waits, the call fails with
+ * -ENOMEM and a message saying so: nothing was leased, and the call may be
+ * made again once the broker is back.
+ *
+ * Return: as vmmb_alloc(); -ENOMEM when no room came back in time (the
+ * message says how long it waited).
+ */
+int vmmb_alloc_wait(vmmb_client *client, uint64_t size, int device, const char *label, uint64_t timeout_usec,
+                    vmmb_lease **ret);
+
+/**
  * vmmb_free() - end a lease.
  * @lease: the lease, or NULL.
  *

@@ -66,6 +66,7 @@ static const JsonField alloc_params_fields[] = {
         JSON_FIELD_UINT64("size", AllocParams, size),
         JSON_FIELD_INT64("device", AllocParams, device, false, true),
         JSON_FIELD_STRING("label", AllocParams, label, false, VMMB_LABEL_MAX),
+        JSON_FIELD_INT64("wait_usec", AllocParams, wait_usec, false, true),
         JSON_FIELD_END,
 };
 
@@ -216,6 +217,7 @@ static const JsonField device_fields[] = {
         JSON_FIELD_UINT64("scrubbing", WireDevice, scrubbing),
         JSON_FIELD_UINT64("cached", WireDevice, cached),
         JSON_FIELD_UINT64("leases", WireDevice, leases),
+        JSON_FIELD_INT64("waiters", WireDevice, waiters, false, true),
         JSON_FIELD_END,
 };
 
@@ -370,7 +372,13 @@ int alloc_params_decode(json_object *params, AllocParams *ret, const char **ret_
         }
         return 0;
 }
-DEFINE_ENCODE(alloc_params, AllocParams, alloc_params_fields)
+int alloc_params_encode(const AllocParams *in, json_object **ret) {
+        AllocParams a = *in;
+
+        if (a.wait_usec == 0)
+                a.wait_usec = JSON_ABSENT;      /* the same to the daemon, and what a daemon without waiting takes */
+        return json_build(alloc_params_fields, &a, ret);
+}
 DEFINE_DONE(alloc_params, AllocParams, alloc_params_fields)
 
 DEFINE_PARAMS_CODEC(free_params, FreeParams, free_params_fields)

@@ -81,11 +81,12 @@ extern const char vmmb_interface_description[];
 /* The org.varlink.service interface, as the varlink specification gives it. */
 extern const char varlink_service_interface_description[];
 
-/* Alloc(size: int, device: ?int, label: ?string) */
+/* Alloc(size: int, device: ?int, label: ?string, wait_usec: ?int) */
 typedef struct AllocParams {
         uint64_t size;          /* at least 1 */
         int64_t device;         /* VMMB_DEVICE_ANY when absent */
         char *label;            /* NULL when absent */
+        int64_t wait_usec;      /* JSON_ABSENT (-1) when absent: fail at once, as 0 */
 } AllocParams;
 
 /* Free(id: string) */
@@ -234,7 +235,7 @@ typedef struct UsersReply {
         size_t n_users;
 } UsersReply;
 
-/* Device (index, name, total, granularity, capacity, leased, scrubbing, cached, leases) */
+/* Device (index, name, total, granularity, capacity, leased, scrubbing, cached, leases, waiters: ?int) */
 typedef struct WireDevice {
         int64_t index;
         char *name;
@@ -245,6 +246,7 @@ typedef struct WireDevice {
         uint64_t scrubbing;
         uint64_t cached;
         uint64_t leases;
+        int64_t waiters;        /* JSON_ABSENT (-1) from a daemon that has no waiting */
 } WireDevice;
 
 /* Status's reply: (devices: []Device) */
@@ -300,7 +302,7 @@ typedef struct VmmbError {
 
 /* Decodes Alloc's parameters; a size of 0 is refused as well (-EINVAL naming "size"). */
 int alloc_params_decode(json_object *params, AllocParams *ret, const char **ret_bad_field, char **ret_message);
-/* Encodes Alloc's parameters. Returns 0, -EINVAL, -ERANGE or -ENOMEM (json_build()). */
+/* Encodes Alloc's parameters (a wait_usec of 0 is left out, as absent). Returns 0, -EINVAL, -ERANGE or -ENOMEM (json_build()). */
 int alloc_params_encode(const AllocParams *in, json_object **ret);
 /* Frees AllocParams' strings. */
 void alloc_params_done(AllocParams *p);

@@ -42,6 +42,8 @@ def seed(name, payload, flags=0, cuts=(0, 0, 0)):
 seed("alloc", call("Alloc", {"size": 2 * MiB}))
 seed("alloc-device-label", call("Alloc", {"size": 3 * MiB, "device": 1, "label": "fuzz seed"}))
 seed("alloc-any-device", call("Alloc", {"size": 1, "device": -1}))
+seed("alloc-wait", call("Alloc", {"size": 2 * MiB, "wait_usec": 1000}) + call("Alloc", {"size": 1 << 40, "wait_usec": 1 << 62})
+     + call("Alloc", {"size": 1, "wait_usec": -1}) + call("Alloc", {"size": 1, "wait_usec": "1"}) + call("Status"))
 seed("alloc-no-such-device", call("Alloc", {"size": 1, "device": 7}) + call("Alloc", {"size": 1, "device": 2147483648})
      + call("Alloc", {"size": 1, "device": -2}))
 seed("free", call("Free", {"id": "0123456789abcdef0123456789abcdef"}))

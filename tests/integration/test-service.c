@@ -270,6 +270,7 @@ START_TEST(test_print_config) {
                               "# MaxConnectionsTotal= is empty: derived from the fd limit, RLIMIT_NOFILE / 4 "
                               "(64-65536)\n"
                               "MaxConnectionsTotal=\n"
+                              "MaxAllocWait=5min\n"
                               "\n"
                               "[Limits]\n"
                               "MaxBytes=80%\n"

@@ -480,7 +480,7 @@ typedef struct Column {
 
 static const Column status_columns[] = {
         { "DEVICE", true }, { "NAME", false },  { "CAPACITY", true }, { "LEASED", true },
-        { "CACHED", true }, { "FREE", true },   { "LEASES", true },   { "USAGE", false },
+        { "CACHED", true }, { "FREE", true },   { "LEASES", true },   { "WAIT", true }, { "USAGE", false },
 };
 
 static const Column list_columns[] = {
@@ -714,6 +714,7 @@ START_TEST(test_status_table) {
                 CHECK_FIELD(lines[0], row, status_columns, "FREE",
                             size_str(used < d->capacity ? d->capacity - used : 0, buf));
                 CHECK_FIELD(lines[0], row, status_columns, "LEASES", number_str((int64_t)d->leases, num));
+                CHECK_FIELD(lines[0], row, status_columns, "WAIT", number_str(d->waiters, num));
         }
         /* Device 0 holds this test's three leases: 66 MiB + 4 MiB + 2 MiB, a bar with its leased percentage. */
         ck_assert_uint_eq(s.devices[0].leases, 3);

@@ -240,6 +240,20 @@ class TestErrors(ClientTestCase):
             self.client.alloc(2 << 30)                       # MaxBytes=1G
         self.assertError(cm, vmmbroker.QuotaExceeded, errno.EDQUOT)
 
+    def test_alloc_wait(self) -> None:
+        # Room now: served at once, as without wait.
+        with self.client.alloc(MiB, wait=5.0) as lease:
+            self.assertEqual(lease.size, 2 * MiB)
+        # Never servable (over MaxBytes=1G): fails at once, not after the wait.
+        with self.assertRaises(vmmbroker.QuotaExceeded) as cm:
+            self.client.alloc(2 << 30, wait=600.0)
+        self.assertError(cm, vmmbroker.QuotaExceeded, errno.EDQUOT)
+        for bad in (-1, "1", True, float("nan")):
+            with self.assertRaises(vmmbroker.Error) as cm:
+                self.client.alloc(MiB, wait=bad)               # type: ignore[arg-type]
+            self.assertEqual(cm.exception.errno, errno.EINVAL)
+        self.assertEqual(self.client.status()[0]["waiters"], 0)
+
     def test_attach_bad_name(self) -> None:
         with self.assertRaises(vmmbroker.NotFound) as cm:
             self.client.attach(name="no-such-name")

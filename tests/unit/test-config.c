@@ -97,6 +97,7 @@ START_TEST(test_defaults_without_file) {
                                "# MaxConnectionsTotal= is empty: derived from the fd limit, RLIMIT_NOFILE / 4 "
                                "(64-65536)\n"
                                "MaxConnectionsTotal=\n"
+                               "MaxAllocWait=5min\n"
                                "\n"
                                "[Limits]\n"
                                "MaxBytes=80%\n"
@@ -282,7 +283,7 @@ START_TEST(test_print_round_trip) {
         Config c;
 
         ck_assert_int_eq(load(&c, "[Broker]\nSocket=/run/x\nDevices=1,0\nCapacity=1536M\nMaxSlab=2G\n"
-                                  "AdminGroup=root\nReplyTimeout=2min\nMaxConnectionsTotal=500\n"
+                                  "AdminGroup=root\nReplyTimeout=2min\nMaxConnectionsTotal=500\nMaxAllocWait=0\n"
                                   "[Limits]\nMaxBytes=40G\nMaxProcesses=12\n"
                                   "[User:0]\nMaxLeases=7\nMaxProcesses=1\n"
                                   "[Group:root]\nMaxBytes=50%\nMaxConnections=3\n",
@@ -296,6 +297,7 @@ START_TEST(test_print_round_trip) {
                                 "AdminGroup=root\n"
                                 "ReplyTimeout=2min\n"
                                 "MaxConnectionsTotal=500\n"
+                                "MaxAllocWait=0\n"
                                 "\n"
                                 "[Limits]\n"
                                 "MaxBytes=40G\n"
@@ -385,6 +387,7 @@ START_TEST(test_zero_refused) {
         expect_error("[Broker]\nReplyTimeout=0ms\n", 2, "ReplyTimeout=0ms: must be at least 1ms");
         expect_error("[Broker]\nReplyTimeout=0min\n", 2, "ReplyTimeout=0min: must be at least 1ms");
         expect_error("[Broker]\nReplyTimeout=1h\n", 2, "ReplyTimeout=1h: expected a time such as 30s");
+        expect_error("[Broker]\nMaxAllocWait=soon\n", 2, "MaxAllocWait=soon: expected a time such as 30s");
         expect_error("[Broker]\nMaxConnectionsTotal=0\n", 2, "MaxConnectionsTotal=0: must be at least 1: with 0 "
                      "nobody could connect (leave it empty to derive it from the fd limit)");
         expect_error("[Broker]\nMaxConnectionsTotal=-5\n", 2, "MaxConnectionsTotal=-5: expected a number from 1 "

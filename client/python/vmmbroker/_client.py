@@ -156,8 +156,9 @@ class Client:
 
     # --- calls --------------------------------------------------------------------------------------
 
-    def alloc(self, size: int, device: Optional[int] = None, label: Optional[str] = None) -> "Lease":
-        """Lease at least ``size`` bytes of device memory (vmmb_alloc()).
+    def alloc(self, size: int, device: Optional[int] = None, label: Optional[str] = None,
+              wait: Optional[float] = None) -> "Lease":
+        """Lease at least ``size`` bytes of device memory (vmmb_alloc(), vmmb_alloc_wait()).
 
         ``device`` is a CUDA device index as the broker numbers them, None for
         the first device it serves. The broker rounds the size up to the
@@ -165,9 +166,16 @@ class Client:
         memory is mapped read-write and reads zero. ``label`` (at most 128
         bytes) is shown by ``vmmctl list``.
 
+        ``wait``: seconds to wait for room when the device has none now, in
+        the broker's queue for the device (users take turns, each user's calls
+        first come, first served), at most the broker's MaxAllocWait= (5 min by
+        default); None or 0 fails at once. While it waits, other calls on this
+        client wait too.
+
         Raises Error: EINVAL for a size of 0 or more than the device can
         serve, or a label too long; QuotaExceeded (EDQUOT) over a limit of the
-        calling user; OutOfMemory (ENOMEM) when the device has no room; ENODEV
+        calling user; OutOfMemory (ENOMEM) when the device has no room (after
+        ``wait`` seconds, if given); ENODEV
         for a device the broker does not serve; ECONNREFUSED when no broker
         answers.
         """
@@ -175,11 +183,17 @@ class Client:
             raise TypeError(f"size must be an int, not {type(size).__name__}")
         if size < 0 or size >= 1 << 64:
             raise error(errno.EINVAL, f"A lease's size is a number of bytes above 0, not {size}.")
+        if wait is not None and (isinstance(wait, bool) or not isinstance(wait, (int, float)) or not wait >= 0):
+            raise error(errno.EINVAL, f"wait is a number of seconds, 0 or more, not {wait!r}.")
+        wait_usec = 0 if wait is None else min(int(wait * 1e6), (1 << 63) - 1)
         dev = _lib.ANY_DEVICE if device is None else int(device)
         lab = None if label is None else _encode(label, "label")
         handle = self._check()
         out = ctypes.c_void_p()
-        rc = _lib.lib().vmmb_alloc(handle, size, dev, lab, ctypes.byref(out))
+        if wait_usec > 0:
+            rc = _lib.lib().vmmb_alloc_wait(handle, size, dev, lab, wait_usec, ctypes.byref(out))
+        else:
+            rc = _lib.lib().vmmb_alloc(handle, size, dev, lab, ctypes.byref(out))
         if rc < 0:
             _fail(rc)
         return self._adopt(out)
@@ -245,7 +259,8 @@ class Client:
         """The pool on each device the broker serves (the broker's Status call).
 
         One dict per device: index, name, total, granularity, capacity,
-        leased, scrubbing, cached (bytes) and leases (a count), as
+        leased, scrubbing, cached (bytes), leases and waiters (Alloc calls
+        waiting for room; absent from a broker without waiting) (counts), as
         docs/protocol.md describes Device.
         """
         self._check()

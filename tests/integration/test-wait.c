@@ -1,0 +1,579 @@
+/* SPDX-License-Identifier: MIT */
+
+/*
+ * Alloc that waits (wait_usec): on a daemon whose device holds 4 slabs of 2 MiB (--capacity 8M), filled by
+ * the test's own leases, calls wait in the device's queue and are served, in turn between users, as the
+ * test frees the filling leases one at a time.
+ *
+ * Nothing here sleeps: the test sees a call queued by polling Status (its `waiters`) in a bounded loop, and
+ * sees which waiting call was served by poll() on the waiting connections with IO_TIMEOUT_S as a failure
+ * guard. Other users' calls come from connector processes (as in test-fairness.c) that connect as another
+ * uid, pass the connections to the test and stay alive as their holders; the tests with other users run
+ * only as root.
+ */
+
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "codec.h"
+#include "fdpass.h"
+#include "harness.h"
+#include "json.h"
+#include "macro.h"
+#include "rawclient.h"
+#include "unit.h"
+
+#define MiB (UINT64_C(1) << 20)
+#define UNIT (2 * MiB)                  /* the granularity: one slab */
+#define N_UNITS 4                       /* the capacity, in slabs */
+#define UID_A 65533
+#define UID_B 65534
+#define MAX_CONN 64
+#define POLL_STEPS 20000                /* bounded polling of Status: each step is a round trip */
+#define HOLD_TIMEOUT_MS 110000
+
+static Harness h;
+static char config_path[64];
+
+static void start(const char *config) {
+        FILE *f;
+        int fd, k;
+
+        snprintf(config_path, sizeof(config_path), "/tmp/vmmb-wait-XXXXXX");
+        fd = mkstemp(config_path);
+        ck_assert_int_ge(fd, 0);
+        f = fdopen(fd, "w");
+        ck_assert_ptr_nonnull(f);
+        fputs("[Limits]\nMaxBytes=1G\n", f);         /* no user's limit is what stops a call here */
+        fputs(config ?: "", f);
+        ck_assert_int_eq(fclose(f), 0);
+        k = harness_start(&h, (const char *const[]){ "--capacity", "8M", "--config", config_path, NULL });
+        ck_assert_msg(k == 0, "harness_start: %s", strerror(-k));
+        if (geteuid() == 0) {
+                /* Other uids' connectors reach the socket too. */
+                ck_assert_int_eq(chmod(h.dir, 0711), 0);
+                ck_assert_int_eq(chmod(h.socket, 0666), 0);
+        }
+}
+
+static void stop(void) {
+        ck_assert_int_eq(harness_stop(&h), 0);
+        (void)unlink(config_path);
+}
+
+static WireDevice status(void) {
+        WireDevice d;
+
+        ck_assert_int_eq(harness_status(h.socket, &d), 0);
+        return d;
+}
+
+/* Polls Status until the device has `n` waiters (bounded). */
+static void wait_for_waiters(int64_t n) {
+        WireDevice d = {};
+
+        for (unsigned i = 0; i < POLL_STEPS; i++) {
+                d = status();
+                if (d.waiters == n)
+                        return;
+        }
+        ck_abort_msg("the device has %" PRId64 " waiters, not %" PRId64, d.waiters, n);
+}
+
+/* Polls Status until `leased` bytes are leased and nothing is being scrubbed (bounded). */
+static void wait_for_leased(uint64_t leased) {
+        WireDevice d = {};
+
+        for (unsigned i = 0; i < POLL_STEPS; i++) {
+                d = status();
+                if (d.leased == leased && d.scrubbing == 0)
+                        return;
+        }
+        ck_abort_msg("the device has %" PRIu64 " bytes leased (%" PRIu64 " scrubbing), not %" PRIu64, d.leased,
+                     d.scrubbing, leased);
+}
+
+/* Sends an Alloc of `size` that may wait `wait_usec`, without reading its reply. */
+static void send_alloc_wait(VarlinkConn *c, uint64_t size, uint64_t wait_usec) {
+        _cleanup_(json_object_putp) json_object *params = NULL, *msg = NULL;
+        AllocParams a = { .size = size, .device = VMMB_DEVICE_ANY, .wait_usec = (int64_t)wait_usec };
+
+        ck_assert_int_eq(alloc_params_encode(&a, &params), 0);
+        ck_assert_int_eq(varlink_call_new(VMMB_METHOD_ALLOC, params, false, false, &msg), 0);
+        ck_assert_int_eq(varlink_conn_send(c, msg, NULL, 0), 0);
+        ck_assert_int_eq(varlink_conn_flush(c), 0);
+}
+
+/* Reads the reply to a call sent before (blocking, with the socket's timeout). */
+static void read_reply(VarlinkConn *c, Reply *ret) {
+        _cleanup_(json_object_putp) json_object *msg = NULL;
+        VarlinkReply vr = {};
+        int *fds = NULL;
+        size_t n_fds = 0;
+
+        *ret = (Reply){};
+        ck_assert_int_eq(varlink_conn_receive(c, &msg, &fds, &n_fds), 1);
+        ck_assert_int_eq(varlink_reply_parse(msg, &vr), 0);
+        ret->error = TAKE_PTR(vr.error);
+        ret->params = vr.parameters ? TAKE_PTR(vr.parameters) : json_object_new_object();
+        ret->fds = fds;
+        ret->n_fds = n_fds;
+        varlink_reply_done(&vr);
+}
+
+/* Fills the device with N_UNITS leases of one slab on `c`. */
+static void fill(VarlinkConn *c, TestLease *ret) {
+        for (unsigned i = 0; i < N_UNITS; i++) {
+                ck_assert_int_eq(lease_alloc(c, UNIT, &ret[i]), 0);
+                test_lease_close(&ret[i]);
+        }
+        ck_assert_uint_eq(status().leased, N_UNITS * UNIT);
+}
+
+/* Which of `conns` has a reply to read first, within IO_TIMEOUT_S; -1 if none. */
+static int first_readable(VarlinkConn **conns, size_t n) {
+        struct pollfd p[MAX_CONN + 1];
+        int k;
+
+        ck_assert_uint_le(n, MAX_CONN + 1);
+        for (size_t i = 0; i < n; i++)
+                p[i] = (struct pollfd){ .fd = conns[i] ? varlink_conn_get_fd(conns[i]) : -1, .events = POLLIN };
+        do
+                k = poll(p, n, IO_TIMEOUT_S * 1000);
+        while (k < 0 && errno == EINTR);
+        for (size_t i = 0; k > 0 && i < n; i++)
+                if (p[i].revents)
+                        return (int)i;
+        return -1;
+}
+
+/* ---- other users' connections: a connector process per uid -------------------------------------------- */
+
+static int become(uid_t uid) {
+        if (setgroups(0, NULL) < 0 || setresgid(uid, uid, uid) < 0 || setresuid(uid, uid, uid) < 0)
+                return -errno;
+        return getuid() == uid && geteuid() == uid ? 0 : -EPERM;
+}
+
+typedef struct ConnectorArgs {
+        const char *socket;
+        uid_t uid;
+        unsigned n;
+        int sock_w, hold_r;
+} ConnectorArgs;
+
+static int child_connector(void *arg) {
+        ConnectorArgs *a = arg;
+        int fds[MAX_CONN];
+        struct pollfd p;
+        char x = 'c';
+        int k;
+
+        CHILD_CHECK(close_all_but((const int[]){ a->sock_w, a->hold_r }, 2) == 0, "close fds");
+        k = become(a->uid);
+        CHILD_CHECK(k == 0, "cannot become uid %u: %s", (unsigned)a->uid, strerror(-k));
+        for (unsigned i = 0; i < a->n; i++) {
+                fds[i] = harness_connect(a->socket);
+                CHILD_CHECK(fds[i] >= 0, "connection %u of uid %u: %s", i, (unsigned)a->uid, strerror(-fds[i]));
+        }
+        CHILD_CHECK(fd_send(a->sock_w, &x, 1, fds, a->n) == 1, "passing the connections: %m");
+        close_many(fds, a->n);
+        /* The holder of whatever is leased on them: alive until the test closes the hold pipe (or kills it). */
+        p = (struct pollfd){ .fd = a->hold_r, .events = POLLIN };
+        do
+                k = poll(&p, 1, HOLD_TIMEOUT_MS);
+        while (k < 0 && errno == EINTR);
+        CHILD_CHECK(k == 1, "never released");
+        return 0;
+}
+
+typedef struct Connector {
+        pid_t pid;
+        int hold_w;
+} Connector;
+
+/* Forks a process of `uid` that makes `n` connections and hands them over as VarlinkConns. */
+static Connector connector_start(uid_t uid, unsigned n, VarlinkConn **ret) {
+        struct timeval tv = { .tv_sec = IO_TIMEOUT_S };
+        int sp[2], hold[2], fds[MAX_CONN];
+        Connector x;
+        size_t n_fds = 0;
+        char c;
+
+        ck_assert_uint_le(n, MAX_CONN);
+        ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp), 0);
+        ck_assert_int_eq(pipe2(hold, O_CLOEXEC), 0);
+        ck_assert_int_eq(setsockopt(sp[0], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)), 0);
+        x.pid = harness_fork(child_connector, &(ConnectorArgs){ .socket = h.socket, .uid = uid, .n = n,
+                                                                 .sock_w = sp[1], .hold_r = hold[0] });
+        ck_assert_int_gt(x.pid, 0);
+        close_many((int[]){ sp[1], hold[0] }, 2);
+        x.hold_w = hold[1];
+        ck_assert_msg(fd_recv(sp[0], &c, 1, fds, MAX_CONN, &n_fds) == 1 && n_fds == n,
+                      "the connector of uid %u did not pass its connections (see its stderr)", (unsigned)uid);
+        safe_close(sp[0]);
+        for (unsigned i = 0; i < n; i++)
+                ck_assert_int_eq(varlink_conn_new(&ret[i], fds[i], VARLINK_MAX_REPLY, true), 0);
+        return x;
+}
+
+static void connector_finish(Connector *x) {
+        x->hold_w = safe_close(x->hold_w);
+        ck_assert_msg(harness_wait(x->pid) == 0, "a connector failed (see its stderr)");
+}
+
+/* uid's bytes on device 0, as Users (all: true, the test is root) says; 0 when it has nothing charged. */
+static uint64_t user_bytes(uid_t uid) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
+        UsersReply u = {};
+        Reply r;
+        uint64_t bytes = 0;
+
+        ck_assert_int_eq(conn_open(h.socket, &c), 0);
+        ck_assert_int_eq(call_text(c, VMMB_METHOD_USERS, "{\"all\": true}", &r), 0);
+        ck_assert_ptr_null(r.error);
+        ck_assert_int_eq(users_reply_decode(r.params, &u, NULL), 0);
+        for (size_t i = 0; i < u.n_users; i++)
+                if (u.users[i].uid == uid && u.users[i].n_devices > 0)
+                        bytes = u.users[i].devices[0].bytes;
+        users_reply_done(&u);
+        reply_done(&r);
+        return bytes;
+}
+
+#define NEEDS_ROOT()                                                                    \
+        do {                                                                            \
+                if (geteuid() != 0) {                                                   \
+                        fprintf(stderr, "skipped: needs root for other uids\n");        \
+                        return;                                                         \
+                }                                                                       \
+        } while (0)
+
+/* ---- the tests ------------------------------------------------------------------------------------------ */
+
+/* A waiting Alloc is served when a lease is freed; without wait_usec the same call fails at once. */
+START_TEST(test_wait_served_when_freed) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *f = NULL, *w = NULL;
+        TestLease filler[N_UNITS], got;
+        Reply r;
+
+        start(NULL);
+        ck_assert_int_eq(conn_open(h.socket, &f), 0);
+        ck_assert_int_eq(conn_open(h.socket, &w), 0);
+        fill(f, filler);
+
+        ck_assert_int_eq(call_text(w, VMMB_METHOD_ALLOC, "{\"size\": 2097152}", &r), 0);
+        ck_assert_str_eq(r.error, VMMB_ERROR_OUT_OF_MEMORY);            /* as ever: no wait asked */
+        reply_done(&r);
+        ck_assert_int_eq(status().waiters, 0);
+
+        send_alloc_wait(w, UNIT, 60 * 1000000);
+        wait_for_waiters(1);
+        ck_assert_int_eq(lease_free(f, filler[0].id), 0);
+        read_reply(w, &r);
+        ck_assert_msg(!r.error, "%s %s", r.error, json_object_to_json_string(r.params));
+        ck_assert_int_eq(lease_take(&r, &got), 0);
+        reply_done(&r);
+        test_lease_close(&got);
+        ck_assert_uint_eq(got.size, UNIT);
+        ck_assert_int_eq(status().waiters, 0);
+
+        /* The connection reads calls again once its waiting call is answered. */
+        ck_assert_int_eq(lease_free(w, got.id), 0);
+        stop();
+}
+END_TEST
+
+/* A waiting Alloc whose time runs out fails with OutOfMemory saying it waited; nothing stays queued. */
+START_TEST(test_wait_expires) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *f = NULL, *w = NULL;
+        TestLease filler[N_UNITS];
+        const char *message;
+        Reply r;
+
+        start(NULL);
+        ck_assert_int_eq(conn_open(h.socket, &f), 0);
+        ck_assert_int_eq(conn_open(h.socket, &w), 0);
+        fill(f, filler);
+        send_alloc_wait(w, UNIT, 20 * 1000);
+        read_reply(w, &r);
+        ck_assert_str_eq(r.error, VMMB_ERROR_OUT_OF_MEMORY);
+        message = reply_str(&r, "message");
+        ck_assert_ptr_nonnull(message);
+        ck_assert_msg(strstr(message, "It waited "), "no wait in: %s", message);
+        reply_done(&r);
+        ck_assert_int_eq(status().waiters, 0);
+        ck_assert_uint_eq(status().leased, N_UNITS * UNIT);
+        stop();
+}
+END_TEST
+
+/* A call that can never be served does not wait: over the capacity, over the user's limit. */
+START_TEST(test_wait_never_servable_fails_at_once) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *f = NULL, *w = NULL;
+        TestLease filler[N_UNITS];
+        Reply r;
+
+        start("[User:root]\nMaxBytes=12M\n");
+        ck_assert_int_eq(conn_open(h.socket, &f), 0);
+        ck_assert_int_eq(conn_open(h.socket, &w), 0);
+        fill(f, filler);
+        send_alloc_wait(w, (N_UNITS + 1) * UNIT, 60 * 1000000);
+        read_reply(w, &r);
+        ck_assert_str_eq(r.error, VMMB_ERROR_INVALID_PARAMETER);
+        reply_done(&r);
+        send_alloc_wait(w, 3 * UNIT, 60 * 1000000);                     /* 8 + 6 MiB > MaxBytes=12M */
+        read_reply(w, &r);
+        ck_assert_str_eq(r.error, VMMB_ERROR_QUOTA_EXCEEDED);
+        reply_done(&r);
+        ck_assert_int_eq(status().waiters, 0);
+        stop();
+}
+END_TEST
+
+/* MaxAllocWait=0 turns waiting off: the call fails at once as without wait_usec. */
+START_TEST(test_wait_turned_off) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *f = NULL, *w = NULL;
+        TestLease filler[N_UNITS];
+        Reply r;
+
+        start("[Broker]\nMaxAllocWait=0\n");
+        ck_assert_int_eq(conn_open(h.socket, &f), 0);
+        ck_assert_int_eq(conn_open(h.socket, &w), 0);
+        fill(f, filler);
+        send_alloc_wait(w, UNIT, 60 * 1000000);
+        read_reply(w, &r);
+        ck_assert_str_eq(r.error, VMMB_ERROR_OUT_OF_MEMORY);
+        reply_done(&r);
+        stop();
+}
+END_TEST
+
+/* A waiter whose connection closes leaves the queue and gets nothing: what comes back stays free. */
+START_TEST(test_wait_connection_closed) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *f = NULL, *w = NULL;
+        TestLease filler[N_UNITS];
+
+        start(NULL);
+        ck_assert_int_eq(conn_open(h.socket, &f), 0);
+        ck_assert_int_eq(conn_open(h.socket, &w), 0);
+        fill(f, filler);
+        send_alloc_wait(w, UNIT, 60 * 1000000);
+        wait_for_waiters(1);
+        w = varlink_conn_free(w);
+        wait_for_waiters(0);
+        ck_assert_int_eq(lease_free(f, filler[0].id), 0);
+        wait_for_leased((N_UNITS - 1) * UNIT);
+        ck_assert_uint_eq(status().leases, N_UNITS - 1);
+        stop();
+}
+END_TEST
+
+/*
+ * A waiter whose process is SIGKILLed leaves the queue, though its connection stays open (the test holds
+ * it): the daemon closes it unanswered, and its user is charged nothing.
+ */
+START_TEST(test_wait_process_killed) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *f = NULL;
+        VarlinkConn *w[1] = {};
+        TestLease filler[N_UNITS];
+        Connector a;
+        char byte;
+
+        NEEDS_ROOT();
+        start(NULL);
+        ck_assert_int_eq(conn_open(h.socket, &f), 0);
+        fill(f, filler);
+        a = connector_start(UID_A, 1, w);
+        send_alloc_wait(w[0], UNIT, 60 * 1000000);
+        wait_for_waiters(1);
+        ck_assert_int_eq(kill(a.pid, SIGKILL), 0);
+        ck_assert_int_eq(harness_wait(a.pid), 128 + SIGKILL);
+        safe_close(a.hold_w);
+        wait_for_waiters(0);
+        /* Closed by the daemon with no reply. */
+        ck_assert_int_eq(recv(varlink_conn_get_fd(w[0]), &byte, 1, 0), 0);
+        varlink_conn_free(w[0]);
+        ck_assert_int_eq(lease_free(f, filler[0].id), 0);
+        wait_for_leased((N_UNITS - 1) * UNIT);
+        ck_assert_uint_eq(user_bytes(UID_A), 0);
+        stop();
+}
+END_TEST
+
+/*
+ * The fairness the issue asks for: two users waiting on a full device get what comes back in turn. A's
+ * three calls come first, then B's three; each lease freed goes to A, B, A, B, ..., and each user's calls
+ * are served in the order they came.
+ */
+START_TEST(test_wait_two_users_in_turn) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *f = NULL;
+        VarlinkConn *conns[6] = {};
+        TestLease filler[N_UNITS];
+        Connector a, b;
+        const int expect[N_UNITS] = { 0, 3, 1, 4 };    /* A1, B1, A2, B2 */
+
+        NEEDS_ROOT();
+        start(NULL);
+        ck_assert_int_eq(conn_open(h.socket, &f), 0);
+        fill(f, filler);
+        a = connector_start(UID_A, 3, conns);
+        b = connector_start(UID_B, 3, conns + 3);
+        for (int i = 0; i < 6; i++) {
+                send_alloc_wait(conns[i], UNIT, 60 * 1000000);
+                wait_for_waiters(i + 1);                /* queued in this order */
+        }
+        for (int i = 0; i < N_UNITS; i++) {
+                Reply r;
+                int served;
+
+                ck_assert_int_eq(lease_free(f, filler[i].id), 0);
+                served = first_readable(conns, 6);
+                ck_assert_msg(served == expect[i], "lease %d went to call %d, not %d", i, served, expect[i]);
+                read_reply(conns[served], &r);
+                ck_assert_msg(!r.error, "%s %s", r.error, json_object_to_json_string(r.params));
+                reply_done(&r);
+                conns[served] = varlink_conn_free(conns[served]);
+                wait_for_waiters(5 - i);
+        }
+        ck_assert_uint_eq(user_bytes(UID_A), 2 * UNIT);
+        ck_assert_uint_eq(user_bytes(UID_B), 2 * UNIT);
+        for (int i = 0; i < 6; i++)
+                varlink_conn_free(conns[i]);
+        wait_for_waiters(0);
+        connector_finish(&a);
+        connector_finish(&b);
+        wait_for_leased(0);
+        ck_assert_uint_eq(user_bytes(UID_A), 0);
+        ck_assert_uint_eq(user_bytes(UID_B), 0);
+        stop();
+}
+END_TEST
+
+/*
+ * A hostile user floods the queue with waiting calls on all of its 64 connections; another user's one
+ * waiting call, made after them all, is served second: after one of the flood's, not after all of them.
+ */
+START_TEST(test_wait_flood_does_not_hold_others) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *f = NULL;
+        VarlinkConn *conns[MAX_CONN + 1] = {};
+        TestLease filler[N_UNITS];
+        Connector a, b;
+        Reply r;
+        int served;
+
+        NEEDS_ROOT();
+        start(NULL);
+        ck_assert_int_eq(conn_open(h.socket, &f), 0);
+        fill(f, filler);
+        a = connector_start(UID_A, MAX_CONN, conns);
+        b = connector_start(UID_B, 1, conns + MAX_CONN);
+        for (int i = 0; i <= MAX_CONN; i++)
+                send_alloc_wait(conns[i], UNIT, 60 * 1000000);
+        wait_for_waiters(MAX_CONN + 1);
+        for (int i = 0; i < 2; i++) {
+                ck_assert_int_eq(lease_free(f, filler[i].id), 0);
+                served = first_readable(conns, MAX_CONN + 1);
+                ck_assert_msg(served == (i == 0 ? 0 : MAX_CONN), "lease %d went to call %d", i, served);
+                read_reply(conns[served], &r);
+                ck_assert_msg(!r.error, "%s %s", r.error, json_object_to_json_string(r.params));
+                reply_done(&r);
+                conns[served] = varlink_conn_free(conns[served]);
+        }
+        for (int i = 0; i <= MAX_CONN; i++)
+                varlink_conn_free(conns[i]);
+        wait_for_waiters(0);
+        connector_finish(&a);
+        connector_finish(&b);
+        wait_for_leased((N_UNITS - 2) * UNIT);
+        stop();
+}
+END_TEST
+
+/*
+ * Limits still hold for a waiter: user A (MaxBytes=4M) has two calls of 2 MiB waiting, each within its
+ * limit alone; when room for both comes back, the first is served and the second fails with
+ * QuotaExceeded rather than take A over its limit.
+ */
+START_TEST(test_wait_quota_still_applies) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *f = NULL;
+        VarlinkConn *conns[3] = {};
+        TestLease filler[N_UNITS], held;
+        Connector a;
+        Reply r;
+
+        NEEDS_ROOT();
+        start("[User:65533]\nMaxBytes=4M\n");
+        ck_assert_int_eq(conn_open(h.socket, &f), 0);
+        for (unsigned i = 0; i < N_UNITS - 1; i++) {
+                ck_assert_int_eq(lease_alloc(f, UNIT, &filler[i]), 0);
+                test_lease_close(&filler[i]);
+        }
+        a = connector_start(UID_A, 3, conns);
+        ck_assert_int_eq(lease_alloc(conns[2], UNIT, &held), 0);        /* A: 2 MiB; the device is full */
+        test_lease_close(&held);
+        send_alloc_wait(conns[0], UNIT, 60 * 1000000);
+        wait_for_waiters(1);
+        send_alloc_wait(conns[1], UNIT, 60 * 1000000);
+        wait_for_waiters(2);
+        ck_assert_int_eq(lease_free(f, filler[0].id), 0);
+        ck_assert_int_eq(lease_free(f, filler[1].id), 0);
+        read_reply(conns[0], &r);
+        ck_assert_msg(!r.error, "%s %s", r.error, json_object_to_json_string(r.params));
+        reply_done(&r);
+        read_reply(conns[1], &r);
+        ck_assert_str_eq(r.error, VMMB_ERROR_QUOTA_EXCEEDED);
+        reply_done(&r);
+        ck_assert_int_eq(status().waiters, 0);
+        ck_assert_uint_eq(user_bytes(UID_A), 2 * UNIT);
+        for (int i = 0; i < 3; i++)
+                varlink_conn_free(conns[i]);
+        connector_finish(&a);
+        wait_for_leased((N_UNITS - 3) * UNIT);
+        ck_assert_uint_eq(user_bytes(UID_A), 0);
+        stop();
+}
+END_TEST
+
+/* A daemon that stops answers its waiting calls OutOfMemory, saying so, rather than drop them silently. */
+START_TEST(test_wait_daemon_stops) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *f = NULL, *w = NULL;
+        TestLease filler[N_UNITS];
+        const char *message;
+        Reply r;
+
+        start(NULL);
+        ck_assert_int_eq(conn_open(h.socket, &f), 0);
+        ck_assert_int_eq(conn_open(h.socket, &w), 0);
+        fill(f, filler);
+        send_alloc_wait(w, UNIT, 60 * 1000000);
+        wait_for_waiters(1);
+        stop();
+        read_reply(w, &r);
+        ck_assert_str_eq(r.error, VMMB_ERROR_OUT_OF_MEMORY);
+        message = reply_str(&r, "message");
+        ck_assert_ptr_nonnull(message);
+        ck_assert_msg(strstr(message, "stopping"), "not said: %s", message);
+        reply_done(&r);
+}
+END_TEST
+
+int main(void) {
+        return run_suite(UNIT_SUITE("wait", NULL, test_wait_served_when_freed, test_wait_expires,
+                                    test_wait_never_servable_fails_at_once, test_wait_turned_off,
+                                    test_wait_connection_closed, test_wait_process_killed,
+                                    test_wait_two_users_in_turn, test_wait_flood_does_not_hold_others,
+                                    test_wait_quota_still_applies, test_wait_daemon_stops)) == 0
+                       ? EXIT_SUCCESS : EXIT_FAILURE;
+}
