@@ -192,6 +192,15 @@ static int on_accept(sd_event_source *s, int fd, uint32_t revents, void *userdat
         return 0;
 }
 
+/* What follows serving requests, in a round or at once. */
+static void served(Manager *m) {
+        /* A Free, an Unpublish, a scrub that failed may have given memory back at once. */
+        serve_waiters(m, false);
+        /* A round has been served: new connections may come in again (on_accept()). */
+        (void)sd_event_source_set_enabled(m->listen_source, SD_EVENT_ON);
+        schedule_idle(m);               /* released slabs' fds are closed there, STATUS= sent */
+}
+
 /*
  * One round of the fair queue: each user with a request waiting gets one
  * request served (fair.h), then the loop polls again, so that new
@@ -210,12 +219,31 @@ static int on_serve(sd_event_source *s, void *userdata) {
         }
         if (fair_queue_is_empty(&m->fair))
                 (void)sd_event_source_set_enabled(s, SD_EVENT_OFF);
-        /* A Free, an Unpublish, a scrub that failed may have given memory back at once. */
-        serve_waiters(m, false);
-        /* A round has been served: new connections may come in again (on_accept()). */
-        (void)sd_event_source_set_enabled(m->listen_source, SD_EVENT_ON);
-        schedule_idle(m);               /* released slabs' fds are closed there, STATUS= sent */
+        served(m);
         return 0;
+}
+
+/*
+ * The quiet case, one client at a time asking and waiting for each reply, is most requests: there, going
+ * through the queue costs a loop iteration and two changes of the connection's epoll events per request,
+ * syscalls that made a Status 3x a bare socket round trip on the H100 machine (docs/performance.md).
+ * Fairness is kept: sd-event dispatches one source per iteration, so connections that became readable
+ * together are dispatched in consecutive iterations; the first is served as it is read, the next ones
+ * (another connection, in the very next iteration) are queued, and once anyone is queued everyone is,
+ * until a round of the queue has served them. A lone client is served at once request after request.
+ */
+bool manager_serve_at_once(Manager *m, struct Peer *p) {
+        uint64_t iteration = 0;
+
+        (void)sd_event_get_iteration(m->event, &iteration);
+        if (!fair_queue_is_empty(&m->fair) || (m->at_once_peer != p && m->at_once_iteration + 1 >= iteration))
+                return false;
+        m->at_once_peer = p;
+        m->at_once_iteration = iteration;
+        peer_serve(p);
+        m->served++;
+        served(m);
+        return true;
 }
 
 static int on_pool(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
@@ -277,6 +305,7 @@ static void send_status(Manager *m, bool table_too) {
 static int on_idle(sd_event_source *s, void *userdata) {
         Manager *m = userdata;
         int old = m->broker.store_error;
+
 
         pool_idle(m->pool);
         /* Keep trying what could not be stored: a table to start from, exited holders' holds. */

@@ -67,6 +67,8 @@ typedef struct Manager {
         int status_store_error;         /* and the store's error it showed */
         bool status_sent;
         uint64_t served;                /* requests served */
+        const void *at_once_peer;       /* the connection last served as it was read (only compared) */
+        uint64_t at_once_iteration;     /* and the loop iteration that did it (manager_serve_at_once()) */
         uint64_t served_at_tick;        /* at the last on_tick() */
         unsigned busy_ticks;            /* ticks in a row with requests served */
         bool has_admin_group;           /* members of admin_gid are administrators, as root is */
@@ -76,6 +78,14 @@ typedef struct Manager {
 /* Opens the driver, builds the pool, takes or binds the socket. Messages for a person go to *ret_message. */
 int manager_new(Manager **ret, const ManagerConfig *config, char **ret_message);
 Manager *manager_free(Manager *m);
+
+/*
+ * Serves the request the connection just read at once, rather than through the fair queue's next round,
+ * when that cannot put anyone behind it: the queue is empty, and no other connection was served this way
+ * in the loop's previous iteration. Returns whether it served (the peer may be gone then).
+ */
+struct Peer;
+bool manager_serve_at_once(Manager *m, struct Peer *p);
 
 /* Announces readiness to the service manager and runs until SIGTERM or SIGINT. */
 int manager_run(Manager *m);

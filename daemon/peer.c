@@ -264,6 +264,10 @@ static int on_peer_io(sd_event_source *s, int fd, uint32_t revents, void *userda
                 peer_free(p);
                 return 0;
         }
+        /* A whole request read, nothing of ours unsent: served now when nobody is waiting (manager.h). */
+        if (varlink_conn_pending(p->conn) == 0 && varlink_conn_has_message(p->conn) &&
+            manager_serve_at_once(p->manager, p))
+                return 0;
         peer_update(p);
         return 0;
 }
