@@ -17,6 +17,7 @@
 set -uo pipefail
 build=${1:?usage: tests/gpu/run.sh BUILD_DIR [OUT_DIR]}
 out=${2:-${OUT:-/tmp}}
+mkdir -p "$out"
 export LD_LIBRARY_PATH="$PWD/.carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 sim="$PWD/$build/tests/simcuda/libcuda.so.1"
 unset VMMBROKER_LIBCUDA
@@ -53,7 +54,7 @@ step "pool benchmark, real driver"
 
 export VMMBROKER_DAEMON="$PWD/$build/daemon/vmmbrokerd" VMMCTL="$PWD/$build/client/vmmctl"
 for t in tests/integration/test-daemon tests/integration/test-share tests/integration/test-vmmctl \
-         tests/integration/test-limits tests/integration/test-fairness tests/integration/test-tenant \
+         tests/integration/test-limits tests/integration/test-fairness tests/integration/test-tenant tests/integration/test-wait \
          tests/client/test-client; do
         [ -x "$build/$t" ] || continue
         step "$t against the real driver (the daemon and its clients on the GPU)"
