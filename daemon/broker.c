@@ -143,9 +143,8 @@ int broker_alloc(Broker *b, const Caller *c, int64_t device, uint64_t size, cons
         int i, k;
 
         if (device < 0)
-                i = pool_n_devices(b->pool) > 0 ? 0 : -1;
-        else
-                i = device <= INT32_MAX ? pool_find_device(b->pool, (int)device) : -1;
+                return broker_alloc_among(b, c, NULL, 0, size, label, ret, ret_quota, NULL);
+        i = device <= INT32_MAX ? pool_find_device(b->pool, (int)device) : -1;
         if (i < 0)
                 return BROKER_E_NO_DEVICE;
         pool_device_stats(b->pool, (size_t)i, &s);
@@ -213,6 +212,58 @@ int broker_alloc(Broker *b, const Caller *c, int64_t device, uint64_t size, cons
         event_lease_made(l, h);
         *ret = TAKE_PTR(l);
         return 0;
+}
+
+int broker_alloc_among(Broker *b, const Caller *c, const uint64_t *devices, size_t n, uint64_t size,
+                       const char *label, Lease **ret, UserQuota *ret_quota, size_t *ret_device) {
+        size_t n_pool = pool_n_devices(b->pool), n_order = 0;
+        _cleanup_free_ PoolDeviceStats *stats = calloc(n_pool ?: 1, sizeof(PoolDeviceStats));
+        _cleanup_free_ size_t *order = calloc(n_pool ?: 1, sizeof(size_t));
+        _cleanup_free_ bool *chosen = calloc(n_pool ?: 1, sizeof(bool));
+        UserQuota quota = {}, q;
+        int outcome = BROKER_E_NO_DEVICE, k;
+        bool refused_quota = false;
+        size_t first = 0;
+
+        if (!stats || !order || !chosen)
+                return -ENOMEM;
+        for (size_t j = 0; j < (devices ? n : n_pool); j++) {
+                int i = !devices ? (int)j : devices[j] <= INT32_MAX
+                                                    ? pool_find_device(b->pool, (int)devices[j]) : -1;
+
+                if (i < 0)
+                        return BROKER_E_NO_DEVICE;
+                if (!chosen[i])
+                        order[n_order++] = (size_t)i;
+                chosen[i] = true;
+        }
+        for (size_t j = 0; j < n_order; j++)
+                pool_device_stats(b->pool, order[j], &stats[order[j]]);
+        placement_order(b->placement, stats, order, n_order);
+
+        for (size_t j = 0; j < n_order; j++) {
+                q = (UserQuota){};
+                k = broker_alloc(b, c, stats[order[j]].index, size, label, ret, &q);
+                if (k == BROKER_E_QUOTA || k == BROKER_E_TOO_LARGE) {
+                        if (outcome == BROKER_E_NO_DEVICE)
+                                first = order[j];
+                        if (k == BROKER_E_QUOTA && !refused_quota) {
+                                refused_quota = true;
+                                quota = q;
+                                first = order[j];
+                        }
+                        outcome = refused_quota ? BROKER_E_QUOTA : k;
+                        continue;
+                }
+                if (ret_device)
+                        *ret_device = order[j];
+                return k;
+        }
+        if (outcome == BROKER_E_QUOTA && ret_quota)
+                *ret_quota = quota;
+        if (outcome != BROKER_E_NO_DEVICE && ret_device)
+                *ret_device = first;
+        return outcome;
 }
 
 /* --- Free, Share, Revoke -------------------------------------------------------------------------- */

@@ -36,6 +36,7 @@
 
 #include "holder.h"
 #include "lease.h"
+#include "place.h"
 #include "pool.h"
 #include "store.h"
 #include "user.h"
@@ -73,6 +74,7 @@ typedef struct Broker {
         uint64_t list_serial;           /* counts List calls, for Lease.listed */
         WaitQueue *waits;               /* per pool device: Alloc calls waiting for room (wait.h) */
         uint64_t max_alloc_wait_usec;   /* MaxAllocWait=: the longest an Alloc may wait; 0: none may */
+        PlacementRule placement;        /* Placement=: where an Alloc that names no single device goes */
 } Broker;
 
 /* Who asks: the process, its user, and whether it is an administrator (root, or the admin group). */
@@ -96,12 +98,30 @@ void broker_set_store(Broker *b, Store *store);
 
 /*
  * Alloc: `size` bytes of CUDA device `device` (VMMB_DEVICE_ANY-like: a
- * negative value takes the first device), held once by the caller, owned by
- * and charged to its user. Returns 0 with *ret, a BROKER_E_* (QUOTA fills
- * *ret_quota), or a negative errno.
+ * negative value places it among every device served, as
+ * broker_alloc_among() does), held once by the caller, owned by and charged
+ * to its user. Returns 0 with *ret, a BROKER_E_* (QUOTA fills *ret_quota), or
+ * a negative errno.
  */
 int broker_alloc(Broker *b, const Caller *c, int64_t device, uint64_t size, const char *label, Lease **ret,
                  UserQuota *ret_quota);
+
+/*
+ * Alloc placed among the CUDA devices `devices` (n of them; NULL: every
+ * device served; duplicates count once) by Broker.placement (place.h). The
+ * devices are tried in the rule's order: one where the caller's user is over
+ * a limit (QUOTA) or whose capacity is smaller than the request (TOO_LARGE)
+ * is skipped; any other outcome of a device, NO_MEMORY included, is the
+ * call's (under most-free the device tried first has the most room, so no
+ * other has more). When every device is skipped the outcome is QUOTA if any
+ * was refused for a limit (*ret_quota: the first such device's), else
+ * TOO_LARGE. NO_DEVICE for a device not served (nothing is tried), or no
+ * device at all. *ret_device (if given) is the pool index whose outcome this
+ * is: the device of the lease, the one that had no room (where the call would
+ * wait), or the first device refused; unchanged for NO_DEVICE.
+ */
+int broker_alloc_among(Broker *b, const Caller *c, const uint64_t *devices, size_t n, uint64_t size,
+                       const char *label, Lease **ret, UserQuota *ret_quota, size_t *ret_device);
 
 /*
  * How long an Alloc that found no room (BROKER_E_NO_MEMORY, and only that:

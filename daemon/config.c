@@ -282,6 +282,20 @@ static void print_max_alloc_wait(const Config *c, FILE *f) {
                 print_time(usec, f);
 }
 
+/* Empty: the default, most-free. */
+static int parse_placement(Config *c, const char *value, char **ret_message) {
+        int rule = *value ? placement_from_name(value) : PLACEMENT_MOST_FREE;
+
+        if (rule < 0)
+                return set_message_error(ret_message, -EINVAL, "expected most-free or first");
+        c->manager.placement = (PlacementRule)rule;
+        return 0;
+}
+
+static void print_placement(const Config *c, FILE *f) {
+        fputs(placement_name(c->manager.placement), f);
+}
+
 /* Empty (0): the manager derives it from the fd limit. */
 static int parse_max_connections_total(Config *c, const char *value, char **ret_message) {
         return parse_count(value, 0, "with 0 nobody could connect (leave it empty to derive it from the fd limit)",
@@ -394,6 +408,7 @@ static const ConfigKey keys[] = {
         { "Broker", "MaxConnectionsTotal", parse_max_connections_total, print_max_connections_total,
           note_max_connections_total },
         { "Broker", "MaxAllocWait", parse_max_alloc_wait, print_max_alloc_wait },
+        { "Broker", "Placement", parse_placement, print_placement },
         /* also valid in [User:NAME] and [Group:NAME]; printed by print_limits() */
         { "Limits", "MaxBytes", parse_max_bytes, NULL },
         { "Limits", "MaxLeases", parse_max_leases, NULL },

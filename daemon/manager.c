@@ -471,6 +471,7 @@ int manager_new(Manager **ret, const ManagerConfig *config, char **ret_message) 
                 return k;
         m->broker.max_alloc_wait_usec = config->max_alloc_wait_usec == MANAGER_ALLOC_WAIT_OFF ? 0 :
                                         config->max_alloc_wait_usec ?: BROKER_DEFAULT_MAX_ALLOC_WAIT_USEC;
+        m->broker.placement = config->placement;
         m->waiters_in_use = calloc(pool_n_devices(m->pool) ?: 1, sizeof(uint64_t));
         if (!m->waiters_in_use)
                 return -ENOMEM;

@@ -38,6 +38,7 @@ typedef struct ManagerConfig {
         unsigned max_connections_total; /* connections of all users at once; 0 = from the fd limit */
         uint64_t max_alloc_wait_usec;   /* the longest an Alloc may wait for room; 0 = the default (5 min),
                                            MANAGER_ALLOC_WAIT_OFF = none may */
+        PlacementRule placement;        /* where an Alloc that names no single device goes (place.h) */
 } ManagerConfig;
 
 typedef struct Manager {

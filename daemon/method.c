@@ -164,6 +164,14 @@ static void format_wait(uint64_t usec, char *buf, size_t len) {
                 (void)snprintf(buf, len, "%" PRIu64 " us", usec);
 }
 
+/* The first of an Alloc's `devices` that the pool does not serve; -1 when it was asked for any and none is. */
+static int64_t unknown_device(Broker *b, const uint64_t *devices, size_t n) {
+        for (size_t j = 0; j < n; j++)
+                if (devices[j] > INT32_MAX || pool_find_device(b->pool, (int)devices[j]) < 0)
+                        return (int64_t)devices[j];
+        return VMMB_DEVICE_ANY;
+}
+
 /*
  * One try of an Alloc: `how` says whether it is the call as it came (ALLOC_TRY_FIRST), a waiting call tried
  * again, or one whose wait ended (`waited_usec` into its wait). Answers it in *r, or, when the device has no
@@ -176,22 +184,28 @@ static int alloc_try(Broker *b, const Caller *c, AllocParams *a, AllocTry how, u
         _cleanup_free_ char *message = NULL;
         PoolDeviceStats s = {};
         UserQuota quota = {};
+        size_t placed = 0;
         Lease *l;
         int k, i;
 
         if (how == ALLOC_TRY_STOPPING)
                 k = BROKER_E_NO_MEMORY;         /* not tried: the daemon is going away */
+        else if (a->device == VMMB_DEVICE_ANY)
+                k = broker_alloc_among(b, c, a->devices, a->n_devices, a->size, a->label, &l, &quota, &placed);
         else
-                k = broker_alloc(b, c, a->device == VMMB_DEVICE_ANY ? -1 : a->device, a->size, a->label, &l,
-                                 &quota);
-        i = a->device == VMMB_DEVICE_ANY ? 0 : a->device <= INT32_MAX ? pool_find_device(b->pool, (int)a->device) : -1;
+                k = broker_alloc(b, c, a->device, a->size, a->label, &l, &quota);
+        if (a->device == VMMB_DEVICE_ANY)
+                i = k == BROKER_E_NO_DEVICE ? -1 : (int)placed;
+        else
+                i = a->device <= INT32_MAX ? pool_find_device(b->pool, (int)a->device) : -1;
         if (i >= 0 && (size_t)i < pool_n_devices(b->pool))
                 pool_device_stats(b->pool, (size_t)i, &s);
         switch (k) {
         case 0:
                 return reply_lease(r, l, false);
         case BROKER_E_NO_DEVICE:
-                return vmmb_error_no_such_device(a->device, &r->msg);
+                return vmmb_error_no_such_device(a->device != VMMB_DEVICE_ANY ? a->device
+                                                 : unknown_device(b, a->devices, a->n_devices), &r->msg);
         case BROKER_E_QUOTA:
                 user_quota_message(c->user, &quota, s.index, &message);
                 return vmmb_error_quota_exceeded(user_resource_name(quota.what), quota.limit, quota.current,
@@ -213,8 +227,13 @@ static int alloc_try(Broker *b, const Caller *c, AllocParams *a, AllocTry how, u
                         r->wait = calloc(1, sizeof(AllocWait));
                         if (!r->wait)
                                 return -ENOMEM;
-                        r->wait->params = *a;   /* it takes the label */
+                        r->wait->params = *a;   /* it takes the label and the devices */
                         *a = (AllocParams){};
+                        /* It waits, and is tried again, on the device placement picked (broker.h). */
+                        free(r->wait->params.devices);
+                        r->wait->params.devices = NULL;
+                        r->wait->params.n_devices = 0;
+                        r->wait->params.device = s.index;
                         r->wait->device = (size_t)i;
                         r->wait->wait_usec = wait_usec;
                         return 0;

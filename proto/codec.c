@@ -67,6 +67,7 @@ static const JsonField alloc_params_fields[] = {
         JSON_FIELD_INT64("device", AllocParams, device, false, true),
         JSON_FIELD_STRING("label", AllocParams, label, false, VMMB_LABEL_MAX),
         JSON_FIELD_INT64("wait_usec", AllocParams, wait_usec, false, true),
+        JSON_FIELD_UINT64V("devices", AllocParams, devices, n_devices, false, VMMB_ALLOC_DEVICES_MAX),
         JSON_FIELD_END,
 };
 
@@ -368,6 +369,13 @@ int alloc_params_decode(json_object *params, AllocParams *ret, const char **ret_
                 if (ret_bad_field)
                         *ret_bad_field = "size";
                 set_message(ret_message, "Parameter 'size' must be at least 1.");
+                return -EINVAL;
+        }
+        if (ret->devices && ret->device != VMMB_DEVICE_ANY) {
+                alloc_params_done(ret);
+                if (ret_bad_field)
+                        *ret_bad_field = "devices";
+                set_message(ret_message, "Give 'device' or 'devices', not both.");
                 return -EINVAL;
         }
         return 0;

@@ -71,6 +71,7 @@
 
 /* Limits on lists. */
 #define VMMB_PUBLISH_UIDS_MAX 64 /* users a Publish may name */
+#define VMMB_ALLOC_DEVICES_MAX 64 /* devices an Alloc may name to choose from */
 
 /* Value of AllocParams.device when no device was asked for. */
 #define VMMB_DEVICE_ANY INT64_C(-1)
@@ -81,12 +82,15 @@ extern const char vmmb_interface_description[];
 /* The org.varlink.service interface, as the varlink specification gives it. */
 extern const char varlink_service_interface_description[];
 
-/* Alloc(size: int, device: ?int, label: ?string, wait_usec: ?int) */
+/* Alloc(size: int, device: ?int, label: ?string, wait_usec: ?int, devices: ?[]int) */
 typedef struct AllocParams {
         uint64_t size;          /* at least 1 */
         int64_t device;         /* VMMB_DEVICE_ANY when absent */
         char *label;            /* NULL when absent */
         int64_t wait_usec;      /* JSON_ABSENT (-1) when absent: fail at once, as 0 */
+        uint64_t *devices;      /* the devices to choose from, each 0..INT64_MAX; NULL when absent or empty;
+                                   never with `device` */
+        size_t n_devices;       /* at most VMMB_ALLOC_DEVICES_MAX */
 } AllocParams;
 
 /* Free(id: string) */

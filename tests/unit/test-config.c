@@ -98,6 +98,7 @@ START_TEST(test_defaults_without_file) {
                                "(64-65536)\n"
                                "MaxConnectionsTotal=\n"
                                "MaxAllocWait=5min\n"
+                               "Placement=most-free\n"
                                "\n"
                                "[Limits]\n"
                                "MaxBytes=80%\n"
@@ -124,10 +125,12 @@ START_TEST(test_every_key) {
                               "Devices=2, 0 1\n"
                               "Capacity=64G\n"
                               "MaxSlab=512M\n"
-                              "AdminGroup=root\n",
+                              "AdminGroup=root\n"
+                              "Placement=first\n",
                               &message),
                          0);
         ck_assert_str_eq(c.manager.socket_path, "/run/test/socket");
+        ck_assert_int_eq(c.manager.placement, PLACEMENT_FIRST);
         ck_assert_uint_eq(c.manager.pool.n_devices, 3);
         ck_assert_int_eq(c.manager.pool.devices[0], 2);
         ck_assert_int_eq(c.manager.pool.devices[1], 0);
@@ -194,6 +197,7 @@ END_TEST
 
 START_TEST(test_errors_name_the_line) {
         expect_error("[Broker]\nCapcity=1G\n", 2, "unknown key \"Capcity\" in [Broker]");
+        expect_error("[Broker]\nPlacement=nearest\n", 2, "expected most-free or first");
         expect_error("Capacity=1G\n", 1, "comes before any section");
         expect_error("[Brokers]\n", 1, "unknown section [Brokers]");
         expect_error("[Broker\n", 1, "a section header must be [Name]");
@@ -284,7 +288,7 @@ START_TEST(test_print_round_trip) {
 
         ck_assert_int_eq(load(&c, "[Broker]\nSocket=/run/x\nDevices=1,0\nCapacity=1536M\nMaxSlab=2G\n"
                                   "AdminGroup=root\nReplyTimeout=2min\nMaxConnectionsTotal=500\nMaxAllocWait=0\n"
-                                  "[Limits]\nMaxBytes=40G\nMaxProcesses=12\n"
+                                  "Placement=first\n[Limits]\nMaxBytes=40G\nMaxProcesses=12\n"
                                   "[User:0]\nMaxLeases=7\nMaxProcesses=1\n"
                                   "[Group:root]\nMaxBytes=50%\nMaxConnections=3\n",
                               &message), 0);
@@ -298,6 +302,7 @@ START_TEST(test_print_round_trip) {
                                 "ReplyTimeout=2min\n"
                                 "MaxConnectionsTotal=500\n"
                                 "MaxAllocWait=0\n"
+                                "Placement=first\n"
                                 "\n"
                                 "[Limits]\n"
                                 "MaxBytes=40G\n"
