@@ -776,12 +776,13 @@ VMMB_EXPORT void vmmb_close(vmmb_client *client) {
 }
 
 /* Alloc, waiting up to wait_usec for room (0: not at all); `function` names the caller in messages. */
-static int client_alloc(vmmb_client *client, uint64_t size, int device, const char *label, uint64_t wait_usec,
-                        const char *function, vmmb_lease **ret) {
+static int client_alloc(vmmb_client *client, uint64_t size, int device, const uint64_t *devices, size_t n_devices,
+                        const char *label, uint64_t wait_usec, const char *function, vmmb_lease **ret) {
         _cleanup_(received_fds_done) ReceivedFds fds = {};
         _cleanup_(json_putp) json_object *params = NULL;
         AllocParams a = { .size = size, .device = device, .label = (char *)label,
-                          .wait_usec = (int64_t)MIN(wait_usec, (uint64_t)INT64_MAX) };
+                          .wait_usec = (int64_t)MIN(wait_usec, (uint64_t)INT64_MAX),
+                          .devices = (uint64_t *)devices, .n_devices = n_devices };
         VarlinkReply reply = {};
         CudaDriver *cu = NULL;
         int k;
@@ -813,12 +814,31 @@ static int client_alloc(vmmb_client *client, uint64_t size, int device, const ch
 }
 
 VMMB_EXPORT int vmmb_alloc(vmmb_client *client, uint64_t size, int device, const char *label, vmmb_lease **ret) {
-        return client_alloc(client, size, device, label, 0, "vmmb_alloc", ret);
+        return client_alloc(client, size, device, NULL, 0, label, 0, "vmmb_alloc", ret);
 }
 
 VMMB_EXPORT int vmmb_alloc_wait(vmmb_client *client, uint64_t size, int device, const char *label,
                                 uint64_t timeout_usec, vmmb_lease **ret) {
-        return client_alloc(client, size, device, label, timeout_usec, "vmmb_alloc_wait", ret);
+        return client_alloc(client, size, device, NULL, 0, label, timeout_usec, "vmmb_alloc_wait", ret);
+}
+
+VMMB_EXPORT int vmmb_alloc_among(vmmb_client *client, uint64_t size, const int *devices, size_t n_devices,
+                                 const char *label, uint64_t timeout_usec, vmmb_lease **ret) {
+        uint64_t set[VMMB_ALLOC_DEVICES_MAX];
+
+        if (n_devices > 0 && !devices)
+                return set_error(-EINVAL, "vmmb_alloc_among() needs the devices to choose from.");
+        if (n_devices > VMMB_ALLOC_DEVICES_MAX)
+                return set_error(-EINVAL, "vmmb_alloc_among() takes at most %d devices, not %zu.",
+                                 VMMB_ALLOC_DEVICES_MAX, n_devices);
+        for (size_t j = 0; j < n_devices; j++) {
+                if (devices[j] < 0)
+                        return set_error(-ENODEV, "There is no device %d: devices are numbered from 0.",
+                                         devices[j]);
+                set[j] = (uint64_t)devices[j];
+        }
+        return client_alloc(client, size, VMMB_ANY_DEVICE, n_devices > 0 ? set : NULL, n_devices, label,
+                            timeout_usec, "vmmb_alloc_among", ret);
 }
 
 /* Checks a token the caller passed; `function` names the caller in the message. */

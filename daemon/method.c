@@ -662,6 +662,7 @@ static int method_status(Broker *b, const Caller *c, json_object *params, Method
         }
         reply.devices = devices;
         reply.n_devices = n;
+        reply.placement = (char *)placement_name(b->placement);
         k = status_reply_encode(&reply, &out);
         return k < 0 ? k : reply_params(r, out);
 }

@@ -72,7 +72,8 @@ typedef struct vmmb_lease vmmb_lease;
 /** The broker's socket when neither the caller nor $VMMBROKER_SOCKET names one. */
 #define VMMB_DEFAULT_SOCKET "/run/vmmbroker/io.vmmbroker"
 
-/** Pass as `device` to vmmb_alloc() for the first device the broker serves. */
+/** Pass as `device` to vmmb_alloc() to let the broker place the lease (its Placement= rule: by default the
+ * device with the most room). */
 #define VMMB_ANY_DEVICE (-1)
 
 /** Flag for vmmb_share(), vmmb_attach(), vmmb_attach_name() and vmmb_publish(): read-only access. */
@@ -178,6 +179,35 @@ int vmmb_alloc(vmmb_client *client, uint64_t size, int device, const char *label
  */
 int vmmb_alloc_wait(vmmb_client *client, uint64_t size, int device, const char *label, uint64_t timeout_usec,
                     vmmb_lease **ret);
+
+/**
+ * vmmb_alloc_among() - lease device memory on one of a set of devices, placed by the broker.
+ * @client: the client.
+ * @size: as for vmmb_alloc().
+ * @devices: the CUDA device indices to choose from; duplicates count once. NULL when n_devices is 0.
+ * @n_devices: how many, at most 64; 0 lets the broker choose among every device it serves, as
+ *             VMMB_ANY_DEVICE does.
+ * @label: as for vmmb_alloc().
+ * @timeout_usec: as for vmmb_alloc_wait(); 0 does not wait.
+ * @ret: the lease, mapped read-write and zeroed, on success; vmmb_lease_device() says where it went.
+ *
+ * The broker picks the device by its Placement= rule (vmmbroker.conf(5)): by
+ * default the one with the most room for the request (its capacity less what
+ * is leased and being scrubbed), ties to the one it lists first; or the first
+ * device. A device where the calling user is over a limit (MaxBytes= per
+ * device, MaxLeases=), or whose capacity is smaller than the request, is
+ * passed over for the next. A device that is merely full ends the choice:
+ * the call fails with -ENOMEM, or with a timeout waits for room on that
+ * device and is served there.
+ *
+ * Return: as vmmb_alloc_wait(); -ENODEV for a device in the set that the
+ * broker does not serve (the message names it) or a negative index; -EDQUOT
+ * when every device in the set was refused and one of them for a limit of the
+ * calling user; -EINVAL for more than 64 devices, or a size more than every
+ * device in the set can serve.
+ */
+int vmmb_alloc_among(vmmb_client *client, uint64_t size, const int *devices, size_t n_devices, const char *label,
+                     uint64_t timeout_usec, vmmb_lease **ret);
 
 /**
  * vmmb_free() - end a lease.

@@ -224,6 +224,7 @@ static const JsonField device_fields[] = {
 
 static const JsonField status_reply_fields[] = {
         JSON_FIELD_ARRAY("devices", StatusReply, devices, n_devices, WireDevice, device_fields, true, 0),
+        JSON_FIELD_STRING("placement", StatusReply, placement, false, 32),
         JSON_FIELD_END,
 };
 

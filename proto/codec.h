@@ -257,6 +257,7 @@ typedef struct WireDevice {
 typedef struct StatusReply {
         WireDevice *devices;
         size_t n_devices;
+        char *placement;        /* the Placement= rule; NULL from daemons older than placement */
 } StatusReply;
 
 /* Metrics' reply: (text: string), the OpenMetrics text exposition */

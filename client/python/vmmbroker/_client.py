@@ -10,7 +10,7 @@ import math
 import os
 import threading
 import weakref
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Optional, Sequence
 
 from . import _dlpack, _lib, _varlink
 from ._dtypes import DType, dtype as _dtype
@@ -157,11 +157,13 @@ class Client:
     # --- calls --------------------------------------------------------------------------------------
 
     def alloc(self, size: int, device: Optional[int] = None, label: Optional[str] = None,
-              wait: Optional[float] = None) -> "Lease":
-        """Lease at least ``size`` bytes of device memory (vmmb_alloc(), vmmb_alloc_wait()).
+              wait: Optional[float] = None, devices: Optional[Sequence[int]] = None) -> "Lease":
+        """Lease at least ``size`` bytes of device memory (vmmb_alloc(), vmmb_alloc_wait(), vmmb_alloc_among()).
 
-        ``device`` is a CUDA device index as the broker numbers them, None for
-        the first device it serves. The broker rounds the size up to the
+        ``device`` is a CUDA device index as the broker numbers them, None to
+        let the broker place it by its Placement= rule (by default the device
+        with the most room). ``devices`` (at most 64 indices, never with
+        ``device``) restricts that choice to those devices. The broker rounds the size up to the
         device's granularity (2 MiB); ``Lease.size`` says what was leased. The
         memory is mapped read-write and reads zero. ``label`` (at most 128
         bytes) is shown by ``vmmctl list``.
@@ -176,7 +178,7 @@ class Client:
         serve, or a label too long; QuotaExceeded (EDQUOT) over a limit of the
         calling user; OutOfMemory (ENOMEM) when the device has no room (after
         ``wait`` seconds, if given); ENODEV
-        for a device the broker does not serve; ECONNREFUSED when no broker
+        for a device the broker does not serve (in ``devices`` too); ECONNREFUSED when no broker
         answers.
         """
         if not isinstance(size, int) or isinstance(size, bool):
@@ -188,9 +190,17 @@ class Client:
         wait_usec = 0 if wait is None else min(int(wait * 1e6), (1 << 63) - 1)
         dev = _lib.ANY_DEVICE if device is None else int(device)
         lab = None if label is None else _encode(label, "label")
+        if devices is not None and device is not None:
+            raise error(errno.EINVAL, "Give device or devices, not both.")
         handle = self._check()
         out = ctypes.c_void_p()
-        if wait_usec > 0:
+        if devices is not None:
+            ids = [int(d) for d in devices]
+            if any(not 0 <= d < 1 << 31 for d in ids):
+                raise error(errno.ENODEV, f"Devices are numbered from 0: not {ids!r}.")
+            arr = (ctypes.c_int * max(len(ids), 1))(*ids)
+            rc = _lib.lib().vmmb_alloc_among(handle, size, arr, len(ids), lab, wait_usec, ctypes.byref(out))
+        elif wait_usec > 0:
             rc = _lib.lib().vmmb_alloc_wait(handle, size, dev, lab, wait_usec, ctypes.byref(out))
         else:
             rc = _lib.lib().vmmb_alloc(handle, size, dev, lab, ctypes.byref(out))

@@ -48,6 +48,8 @@ _PROTOTYPES = {
                                   ctypes.POINTER(_lease_p)]),
     "vmmb_alloc_wait": (ctypes.c_int, [_client_p, ctypes.c_uint64, ctypes.c_int, ctypes.c_char_p,
                                        ctypes.c_uint64, ctypes.POINTER(_lease_p)]),
+    "vmmb_alloc_among": (ctypes.c_int, [_client_p, ctypes.c_uint64, ctypes.POINTER(ctypes.c_int), ctypes.c_size_t,
+                                        ctypes.c_char_p, ctypes.c_uint64, ctypes.POINTER(_lease_p)]),
     "vmmb_free": (ctypes.c_int, [_lease_p]),
     "vmmb_share": (ctypes.c_int, [_lease_p, ctypes.c_uint32, ctypes.c_uint, ctypes.c_char_p]),
     "vmmb_revoke": (ctypes.c_int, [_client_p, ctypes.c_char_p]),
