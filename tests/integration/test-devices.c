@@ -1,0 +1,322 @@
+/* SPDX-License-Identifier: MIT */
+
+/*
+ * Several devices (issue 18), end to end on four simulated devices
+ * (SIMCUDA_DEVICES=4): where an Alloc that names no single device goes under
+ * Placement=most-free and Placement=first, Alloc's `devices` set, the named
+ * errors for what a hostile client sends in it, per-device limits passing a
+ * device over, and vmmb_alloc_among() in libvmmbroker. Each test starts its
+ * own daemon with its own configuration (harness.h) and drives it with raw
+ * varlink (rawclient.h).
+ */
+
+#include <check.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "codec.h"
+#include "harness.h"
+#include "macro.h"
+#include "rawclient.h"
+#include "unit.h"
+#include "vmmbroker.h"
+
+#define MiB (UINT64_C(1) << 20)
+#define N_DEVICES 4
+
+typedef struct Daemon {
+        Harness h;
+        char config[64];
+} Daemon;
+
+/* Starts a daemon on N_DEVICES simulated devices with `config` as its configuration file. */
+static void start_with(Daemon *d, const char *config) {
+        FILE *f;
+        int fd, k;
+
+        snprintf(d->config, sizeof(d->config), "/tmp/vmmb-devices-XXXXXX");
+        fd = mkstemp(d->config);
+        ck_assert_int_ge(fd, 0);
+        f = fdopen(fd, "w");
+        ck_assert_ptr_nonnull(f);
+        fputs(config, f);
+        ck_assert_int_eq(fclose(f), 0);
+        ck_assert_int_eq(setenv("SIMCUDA_DEVICES", "4", 1), 0);
+        k = harness_start(&d->h, (const char *const[]){ "--config", d->config, NULL });
+        ck_assert_int_eq(unsetenv("SIMCUDA_DEVICES"), 0);
+        ck_assert_msg(k == 0, "harness_start: %s", strerror(-k));
+}
+
+static void stop(Daemon *d) {
+        ck_assert_int_eq(harness_stop(&d->h), 0);
+        (void)unlink(d->config);
+}
+
+/* Whether the daemon can be given four devices: only the simulated driver's SIMCUDA_DEVICES can. */
+static bool four_devices(const char *test) {
+        const char *lib = getenv("VMMBROKER_LIBCUDA");
+
+        if (lib && strstr(lib, "simcuda"))
+                return true;
+        fprintf(stderr, "%s: not run: it needs the simulated driver's four devices\n", test);
+        return false;
+}
+
+/* Calls Alloc with `params` (JSON text). Returns the lease's device, or -1 with *ret_error set (strdup'd). */
+static int64_t alloc(VarlinkConn *c, const char *params, char **ret_error, VmmbError *ret_e) {
+        _cleanup_free_ char *message = NULL;
+        AllocReply ar = {};
+        int64_t device;
+        Reply r;
+
+        ck_assert_int_eq(call_text(c, VMMB_METHOD_ALLOC, params, &r), 0);
+        if (r.error) {
+                ck_assert_uint_eq(r.n_fds, 0);
+                ck_assert_ptr_nonnull(ret_error);
+                *ret_error = strdup(r.error);
+                if (ret_e)
+                        ck_assert_int_eq(vmmb_error_decode(r.error, r.params, ret_e, &message), 0);
+                reply_done(&r);
+                return -1;
+        }
+        ck_assert_msg(alloc_reply_decode(r.params, r.n_fds, &ar, &message) == 0, "Alloc reply: %s", message);
+        device = ar.lease.device;
+        alloc_reply_done(&ar);
+        reply_done(&r);                 /* closes the fds: the lease stays, held by this process */
+        return device;
+}
+
+/* Alloc that must succeed: its device. */
+static int64_t alloc_ok(VarlinkConn *c, const char *params) {
+        _cleanup_free_ char *error = NULL;
+        int64_t device = alloc(c, params, &error, NULL);
+
+        ck_assert_msg(device >= 0, "Alloc(%s): %s", params, error);
+        return device;
+}
+
+/* Alloc that must fail with `error`; fills *ret_e with its parameters. */
+static void alloc_fails(VarlinkConn *c, const char *params, const char *error, VmmbError *ret_e) {
+        _cleanup_free_ char *got = NULL;
+        VmmbError e = {};
+
+        ck_assert_msg(alloc(c, params, &got, &e) < 0, "Alloc(%s) succeeded", params);
+        ck_assert_msg(strcmp(got, error) == 0, "Alloc(%s): %s, expected %s", params, got, error);
+        if (ret_e)
+                *ret_e = e;
+        else
+                vmmb_error_done(&e);
+}
+
+static char *status_placement(VarlinkConn *c) {
+        _cleanup_free_ char *message = NULL;
+        StatusReply s = {};
+        char *placement;
+        Reply r;
+
+        ck_assert_int_eq(call_text(c, VMMB_METHOD_STATUS, NULL, &r), 0);
+        ck_assert_ptr_null(r.error);
+        ck_assert_msg(status_reply_decode(r.params, &s, &message) == 0, "Status reply: %s", message);
+        ck_assert_uint_eq(s.n_devices, N_DEVICES);
+        ck_assert_ptr_nonnull(s.placement);
+        placement = strdup(s.placement);
+        status_reply_done(&s);
+        reply_done(&r);
+        return placement;
+}
+
+/* most-free, the default: leases spread over the devices, each to the one with the most room. */
+START_TEST(test_most_free_spreads) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
+        _cleanup_free_ char *placement = NULL;
+        Daemon d;
+
+        if (!four_devices("test_most_free_spreads"))
+                return;
+        start_with(&d, "[Broker]\nCapacity=64M\n[Limits]\nMaxBytes=100%\n");
+        ck_assert_int_eq(conn_open(d.h.socket, &c), 0);
+        placement = status_placement(c);
+        ck_assert_str_eq(placement, "most-free");
+
+        for (int64_t i = 0; i < N_DEVICES; i++)         /* all equal: ties to the lowest index, then the next */
+                ck_assert_int_eq(alloc_ok(c, "{\"size\": 16777216}"), i);
+        ck_assert_int_eq(alloc_ok(c, "{\"size\": 33554432}"), 0);      /* all at 48M: device 0 */
+        ck_assert_int_eq(alloc_ok(c, "{\"size\": 2097152}"), 1);       /* 0 has 16M left, the others 48M */
+        ck_assert_int_eq(alloc_ok(c, "{\"size\": 2097152}"), 2);
+        /* An explicit device is not placed. */
+        ck_assert_int_eq(alloc_ok(c, "{\"size\": 2097152, \"device\": 0}"), 0);
+        stop(&d);
+}
+END_TEST
+
+/* first: every placed lease on device 0, until it is full; then OutOfMemory naming device 0. */
+START_TEST(test_first_keeps_device_0) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
+        _cleanup_free_ char *placement = NULL;
+        VmmbError e;
+        Daemon d;
+
+        if (!four_devices("test_first_keeps_device_0"))
+                return;
+        start_with(&d, "[Broker]\nCapacity=64M\nPlacement=first\n[Limits]\nMaxBytes=1G\n");
+        ck_assert_int_eq(conn_open(d.h.socket, &c), 0);
+        placement = status_placement(c);
+        ck_assert_str_eq(placement, "first");
+        for (int i = 0; i < 4; i++)
+                ck_assert_int_eq(alloc_ok(c, "{\"size\": 16777216}"), 0);
+        alloc_fails(c, "{\"size\": 2097152}", VMMB_ERROR_OUT_OF_MEMORY, &e);
+        ck_assert_int_eq(e.device, 0);
+        vmmb_error_done(&e);
+        /* The user is over no limit: device 0 is full, not passed over. The first of a set, in the order the
+         * daemon serves them (not the order given). */
+        ck_assert_int_eq(alloc_ok(c, "{\"size\": 2097152, \"devices\": [3, 2]}"), 2);
+        stop(&d);
+}
+END_TEST
+
+/* A set restricts the choice, placed among it by most-free; duplicates count once; [] is no set. */
+START_TEST(test_set_restricts) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
+        Daemon d;
+
+        if (!four_devices("test_set_restricts"))
+                return;
+        start_with(&d, "[Broker]\nCapacity=64M\n[Limits]\nMaxBytes=100%\n");
+        ck_assert_int_eq(conn_open(d.h.socket, &c), 0);
+        ck_assert_int_eq(alloc_ok(c, "{\"size\": 8388608, \"devices\": [2, 3]}"), 2);
+        ck_assert_int_eq(alloc_ok(c, "{\"size\": 8388608, \"devices\": [2, 3]}"), 3);
+        ck_assert_int_eq(alloc_ok(c, "{\"size\": 8388608, \"devices\": [3, 2]}"), 2);
+        ck_assert_int_eq(alloc_ok(c, "{\"size\": 2097152, \"devices\": [3, 3, 3, 3]}"), 3);
+        ck_assert_int_eq(alloc_ok(c, "{\"size\": 2097152, \"devices\": [1]}"), 1);
+        ck_assert_int_eq(alloc_ok(c, "{\"size\": 2097152, \"devices\": []}"), 0);   /* the emptiest: 0 */
+        stop(&d);
+}
+END_TEST
+
+/* What a hostile client may send in the set: each a named error, nothing leased, the daemon unharmed. */
+START_TEST(test_set_refusals) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
+        char big[1024];
+        size_t n = 0;
+        VmmbError e;
+        Daemon d;
+
+        if (!four_devices("test_set_refusals"))
+                return;
+        start_with(&d, "[Broker]\nCapacity=64M\n[Limits]\nMaxBytes=100%\n");
+        ck_assert_int_eq(conn_open(d.h.socket, &c), 0);
+
+        alloc_fails(c, "{\"size\": 2097152, \"devices\": [1, 9]}", VMMB_ERROR_NO_SUCH_DEVICE, &e);
+        ck_assert_int_eq(e.device, 9);
+        vmmb_error_done(&e);
+        alloc_fails(c, "{\"size\": 2097152, \"devices\": [1099511627776]}", VMMB_ERROR_NO_SUCH_DEVICE, &e);
+        ck_assert_int_eq(e.device, INT64_C(1099511627776));
+        vmmb_error_done(&e);
+        alloc_fails(c, "{\"size\": 2097152, \"devices\": [0, -1]}", VMMB_ERROR_INVALID_PARAMETER, &e);
+        ck_assert_str_eq(e.parameter, "devices");
+        vmmb_error_done(&e);
+        alloc_fails(c, "{\"size\": 2097152, \"devices\": [0, \"1\"]}", VMMB_ERROR_INVALID_PARAMETER, &e);
+        ck_assert_str_eq(e.parameter, "devices");
+        vmmb_error_done(&e);
+        alloc_fails(c, "{\"size\": 2097152, \"devices\": 1}", VMMB_ERROR_INVALID_PARAMETER, &e);
+        ck_assert_str_eq(e.parameter, "devices");
+        vmmb_error_done(&e);
+        alloc_fails(c, "{\"size\": 2097152, \"device\": 1, \"devices\": [1]}", VMMB_ERROR_INVALID_PARAMETER, &e);
+        ck_assert_str_eq(e.parameter, "devices");
+        vmmb_error_done(&e);
+
+        /* 65 entries: one more than the bound. 64 (all valid, duplicates) are taken. */
+        n += (size_t)snprintf(big + n, sizeof(big) - n, "{\"size\": 2097152, \"devices\": [0");
+        for (int i = 1; i < 65; i++)
+                n += (size_t)snprintf(big + n, sizeof(big) - n, ", %d", i % N_DEVICES);
+        snprintf(big + n, sizeof(big) - n, "]}");
+        alloc_fails(c, big, VMMB_ERROR_INVALID_PARAMETER, &e);
+        ck_assert_str_eq(e.parameter, "devices");
+        vmmb_error_done(&e);
+        *strrchr(big, ',') = '\0';
+        strcat(big, "]}");
+        ck_assert_int_eq(alloc_ok(c, big), 0);
+
+        /* More than any device of the set can hold: InvalidParameter naming the size. */
+        alloc_fails(c, "{\"size\": 134217728, \"devices\": [1, 2]}", VMMB_ERROR_INVALID_PARAMETER, &e);
+        ck_assert_str_eq(e.parameter, "size");
+        vmmb_error_done(&e);
+
+        /* The daemon still serves, and nothing else was leased. */
+        ck_assert_int_eq(alloc_ok(c, "{\"size\": 2097152, \"devices\": [1, 2]}"), 1);
+        stop(&d);
+}
+END_TEST
+
+/*
+ * Limits per device: a device where the user is at MaxBytes= is passed over for the next in the rule's
+ * order (first, here: with one user the device it is at its limit on never has the most room); when every
+ * device of the set is refused, QuotaExceeded naming the first refused.
+ */
+START_TEST(test_quota_per_device) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
+        VmmbError e;
+        Daemon d;
+
+        if (!four_devices("test_quota_per_device"))
+                return;
+        start_with(&d, "[Broker]\nCapacity=64M\nPlacement=first\n[Limits]\nMaxBytes=32M\n");
+        ck_assert_int_eq(conn_open(d.h.socket, &c), 0);
+        ck_assert_int_eq(alloc_ok(c, "{\"size\": 33554432}"), 0);
+        ck_assert_int_eq(alloc_ok(c, "{\"size\": 2097152}"), 1);              /* 0 passed over */
+        alloc_fails(c, "{\"size\": 2097152, \"devices\": [0]}", VMMB_ERROR_QUOTA_EXCEEDED, NULL);
+        ck_assert_int_eq(alloc_ok(c, "{\"size\": 31457280, \"devices\": [1, 0]}"), 1);
+        alloc_fails(c, "{\"size\": 2097152, \"devices\": [1, 0]}", VMMB_ERROR_QUOTA_EXCEEDED, &e);
+        ck_assert_str_eq(e.resource, "bytes");
+        ck_assert_uint_eq(e.limit, 32 * MiB);
+        ck_assert_uint_eq(e.current, 32 * MiB);
+        ck_assert_msg(strstr(e.message, "device 0"), "%s", e.message);  /* the first refused */
+        vmmb_error_done(&e);
+        /* The user's limit on one device leaves the others: device 2 is still open to it. */
+        ck_assert_int_eq(alloc_ok(c, "{\"size\": 2097152, \"devices\": [1, 0, 2]}"), 2);
+        stop(&d);
+}
+END_TEST
+
+/* libvmmbroker's vmmb_alloc_among(): placed in the set, mapped, and its refusals. */
+START_TEST(test_client_alloc_among) {
+        vmmb_client *client = NULL;
+        vmmb_lease *l1 = NULL, *l2 = NULL, *bad = NULL;
+        static const int set[] = { 3, 1 };
+        int neg[] = { 2, -1 }, many[65] = {};
+        Daemon d;
+
+        if (!four_devices("test_client_alloc_among"))
+                return;
+        start_with(&d, "[Broker]\nCapacity=64M\n[Limits]\nMaxBytes=100%\n");
+        ck_assert_int_eq(setenv("SIMCUDA_DEVICES", "4", 1), 0);        /* this process maps on device 3 too */
+        ck_assert_int_eq(vmmb_connect(d.h.socket, &client), 0);
+        ck_assert_int_eq(vmmb_alloc_among(client, 4 * MiB, set, 2, "among", 0, &l1), 0);
+        ck_assert_int_eq(vmmb_lease_device(l1), 1);
+        ck_assert_int_eq(vmmb_alloc_among(client, 4 * MiB, set, 2, NULL, 0, &l2), 0);
+        ck_assert_int_eq(vmmb_lease_device(l2), 3);
+        ck_assert_int_eq(vmmb_alloc_among(client, 4 * MiB, neg, 2, NULL, 0, &bad), -ENODEV);
+        ck_assert_int_eq(vmmb_alloc_among(client, 4 * MiB, many, 65, NULL, 0, &bad), -EINVAL);
+        ck_assert_int_eq(vmmb_alloc_among(client, 4 * MiB, NULL, 1, NULL, 0, &bad), -EINVAL);
+        neg[1] = 7;
+        ck_assert_int_eq(vmmb_alloc_among(client, 4 * MiB, neg, 2, NULL, 0, &bad), -ENODEV);
+        ck_assert_ptr_nonnull(strstr(vmmb_error_message(), "7"));
+        ck_assert_ptr_null(bad);
+        ck_assert_int_eq(vmmb_free(l1), 0);
+        ck_assert_int_eq(vmmb_free(l2), 0);
+        vmmb_close(client);
+        stop(&d);
+}
+END_TEST
+
+int main(void) {
+        return run_suite(UNIT_SUITE("devices", NULL, test_most_free_spreads, test_first_keeps_device_0,
+                                    test_set_restricts, test_set_refusals, test_quota_per_device,
+                                    test_client_alloc_among)) == 0
+                       ? EXIT_SUCCESS
+                       : EXIT_FAILURE;
+}
