@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "codec.h"
+#include "json.h"
 #include "harness.h"
 #include "macro.h"
 #include "rawclient.h"
@@ -282,6 +283,103 @@ START_TEST(test_quota_per_device) {
 }
 END_TEST
 
+/* Status's devices (n of them) into ret[]. */
+static void status_devices(const char *socket, WireDevice *ret, size_t n) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
+        StatusReply s = {};
+        Reply r;
+
+        ck_assert_int_eq(conn_open(socket, &c), 0);
+        ck_assert_int_eq(call_text(c, VMMB_METHOD_STATUS, NULL, &r), 0);
+        ck_assert_ptr_null(r.error);
+        ck_assert_int_eq(status_reply_decode(r.params, &s, NULL), 0);
+        ck_assert_uint_eq(s.n_devices, n);
+        for (size_t i = 0; i < n; i++)
+                ret[i] = (WireDevice){ .index = s.devices[i].index, .waiters = s.devices[i].waiters };
+        status_reply_done(&s);
+        reply_done(&r);
+}
+
+/* Alloc that must succeed: its lease's id, in id[]. */
+static void alloc_id(VarlinkConn *c, const char *params, char id[static VMMB_ID_MAX + 1]) {
+        TestLease l;
+        Reply r;
+
+        ck_assert_int_eq(call_text(c, VMMB_METHOD_ALLOC, params, &r), 0);
+        ck_assert_msg(!r.error, "Alloc(%s): %s", params, r.error);
+        ck_assert_int_eq(lease_take(&r, &l), 0);
+        memcpy(id, l.id, VMMB_ID_MAX + 1);
+        test_lease_close(&l);
+        reply_done(&r);
+}
+
+/*
+ * A placed Alloc that waits waits on the device placement picked, and is served there only: room coming back
+ * on another device of its set does not serve it.
+ */
+START_TEST(test_placed_wait_stays) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL, *w = NULL;
+        _cleanup_(json_object_putp) json_object *msg = NULL, *call_params = NULL;
+        char ids[N_DEVICES][VMMB_ID_MAX + 1], params[64];
+        _cleanup_free_ char *message = NULL;
+        WireDevice devs[N_DEVICES];
+        AllocReply ar = {};
+        unsigned i;
+        Reply r;
+        Daemon d;
+
+        if (!four_devices("test_placed_wait_stays"))
+                return;
+        start_with(&d, "[Broker]\nCapacity=64M\n[Limits]\nMaxBytes=1G\n");
+        ck_assert_int_eq(conn_open(d.h.socket, &c), 0);
+        ck_assert_int_eq(conn_open(d.h.socket, &w), 0);
+        for (i = 0; i < N_DEVICES; i++) {
+                snprintf(params, sizeof(params), "{\"size\": 67108864, \"device\": %u}", i);
+                alloc_id(c, params, ids[i]);
+        }
+        call_params = json_tokener_parse("{\"size\": 2097152, \"devices\": [3, 2], \"wait_usec\": 60000000}");
+        ck_assert_ptr_nonnull(call_params);
+        ck_assert_int_eq(varlink_call_new(VMMB_METHOD_ALLOC, call_params, false, false, &msg), 0);
+        ck_assert_int_eq(varlink_conn_send(w, msg, NULL, 0), 0);
+        ck_assert_int_eq(varlink_conn_flush(w), 0);
+        /* Every device is full and equally so: the tie goes to the lower index, 2. Status is answered
+         * after the Alloc was read only once the daemon has queued it: poll (bounded, no sleep). */
+        for (i = 0; i < 100000; i++) {
+                status_devices(d.h.socket, devs, N_DEVICES);
+                if (devs[2].waiters == 1)
+                        break;
+        }
+        ck_assert_int_eq(devs[2].waiters, 1);
+        ck_assert_int_eq(devs[3].waiters, 0);
+
+        /* Room on device 3: not where it waits. */
+        ck_assert_int_eq(lease_free(c, ids[3]), 0);
+        ck_assert_int_eq(alloc_ok(c, "{\"size\": 2097152, \"device\": 3}"), 3);    /* the room is real */
+        status_devices(d.h.socket, devs, N_DEVICES);
+        ck_assert_int_eq(devs[2].waiters, 1);
+
+        /* Room on device 2: served there. */
+        ck_assert_int_eq(lease_free(c, ids[2]), 0);
+        {
+                _cleanup_(json_object_putp) json_object *reply = NULL;
+                VarlinkReply vr = {};
+                int *fds = NULL;
+                size_t n_fds = 0;
+
+                ck_assert_int_eq(varlink_conn_receive(w, &reply, &fds, &n_fds), 1);
+                ck_assert_int_eq(varlink_reply_parse(reply, &vr), 0);
+                ck_assert_msg(!vr.error, "the waiting Alloc: %s", vr.error);
+                ck_assert_msg(alloc_reply_decode(vr.parameters, n_fds, &ar, &message) == 0, "%s", message);
+                ck_assert_int_eq(ar.lease.device, 2);
+                alloc_reply_done(&ar);
+                varlink_reply_done(&vr);
+                r = (Reply){ .params = json_object_new_object(), .fds = fds, .n_fds = n_fds };
+                reply_done(&r);
+        }
+        stop(&d);
+}
+END_TEST
+
 /* libvmmbroker's vmmb_alloc_among(): placed in the set, mapped, and its refusals. */
 START_TEST(test_client_alloc_among) {
         vmmb_client *client = NULL;
@@ -315,7 +413,7 @@ END_TEST
 
 int main(void) {
         return run_suite(UNIT_SUITE("devices", NULL, test_most_free_spreads, test_first_keeps_device_0,
-                                    test_set_restricts, test_set_refusals, test_quota_per_device,
+                                    test_set_restricts, test_set_refusals, test_quota_per_device, test_placed_wait_stays,
                                     test_client_alloc_among)) == 0
                        ? EXIT_SUCCESS
                        : EXIT_FAILURE;
