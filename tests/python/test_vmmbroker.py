@@ -126,6 +126,17 @@ class TestLeases(ClientTestCase):
             self.client.alloc(MiB, device=7)
         self.assertEqual(cm.exception.errno, errno.ENODEV)
 
+    def test_alloc_devices(self) -> None:
+        with self.client.alloc(MiB, devices=[0, 0]) as lease:       # placed among a set (vmmb_alloc_among())
+            self.assertEqual(lease.device, 0)
+        for devices, code in (([0, 7], errno.ENODEV), ([-1], errno.ENODEV), (list(range(65)), errno.EINVAL)):
+            with self.assertRaises(vmmbroker.Error) as cm:
+                self.client.alloc(MiB, devices=devices)
+            self.assertEqual(cm.exception.errno, code, devices)
+        with self.assertRaises(vmmbroker.Error) as cm:
+            self.client.alloc(MiB, device=0, devices=[0])
+        self.assertEqual(cm.exception.errno, errno.EINVAL)
+
     def test_free_is_idempotent(self) -> None:
         lease = self.client.alloc(MiB)
         lid = lease.id
