@@ -354,7 +354,8 @@ START_TEST(test_placed_wait_stays) {
 
         /* Room on device 3: not where it waits. */
         ck_assert_int_eq(lease_free(c, ids[3]), 0);
-        ck_assert_int_eq(alloc_ok(c, "{\"size\": 2097152, \"device\": 3}"), 3);    /* the room is real */
+        /* The room is real once its scrub is done (waiting for it, not racing it). */
+        ck_assert_int_eq(alloc_ok(c, "{\"size\": 2097152, \"device\": 3, \"wait_usec\": 60000000}"), 3);
         status_devices(d.h.socket, devs, N_DEVICES);
         ck_assert_int_eq(devs[2].waiters, 1);
 
