@@ -883,8 +883,10 @@ int pool_new(Pool **ret, CudaDriver *cu, const PoolConfig *config, char **ret_me
                         return -EINVAL;
                 }
                 k = device_init(p, &p->devices[i], index, config, ret_message);
-                if (k < 0)
+                if (k < 0) {
+                        hashmap_done(&p->devices[i].cache);     /* a device that failed is not pool_free()'s */
                         return k;
+                }
                 p->n_devices++;
         }
 
