@@ -214,8 +214,10 @@ static void peer_update(Peer *p) {
         } else if (!ready)
                 fair_queue_remove(&m->fair, p->caller.user, &p->link_ready);
         /* A parked connection is woken only by a hangup (always reported), which ends its wait. */
-        /* A watch reads nothing more after its call either: it is woken to write, or by a hangup. */
-        (void)sd_event_source_set_io_events(p->io, pending ? EPOLLOUT : ready || p->wait || p->watching ? 0 : EPOLLIN);
+        /* A watch reads nothing more after its call either: it is woken to write, or by its client shutting
+         * down (EPOLLRDHUP: its end of the stream, which a hangup alone does not report for a half-close). */
+        (void)sd_event_source_set_io_events(p->io, (pending ? EPOLLOUT : ready || p->wait || p->watching ? 0 : EPOLLIN) |
+                                                   (p->watching ? EPOLLRDHUP : 0));
 }
 
 void peer_serve(Peer *p) {
@@ -297,7 +299,7 @@ static int on_peer_io(sd_event_source *s, int fd, uint32_t revents, void *userda
                         peer_free(p);
                 return 0;
         }
-        if (p->watching && (revents & (EPOLLHUP | EPOLLERR))) {
+        if (p->watching && (revents & (EPOLLHUP | EPOLLERR | EPOLLRDHUP))) {
                 peer_free(p);           /* its process stopped watching: requests have nobody to go to */
                 return 0;
         }

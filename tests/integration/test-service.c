@@ -271,6 +271,7 @@ START_TEST(test_print_config) {
                               "(64-65536)\n"
                               "MaxConnectionsTotal=\n"
                               "MaxAllocWait=5min\n"
+                              "ReclaimTimeout=5s\n"
                               "\n"
                               "[Limits]\n"
                               "MaxBytes=80%\n"
