@@ -23,6 +23,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <time.h>
@@ -55,8 +57,18 @@ struct vmmb_client {
         uint64_t reconnect_usec;        /* how long connecting again waits for a broker to listen */
         bool closing;                   /* in vmmb_close(): connecting again does not wait */
 
-        pthread_mutex_t leases_lock;    /* guards leases */
+        pthread_mutex_t leases_lock;    /* guards leases, and their reclaim state */
         List leases;                    /* vmmb_lease.link */
+
+        /* Reclaim requests (vmmb_lease_set_reclaimable()): a helper thread, started on first use. */
+        pthread_mutex_t watch_lock;     /* guards starting and stopping it */
+        pthread_cond_t reclaim_done;    /* with leases_lock: a lease's callback returned */
+        bool watching;                  /* the thread runs */
+        pthread_t watch_thread;
+        int watch_stop;                 /* an eventfd: vmmb_close() tells the thread to stop */
+        VarlinkConn *watch_conn;        /* its WatchReclaim; the thread's own once it runs */
+        vmmb_client *answer;            /* its own connection for Free and SetReclaimable: the client's
+                                           may be busy for long (vmmb_alloc_wait()) */
 };
 
 struct vmmb_lease {
@@ -71,6 +83,13 @@ struct vmmb_lease {
         bool readonly;                  /* mapped with read access only */
         uid_t owner;                    /* the owner's uid, (uid_t)-1 when the broker did not say */
         char *owner_name;               /* the owner's user name, NULL when the broker did not say */
+        /* reclaiming, under client->leases_lock */
+        bool reclaimable;               /* marked with the broker: the watch thread answers its requests */
+        int priority;
+        vmmb_reclaim_fn reclaim_cb;
+        void *reclaim_userdata;
+        bool reclaiming;                /* its callback or giving it back runs now (on the watch thread) */
+        bool reclaimed;                 /* given back: unmapped and freed; only the object is left */
 };
 
 /* --- errors ------------------------------------------------------------------------------------------- */
@@ -543,6 +562,8 @@ static int lease_release(vmmb_lease *l) {
         CudaDriver *cu = NULL;
         int k;
 
+        if (lease->reclaimed)
+                return 0;               /* given back already: only the object was left */
         k = driver_get(&cu);            /* loaded already: the lease was mapped with it */
         if (k < 0)
                 return k;
@@ -687,6 +708,10 @@ static vmmb_client *client_destroy(vmmb_client *c) {
         free(c->path);
         (void)pthread_mutex_destroy(&c->call_lock);
         (void)pthread_mutex_destroy(&c->leases_lock);
+        (void)pthread_mutex_destroy(&c->watch_lock);
+        (void)pthread_cond_destroy(&c->reclaim_done);
+        varlink_conn_free(c->watch_conn);
+        safe_close(c->watch_stop);
         free(c);
         return NULL;
 }
@@ -737,6 +762,9 @@ VMMB_EXPORT int vmmb_connect(const char *socket_path, vmmb_client **ret) {
                 return set_error(-ENOMEM, "Out of memory.");
         (void)pthread_mutex_init(&c->call_lock, NULL);
         (void)pthread_mutex_init(&c->leases_lock, NULL);
+        (void)pthread_mutex_init(&c->watch_lock, NULL);
+        (void)pthread_cond_init(&c->reclaim_done, NULL);
+        c->watch_stop = -EBADF;
         list_init(&c->leases);
         c->reconnect_usec = reconnect_usec;
         c->path = strdup(path);
@@ -750,6 +778,337 @@ VMMB_EXPORT int vmmb_connect(const char *socket_path, vmmb_client **ret) {
         return 0;
 }
 
+/* --- reclaim requests ------------------------------------------------------------------------------------ */
+
+/* How often the watch thread tries to connect again after its connection was lost (within reconnect_usec). */
+#define WATCH_RETRY_USEC UINT64_C(100000)
+
+static void varlink_conn_closep(VarlinkConn **c) {
+        varlink_conn_free(*c);
+}
+
+/* Opens a connection with WatchReclaim on, its first reply read. Returns 0 or a negative errno. */
+static int watch_open(const char *path, VarlinkConn **ret) {
+        _cleanup_(varlink_conn_closep) VarlinkConn *conn = NULL;
+        _cleanup_(json_putp) json_object *call = NULL, *msg = NULL;
+        _cleanup_close_ int fd = -EBADF;
+        VarlinkReply reply = {};
+        int *fds = NULL;
+        size_t n_fds = 0;
+        int k;
+
+        k = socket_connect(path, &fd);
+        if (k < 0)
+                return k;
+        k = varlink_conn_new(&conn, fd, VARLINK_MAX_REPLY, false);
+        if (k < 0)
+                return k;
+        fd = -EBADF;
+        k = varlink_call_new(VMMB_METHOD_WATCH_RECLAIM, NULL, false, true, &call);
+        if (k >= 0)
+                k = varlink_conn_send(conn, call, NULL, 0);
+        if (k >= 0)
+                k = varlink_conn_flush(conn);
+        if (k >= 0)
+                k = varlink_conn_receive(conn, &msg, &fds, &n_fds);
+        if (k >= 0 && n_fds > 0) {
+                close_fds(fds, n_fds);
+                k = -EPROTO;
+        }
+        free(fds);
+        if (k < 0)
+                return k;
+        k = varlink_reply_parse(msg, &reply);
+        if (k >= 0 && (reply.error || !reply.continues))
+                k = reply.error && strcmp(reply.error, VARLINK_ERROR_METHOD_NOT_FOUND) == 0 ? -EOPNOTSUPP : -EPROTO;
+        varlink_reply_done(&reply);
+        if (k < 0)
+                return k;
+        *ret = TAKE_PTR(conn);
+        return 0;
+}
+
+/* SetReclaimable on `c`: priority < 0 unmarks. */
+static int client_set_reclaimable(vmmb_client *c, const char *id, int priority) {
+        _cleanup_(json_putp) json_object *params = NULL;
+        SetReclaimableParams p = { .id = (char *)id, .priority = priority < 0 ? JSON_ABSENT : priority };
+        VarlinkReply reply = {};
+        int k;
+
+        k = set_reclaimable_params_encode(&p, &params);
+        if (k < 0)
+                return set_error(k, "Cannot encode the call to mark lease %s: %s.", id, strerror(-k));
+        k = client_call(c, VMMB_METHOD_SET_RECLAIMABLE, params, &reply, NULL);
+        if (k < 0)
+                return k;
+        varlink_reply_done(&reply);
+        return 0;
+}
+
+/*
+ * Gives a lease back on the watch thread: waits for the work queued in the device's primary context, unmaps,
+ * frees. Returns 0 once unmapped (whether the broker heard the Free or not: it ends the hold at exit
+ * otherwise), or a negative errno with the lease still mapped.
+ */
+static int lease_give_back(vmmb_client *c, vmmb_lease *l) {
+        CUcontext primary = NULL;
+        CudaDriver *cu = NULL;
+        CUdevice dev = 0;
+        CUresult r;
+        int k;
+
+        k = driver_get(&cu);
+        if (k < 0)
+                return k;
+        r = cu->cuDeviceGet(&dev, l->device);
+        if (r == CUDA_SUCCESS)
+                r = cu->cuDevicePrimaryCtxRetain(&primary, dev);
+        if (r == CUDA_SUCCESS) {
+                r = cu->cuCtxSetCurrent(primary);
+                if (r == CUDA_SUCCESS)
+                        r = cu->cuCtxSynchronize();
+                (void)cu->cuCtxSetCurrent(NULL);
+                (void)cu->cuDevicePrimaryCtxRelease(dev);
+        }
+        if (r != CUDA_SUCCESS)
+                return -EIO;            /* work may still run on it: keep it mapped */
+        k = cuda_unmap(cu, l->va, l->sizes, l->n_slabs);
+        if (k < 0)
+                return k;
+        (void)client_free_id(c->answer, l->id);
+        return 0;
+}
+
+/* One request: the lease's callback decides, then the library gives it back or refuses (unmarks it). */
+static void watch_handle(vmmb_client *c, const ReclaimRequest *q) {
+        vmmb_lease *l = NULL, *i;
+        vmmb_reclaim_fn cb;
+        void *userdata;
+        int k = 0;
+
+        (void)pthread_mutex_lock(&c->leases_lock);
+        list_for_each_entry(i, &c->leases, link)
+                if (strcmp(i->id, q->id) == 0 && i->reclaimable && !i->reclaimed && !i->reclaiming) {
+                        l = i;
+                        break;
+                }
+        if (l) {
+                l->reclaiming = true;
+                cb = l->reclaim_cb;
+                userdata = l->reclaim_userdata;
+        }
+        (void)pthread_mutex_unlock(&c->leases_lock);
+        if (!l)
+                return;         /* freed or unmarked meanwhile: the broker sees that, or its deadline passes */
+
+        if (cb)
+                k = cb(l, (uint64_t)MAX(q->timeout_usec, INT64_C(0)), userdata);
+        if (k == 0)
+                k = lease_give_back(c, l);
+        (void)pthread_mutex_lock(&c->leases_lock);
+        l->reclaimable = false;
+        if (k == 0) {
+                l->reclaimed = true;
+                l->va = 0;
+        }
+        (void)pthread_mutex_unlock(&c->leases_lock);
+        if (k != 0)
+                (void)client_set_reclaimable(c->answer, l->id, -1);     /* refused: the broker asks another */
+        (void)pthread_mutex_lock(&c->leases_lock);
+        l->reclaiming = false;
+        (void)pthread_cond_broadcast(&c->reclaim_done);
+        (void)pthread_mutex_unlock(&c->leases_lock);
+}
+
+/* The broker went away: watch again once it is back, and mark again what was marked (marks are not kept). */
+static bool watch_reconnect(vmmb_client *c) {
+        uint64_t deadline = now_usec() + c->reconnect_usec;
+        vmmb_lease *l;
+
+        c->watch_conn = varlink_conn_free(c->watch_conn);
+        for (;;) {
+                struct pollfd p = { .fd = c->watch_stop, .events = POLLIN };
+
+                if (watch_open(c->path, &c->watch_conn) == 0)
+                        break;
+                if (now_usec() >= deadline || poll(&p, 1, (int)(WATCH_RETRY_USEC / 1000)) != 0)
+                        return false;
+        }
+        for (;;) {
+                char id[VMMB_ID_MAX + 1] = "";
+                int priority = 0;
+
+                /* One at a time, the lock not held across the call: find the next marked and not re-marked. */
+                (void)pthread_mutex_lock(&c->leases_lock);
+                list_for_each_entry(l, &c->leases, link)
+                        if (l->reclaimable && !l->reclaimed && l->priority >= 0) {
+                                snprintf(id, sizeof(id), "%s", l->id);
+                                priority = l->priority;
+                                l->priority = -1 - l->priority;         /* done (undone below) */
+                                break;
+                        }
+                (void)pthread_mutex_unlock(&c->leases_lock);
+                if (!id[0])
+                        break;
+                (void)client_set_reclaimable(c->answer, id, priority);
+        }
+        (void)pthread_mutex_lock(&c->leases_lock);
+        list_for_each_entry(l, &c->leases, link)
+                if (l->priority < 0)
+                        l->priority = -1 - l->priority;
+        (void)pthread_mutex_unlock(&c->leases_lock);
+        return true;
+}
+
+static void *watch_thread(void *userdata) {
+        vmmb_client *c = userdata;
+
+        for (;;) {
+                _cleanup_(json_putp) json_object *msg = NULL;
+                struct pollfd p[2] = {
+                        { .fd = c->watch_stop, .events = POLLIN },
+                        { .fd = varlink_conn_get_fd(c->watch_conn), .events = POLLIN },
+                };
+                VarlinkReply reply = {};
+                ReclaimRequest q = {};
+                int *fds = NULL;
+                size_t n_fds = 0;
+                int k;
+
+                if (poll(p, 2, -1) < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        break;
+                }
+                if (p[0].revents)
+                        break;
+                k = varlink_conn_receive(c->watch_conn, &msg, &fds, &n_fds);
+                close_fds(fds, n_fds);
+                free(fds);
+                if (k >= 0 && n_fds > 0)
+                        k = -EPROTO;
+                if (k >= 0)
+                        k = varlink_reply_parse(msg, &reply);
+                if (k >= 0 && (reply.error || !reply.continues))
+                        k = -EPROTO;
+                if (k >= 0)
+                        k = reclaim_request_decode(reply.parameters, &q, NULL);
+                varlink_reply_done(&reply);
+                if (k < 0) {
+                        if (!watch_reconnect(c))
+                                break;
+                        continue;
+                }
+                if (q.id)
+                        watch_handle(c, &q);
+                reclaim_request_done(&q);
+        }
+        return NULL;
+}
+
+/* Starts the watch thread unless it runs. Returns 0 or a negative errno (with the message set). */
+static int watch_start(vmmb_client *c) {
+        int k = 0;
+
+        (void)pthread_mutex_lock(&c->watch_lock);
+        if (c->watching)
+                goto out;
+        if (!c->answer) {
+                k = vmmb_connect(c->path, &c->answer);
+                if (k < 0)
+                        goto out;
+        }
+        if (c->watch_stop < 0) {
+                c->watch_stop = eventfd(0, EFD_CLOEXEC);
+                if (c->watch_stop < 0) {
+                        k = set_error(-errno, "Cannot make an eventfd for the reclaim watch: %m.");
+                        goto out;
+                }
+        }
+        k = watch_open(c->path, &c->watch_conn);
+        if (k == -EOPNOTSUPP)
+                k = set_error(k, "This broker does not ask for leases back (it has no WatchReclaim): update it.");
+        else if (k < 0)
+                k = set_error(k, "Cannot watch for reclaim requests at %s: %s.", c->path, strerror(-k));
+        if (k < 0)
+                goto out;
+        k = -pthread_create(&c->watch_thread, NULL, watch_thread, c);
+        if (k < 0) {
+                c->watch_conn = varlink_conn_free(c->watch_conn);
+                k = set_error(k, "Cannot start the reclaim watch thread: %s.", strerror(-k));
+                goto out;
+        }
+        c->watching = true;
+out:
+        (void)pthread_mutex_unlock(&c->watch_lock);
+        return k;
+}
+
+/* Stops the watch thread (vmmb_close()), after the request it handles now, if any. */
+static void watch_stop(vmmb_client *c) {
+        (void)pthread_mutex_lock(&c->watch_lock);
+        if (c->watching) {
+                (void)eventfd_write(c->watch_stop, 1);
+                (void)pthread_join(c->watch_thread, NULL);
+                c->watching = false;
+        }
+        c->watch_conn = varlink_conn_free(c->watch_conn);
+        vmmb_close(c->answer);
+        c->answer = NULL;
+        (void)pthread_mutex_unlock(&c->watch_lock);
+}
+
+VMMB_EXPORT int vmmb_lease_set_reclaimable(vmmb_lease *lease, int priority, vmmb_reclaim_fn callback,
+                                           void *userdata) {
+        vmmb_client *c;
+        bool was;
+        int k;
+
+        if (!lease)
+                return set_error(-EINVAL, "vmmb_lease_set_reclaimable() needs a lease.");
+        if (priority < VMMB_NOT_RECLAIMABLE)
+                return set_error(-EINVAL, "A reclaim priority is 0 or more, or VMMB_NOT_RECLAIMABLE.");
+        c = lease->client;
+        if (priority >= 0) {
+                k = watch_start(c);
+                if (k < 0)
+                        return k;
+        }
+        (void)pthread_mutex_lock(&c->leases_lock);
+        while (lease->reclaiming && !(c->watching && pthread_equal(pthread_self(), c->watch_thread)))
+                (void)pthread_cond_wait(&c->reclaim_done, &c->leases_lock);
+        if (lease->reclaimed) {
+                (void)pthread_mutex_unlock(&c->leases_lock);
+                return set_error(-ESTALE, "Lease %s was given back on the broker's request.", lease->id);
+        }
+        was = lease->reclaimable;
+        lease->reclaimable = priority >= 0;
+        lease->priority = priority;
+        lease->reclaim_cb = callback;
+        lease->reclaim_userdata = userdata;
+        (void)pthread_mutex_unlock(&c->leases_lock);
+        if (priority < 0 && !was)
+                return 0;
+        k = client_set_reclaimable(c, lease->id, priority);
+        if (k < 0 && priority >= 0) {
+                (void)pthread_mutex_lock(&c->leases_lock);
+                lease->reclaimable = false;
+                (void)pthread_mutex_unlock(&c->leases_lock);
+        }
+        return k;
+}
+
+VMMB_EXPORT int vmmb_lease_reclaimed(const vmmb_lease *lease) {
+        bool r;
+
+        if (!lease)
+                return 0;
+        (void)pthread_mutex_lock(&lease->client->leases_lock);
+        r = lease->reclaimed;
+        (void)pthread_mutex_unlock(&lease->client->leases_lock);
+        return r;
+}
+
 VMMB_EXPORT void vmmb_close(vmmb_client *client) {
         char saved[ERROR_MESSAGE_MAX];
 
@@ -759,6 +1118,7 @@ VMMB_EXPORT void vmmb_close(vmmb_client *client) {
          * broker that is gone is not waited for: this process's holds end when it exits. */
         client->closing = true;
         memcpy(saved, error_message, sizeof(saved));
+        watch_stop(client);
         for (;;) {
                 vmmb_lease *l;
 
@@ -1141,6 +1501,13 @@ VMMB_EXPORT int vmmb_free(vmmb_lease *lease) {
                 return 0;
         c = lease->client;
         (void)pthread_mutex_lock(&c->leases_lock);
+        if (lease->reclaiming && c->watching && pthread_equal(pthread_self(), c->watch_thread)) {
+                (void)pthread_mutex_unlock(&c->leases_lock);
+                return set_error(-EDEADLK, "vmmb_free() of lease %s from its own reclaim callback: return 0 "
+                                 "from the callback instead, and the library gives it back.", lease->id);
+        }
+        while (lease->reclaiming)       /* its reclaim callback runs: it decides first */
+                (void)pthread_cond_wait(&c->reclaim_done, &c->leases_lock);
         list_unlink(&lease->link);
         (void)pthread_mutex_unlock(&c->leases_lock);
         return lease_release(lease);

@@ -545,6 +545,7 @@ enum {
         LIST_OWNER,
         LIST_NAME,
         LIST_LABEL,
+        LIST_RECLAIM,
         LIST_AGE,
         LIST_PID,
         LIST_USER,
@@ -562,6 +563,7 @@ static const TableColumn list_columns[LIST_COLUMNS] = {
         [LIST_OWNER] = { "OWNER", TABLE_LEFT, 5 },
         [LIST_NAME] = { "NAME", TABLE_LEFT, 4 },
         [LIST_LABEL] = { "LABEL", TABLE_LEFT, 5 },
+        [LIST_RECLAIM] = { "RECLAIM", TABLE_LEFT, 0 },
         [LIST_AGE] = { "AGE", TABLE_RIGHT, 0 },
         [LIST_PID] = { "PID", TABLE_RIGHT, 0 },
         [LIST_USER] = { "USER", TABLE_LEFT, 4 },
@@ -606,13 +608,26 @@ static const char *format_published(int64_t uid, const char *name, char *buf, si
         return buf;
 }
 
+/* Where a lease stands in reclaiming: "-", "5" (reclaimable, priority 5), "5,asked", "unresponsive". */
+static const char *format_reclaim(const WireLeaseInfo *l, char *buf, size_t len) {
+        if (!l->reclaim)
+                snprintf(buf, len, "-");
+        else if (l->reclaim_priority < 0)
+                snprintf(buf, len, "%s", l->reclaim);
+        else if (strcmp(l->reclaim, "marked") == 0)
+                snprintf(buf, len, "%" PRId64, l->reclaim_priority);
+        else
+                snprintf(buf, len, "%" PRId64 ",%s", l->reclaim_priority, l->reclaim);
+        return buf;
+}
+
 /*
  * The rows of one lease: the lease with its first holder, then a continuation
  * row (holder columns only) for each further holder. A lease nobody holds (a
  * published one) shows "-" for the holder. Returns 0 or an exit status.
  */
 static int list_add_lease(Table *t, const WireLeaseInfo *l, uint64_t now_usec) {
-        char device[24], slabs[24], size[FORMAT_SIZE_MAX], age[32], owner[USER_MAX];
+        char device[24], slabs[24], size[FORMAT_SIZE_MAX], age[32], owner[USER_MAX], reclaim[48];
         char name[USER_MAX + 1 + VMMB_LEASE_NAME_MAX + 1] = "-";
         uint64_t created = l->created > 0 ? (uint64_t)l->created : 0;
         int k = 0;
@@ -620,6 +635,7 @@ static int list_add_lease(Table *t, const WireLeaseInfo *l, uint64_t now_usec) {
         snprintf(device, sizeof(device), "%" PRId64, l->device);
         snprintf(slabs, sizeof(slabs), "%" PRIu64, l->slabs);
         format_user(l->uid, owner, sizeof(owner));
+        format_reclaim(l, reclaim, sizeof(reclaim));
         if (l->name)
                 format_published(l->uid, l->name, name, sizeof(name));
         for (size_t i = 0; k == 0 && i < (l->n_holders > 0 ? l->n_holders : 1); i++) {
@@ -638,6 +654,7 @@ static int list_add_lease(Table *t, const WireLeaseInfo *l, uint64_t now_usec) {
                         [LIST_OWNER] = i == 0 ? owner : "",
                         [LIST_NAME] = i == 0 ? name : "",
                         [LIST_LABEL] = i == 0 ? l->label ?: "-" : "",
+                        [LIST_RECLAIM] = i == 0 ? reclaim : "",
                         [LIST_AGE] = i == 0 ? format_age(now_usec > created ? now_usec - created : 0, age,
                                                          sizeof(age))
                                             : "",

@@ -294,6 +294,41 @@ int broker_free(Broker *b, const Caller *c, const char *id) {
         return 0;
 }
 
+int broker_set_reclaimable(Broker *b, const Caller *c, const char *id, int64_t priority) {
+        Hold *hold = caller_hold(b, c, id);
+
+        if (!hold)
+                return BROKER_E_NO_SUCH_LEASE;
+        if (c->holder->uid != hold->lease->uid)
+                return BROKER_E_NOT_OWNER;
+        if (hold->readonly)
+                return BROKER_E_READONLY;
+        /* Not stored (reclaim.h): nothing a crash could lose matters here, a mark only invites a request. */
+        if (priority < 0)
+                (void)reclaim_unmark(&b->leases.reclaim, hold->lease);
+        else
+                reclaim_mark(&b->leases.reclaim, hold->lease, (uint32_t)MIN(priority, (int64_t)UINT32_MAX));
+        return 0;
+}
+
+/* Whether a lease can be asked back for `waiting`'s sake (broker_reclaim_pick()). */
+static bool reclaim_can_ask(const Lease *l, void *userdata) {
+        const Holder *waiting = userdata;
+        const Hold *hold;
+
+        if (l->name || l->n_holds == 0)
+                return false;           /* published: it would outlive every Free of its holders */
+        list_for_each_entry(hold, &l->holds, link_lease)
+                if (hold->holder == waiting || !hold->holder->watch || hold->holder->exited)
+                        return false;
+        return true;
+}
+
+size_t broker_reclaim_pick(Broker *b, size_t device, uint64_t need, const Holder *waiting, Lease **ret,
+                           size_t max) {
+        return reclaim_pick(&b->leases.reclaim, device, need, reclaim_can_ask, (void *)waiting, ret, max);
+}
+
 int broker_share(Broker *b, const Caller *c, const char *id, uid_t uid, bool readonly, Token **ret) {
         Hold *hold = caller_hold(b, c, id);
         _cleanup_free_ Token *tok = NULL;

@@ -137,6 +137,26 @@ uint64_t broker_alloc_wait_usec(const Broker *b, int64_t asked);
 int broker_free(Broker *b, const Caller *c, const char *id);
 
 /*
+ * SetReclaimable: marks the caller's lease reclaimable with `priority` (0 is
+ * asked first), or not reclaimable (priority < 0; an asked lease counts as
+ * refused). Only a read-write holder (READONLY) of the owner's user
+ * (NOT_OWNER) may: another user's process holding the lease cannot offer the
+ * owner's memory. NO_SUCH_LEASE for a lease the caller's process does not
+ * hold. Marks are not stored (reclaim.h).
+ */
+int broker_set_reclaimable(Broker *b, const Caller *c, const char *id, int64_t priority);
+
+/*
+ * The marked leases of pool device `device` to ask back, in reclaim.h's
+ * order, until their bytes reach `need` (at most `max`, into ret[]). A lease
+ * is asked only when it is not published (its holders' Frees would not end
+ * it) and every holder watches (Holder.watch), is alive and is not `waiting`
+ * (the process whose Alloc waits: it could not answer while it waits).
+ */
+size_t broker_reclaim_pick(Broker *b, size_t device, uint64_t need, const Holder *waiting, Lease **ret,
+                           size_t max);
+
+/*
  * Share: a token for the caller's lease, for `uid` (UID_ANY: anyone). Only
  * processes of the owner's user make tokens (NOT_OWNER): a holder of another
  * user cannot use up the owner's tokens or hand the memory on. A read-only

@@ -296,6 +296,29 @@ static void print_placement(const Config *c, FILE *f) {
         fputs(placement_name(c->manager.placement), f);
 }
 
+/* Empty: the default (5 s); more than 0. */
+static int parse_reclaim_timeout(Config *c, const char *value, char **ret_message) {
+        uint64_t usec = 0;
+
+        if (*value) {
+                int k = parse_time(value, &usec, ret_message);
+
+                if (k < 0)
+                        return k;
+                if (usec == 0) {
+                        set_message(ret_message, "ReclaimTimeout= must be more than 0: a holder needs time to give "
+                                    "memory back.");
+                        return -EINVAL;
+                }
+        }
+        c->manager.reclaim_timeout_usec = usec;
+        return 0;
+}
+
+static void print_reclaim_timeout(const Config *c, FILE *f) {
+        print_time(c->manager.reclaim_timeout_usec ?: RECLAIM_DEFAULT_TIMEOUT_USEC, f);
+}
+
 /* Empty (0): the manager derives it from the fd limit. */
 static int parse_max_connections_total(Config *c, const char *value, char **ret_message) {
         return parse_count(value, 0, "with 0 nobody could connect (leave it empty to derive it from the fd limit)",
@@ -409,6 +432,7 @@ static const ConfigKey keys[] = {
           note_max_connections_total },
         { "Broker", "MaxAllocWait", parse_max_alloc_wait, print_max_alloc_wait },
         { "Broker", "Placement", parse_placement, print_placement },
+        { "Broker", "ReclaimTimeout", parse_reclaim_timeout, print_reclaim_timeout },
         /* also valid in [User:NAME] and [Group:NAME]; printed by print_limits() */
         { "Limits", "MaxBytes", parse_max_bytes, NULL },
         { "Limits", "MaxLeases", parse_max_leases, NULL },

@@ -42,6 +42,7 @@ typedef struct Holder {
         List holds;                     /* Hold.link_holder (lease.c) */
         unsigned n_connections;         /* connections of this process the daemon has open */
         bool exited;                    /* the process has exited: no request of it is served any more */
+        void *watch;                    /* its connection watching for reclaim requests (peer.c's), or NULL */
         HashLink link_pid;              /* in HolderRegistry.by_pid while it has not exited */
         List link;                      /* in HolderRegistry.holders */
         List link_user;                 /* in user->holders */

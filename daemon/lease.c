@@ -51,6 +51,9 @@ int lease_table_init(LeaseTable *t, Pool *pool) {
         t->device_leases = calloc(n ?: 1, sizeof(unsigned));
         if (!t->device_leases)
                 return -ENOMEM;
+        k = reclaim_set_init(&t->reclaim, n);
+        if (k < 0)
+                return k;
         k = hashmap_init(&t->by_id, &lease_by_id);
         if (k >= 0)
                 k = hashmap_init(&t->by_token, &token_by_token);
@@ -70,6 +73,7 @@ void lease_table_done(LeaseTable *t) {
         hashmap_done(&t->by_name);
         free(t->device_leases);
         t->device_leases = NULL;
+        reclaim_set_done(&t->reclaim);
 }
 
 int lease_table_reserve(LeaseTable *t) {
@@ -120,6 +124,8 @@ void lease_table_add(LeaseTable *t, Lease *l) {
 
         list_init(&l->holds);
         list_init(&l->tokens);
+        l->reclaim = (ReclaimMark){};
+        list_init(&l->reclaim.link);
         list_link_tail(&t->leases, &l->link_table);
         list_link_tail(&owner->owned, &l->link_owner);
         hashmap_add(&t->by_id, &l->link_id);
@@ -135,6 +141,7 @@ void lease_end(LeaseTable *t, Lease *l) {
         Hold *hold, *htmp;
         Token *tok, *ttmp;
 
+        reclaim_forget(&t->reclaim, l);
         list_for_each_entry_safe(hold, htmp, &l->holds, link_lease) {
                 list_unlink(&hold->link_lease);
                 list_unlink(&hold->link_holder);

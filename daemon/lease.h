@@ -29,6 +29,7 @@
 #include "holder.h"
 #include "list.h"
 #include "pool.h"
+#include "reclaim.h"
 #include "user.h"
 
 #define LEASE_ID_LEN 32                 /* hex digits of a 128-bit random identifier */
@@ -86,6 +87,7 @@ struct Lease {
         size_t n_name_uids;
         bool name_readonly;             /* attaching by name gives a read-only hold */
         uint64_t listed;                /* the List call that last showed it (to show it once) */
+        ReclaimMark reclaim;            /* reclaimable, asked back (reclaim.h); not stored */
         List link_table;                /* in LeaseTable.leases */
         List link_owner;                /* in owner->owned */
         HashLink link_id;               /* in LeaseTable.by_id */
@@ -102,6 +104,7 @@ typedef struct LeaseTable {
         size_t n_devices;
         uint64_t generation;            /* bumped by every change of the table */
         bool closing;                   /* the daemon is exiting: slabs are released, never scrubbed */
+        ReclaimSet reclaim;             /* the reclaimable leases (reclaim.h) */
 } LeaseTable;
 
 /* Sets up an empty table over the pool's devices. Returns 0 or -ENOMEM. */

@@ -114,6 +114,8 @@ static bool waiters_may_fit(Manager *m, size_t i) {
         return m->waiters_in_use[i] == 0 || s.leased + s.scrubbing < m->waiters_in_use[i];
 }
 
+static void reclaim_for_head(Manager *m, size_t i);
+
 /*
  * Tries the waiting Allocs of every device in turn (wait.h): the first waiter, then the next while each is
  * served. The turn is strict: a first waiter that does not fit stops its device's queue. `all`: every
@@ -141,6 +143,79 @@ static void serve_waiters(Manager *m, bool all) {
                         break;
                 }
         }
+        /* Whose call still waits at the head may get room from reclaimable leases. */
+        for (size_t i = 0; i < pool_n_devices(m->pool); i++)
+                reclaim_for_head(m, i);
+}
+
+/* Leases asked back per device per try: enough for any request, a bound on one wake-up's work. */
+#define RECLAIM_PICK_MAX 64
+
+/* Arms the reclaim timer at the earliest deadline of a lease asked back, or stops it. */
+static void reclaim_arm(Manager *m) {
+        uint64_t next = reclaim_next_deadline(&m->broker.leases.reclaim);
+
+        if (next == UINT64_MAX) {
+                (void)sd_event_source_set_enabled(m->reclaim_timer, SD_EVENT_OFF);
+                return;
+        }
+        (void)sd_event_source_set_time(m->reclaim_timer, next);
+        (void)sd_event_source_set_enabled(m->reclaim_timer, SD_EVENT_ONESHOT);
+}
+
+/*
+ * Asks holders of reclaimable leases for room for the call at the head of device i's wait queue (the one
+ * whose turn it is: the turn is strict, so room for anyone else would not serve it): as many bytes as it
+ * needs beyond the room the device has (capacity less what is leased: slabs being scrubbed come back, other
+ * users' cached slabs are released to make room) and the bytes asked already. Which leases: reclaim.h's
+ * order, as broker_reclaim_pick() allows.
+ */
+static void reclaim_for_head(Manager *m, size_t i) {
+        ReclaimSet *rs = &m->broker.leases.reclaim;
+        Waiter *w = wait_queue_first(&m->broker.waits[i]);
+        Lease *picked[RECLAIM_PICK_MAX];
+        uint64_t need, room, now;
+        PoolDeviceStats s;
+        Peer *head;
+        size_t n;
+
+        if (!w || list_is_empty(&rs->marked[i]))
+                return;
+        head = container_of(w, Peer, waiter);
+        pool_device_stats(m->pool, i, &s);
+        need = head->wait->params.size;
+        if (s.granularity > 0)
+                need = (need + s.granularity - 1) / s.granularity * s.granularity;
+        room = s.capacity > s.leased ? s.capacity - s.leased : 0;
+        if (need <= room + rs->asked_bytes[i])
+                return;
+        n = broker_reclaim_pick(&m->broker, i, need - room - rs->asked_bytes[i], head->caller.holder, picked,
+                                ELEMENTSOF(picked));
+        if (n == 0 || sd_event_now(m->event, CLOCK_MONOTONIC, &now) < 0)
+                return;
+        for (size_t j = 0; j < n; j++) {
+                Hold *hold, *tmp;
+
+                reclaim_ask(rs, picked[j], now + m->reclaim_timeout_usec);
+                /* Sending may close a watch (its holder stays: the request is then left to the deadline). */
+                list_for_each_entry_safe(hold, tmp, &picked[j]->holds, link_lease)
+                        if (hold->holder->watch)
+                                peer_reclaim_send(hold->holder->watch, picked[j], m->reclaim_timeout_usec);
+        }
+        reclaim_arm(m);
+}
+
+/* The deadline of a lease asked back passed: it is unresponsive, and the next leases are asked. */
+static int on_reclaim_timer(sd_event_source *s, uint64_t usec, void *userdata) {
+        Manager *m = userdata;
+        uint64_t now = usec;
+
+        (void)sd_event_now(m->event, CLOCK_MONOTONIC, &now);
+        if (reclaim_expire(&m->broker.leases.reclaim, now) > 0)
+                for (size_t i = 0; i < pool_n_devices(m->pool); i++)
+                        reclaim_for_head(m, i);
+        reclaim_arm(m);
+        return 0;
 }
 
 /* Memory may have come back: try the waiters once the loop gets there (PRIORITY_WAITERS). */
@@ -362,6 +437,7 @@ Manager *manager_free(Manager *m) {
         sd_event_source_disable_unref(m->pool_source);
         sd_event_source_disable_unref(m->idle_source);
         sd_event_source_disable_unref(m->waiters_source);
+        sd_event_source_disable_unref(m->reclaim_timer);
         free(m->waiters_in_use);
         if (m->bound_path) {
                 (void)unlink(m->bound_path);
@@ -410,6 +486,11 @@ static int manager_add_sources(Manager *m) {
         if (k >= 0)
                 k = sd_event_source_set_enabled(m->waiters_source, SD_EVENT_OFF);
         if (k >= 0)
+                k = sd_event_add_time(m->event, &m->reclaim_timer, CLOCK_MONOTONIC, UINT64_MAX, 0, on_reclaim_timer,
+                                      m);
+        if (k >= 0)
+                k = sd_event_source_set_enabled(m->reclaim_timer, SD_EVENT_OFF);
+        if (k >= 0)
                 k = sd_event_add_time_relative(m->event, &tick, CLOCK_MONOTONIC, 1000000, 0, on_tick, m);
         if (k >= 0)
                 k = sd_event_source_set_enabled(tick, SD_EVENT_ON);
@@ -437,6 +518,7 @@ int manager_new(Manager **ret, const ManagerConfig *config, char **ret_message) 
         m->admin_gid = config->admin_gid;
         m->reply_timeout_usec = config->reply_timeout_usec ?: MANAGER_DEFAULT_REPLY_TIMEOUT_USEC;
         m->max_connections_total = config->max_connections_total ?: default_max_connections_total();
+        m->reclaim_timeout_usec = config->reclaim_timeout_usec ?: RECLAIM_DEFAULT_TIMEOUT_USEC;
 
         k = sd_event_default(&m->event);
         if (k < 0)

@@ -39,6 +39,7 @@ typedef struct ManagerConfig {
         uint64_t max_alloc_wait_usec;   /* the longest an Alloc may wait for room; 0 = the default (5 min),
                                            MANAGER_ALLOC_WAIT_OFF = none may */
         PlacementRule placement;        /* where an Alloc that names no single device goes (place.h) */
+        uint64_t reclaim_timeout_usec;  /* ReclaimTimeout=: a holder's time to give a lease back; 0 = 5 s */
 } ManagerConfig;
 
 typedef struct Manager {
@@ -56,6 +57,8 @@ typedef struct Manager {
         sd_event_source *holder_source; /* holders' exits */
         sd_event_source *idle_source;   /* pool_idle(), snapshots, STATUS=, when nothing else is pending */
         sd_event_source *waiters_source; /* tries waiting Allocs when memory came back (Broker.waits) */
+        sd_event_source *reclaim_timer; /* the earliest deadline of a lease asked back (reclaim.h) */
+        uint64_t reclaim_timeout_usec;  /* ReclaimTimeout= */
         uint64_t *waiters_in_use;       /* per device: leased + scrubbing bytes when its first waiter last
                                            found no room (a request served since then tries it again only
                                            if that went down) */

@@ -301,6 +301,28 @@ static int method_free(Broker *b, const Caller *c, json_object *params, MethodRe
         return k;
 }
 
+static int method_set_reclaimable(Broker *b, const Caller *c, json_object *params, MethodReply *r) {
+        _cleanup_free_ char *message = NULL;
+        const char *bad = NULL;
+        SetReclaimableParams a = {};
+        int k;
+
+        k = set_reclaimable_params_decode(params, &a, &bad, &message);
+        if (k < 0)
+                return reply_decode_failed(r, k, bad, message);
+        k = broker_set_reclaimable(b, c, a.id, a.priority);
+        if (k == BROKER_E_NOT_OWNER)
+                k = vmmb_error_permission_denied("Only a process of the lease's owner may mark it reclaimable.",
+                                                 &r->msg);
+        else if (k == BROKER_E_READONLY) {
+                set_message(&message, "This process holds lease %s read-only: it cannot offer it back.", a.id);
+                k = vmmb_error_permission_denied(message ?: "read-only", &r->msg);
+        } else
+                k = k == 0 ? reply_empty(r) : reply_outcome(b, r, k, a.id);
+        set_reclaimable_params_done(&a);
+        return k;
+}
+
 static int method_share(Broker *b, const Caller *c, json_object *params, MethodReply *r) {
         _cleanup_free_ char *message = NULL;
         const char *bad = NULL;
@@ -587,6 +609,9 @@ static int list_add(const Lease *l, void *userdata) {
                 .created = (int64_t)l->created_usec,
                 .name = l->name,
                 .n_holders = l->n_holds,
+                .reclaim_priority = l->reclaim.state == RECLAIM_MARKED || l->reclaim.state == RECLAIM_ASKED ?
+                                    (int64_t)l->reclaim.priority : JSON_ABSENT,
+                .reclaim = (char *)reclaim_state_name(l->reclaim.state),
         };
         /* Holders are placed by index: the array may move while it grows. */
         info->holders = (WireHolder *)(uintptr_t)lb->n_holders;
@@ -727,6 +752,7 @@ static const struct {
 } methods[] = {
         { VMMB_METHOD_ALLOC, method_alloc },
         { VMMB_METHOD_FREE, method_free },
+        { VMMB_METHOD_SET_RECLAIMABLE, method_set_reclaimable },
         { VMMB_METHOD_LIST, method_list },
         { VMMB_METHOD_SHARE, method_share },
         { VMMB_METHOD_REVOKE, method_revoke },

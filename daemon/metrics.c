@@ -371,6 +371,22 @@ static void format_broker(FILE *f, Broker *b) {
                "process exited; stopped: the broker stopped).");
         for (size_t i = 0; i < _METRICS_WAIT_MAX; i++)
                 fprintf(f, "vmmbroker_alloc_waits_total{outcome=\"%s\"} %" PRIu64 "\n", wait_names[i], m.waits[i]);
+        family(f, "vmmbroker_reclaim_requests", "counter", NULL,
+               "Reclaimable leases whose holders were asked to give them back (each asked once at a time).");
+        fprintf(f, "vmmbroker_reclaim_requests_total %" PRIu64 "\n", b->leases.reclaim.sent);
+        family(f, "vmmbroker_reclaim_answers", "counter", NULL,
+               "Reclaim requests by how they ended (given_back: the lease ended before its deadline, freed or "
+               "its holders exited; refused: a holder unmarked it; timed_out: still held at its deadline, the "
+               "lease is unresponsive).");
+        fprintf(f, "vmmbroker_reclaim_answers_total{outcome=\"given_back\"} %" PRIu64 "\n",
+                b->leases.reclaim.given_back);
+        fprintf(f, "vmmbroker_reclaim_answers_total{outcome=\"refused\"} %" PRIu64 "\n", b->leases.reclaim.refused);
+        fprintf(f, "vmmbroker_reclaim_answers_total{outcome=\"timed_out\"} %" PRIu64 "\n",
+                b->leases.reclaim.timed_out);
+        family(f, "vmmbroker_reclaimable_leases", "gauge", NULL,
+               "Leases marked reclaimable, by state (marked: not asked; asked: asked and not answered yet).");
+        fprintf(f, "vmmbroker_reclaimable_leases{state=\"marked\"} %u\n", b->leases.reclaim.n_marked);
+        fprintf(f, "vmmbroker_reclaimable_leases{state=\"asked\"} %u\n", b->leases.reclaim.n_asked);
         family(f, "vmmbroker_journal_events_dropped", "counter", NULL,
                "Lease events the journal's socket did not take (full or absent).");
         fprintf(f, "vmmbroker_journal_events_dropped_total %" PRIu64 "\n", m.events_dropped);

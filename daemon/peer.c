@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "codec.h"
+#include "json.h"
 #include "macro.h"
 #include "manager.h"
 #include "message.h"
@@ -54,6 +55,59 @@ static void peer_unpark(Peer *p, bool served) {
         p->wait = alloc_wait_free(p->wait);
 }
 
+static void peer_update(Peer *p);
+
+/*
+ * WatchReclaim: the connection becomes its process's watch, answered at once
+ * with a first reply (continues, no id) that says the watch is on, then one
+ * reply per reclaim request. Returns 0 or a negative errno.
+ */
+static int peer_watch(Peer *p, const VarlinkCall *call, MethodReply *r) {
+        _cleanup_(json_object_putp) json_object *params = NULL;
+        ReclaimRequest first = { .device = JSON_ABSENT, .size = JSON_ABSENT, .timeout_usec = JSON_ABSENT };
+        Holder *h = p->caller.holder;
+        int k;
+
+        if (!call->more || call->oneway)
+                return vmmb_error_invalid_parameter("more", "Call WatchReclaim with \"more\": true.", &r->msg);
+        if (call->parameters && json_object_object_length(call->parameters) > 0)
+                return vmmb_error_invalid_parameter("parameters", "WatchReclaim takes no parameters.", &r->msg);
+        if (h->watch)
+                return vmmb_error_invalid_parameter("more", "This process watches for reclaim requests on another "
+                                                    "connection already: one watch per process.", &r->msg);
+        k = reclaim_request_encode(&first, &params);
+        if (k >= 0)
+                k = varlink_reply_new_continues(params, &r->msg);
+        if (k < 0)
+                return k;
+        h->watch = p;
+        p->watching = true;
+        return 0;
+}
+
+void peer_reclaim_send(Peer *p, const Lease *l, uint64_t timeout_usec) {
+        _cleanup_(json_object_putp) json_object *params = NULL, *msg = NULL;
+        ReclaimRequest q = { .id = (char *)l->id, .device = l->device, .size = (int64_t)l->size,
+                             .timeout_usec = (int64_t)MIN(timeout_usec, (uint64_t)INT64_MAX) };
+        int k;
+
+        k = reclaim_request_encode(&q, &params);
+        if (k >= 0)
+                k = varlink_reply_new_continues(params, &msg);
+        if (k >= 0)
+                k = varlink_conn_send(p->conn, msg, NULL, 0);
+        if (k >= 0) {
+                k = varlink_conn_flush(p->conn);
+                if (k == -EAGAIN)
+                        k = 0;
+        }
+        if (k < 0) {
+                peer_free(p);
+                return;
+        }
+        peer_update(p);
+}
+
 /* Answers one call. Returns 0, or a negative errno that ends the connection. */
 static int peer_dispatch(Peer *p, json_object *msg) {
         Broker *b = &p->manager->broker;
@@ -73,7 +127,12 @@ static int peer_dispatch(Peer *p, json_object *msg) {
         }
         if (p->refused)
                 k = peer_refusal(p, &r.msg);    /* the answer to its first call says why; then it closes */
-        else {
+        else if (strcmp(call.method, VMMB_METHOD_WATCH_RECLAIM) == 0) {
+                uint64_t start = metrics_clock();
+
+                k = peer_watch(p, &call, &r);
+                metrics_request_done(call.method, r.msg, k, start);
+        } else {
                 uint64_t start = metrics_clock();
 
                 k = method_call(b, &p->caller, &call, &r);
@@ -139,7 +198,7 @@ static void peer_set_timer(Peer *p, bool on) {
  */
 static void peer_update(Peer *p) {
         bool pending = varlink_conn_pending(p->conn) > 0;
-        bool ready = !pending && !p->wait && varlink_conn_has_message(p->conn);
+        bool ready = !pending && !p->wait && !p->watching && varlink_conn_has_message(p->conn);
         Manager *m = p->manager;
 
         if (pending && !p->charge_request.user)
@@ -155,7 +214,10 @@ static void peer_update(Peer *p) {
         } else if (!ready)
                 fair_queue_remove(&m->fair, p->caller.user, &p->link_ready);
         /* A parked connection is woken only by a hangup (always reported), which ends its wait. */
-        (void)sd_event_source_set_io_events(p->io, pending ? EPOLLOUT : ready || p->wait ? 0 : EPOLLIN);
+        /* A watch reads nothing more after its call either: it is woken to write, or by its client shutting
+         * down (EPOLLRDHUP: its end of the stream, which a hangup alone does not report for a half-close). */
+        (void)sd_event_source_set_io_events(p->io, (pending ? EPOLLOUT : ready || p->wait || p->watching ? 0 : EPOLLIN) |
+                                                   (p->watching ? EPOLLRDHUP : 0));
 }
 
 void peer_serve(Peer *p) {
@@ -235,6 +297,10 @@ static int on_peer_io(sd_event_source *s, int fd, uint32_t revents, void *userda
                 /* Parked: only a hangup wakes it, and the call's client is gone. */
                 if (revents & (EPOLLHUP | EPOLLERR))
                         peer_free(p);
+                return 0;
+        }
+        if (p->watching && (revents & (EPOLLHUP | EPOLLERR | EPOLLRDHUP))) {
+                peer_free(p);           /* its process stopped watching: requests have nobody to go to */
                 return 0;
         }
         if (varlink_conn_pending(p->conn) > 0) {
@@ -426,6 +492,8 @@ Peer *peer_free(Peer *p) {
         sd_event_source_disable_unref(p->io);
         sd_event_source_disable_unref(p->reply_timer);
         varlink_conn_free(p->conn);
+        if (p->watching && p->caller.holder && p->caller.holder->watch == p)
+                p->caller.holder->watch = NULL;
         if (p->caller.holder)
                 holder_disconnect(p->caller.holder);
         user_charge_release(&p->charge_request);

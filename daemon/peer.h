@@ -60,6 +60,7 @@ typedef struct Peer {
         Waiter waiter;                  /* its place in its device's wait queue (Broker.waits) */
         uint64_t wait_since;            /* when it began waiting (metrics_clock()) */
         bool wait_oneway;               /* the waiting call asked for no reply */
+        bool watching;                  /* its WatchReclaim goes on: it reads nothing more, it is sent requests */
 } Peer;
 
 /*
@@ -85,6 +86,14 @@ void peer_serve(Peer *p);
  * peer was closed (its process has exited, or sending failed).
  */
 bool peer_wait_try(Peer *p, AllocTry how);
+
+/*
+ * Asks the process watching on `p` (WatchReclaim) to give back `l` within
+ * `timeout_usec`: one more reply of its call. A watch that does not read its
+ * requests is closed after ReplyTimeout=, like any unread reply. It may
+ * close the peer (sending failed).
+ */
+void peer_reclaim_send(Peer *p, const Lease *l, uint64_t timeout_usec);
 
 /* Closes the peer if it is waiting and its process has exited (it leaves the queue unanswered). */
 void peer_wait_check_exited(Peer *p);

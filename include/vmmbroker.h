@@ -511,6 +511,78 @@ const char *vmmb_lease_owner_name(const vmmb_lease *lease);
 int vmmb_lease_readonly(const vmmb_lease *lease);
 
 /*
+ * Reclaimable leases: memory this process is willing to give back when
+ * another process waits for room (vmmb_alloc_wait()), such as a cache it can
+ * drop. The broker cannot take memory from a process; it asks, and the
+ * library answers for its caller.
+ */
+
+/* vmmb_lease_set_reclaimable()'s priority that makes a lease not reclaimable. */
+#define VMMB_NOT_RECLAIMABLE (-1)
+
+/**
+ * vmmb_reclaim_fn - decides whether to give a lease back.
+ * @lease: the lease the broker asks for, still mapped.
+ * @timeout_usec: how long the broker waits for it (its ReclaimTimeout=, 5 s by default).
+ * @userdata: as given to vmmb_lease_set_reclaimable().
+ *
+ * Runs on the library's watch thread, one request at a time. Stop using the
+ * memory (drop what points into it, finish or queue nothing more on it) and
+ * return 0: the library then waits for the work queued in the device's
+ * primary context, unmaps the lease and frees it with the broker. Work
+ * queued in another context of the caller's own (not the primary one that
+ * the CUDA runtime, PyTorch and CuPy use) must be finished by the callback
+ * itself. Return a negative value to refuse: the lease stays mapped and is
+ * no longer reclaimable (mark it again to offer it again). The callback must
+ * not call vmmb_free() on @lease (it fails with -EDEADLK) nor wait for
+ * another thread that does.
+ */
+typedef int (*vmmb_reclaim_fn)(vmmb_lease *lease, uint64_t timeout_usec, void *userdata);
+
+/**
+ * vmmb_lease_set_reclaimable() - offer a lease back to the broker, or stop offering it.
+ * @lease: a lease this process holds read-write, of its own user.
+ * @priority: 0 to INT_MAX, lower is asked first; or VMMB_NOT_RECLAIMABLE.
+ * @callback: called when the broker asks for the lease, or NULL to give it back without asking.
+ * @userdata: passed to @callback.
+ *
+ * When an Alloc of another process waits for room on the lease's device,
+ * the broker asks the holders of reclaimable leases on that device, lowest
+ * priority first (then the earliest marked), for what the waiting call needs.
+ * The first call starts a watch thread of the library, with two connections
+ * of its own to the broker (one for its requests, one for its answers); it
+ * stops in vmmb_close(). When asked, the library calls @callback (see
+ * vmmb_reclaim_fn), then, unless it refused: waits for the work queued in the
+ * device's primary context (cuCtxSynchronize()), unmaps the lease and frees
+ * it. The lease object stays valid: vmmb_lease_reclaimed() says 1,
+ * vmmb_lease_ptr() 0, and vmmb_free() frees only the object. A vmmb_free()
+ * from another thread while the callback runs waits for the callback.
+ *
+ * A request that is not answered within the broker's deadline makes the
+ * lease "unresponsive" (vmmctl list): the broker stops asking for it, and it
+ * is not reclaimable until marked again. A lease shared with other processes
+ * is asked only when every holder watches; a published lease is never asked.
+ * Marks are not kept across a restart of the broker: the watch thread
+ * reconnects and marks the leases again.
+ *
+ * Return: 0, or a negative errno: -ENOENT for a lease the broker does not
+ * know (any more), -EACCES when this process holds it read-only or is not
+ * of the owner's user, -ESTALE for a lease given back already,
+ * -EOPNOTSUPP for a broker older than reclaiming, -EINVAL for a bad
+ * priority, or the errors of connecting (vmmb_connect()).
+ */
+int vmmb_lease_set_reclaimable(vmmb_lease *lease, int priority, vmmb_reclaim_fn callback, void *userdata);
+
+/**
+ * vmmb_lease_reclaimed() - whether a lease was given back on the broker's request.
+ * @lease: the lease.
+ *
+ * Return: 1 when the library gave it back (it is unmapped: free the object
+ * with vmmb_free()), 0 otherwise (or for a NULL lease).
+ */
+int vmmb_lease_reclaimed(const vmmb_lease *lease);
+
+/*
  * PyTorch's pluggable allocator.
  *
  * vmmb_torch_alloc() and vmmb_torch_free() have exactly the signatures that

@@ -76,6 +76,20 @@ static const JsonField free_params_fields[] = {
         JSON_FIELD_END,
 };
 
+static const JsonField set_reclaimable_params_fields[] = {
+        JSON_FIELD_STRING("id", SetReclaimableParams, id, true, VMMB_ID_MAX),
+        JSON_FIELD_INT64("priority", SetReclaimableParams, priority, false, true),
+        JSON_FIELD_END,
+};
+
+static const JsonField reclaim_request_fields[] = {
+        JSON_FIELD_STRING("id", ReclaimRequest, id, false, VMMB_ID_MAX),
+        JSON_FIELD_INT64("device", ReclaimRequest, device, false, true),
+        JSON_FIELD_INT64("size", ReclaimRequest, size, false, true),
+        JSON_FIELD_INT64("timeout_usec", ReclaimRequest, timeout_usec, false, true),
+        JSON_FIELD_END,
+};
+
 static const JsonField share_params_fields[] = {
         JSON_FIELD_STRING("id", ShareParams, id, true, VMMB_ID_MAX),
         JSON_FIELD_INT64("uid", ShareParams, uid, false, true),
@@ -177,6 +191,8 @@ static const JsonField lease_info_fields[] = {
         JSON_FIELD_INT64("created", WireLeaseInfo, created, true, false),
         JSON_FIELD_STRING("name", WireLeaseInfo, name, false, VMMB_LEASE_NAME_MAX),
         JSON_FIELD_ARRAY("holders", WireLeaseInfo, holders, n_holders, WireHolder, holder_fields, true, 0),
+        JSON_FIELD_INT64("reclaim_priority", WireLeaseInfo, reclaim_priority, false, true),
+        JSON_FIELD_STRING("reclaim", WireLeaseInfo, reclaim, false, VMMB_NAME_MAX),
         JSON_FIELD_END,
 };
 
@@ -392,6 +408,26 @@ DEFINE_DONE(alloc_params, AllocParams, alloc_params_fields)
 
 DEFINE_PARAMS_CODEC(free_params, FreeParams, free_params_fields)
 DEFINE_DONE(free_params, FreeParams, free_params_fields)
+
+int set_reclaimable_params_decode(json_object *params, SetReclaimableParams *ret, const char **ret_bad_field,
+                                  char **ret_message) {
+        int r = json_dispatch(params, set_reclaimable_params_fields, ret, ret_bad_field, ret_message);
+
+        if (r < 0)
+                return r;
+        if (ret->priority > VMMB_RECLAIM_PRIORITY_MAX) {
+                set_reclaimable_params_done(ret);
+                if (ret_bad_field)
+                        *ret_bad_field = "priority";
+                set_message(ret_message, "Parameter 'priority' must be at most %" PRId64 ".",
+                            VMMB_RECLAIM_PRIORITY_MAX);
+                return -EINVAL;
+        }
+        return 0;
+}
+DEFINE_ENCODE(set_reclaimable_params, SetReclaimableParams, set_reclaimable_params_fields)
+DEFINE_DONE(set_reclaimable_params, SetReclaimableParams, set_reclaimable_params_fields)
+DEFINE_REPLY_CODEC(reclaim_request, ReclaimRequest, reclaim_request_fields)
 
 DEFINE_PARAMS_CODEC(list_params, ListParams, list_params_fields)
 

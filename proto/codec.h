@@ -35,6 +35,8 @@
 #define VMMB_METHOD_USERS VMMB_INTERFACE ".Users"
 #define VMMB_METHOD_TOKENS VMMB_INTERFACE ".Tokens"
 #define VMMB_METHOD_METRICS VMMB_INTERFACE ".Metrics"
+#define VMMB_METHOD_SET_RECLAIMABLE VMMB_INTERFACE ".SetReclaimable"
+#define VMMB_METHOD_WATCH_RECLAIM VMMB_INTERFACE ".WatchReclaim"
 
 #define VMMB_ERROR_OUT_OF_MEMORY VMMB_INTERFACE ".OutOfMemory"
 #define VMMB_ERROR_QUOTA_EXCEEDED VMMB_INTERFACE ".QuotaExceeded"
@@ -97,6 +99,23 @@ typedef struct AllocParams {
 typedef struct FreeParams {
         char *id;
 } FreeParams;
+
+/* The highest reclaim priority SetReclaimable takes. */
+#define VMMB_RECLAIM_PRIORITY_MAX INT64_C(2147483647)
+
+/* SetReclaimable(id: string, priority: ?int) */
+typedef struct SetReclaimableParams {
+        char *id;
+        int64_t priority;       /* JSON_ABSENT when absent: not reclaimable */
+} SetReclaimableParams;
+
+/* WatchReclaim's replies: (id: ?string, device: ?int, size: ?int, timeout_usec: ?int); the first has no id */
+typedef struct ReclaimRequest {
+        char *id;               /* NULL in the first reply: the watch is on */
+        int64_t device;         /* JSON_ABSENT when absent */
+        int64_t size;
+        int64_t timeout_usec;
+} ReclaimRequest;
 
 /* List(all: ?bool), and Users(all: ?bool) */
 typedef struct ListParams {
@@ -206,6 +225,8 @@ typedef struct WireLeaseInfo {
         char *name;             /* NULL when not published */
         WireHolder *holders;
         size_t n_holders;
+        int64_t reclaim_priority; /* JSON_ABSENT (-1) when not marked reclaimable */
+        char *reclaim;          /* "marked", "asked", "unresponsive"; NULL otherwise */
 } WireLeaseInfo;
 
 /* List's reply: (leases: []LeaseInfo) */
@@ -318,6 +339,19 @@ int free_params_decode(json_object *params, FreeParams *ret, const char **ret_ba
 int free_params_encode(const FreeParams *in, json_object **ret);
 /* Frees FreeParams' strings. */
 void free_params_done(FreeParams *p);
+
+/* Decodes SetReclaimable's parameters (a priority over VMMB_RECLAIM_PRIORITY_MAX is -EINVAL naming it). */
+int set_reclaimable_params_decode(json_object *params, SetReclaimableParams *ret, const char **ret_bad_field,
+                                  char **ret_message);
+/* Encodes SetReclaimable's parameters. */
+int set_reclaimable_params_encode(const SetReclaimableParams *in, json_object **ret);
+/* Frees SetReclaimableParams' strings. */
+void set_reclaimable_params_done(SetReclaimableParams *p);
+
+/* Decodes, encodes and frees a WatchReclaim reply. */
+int reclaim_request_decode(json_object *params, ReclaimRequest *ret, char **ret_message);
+int reclaim_request_encode(const ReclaimRequest *in, json_object **ret);
+void reclaim_request_done(ReclaimRequest *p);
 
 /* Decodes Share's parameters. */
 int share_params_decode(json_object *params, ShareParams *ret, const char **ret_bad_field, char **ret_message);

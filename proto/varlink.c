@@ -502,6 +502,12 @@ int varlink_reply_new(json_object *parameters, json_object **ret) {
         return envelope_build(reply_fields, &reply, &reply.parameters, ret);
 }
 
+int varlink_reply_new_continues(json_object *parameters, json_object **ret) {
+        VarlinkReply reply = { .parameters = parameters, .continues = true };
+
+        return envelope_build(reply_fields, &reply, &reply.parameters, ret);
+}
+
 int varlink_error_new(const char *error, json_object *parameters, json_object **ret) {
         VarlinkReply reply = { .error = (char *)error, .parameters = parameters };
 

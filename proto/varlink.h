@@ -180,6 +180,9 @@ int varlink_call_new(const char *method, json_object *parameters, bool oneway, b
 /* Builds {"parameters": parameters}; parameters borrowed, NULL is {}. Returns 0 or -ENOMEM. */
 int varlink_reply_new(json_object *parameters, json_object **ret);
 
+/* Builds {"parameters": parameters, "continues": true}: one of several replies to a call with "more". */
+int varlink_reply_new_continues(json_object *parameters, json_object **ret);
+
 /*
  * Builds {"error": error, "parameters": parameters}; parameters borrowed, NULL
  * is {}. Returns 0, -EINVAL for an invalid error name, -ENOMEM.

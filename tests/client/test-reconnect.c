@@ -37,6 +37,7 @@
 #include "driver.h"
 #include "harness.h"
 #include "macro.h"
+#include "rawclient.h"
 #include "supervisor.h"
 #include "unit.h"
 #include "varlink.h"
@@ -399,6 +400,48 @@ START_TEST(test_restart) {
 }
 END_TEST
 
+/* The lease's reclaim state as the daemon's List (all) shows it, "-" for none. */
+static void lease_reclaim_state(Supervisor *s, const char *id, char *buf, size_t len) {
+        ListReply list = {};
+        const WireLeaseInfo *info;
+
+        ck_assert_int_eq(list_get(supervisor_socket_path(s), true, &list), 0);
+        info = list_find(&list, id);
+        ck_assert_ptr_nonnull(info);
+        snprintf(buf, len, "%s", info->reclaim ?: "-");
+        list_reply_done(&list);
+}
+
+/*
+ * Reclaim marks are not stored: a restarted daemon starts with none (its
+ * leases are restored, unmarked), and libvmmbroker's watch thread connects
+ * again and marks its leases again. The test polls List, bounded by READY_MS,
+ * for the mark to come back.
+ */
+START_TEST(test_restart_marks_again) {
+        Supervisor *s = daemon_start();
+        vmmb_client *c = connect_or_fail(supervisor_socket_path(s));
+        vmmb_lease *l = alloc_or_fail(c, 2 * MiB);
+        char state[32];
+        uint64_t deadline;
+        int64_t ready;
+
+        ck_assert_msg(vmmb_lease_set_reclaimable(l, 3, NULL, NULL) == 0, "%s", vmmb_error_message());
+        lease_reclaim_state(s, vmmb_lease_id(l), state, sizeof(state));
+        ck_assert_str_eq(state, "marked");
+        ready = supervisor_restart(s, SIGTERM, READY_MS);
+        ck_assert_msg(ready >= 0, "restart: %s", strerror((int)-ready));
+        deadline = now_msec() + READY_MS;
+        do
+                lease_reclaim_state(s, vmmb_lease_id(l), state, sizeof(state));
+        while (strcmp(state, "marked") != 0 && now_msec() < deadline);
+        ck_assert_str_eq(state, "marked");
+        ck_assert_int_eq(vmmb_free(l), 0);
+        vmmb_close(c);
+        supervisor_free(s);
+}
+END_TEST
+
 /*
  * A call made while the daemon is down connects to the socket that the
  * supervisor holds for it and waits there; the daemon started again answers
@@ -734,6 +777,7 @@ int main(void) {
         tcase_add_checked_fixture(tc, setup, teardown);
         tcase_add_loop_test(tc, test_restart, 0, 2);
         tcase_add_test(tc, test_call_while_down);
+        tcase_add_test(tc, test_restart_marks_again);
         tcase_add_test(tc, test_gives_up);
         tcase_add_test(tc, test_timeout_env);
         tcase_add_test(tc, test_close_does_not_wait);

@@ -183,8 +183,19 @@ static void check_reply(Client *cl, json_object *msg, const int *fds, size_t n_f
         if (varlink_reply_parse(msg, &reply) < 0)
                 die("the daemon sent a message that is not a varlink reply: %s", json_object_to_json_string(msg));
         p = reply.parameters;
-        if (reply.continues)
-                die("the daemon sent \"continues\", but no call asks for more");
+        if (reply.continues) {
+                /* Only WatchReclaim (called with more) is answered so: its first reply and its requests. */
+                ReclaimRequest q = {};
+
+                if (reply.error || n_fds > 0)
+                        die("a continued reply is an error or came with fds: %s", json_object_to_json_string(msg));
+                k = reclaim_request_decode(p, &q, &message);
+                if (k < 0)
+                        die("a continued reply is not a reclaim request: %s (%s)", strerror(-k), message ?: "");
+                reclaim_request_done(&q);
+                varlink_reply_done(&reply);
+                return;
+        }
         if (reply.error) {
                 VmmbError e = {};
 

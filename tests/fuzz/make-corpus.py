@@ -62,6 +62,12 @@ seed("publish-slash", call("Publish", {"id": "0123456789abcdef0123456789abcdef",
 seed("unpublish", call("Unpublish", {"name": "fuzz.shared"}))
 seed("tokens", call("Tokens", {"id": "0123456789abcdef0123456789abcdef"}))
 seed("tokens-admin", call("Tokens", {"id": "0123456789abcdef0123456789abcdef"}), flags=ADMIN)
+seed("set-reclaimable", call("SetReclaimable", {"id": "0123456789abcdef0123456789abcdef", "priority": 3})
+     + call("SetReclaimable", {"id": "0123456789abcdef0123456789abcdef"})
+     + call("SetReclaimable", {"id": "x", "priority": 2147483648}) + call("SetReclaimable", {"id": "x", "priority": -1}))
+seed("watch-reclaim", call("WatchReclaim", more=True) + call("Status"))
+seed("watch-reclaim-no-more", call("WatchReclaim") + call("WatchReclaim", {"x": 1}, more=True)
+     + call("WatchReclaim", more=True, oneway=True))
 
 # Attach's and Unpublish's NAME or OWNER/NAME: OWNER a user name or uid, malformed ones, names stored before
 # owner namespaces (with '/' in NAME), an OWNER at and past the longest user name.
@@ -88,6 +94,10 @@ seed("getinterfacedescription-unknown",
 # --- sessions: each call answered before the next, $L0/$T0 the last lease and token -------------------
 seed("session-alloc-free", call("Alloc", {"size": 5 * MiB, "label": "one"}) + call("Free", {"id": "$L0"})
      + call("Free", {"id": "$L0"}), flags=SESSION)
+seed("session-reclaim", call("Alloc", {"size": 2 * MiB}) + call("SetReclaimable", {"id": "$L0", "priority": 0})
+     + call("SetReclaimable", {"id": "$L0", "priority": 7}) + call("SetReclaimable", {"id": "$L0"})
+     + call("SetReclaimable", {"id": "$L0", "priority": 1}) + call("Alloc", {"size": 2 * MiB, "wait_usec": 1000})
+     + call("Free", {"id": "$L0"}) + call("WatchReclaim", more=True) + call("List"), flags=SESSION)
 seed("session-share-attach-revoke",
      call("Alloc", {"size": 2 * MiB}) + call("Share", {"id": "$L0"}) + call("Attach", {"token": "$T0"})
      + call("List", {}) + call("Revoke", {"token": "$T0"}) + call("Attach", {"token": "$T0"})

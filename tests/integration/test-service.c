@@ -272,6 +272,7 @@ START_TEST(test_print_config) {
                               "MaxConnectionsTotal=\n"
                               "MaxAllocWait=5min\n"
                               "Placement=most-free\n"
+                              "ReclaimTimeout=5s\n"
                               "\n"
                               "[Limits]\n"
                               "MaxBytes=80%\n"

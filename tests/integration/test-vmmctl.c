@@ -485,7 +485,7 @@ static const Column status_columns[] = {
 
 static const Column list_columns[] = {
         { "ID", false },   { "DEVICE", true }, { "SIZE", true },  { "SLABS", true },
-        { "OWNER", false }, { "NAME", false }, { "LABEL", false }, { "AGE", true },
+        { "OWNER", false }, { "NAME", false }, { "LABEL", false }, { "RECLAIM", false }, { "AGE", true },
         { "PID", true },   { "USER", false },  { "MODE", false },  { "COMMAND", false },
 };
 

@@ -1,0 +1,506 @@
+/* SPDX-License-Identifier: MIT */
+
+/*
+ * Reclaimable leases: on a daemon whose device holds 4 slabs of 2 MiB
+ * (--capacity 8M), a holder process A (a child that makes connections and
+ * hands them to the test, staying alive as their holder) fills the device,
+ * marks leases reclaimable and watches (WatchReclaim) on a connection of its
+ * own; the test's own process waits in an Alloc, and the daemon asks A.
+ *
+ * Nothing here sleeps: the test reads the requests from A's watch
+ * connection and the waiting call's reply with blocking reads (IO_TIMEOUT_S
+ * as a failure guard); a deadline passing is seen as the next request or
+ * the waiting call's reply, which the daemon sends only then.
+ */
+
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "codec.h"
+#include "fdpass.h"
+#include "harness.h"
+#include "json.h"
+#include "macro.h"
+#include "rawclient.h"
+#include "unit.h"
+
+#define MiB (UINT64_C(1) << 20)
+#define UNIT (2 * MiB)                  /* the granularity: one slab */
+#define N_UNITS 4                       /* the capacity, in slabs */
+#define UID_OTHER 65533
+#define MAX_CONN 8
+#define HOLD_TIMEOUT_MS 110000
+
+static Harness h;
+static char config_path[64];
+
+static void start(const char *config) {
+        FILE *f;
+        int fd, k;
+
+        snprintf(config_path, sizeof(config_path), "/tmp/vmmb-reclaim-XXXXXX");
+        fd = mkstemp(config_path);
+        ck_assert_int_ge(fd, 0);
+        f = fdopen(fd, "w");
+        ck_assert_ptr_nonnull(f);
+        fputs("[Limits]\nMaxBytes=1G\n", f);
+        fputs(config ?: "", f);
+        ck_assert_int_eq(fclose(f), 0);
+        k = harness_start(&h, (const char *const[]){ "--capacity", "8M", "--config", config_path, NULL });
+        ck_assert_msg(k == 0, "harness_start: %s", strerror(-k));
+        if (geteuid() == 0) {
+                ck_assert_int_eq(chmod(h.dir, 0711), 0);
+                ck_assert_int_eq(chmod(h.socket, 0666), 0);
+        }
+}
+
+static void stop(void) {
+        ck_assert_int_eq(harness_stop(&h), 0);
+        (void)unlink(config_path);
+}
+
+/* ---- a holder process: makes connections as `uid`, hands them over, stays alive ------------------------ */
+
+typedef struct ConnectorArgs {
+        const char *socket;
+        uid_t uid;
+        unsigned n;
+        int sock_w, hold_r;
+} ConnectorArgs;
+
+static int child_connector(void *arg) {
+        ConnectorArgs *a = arg;
+        int fds[MAX_CONN];
+        struct pollfd p;
+        char x = 'c';
+        int k;
+
+        CHILD_CHECK(close_all_but((const int[]){ a->sock_w, a->hold_r }, 2) == 0, "close fds");
+        if (a->uid != getuid())
+                CHILD_CHECK(setgroups(0, NULL) == 0 && setresgid(a->uid, a->uid, a->uid) == 0 &&
+                            setresuid(a->uid, a->uid, a->uid) == 0, "cannot become uid %u: %m", (unsigned)a->uid);
+        for (unsigned i = 0; i < a->n; i++) {
+                fds[i] = harness_connect(a->socket);
+                CHILD_CHECK(fds[i] >= 0, "connection %u: %s", i, strerror(-fds[i]));
+        }
+        CHILD_CHECK(fd_send(a->sock_w, &x, 1, fds, a->n) == 1, "passing the connections: %m");
+        close_many(fds, a->n);
+        p = (struct pollfd){ .fd = a->hold_r, .events = POLLIN };
+        do
+                k = poll(&p, 1, HOLD_TIMEOUT_MS);
+        while (k < 0 && errno == EINTR);
+        CHILD_CHECK(k == 1, "never released");
+        return 0;
+}
+
+typedef struct Connector {
+        pid_t pid;
+        int hold_w;
+} Connector;
+
+static Connector connector_start(uid_t uid, unsigned n, VarlinkConn **ret) {
+        struct timeval tv = { .tv_sec = IO_TIMEOUT_S };
+        int sp[2], hold[2], fds[MAX_CONN];
+        Connector x;
+        size_t n_fds = 0;
+        char c;
+
+        ck_assert_uint_le(n, MAX_CONN);
+        ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp), 0);
+        ck_assert_int_eq(pipe2(hold, O_CLOEXEC), 0);
+        ck_assert_int_eq(setsockopt(sp[0], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)), 0);
+        x.pid = harness_fork(child_connector, &(ConnectorArgs){ .socket = h.socket, .uid = uid, .n = n,
+                                                                 .sock_w = sp[1], .hold_r = hold[0] });
+        ck_assert_int_gt(x.pid, 0);
+        close_many((int[]){ sp[1], hold[0] }, 2);
+        x.hold_w = hold[1];
+        ck_assert_msg(fd_recv(sp[0], &c, 1, fds, MAX_CONN, &n_fds) == 1 && n_fds == n,
+                      "the connector did not pass its connections (see its stderr)");
+        safe_close(sp[0]);
+        for (unsigned i = 0; i < n; i++)
+                ck_assert_int_eq(varlink_conn_new(&ret[i], fds[i], VARLINK_MAX_REPLY, true), 0);
+        return x;
+}
+
+static void connector_finish(Connector *x) {
+        x->hold_w = safe_close(x->hold_w);
+        ck_assert_msg(harness_wait(x->pid) == 0, "a connector failed (see its stderr)");
+}
+
+/* ---- calls ---------------------------------------------------------------------------------------------- */
+
+static void send_alloc_wait(VarlinkConn *c, uint64_t size, uint64_t wait_usec) {
+        _cleanup_(json_object_putp) json_object *params = NULL, *msg = NULL;
+        AllocParams a = { .size = size, .device = VMMB_DEVICE_ANY, .wait_usec = (int64_t)wait_usec };
+
+        ck_assert_int_eq(alloc_params_encode(&a, &params), 0);
+        ck_assert_int_eq(varlink_call_new(VMMB_METHOD_ALLOC, params, false, false, &msg), 0);
+        ck_assert_int_eq(varlink_conn_send(c, msg, NULL, 0), 0);
+        ck_assert_int_eq(varlink_conn_flush(c), 0);
+}
+
+/* Reads one message; *ret_continues says whether it said "continues". */
+static void read_reply(VarlinkConn *c, Reply *ret, bool *ret_continues) {
+        _cleanup_(json_object_putp) json_object *msg = NULL;
+        VarlinkReply vr = {};
+        int *fds = NULL;
+        size_t n_fds = 0;
+
+        *ret = (Reply){};
+        ck_assert_int_eq(varlink_conn_receive(c, &msg, &fds, &n_fds), 1);
+        ck_assert_int_eq(varlink_reply_parse(msg, &vr), 0);
+        ret->error = TAKE_PTR(vr.error);
+        ret->params = vr.parameters ? TAKE_PTR(vr.parameters) : json_object_new_object();
+        ret->fds = fds;
+        ret->n_fds = n_fds;
+        if (ret_continues)
+                *ret_continues = vr.continues;
+        varlink_reply_done(&vr);
+}
+
+/* WatchReclaim on `c`, and its first reply: the watch is on. */
+static void watch(VarlinkConn *c) {
+        _cleanup_(json_object_putp) json_object *msg = NULL;
+        ReclaimRequest q = {};
+        bool continues = false;
+        Reply r;
+
+        ck_assert_int_eq(varlink_call_new(VMMB_METHOD_WATCH_RECLAIM, NULL, false, true, &msg), 0);
+        ck_assert_int_eq(varlink_conn_send(c, msg, NULL, 0), 0);
+        ck_assert_int_eq(varlink_conn_flush(c), 0);
+        read_reply(c, &r, &continues);
+        ck_assert_msg(!r.error, "%s", r.error);
+        ck_assert(continues);
+        ck_assert_int_eq(reclaim_request_decode(r.params, &q, NULL), 0);
+        ck_assert_ptr_null(q.id);
+        reclaim_request_done(&q);
+        reply_done(&r);
+}
+
+/* Reads the next reclaim request on a watch: its lease id into id[]. */
+static void read_request(VarlinkConn *c, char *id, int64_t *ret_timeout) {
+        ReclaimRequest q = {};
+        bool continues = false;
+        Reply r;
+
+        read_reply(c, &r, &continues);
+        ck_assert_msg(!r.error, "%s", r.error);
+        ck_assert(continues);
+        ck_assert_int_eq(reclaim_request_decode(r.params, &q, NULL), 0);
+        ck_assert_ptr_nonnull(q.id);
+        ck_assert_int_eq(q.size, UNIT);
+        ck_assert_int_eq(q.device, 0);
+        snprintf(id, VMMB_ID_MAX + 1, "%s", q.id);
+        if (ret_timeout)
+                *ret_timeout = q.timeout_usec;
+        reclaim_request_done(&q);
+        reply_done(&r);
+}
+
+/* SetReclaimable; the error it got, or NULL (a static string). */
+static const char *set_reclaimable(VarlinkConn *c, const char *id, int64_t priority) {
+        static char error[256];
+        char params[160];
+        Reply r;
+
+        if (priority < 0)
+                snprintf(params, sizeof(params), "{\"id\": \"%s\"}", id);
+        else
+                snprintf(params, sizeof(params), "{\"id\": \"%s\", \"priority\": %" PRId64 "}", id, priority);
+        ck_assert_int_eq(call_text(c, VMMB_METHOD_SET_RECLAIMABLE, params, &r), 0);
+        snprintf(error, sizeof(error), "%s", r.error ?: "");
+        reply_done(&r);
+        return error[0] ? error : NULL;
+}
+
+/* The lease's reclaim state as List (all) shows it: "marked", "asked", "unresponsive" or "-". */
+static void check_state(const char *id, const char *state) {
+        ListReply l = {};
+        const WireLeaseInfo *info;
+
+        ck_assert_int_eq(list_get(h.socket, true, &l), 0);
+        info = list_find(&l, id);
+        ck_assert_ptr_nonnull(info);
+        ck_assert_str_eq(info->reclaim ?: "-", state);
+        list_reply_done(&l);
+}
+
+/* A's connections: [0] for calls, [1] its watch. Fills the device with A's leases. */
+static Connector holder_fill(VarlinkConn **a, TestLease *leases) {
+        Connector x = connector_start(getuid(), 2, a);
+
+        for (unsigned i = 0; i < N_UNITS; i++) {
+                ck_assert_int_eq(lease_alloc(a[0], UNIT, &leases[i]), 0);
+                test_lease_close(&leases[i]);
+        }
+        watch(a[1]);
+        return x;
+}
+
+/* Reads the waiting call's reply: a lease, which it keeps. */
+static void served(VarlinkConn *w) {
+        TestLease got;
+        Reply r;
+
+        read_reply(w, &r, NULL);
+        ck_assert_msg(!r.error, "%s %s", r.error, json_object_to_json_string(r.params));
+        ck_assert_int_eq(lease_take(&r, &got), 0);
+        reply_done(&r);
+        test_lease_close(&got);         /* kept: the device stays full */
+}
+
+/* ---- the tests ------------------------------------------------------------------------------------------ */
+
+/* A waiting Alloc asks the lowest priority first; the holder's Free serves it; the other stays marked. */
+START_TEST(test_reclaim_lowest_priority_first) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *w = NULL;
+        VarlinkConn *a[2] = {};
+        TestLease leases[N_UNITS];
+        char id[VMMB_ID_MAX + 1];
+        int64_t timeout = 0;
+        Connector x;
+
+        start("[Broker]\nReclaimTimeout=7s\n");
+        x = holder_fill(a, leases);
+        ck_assert_ptr_null(set_reclaimable(a[0], leases[0].id, 5));
+        ck_assert_ptr_null(set_reclaimable(a[0], leases[1].id, 1));
+        ck_assert_ptr_null(set_reclaimable(a[0], leases[2].id, 5));
+        check_state(leases[1].id, "marked");
+
+        ck_assert_int_eq(conn_open(h.socket, &w), 0);
+        send_alloc_wait(w, UNIT, 60 * 1000000);
+        read_request(a[1], id, &timeout);
+        ck_assert_str_eq(id, leases[1].id);
+        ck_assert_int_eq(timeout, 7 * 1000000);
+        check_state(leases[1].id, "asked");
+        check_state(leases[0].id, "marked");
+        ck_assert_int_eq(lease_free(a[0], leases[1].id), 0);
+        served(w);
+
+        /* Asked in turn: the next waiting call asks the next lease, the earlier marked of priority 5. */
+        send_alloc_wait(w, UNIT, 60 * 1000000);
+        read_request(a[1], id, NULL);
+        ck_assert_str_eq(id, leases[0].id);
+        ck_assert_int_eq(lease_free(a[0], leases[0].id), 0);
+        served(w);
+        check_state(leases[2].id, "marked");
+
+        for (size_t i = 0; i < 2; i++)
+                varlink_conn_free(a[i]);
+        connector_finish(&x);
+        stop();
+}
+END_TEST
+
+/*
+ * A holder that does not answer: at the deadline its lease is unresponsive (not reclaimable any more) and
+ * the next lease is asked; with none left, the waiting call fails at its own deadline.
+ */
+START_TEST(test_reclaim_unanswered) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *w = NULL;
+        VarlinkConn *a[2] = {};
+        TestLease leases[N_UNITS];
+        char id[VMMB_ID_MAX + 1];
+        Connector x;
+        Reply r;
+
+        start("[Broker]\nReclaimTimeout=100ms\n");
+        x = holder_fill(a, leases);
+        ck_assert_ptr_null(set_reclaimable(a[0], leases[0].id, 0));
+        ck_assert_ptr_null(set_reclaimable(a[0], leases[1].id, 1));
+
+        ck_assert_int_eq(conn_open(h.socket, &w), 0);
+        send_alloc_wait(w, UNIT, 60 * 1000000);
+        read_request(a[1], id, NULL);
+        ck_assert_str_eq(id, leases[0].id);
+        /* Not answered: the next request comes only once the first one's deadline passed. */
+        read_request(a[1], id, NULL);
+        ck_assert_str_eq(id, leases[1].id);
+        check_state(leases[0].id, "unresponsive");
+        /* Refused (unmarked) now: nothing left to ask. */
+        ck_assert_ptr_null(set_reclaimable(a[0], leases[1].id, -1));
+        check_state(leases[1].id, "-");
+        varlink_conn_free(w);
+        w = NULL;
+
+        /* A waiting call with nobody left to ask fails at its own deadline; unresponsive stays so. */
+        ck_assert_int_eq(conn_open(h.socket, &w), 0);
+        send_alloc_wait(w, UNIT, 200 * 1000);
+        read_reply(w, &r, NULL);
+        ck_assert_str_eq(r.error, VMMB_ERROR_OUT_OF_MEMORY);
+        reply_done(&r);
+        check_state(leases[0].id, "unresponsive");
+        /* Marking it again makes it reclaimable again. */
+        ck_assert_ptr_null(set_reclaimable(a[0], leases[0].id, 3));
+        check_state(leases[0].id, "marked");
+
+        for (size_t i = 0; i < 2; i++)
+                varlink_conn_free(a[i]);
+        connector_finish(&x);
+        stop();
+}
+END_TEST
+
+/* A holder killed while asked: its leases come back by its exit, and the waiting call is served. */
+START_TEST(test_reclaim_holder_killed) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *w = NULL;
+        VarlinkConn *a[2] = {};
+        TestLease leases[N_UNITS];
+        char id[VMMB_ID_MAX + 1];
+        Connector x;
+
+        start(NULL);
+        x = holder_fill(a, leases);
+        ck_assert_ptr_null(set_reclaimable(a[0], leases[2].id, 0));
+        ck_assert_int_eq(conn_open(h.socket, &w), 0);
+        send_alloc_wait(w, UNIT, 60 * 1000000);
+        read_request(a[1], id, NULL);
+        ck_assert_str_eq(id, leases[2].id);
+        ck_assert_int_eq(kill(x.pid, SIGKILL), 0);
+        served(w);
+        for (size_t i = 0; i < 2; i++)
+                varlink_conn_free(a[i]);
+        x.hold_w = safe_close(x.hold_w);
+        (void)harness_wait(x.pid);
+        stop();
+}
+END_TEST
+
+/*
+ * What is never asked: a lease whose holder does not watch, a published lease, and the waiting process's
+ * own lease; the waiting call fails at its deadline and they stay "marked".
+ */
+START_TEST(test_reclaim_not_asked) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *w = NULL, *nw = NULL;
+        VarlinkConn *a[2] = {};
+        TestLease leases[N_UNITS], own;
+        Connector x;
+        Reply r;
+
+        start(NULL);
+        x = connector_start(getuid(), 2, a);            /* A: no watch */
+        for (unsigned i = 0; i < N_UNITS - 1; i++) {
+                ck_assert_int_eq(lease_alloc(a[0], UNIT, &leases[i]), 0);
+                test_lease_close(&leases[i]);
+        }
+        ck_assert_int_eq(conn_open(h.socket, &w), 0);
+        ck_assert_int_eq(conn_open(h.socket, &nw), 0);
+        ck_assert_int_eq(lease_alloc(w, UNIT, &own), 0);        /* the waiting process's own */
+        test_lease_close(&own);
+        watch(nw);
+        ck_assert_ptr_null(set_reclaimable(a[0], leases[0].id, 0));
+        ck_assert_ptr_null(set_reclaimable(a[0], leases[1].id, 0));
+        {
+                char params[160];
+
+                snprintf(params, sizeof(params), "{\"id\": \"%s\", \"name\": \"kept\"}", leases[1].id);
+                ck_assert_int_eq(call_text(a[0], VMMB_METHOD_PUBLISH, params, &r), 0);
+                ck_assert_ptr_null(r.error);
+                reply_done(&r);
+        }
+        ck_assert_ptr_null(set_reclaimable(w, own.id, 0));
+        send_alloc_wait(w, UNIT, 300 * 1000);
+        read_reply(w, &r, NULL);
+        ck_assert_str_eq(r.error, VMMB_ERROR_OUT_OF_MEMORY);
+        reply_done(&r);
+        check_state(leases[0].id, "marked");
+        check_state(leases[1].id, "marked");
+        check_state(own.id, "marked");
+
+        for (size_t i = 0; i < 2; i++)
+                varlink_conn_free(a[i]);
+        connector_finish(&x);
+        stop();
+}
+END_TEST
+
+/*
+ * Who may mark: only a holder, only of the owner's user, read-write; a process that is not a holder gets
+ * NoSuchLease, as for a lease that does not exist. One watch per process; WatchReclaim needs "more".
+ */
+START_TEST(test_reclaim_rules) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL, *c2 = NULL;
+        VarlinkConn *o[2] = {};
+        TestLease l;
+        _cleanup_(json_object_putp) json_object *msg = NULL;
+        char params[160];
+        Connector x;
+        Reply r;
+
+        start(NULL);
+        ck_assert_int_eq(conn_open(h.socket, &c), 0);
+        ck_assert_int_eq(conn_open(h.socket, &c2), 0);
+        ck_assert_int_eq(lease_alloc(c, UNIT, &l), 0);
+        test_lease_close(&l);
+        ck_assert_str_eq(set_reclaimable(c, "0123456789abcdef0123456789abcdef", 0), VMMB_ERROR_NO_SUCH_LEASE);
+        snprintf(params, sizeof(params), "{\"id\": \"%s\", \"priority\": 2147483648}", l.id);
+        ck_assert_int_eq(call_text(c, VMMB_METHOD_SET_RECLAIMABLE, params, &r), 0);
+        ck_assert_str_eq(r.error, VMMB_ERROR_INVALID_PARAMETER);
+        reply_done(&r);
+        snprintf(params, sizeof(params), "{\"id\": \"%s\", \"priority\": -1}", l.id);
+        ck_assert_int_eq(call_text(c, VMMB_METHOD_SET_RECLAIMABLE, params, &r), 0);
+        ck_assert_str_eq(r.error, VMMB_ERROR_INVALID_PARAMETER);
+        reply_done(&r);
+
+        /* Another process, of the same user or not, holds nothing: NoSuchLease. */
+        x = connector_start(geteuid() == 0 ? UID_OTHER : getuid(), 2, o);
+        ck_assert_str_eq(set_reclaimable(o[0], l.id, 0), VMMB_ERROR_NO_SUCH_LEASE);
+        if (geteuid() == 0) {
+                /* A holder of another user (it attached with a token): PermissionDenied. */
+                TestLease attached;
+                const char *token;
+
+                snprintf(params, sizeof(params), "{\"id\": \"%s\"}", l.id);
+                ck_assert_int_eq(call_text(c, VMMB_METHOD_SHARE, params, &r), 0);
+                ck_assert_ptr_null(r.error);
+                token = reply_str(&r, "token");
+                snprintf(params, sizeof(params), "{\"token\": \"%s\"}", token);
+                reply_done(&r);
+                ck_assert_int_eq(call_text(o[0], VMMB_METHOD_ATTACH, params, &r), 0);
+                ck_assert_msg(!r.error, "%s", r.error);
+                ck_assert_int_eq(lease_take(&r, &attached), 0);
+                reply_done(&r);
+                test_lease_close(&attached);
+                ck_assert_str_eq(set_reclaimable(o[0], l.id, 0), VMMB_ERROR_PERMISSION_DENIED);
+        }
+        ck_assert_ptr_null(set_reclaimable(c, l.id, 0));
+        check_state(l.id, "marked");
+
+        /* WatchReclaim without more; a second watch of the same process. */
+        ck_assert_int_eq(call_text(c2, VMMB_METHOD_WATCH_RECLAIM, NULL, &r), 0);
+        ck_assert_str_eq(r.error, VMMB_ERROR_INVALID_PARAMETER);
+        reply_done(&r);
+        watch(c2);
+        ck_assert_int_eq(varlink_call_new(VMMB_METHOD_WATCH_RECLAIM, NULL, false, true, &msg), 0);
+        ck_assert_int_eq(varlink_conn_send(c, msg, NULL, 0), 0);
+        ck_assert_int_eq(varlink_conn_flush(c), 0);
+        read_reply(c, &r, NULL);
+        ck_assert_str_eq(r.error, VMMB_ERROR_INVALID_PARAMETER);
+        reply_done(&r);
+        /* The refused call left the connection as it was: it still serves calls. */
+        ck_assert_int_eq(lease_free(c, l.id), 0);
+
+        for (size_t i = 0; i < 2; i++)
+                varlink_conn_free(o[i]);
+        connector_finish(&x);
+        stop();
+}
+END_TEST
+
+int main(void) {
+        return run_suite(UNIT_SUITE("reclaim", NULL, test_reclaim_lowest_priority_first, test_reclaim_unanswered,
+                                    test_reclaim_holder_killed, test_reclaim_not_asked, test_reclaim_rules)) == 0
+                       ? EXIT_SUCCESS
+                       : EXIT_FAILURE;
+}
