@@ -41,8 +41,8 @@
 
 #define IO_TIMEOUT_S 30                 /* longest wait for the broker to accept, read or answer */
 #define BAR_CELLS 20                    /* the usage bar's cells when there is room */
-#define BAR_CELLS_MIN 4                 /* ... and when there is not */
 #define BAR_FRAME (sizeof("[] 100%") - 1) /* what the bar cell holds besides the cells */
+#define BAR_PERCENT (sizeof("100%") - 1) /* a usage column too narrow for a bar shows the percentage alone */
 #define DEFAULT_COLUMNS 80              /* a terminal that does not say its width */
 
 #define ANSI_BOLD "\033[1m"
@@ -363,6 +363,11 @@ static uint64_t device_free(const WireDevice *d) {
         return used < d->capacity ? d->capacity - used : 0;
 }
 
+/* The bar's cells in a usage column `width` cells wide: 0 when only the percentage fits. */
+static size_t bar_cells_for(size_t width) {
+        return width >= BAR_FRAME + BAR_CELLS ? BAR_CELLS : width > BAR_FRAME ? width - BAR_FRAME : 0;
+}
+
 /* Cells of `cells` that `part` of `whole` takes, rounded, at most `cells`. */
 static size_t bar_cells(uint64_t part, uint64_t whole, size_t cells) {
         double n;
@@ -389,6 +394,11 @@ static void format_bar_of(uint64_t first, uint64_t second, uint64_t whole, unsig
         }
         if (held < leased)
                 held = leased;
+        if (cells == 0) {
+                fprintf(f, "%3u%%", percent);
+                fclose(f);
+                return;
+        }
         fputc('[', f);
         for (size_t i = 0; i < cells; i++) {
                 const char *c = i < leased ? ANSI_LEASED : i < held ? ANSI_CACHED : ANSI_FREE;
@@ -454,7 +464,7 @@ static const TableColumn status_columns[STATUS_COLUMNS] = {
         [STATUS_FREE] = { "FREE", TABLE_RIGHT, 0 },
         [STATUS_LEASES] = { "LEASES", TABLE_RIGHT, 0 },
         [STATUS_WAITERS] = { "WAIT", TABLE_RIGHT, 0 },    /* Alloc calls waiting for room */
-        [STATUS_USAGE] = { "USAGE", TABLE_LEFT, BAR_CELLS_MIN + BAR_FRAME },
+        [STATUS_USAGE] = { "USAGE", TABLE_LEFT, BAR_PERCENT },
 };
 
 #define BAR_MAX (BAR_CELLS + BAR_FRAME + 64)    /* the bar with its colour sequences */
@@ -499,7 +509,7 @@ static int print_status(Context *ctx, const StatusReply *status) {
 
                 fit_table(ctx, t);
                 width = table_column_width(t, STATUS_USAGE);
-                cells = width > BAR_FRAME + BAR_CELLS ? BAR_CELLS : width - BAR_FRAME;
+                cells = bar_cells_for(width);
                 for (size_t i = 0; i < status->n_devices && k == 0; i++) {
                         char bar[BAR_MAX];
 
@@ -736,7 +746,7 @@ static const TableColumn users_columns[USERS_COLUMNS] = {
         [USERS_DEVICE] = { "DEVICE", TABLE_RIGHT, 0 },
         [USERS_BYTES] = { "BYTES", TABLE_RIGHT, 0 },
         [USERS_LIMIT] = { "LIMIT", TABLE_RIGHT, 0 },
-        [USERS_USAGE] = { "USAGE", TABLE_LEFT, BAR_CELLS_MIN + BAR_FRAME },
+        [USERS_USAGE] = { "USAGE", TABLE_LEFT, BAR_PERCENT },
 };
 
 static int user_compare(const void *a, const void *b) {
@@ -811,7 +821,7 @@ static int print_users(Context *ctx, UsersReply *users) {
 
                 fit_table(ctx, t);
                 width = table_column_width(t, USERS_USAGE);
-                cells = width > BAR_FRAME + BAR_CELLS ? BAR_CELLS : width - BAR_FRAME;
+                cells = bar_cells_for(width);
                 for (size_t i = 0; i < users->n_users && k == 0; i++) {
                         const WireUser *u = &users->users[i];
 
