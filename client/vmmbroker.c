@@ -83,6 +83,9 @@ struct vmmb_lease {
         bool readonly;                  /* mapped with read access only */
         uid_t owner;                    /* the owner's uid, (uid_t)-1 when the broker did not say */
         char *owner_name;               /* the owner's user name, NULL when the broker did not say */
+        int *peers;                     /* devices other than `device` given access here (vmmb_lease_grant_access()),
+                                           each once; under client->leases_lock */
+        size_t n_peers;
         /* reclaiming, under client->leases_lock */
         bool reclaimable;               /* marked with the broker: the watch thread answers its requests */
         int priority;
@@ -542,6 +545,7 @@ static vmmb_lease *lease_destroy(vmmb_lease *l) {
         free(l->id);
         free(l->sizes);
         free(l->owner_name);
+        free(l->peers);
         free(l);
         return NULL;
 }
@@ -845,22 +849,13 @@ static int client_set_reclaimable(vmmb_client *c, const char *id, int priority) 
         return 0;
 }
 
-/*
- * Gives a lease back on the watch thread: waits for the work queued in the device's primary context, unmaps,
- * frees. Returns 0 once unmapped (whether the broker heard the Free or not: it ends the hold at exit
- * otherwise), or a negative errno with the lease still mapped.
- */
-static int lease_give_back(vmmb_client *c, vmmb_lease *l) {
+/* Waits for the work queued in a device's primary context (retained for the wait). */
+static CUresult primary_synchronize(CudaDriver *cu, int device) {
         CUcontext primary = NULL;
-        CudaDriver *cu = NULL;
         CUdevice dev = 0;
         CUresult r;
-        int k;
 
-        k = driver_get(&cu);
-        if (k < 0)
-                return k;
-        r = cu->cuDeviceGet(&dev, l->device);
+        r = cu->cuDeviceGet(&dev, device);
         if (r == CUDA_SUCCESS)
                 r = cu->cuDevicePrimaryCtxRetain(&primary, dev);
         if (r == CUDA_SUCCESS) {
@@ -870,6 +865,26 @@ static int lease_give_back(vmmb_client *c, vmmb_lease *l) {
                 (void)cu->cuCtxSetCurrent(NULL);
                 (void)cu->cuDevicePrimaryCtxRelease(dev);
         }
+        return r;
+}
+
+/*
+ * Gives a lease back on the watch thread: waits for the work queued in the primary context of its device and of
+ * every device given access to it (l->peers: no other thread changes them while l->reclaiming), unmaps, frees.
+ * Returns 0 once unmapped (whether the broker heard the Free or not: it ends the hold at exit otherwise), or a
+ * negative errno with the lease still mapped.
+ */
+static int lease_give_back(vmmb_client *c, vmmb_lease *l) {
+        CudaDriver *cu = NULL;
+        CUresult r;
+        int k;
+
+        k = driver_get(&cu);
+        if (k < 0)
+                return k;
+        r = primary_synchronize(cu, l->device);
+        for (size_t i = 0; r == CUDA_SUCCESS && i < l->n_peers; i++)
+                r = primary_synchronize(cu, l->peers[i]);
         if (r != CUDA_SUCCESS)
                 return -EIO;            /* work may still run on it: keep it mapped */
         k = cuda_unmap(cu, l->va, l->sizes, l->n_slabs);
@@ -1579,6 +1594,96 @@ VMMB_EXPORT uid_t vmmb_lease_owner(const vmmb_lease *lease) {
 
 VMMB_EXPORT const char *vmmb_lease_owner_name(const vmmb_lease *lease) {
         return lease ? lease->owner_name : NULL;
+}
+
+/* Whether `device` is in the list. */
+static bool devices_contain(const CUdevice *list, size_t n, int device) {
+        for (size_t i = 0; i < n; i++)
+                if (list[i] == device)
+                        return true;
+        return false;
+}
+
+/*
+ * One cuMemSetAccess for the lease's own device (its access as it was mapped) and each other device named,
+ * once each, after cuDeviceCanAccessPeer said yes for every one of them: a refusal changes nothing.
+ */
+VMMB_EXPORT int vmmb_lease_grant_access(vmmb_lease *lease, const int *devices, size_t n) {
+        _cleanup_free_ CUdevice *list = NULL;
+        CudaDriver *cu = NULL;
+        vmmb_client *c;
+        int count = 0, k;
+        size_t m = 0;
+        int *peers;
+        CUresult r;
+
+        if (!lease)
+                return set_error(-EINVAL, "No lease to give access to.");
+        if (n > VMMB_ACCESS_MAX)
+                return set_error(-EINVAL, "Access for %zu devices asked for lease %s: at most %d.", n, lease->id,
+                                 VMMB_ACCESS_MAX);
+        if (n > 0 && !devices)
+                return set_error(-EINVAL, "No list of devices for lease %s.", lease->id);
+        k = driver_get(&cu);            /* loaded already: the lease was mapped with it */
+        if (k < 0)
+                return k;
+        r = cu->cuDeviceGetCount(&count);
+        if (r != CUDA_SUCCESS)
+                return set_error(cuda_result_to_errno(r), "Cannot count the CUDA devices: %s.",
+                                 cuda_result_name(cu, r));
+        list = calloc(n + 1, sizeof(*list));
+        if (!list)
+                return set_error(-ENOMEM, "Out of memory.");
+        list[m++] = lease->device;
+        for (size_t i = 0; i < n; i++) {
+                int can = 0;
+
+                if (devices[i] < 0 || devices[i] >= count)
+                        return set_error(-ENODEV, "No CUDA device %d to give access to lease %s: the driver reports "
+                                         "%d device%s here.", devices[i], lease->id, count, count == 1 ? "" : "s");
+                if (devices_contain(list, m, devices[i]))
+                        continue;
+                r = cu->cuDeviceCanAccessPeer(&can, devices[i], lease->device);
+                if (r != CUDA_SUCCESS)
+                        return set_error(cuda_result_to_errno(r), "Cannot ask whether device %d can access device "
+                                         "%d's memory: %s.", devices[i], lease->device, cuda_result_name(cu, r));
+                if (!can)
+                        return set_error(-EOPNOTSUPP, "Device %d cannot access device %d's memory "
+                                         "(cuDeviceCanAccessPeer says no): lease %s stays as it was, usable on "
+                                         "device %d.", devices[i], lease->device, lease->id, lease->device);
+                list[m++] = devices[i];
+        }
+        if (m == 1)
+                return 0;               /* nothing but its own device, which has its access */
+
+        c = lease->client;
+        (void)pthread_mutex_lock(&c->leases_lock);
+        if (lease->reclaimed || lease->reclaiming) {
+                (void)pthread_mutex_unlock(&c->leases_lock);
+                return set_error(lease->reclaimed ? -ESTALE : -EBUSY, "Lease %s %s on the broker's request.",
+                                 lease->id, lease->reclaimed ? "was given back" : "is being given back");
+        }
+        peers = realloc(lease->peers, (lease->n_peers + m - 1) * sizeof(int));
+        if (!peers) {
+                (void)pthread_mutex_unlock(&c->leases_lock);
+                return set_error(-ENOMEM, "Out of memory.");
+        }
+        lease->peers = peers;
+        r = cuda_set_access(cu, lease->va, lease->size, list, m, lease->readonly);
+        if (r == CUDA_SUCCESS)
+                for (size_t i = 1; i < m; i++) {
+                        bool known = false;
+
+                        for (size_t j = 0; j < lease->n_peers; j++)
+                                known = known || lease->peers[j] == list[i];
+                        if (!known)
+                                lease->peers[lease->n_peers++] = list[i];
+                }
+        (void)pthread_mutex_unlock(&c->leases_lock);
+        if (r != CUDA_SUCCESS)
+                return set_error(cuda_result_to_errno(r), "Cannot give %zu device%s access to lease %s of device %d: "
+                                 "%s.", m - 1, m == 2 ? "" : "s", lease->id, lease->device, cuda_result_name(cu, r));
+        return 0;
 }
 
 VMMB_EXPORT int vmmb_lease_readonly(const vmmb_lease *lease) {

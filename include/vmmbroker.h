@@ -510,6 +510,51 @@ const char *vmmb_lease_owner_name(const vmmb_lease *lease);
  */
 int vmmb_lease_readonly(const vmmb_lease *lease);
 
+/** The most devices vmmb_lease_grant_access() takes in one call. */
+#define VMMB_ACCESS_MAX 64
+
+/**
+ * vmmb_lease_grant_access() - let other devices of this process use a lease.
+ * @lease: a lease mapped in this process, on device A (vmmb_lease_device()).
+ * @devices: CUDA device indices B, C, ... that may use the memory; A itself, and a device named twice, are
+ *           allowed (each is given access once).
+ * @n: how many indices @devices holds, at most VMMB_ACCESS_MAX; 0 does nothing.
+ *
+ * A lease is mapped for its own device only. This gives each device named
+ * access to the whole mapping in this process, read-write, or read-only when
+ * the lease is held read-only (vmmb_lease_readonly()), with one
+ * cuMemSetAccess that also carries the lease's own device (which keeps its
+ * access). Kernels and copies on those devices' contexts may then use
+ * vmmb_lease_ptr() directly, over NVLink or PCIe: peer access to the
+ * memory. No cuCtxEnablePeerAccess() is needed: that call is for memory from
+ * cuMemAlloc() (cudaMalloc()), while access to VMM memory, which a lease is,
+ * is the mapping's own, set per device.
+ *
+ * Before any change, the library asks the driver for each device B other than
+ * A whether B can access A's memory (cuDeviceCanAccessPeer(&can, B, A)); one
+ * "no" fails the call and changes nothing. Access is added to what was
+ * given before and lasts until the lease is freed (vmmb_free() unmaps the
+ * range, whatever devices had access); it is this process's alone: the
+ * broker does not know about it, other holders of the same lease map it for
+ * themselves, and the memory stays on A and is counted there. To use a lease
+ * on several devices right after vmmb_alloc(), vmmb_alloc_among(),
+ * vmmb_attach() or vmmb_attach_name(), call this next: a lease is not used
+ * before its maker returns it, so no separate form of those calls is needed.
+ *
+ * A lease given back on the broker's request (vmmb_lease_set_reclaimable())
+ * is first waited for in the primary context of every device given access,
+ * as of its own device.
+ *
+ * Return: 0, or a negative errno: -EOPNOTSUPP when a device cannot access
+ * A's memory (the message names the pair), -ENODEV for an index that is not
+ * a device of this process (negative, or not below the device count),
+ * -EINVAL for a NULL lease, a NULL @devices with @n above 0, or @n above
+ * VMMB_ACCESS_MAX, -ESTALE for a lease given back on the broker's request
+ * (-EBUSY while that is under way), or the driver's error from
+ * cuMemSetAccess.
+ */
+int vmmb_lease_grant_access(vmmb_lease *lease, const int *devices, size_t n);
+
 /*
  * Reclaimable leases: memory this process is willing to give back when
  * another process waits for room (vmmb_alloc_wait()), such as a cache it can

@@ -256,6 +256,23 @@ int cuda_unmap(CudaDriver *cu, CUdeviceptr va, const uint64_t *sizes, size_t n) 
         return ret;
 }
 
+CUresult cuda_set_access(CudaDriver *cu, CUdeviceptr va, uint64_t size, const CUdevice *devices, size_t n,
+                         bool readonly) {
+        _cleanup_free_ CUmemAccessDesc *access = NULL;
+
+        if (n == 0)
+                return CUDA_ERROR_INVALID_VALUE;
+        access = calloc(n, sizeof(*access));
+        if (!access)
+                return CUDA_ERROR_OUT_OF_MEMORY;
+        for (size_t i = 0; i < n; i++)
+                access[i] = (CUmemAccessDesc){
+                        .location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = devices[i] },
+                        .flags = readonly ? CU_MEM_ACCESS_FLAGS_PROT_READ : CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+                };
+        return cu->cuMemSetAccess(va, size, access, n);
+}
+
 int cuda_map_fds(CudaDriver *cu, CUdevice device, const int *fds, const uint64_t *sizes, size_t n,
                  bool readonly, CUdeviceptr *ret_va, char **ret_message) {
         CUmemAccessDesc access = {

@@ -40,6 +40,7 @@
         X(cuDeviceGetName, 2000)                        \
         X(cuDeviceGetAttribute, 2000)                   \
         X(cuDeviceTotalMem, 3020)                       \
+        X(cuDeviceCanAccessPeer, 4000)                  \
         X(cuDevicePrimaryCtxRetain, 7000)               \
         X(cuDevicePrimaryCtxRelease, 11000)             \
         X(cuCtxSetCurrent, 4000)                        \
@@ -147,6 +148,16 @@ uint64_t cuda_slab_alignment(uint64_t size);
  */
 int cuda_map_fds(CudaDriver *cu, CUdevice device, const int *fds, const uint64_t *sizes, size_t n,
                  bool readonly, CUdeviceptr *ret_va, char **ret_message);
+
+/*
+ * Sets access to [va, va + size), a range cuda_map_fds() mapped, for each of
+ * the n devices with one cuMemSetAccess carrying one descriptor per device:
+ * read-write, or read only. Devices other than the memory's own need peer
+ * capability (cuDeviceCanAccessPeer), which the caller checks; VMM memory
+ * needs no cuCtxEnablePeerAccess. Returns the driver's result.
+ */
+CUresult cuda_set_access(CudaDriver *cu, CUdeviceptr va, uint64_t size, const CUdevice *devices, size_t n,
+                         bool readonly);
 
 /* Undoes cuda_map_fds(): unmaps each slab and frees the reservation. Returns 0 or a negative errno. */
 int cuda_unmap(CudaDriver *cu, CUdeviceptr va, const uint64_t *sizes, size_t n);

@@ -952,6 +952,72 @@ START_TEST(async_memset_then_host_function) {
 }
 END_TEST
 
+/*
+ * --- Peer access (issue 18: leases several GPUs can use), what one GPU can tell.
+ *
+ * vmmb_lease_grant_access() asks cuDeviceCanAccessPeer(&can, B, A) for each
+ * device B other than the lease's A, then sets access with one cuMemSetAccess
+ * carrying a descriptor per device. A one-GPU machine cannot show a peer, but
+ * it shows the answers the simulator must copy: the device with itself, and
+ * a device index that does not exist, to both calls.
+ */
+
+/*
+ * Report only: the documentation does not say what a device is to itself
+ * (HIP documents 0, "a device is not a peer of itself"); the library never
+ * asks for (A, A). An index equal to the device count is
+ * CUDA_ERROR_INVALID_DEVICE, the code the documentation lists.
+ */
+START_TEST(can_access_peer_itself_and_nothing) {
+        int count = 0, can = -1;
+        CUresult r;
+
+        ASSERT_CU(gpu.cu->cuDeviceGetCount(&count));
+        r = gpu.cu->cuDeviceCanAccessPeer(&can, gpu.info.device, gpu.info.device);
+        expect_result("can a device access its own memory as a peer, the call", r, CUDA_SUCCESS);
+        observe_text("can a device access its own memory as a peer (report only)", can == 0 ? "0" : "1");
+        r = gpu.cu->cuDeviceCanAccessPeer(&can, gpu.info.device, count);
+        expect_result("can a device access the memory of a device index that does not exist", r,
+                      CUDA_ERROR_INVALID_DEVICE);
+}
+END_TEST
+
+/*
+ * cuMemSetAccess with two descriptors, this device's (valid) and one for the
+ * device index equal to the device count. The documentation lists
+ * CUDA_ERROR_INVALID_DEVICE among its codes; the simulator answers that.
+ * Then a copy through this device's context says whether the valid
+ * descriptor of the refused call took effect (the simulator: no, the copy is
+ * refused with CUDA_ERROR_INVALID_VALUE, as for a mapping without access).
+ */
+START_TEST(set_access_for_a_device_that_does_not_exist) {
+        CUmemAccessDesc access[2] = {
+                { .location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = gpu.info.device },
+                  .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE },
+                { .location = { .type = CU_MEM_LOCATION_TYPE_DEVICE },
+                  .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE },
+        };
+        CUmemGenericAllocationHandle h;
+        uint32_t word = 0;
+        int count = 0;
+        CUdeviceptr va;
+        CUresult r;
+
+        ASSERT_CU(gpu.cu->cuDeviceGetCount(&count));
+        access[1].location.id = count;
+        ASSERT_OK(mem_create(G, &h));
+        ASSERT_OK(mem_reserve(G, &va));
+        ASSERT_CU(gpu.cu->cuMemMap(va, G, 0, h, 0));
+        r = gpu.cu->cuMemSetAccess(va, G, access, 2);
+        expect_result("set access for a device index that does not exist", r, CUDA_ERROR_INVALID_DEVICE);
+        observe("copy after set access was refused for another device in the same call",
+                gpu.cu->cuMemcpyHtoD(va, &word, sizeof(word)));
+        ASSERT_CU(gpu.cu->cuCtxSynchronize());
+        ASSERT_OK(mem_unmap(va, G));
+        ASSERT_OK(mem_release(h));
+}
+END_TEST
+
 /* --- The suite. */
 
 static TCase *tcase(Suite *s, const char *name) {
@@ -1006,6 +1072,10 @@ static Suite *conformance_suite(void) {
         tc = tcase(s, "access");
         tcase_add_test(tc, no_access_before_set_access);
         tcase_add_test(tc, unmap_with_work_queued);
+
+        tc = tcase(s, "peers");
+        tcase_add_test(tc, can_access_peer_itself_and_nothing);
+        tcase_add_test(tc, set_access_for_a_device_that_does_not_exist);
 
         tc = tcase(s, "budget");
         tcase_add_test(tc, device_memory_budget);

@@ -5,7 +5,9 @@
  * (SIMCUDA_DEVICES=4): where an Alloc that names no single device goes under
  * Placement=most-free and Placement=first, Alloc's `devices` set, the named
  * errors for what a hostile client sends in it, per-device limits passing a
- * device over, and vmmb_alloc_among() in libvmmbroker. Each test starts its
+ * device over, vmmb_alloc_among() in libvmmbroker, and leases several devices
+ * of a process use (vmmb_lease_grant_access(), simulated peer access set by
+ * SIMCUDA_PEERS). Each test starts its
  * own daemon with its own configuration (harness.h) and drives it with raw
  * varlink (rawclient.h).
  */
@@ -19,6 +21,7 @@
 #include <unistd.h>
 
 #include "codec.h"
+#include "driver.h"
 #include "json.h"
 #include "harness.h"
 #include "macro.h"
@@ -412,10 +415,157 @@ START_TEST(test_client_alloc_among) {
 }
 END_TEST
 
+/* The driver of this process (the one libvmmbroker loaded: the same simulated devices) and a primary context each. */
+typedef struct Devices {
+        CudaDriver *cu;
+        CUcontext ctx[N_DEVICES];
+} Devices;
+
+static void devices_open(Devices *dv) {
+        _cleanup_free_ char *message = NULL;
+
+        ck_assert_msg(cuda_driver_open(&dv->cu, NULL, &message) == 0, "%s", message);
+        for (int i = 0; i < N_DEVICES; i++)
+                ck_assert_int_eq(dv->cu->cuDevicePrimaryCtxRetain(&dv->ctx[i], i), CUDA_SUCCESS);
+}
+
+static void devices_close(Devices *dv) {
+        ck_assert_int_eq(dv->cu->cuCtxSetCurrent(NULL), CUDA_SUCCESS);
+        for (int i = 0; i < N_DEVICES; i++)
+                ck_assert_int_eq(dv->cu->cuDevicePrimaryCtxRelease(i), CUDA_SUCCESS);
+        dv->cu = cuda_driver_close(dv->cu);
+}
+
+/* cuMemsetD32 of `words` words at `ptr` through `device`'s context: the driver's result. */
+static CUresult memset_on(Devices *dv, int device, uint64_t ptr, uint32_t value, size_t words) {
+        ck_assert_int_eq(dv->cu->cuCtxSetCurrent(dv->ctx[device]), CUDA_SUCCESS);
+        return dv->cu->cuMemsetD32((CUdeviceptr)ptr, value, words);
+}
+
+/* Reads the word at `ptr` through `device`'s context; CUDA_SUCCESS or the driver's refusal. */
+static CUresult read_on(Devices *dv, int device, uint64_t ptr, uint32_t *ret) {
+        ck_assert_int_eq(dv->cu->cuCtxSetCurrent(dv->ctx[device]), CUDA_SUCCESS);
+        return dv->cu->cuMemcpyDtoH(ret, (CUdeviceptr)ptr, sizeof(*ret));
+}
+
+/*
+ * vmmb_lease_grant_access(): a lease on device 2 written through device 3's context once granted (and not
+ * before), read back through device 2; a device not named stays without access; a read-only hold gives
+ * read-only access; hostile lists change nothing; vmmb_free() unmaps a range with several devices' access.
+ */
+START_TEST(test_client_grant_access) {
+        vmmb_client *client = NULL;
+        vmmb_lease *l = NULL, *ro = NULL;
+        char token[VMMB_TOKEN_SIZE];
+        int three[] = { 3, 3, 2 }, bad[] = { 3, -1 }, many[VMMB_ACCESS_MAX + 1] = {};
+        uint32_t word = 0;
+        uint64_t p, size;
+        Devices dv = {};
+        Daemon d;
+
+        if (!four_devices("test_client_grant_access"))
+                return;
+        start_with(&d, "[Broker]\nCapacity=64M\n[Limits]\nMaxBytes=100%\n");
+        ck_assert_int_eq(setenv("SIMCUDA_DEVICES", "4", 1), 0);        /* every pair can: SIMCUDA_PEERS=all */
+        ck_assert_int_eq(vmmb_connect(d.h.socket, &client), 0);
+        ck_assert_int_eq(vmmb_alloc(client, 4 * MiB, 2, "peers", &l), 0);
+        p = vmmb_lease_ptr(l);
+        size = vmmb_lease_size(l);
+        devices_open(&dv);
+
+        ck_assert_int_eq(memset_on(&dv, 3, p, 0x33333333, size / 4), CUDA_ERROR_INVALID_VALUE);  /* not yet */
+        ck_assert_int_eq(vmmb_lease_grant_access(l, three, ELEMENTSOF(three)), 0);
+        ck_assert_int_eq(memset_on(&dv, 3, p, 0x33333333, size / 4), CUDA_SUCCESS);
+        ck_assert_int_eq(read_on(&dv, 2, p + size - 4, &word), CUDA_SUCCESS);
+        ck_assert_uint_eq(word, 0x33333333);
+        ck_assert_int_eq(memset_on(&dv, 2, p, 0x22222222, 1), CUDA_SUCCESS);     /* its own device kept access */
+        ck_assert_int_eq(memset_on(&dv, 1, p, 0x11111111, 1), CUDA_ERROR_INVALID_VALUE); /* never named */
+        ck_assert_int_eq(read_on(&dv, 3, p, &word), CUDA_SUCCESS);
+        ck_assert_uint_eq(word, 0x22222222);
+
+        /* hostile lists: refused before the driver is asked, nothing changes */
+        ck_assert_int_eq(vmmb_lease_grant_access(l, bad, ELEMENTSOF(bad)), -ENODEV);
+        ck_assert_ptr_nonnull(strstr(vmmb_error_message(), "-1"));
+        bad[1] = N_DEVICES;
+        ck_assert_int_eq(vmmb_lease_grant_access(l, bad, ELEMENTSOF(bad)), -ENODEV);
+        ck_assert_ptr_nonnull(strstr(vmmb_error_message(), "No CUDA device 4"));
+        bad[1] = INT32_MIN;
+        ck_assert_int_eq(vmmb_lease_grant_access(l, bad, ELEMENTSOF(bad)), -ENODEV);
+        ck_assert_int_eq(vmmb_lease_grant_access(l, many, ELEMENTSOF(many)), -EINVAL);
+        ck_assert_int_eq(vmmb_lease_grant_access(l, many, SIZE_MAX), -EINVAL);
+        ck_assert_int_eq(vmmb_lease_grant_access(l, NULL, 1), -EINVAL);
+        ck_assert_int_eq(vmmb_lease_grant_access(NULL, three, 1), -EINVAL);
+        ck_assert_int_eq(vmmb_lease_grant_access(l, NULL, 0), 0);
+        ck_assert_int_eq(vmmb_lease_grant_access(l, many, VMMB_ACCESS_MAX), 0);  /* device 0, 64 times */
+        ck_assert_int_eq(memset_on(&dv, 0, p, 0x00000000, 1), CUDA_SUCCESS);
+        ck_assert_int_eq(memset_on(&dv, 1, p, 0x11111111, 1), CUDA_ERROR_INVALID_VALUE);
+
+        /* a read-only hold of the same lease, mapped again in this process: its peers read only */
+        ck_assert_int_eq(vmmb_share(l, VMMB_ANY_UID, VMMB_READONLY, token), 0);
+        ck_assert_int_eq(vmmb_attach(client, token, VMMB_READONLY, &ro), 0);
+        ck_assert_int_eq(vmmb_lease_grant_access(ro, (const int[]){ 1 }, 1), 0);
+        ck_assert_int_eq(read_on(&dv, 1, vmmb_lease_ptr(ro) + 4, &word), CUDA_SUCCESS);
+        ck_assert_uint_eq(word, 0x33333333);
+        ck_assert_int_eq(memset_on(&dv, 1, vmmb_lease_ptr(ro), 0x11111111, 1), CUDA_ERROR_INVALID_VALUE);
+        ck_assert_int_eq(memset_on(&dv, 2, vmmb_lease_ptr(ro), 0x22222222, 1), CUDA_ERROR_INVALID_VALUE);
+        ck_assert_int_eq(vmmb_free(ro), 0);
+
+        /* one cuMemUnmap per slab takes every device's access with the mapping */
+        ck_assert_int_eq(vmmb_free(l), 0);
+        ck_assert_int_eq(memset_on(&dv, 3, p, 0x33333333, 1), CUDA_ERROR_INVALID_VALUE);
+        ck_assert_int_eq(memset_on(&dv, 2, p, 0x22222222, 1), CUDA_ERROR_INVALID_VALUE);
+        devices_close(&dv);
+        vmmb_close(client);
+        stop(&d);
+}
+END_TEST
+
+/*
+ * A device that cannot reach the lease's device (SIMCUDA_PEERS=1-2: only devices 1 and 2 reach each other):
+ * -EOPNOTSUPP naming the pair, and nothing changed: the device named before it in the same call has no
+ * access either, and the lease still works on its own device.
+ */
+START_TEST(test_client_grant_access_refused) {
+        vmmb_client *client = NULL;
+        vmmb_lease *l = NULL;
+        uint32_t word = 0;
+        Devices dv = {};
+        Daemon d;
+        uint64_t p;
+
+        if (!four_devices("test_client_grant_access_refused"))
+                return;
+        start_with(&d, "[Broker]\nCapacity=64M\n[Limits]\nMaxBytes=100%\n");
+        ck_assert_int_eq(setenv("SIMCUDA_DEVICES", "4", 1), 0);
+        ck_assert_int_eq(setenv("SIMCUDA_PEERS", "1-2", 1), 0);
+        ck_assert_int_eq(vmmb_connect(d.h.socket, &client), 0);
+        ck_assert_int_eq(vmmb_alloc(client, 4 * MiB, 2, NULL, &l), 0);
+        p = vmmb_lease_ptr(l);
+        devices_open(&dv);
+
+        ck_assert_int_eq(vmmb_lease_grant_access(l, (const int[]){ 1, 3 }, 2), -EOPNOTSUPP);
+        ck_assert_msg(strstr(vmmb_error_message(), "Device 3 cannot access device 2's memory (cuDeviceCanAccessPeer "
+                                                   "says no)"), "%s", vmmb_error_message());
+        ck_assert_int_eq(memset_on(&dv, 1, p, 0x11111111, 1), CUDA_ERROR_INVALID_VALUE);
+        ck_assert_int_eq(memset_on(&dv, 3, p, 0x33333333, 1), CUDA_ERROR_INVALID_VALUE);
+        ck_assert_int_eq(memset_on(&dv, 2, p, 0x22222222, 1), CUDA_SUCCESS);
+        ck_assert_int_eq(read_on(&dv, 2, p, &word), CUDA_SUCCESS);
+        ck_assert_uint_eq(word, 0x22222222);
+        ck_assert_int_eq(vmmb_lease_grant_access(l, (const int[]){ 0 }, 1), -EOPNOTSUPP);
+        ck_assert_int_eq(vmmb_lease_grant_access(l, (const int[]){ 1 }, 1), 0);
+        ck_assert_int_eq(memset_on(&dv, 1, p, 0x11111111, 1), CUDA_SUCCESS);
+        ck_assert_int_eq(vmmb_free(l), 0);
+        devices_close(&dv);
+        vmmb_close(client);
+        stop(&d);
+}
+END_TEST
+
 int main(void) {
         return run_suite(UNIT_SUITE("devices", NULL, test_most_free_spreads, test_first_keeps_device_0,
                                     test_set_restricts, test_set_refusals, test_quota_per_device, test_placed_wait_stays,
-                                    test_client_alloc_among)) == 0
+                                    test_client_alloc_among, test_client_grant_access,
+                                    test_client_grant_access_refused)) == 0
                        ? EXIT_SUCCESS
                        : EXIT_FAILURE;
 }

@@ -254,6 +254,7 @@ static struct {
         uint64_t budget;                /* per device */
         int driver_version;
         bool vmm, posix_fd;
+        uint64_t peers[MAX_DEVICES];    /* SIMCUDA_PEERS: bit P of peers[D] says device D may access P's memory */
 
         bool initialized;               /* cuInit() succeeded */
         bool held;                      /* simcuda_hold_streams(1) */
@@ -386,6 +387,55 @@ static bool parse_flag(const char *s, bool *ret) {
         return true;
 }
 
+/* One device index of SIMCUDA_PEERS at *s, below the device count; advances *s past its digits. */
+static bool parse_peer_index(const char **s, int *ret) {
+        char *end;
+        long v;
+
+        if (**s < '0' || **s > '9')
+                return false;
+        errno = 0;
+        v = strtol(*s, &end, 10);
+        if (errno != 0 || v >= sim.n_devices)
+                return false;
+        *ret = (int)v;
+        *s = end;
+        return true;
+}
+
+/*
+ * SIMCUDA_PEERS: "all" (every device may access every other's memory), "none", or a comma-separated list of
+ * "A-B" (A and B may access each other's memory) and "A>B" (A may access B's, not the other way). A device
+ * is never its own peer (cuDeviceCanAccessPeer(&can, D, D) says 0, as on the real driver).
+ */
+static bool parse_peers(const char *v, uint64_t peers[static MAX_DEVICES]) {
+        uint64_t parsed[MAX_DEVICES] = {};
+
+        if (strcmp(v, "all") == 0 || strcmp(v, "none") == 0) {
+                for (int d = 0; d < MAX_DEVICES; d++)
+                        peers[d] = v[0] == 'a' ? ~(UINT64_C(1) << d) : 0;
+                return true;
+        }
+        for (const char *s = v;;) {
+                bool both;
+                int a, b;
+
+                if (!parse_peer_index(&s, &a) || (*s != '-' && *s != '>'))
+                        return false;
+                both = *s++ == '-';
+                if (!parse_peer_index(&s, &b) || a == b || (*s != ',' && *s != '\0'))
+                        return false;
+                parsed[a] |= UINT64_C(1) << b;
+                if (both)
+                        parsed[b] |= UINT64_C(1) << a;
+                if (*s == '\0')
+                        break;
+                s++;
+        }
+        memcpy(peers, parsed, sizeof(parsed));
+        return true;
+}
+
 /* Records why a variable is bad, for cuInit() to print; the first one wins, the others keep their defaults. */
 _printf_(1, 2) static void env_bad(const char *fmt, ...) {
         va_list ap;
@@ -411,6 +461,7 @@ static void setup_once(void) {
         sim.budget = DEFAULT_MEMORY;
         sim.driver_version = DEFAULT_DRIVER_VERSION;
         sim.vmm = sim.posix_fd = true;
+        (void)parse_peers("all", sim.peers);
 
         if (env_get("SIMCUDA_DEVICES", &v) && !parse_int(v, 0, MAX_DEVICES, &sim.n_devices))
                 env_bad("simcuda: SIMCUDA_DEVICES=\"%.64s\" is not a number of devices from 0 to %d", v, MAX_DEVICES);
@@ -433,6 +484,9 @@ static void setup_once(void) {
                 else
                         env_bad("simcuda: SIMCUDA_NO_POSIX_FD=\"%.64s\" is neither 0 nor 1", v);
         }
+        if (env_get("SIMCUDA_PEERS", &v) && !parse_peers(v, sim.peers))
+                env_bad("simcuda: SIMCUDA_PEERS=\"%.64s\" is neither \"all\", \"none\" nor a list of device pairs "
+                        "such as 0-1,2>3 (indices below SIMCUDA_DEVICES, two different devices a pair)", v);
         if (env_get("SIMCUDA_FAIL", &v) && faults_parse(v, &sim.faults) < 0)
                 env_bad("simcuda: SIMCUDA_FAIL=\"%.64s\" is not a list of ENTRY:N[:ERROR] such as "
                         "cuMemCreate:3,cuMemMap:1:CUDA_ERROR_INVALID_VALUE", v);
@@ -1094,6 +1148,18 @@ static CUresult sim_cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUd
         return CUDA_SUCCESS;
 }
 
+/* SIMCUDA_PEERS's answer; a device is not its own peer (0, as the real driver says for one GPU). */
+static CUresult sim_cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev) {
+        ENTER(cuDeviceCanAccessPeer);
+
+        if (!canAccessPeer)
+                return CUDA_ERROR_INVALID_VALUE;
+        if (!device_valid(dev) || !device_valid(peerDev))
+                return CUDA_ERROR_INVALID_DEVICE;
+        *canAccessPeer = (sim.peers[dev] >> peerDev) & 1;
+        return CUDA_SUCCESS;
+}
+
 static CUresult sim_cuDeviceTotalMem(size_t *bytes, CUdevice dev) {
         ENTER(cuDeviceTotalMem);
 
@@ -1423,10 +1489,12 @@ static CUresult sim_cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcce
         for (size_t i = 0; i < count; i++) {
                 if (desc[i].location.type == CU_MEM_LOCATION_TYPE_HOST)
                         return CUDA_ERROR_NOT_SUPPORTED;
-                if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || !device_valid(desc[i].location.id) ||
+                if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
                     (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE && desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
                      desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE))
                         return CUDA_ERROR_INVALID_VALUE;
+                if (!device_valid(desc[i].location.id))
+                        return CUDA_ERROR_INVALID_DEVICE;       /* the documented code (conformance records it) */
         }
         first = mapping_find(ptr);
         last = mapping_find(end - 1);
@@ -1435,6 +1503,23 @@ static CUresult sim_cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcce
         list_for_each_entry(res, &sim.reservations, link)
                 if (res->alloc_ctx && res->start < end && ptr < res->start + res->size)
                         return CUDA_ERROR_INVALID_VALUE;        /* cuMemAlloc's memory */
+        /*
+         * Access for a device to another's memory needs peer capability (cuDeviceCanAccessPeer); checked for every
+         * mapping before any changes, so a refused call changes nothing. Revoking (PROT_NONE) is always allowed.
+         * Unverified on a machine with GPUs that cannot reach each other: the documentation lists
+         * CUDA_ERROR_INVALID_DEVICE among cuMemSetAccess's codes and says no more (tests/simcuda/README.md).
+         */
+        list_for_each_entry(res, &sim.reservations, link)
+                list_for_each_entry(m, &res->mappings, link) {
+                        int owner = m->allocation->device;
+
+                        if (!mapping_within(m, ptr, end))
+                                continue;
+                        for (size_t i = 0; i < count; i++)
+                                if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE && desc[i].location.id != owner &&
+                                    !((sim.peers[desc[i].location.id] >> owner) & 1))
+                                        return CUDA_ERROR_INVALID_DEVICE;
+                }
         list_for_each_entry(res, &sim.reservations, link)
                 list_for_each_entry(m, &res->mappings, link) {
                         if (!mapping_within(m, ptr, end))

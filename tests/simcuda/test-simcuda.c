@@ -222,7 +222,8 @@ END_TEST
 static const char *const bad_env[][2] = {
         { "SIMCUDA_DEVICES", "two" },   { "SIMCUDA_DEVICES", "65" },        { "SIMCUDA_MEMORY", "12Q" },
         { "SIMCUDA_MEMORY", "0" },      { "SIMCUDA_DRIVER_VERSION", "13.0" }, { "SIMCUDA_NO_VMM", "yes" },
-        { "SIMCUDA_NO_POSIX_FD", "2" }, { "SIMCUDA_FAIL", "cuMemCreate" },
+        { "SIMCUDA_NO_POSIX_FD", "2" }, { "SIMCUDA_FAIL", "cuMemCreate" },   { "SIMCUDA_PEERS", "some" },
+        { "SIMCUDA_PEERS", "0-1" },     /* device 1 does not exist (one device) */
 };
 
 START_TEST(test_bad_env) {
@@ -551,7 +552,8 @@ START_TEST(test_access_rules) {
         expect_ok(cu->cuMemMap(va + 4 * MiB, 4 * MiB, 0, b, 0));
         expect_ok(cu->cuMemMap(va + 10 * MiB, 2 * MiB, 0, a, 0));
 
-        expect(set_access_on(1, va, 2 * MiB, CU_MEM_ACCESS_FLAGS_PROT_READWRITE), CUDA_ERROR_INVALID_VALUE);
+        expect(set_access_on(1, va, 2 * MiB, CU_MEM_ACCESS_FLAGS_PROT_READWRITE), CUDA_ERROR_INVALID_DEVICE);
+        expect(set_access_on(-1, va, 2 * MiB, CU_MEM_ACCESS_FLAGS_PROT_READWRITE), CUDA_ERROR_INVALID_DEVICE);
         desc.location.type = CU_MEM_LOCATION_TYPE_HOST;
         expect(cu->cuMemSetAccess(va, 2 * MiB, &desc, 1), CUDA_ERROR_NOT_SUPPORTED);
         desc.location.type = CU_MEM_LOCATION_TYPE_INVALID;
@@ -760,6 +762,91 @@ START_TEST(test_two_devices) {
         expect_ok(cu->cuMemRelease(imported));
         ck_assert_uint_eq(sim.charged(1), 0);
         expect_ok(cu->cuDevicePrimaryCtxRelease(1));
+}
+END_TEST
+
+/*
+ * SIMCUDA_PEERS: cuDeviceCanAccessPeer answers from the matrix ("0-1": both ways, "2>0": 2 may reach 0's
+ * memory only; a device is never its own peer), cuMemSetAccess refuses access for a device without peer
+ * capability with CUDA_ERROR_INVALID_DEVICE and changes nothing, and a memset through a device's context
+ * needs that device's access.
+ */
+START_TEST(test_peers) {
+        static const int want[3][3] = { { 0, 1, 0 }, { 1, 0, 0 }, { 1, 0, 0 } };
+        CUmemAccessDesc descs[3];
+        CUmemGenericAllocationHandle h;
+        CUcontext c1, c2;
+        CUdeviceptr va;
+        int can = -1;
+
+        setenv("SIMCUDA_DEVICES", "3", 1);
+        setenv("SIMCUDA_PEERS", "0-1,2>0", 1);
+        open_ctx();
+        for (int d = 0; d < 3; d++)
+                for (int p = 0; p < 3; p++) {
+                        expect_ok(cu->cuDeviceCanAccessPeer(&can, d, p));
+                        ck_assert_msg(can == want[d][p], "cuDeviceCanAccessPeer(%d, %d) says %d", d, p, can);
+                }
+        expect(cu->cuDeviceCanAccessPeer(&can, 0, 3), CUDA_ERROR_INVALID_DEVICE);
+        expect(cu->cuDeviceCanAccessPeer(&can, -1, 0), CUDA_ERROR_INVALID_DEVICE);
+        expect(cu->cuDeviceCanAccessPeer(NULL, 0, 1), CUDA_ERROR_INVALID_VALUE);
+
+        expect_ok(cu->cuDevicePrimaryCtxRetain(&c1, 1));
+        expect_ok(cu->cuDevicePrimaryCtxRetain(&c2, 2));
+        h = create(4 * MiB);                                    /* on device 0 */
+        va = reserve(4 * MiB);
+        expect_ok(cu->cuMemMap(va, 4 * MiB, 0, h, 0));
+        expect_ok(cu->cuMemRelease(h));
+        for (int d = 0; d < 3; d++)
+                descs[d] = (CUmemAccessDesc){ .location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = d },
+                                              .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+        /* 2 may reach 0's memory, 1 may too; both at once with 0's own */
+        expect_ok(cu->cuMemSetAccess(va, 4 * MiB, descs, 3));
+        expect_ok(cu->cuCtxSetCurrent(c2));
+        expect_ok(cu->cuMemsetD32(va, 0x22222222, 1));
+        expect_ok(cu->cuCtxSetCurrent(c1));
+        expect_ok(cu->cuMemsetD32(va + 4, 0x11111111, 1));
+        /* revoking is always allowed: 1 loses its access, its memset is refused */
+        descs[1].flags = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+        expect_ok(cu->cuMemSetAccess(va, 4 * MiB, &descs[1], 1));
+        expect(cu->cuMemsetD32(va + 4, 0x33333333, 1), CUDA_ERROR_INVALID_VALUE);
+        expect_ok(cu->cuCtxSetCurrent(ctx));
+        expect_ok(cu->cuMemsetD32(va + 8, 0x00000000, 1));
+        expect_bytes(va, 4, 0x22);
+        expect_bytes(va + 4, 4, 0x11);
+        unmap_free(va, 4 * MiB);
+
+        /* device 1's memory: 0 may reach it, 2 may not; the refused call changes nothing, 0's grant included */
+        h = create_on(1, 2 * MiB);
+        va = reserve(2 * MiB);
+        expect_ok(cu->cuMemMap(va, 2 * MiB, 0, h, 0));
+        expect_ok(cu->cuMemRelease(h));
+        descs[1].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        expect(cu->cuMemSetAccess(va, 2 * MiB, descs, 3), CUDA_ERROR_INVALID_DEVICE);
+        expect(cu->cuMemsetD8(va, 0x44, 1), CUDA_ERROR_INVALID_VALUE);         /* device 0: not granted */
+        descs[2].flags = CU_MEM_ACCESS_FLAGS_PROT_NONE;                        /* revoking 2 is fine */
+        expect_ok(cu->cuMemSetAccess(va, 2 * MiB, descs, 3));
+        expect_ok(cu->cuMemsetD8(va, 0x44, 1));
+        expect_ok(cu->cuCtxSetCurrent(c2));
+        expect(cu->cuMemsetD8(va, 0x55, 1), CUDA_ERROR_INVALID_VALUE);
+        expect_ok(cu->cuCtxSetCurrent(ctx));
+        expect_bytes(va, 1, 0x44);
+        unmap_free(va, 2 * MiB);
+        ck_assert_uint_eq(sim.charged(1), 0);
+        expect_ok(cu->cuDevicePrimaryCtxRelease(1));
+        expect_ok(cu->cuDevicePrimaryCtxRelease(2));
+}
+END_TEST
+
+START_TEST(test_peers_default) {
+        int can = -1;
+
+        setenv("SIMCUDA_DEVICES", "2", 1);
+        open_driver();
+        expect_ok(cu->cuDeviceCanAccessPeer(&can, 1, 0));
+        ck_assert_int_eq(can, 1);
+        expect_ok(cu->cuDeviceCanAccessPeer(&can, 0, 0));
+        ck_assert_int_eq(can, 0);
 }
 END_TEST
 
@@ -1301,6 +1388,8 @@ static Suite *simcuda_suite(void) {
         tcase_add_test(tc, test_no_access);
         tcase_add_test(tc, test_context_rules);
         tcase_add_test(tc, test_two_devices);
+        tcase_add_test(tc, test_peers);
+        tcase_add_test(tc, test_peers_default);
         tcase_add_test(tc, test_memory_alive_while_mapped);
         tcase_add_test(tc, test_export_import);
         tcase_add_test(tc, test_mem_alloc);
