@@ -1493,8 +1493,10 @@ static CUresult sim_cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcce
                     (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE && desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
                      desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE))
                         return CUDA_ERROR_INVALID_VALUE;
+                /* not the CUDA_ERROR_INVALID_DEVICE the documentation lists: the H100's driver 580 says
+                 * CUDA_ERROR_INVALID_VALUE for the index equal to the device count (conformance records it) */
                 if (!device_valid(desc[i].location.id))
-                        return CUDA_ERROR_INVALID_DEVICE;       /* the documented code (conformance records it) */
+                        return CUDA_ERROR_INVALID_VALUE;
         }
         first = mapping_find(ptr);
         last = mapping_find(end - 1);
