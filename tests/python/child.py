@@ -63,6 +63,8 @@ def attach(a: dict) -> None:
                     c.list(all=True)
                 elif what == "attach-missing":
                     c.attach(name=a["missing"])
+                elif what == "mark":
+                    lease.set_reclaimable(0)
                 out[what] = "ok"
             except vmmbroker.Error as e:
                 out[what] = err(e)
@@ -93,6 +95,19 @@ def alloc_exit(a: dict) -> None:
     if how == "exit":
         os._exit(0)
     # "atexit": return normally, leaving the lease to vmmbroker's atexit handler
+
+
+def alloc_wait(a: dict) -> None:
+    """alloc(size, wait=...) (the call that makes the broker ask for reclaimable leases), then free."""
+    import vmmbroker
+    with vmmbroker.connect() as c:
+        try:
+            lease = c.alloc(a["size"], label="waiter", wait=a["wait"])
+        except vmmbroker.Error as e:
+            report(alloc=err(e))
+            return
+        report(lease=lease_info(lease))
+        lease.free()
 
 
 def torch_entry(a: dict) -> None:
@@ -130,4 +145,4 @@ def torch_entry(a: dict) -> None:
 
 if __name__ == "__main__":
     mode, args = sys.argv[1], json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
-    {"attach": attach, "alloc-exit": alloc_exit, "torch": torch_entry}[mode](args)
+    {"attach": attach, "alloc-exit": alloc_exit, "alloc-wait": alloc_wait, "torch": torch_entry}[mode](args)

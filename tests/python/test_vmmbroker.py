@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -571,7 +572,7 @@ class TestSharing(ClientTestCase):
             token = lease.share(uid=uid)
             self.assertRegex(token, r"^[0-9a-f]{32}$")
             r = child_result("attach", {"token": token, "check_len": 4096, "write": [4096, 0xCD, 4096],
-                                        "try": ["share", "tokens", "list-all"]})
+                                        "try": ["share", "tokens", "list-all", "mark"]})
             self.assertEqual(r["uid"], uid)
             self.assertEqual(r["lease"], {"id": lease.id, "size": lease.size, "device": 0, "readonly": False,
                                           "owner": os.getuid(),
@@ -583,6 +584,9 @@ class TestSharing(ClientTestCase):
                 self.assertEqual(r["share"]["errno"], errno.EACCES)
                 self.assertEqual(r["tokens"]["errno"], errno.EACCES)
                 self.assertEqual(r["list-all"]["type"], "PermissionDenied")
+                self.assertEqual(r["mark"]["type"], "PermissionDenied")   # another user's memory
+            else:
+                self.assertEqual(r["mark"], "ok")
             self.assertEqual([h["pid"] for h in listed()[lease.id]["holders"]], [os.getpid()])  # child freed
 
     def test_readonly_token_tokens_and_revoke(self) -> None:
@@ -638,6 +642,220 @@ class TestSharing(ClientTestCase):
         self.assertNotIn(lid, listed())
         with self.assertRaises(vmmbroker.NotFound):
             self.client.attach(name="py-weights")
+
+
+def wait_until(what: str, predicate, timeout: float = CHILD_TIMEOUT_S):
+    """Polls `predicate` until it returns something true, for at most `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.01)
+
+
+class TestReclaim(unittest.TestCase):
+    """Reclaimable leases (Lease.set_reclaimable()), on a daemon of their own with a 16 MiB pool: this
+    process leases 12 MiB and marks it, and a child's alloc(8 MiB, wait=...) needs it back."""
+
+    small: Broker
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        # A user limit above the pool: this process and its waiting child (one user, unless root) lease 20 MiB.
+        cls.small = Broker("[Broker]\nCapacity=16M\nReclaimTimeout=60s\n[Limits]\nMaxBytes=1G\nMaxLeases=64\n")
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        gc.collect()
+        status = cls.small.stop()
+        if status not in (0, None):
+            raise AssertionError(f"vmmbrokerd (16 MiB) exited with {status}:\n{cls.small.log()}")
+
+    def setUp(self) -> None:
+        self.client = vmmbroker.connect(self.small.socket)
+        # Every earlier lease gone and scrubbed: the whole pool is room (cached slabs count as room).
+        wait_until("an idle pool", lambda: all(d["leased"] == 0 and d["scrubbing"] == 0 and d["waiters"] == 0
+                                               for d in self.client.status()))
+
+    def tearDown(self) -> None:
+        self.client.close()
+
+    def info(self, lid: str) -> dict | None:
+        return {l["id"]: l for l in self.client.list()}.get(lid)
+
+    def waiter(self, size: int = 8 * MiB, wait: float = CHILD_TIMEOUT_S) -> subprocess.Popen:
+        """Another process's alloc(size, wait=wait) on the full pool."""
+        return run_child("alloc-wait", {"size": size, "wait": wait}, as_other=False,
+                         env=dict(os.environ, VMMBROKER_SOCKET=self.small.socket))
+
+    def waiter_result(self, p: subprocess.Popen) -> dict:
+        out, _ = p.communicate(timeout=CHILD_TIMEOUT_S)
+        self.assertEqual(p.returncode, 0, out)
+        return json.loads(out.strip().splitlines()[-1])
+
+    def test_given_back_to_a_waiting_alloc(self) -> None:
+        lease = self.client.alloc(12 * MiB, label="cache")
+        ctypes.memset(lease.ptr, 0x5A, 4096)
+        asked = threading.Event()
+        seen: dict = {}
+
+        def give_back(l: vmmbroker.Lease) -> bool:
+            seen["lease"] = l
+            seen["thread"] = threading.current_thread() is not threading.main_thread()
+            seen["data"] = ctypes.string_at(l.ptr, 4)            # still mapped while the callback runs
+            for name, call in (("free", l.free), ("share", l.share), ("mark", lambda: l.set_reclaimable(0)),
+                               ("close", l.client.close)):
+                try:
+                    call()
+                except vmmbroker.Error as e:
+                    seen[name] = e.errno
+            asked.set()
+            return True
+
+        lease.set_reclaimable(3, give_back)
+        self.assertEqual(lease.reclaim_priority, 3)
+        info = self.info(lease.id)
+        self.assertEqual((info["reclaim_priority"], info["reclaim"]), (3, "marked"))
+        p = self.waiter()
+        self.assertTrue(asked.wait(CHILD_TIMEOUT_S), "the callback was not called")
+        r = self.waiter_result(p)
+        self.assertEqual(r["lease"]["size"], 8 * MiB)              # served with the memory given back
+        wait_until("the library to finish giving it back", lambda: lease.reclaimed)
+        self.assertIs(seen["lease"], lease)
+        self.assertTrue(seen["thread"])
+        self.assertEqual(seen["data"], b"\x5a" * 4)
+        for name in ("free", "share", "mark", "close"):        # refused in the callback, nothing broken
+            self.assertEqual(seen[name], errno.EDEADLK, name)
+        self.assertFalse(self.client.closed)
+        self.assertIsNone(self.info(lease.id))
+        self.assertIsNone(lease.reclaim_priority)
+        self.assertIn("reclaimed", repr(lease))
+        # The memory is gone: whatever would hand out its address raises ESTALE.
+        for touch in (lambda: lease.ptr, lambda: lease.__cuda_array_interface__, lambda: lease.__dlpack__(),
+                      lambda: lease.view("float32", 4).ptr, lambda: lease.share(),
+                      lambda: lease.set_reclaimable(0)):
+            with self.assertRaises(vmmbroker.Error) as cm:
+                touch()
+            self.assertEqual(cm.exception.errno, errno.ESTALE)
+            self.assertIn("given back", cm.exception.strerror)
+        lease.free()                                             # only the object is left to end
+        self.assertTrue(lease.freed)
+        self.assertTrue(lease.reclaimed)
+        self.assertEqual(lease._reclaim_fns, [])                 # the C callback is released
+        with self.assertRaises(ValueError):
+            lease.ptr
+        with self.client.alloc(2 * MiB) as again:               # the client goes on as before
+            self.assertEqual(again.size, 2 * MiB)
+
+    def test_given_back_without_a_callback(self) -> None:
+        lease = self.client.alloc(12 * MiB)
+        lease.set_reclaimable(0)
+        r = self.waiter_result(self.waiter())
+        self.assertEqual(r["lease"]["size"], 8 * MiB)
+        wait_until("the library to finish giving it back", lambda: lease.reclaimed)
+        with self.assertRaises(vmmbroker.Error) as cm:
+            lease.ptr
+        self.assertEqual(cm.exception.errno, errno.ESTALE)
+        lease.free()
+
+    def test_callback_that_raises_refuses(self) -> None:
+        lease = self.client.alloc(12 * MiB)
+        ctypes.memset(lease.ptr, 0x33, 4096)
+        asked = threading.Event()
+
+        def broken(l: vmmbroker.Lease) -> bool:
+            asked.set()
+            raise RuntimeError("the cache is busy")
+
+        lease.set_reclaimable(0, broken)
+        with self.assertLogs("vmmbroker", "ERROR") as logs:
+            p = self.waiter()
+            self.assertTrue(asked.wait(CHILD_TIMEOUT_S), "the callback was not called")
+            # Refused: the library unmarks the lease (after the package logged), and the waiter waits on.
+            wait_until("the lease to be unmarked", lambda: self.info(lease.id).get("reclaim") is None)
+        self.assertEqual(len(logs.records), 1, logs.output)
+        self.assertIn(lease.id, logs.records[0].getMessage())
+        self.assertIs(logs.records[0].exc_info[0], RuntimeError)
+        self.assertFalse(lease.reclaimed)
+        self.assertIsNone(lease.reclaim_priority)
+        self.assertEqual(ctypes.string_at(lease.ptr, 4096), b"\x33" * 4096)   # still ours, still mapped
+        self.assertEqual(self.client.status()[0]["waiters"], 1)
+        lease.free()                                             # now the waiter gets the room
+        self.assertEqual(self.waiter_result(p)["lease"]["size"], 8 * MiB)
+
+    def test_callback_that_refuses_and_a_live_export(self) -> None:
+        lease = self.client.alloc(12 * MiB)
+        cap = lease.__dlpack__()                                 # a framework tensor still uses it
+        asked = threading.Event()
+        lease.set_reclaimable(0, lambda l: asked.set() or True)
+        with self.assertLogs("vmmbroker", "WARNING") as logs:
+            p = self.waiter()
+            self.assertTrue(asked.wait(CHILD_TIMEOUT_S))
+            wait_until("the lease to be unmarked", lambda: self.info(lease.id).get("reclaim") is None)
+        self.assertIn("DLPack", logs.output[0])
+        self.assertFalse(lease.reclaimed)
+        self.assertNotEqual(lease.ptr, 0)
+        # Marked again, with a callback that says no: refused, silently.
+        said_no = threading.Event()
+        lease.set_reclaimable(1, lambda l: said_no.set() and False)
+        del cap
+        self.assertTrue(said_no.wait(CHILD_TIMEOUT_S))
+        wait_until("the lease to be unmarked", lambda: self.info(lease.id).get("reclaim") is None)
+        self.assertFalse(lease.reclaimed)
+        lease.free()
+        self.assertEqual(self.waiter_result(p)["lease"]["size"], 8 * MiB)
+
+    def test_unmark(self) -> None:
+        lease = self.client.alloc(12 * MiB)
+        asked = threading.Event()
+        lease.set_reclaimable(7, lambda l: asked.set() or True)
+        self.assertEqual(self.info(lease.id)["reclaim"], "marked")
+        self.assertEqual(len(lease._reclaim_fns), 1)
+        lease.set_reclaimable(None)
+        self.assertIsNone(lease.reclaim_priority)
+        self.assertEqual(lease._reclaim_fns, [])                 # the C callback is released
+        info = self.info(lease.id)
+        self.assertIsNone(info.get("reclaim"))
+        self.assertIsNone(info.get("reclaim_priority"))
+        lease.set_reclaimable(None)                              # twice is harmless
+        r = self.waiter_result(self.waiter(wait=1.0))            # nobody to ask: it waits its second, in vain
+        self.assertEqual(r["alloc"]["type"], "OutOfMemory")
+        self.assertFalse(asked.is_set())
+        self.assertFalse(lease.reclaimed)
+        lease.free()
+
+    def test_arguments(self) -> None:
+        with self.client.alloc(2 * MiB) as lease:
+            for bad, exc in ((-1, ValueError), (1 << 31, ValueError), (True, TypeError), ("0", TypeError),
+                             (1.5, TypeError)):
+                with self.assertRaises(exc):
+                    lease.set_reclaimable(bad)                   # type: ignore[arg-type]
+            with self.assertRaises(TypeError):
+                lease.set_reclaimable(0, "not callable")         # type: ignore[arg-type]
+            with self.assertRaises(ValueError):
+                lease.set_reclaimable(None, lambda l: True)
+            lease.set_reclaimable(vmmbroker.MAX_PRIORITY)
+            self.assertEqual(self.info(lease.id)["reclaim_priority"], vmmbroker.MAX_PRIORITY)
+        with self.assertRaises(ValueError):
+            lease.set_reclaimable(0)                             # freed
+
+    def test_not_holder_s_to_mark(self) -> None:
+        # A read-only hold (here: through a name published read-only) may not offer the owner's memory.
+        with self.client.alloc(2 * MiB) as lease:
+            lease.publish("py-reclaim-ro", readonly=True)
+        try:
+            with self.client.attach(name="py-reclaim-ro") as ro:
+                self.assertTrue(ro.readonly)
+                with self.assertRaises(vmmbroker.PermissionDenied) as cm:
+                    ro.set_reclaimable(0, lambda l: True)
+                self.assertEqual(cm.exception.errno, errno.EACCES)
+                self.assertIsNone(ro.reclaim_priority)
+                self.assertIsNone(self.info(ro.id).get("reclaim"))
+        finally:
+            self.client.unpublish("py-reclaim-ro")
 
 
 class TestExit(unittest.TestCase):

@@ -26,12 +26,15 @@ CONNECTING
     set, else the one the dynamic loader finds (library_path() says which).
 
 LEASES
-    Client.alloc(size, device=None, label=None) -> Lease. The memory reads
+    Client.alloc(size, device=None, label=None, wait=None, devices=None) ->
+    Lease; ``wait`` seconds for room when the device is full, ``devices`` to
+    let the broker place it among those. The memory reads
     zero and is rounded up to the device's granularity (2 MiB). It stays this
     process's until Lease.free(), the end of a ``with`` block, garbage
     collection of the Lease, Client.close(), the interpreter's exit, or the
     end of the process (the broker takes back a dead process's holds).
-    Properties: id, ptr, size, device, readonly, owner, owner_name.
+    Properties: id, ptr, size, device, readonly, owner, owner_name, freed,
+    reclaimed.
     free() unmaps the memory; the driver does not wait for work still queued
     on it, so synchronize first.
 
@@ -59,6 +62,19 @@ ARRAYS
     mapped: free() of a lease with live exports ends the hold only when the
     last tensor made from it is deleted.
 
+RECLAIMING
+    Lease.set_reclaimable(priority, callback=None) offers a lease back to
+    the broker (priority 0 to MAX_PRIORITY, lower asked first; None
+    unmarks it): when another process's alloc(..., wait=...) needs the room,
+    the library's watch thread calls callback(lease), with the GIL; True
+    gives the lease back, False keeps it (and unmarks it). An exception in
+    the callback keeps it too, and is logged on the "vmmbroker" logger; a
+    lease with live DLPack exports is never given back. Once given back,
+    Lease.reclaimed is True, the memory is gone (ptr and the array
+    interfaces raise Error ESTALE) and free() ends the object only. Do not
+    call into the lease's Client from the callback (free(), close() and the
+    like raise Error EDEADLK there).
+
 STATUS
     Client.status() lists the pool on each device; Client.list(all=False)
     the leases the calling user made or holds (every lease for the broker's
@@ -78,7 +94,7 @@ SEE ALSO
 
 from __future__ import annotations
 
-from ._client import Client, Lease, LeaseView, connect
+from ._client import MAX_PRIORITY, Client, Lease, LeaseView, connect
 from ._dtypes import DTYPES as _DTYPES
 from ._errors import Error, NotFound, OutOfMemory, PermissionDenied, QuotaExceeded
 from ._lib import DEFAULT_SOCKET, library_path
@@ -91,5 +107,5 @@ DTYPES: tuple[str, ...] = tuple(_DTYPES)
 __all__ = [
     "connect", "Client", "Lease", "LeaseView",
     "Error", "NotFound", "PermissionDenied", "QuotaExceeded", "OutOfMemory",
-    "DEFAULT_SOCKET", "DTYPES", "library_path",
+    "DEFAULT_SOCKET", "DTYPES", "MAX_PRIORITY", "library_path",
 ]

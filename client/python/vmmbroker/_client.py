@@ -6,11 +6,12 @@ from __future__ import annotations
 import atexit
 import ctypes
 import errno
+import logging
 import math
 import os
 import threading
 import weakref
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 from . import _dlpack, _lib, _varlink
 from ._dtypes import DType, dtype as _dtype
@@ -22,6 +23,17 @@ __all__ = ["connect", "Client", "Lease", "LeaseView"]
 # is left to the process's exit, which ends it anyway, instead of calling into the library during teardown.
 _exiting = False
 _clients: "weakref.WeakSet[Client]" = weakref.WeakSet()
+# Failures of reclaim callbacks go here (they cannot be raised: the callback runs on the library's thread).
+_log = logging.getLogger("vmmbroker")
+# .lease: the Lease whose reclaim callback this thread (the library's watch thread) runs now, if any.
+_tls = threading.local()
+
+#: The highest reclaim priority (INT_MAX).
+MAX_PRIORITY = (1 << 31) - 1
+
+
+def _reclaiming_now() -> "Optional[Lease]":
+    return getattr(_tls, "lease", None)
 
 
 def _fail(rc: int) -> None:
@@ -97,7 +109,14 @@ class Client:
         A lease with live DLPack exports is freed when the last of them is
         deleted, and the connection is closed after it. Closing twice is
         harmless. Leases' addresses must not be used afterwards.
+
+        Raises Error EDEADLK when called from a reclaim callback of one of
+        this client's leases (closing stops the thread that runs it).
         """
+        asked = _reclaiming_now()
+        if asked is not None and asked._client is self:
+            raise error(errno.EDEADLK, "Client.close() from a reclaim callback of one of its leases: the "
+                                       "callback runs on the thread that closing stops. Close it elsewhere.")
         with self._lock:
             if self._closing:
                 return
@@ -359,6 +378,11 @@ class Lease(_Exportable):
     any case, when the process ends: the broker reclaims a dead holder's
     leases). Exposes the memory as a 1-D uint8 array through
     ``__cuda_array_interface__`` and DLPack; view() gives typed windows.
+
+    A lease marked with set_reclaimable() may be given back on the broker's
+    request: its memory is then gone (``reclaimed`` is True, and ``ptr``, the
+    array interfaces and the broker calls raise Error ESTALE), and free()
+    only ends the object.
     """
     __module__ = "vmmbroker"
 
@@ -367,8 +391,17 @@ class Lease(_Exportable):
         lib = _lib.lib()
         self._client = client
         self._handle: Optional[ctypes.c_void_p] = handle
+        # _lock: the handle is in use (held across calls into the library that use it); never taken by this
+        # lease's reclaim callback, which a holder of _lock may wait for (set_reclaimable()).
         self._lock = threading.RLock()
+        # _state: _exports, _free_asked, _handle's end and _given_back; taken after _lock, never held across a
+        # call into the library or while taking another lock (the reclaim callback takes it).
+        self._state = threading.Lock()
         self._exports = 0
+        self._given_back = False       # its reclaim callback said "give it back": the memory is not ours
+        self._reclaimed = False        # ... and the library did (vmmb_lease_reclaimed()), as last seen
+        self._reclaim_priority: Optional[int] = None
+        self._reclaim_fns: list = []   # the RECLAIM_FN the library may call: kept alive until it cannot
         self._free_asked = False
         self._free_stream: Optional[int] = None
         self._id = (lib.vmmb_lease_id(handle) or b"").decode("utf-8", "replace")
@@ -390,7 +423,11 @@ class Lease(_Exportable):
 
     @property
     def ptr(self) -> int:
-        """The start of the mapping: a CUDA device address (CUdeviceptr). ValueError once freed."""
+        """The start of the mapping: a CUDA device address (CUdeviceptr).
+
+        ValueError once freed; Error ESTALE once given back on the broker's
+        request (``reclaimed``), when the address no longer maps this memory.
+        """
         self._mapped()
         return self._ptr
 
@@ -425,12 +462,38 @@ class Lease(_Exportable):
         return self._free_asked
 
     @property
+    def reclaimed(self) -> bool:
+        """Whether the lease was given back on the broker's request (vmmb_lease_reclaimed()).
+
+        True once its reclaim callback agreed (or it had none) and the
+        library waited for the work queued in the device's primary context,
+        unmapped the memory and freed it with the broker. The memory is gone:
+        ``ptr``, the array interfaces and the broker calls raise Error ESTALE,
+        and free() only ends the object. Stays True after free().
+        """
+        if self._reclaimed:
+            return True
+        if not self._given_back:
+            return False            # the library gives nothing back without asking this package first
+        with self._lock:
+            handle = self._handle
+            if handle is not None and _lib.lease_reclaimed(handle):
+                self._reclaimed = True
+        return self._reclaimed
+
+    @property
+    def reclaim_priority(self) -> Optional[int]:
+        """The priority set_reclaimable() marked the lease with; None when not marked (by this object),
+        given back, or refused (a refusal unmarks it)."""
+        return None if self._given_back else self._reclaim_priority
+
+    @property
     def client(self) -> Client:
         """The client the lease came from."""
         return self._client
 
     def __repr__(self) -> str:
-        state = " freed" if self._free_asked else ""
+        state = (" reclaimed" if self._given_back else "") + (" freed" if self._free_asked else "")
         ro = " readonly" if self._readonly else ""
         return (f"<vmmbroker.Lease {self._id} {self._size} bytes on device {self._device} "
                 f"at {self._ptr:#x}{ro}{state}>")
@@ -453,13 +516,22 @@ class Lease(_Exportable):
         ``stream`` then). For a shared or published lease this ends only this
         process's hold.
 
+        A lease given back on the broker's request (``reclaimed``) has no
+        memory left: free() ends the object only, and tells nobody. From the
+        lease's own reclaim callback, free() raises Error EDEADLK: return True
+        from the callback instead, and the library gives it back. A free()
+        from another thread while the callback runs waits for it.
+
         Raises Error when telling the broker failed (ECONNREFUSED,
         ECONNRESET): the memory is unmapped all the same and the broker takes
         it back when the process exits.
         """
         if stream is not None and (not isinstance(stream, int) or isinstance(stream, bool)):
             raise TypeError(f"stream must be None or an int (a CUDA stream), not {type(stream).__name__}")
-        with self._lock:
+        if _reclaiming_now() is self:
+            raise error(errno.EDEADLK, f"free() of lease {self._id} from its own reclaim callback: return True "
+                                       "from the callback instead, and the library gives it back.")
+        with self._lock, self._state:
             if self._free_asked:
                 return
             self._free_asked = True
@@ -469,14 +541,22 @@ class Lease(_Exportable):
         self._release(raise_errors=True)
 
     def _release(self, raise_errors: bool) -> None:
+        if _reclaiming_now() is self:
+            # The last DLPack export of a freed lease was dropped inside the lease's own reclaim callback, where
+            # vmmb_free() cannot be called (EDEADLK): free it from another thread, which waits for the callback.
+            threading.Thread(target=self._release, args=(False,), name="vmmbroker-free", daemon=True).start()
+            return
         with self._lock:
-            handle, self._handle = self._handle, None
+            if self._handle is not None and self._given_back and _lib.lease_reclaimed(self._handle):
+                self._reclaimed = True
+            with self._state:
+                handle, self._handle = self._handle, None
             stream = self._free_stream
         if handle is None:
             return
         rc = 0
         if os.getpid() == self._client._pid and not _exiting_late():
-            if stream is None:
+            if stream is None or self._given_back:        # given back: nothing left to wait for
                 rc = _lib.lib().vmmb_free(handle)
             else:
                 # A failed wait leaves the lease mapped and held, a failed free does not, and the errno
@@ -484,6 +564,9 @@ class Lease(_Exportable):
                 # library still holds is given back by Client.close() or the end of the process.
                 rc = _lib.free_stream(handle, stream)
             message = _lib.error_message() if rc < 0 else ""
+            # vmmb_free() waited for a reclaim callback under way and freed the lease object: nothing calls
+            # the callbacks any more. (In a child of fork(), or at exit, the library may still: keep them.)
+            self._reclaim_fns = []
         self._client._lease_done()
         if rc < 0 and raise_errors:
             raise error(rc, message)
@@ -502,10 +585,16 @@ class Lease(_Exportable):
         except Exception:
             pass
 
+    def _stale(self) -> Exception:
+        return error(errno.ESTALE, f"Lease {self._id} was given back on the broker's request (reclaimed): its "
+                                   "memory is gone. Free the object, and lease again if need be.")
+
     def _mapped(self) -> ctypes.c_void_p:
         handle = self._handle
         if handle is None:
             raise ValueError(f"lease {self._id} is freed")
+        if self._given_back:
+            raise self._stale()
         return handle
 
     def _usable(self) -> ctypes.c_void_p:
@@ -514,18 +603,141 @@ class Lease(_Exportable):
         self._client._check()
         return self._mapped()
 
+    def _not_in_own_callback(self, what: str) -> None:
+        # These calls take _lock, which a set_reclaimable() of another thread may hold while it waits for
+        # this very callback to return.
+        if _reclaiming_now() is self:
+            raise error(errno.EDEADLK, f"{what} of lease {self._id} from its own reclaim callback: the callback "
+                                       "only decides (return True to give it back, False to keep it).")
+
     def _export_acquire(self) -> None:
-        with self._lock:
+        with self._state:
             if self._free_asked or self._handle is None:
                 raise BufferError(f"lease {self._id} is freed: nothing to export")
+            if self._given_back:
+                raise self._stale()
             self._exports += 1
 
     def _export_release(self) -> None:
-        with self._lock:
+        with self._state:
             self._exports -= 1
             last = self._exports == 0 and self._free_asked
         if last:
             self._release(raise_errors=False)
+
+    # --- reclaiming ---------------------------------------------------------------------------------
+
+    def set_reclaimable(self, priority: Optional[int],
+                        callback: Optional[Callable[["Lease"], bool]] = None) -> None:
+        """Offer the lease back to the broker, or (``priority`` None) stop offering it
+        (vmmb_lease_set_reclaimable()).
+
+        When another process's alloc(..., wait=...) waits for room on the
+        lease's device, the broker asks the holders of reclaimable leases
+        there, lowest ``priority`` (0 to 2**31-1) first, then the earliest
+        marked, for what that call needs. When this lease is asked, the
+        library's watch thread (started by the client's first mark, stopped by
+        Client.close()) calls ``callback(lease)``; a true value gives the
+        lease back, a false one (None too) refuses. Without a callback the
+        lease is given back without asking. Given back: the library waits for
+        the work queued in the device's primary context (PyTorch's, CuPy's,
+        the CUDA runtime's), unmaps the memory and frees it with the broker;
+        ``reclaimed`` is then True and the memory is gone (``ptr``, the array
+        interfaces and the broker calls raise Error ESTALE; free() ends the
+        object). Refused: the lease stays mapped and is no longer reclaimable
+        (mark it again to offer it again), and the broker asks another.
+
+        The callback runs on the library's thread, holding the GIL, one
+        request at a time; the broker waits for it ReclaimTimeout= (5 s by
+        default), after which the lease is "unresponsive" and no longer asked.
+        In the callback, stop using the memory: drop the tensors made from it
+        and finish the work queued on it in contexts other than the primary
+        one. A lease with live DLPack exports (a framework tensor still made
+        from it) is refused whatever the callback says, with a warning on the
+        "vmmbroker" logger: giving it back would leave the tensor pointing at
+        unmapped memory. An exception raised by the callback refuses too (the
+        program may still be using the memory), and is logged with its
+        traceback on the "vmmbroker" logger (at ERROR); it never reaches the
+        library. ``ptr`` and ``__cuda_array_interface__`` still work in the
+        callback (the memory is mapped until it returns).
+
+        Do not call into this lease's Client from the callback, except for
+        properties. free(), set_reclaimable(), share(), publish() and
+        tokens() of the lease being asked raise Error EDEADLK there, and
+        Client.close() too; other calls of the same Client that go to the
+        broker (alloc, attach, free of other leases) may wait behind a call of
+        another thread that waits for memory, which may wait for this very
+        callback: use another Client (or do it after the callback). The
+        callback is kept as long as the lease is marked, and dropped when it
+        is unmarked or freed; it holds no reference that keeps the Lease
+        alive.
+
+        Only a process that holds the lease read-write, of the owner's user,
+        may mark it; a published lease is never asked, and a lease shared
+        with other processes is asked only if every holder watches. Marks are
+        not kept across a restart of the broker: the library marks again.
+
+        Raises PermissionDenied (EACCES) for a lease held read-only or of
+        another user; NotFound (ENOENT) for a lease the broker does not know;
+        Error ESTALE for a lease given back already, EDEADLK (above),
+        EOPNOTSUPP for a broker or library older than reclaiming; ValueError
+        for a priority out of range or a callback with ``priority`` None;
+        TypeError for a priority that is not an int or a callback that is not
+        callable.
+        """
+        if priority is not None:
+            if not isinstance(priority, int) or isinstance(priority, bool):
+                raise TypeError(f"priority must be None or an int, not {type(priority).__name__}")
+            if not 0 <= priority <= MAX_PRIORITY:
+                raise ValueError(f"priority is 0 to {MAX_PRIORITY} (lower is asked first), or None: not {priority}")
+        elif callback is not None:
+            raise ValueError("a callback is for marking: set_reclaimable(None) unmarks the lease")
+        if callback is not None and not callable(callback):
+            raise TypeError(f"callback must be callable, not {type(callback).__name__}")
+        self._not_in_own_callback("set_reclaimable()")
+        fn = None if priority is None else _reclaim_fn(weakref.ref(self), callback)
+        with self._lock:
+            handle = self._usable()
+            rc = _lib.set_reclaimable(handle, _lib.NOT_RECLAIMABLE if priority is None else priority, fn)
+            if rc < 0:
+                # The library may still hold the callback given before, or (marked, then refused by the
+                # broker) this one: keep both until the lease is freed.
+                message = _lib.error_message()
+                if fn is not None:
+                    self._reclaim_fns.append(fn)
+            else:
+                # Returned: the library holds this one alone (or none), and no call of an earlier one is under way.
+                self._reclaim_fns = [] if fn is None else [fn]
+                self._reclaim_priority = priority
+        if rc < 0:
+            raise error(rc, message)
+
+    def _on_reclaim(self, callback: Optional[Callable[["Lease"], bool]]) -> int:
+        """On the library's watch thread, with the GIL: 0 gives the lease back, -1 refuses."""
+        give = True
+        if callback is not None:
+            before = _reclaiming_now()
+            _tls.lease = self
+            try:
+                give = bool(callback(self))
+            except BaseException:
+                _log.error("vmmbroker: the reclaim callback of lease %s raised; the lease is kept (refused) and "
+                           "no longer reclaimable", self._id, exc_info=True)
+                give = False
+            finally:
+                _tls.lease = before
+        if give:
+            with self._state:
+                exports = self._exports
+                if not exports:
+                    self._given_back = True
+            if exports:
+                _log.warning("vmmbroker: lease %s is kept (refused): %d DLPack export(s) of it are still alive, "
+                             "and giving it back would leave them pointing at unmapped memory", self._id, exports)
+                give = False
+        if not give:
+            self._reclaim_priority = None      # the library unmarks a refused lease
+        return 0 if give else -1
 
     # --- sharing ------------------------------------------------------------------------------------
 
@@ -542,6 +754,7 @@ class Lease(_Exportable):
         or a read-only holder asking for a read-write token; QuotaExceeded
         (EDQUOT) past 64 live tokens.
         """
+        self._not_in_own_callback("share()")
         u = _lib.ANY_UID if uid is None else int(uid)
         buf = ctypes.create_string_buffer(_lib.TOKEN_SIZE)
         with self._lock:
@@ -566,6 +779,7 @@ class Lease(_Exportable):
         PermissionDenied (EACCES) when the caller is not of the owner or holds
         it read-only.
         """
+        self._not_in_own_callback("publish()")
         ids = [int(u) for u in uids]
         arr = (ctypes.c_uint32 * max(len(ids), 1))(*ids)
         with self._lock:
@@ -582,6 +796,7 @@ class Lease(_Exportable):
         readonly (bool). Raises PermissionDenied (EACCES) for a holder that is
         not of the owner.
         """
+        self._not_in_own_callback("tokens()")
         arr = ctypes.POINTER(_lib.Token)()
         n = ctypes.c_size_t()
         with self._lock:
@@ -617,6 +832,27 @@ class Lease(_Exportable):
         the lease, and keeps the lease alive.
         """
         return LeaseView(self, _dtype(dtype), shape, offset)
+
+
+def _reclaim_fn(lease_ref: "weakref.ref[Lease]", callback: Optional[Callable[[Lease], bool]]) -> Any:
+    """The C callback (a RECLAIM_FN) for a lease: calls Lease._on_reclaim(), lets nothing escape into C.
+
+    It holds the Lease by a weak reference, so that marking makes no cycle that keeps the lease alive; a lease
+    being collected is freed by its __del__, whose vmmb_free() waits for a callback under way.
+    """
+    def trampoline(_handle: Any, _timeout_usec: int, _userdata: Any) -> int:
+        try:
+            lease = lease_ref()
+            if lease is None or _exiting_late():
+                return -1
+            return lease._on_reclaim(callback)
+        except BaseException:           # nothing may unwind into the library: ctypes would answer 0, "give back"
+            try:
+                _log.error("vmmbroker: reclaim callback failed; the lease is kept (refused)", exc_info=True)
+            except BaseException:
+                pass
+            return -1
+    return _lib.RECLAIM_FN(trampoline)
 
 
 class LeaseView(_Exportable):
@@ -710,4 +946,16 @@ def _at_exit() -> None:
                 client.close()
         except Exception:
             pass
+    # Leases left (live DLPack exports) stay marked: unmark them, so that the library's watch thread calls no
+    # Python while the interpreter is torn down.
+    for client in list(_clients):
+        if client._pid != os.getpid():
+            continue
+        for lease in list(client._leases):
+            try:
+                with lease._lock:
+                    if lease._reclaim_fns and lease._handle is not None and not lease._given_back:
+                        _lib.set_reclaimable(lease._handle, _lib.NOT_RECLAIMABLE, None)
+            except Exception:
+                pass
     _exiting = True

@@ -13,7 +13,7 @@ import ctypes.util
 import errno
 import os
 import threading
-from typing import Optional
+from typing import Any, Optional
 
 #: Bytes of the buffer vmmb_share() writes a token to (VMMB_TOKEN_SIZE).
 TOKEN_SIZE = 65
@@ -23,6 +23,8 @@ ANY_DEVICE = -1
 READONLY = 1
 #: vmmb_share()'s "any user" and vmmb_lease_owner()'s "not said" ((uid_t)-1).
 ANY_UID = 0xFFFFFFFF
+#: vmmb_lease_set_reclaimable()'s priority that makes a lease not reclaimable (VMMB_NOT_RECLAIMABLE).
+NOT_RECLAIMABLE = -1
 #: The broker's socket when neither the caller nor $VMMBROKER_SOCKET names one (VMMB_DEFAULT_SOCKET).
 DEFAULT_SOCKET = "/run/vmmbroker/io.vmmbroker"
 
@@ -39,6 +41,11 @@ class Token(ctypes.Structure):
 
 _client_p = ctypes.c_void_p
 _lease_p = ctypes.c_void_p
+
+#: vmmb_reclaim_fn: int (*)(vmmb_lease *lease, uint64_t timeout_usec, void *userdata). ctypes takes the GIL
+#: when the library's watch thread calls one, and lets nothing of Python's unwind into C (an exception is
+#: printed and 0 returned, which would mean "give it back": the package's callbacks catch everything).
+RECLAIM_FN = ctypes.CFUNCTYPE(ctypes.c_int, _lease_p, ctypes.c_uint64, ctypes.c_void_p)
 
 # name: (restype, argtypes)
 _PROTOTYPES = {
@@ -128,3 +135,34 @@ def free_stream(lease: ctypes.c_void_p, stream: int) -> int:
     f.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     return f(lease, stream or None)
 
+
+
+def _reclaim_functions(dll: ctypes.CDLL) -> tuple[Any, Any]:
+    """vmmb_lease_set_reclaimable and vmmb_lease_reclaimed, declared; Error EOPNOTSUPP when the library
+    is older than reclaimable leases (the package still loads with such a library)."""
+    try:
+        mark, reclaimed = dll.vmmb_lease_set_reclaimable, dll.vmmb_lease_reclaimed
+    except AttributeError:
+        from ._errors import error
+        raise error(errno.EOPNOTSUPP, f"libvmmbroker ({library_path()}) has no reclaimable leases "
+                                      "(vmmb_lease_set_reclaimable): update it.") from None
+    mark.restype = ctypes.c_int
+    mark.argtypes = [_lease_p, ctypes.c_int, RECLAIM_FN, ctypes.c_void_p]
+    reclaimed.restype = ctypes.c_int
+    reclaimed.argtypes = [_lease_p]
+    return mark, reclaimed
+
+
+def set_reclaimable(lease: ctypes.c_void_p, priority: int, callback: Any) -> int:
+    """vmmb_lease_set_reclaimable(lease, priority, callback, NULL); `callback` a RECLAIM_FN or None (NULL)."""
+    mark, _ = _reclaim_functions(lib())
+    return mark(lease, priority, callback if callback is not None else RECLAIM_FN(), None)
+
+
+def lease_reclaimed(lease: ctypes.c_void_p) -> bool:
+    """vmmb_lease_reclaimed(lease); False when the library has no such function (it reclaims nothing)."""
+    try:
+        _, reclaimed = _reclaim_functions(lib())
+    except OSError:
+        return False
+    return bool(reclaimed(lease))
