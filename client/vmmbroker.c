@@ -890,6 +890,11 @@ static int lease_give_back(vmmb_client *c, vmmb_lease *l) {
         k = cuda_unmap(cu, l->va, l->sizes, l->n_slabs);
         if (k < 0)
                 return k;
+        /* Reclaimed before the broker hears of it: whoever sees the memory come back sees the flag too. */
+        (void)pthread_mutex_lock(&c->leases_lock);
+        l->reclaimed = true;
+        l->va = 0;
+        (void)pthread_mutex_unlock(&c->leases_lock);
         (void)client_free_id(c->answer, l->id);
         return 0;
 }
@@ -922,10 +927,6 @@ static void watch_handle(vmmb_client *c, const ReclaimRequest *q) {
                 k = lease_give_back(c, l);
         (void)pthread_mutex_lock(&c->leases_lock);
         l->reclaimable = false;
-        if (k == 0) {
-                l->reclaimed = true;
-                l->va = 0;
-        }
         (void)pthread_mutex_unlock(&c->leases_lock);
         if (k != 0)
                 (void)client_set_reclaimable(c->answer, l->id, -1);     /* refused: the broker asks another */
