@@ -8,6 +8,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <grp.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -360,4 +363,84 @@ int held_child_finish(HeldChild *x) {
         k = harness_wait(x->pid);
         x->report_r = safe_close(x->report_r);
         return k;
+}
+
+/* --- another user's connections ----------------------------------------------------------------------- */
+
+#define CONNECTOR_HOLD_MS 110000        /* a connector gives up holding (below meson's 120 s) */
+
+typedef struct ConnectorArgs {
+        const char *socket;
+        uid_t uid;
+        unsigned n;
+        int sock_w, hold_r;
+} ConnectorArgs;
+
+static int child_connector(void *arg) {
+        ConnectorArgs *a = arg;
+        int fds[CONNECTOR_MAX];
+        struct pollfd p;
+        char x = 'c';
+        int k;
+
+        CHILD_CHECK(close_all_but((const int[]){ a->sock_w, a->hold_r }, 2) == 0, "close fds");
+        if (a->uid != getuid())
+                CHILD_CHECK(setgroups(0, NULL) == 0 && setresgid(a->uid, a->uid, a->uid) == 0 &&
+                            setresuid(a->uid, a->uid, a->uid) == 0, "cannot become uid %u: %m", (unsigned)a->uid);
+        for (unsigned i = 0; i < a->n; i++) {
+                fds[i] = harness_connect(a->socket);
+                CHILD_CHECK(fds[i] >= 0, "connection %u of uid %u: %s", i, (unsigned)a->uid, strerror(-fds[i]));
+        }
+        CHILD_CHECK(fd_send(a->sock_w, &x, 1, fds, a->n) == 1, "passing the connections: %m");
+        close_many(fds, a->n);
+        /* The holder of whatever is leased on them: alive until the test closes the hold pipe (or kills it). */
+        p = (struct pollfd){ .fd = a->hold_r, .events = POLLIN };
+        do
+                k = poll(&p, 1, CONNECTOR_HOLD_MS);
+        while (k < 0 && errno == EINTR);
+        CHILD_CHECK(k == 1, "never released");
+        return 0;
+}
+
+int connector_open(const char *socket, uid_t uid, unsigned n, Connector *x, VarlinkConn **ret) {
+        struct timeval tv = { .tv_sec = IO_TIMEOUT_S };
+        int sp[2], hold[2], fds[CONNECTOR_MAX];
+        size_t n_fds = 0;
+        unsigned made = 0;
+        int k = 0;
+        char c;
+
+        if (n == 0 || n > CONNECTOR_MAX)
+                return -EINVAL;
+        if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) < 0)
+                return -errno;
+        if (pipe2(hold, O_CLOEXEC) < 0) {
+                k = -errno;
+                close_many(sp, 2);
+                return k;
+        }
+        (void)setsockopt(sp[0], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+        x->pid = harness_fork(child_connector, &(ConnectorArgs){ .socket = socket, .uid = uid, .n = n,
+                                                                 .sock_w = sp[1], .hold_r = hold[0] });
+        close_many((int[]){ sp[1], hold[0] }, 2);
+        x->hold_w = hold[1];
+        if (x->pid <= 0 || fd_recv(sp[0], &c, 1, fds, CONNECTOR_MAX, &n_fds) != 1 || n_fds != n)
+                k = -EPIPE;
+        safe_close(sp[0]);
+        for (; k == 0 && made < n; made++)
+                k = varlink_conn_new(&ret[made], fds[made], VARLINK_MAX_REPLY, true);
+        if (k < 0) {
+                for (unsigned i = 0; i < made; i++)
+                        ret[i] = varlink_conn_free(ret[i]);
+                if (made < n_fds)
+                        close_many(fds + made, n_fds - made);
+                if (x->pid > 0)
+                        (void)connector_close(x);
+        }
+        return k;
+}
+
+int connector_close(Connector *x) {
+        x->hold_w = safe_close(x->hold_w);
+        return harness_wait(x->pid);
 }

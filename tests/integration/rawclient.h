@@ -129,6 +129,25 @@ int held_child_start(int (*fn)(void *arg), void *arg, int *child_report_w, int *
 /* Closes the hold pipe (the child goes on and exits) and returns its exit status, as harness_wait(). */
 int held_child_finish(HeldChild *x);
 
+/*
+ * Another user's connections: a forked process that becomes `uid` (setgroups, setresgid, setresuid; the test
+ * runs as root for any other uid), makes `n` connections to `socket` and hands them over, then stays alive
+ * (the holder of whatever is leased on them) until connector_close() or a kill.
+ */
+#define CONNECTOR_MAX 64
+
+typedef struct Connector {
+        pid_t pid;
+        int hold_w;
+} Connector;
+
+/* Starts one and takes its `n` connections (at most CONNECTOR_MAX) as VarlinkConns (replies up to
+ * VARLINK_MAX_REPLY, fds accepted) into ret[]. Returns 0 or a negative errno (the child's stderr says why). */
+int connector_open(const char *socket, uid_t uid, unsigned n, Connector *x, VarlinkConn **ret);
+
+/* Lets it exit; returns its exit status, as harness_wait(). */
+int connector_close(Connector *x);
+
 /* Opens the driver and makes device 0's primary context current. Returns 0 or -errno (printed). */
 int gpu_open(Gpu *g);
 

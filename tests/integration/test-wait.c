@@ -41,7 +41,6 @@
 #define UID_B 65534
 #define MAX_CONN 64
 #define POLL_STEPS 20000                /* bounded polling of Status: each step is a round trip */
-#define HOLD_TIMEOUT_MS 110000
 
 static Harness h;
 static char config_path[64];
@@ -160,77 +159,18 @@ static int first_readable(VarlinkConn **conns, size_t n) {
 
 /* ---- other users' connections: a connector process per uid -------------------------------------------- */
 
-static int become(uid_t uid) {
-        if (setgroups(0, NULL) < 0 || setresgid(uid, uid, uid) < 0 || setresuid(uid, uid, uid) < 0)
-                return -errno;
-        return getuid() == uid && geteuid() == uid ? 0 : -EPERM;
-}
-
-typedef struct ConnectorArgs {
-        const char *socket;
-        uid_t uid;
-        unsigned n;
-        int sock_w, hold_r;
-} ConnectorArgs;
-
-static int child_connector(void *arg) {
-        ConnectorArgs *a = arg;
-        int fds[MAX_CONN];
-        struct pollfd p;
-        char x = 'c';
-        int k;
-
-        CHILD_CHECK(close_all_but((const int[]){ a->sock_w, a->hold_r }, 2) == 0, "close fds");
-        k = become(a->uid);
-        CHILD_CHECK(k == 0, "cannot become uid %u: %s", (unsigned)a->uid, strerror(-k));
-        for (unsigned i = 0; i < a->n; i++) {
-                fds[i] = harness_connect(a->socket);
-                CHILD_CHECK(fds[i] >= 0, "connection %u of uid %u: %s", i, (unsigned)a->uid, strerror(-fds[i]));
-        }
-        CHILD_CHECK(fd_send(a->sock_w, &x, 1, fds, a->n) == 1, "passing the connections: %m");
-        close_many(fds, a->n);
-        /* The holder of whatever is leased on them: alive until the test closes the hold pipe (or kills it). */
-        p = (struct pollfd){ .fd = a->hold_r, .events = POLLIN };
-        do
-                k = poll(&p, 1, HOLD_TIMEOUT_MS);
-        while (k < 0 && errno == EINTR);
-        CHILD_CHECK(k == 1, "never released");
-        return 0;
-}
-
-typedef struct Connector {
-        pid_t pid;
-        int hold_w;
-} Connector;
-
-/* Forks a process of `uid` that makes `n` connections and hands them over as VarlinkConns. */
+/* Forks a process of `uid` that makes `n` connections and hands them over as VarlinkConns (rawclient.h). */
 static Connector connector_start(uid_t uid, unsigned n, VarlinkConn **ret) {
-        struct timeval tv = { .tv_sec = IO_TIMEOUT_S };
-        int sp[2], hold[2], fds[MAX_CONN];
         Connector x;
-        size_t n_fds = 0;
-        char c;
+        int k = connector_open(h.socket, uid, n, &x, ret);
 
-        ck_assert_uint_le(n, MAX_CONN);
-        ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp), 0);
-        ck_assert_int_eq(pipe2(hold, O_CLOEXEC), 0);
-        ck_assert_int_eq(setsockopt(sp[0], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)), 0);
-        x.pid = harness_fork(child_connector, &(ConnectorArgs){ .socket = h.socket, .uid = uid, .n = n,
-                                                                 .sock_w = sp[1], .hold_r = hold[0] });
-        ck_assert_int_gt(x.pid, 0);
-        close_many((int[]){ sp[1], hold[0] }, 2);
-        x.hold_w = hold[1];
-        ck_assert_msg(fd_recv(sp[0], &c, 1, fds, MAX_CONN, &n_fds) == 1 && n_fds == n,
-                      "the connector of uid %u did not pass its connections (see its stderr)", (unsigned)uid);
-        safe_close(sp[0]);
-        for (unsigned i = 0; i < n; i++)
-                ck_assert_int_eq(varlink_conn_new(&ret[i], fds[i], VARLINK_MAX_REPLY, true), 0);
+        ck_assert_msg(k == 0, "the connector of uid %u did not pass its connections: %s (see its stderr)",
+                      (unsigned)uid, strerror(-k));
         return x;
 }
 
 static void connector_finish(Connector *x) {
-        x->hold_w = safe_close(x->hold_w);
-        ck_assert_msg(harness_wait(x->pid) == 0, "a connector failed (see its stderr)");
+        ck_assert_msg(connector_close(x) == 0, "a connector failed (see its stderr)");
 }
 
 /* uid's bytes on device 0, as Users (all: true, the test is root) says; 0 when it has nothing charged. */
