@@ -1,8 +1,26 @@
 #!/usr/bin/env python3
-# exploration only (not committed): where attach_state_dict's time goes
-import json, os, sys, time, ctypes, statistics
+# SPDX-License-Identifier: MIT
+"""Where the weight store's attach spends its time, step by step, and what other ways of making the views cost.
+
+    VMMBROKER_BUILD=build-gpu python3 tests/gpu/python/weights_phases.py
+    PROBE_IMPORT=1 ...     # the same with transformers and safetensors imported in the consumer
+
+A producer process publishes GPT-2 medium's state dict (bf16, random weights) and exits; a consumer process
+then, 20 times (after one untimed round), times: the broker's attach (read-write and read-only) and free,
+wrapping the lease in a tensor, reading 64 bytes and 64 KiB of the header back, decoding the layout, and
+making the 293 views four ways (as_strided on a typed view, Tensor.set_, slicing and view, split_with_sizes),
+then attach_state_dict() whole. It prints one JSON line of medians in microseconds. A measurement program
+for docs/performance.md, not a test: it checks only that split_with_sizes gives the same views.
+"""
+
+import json
+import os
+import statistics
+import sys
+import time
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _harness as h
+import _harness as h  # noqa: E402
 
 def producer(name):
     import torch
