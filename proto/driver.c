@@ -165,6 +165,14 @@ static int device_attribute(CudaDriver *cu, CUdevice dev, CUdevice_attribute att
         return r == CUDA_SUCCESS ? 0 : cuda_result_to_errno(r);
 }
 
+int cuda_device_numa_node(CudaDriver *cu, CUdevice dev) {
+        int node = -1;
+
+        if (device_attribute(cu, dev, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, &node) < 0 || node < 0)
+                return -1;
+        return node;
+}
+
 int cuda_device_probe(CudaDriver *cu, int index, CudaDeviceInfo *ret, char **ret_message) {
         CUmemAllocationProp prop;
         CudaDeviceInfo info = { .index = index };
@@ -198,6 +206,7 @@ int cuda_device_probe(CudaDriver *cu, int index, CudaDeviceInfo *ret, char **ret
         k = device_attribute(cu, info.device, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
                              &posix_fd);
         info.posix_fd = k == 0 && posix_fd;
+        info.numa_node = cuda_device_numa_node(cu, info.device);
 
         if (info.vmm) {
                 prop = cuda_slab_prop(info.device);

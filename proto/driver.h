@@ -96,7 +96,17 @@ typedef struct CudaDeviceInfo {
         uint64_t granularity;           /* minimum VMM granularity for a pinned device allocation */
         bool vmm;                       /* CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED */
         bool posix_fd;                  /* CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED */
+        int numa_node;                  /* CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID: the host NUMA node nearest the
+                                           device, -1 when unknown (the driver says -1, or fails the query) */
 } CudaDeviceInfo;
+
+/* CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID came with CUDA 12.2's cuda.h; older drivers refuse it (numa_node -1). */
+#if CUDA_VERSION < 12020
+#define CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID ((CUdevice_attribute)134)
+#endif
+
+/* The host NUMA node of `dev`: CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, or -1 when the driver does not know it. */
+int cuda_device_numa_node(CudaDriver *cu, CUdevice dev);
 
 /*
  * Loads the driver, fills the table, checks the version, runs cuInit(0) and

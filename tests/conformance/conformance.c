@@ -158,6 +158,19 @@ START_TEST(device_supports_vmm_and_fds) {
                 size_text(info.total_memory, total, sizeof(total)));
         observe_text("virtual memory management supported", info.vmm ? "yes" : "no");
         observe_text("POSIX fd handles supported", info.posix_fd ? "yes" : "no");
+        {
+                /* Report only (issue 18, Placement=nearest): the host NUMA node, -1 when the driver does not know. */
+                char node[32];
+                int raw = -1;
+                CUresult r = gpu.cu->cuDeviceGetAttribute(&raw, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, info.device);
+
+                if (r == CUDA_SUCCESS)
+                        snprintf(node, sizeof(node), "%d", raw);
+                else
+                        snprintf(node, sizeof(node), "%s", cuda_result_name(gpu.cu, r));
+                observe_text("host NUMA node, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID (report only)", node);
+                ck_assert_int_eq(info.numa_node, r == CUDA_SUCCESS && raw >= 0 ? raw : -1);
+        }
         ck_assert_msg(k == 0, "cuda_device_probe: %s", message);
         ck_assert(info.vmm && info.posix_fd);
 

@@ -255,6 +255,7 @@ static struct {
         int driver_version;
         bool vmm, posix_fd;
         uint64_t peers[MAX_DEVICES];    /* SIMCUDA_PEERS: bit P of peers[D] says device D may access P's memory */
+        int numa[MAX_DEVICES];          /* SIMCUDA_NUMA: device D's host NUMA node (CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID) */
 
         bool initialized;               /* cuInit() succeeded */
         bool held;                      /* simcuda_hold_streams(1) */
@@ -436,6 +437,32 @@ static bool parse_peers(const char *v, uint64_t peers[static MAX_DEVICES]) {
         return true;
 }
 
+/*
+ * SIMCUDA_NUMA: a comma-separated list of host NUMA nodes, device i's at position i ("0,0,1,1"), each from
+ * -1 (the driver does not know) to 1023, at most one per device; devices past the list are on node 0.
+ */
+static bool parse_numa(const char *v, int numa[static MAX_DEVICES]) {
+        int parsed[MAX_DEVICES] = {};
+
+        for (int d = 0;; d++) {
+                char *end;
+                long n;
+
+                if (d >= sim.n_devices || !((*v >= '0' && *v <= '9') || (v[0] == '-' && v[1] == '1')))
+                        return false;
+                errno = 0;
+                n = strtol(v, &end, 10);
+                if (errno != 0 || n < -1 || n > 1023 || (*end != ',' && *end != '\0'))
+                        return false;
+                parsed[d] = (int)n;
+                if (*end == '\0')
+                        break;
+                v = end + 1;
+        }
+        memcpy(numa, parsed, sizeof(parsed));
+        return true;
+}
+
 /* Records why a variable is bad, for cuInit() to print; the first one wins, the others keep their defaults. */
 _printf_(1, 2) static void env_bad(const char *fmt, ...) {
         va_list ap;
@@ -487,6 +514,9 @@ static void setup_once(void) {
         if (env_get("SIMCUDA_PEERS", &v) && !parse_peers(v, sim.peers))
                 env_bad("simcuda: SIMCUDA_PEERS=\"%.64s\" is neither \"all\", \"none\" nor a list of device pairs "
                         "such as 0-1,2>3 (indices below SIMCUDA_DEVICES, two different devices a pair)", v);
+        if (env_get("SIMCUDA_NUMA", &v) && !parse_numa(v, sim.numa))
+                env_bad("simcuda: SIMCUDA_NUMA=\"%.64s\" is not a list of host NUMA nodes such as 0,0,1,1 (one per "
+                        "device at most, each from -1 to 1023)", v);
         if (env_get("SIMCUDA_FAIL", &v) && faults_parse(v, &sim.faults) < 0)
                 env_bad("simcuda: SIMCUDA_FAIL=\"%.64s\" is not a list of ENTRY:N[:ERROR] such as "
                         "cuMemCreate:3,cuMemMap:1:CUDA_ERROR_INVALID_VALUE", v);
@@ -1140,6 +1170,9 @@ static CUresult sim_cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUd
                 break;
         case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR:
                 *pi = 9;
+                break;
+        case CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID:
+                *pi = sim.numa[dev];
                 break;
         default:        /* minor 0, no multicast, no fabric handles, and nothing else either */
                 *pi = 0;
