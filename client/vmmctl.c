@@ -395,7 +395,8 @@ static void format_bar_of(uint64_t first, uint64_t second, uint64_t whole, unsig
         if (held < leased)
                 held = leased;
         if (cells == 0) {
-                fprintf(f, "%3u%%", percent);
+                /* the percentage alone, flush left under the column's header */
+                fprintf(f, "%u%%", percent);
                 fclose(f);
                 return;
         }
@@ -444,6 +445,7 @@ static void format_user_bar(const WireUserDevice *d, size_t cells, bool color, c
 
 enum {
         STATUS_DEVICE,
+        STATUS_NUMA,
         STATUS_NAME,
         STATUS_CAPACITY,
         STATUS_LEASED,
@@ -457,6 +459,7 @@ enum {
 
 static const TableColumn status_columns[STATUS_COLUMNS] = {
         [STATUS_DEVICE] = { "DEVICE", TABLE_RIGHT, 0 },
+        [STATUS_NUMA] = { "NUMA", TABLE_RIGHT, 0 },       /* the host NUMA node nearest the device */
         [STATUS_NAME] = { "NAME", TABLE_LEFT, 8 },
         [STATUS_CAPACITY] = { "CAPACITY", TABLE_RIGHT, 0 },
         [STATUS_LEASED] = { "LEASED", TABLE_RIGHT, 0 },
@@ -480,11 +483,16 @@ static int print_status(Context *ctx, const StatusReply *status) {
         }
         for (size_t i = 0; i < status->n_devices && k == 0; i++) {
                 const WireDevice *d = &status->devices[i];
-                char index[24], leases[24], waiters[24], capacity[FORMAT_SIZE_MAX], leased[FORMAT_SIZE_MAX];
+                char index[24], numa[24], leases[24], waiters[24], capacity[FORMAT_SIZE_MAX], leased[FORMAT_SIZE_MAX];
                 char cached[FORMAT_SIZE_MAX], free_[FORMAT_SIZE_MAX], bar[BAR_MAX];
 
                 snprintf(index, sizeof(index), "%" PRId64, d->index);
                 snprintf(leases, sizeof(leases), "%" PRIu64, d->leases);
+                /* The device's host NUMA node; "-" when unknown, or from a daemon older than NUMA. */
+                if (d->numa_node < 0)
+                        snprintf(numa, sizeof(numa), "-");
+                else
+                        snprintf(numa, sizeof(numa), "%" PRId64, d->numa_node);
                 /* Alloc calls waiting for room; "-" from a daemon that has no waiting. */
                 if (d->waiters < 0)
                         snprintf(waiters, sizeof(waiters), "-");
@@ -493,6 +501,7 @@ static int print_status(Context *ctx, const StatusReply *status) {
                 format_bar(d, BAR_CELLS, ctx->color, bar, sizeof(bar));
                 k = table_add_row(t, (const char *const[]){
                         [STATUS_DEVICE] = index,
+                        [STATUS_NUMA] = numa,
                         [STATUS_NAME] = d->name,
                         [STATUS_CAPACITY] = format_size(d->capacity, capacity, sizeof(capacity)),
                         [STATUS_LEASED] = format_size(d->leased, leased, sizeof(leased)),

@@ -683,6 +683,7 @@ static int method_status(Broker *b, const Caller *c, json_object *params, Method
                         .cached = stats[i].cached,
                         .leases = b->leases.device_leases[i],
                         .waiters = b->waits[i].n_waiters,
+                        .numa_node = stats[i].numa_node >= 0 ? stats[i].numa_node : JSON_ABSENT,
                 };
         }
         reply.devices = devices;

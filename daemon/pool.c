@@ -781,6 +781,7 @@ static int device_init(Pool *p, PoolDevice *dev, int index, const PoolConfig *co
         dev->stats.name = dev->info.name;
         dev->stats.total = dev->info.total_memory;
         dev->stats.granularity = dev->info.granularity;
+        dev->stats.numa_node = dev->info.numa_node;
         return 0;
 
 fail:

@@ -87,6 +87,7 @@ typedef struct PoolDeviceStats {
         const char *name;
         uint64_t total;                 /* device memory */
         uint64_t granularity;
+        int numa_node;                  /* the host NUMA node nearest the device, -1 when unknown */
         uint64_t capacity;
         uint64_t leased;                /* bytes in leased slabs */
         uint64_t scrubbing;             /* bytes being scrubbed */

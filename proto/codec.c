@@ -235,6 +235,7 @@ static const JsonField device_fields[] = {
         JSON_FIELD_UINT64("cached", WireDevice, cached),
         JSON_FIELD_UINT64("leases", WireDevice, leases),
         JSON_FIELD_INT64("waiters", WireDevice, waiters, false, true),
+        JSON_FIELD_INT64("numa_node", WireDevice, numa_node, false, true),
         JSON_FIELD_END,
 };
 

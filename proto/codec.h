@@ -260,7 +260,7 @@ typedef struct UsersReply {
         size_t n_users;
 } UsersReply;
 
-/* Device (index, name, total, granularity, capacity, leased, scrubbing, cached, leases, waiters: ?int) */
+/* Device (index, name, total, granularity, capacity, leased, scrubbing, cached, leases, waiters: ?int, numa_node: ?int) */
 typedef struct WireDevice {
         int64_t index;
         char *name;
@@ -272,6 +272,7 @@ typedef struct WireDevice {
         uint64_t cached;
         uint64_t leases;
         int64_t waiters;        /* JSON_ABSENT (-1) from a daemon that has no waiting */
+        int64_t numa_node;      /* JSON_ABSENT (-1) when unknown, or from a daemon older than NUMA */
 } WireDevice;
 
 /* Status's reply: (devices: []Device) */

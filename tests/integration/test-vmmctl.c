@@ -479,8 +479,8 @@ typedef struct Column {
 } Column;
 
 static const Column status_columns[] = {
-        { "DEVICE", true }, { "NAME", false },  { "CAPACITY", true }, { "LEASED", true },
-        { "CACHED", true }, { "FREE", true },   { "LEASES", true },   { "WAIT", true }, { "USAGE", false },
+        { "DEVICE", true }, { "NUMA", true },   { "NAME", false },  { "CAPACITY", true }, { "LEASED", true },
+        { "CACHED", true }, { "FREE", true },   { "LEASES", true }, { "WAIT", true },     { "USAGE", false },
 };
 
 static const Column list_columns[] = {
@@ -707,6 +707,8 @@ START_TEST(test_status_table) {
                 uint64_t used = d->leased + d->scrubbing + d->cached;
 
                 CHECK_FIELD(lines[0], row, status_columns, "DEVICE", number_str(d->index, num));
+                CHECK_FIELD(lines[0], row, status_columns, "NUMA",
+                            d->numa_node < 0 ? "-" : number_str(d->numa_node, num));
                 CHECK_FIELD(lines[0], row, status_columns, "NAME", d->name);
                 CHECK_FIELD(lines[0], row, status_columns, "CAPACITY", size_str(d->capacity, buf));
                 CHECK_FIELD(lines[0], row, status_columns, "LEASED", size_str(d->leased, buf));
