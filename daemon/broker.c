@@ -41,6 +41,7 @@ void broker_done(Broker *b) {
         user_registry_done(&b->users);
         store_free(b->store);
         b->store = NULL;
+        numa_map_done(&b->numa);
 }
 
 void broker_set_store(Broker *b, Store *store) {
@@ -239,7 +240,14 @@ int broker_alloc_among(Broker *b, const Caller *c, const uint64_t *devices, size
         }
         for (size_t j = 0; j < n_order; j++)
                 pool_device_stats(b->pool, order[j], &stats[order[j]]);
-        placement_order(b->placement, stats, order, n_order);
+        if (b->placement == PLACEMENT_NEAREST) {
+                NodeSet near;
+
+                /* The caller's nodes; unknown (no map, affinity unreadable): most-free over all. */
+                placement_order_near(b->placement, stats, order, n_order,
+                                     numa_map_nodes_of_pid(&b->numa, c->holder->pid, &near) == 0 ? &near : NULL);
+        } else
+                placement_order(b->placement, stats, order, n_order);
 
         for (size_t j = 0; j < n_order; j++) {
                 q = (UserQuota){};

@@ -75,6 +75,7 @@ typedef struct Broker {
         WaitQueue *waits;               /* per pool device: Alloc calls waiting for room (wait.h) */
         uint64_t max_alloc_wait_usec;   /* MaxAllocWait=: the longest an Alloc may wait; 0: none may */
         PlacementRule placement;        /* Placement=: where an Alloc that names no single device goes */
+        NumaMap numa;                   /* CPU -> NUMA node, for Placement=nearest; empty: unknown (place.h) */
 } Broker;
 
 /* Who asks: the process, its user, and whether it is an administrator (root, or the admin group). */

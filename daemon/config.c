@@ -287,7 +287,7 @@ static int parse_placement(Config *c, const char *value, char **ret_message) {
         int rule = *value ? placement_from_name(value) : PLACEMENT_MOST_FREE;
 
         if (rule < 0)
-                return set_message_error(ret_message, -EINVAL, "expected most-free or first");
+                return set_message_error(ret_message, -EINVAL, "expected most-free, first or nearest");
         c->manager.placement = (PlacementRule)rule;
         return 0;
 }

@@ -554,6 +554,20 @@ int manager_new(Manager **ret, const ManagerConfig *config, char **ret_message) 
         m->broker.max_alloc_wait_usec = config->max_alloc_wait_usec == MANAGER_ALLOC_WAIT_OFF ? 0 :
                                         config->max_alloc_wait_usec ?: BROKER_DEFAULT_MAX_ALLOC_WAIT_USEC;
         m->broker.placement = config->placement;
+        if (config->placement == PLACEMENT_NEAREST) {
+                /* Read once: which CPU is on which NUMA node. */
+                const char *root = getenv(PLACEMENT_SYSFS_ROOT_ENV);
+
+                k = numa_map_load(&m->broker.numa, root && *root ? root : "/sys");
+                if (k < 0) {
+                        numa_map_done(&m->broker.numa);
+                        if (k == -ENOMEM)
+                                return k;
+                        fprintf(stderr, "Cannot read the NUMA nodes' CPUs in %s/devices/system/node: %s; "
+                                "Placement=nearest places as most-free.\n", root && *root ? root : "/sys",
+                                strerror(-k));
+                }
+        }
         m->waiters_in_use = calloc(pool_n_devices(m->pool) ?: 1, sizeof(uint64_t));
         if (!m->waiters_in_use)
                 return -ENOMEM;

@@ -198,7 +198,7 @@ END_TEST
 
 START_TEST(test_errors_name_the_line) {
         expect_error("[Broker]\nCapcity=1G\n", 2, "unknown key \"Capcity\" in [Broker]");
-        expect_error("[Broker]\nPlacement=nearest\n", 2, "expected most-free or first");
+        expect_error("[Broker]\nPlacement=closest\n", 2, "expected most-free, first or nearest");
         expect_error("Capacity=1G\n", 1, "comes before any section");
         expect_error("[Brokers]\n", 1, "unknown section [Brokers]");
         expect_error("[Broker\n", 1, "a section header must be [Name]");
