@@ -7,7 +7,8 @@
  * errors for what a hostile client sends in it, per-device limits passing a
  * device over, vmmb_alloc_among() in libvmmbroker, and leases several devices
  * of a process use (vmmb_lease_grant_access(), simulated peer access set by
- * SIMCUDA_PEERS). Each test starts its
+ * SIMCUDA_PEERS), and Placement=nearest over devices on NUMA nodes 0,0,1,1
+ * (SIMCUDA_NUMA) with a fake sysfs (VMMBROKER_SYSFS_ROOT). Each test starts its
  * own daemon with its own configuration (harness.h) and drives it with raw
  * varlink (rawclient.h).
  */
@@ -18,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "codec.h"
@@ -298,7 +300,8 @@ static void status_devices(const char *socket, WireDevice *ret, size_t n) {
         ck_assert_int_eq(status_reply_decode(r.params, &s, NULL), 0);
         ck_assert_uint_eq(s.n_devices, n);
         for (size_t i = 0; i < n; i++)
-                ret[i] = (WireDevice){ .index = s.devices[i].index, .waiters = s.devices[i].waiters };
+                ret[i] = (WireDevice){ .index = s.devices[i].index, .waiters = s.devices[i].waiters,
+                                       .numa_node = s.devices[i].numa_node };
         status_reply_done(&s);
         reply_done(&r);
 }
@@ -561,11 +564,125 @@ START_TEST(test_client_grant_access_refused) {
 }
 END_TEST
 
+/*
+ * A fake sysfs under root (a mkdtemp template, filled in) where node `all` lists every CPU this process may
+ * run on and the other node of 0 and 1 none: the caller is on node `all` only.
+ */
+static void fake_sysfs(char root[static 32], int all) {
+        static const char *const dirs[] = { "devices", "devices/system", "devices/system/node",
+                                            "devices/system/node/node0", "devices/system/node/node1" };
+        char path[128];
+        FILE *f;
+
+        snprintf(root, 32, "/tmp/vmmb-sysfs-XXXXXX");
+        ck_assert_ptr_nonnull(mkdtemp(root));
+        for (size_t i = 0; i < ELEMENTSOF(dirs); i++) {
+                snprintf(path, sizeof(path), "%s/%s", root, dirs[i]);
+                ck_assert_int_eq(mkdir(path, 0755), 0);
+        }
+        for (int node = 0; node < 2; node++) {
+                snprintf(path, sizeof(path), "%s/devices/system/node/node%d/cpulist", root, node);
+                f = fopen(path, "we");
+                ck_assert_ptr_nonnull(f);
+                fputs(node == all ? "0-8191\n" : "\n", f);
+                ck_assert_int_eq(fclose(f), 0);
+        }
+}
+
+static void fake_sysfs_remove(const char *root) {
+        char path[128];
+
+        for (int node = 0; node < 2; node++) {
+                snprintf(path, sizeof(path), "%s/devices/system/node/node%d/cpulist", root, node);
+                ck_assert_int_eq(unlink(path), 0);
+                snprintf(path, sizeof(path), "%s/devices/system/node/node%d", root, node);
+                ck_assert_int_eq(rmdir(path), 0);
+        }
+        snprintf(path, sizeof(path), "%s/devices/system/node", root);
+        ck_assert_int_eq(rmdir(path), 0);
+        snprintf(path, sizeof(path), "%s/devices/system", root);
+        ck_assert_int_eq(rmdir(path), 0);
+        snprintf(path, sizeof(path), "%s/devices", root);
+        ck_assert_int_eq(rmdir(path), 0);
+        ck_assert_int_eq(rmdir(root), 0);
+}
+
+/* Starts a Placement=nearest daemon on devices on nodes 0,0,1,1, the caller on node `caller` (-1: no sysfs). */
+static void start_nearest(Daemon *d, char root[static 32], int caller) {
+        if (caller >= 0)
+                fake_sysfs(root, caller);
+        else
+                snprintf(root, 32, "/nonexistent/vmmb-sysfs");
+        ck_assert_int_eq(setenv("SIMCUDA_NUMA", "0,0,1,1", 1), 0);
+        ck_assert_int_eq(setenv("VMMBROKER_SYSFS_ROOT", root, 1), 0);
+        start_with(d, "[Broker]\nCapacity=64M\nPlacement=nearest\n[Limits]\nMaxBytes=1G\n");
+        ck_assert_int_eq(unsetenv("SIMCUDA_NUMA"), 0);
+        ck_assert_int_eq(unsetenv("VMMBROKER_SYSFS_ROOT"), 0);
+}
+
+/* nearest: the devices on the caller's node first, most-free among them; a full one ends the search. */
+START_TEST(test_nearest) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
+        _cleanup_free_ char *placement = NULL;
+        WireDevice devs[N_DEVICES];
+        char root[32];
+        VmmbError e;
+        Daemon d;
+
+        if (!four_devices("test_nearest"))
+                return;
+        start_nearest(&d, root, 1);
+        ck_assert_int_eq(conn_open(d.h.socket, &c), 0);
+        placement = status_placement(c);
+        ck_assert_str_eq(placement, "nearest");
+        status_devices(d.h.socket, devs, N_DEVICES);
+        for (size_t i = 0; i < N_DEVICES; i++)
+                ck_assert_int_eq(devs[i].numa_node, i < 2 ? 0 : 1);
+
+        ck_assert_int_eq(alloc_ok(c, "{\"size\": 16777216}"), 2);      /* node 1: 2 and 3 tie, the lower */
+        ck_assert_int_eq(alloc_ok(c, "{\"size\": 16777216}"), 3);      /* 3 has more room than 2 */
+        ck_assert_int_eq(alloc_ok(c, "{\"size\": 33554432}"), 2);      /* a tie again: 2 has 16M left */
+        ck_assert_int_eq(alloc_ok(c, "{\"size\": 16777216}"), 3);      /* 3 has 48M: 32M left */
+        ck_assert_int_eq(alloc_ok(c, "{\"size\": 16777216}"), 3);      /* 16M left each */
+        /* Devices 2 and 3 nearly full, 0 and 1 empty: the near devices still go first. */
+        ck_assert_int_eq(alloc_ok(c, "{\"size\": 16777216}"), 2);
+        ck_assert_int_eq(alloc_ok(c, "{\"size\": 16777216}"), 3);
+        /* Both near devices full: OutOfMemory on the first of them; the far ones are not tried. */
+        alloc_fails(c, "{\"size\": 2097152}", VMMB_ERROR_OUT_OF_MEMORY, &e);
+        ck_assert_int_eq(e.device, 2);
+        vmmb_error_done(&e);
+        /* A set without a near device: most-free among it. */
+        ck_assert_int_eq(alloc_ok(c, "{\"size\": 2097152, \"devices\": [1, 0]}"), 0);
+        ck_assert_int_eq(alloc_ok(c, "{\"size\": 2097152, \"devices\": [1, 0]}"), 1);
+        stop(&d);
+        fake_sysfs_remove(root);
+
+        /* The caller on node 0. */
+        start_nearest(&d, root, 0);
+        varlink_conn_free(TAKE_PTR(c));
+        ck_assert_int_eq(conn_open(d.h.socket, &c), 0);
+        ck_assert_int_eq(alloc_ok(c, "{\"size\": 16777216}"), 0);
+        ck_assert_int_eq(alloc_ok(c, "{\"size\": 16777216}"), 1);
+        ck_assert_int_eq(alloc_ok(c, "{\"size\": 16777216, \"devices\": [3, 2]}"), 2);
+        stop(&d);
+        fake_sysfs_remove(root);
+
+        /* No NUMA in sysfs: nodes unknown, most-free over all. */
+        start_nearest(&d, root, -1);
+        varlink_conn_free(TAKE_PTR(c));
+        ck_assert_int_eq(conn_open(d.h.socket, &c), 0);
+        ck_assert_int_eq(alloc_ok(c, "{\"size\": 16777216}"), 0);
+        ck_assert_int_eq(alloc_ok(c, "{\"size\": 16777216}"), 1);
+        ck_assert_int_eq(alloc_ok(c, "{\"size\": 16777216}"), 2);
+        stop(&d);
+}
+END_TEST
+
 int main(void) {
         return run_suite(UNIT_SUITE("devices", NULL, test_most_free_spreads, test_first_keeps_device_0,
                                     test_set_restricts, test_set_refusals, test_quota_per_device, test_placed_wait_stays,
                                     test_client_alloc_among, test_client_grant_access,
-                                    test_client_grant_access_refused)) == 0
+                                    test_client_grant_access_refused, test_nearest)) == 0
                        ? EXIT_SUCCESS
                        : EXIT_FAILURE;
 }
