@@ -1596,6 +1596,27 @@ static void users_daemon_start(Harness *h) {
         ck_assert_msg(k == 0, "harness_start: %s", strerror(-k));
 }
 
+/* NUMA: the device's host NUMA node, "-" when the driver does not know it (SIMCUDA_NUMA=-1,1). */
+START_TEST(test_status_numa) {
+        char *lines[MAX_LINES];
+        Harness h;
+        Output o;
+
+        if (!two_devices(__func__))
+                return;
+        ck_assert_int_eq(setenv("SIMCUDA_NUMA", "-1,1", 1), 0);
+        users_daemon_start(&h);
+        ck_assert_int_eq(unsetenv("SIMCUDA_NUMA"), 0);
+        RUN_OK(&o, "--socket", h.socket, "status");
+        ck_assert_uint_eq(split_lines(o.out, lines), 3);
+        check_header(lines[0], status_columns, ELEMENTSOF(status_columns));
+        CHECK_FIELD(lines[0], lines[1], status_columns, "NUMA", "-");
+        CHECK_FIELD(lines[0], lines[2], status_columns, "NUMA", "1");
+        output_done(&o);
+        ck_assert_int_eq(harness_stop(&h), 0);
+}
+END_TEST
+
 START_TEST(test_users_table) {
         _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
         _cleanup_free_ char *id0 = NULL, *id1 = NULL;
@@ -2015,7 +2036,8 @@ int main(void) {
                                     test_list_json, test_list_all, test_list_holders, test_unpublish,
                                     test_unpublish_other_owner, test_tokens,
                                     test_users_table, test_users_json, test_users_all, test_users_fitted,
-                                    test_list_empty, test_unreachable, test_usage, test_fit_terminal)) == 0
+                                    test_list_empty, test_unreachable, test_usage, test_fit_terminal,
+                                    test_status_numa)) == 0
                        ? EXIT_SUCCESS
                        : EXIT_FAILURE;
 }

@@ -224,6 +224,9 @@ static const char *const bad_env[][2] = {
         { "SIMCUDA_MEMORY", "0" },      { "SIMCUDA_DRIVER_VERSION", "13.0" }, { "SIMCUDA_NO_VMM", "yes" },
         { "SIMCUDA_NO_POSIX_FD", "2" }, { "SIMCUDA_FAIL", "cuMemCreate" },   { "SIMCUDA_PEERS", "some" },
         { "SIMCUDA_PEERS", "0-1" },     /* device 1 does not exist (one device) */
+        { "SIMCUDA_NUMA", "0,1" },      /* two nodes for one device */
+        { "SIMCUDA_NUMA", "-2" },       { "SIMCUDA_NUMA", "1024" },          { "SIMCUDA_NUMA", "0," },
+        { "SIMCUDA_NUMA", "x" },
 };
 
 START_TEST(test_bad_env) {
@@ -262,6 +265,7 @@ START_TEST(test_env_config) {
         setenv("SIMCUDA_DEVICES", "2", 1);
         setenv("SIMCUDA_MEMORY", "64M", 1);
         setenv("SIMCUDA_DRIVER_VERSION", "12080", 1);
+        setenv("SIMCUDA_NUMA", "3", 1);         /* device 1 past the list: node 0 */
         open_driver();
         ck_assert_int_eq(cu->version, 12080);
         expect_ok(cu->cuDeviceGetCount(&count));
@@ -271,9 +275,28 @@ START_TEST(test_env_config) {
         ck_assert_uint_eq(info.total_memory, 64 * MiB);
         ck_assert_uint_eq(info.granularity, GRAN);
         ck_assert(info.vmm && info.posix_fd);
+        ck_assert_int_eq(info.numa_node, 0);
+        ck_assert_int_eq(cuda_device_numa_node(cu, 0), 3);
         expect_ok(cu->cuDeviceTotalMem(&total, 0));
         ck_assert_uint_eq(total, 64 * MiB);
         ck_assert_int_eq(cuda_device_probe(cu, 2, &info, NULL), -ENODEV);
+}
+END_TEST
+
+/* SIMCUDA_NUMA: a node each, and -1 (the driver does not know) read as unknown. */
+START_TEST(test_numa) {
+        CudaDeviceInfo info;
+        int node = 7;
+
+        setenv("SIMCUDA_DEVICES", "3", 1);
+        setenv("SIMCUDA_NUMA", "1,-1,0", 1);
+        open_driver();
+        expect_ok(cu->cuDeviceGetAttribute(&node, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, 1));
+        ck_assert_int_eq(node, -1);
+        for (int d = 0; d < 3; d++) {
+                ck_assert_int_eq(cuda_device_probe(cu, d, &info, NULL), 0);
+                ck_assert_int_eq(info.numa_node, d == 0 ? 1 : d == 1 ? -1 : 0);
+        }
 }
 END_TEST
 
@@ -1372,6 +1395,7 @@ static Suite *simcuda_suite(void) {
         tcase_add_test(tc, test_no_devices);
         tcase_add_loop_test(tc, test_bad_env, 0, ELEMENTSOF(bad_env));
         tcase_add_test(tc, test_env_config);
+        tcase_add_test(tc, test_numa);
         tcase_add_loop_test(tc, test_features_off, 0, ELEMENTSOF(feature_env));
         tcase_add_test(tc, test_attributes);
         tcase_add_test(tc, test_error_names);
