@@ -1161,6 +1161,11 @@ static CUresult sim_cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUd
                 return CUDA_ERROR_INVALID_VALUE;
         if (!device_valid(dev))
                 return CUDA_ERROR_INVALID_DEVICE;
+        if (attrib == CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID) {
+                /* not a case label: before CUDA 12.2's cuda.h it is driver.h's value, outside the enum */
+                *pi = sim.numa[dev];
+                return CUDA_SUCCESS;
+        }
         switch (attrib) {
         case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
                 *pi = sim.vmm;
@@ -1170,9 +1175,6 @@ static CUresult sim_cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUd
                 break;
         case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR:
                 *pi = 9;
-                break;
-        case CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID:
-                *pi = sim.numa[dev];
                 break;
         default:        /* minor 0, no multicast, no fabric handles, and nothing else either */
                 *pi = 0;
