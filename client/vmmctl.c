@@ -460,7 +460,7 @@ enum {
 static const TableColumn status_columns[STATUS_COLUMNS] = {
         [STATUS_DEVICE] = { "DEVICE", TABLE_RIGHT, 0 },
         [STATUS_NUMA] = { "NUMA", TABLE_RIGHT, 0 },       /* the host NUMA node nearest the device */
-        [STATUS_NAME] = { "NAME", TABLE_LEFT, 8 },
+        [STATUS_NAME] = { "NAME", TABLE_LEFT, 4 },     /* down to "NV…": real sizes take 9 cells */
         [STATUS_CAPACITY] = { "CAPACITY", TABLE_RIGHT, 0 },
         [STATUS_LEASED] = { "LEASED", TABLE_RIGHT, 0 },
         [STATUS_CACHED] = { "CACHED", TABLE_RIGHT, 0 },
