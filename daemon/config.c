@@ -240,7 +240,11 @@ static void print_time(uint64_t usec, FILE *f) {
                 fprintf(f, "%" PRIu64 "ms", usec / 1000);
 }
 
-static int parse_reply_timeout(Config *c, const char *value, char **ret_message) {
+/*
+ * A time-valued key: empty leaves *ret 0 (the key's default); 0 is refused with `zero_refused` when that is not
+ * NULL. Returns 0 or a negative errno with a sentence.
+ */
+static int parse_time_key(const char *value, const char *zero_refused, uint64_t *ret, char **ret_message) {
         uint64_t usec = 0;
 
         if (*value) {
@@ -248,29 +252,25 @@ static int parse_reply_timeout(Config *c, const char *value, char **ret_message)
 
                 if (k < 0)
                         return k;
-                if (usec == 0)
-                        return set_message_error(ret_message, -EINVAL,
-                                                 "must be at least 1ms: with 0 every connection would be closed "
-                                                 "as soon as a reply waited for it");
+                if (usec == 0 && zero_refused)
+                        return set_message_error(ret_message, -EINVAL, "%s", zero_refused);
         }
-        c->manager.reply_timeout_usec = usec;
+        *ret = usec;
         return 0;
+}
+
+static int parse_reply_timeout(Config *c, const char *value, char **ret_message) {
+        return parse_time_key(value, "must be at least 1ms: with 0 every connection would be closed as soon as a "
+                              "reply waited for it", &c->manager.reply_timeout_usec, ret_message);
 }
 
 /* Empty: the default; 0: no Alloc waits (MANAGER_ALLOC_WAIT_OFF). */
 static int parse_max_alloc_wait(Config *c, const char *value, char **ret_message) {
-        uint64_t usec = 0;
+        int k = parse_time_key(value, NULL, &c->manager.max_alloc_wait_usec, ret_message);
 
-        if (*value) {
-                int k = parse_time(value, &usec, ret_message);
-
-                if (k < 0)
-                        return k;
-                if (usec == 0)
-                        usec = MANAGER_ALLOC_WAIT_OFF;
-        }
-        c->manager.max_alloc_wait_usec = usec;
-        return 0;
+        if (k == 0 && *value && c->manager.max_alloc_wait_usec == 0)
+                c->manager.max_alloc_wait_usec = MANAGER_ALLOC_WAIT_OFF;
+        return k;
 }
 
 static void print_max_alloc_wait(const Config *c, FILE *f) {
@@ -298,21 +298,8 @@ static void print_placement(const Config *c, FILE *f) {
 
 /* Empty: the default (5 s); more than 0. */
 static int parse_reclaim_timeout(Config *c, const char *value, char **ret_message) {
-        uint64_t usec = 0;
-
-        if (*value) {
-                int k = parse_time(value, &usec, ret_message);
-
-                if (k < 0)
-                        return k;
-                if (usec == 0) {
-                        set_message(ret_message, "ReclaimTimeout= must be more than 0: a holder needs time to give "
-                                    "memory back.");
-                        return -EINVAL;
-                }
-        }
-        c->manager.reclaim_timeout_usec = usec;
-        return 0;
+        return parse_time_key(value, "must be more than 0: a holder needs time to give memory back",
+                              &c->manager.reclaim_timeout_usec, ret_message);
 }
 
 static void print_reclaim_timeout(const Config *c, FILE *f) {
