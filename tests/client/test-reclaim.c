@@ -31,14 +31,11 @@ static Harness h;
 static char config_path[64];
 
 static void start(void) {
-        int fd, k;
+        int k;
 
         /* No user's limit is what stops a call here: the device's room is. */
-        snprintf(config_path, sizeof(config_path), "/tmp/vmmb-creclaim-XXXXXX");
-        fd = mkstemp(config_path);
-        ck_assert_int_ge(fd, 0);
-        ck_assert_int_gt(write(fd, "[Limits]\nMaxBytes=1G\n", strlen("[Limits]\nMaxBytes=1G\n")), 0);
-        close(fd);
+        k = harness_write_config("[Limits]\nMaxBytes=1G\n", config_path);
+        ck_assert_msg(k == 0, "writing the configuration: %s", strerror(-k));
         k = harness_start(&h, (const char *const[]){ "--capacity", "8M", "--config", config_path, NULL });
         ck_assert_msg(k == 0, "harness_start: %s", strerror(-k));
 }

@@ -48,16 +48,8 @@ static void start(const char *config) {
         int k;
 
         if (config) {
-                FILE *f;
-                int fd;
-
-                snprintf(config_path, sizeof(config_path), "/tmp/vmmb-torch-XXXXXX");
-                fd = mkstemp(config_path);
-                ck_assert_int_ge(fd, 0);
-                f = fdopen(fd, "w");
-                ck_assert_ptr_nonnull(f);
-                fputs(config, f);
-                ck_assert_int_eq(fclose(f), 0);
+                k = harness_write_config(config, config_path);
+                ck_assert_msg(k == 0, "writing the configuration: %s", strerror(-k));
                 k = harness_start(&h, (const char *const[]){ "--config", config_path, NULL });
         } else
                 k = harness_start(&h, NULL);

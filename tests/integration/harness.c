@@ -375,3 +375,19 @@ int harness_status(const char *path, WireDevice *ret) {
         varlink_conn_free(c);
         return k;
 }
+
+int harness_write_config(const char *text, char path[static 64]) {
+        size_t len = strlen(text);
+        int fd, k = 0;
+
+        snprintf(path, 64, "/tmp/vmmb-config-XXXXXX");
+        fd = mkstemp(path);
+        if (fd < 0)
+                return -errno;
+        if (len > 0 && write(fd, text, len) != (ssize_t)len)
+                k = errno > 0 ? -errno : -EIO;
+        safe_close(fd);
+        if (k < 0)
+                (void)unlink(path);
+        return k;
+}

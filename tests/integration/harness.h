@@ -23,6 +23,12 @@ typedef struct Harness {
 } Harness;
 
 /*
+ * Writes `text` (vmmbroker.conf lines) to a new file /tmp/vmmb-config-XXXXXX for the daemon's --config, its
+ * name in `path`; the caller unlinks it. Returns 0 or a negative errno.
+ */
+int harness_write_config(const char *text, char path[static 64]);
+
+/*
  * Starts $VMMBROKER_DAEMON (the build's vmmbrokerd) with `args` appended
  * (NULL-terminated, may be NULL) and waits until it is ready. Returns 0 or a
  * negative errno: -ETIMEDOUT after 60 s, -ECHILD when the daemon exited

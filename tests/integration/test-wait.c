@@ -46,17 +46,14 @@ static Harness h;
 static char config_path[64];
 
 static void start(const char *config) {
-        FILE *f;
-        int fd, k;
+        char text[4096];
+        int k;
 
-        snprintf(config_path, sizeof(config_path), "/tmp/vmmb-wait-XXXXXX");
-        fd = mkstemp(config_path);
-        ck_assert_int_ge(fd, 0);
-        f = fdopen(fd, "w");
-        ck_assert_ptr_nonnull(f);
-        fputs("[Limits]\nMaxBytes=1G\n", f);         /* no user's limit is what stops a call here */
-        fputs(config ?: "", f);
-        ck_assert_int_eq(fclose(f), 0);
+        /* no user's limit is what stops a call here: the device's room is */
+        ck_assert_uint_lt((size_t)snprintf(text, sizeof(text), "[Limits]\nMaxBytes=1G\n%s", config ?: ""),
+                          sizeof(text));
+        k = harness_write_config(text, config_path);
+        ck_assert_msg(k == 0, "writing the configuration: %s", strerror(-k));
         k = harness_start(&h, (const char *const[]){ "--capacity", "8M", "--config", config_path, NULL });
         ck_assert_msg(k == 0, "harness_start: %s", strerror(-k));
         if (geteuid() == 0) {
