@@ -103,6 +103,8 @@ typedef struct CudaDeviceInfo {
 /* CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID came with CUDA 12.2's cuda.h; older drivers refuse it (numa_node -1). */
 #if CUDA_VERSION < 12020
 #define CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID ((CUdevice_attribute)134)
+/* So did CU_MEM_LOCATION_TYPE_HOST_NUMA (cuda_host_prop()); older drivers refuse it in cuMemCreate. */
+#define CU_MEM_LOCATION_TYPE_HOST_NUMA ((CUmemLocationType)3)
 #endif
 
 /* The host NUMA node of `dev`: CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, or -1 when the driver does not know it. */
@@ -138,6 +140,15 @@ int cuda_result_to_errno(CUresult r);
 
 /* The allocation properties the broker uses for every slab: pinned device memory, POSIX-fd exportable. */
 CUmemAllocationProp cuda_slab_prop(CUdevice device);
+
+/*
+ * The allocation properties of a host slab, where a parked lease's content lives: pinned host memory on
+ * NUMA node `numa_node` (CU_MEM_LOCATION_TYPE_HOST_NUMA; a node below 0, "unknown" as
+ * cuda_device_numa_node() says, means node 0), POSIX-fd exportable like a device slab. It is imported and
+ * mapped like one, and cuMemSetAccess with a DEVICE location gives that device access to it, so that
+ * cuMemcpyDtoDAsync copies between a device slab and a host slab.
+ */
+CUmemAllocationProp cuda_host_prop(int numa_node);
 
 /*
  * The alignment to reserve a slab's address range with: the largest power of two not above its size. Slabs
