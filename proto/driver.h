@@ -61,6 +61,7 @@
         X(cuMemFree, 3020)                              \
         X(cuMemcpyHtoD, 3020)                           \
         X(cuMemcpyDtoH, 3020)                           \
+        X(cuMemcpyDtoDAsync, 3020)                      \
         X(cuMemsetD8, 3020)                             \
         X(cuMemsetD32, 3020)                            \
         X(cuMemsetD8Async, 3020)                        \

@@ -183,6 +183,7 @@ typedef enum OpKind {
         OP_MEMSET,
         OP_COPY_TO_DEVICE,
         OP_COPY_FROM_DEVICE,
+        OP_COPY_DEVICE,                 /* cuMemcpyDtoDAsync: device memory to device memory */
         OP_HOST_FUNC,
         OP_EVENT,                       /* cuEventRecord: marks the event's record `seq` done */
 } OpKind;
@@ -191,7 +192,8 @@ typedef enum OpKind {
 typedef struct Op {
         List link;                      /* in CUstream_st.ops */
         OpKind kind;
-        CUdeviceptr device;             /* the device range that a memset or copy touches */
+        CUdeviceptr device;             /* the device range a memset or copy touches (OP_COPY_DEVICE: writes) */
+        CUdeviceptr from;               /* OP_COPY_DEVICE: the device range it reads */
         size_t bytes;
         uint32_t value;                 /* OP_MEMSET: the pattern, `width` (1 or 4) bytes wide */
         unsigned width;
@@ -883,6 +885,9 @@ static bool op_accessible(CUcontext ctx, const Op *op) {
                 return accessible(ctx->device, op->device, op->bytes, true);
         case OP_COPY_FROM_DEVICE:
                 return accessible(ctx->device, op->device, op->bytes, false);
+        case OP_COPY_DEVICE:
+                return accessible(ctx->device, op->device, op->bytes, true) &&
+                       accessible(ctx->device, op->from, op->bytes, false);
         case OP_HOST_FUNC:
         case OP_EVENT:
                 break;
@@ -926,6 +931,9 @@ static void op_run(CUcontext ctx, const Op *op) {
                 break;
         case OP_COPY_FROM_DEVICE:
                 memcpy(op->dst, (const void *)(uintptr_t)op->device, op->bytes);
+                break;
+        case OP_COPY_DEVICE:    /* the ranges may overlap (the result is undefined on a GPU) */
+                memmove((void *)(uintptr_t)op->device, (const void *)(uintptr_t)op->from, op->bytes);
                 break;
         case OP_HOST_FUNC:
         case OP_EVENT:
@@ -1627,6 +1635,23 @@ static CUresult sim_cuMemcpyDtoH(void *dstHost, CUdeviceptr srcDevice, size_t By
                 return CUDA_ERROR_INVALID_VALUE;
         return submit(ctx, NULL,
                       &(Op){ .kind = OP_COPY_FROM_DEVICE, .device = srcDevice, .bytes = ByteCount, .dst = dstHost });
+}
+
+/*
+ * Queued in stream order like the async memsets; the ranges may span mappings (device pointers are host
+ * addresses here). Both are checked when issued and again when the copy runs (op_run()).
+ */
+static CUresult sim_cuMemcpyDtoDAsync(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount,
+                                      CUstream hStream) {
+        ENTER(cuMemcpyDtoDAsync);
+        CUcontext ctx;
+        CUresult r;
+
+        r = ctx_usable(&ctx);
+        if (r != CUDA_SUCCESS)
+                return r;
+        return submit(ctx, hStream,
+                      &(Op){ .kind = OP_COPY_DEVICE, .device = dstDevice, .from = srcDevice, .bytes = ByteCount });
 }
 
 /* The memsets: N elements of `width` bytes, 4-byte elements aligned. */

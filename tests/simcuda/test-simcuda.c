@@ -620,9 +620,11 @@ END_TEST
 START_TEST(test_read_only) {
         CUmemGenericAllocationHandle h;
         uint8_t byte = 1;
-        CUdeviceptr va;
+        CUdeviceptr va, dst;
 
         open_ctx();
+        dst = map_new(GRAN);
+        expect_ok(cu->cuMemsetD8(dst, 0xff, GRAN));
         h = create(GRAN);
         va = reserve(GRAN);
         expect_ok(cu->cuMemMap(va, GRAN, 0, h, 0));
@@ -630,8 +632,12 @@ START_TEST(test_read_only) {
         expect_bytes(va, GRAN, 0);      /* fresh memory reads zero */
         expect(cu->cuMemcpyHtoD(va, &byte, 1), CUDA_ERROR_INVALID_VALUE);
         expect(cu->cuMemsetD8(va, 1, 1), CUDA_ERROR_INVALID_VALUE);
+        expect(cu->cuMemcpyDtoDAsync(va, va + 1, 1, NULL), CUDA_ERROR_INVALID_VALUE);
+        expect_ok(cu->cuMemcpyDtoDAsync(dst, va, GRAN, NULL));  /* read-only memory is a source */
+        expect_bytes(dst, GRAN, 0);
         expect_ok(cu->cuCtxSynchronize());
         unmap_free(va, GRAN);
+        unmap_free(dst, GRAN);
         expect_ok(cu->cuMemRelease(h));
 }
 END_TEST
@@ -646,10 +652,11 @@ START_TEST(test_no_access) {
         CUmemGenericAllocationHandle h;
         size_t free_mem, total;
         uint8_t host[16] = { 0 };
-        CUdeviceptr va, targets[3];
+        CUdeviceptr va, ok, targets[3];
         CUstream s;
 
         open_ctx();
+        ok = map_new(GRAN);
         h = create(GRAN);
         va = reserve(2 * GRAN);
         expect_ok(cu->cuMemMap(va, GRAN, 0, h, 0));
@@ -664,6 +671,8 @@ START_TEST(test_no_access) {
                 expect(cu->cuMemcpyDtoH(host, targets[i], sizeof(host)), CUDA_ERROR_INVALID_VALUE);
                 expect(cu->cuMemsetD8Async(targets[i], 0, 16, s), CUDA_ERROR_INVALID_VALUE);
                 expect(cu->cuMemsetD32Async(targets[i], 0, 4, s), CUDA_ERROR_INVALID_VALUE);
+                expect(cu->cuMemcpyDtoDAsync(targets[i], ok, 16, s), CUDA_ERROR_INVALID_VALUE);
+                expect(cu->cuMemcpyDtoDAsync(ok, targets[i], 16, s), CUDA_ERROR_INVALID_VALUE);
         }
         expect_ok(cu->cuStreamSynchronize(s));
         expect_ok(cu->cuCtxSynchronize());
@@ -676,6 +685,7 @@ START_TEST(test_no_access) {
         expect_ok(cu->cuMemUnmap(va, GRAN));
         expect_ok(cu->cuMemAddressFree(va, 2 * GRAN));
         expect_ok(cu->cuMemRelease(h));
+        unmap_free(ok, GRAN);
 }
 END_TEST
 
@@ -1311,6 +1321,117 @@ START_TEST(test_unmap_under_queued_work) {
 }
 END_TEST
 
+/*
+ * cuMemcpyDtoDAsync: in stream order with the memsets around it, on the NULL stream too, across the mappings of
+ * two allocations mapped back to back; refused when issued (nothing queued, the context goes on working) for a
+ * bad stream, without a context, or where the device may not write the destination (test_read_only and
+ * test_no_access: not read the source).
+ */
+START_TEST(test_copy_device) {
+        CUmemGenericAllocationHandle a, b;
+        CUdeviceptr src, dst, pair;
+        CUstream s;
+
+        open_ctx();
+        src = map_new(2 * GRAN);
+        dst = map_new(2 * GRAN);
+        expect_ok(cu->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+        sim.hold_streams(1);
+        expect_ok(cu->cuMemsetD8Async(src, 0x5a, 2 * GRAN, s));
+        expect_ok(cu->cuMemcpyDtoDAsync(dst, src, 2 * GRAN, s));
+        expect_ok(cu->cuMemsetD8Async(src, 0x11, GRAN, s));    /* after the copy: not in dst */
+        expect_bytes(dst, 2 * GRAN, 0);
+        sim.hold_streams(0);
+        expect_ok(cu->cuStreamSynchronize(s));
+        expect_bytes(dst, 2 * GRAN, 0x5a);
+        expect_bytes(src, GRAN, 0x11);
+
+        /* The NULL stream; 0 bytes is a no-op, wherever it points. */
+        expect_ok(cu->cuMemcpyDtoDAsync(dst, src, GRAN, NULL));
+        expect_bytes(dst, GRAN, 0x11);
+        expect_ok(cu->cuMemcpyDtoDAsync(4096, 8192, 0, s));
+        expect_ok(cu->cuMemcpyDtoDAsync(dst, src, 0, CU_STREAM_LEGACY));
+
+        /* Two allocations back to back: one copy fills both, another reads across the boundary. */
+        a = create(GRAN);
+        b = create(GRAN);
+        pair = reserve(2 * GRAN);
+        expect_ok(cu->cuMemMap(pair, GRAN, 0, a, 0));
+        expect_ok(cu->cuMemMap(pair + GRAN, GRAN, 0, b, 0));
+        expect_ok(set_access(pair, 2 * GRAN, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+        expect_ok(cu->cuMemcpyDtoDAsync(pair, src, 2 * GRAN, s));
+        expect_ok(cu->cuMemsetD8Async(dst, 0, 2 * GRAN, s));
+        expect_ok(cu->cuMemcpyDtoDAsync(dst, pair + GRAN / 2, GRAN, s));
+        expect_ok(cu->cuStreamSynchronize(s));
+        expect_bytes(pair, GRAN, 0x11);
+        expect_bytes(pair + GRAN, GRAN, 0x5a);
+        expect_bytes(dst, GRAN / 2, 0x11);
+        expect_bytes(dst + GRAN / 2, GRAN / 2, 0x5a);
+        expect_bytes(dst + GRAN, GRAN, 0);
+
+        /* Refused when issued. */
+        expect(cu->cuMemcpyDtoDAsync(dst, src, 1, (CUstream)&s), CUDA_ERROR_INVALID_HANDLE);
+        expect(cu->cuMemcpyDtoDAsync(dst, UINT64_MAX - 1, 2, s), CUDA_ERROR_INVALID_VALUE);
+        expect_ok(cu->cuCtxSetCurrent(NULL));
+        expect(cu->cuMemcpyDtoDAsync(dst, src, 1, NULL), CUDA_ERROR_INVALID_CONTEXT);
+        expect_ok(cu->cuCtxSetCurrent(ctx));
+        /* Fault injection: the call fails and queues nothing. */
+        ck_assert_int_eq(sim.inject("cuMemcpyDtoDAsync:1"), 0);
+        sim.hold_streams(1);
+        expect(cu->cuMemcpyDtoDAsync(dst, src, GRAN, s), CUDA_ERROR_UNKNOWN);
+        expect_ok(cu->cuStreamQuery(s));
+        sim.hold_streams(0);
+        expect_ok(cu->cuCtxSynchronize());
+        expect_bytes(dst + GRAN, GRAN, 0);
+
+        expect_ok(cu->cuStreamDestroy(s));
+        unmap_free(pair, 2 * GRAN);
+        expect_ok(cu->cuMemRelease(a));
+        expect_ok(cu->cuMemRelease(b));
+        unmap_free(src, 2 * GRAN);
+        unmap_free(dst, 2 * GRAN);
+}
+END_TEST
+
+/*
+ * A copy whose destination is unmapped after it was queued and before it runs (what a daemon that frees a slab
+ * too early does): it writes nothing, and the stream and the context fail with CUDA_ERROR_ILLEGAL_ADDRESS, as
+ * for a memset (test_unmap_under_queued_work), rather than the process crashing.
+ */
+START_TEST(test_copy_into_unmapped_range) {
+        CUmemGenericAllocationHandle h;
+        CUdeviceptr src, dst, again;
+        CUstream s;
+
+        open_ctx();
+        src = map_new(GRAN);
+        expect_ok(cu->cuMemsetD8(src, 0x3c, GRAN));
+        h = create(GRAN);
+        dst = reserve(GRAN);
+        expect_ok(cu->cuMemMap(dst, GRAN, 0, h, 0));
+        expect_ok(set_access(dst, GRAN, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+        expect_ok(cu->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+        sim.hold_streams(1);
+        expect_ok(cu->cuMemcpyDtoDAsync(dst, src, GRAN, s));
+        expect_ok(cu->cuMemUnmap(dst, GRAN));           /* returns with the copy queued */
+        sim.hold_streams(0);
+        expect(cu->cuStreamSynchronize(s), CUDA_ERROR_ILLEGAL_ADDRESS);
+        expect(cu->cuMemcpyDtoDAsync(src, src, 1, s), CUDA_ERROR_ILLEGAL_ADDRESS);
+
+        /* The allocation was not written: mapped again (the VMM calls still work), it reads zero. */
+        again = reserve(GRAN);
+        expect_ok(cu->cuMemMap(again, GRAN, 0, h, 0));
+        expect_ok(set_access(again, GRAN, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+        ck_assert_uint_eq(*(volatile uint8_t *)(uintptr_t)again, 0);
+        ck_assert_uint_eq(*(volatile uint8_t *)(uintptr_t)(again + GRAN - 1), 0);
+        unmap_free(again, GRAN);
+        expect_ok(cu->cuMemAddressFree(dst, GRAN));
+        expect_ok(cu->cuMemRelease(h));
+        unmap_free(src, GRAN);
+        expect(cu->cuStreamDestroy(s), CUDA_ERROR_ILLEGAL_ADDRESS);
+}
+END_TEST
+
 /* Events: complete once the work queued before them has run; destroyed with a record queued, freed after it. */
 START_TEST(test_events) {
         CUdeviceptr p;
@@ -1433,6 +1554,8 @@ static Suite *simcuda_suite(void) {
         tcase_add_test(tc, test_fault_is_sticky);
         tcase_add_test(tc, test_stream_destroy_drains);
         tcase_add_test(tc, test_unmap_under_queued_work);
+        tcase_add_test(tc, test_copy_device);
+        tcase_add_test(tc, test_copy_into_unmapped_range);
         tcase_add_test(tc, test_events);
         suite_add_tcase(s, tc);
 
