@@ -104,8 +104,10 @@ typedef struct CudaDeviceInfo {
 /* CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID came with CUDA 12.2's cuda.h; older drivers refuse it (numa_node -1). */
 #if CUDA_VERSION < 12020
 #define CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID ((CUdevice_attribute)134)
-/* So did CU_MEM_LOCATION_TYPE_HOST_NUMA (cuda_host_prop()); older drivers refuse it in cuMemCreate. */
+/* So did CU_MEM_LOCATION_TYPE_HOST_NUMA (cuda_host_prop()) and the attribute that says a device supports it
+ * in cuMemCreate; older drivers refuse both. */
 #define CU_MEM_LOCATION_TYPE_HOST_NUMA ((CUmemLocationType)3)
+#define CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED ((CUdevice_attribute)141)
 #endif
 
 /* The host NUMA node of `dev`: CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, or -1 when the driver does not know it. */

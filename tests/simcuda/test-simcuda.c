@@ -39,6 +39,7 @@ static struct {
         __typeof__(&simcuda_hold_streams) hold_streams;
         __typeof__(&simcuda_live_allocations) live_allocations;
         __typeof__(&simcuda_charged) charged;
+        __typeof__(&simcuda_host_charged) host_charged;
         __typeof__(&simcuda_fail) inject;       /* not "fail": check.h has a fail() macro */
         __typeof__(&simcuda_reset_faults) reset_faults;
         __typeof__(&simcuda_calls) calls;
@@ -65,11 +66,12 @@ static void *library(void) {
         sim.hold_streams = (__typeof__(sim.hold_streams))dlsym(lib, "simcuda_hold_streams");
         sim.live_allocations = (__typeof__(sim.live_allocations))dlsym(lib, "simcuda_live_allocations");
         sim.charged = (__typeof__(sim.charged))dlsym(lib, "simcuda_charged");
+        sim.host_charged = (__typeof__(sim.host_charged))dlsym(lib, "simcuda_host_charged");
         sim.inject = (__typeof__(sim.inject))dlsym(lib, "simcuda_fail");
         sim.reset_faults = (__typeof__(sim.reset_faults))dlsym(lib, "simcuda_reset_faults");
         sim.calls = (__typeof__(sim.calls))dlsym(lib, "simcuda_calls");
         ck_assert(sim.get_proc && sim.get_proc_old && sim.hold_streams && sim.live_allocations && sim.charged &&
-                  sim.inject && sim.reset_faults && sim.calls);
+                  sim.host_charged && sim.inject && sim.reset_faults && sim.calls);
         return lib;
 }
 
@@ -92,6 +94,7 @@ static void teardown(void) {
                 return;
         ck_assert_uint_eq(sim.live_allocations(), 0);
         ck_assert_uint_eq(sim.charged(0), 0);
+        ck_assert_uint_eq(sim.host_charged(), 0);
         if (ctx)
                 expect_ok(cu->cuDevicePrimaryCtxRelease(0));
         ctx = NULL;
@@ -226,7 +229,7 @@ static const char *const bad_env[][2] = {
         { "SIMCUDA_PEERS", "0-1" },     /* device 1 does not exist (one device) */
         { "SIMCUDA_NUMA", "0,1" },      /* two nodes for one device */
         { "SIMCUDA_NUMA", "-2" },       { "SIMCUDA_NUMA", "1024" },          { "SIMCUDA_NUMA", "0," },
-        { "SIMCUDA_NUMA", "x" },
+        { "SIMCUDA_NUMA", "x" },        { "SIMCUDA_HOST_MEMORY", "0" },      { "SIMCUDA_HOST_MEMORY", "1X" },
 };
 
 START_TEST(test_bad_env) {
@@ -331,6 +334,7 @@ START_TEST(test_attributes) {
                 { CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, 0 },
                 { CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED, 0 },
                 { CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, 0 },
+                { CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 1 },
                 { CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 0 },
         };
         CUmemAllocationProp prop = prop_on(0, CU_MEM_HANDLE_TYPE_NONE);
@@ -932,6 +936,8 @@ START_TEST(test_export_import) {
                 { "simcuda-dev5", GRAN, CUDA_ERROR_UNKNOWN },           /* one device here */
                 { "simcuda-dev0", 1 * MiB, CUDA_ERROR_UNKNOWN },
                 { "simcuda-dev0", 0, CUDA_ERROR_UNKNOWN },
+                { "simcuda-host1", GRAN, CUDA_ERROR_UNKNOWN },          /* host NUMA node 0 only */
+                { "simcuda-host0", 1 * MiB, CUDA_ERROR_UNKNOWN },
                 { "simcuda-dev0", GRAN, CUDA_SUCCESS },                 /* as if another process exported it */
         };
         CUmemAllocationProp prop = prop_on(0, CU_MEM_HANDLE_TYPE_NONE);
@@ -1011,6 +1017,105 @@ START_TEST(test_export_import) {
         unmap_free(va2, 4 * MiB);
         expect_ok(cu->cuMemRelease(h));
         ck_assert_uint_eq(sim.live_allocations(), 1);   /* the imported handle still holds it */
+        expect_ok(cu->cuMemRelease(imported));
+}
+END_TEST
+
+/*
+ * Host memory (CU_MEM_LOCATION_TYPE_HOST_NUMA, cuda_host_prop()): on node 0 or a node SIMCUDA_NUMA names, with
+ * a device's granularity, charged to SIMCUDA_HOST_MEMORY and to no device; exported, imported and mapped like
+ * device memory; any device gets access with cuMemSetAccess (no peer capability needed), and copies go both
+ * ways between it and device memory.
+ */
+START_TEST(test_host_numa) {
+        static const int bad_nodes[] = { -1, 1, 4096 };
+        CUmemAllocationProp prop = cuda_host_prop(0);
+        CUmemGenericAllocationHandle h, imported, other;
+        char path[64], target[128] = "";
+        size_t gran = 0, free_mem = 0, total = 0;
+        CUdeviceptr host, dev;
+        int fd = -1;
+
+        setenv("SIMCUDA_DEVICES", "2", 1);
+        setenv("SIMCUDA_NUMA", "-1,3", 1);
+        setenv("SIMCUDA_HOST_MEMORY", "8M", 1);
+        setenv("SIMCUDA_PEERS", "none", 1);
+        open_ctx();
+
+        expect_ok(cu->cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+        ck_assert_uint_eq(gran, GRAN);
+        expect_ok(cu->cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+        ck_assert_uint_eq(gran, GRAN);
+
+        /* Nodes 0 and 3 exist here; these do not. */
+        for (size_t i = 0; i < ELEMENTSOF(bad_nodes); i++) {
+                prop.location.id = bad_nodes[i];
+                expect(cu->cuMemCreate(&h, GRAN, &prop, 0), CUDA_ERROR_INVALID_VALUE);
+        }
+        prop = cuda_host_prop(0);
+        expect(cu->cuMemCreate(&h, 1 * MiB, &prop, 0), CUDA_ERROR_INVALID_VALUE);
+        prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_FABRIC;
+        expect(cu->cuMemCreate(&h, GRAN, &prop, 0), CUDA_ERROR_NOT_SUPPORTED);
+        ck_assert_uint_eq(sim.live_allocations(), 0);
+
+        /* One budget for every node; the devices' are untouched. Injected faults hit host memory too. */
+        prop = cuda_host_prop(3);
+        expect_ok(cu->cuMemCreate(&h, 6 * MiB, &prop, 0));
+        ck_assert_uint_eq(sim.host_charged(), 6 * MiB);
+        ck_assert_uint_eq(sim.charged(0) + sim.charged(1), 0);
+        expect_ok(cu->cuMemGetInfo(&free_mem, &total));
+        ck_assert_uint_eq(free_mem, total);
+        prop = cuda_host_prop(-1);
+        expect(cu->cuMemCreate(&other, 4 * MiB, &prop, 0), CUDA_ERROR_OUT_OF_MEMORY);
+        ck_assert_int_eq(sim.inject("cuMemCreate:1:CUDA_ERROR_INVALID_VALUE"), 0);
+        expect(cu->cuMemCreate(&other, GRAN, &prop, 0), CUDA_ERROR_INVALID_VALUE);
+        ck_assert_uint_eq(sim.host_charged(), 6 * MiB);
+        expect_ok(cu->cuMemCreate(&other, 2 * MiB, &prop, 0));
+        ck_assert_uint_eq(sim.host_charged(), 8 * MiB);
+        expect_ok(cu->cuMemRelease(other));
+
+        /* Exported as a memfd of its node, imported as the same allocation, mapped. */
+        expect_ok(cu->cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+        snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+        ck_assert_int_gt(readlink(path, target, sizeof(target) - 1), 0);
+        ck_assert_str_eq(target, "/memfd:simcuda-host3 (deleted)");
+        expect_ok(cu->cuMemImportFromShareableHandle(&imported, (void *)(uintptr_t)fd,
+                                                     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+        ck_assert_uint_eq(sim.live_allocations(), 1);
+        host = reserve(6 * MiB);
+        expect_ok(cu->cuMemMap(host, 6 * MiB, 0, imported, 0));
+        expect_ok(cu->cuMemRelease(imported));
+        expect(cu->cuMemsetD8(host, 1, 1), CUDA_ERROR_INVALID_VALUE);   /* no access yet */
+        /* No device is a peer of another here, and both may access host memory. */
+        expect_ok(set_access_on(1, host, 6 * MiB, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+        expect_ok(set_access(host, 6 * MiB, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+
+        /* Device to host and back. */
+        dev = map_new(6 * MiB);
+        expect_ok(cu->cuMemsetD8(dev, 0x42, 6 * MiB));
+        expect_ok(cu->cuMemcpyDtoDAsync(host, dev, 6 * MiB, NULL));
+        expect_bytes(host, 6 * MiB, 0x42);
+        expect_ok(cu->cuMemsetD8Async(host, 0x17, 2 * MiB, NULL));
+        expect_ok(cu->cuMemcpyDtoDAsync(dev + 4 * MiB, host, 2 * MiB, NULL));
+        expect_ok(cu->cuCtxSynchronize());
+        expect_bytes(dev, 4 * MiB, 0x42);
+        expect_bytes(dev + 4 * MiB, 2 * MiB, 0x17);
+        unmap_free(dev, 6 * MiB);
+        unmap_free(host, 6 * MiB);
+        expect_ok(cu->cuMemRelease(h));
+        ck_assert_uint_eq(sim.host_charged(), 0);
+
+        /* Kept only by its fd, as if another process had made it: imported again, not charged here. */
+        expect_ok(cu->cuMemImportFromShareableHandle(&imported, (void *)(uintptr_t)fd,
+                                                     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+        close(fd);
+        ck_assert_uint_eq(sim.live_allocations(), 1);
+        ck_assert_uint_eq(sim.host_charged(), 0);
+        host = reserve(6 * MiB);
+        expect_ok(cu->cuMemMap(host, 6 * MiB, 0, imported, 0));
+        expect_ok(set_access(host, 6 * MiB, CU_MEM_ACCESS_FLAGS_PROT_READ));
+        expect_bytes(host, 2 * MiB, 0x17);
+        unmap_free(host, 6 * MiB);
         expect_ok(cu->cuMemRelease(imported));
 }
 END_TEST
@@ -1538,6 +1643,7 @@ static Suite *simcuda_suite(void) {
         tcase_add_test(tc, test_peers_default);
         tcase_add_test(tc, test_memory_alive_while_mapped);
         tcase_add_test(tc, test_export_import);
+        tcase_add_test(tc, test_host_numa);
         tcase_add_test(tc, test_mem_alloc);
         suite_add_tcase(s, tc);
 
