@@ -137,20 +137,40 @@ static CUresult set_access(CUdeviceptr va, uint64_t size, CUmemAccess_flags flag
         return set_access_on(0, va, size, flags);
 }
 
-/* A fresh allocation mapped read-write in a reservation of its own; its handle is released (the mapping keeps it). */
-static CUdeviceptr map_new(uint64_t size) {
-        CUmemGenericAllocationHandle h = create(size);
+/* Maps all of `h` (`size` bytes) in a reservation of its own, with `flags` access for device 0. */
+static CUdeviceptr map_handle(CUmemGenericAllocationHandle h, uint64_t size, CUmemAccess_flags flags) {
         CUdeviceptr va = reserve(size);
 
         expect_ok(cu->cuMemMap(va, size, 0, h, 0));
+        expect_ok(set_access(va, size, flags));
+        return va;
+}
+
+/* A fresh allocation mapped read-write in a reservation of its own; its handle is released (the mapping keeps it). */
+static CUdeviceptr map_new(uint64_t size) {
+        CUmemGenericAllocationHandle h = create(size);
+        CUdeviceptr va = map_handle(h, size, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+
         expect_ok(cu->cuMemRelease(h));
-        expect_ok(set_access(va, size, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
         return va;
 }
 
 static void unmap_free(CUdeviceptr va, uint64_t size) {
         expect_ok(cu->cuMemUnmap(va, size));
         expect_ok(cu->cuMemAddressFree(va, size));
+}
+
+/* Exports `h` as a POSIX fd and checks that it is the simcuda memfd `name` ("simcuda-dev1"); returns the fd. */
+static int export_memfd(CUmemGenericAllocationHandle h, const char *name) {
+        char path[64], target[128] = "", want[128];
+        int fd = -1;
+
+        expect_ok(cu->cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+        snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+        ck_assert_int_gt(readlink(path, target, sizeof(target) - 1), 0);
+        snprintf(want, sizeof(want), "/memfd:%s (deleted)", name);
+        ck_assert_str_eq(target, want);
+        return fd;
 }
 
 /* Reads device memory back and checks that every byte is `value`. */
@@ -757,7 +777,6 @@ START_TEST(test_two_devices) {
                   .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE },
         };
         CUmemGenericAllocationHandle h, imported;
-        char path[64], target[64] = "";
         size_t free_mem, total;
         CUcontext c1;
         CUdeviceptr va;
@@ -773,10 +792,7 @@ START_TEST(test_two_devices) {
         expect_ok(cu->cuMemGetInfo(&free_mem, &total));        /* device 0's */
         ck_assert_uint_eq(free_mem, 32 * MiB);
 
-        expect_ok(cu->cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
-        snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
-        ck_assert_int_gt(readlink(path, target, sizeof(target) - 1), 0);
-        ck_assert_str_eq(target, "/memfd:simcuda-dev1 (deleted)");
+        fd = export_memfd(h, "simcuda-dev1");
         expect_ok(cu->cuMemImportFromShareableHandle(&imported, (void *)(uintptr_t)fd,
                                                      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
         ck_assert_uint_eq(sim.charged(1), 4 * MiB);
@@ -1031,7 +1047,6 @@ START_TEST(test_host_numa) {
         static const int bad_nodes[] = { -1, 1, 4096 };
         CUmemAllocationProp prop = cuda_host_prop(0);
         CUmemGenericAllocationHandle h, imported, other;
-        char path[64], target[128] = "";
         size_t gran = 0, free_mem = 0, total = 0;
         CUdeviceptr host, dev;
         int fd = -1;
@@ -1075,10 +1090,7 @@ START_TEST(test_host_numa) {
         expect_ok(cu->cuMemRelease(other));
 
         /* Exported as a memfd of its node, imported as the same allocation, mapped. */
-        expect_ok(cu->cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
-        snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
-        ck_assert_int_gt(readlink(path, target, sizeof(target) - 1), 0);
-        ck_assert_str_eq(target, "/memfd:simcuda-host3 (deleted)");
+        fd = export_memfd(h, "simcuda-host3");
         expect_ok(cu->cuMemImportFromShareableHandle(&imported, (void *)(uintptr_t)fd,
                                                      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
         ck_assert_uint_eq(sim.live_allocations(), 1);
@@ -1111,9 +1123,7 @@ START_TEST(test_host_numa) {
         close(fd);
         ck_assert_uint_eq(sim.live_allocations(), 1);
         ck_assert_uint_eq(sim.host_charged(), 0);
-        host = reserve(6 * MiB);
-        expect_ok(cu->cuMemMap(host, 6 * MiB, 0, imported, 0));
-        expect_ok(set_access(host, 6 * MiB, CU_MEM_ACCESS_FLAGS_PROT_READ));
+        host = map_handle(imported, 6 * MiB, CU_MEM_ACCESS_FLAGS_PROT_READ);
         expect_bytes(host, 2 * MiB, 0x17);
         unmap_free(host, 6 * MiB);
         expect_ok(cu->cuMemRelease(imported));
@@ -1512,9 +1522,7 @@ START_TEST(test_copy_into_unmapped_range) {
         src = map_new(GRAN);
         expect_ok(cu->cuMemsetD8(src, 0x3c, GRAN));
         h = create(GRAN);
-        dst = reserve(GRAN);
-        expect_ok(cu->cuMemMap(dst, GRAN, 0, h, 0));
-        expect_ok(set_access(dst, GRAN, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+        dst = map_handle(h, GRAN, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
         expect_ok(cu->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
         sim.hold_streams(1);
         expect_ok(cu->cuMemcpyDtoDAsync(dst, src, GRAN, s));
@@ -1524,9 +1532,7 @@ START_TEST(test_copy_into_unmapped_range) {
         expect(cu->cuMemcpyDtoDAsync(src, src, 1, s), CUDA_ERROR_ILLEGAL_ADDRESS);
 
         /* The allocation was not written: mapped again (the VMM calls still work), it reads zero. */
-        again = reserve(GRAN);
-        expect_ok(cu->cuMemMap(again, GRAN, 0, h, 0));
-        expect_ok(set_access(again, GRAN, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+        again = map_handle(h, GRAN, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
         ck_assert_uint_eq(*(volatile uint8_t *)(uintptr_t)again, 0);
         ck_assert_uint_eq(*(volatile uint8_t *)(uintptr_t)(again + GRAN - 1), 0);
         unmap_free(again, GRAN);
