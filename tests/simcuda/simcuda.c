@@ -620,6 +620,11 @@ static uint64_t location_budget(CUmemLocation loc) {
         return location_is_host(loc) ? sim.host_budget : sim.budget;
 }
 
+/* What an allocation's size at `loc` is a multiple of (minimum and recommended alike). */
+static uint64_t location_granularity(CUmemLocation loc) {
+        return location_is_host(loc) ? HOST_GRANULARITY : GRANULARITY;
+}
+
 /* The current context, active, for calls that clean up even after a fault. */
 static CUresult ctx_current(CUcontext *ret) {
         if (!current)
@@ -1360,7 +1365,7 @@ static CUresult sim_cuMemGetAllocationGranularity(size_t *granularity, const CUm
         if (!granularity || !prop ||
             (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM && option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
                 return CUDA_ERROR_INVALID_VALUE;
-        *granularity = location_is_host(prop->location) ? HOST_GRANULARITY : GRANULARITY;
+        *granularity = location_granularity(prop->location);
         return CUDA_SUCCESS;
 }
 
@@ -1384,7 +1389,7 @@ static CUresult sim_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t siz
         posix_fd = prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
         if (!sim.vmm || (prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_FABRIC) || (posix_fd && !sim.posix_fd))
                 return CUDA_ERROR_NOT_SUPPORTED;
-        if (size == 0 || size % (host ? HOST_GRANULARITY : GRANULARITY) != 0)
+        if (size == 0 || size % location_granularity(prop->location) != 0)
                 return CUDA_ERROR_INVALID_VALUE;
 
         h = calloc(1, sizeof(*h));
@@ -1456,7 +1461,7 @@ static CUresult sim_cuMemImportFromShareableHandle(CUmemGenericAllocationHandle 
                 return CUDA_ERROR_UNKNOWN;
         fd = (int)(uintptr_t)osHandle;
         if (!memfd_location(fd, &loc) || fstat(fd, &st) < 0 || st.st_size <= 0 ||
-            (uint64_t)st.st_size % (location_is_host(loc) ? HOST_GRANULARITY : GRANULARITY) != 0)
+            (uint64_t)st.st_size % location_granularity(loc) != 0)
                 return CUDA_ERROR_UNKNOWN;
 
         h = calloc(1, sizeof(*h));
