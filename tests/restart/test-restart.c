@@ -4,9 +4,11 @@
  * Restarts without loss, on the simulated device: the daemon runs under the
  * test supervisor (tests/supervisor: systemd's fd store and socket passing,
  * without systemd), client processes hold leases with canary words in them,
- * and the daemon is restarted with SIGTERM and with SIGKILL. After every
- * restart: every lease is still there with its holders, every canary word is
- * intact, the fd store holds exactly the live slabs and one state, and the
+ * and the daemon is restarted with SIGTERM and with SIGKILL. Some clients
+ * keep their leases parked in host memory between checks. After every
+ * restart: every lease is still there with its holders, parked or not as it
+ * was, every canary word is intact (a parked lease is unparked to check it,
+ * and parked again), the fd store holds exactly the live slabs and one state, and the
  * leases of clients that died while the daemon was down are gone.
  *
  * VMMB_RESTARTS sets the number of restarts of the long test (default 100,
@@ -39,8 +41,50 @@ typedef struct ClientArgs {
         const char *socket;
         uint64_t size;
         uint32_t word;
+        bool park;                      /* keep the lease parked between checks */
         int report_w, hold_r;           /* report: its lease id, then one byte per check; hold: 'v' to check */
 } ClientArgs;
+
+/* Parks lease `id` (unmapped already) on a connection of its own; 0 when its content is in host memory. */
+static int park(const char *socket, const char *id) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
+        char params[128];
+        Reply r = {};
+        int k;
+
+        snprintf(params, sizeof(params), "{\"id\": \"%s\"}", id);
+        k = conn_open(socket, &c);
+        if (k == 0)
+                k = call_text(c, "io.vmmbroker.Park", params, &r);
+        if (k == 0 && !json_object_get_boolean(json_object_object_get(r.params, "parked")))
+                k = -EPROTO;
+        reply_done(&r);
+        return k;
+}
+
+/* Unparks lease `id`, maps it, checks its canary, unmaps it and parks it again. Returns 0 or 1. */
+static int check_parked(const ClientArgs *a, Gpu *g, const char *id) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
+        CUdeviceptr va = 0;
+        char params[128];
+        TestLease l;
+        Reply r = {};
+        int k, bad;
+
+        snprintf(params, sizeof(params), "{\"id\": \"%s\"}", id);
+        k = conn_open(a->socket, &c);
+        CHILD_CHECK(k == 0, "connect: %s", strerror(-k));
+        k = call_text(c, "io.vmmbroker.Unpark", params, &r);
+        CHILD_CHECK(k == 0, "Unpark: %s", r.error ?: strerror(-k));
+        k = lease_take(&r, &l);
+        reply_done(&r);
+        CHILD_CHECK(k == 0 && gpu_map(g, &l, &va) == 0, "map the unparked lease");
+        test_lease_close(&l);
+        bad = gpu_verify(g, va, a->size, a->word);
+        CHILD_CHECK(cuda_unmap(g->cu, va, l.sizes, l.n) == 0, "unmap");
+        CHILD_CHECK(park(a->socket, id) == 0, "Park again");
+        return bad;
+}
 
 static int child_client(void *arg) {
         _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
@@ -62,11 +106,18 @@ static int child_client(void *arg) {
         test_lease_close(&l);
         r = g.cu->cuMemsetD32(va, a->word, a->size / 4);
         CHILD_CHECK(r == CUDA_SUCCESS, "cuMemsetD32: %s", cuda_result_name(g.cu, r));
+        if (a->park) {
+                CHILD_CHECK(cuda_unmap(g.cu, va, l.sizes, l.n) == 0, "unmap");
+                CHILD_CHECK(park(a->socket, l.id) == 0, "Park");
+        }
         CHILD_CHECK(write(a->report_w, l.id, sizeof(l.id)) == (ssize_t)sizeof(l.id), "pipe");
         /* The connection is not needed any more: the lease is the process's, whatever becomes of it. */
         c = varlink_conn_free(c);
-        while (pipe_get(a->hold_r, &cmd, 1) == 1)
-                CHILD_CHECK(pipe_put(a->report_w, gpu_verify(&g, va, a->size, a->word) == 0 ? 'k' : 'x') == 0, "pipe");
+        while (pipe_get(a->hold_r, &cmd, 1) == 1) {
+                int bad = a->park ? check_parked(a, &g, l.id) : gpu_verify(&g, va, a->size, a->word);
+
+                CHILD_CHECK(pipe_put(a->report_w, bad == 0 ? 'k' : 'x') == 0, "pipe");
+        }
         return 0;                       /* exits holding its lease: the daemon reclaims it */
 }
 
@@ -74,16 +125,21 @@ typedef struct Client {
         HeldChild held;
         char id[VMMB_ID_MAX + 1];
         bool alive;
+        bool parked;
 } Client;
 
-static Client client_start(const char *socket, uint64_t size, uint32_t word) {
-        ClientArgs a = { .socket = socket, .size = size, .word = word };
-        Client x = { .alive = true };
+static Client client_start_parked(const char *socket, uint64_t size, uint32_t word, bool park) {
+        ClientArgs a = { .socket = socket, .size = size, .word = word, .park = park };
+        Client x = { .alive = true, .parked = park };
 
         ck_assert_msg(held_child_start(child_client, &a, &a.report_w, &a.hold_r, x.id, sizeof(x.id), &x.held) == 0,
                       "a client did not report its lease (see its stderr)");
         x.id[VMMB_ID_MAX] = 0;
         return x;
+}
+
+static Client client_start(const char *socket, uint64_t size, uint32_t word) {
+        return client_start_parked(socket, size, word, false);
 }
 
 /* Asks the client to check its canary; true if every word was intact. */
@@ -144,6 +200,9 @@ static void check_leases(Supervisor *s, Client *clients, size_t n) {
                 ck_assert_msg(info, "lease %s was lost", clients[i].id);
                 ck_assert_uint_eq(info->n_holders, 1);
                 ck_assert_int_eq(info->holders[0].pid, clients[i].held.pid);
+                ck_assert_msg(info->parked == clients[i].parked, "lease %s is %sparked", clients[i].id,
+                              info->parked ? "" : "not ");
+                ck_assert(info->holders[0].parked == clients[i].parked);
                 ck_assert_msg(client_check(&clients[i]), "the canary of lease %s changed", clients[i].id);
         }
         ck_assert_uint_eq(list.n_leases, alive);
@@ -160,8 +219,10 @@ START_TEST(test_restart_keeps_leases) {
         char dir[64];
         Supervisor *s = daemon_start(dir, sizeof(dir));
 
+        /* Every other client keeps its lease parked; the first, which dies below, among them. */
         for (size_t i = 0; i < N_CLIENTS; i++)
-                clients[i] = client_start(supervisor_socket_path(s), (i + 1) * 6 * MiB, 0xCA000000u + (uint32_t)i);
+                clients[i] = client_start_parked(supervisor_socket_path(s), (i + 1) * 6 * MiB,
+                                                 0xCA000000u + (uint32_t)i, i % 2 == 0);
         check_leases(s, clients, N_CLIENTS);
 
         ck_assert_int_ge(supervisor_restart(s, SIGTERM, 60000), 0);
