@@ -249,6 +249,14 @@ static int format_devices(FILE *f, Broker *b) {
                      offsetof(PoolDeviceStats, cached));
         device_gauge(f, rows, n, "vmmbroker_device_scrubbing_bytes", "bytes",
                      "Bytes freed and being scrubbed (not yet usable).", offsetof(PoolDeviceStats, scrubbing));
+        device_gauge(f, rows, n, "vmmbroker_device_host_capacity_bytes", "bytes",
+                     "Pinned host memory the pool may hold for the device's parked leases (HostCapacity=).",
+                     offsetof(PoolDeviceStats, host_capacity));
+        device_gauge(f, rows, n, "vmmbroker_device_parked_bytes", "bytes",
+                     "Bytes of host memory holding the device's parked leases.", offsetof(PoolDeviceStats, parked));
+        device_gauge(f, rows, n, "vmmbroker_device_host_cached_bytes", "bytes",
+                     "Bytes of host memory zeroed and kept for the next park.",
+                     offsetof(PoolDeviceStats, host_cached));
         family(f, "vmmbroker_device_leases", "gauge", NULL, "Leases on the device.");
         for (size_t i = 0; i < n; i++)
                 fprintf(f, "vmmbroker_device_leases{device=\"%d\"} %u\n", rows[i].s.index, rows[i].leases);
@@ -266,7 +274,25 @@ static int format_devices(FILE *f, Broker *b) {
                        "Cached slabs released to make room for a request.", offsetof(PoolDeviceStats, evicted));
         device_counter(f, rows, n, "vmmbroker_device_scrubbed_bytes", "Bytes scrubbed.",
                        offsetof(PoolDeviceStats, scrubbed_bytes));
+        device_counter(f, rows, n, "vmmbroker_device_copied_bytes",
+                       "Bytes copied between device and host memory by parks and unparks.",
+                       offsetof(PoolDeviceStats, copied_bytes));
         return 0;
+}
+
+/* A gauge of bytes per user and device: `member`, the offset of one of User's per-device arrays. */
+static void user_bytes(FILE *f, Broker *b, const int *index, size_t n, const char *name, const char *help,
+                       size_t member) {
+        User *u;
+
+        family(f, name, "gauge", "bytes", help);
+        list_for_each_entry(u, &b->users.users, link) {
+                const uint64_t *v = *(uint64_t *const *)((const char *)u + member);
+
+                for (size_t i = 0; i < b->users.n_devices && i < n; i++)
+                        fprintf(f, "%s{uid=\"%u\",device=\"%d\"} %" PRIu64 "\n", name, (unsigned)u->uid, index[i],
+                                v[i]);
+        }
 }
 
 static int format_users(FILE *f, Broker *b) {
@@ -282,16 +308,15 @@ static int format_users(FILE *f, Broker *b) {
                 pool_device_stats(b->pool, i, &s);
                 index[i] = s.index;
         }
-        family(f, "vmmbroker_user_bytes", "gauge", "bytes", "Bytes in the leases a user owns on a device.");
-        list_for_each_entry(u, &b->users.users, link)
-                for (size_t i = 0; i < b->users.n_devices && i < n; i++)
-                        fprintf(f, "vmmbroker_user_bytes{uid=\"%u\",device=\"%d\"} %" PRIu64 "\n",
-                                (unsigned)u->uid, index[i], u->bytes[i]);
-        family(f, "vmmbroker_user_max_bytes", "gauge", "bytes", "The most a user may own on a device (MaxBytes=).");
-        list_for_each_entry(u, &b->users.users, link)
-                for (size_t i = 0; i < b->users.n_devices && i < n; i++)
-                        fprintf(f, "vmmbroker_user_max_bytes{uid=\"%u\",device=\"%d\"} %" PRIu64 "\n",
-                                (unsigned)u->uid, index[i], u->max_bytes[i]);
+        user_bytes(f, b, index, n, "vmmbroker_user_bytes", "Bytes in the leases a user owns on a device.",
+                   offsetof(User, bytes));
+        user_bytes(f, b, index, n, "vmmbroker_user_max_bytes", "The most a user may own on a device (MaxBytes=).",
+                   offsetof(User, max_bytes));
+        user_bytes(f, b, index, n, "vmmbroker_user_host_bytes",
+                   "Bytes of host memory holding the parked leases a user owns of a device.",
+                   offsetof(User, host_bytes));
+        user_bytes(f, b, index, n, "vmmbroker_user_max_host_bytes",
+                   "The most a user may have parked of a device (MaxHostBytes=).", offsetof(User, max_host_bytes));
         family(f, "vmmbroker_user_leases", "gauge", NULL, "Leases a user owns, published ones included.");
         list_for_each_entry(u, &b->users.users, link)
                 fprintf(f, "vmmbroker_user_leases{uid=\"%u\"} %u\n", (unsigned)u->uid, u->leases);
