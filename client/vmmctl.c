@@ -532,6 +532,16 @@ static int print_status(Context *ctx, const StatusReply *status) {
         if (k == 0)
                 k = print_table(ctx, t);
         table_free(t);
+        /* Parked leases are in host memory, not in the table's device columns: a line per device that has any. */
+        for (size_t i = 0; i < status->n_devices && k == 0; i++) {
+                const WireDevice *d = &status->devices[i];
+                char parked[FORMAT_SIZE_MAX], capacity[FORMAT_SIZE_MAX];
+
+                if (d->parked > 0)
+                        fprintf(ctx->out ?: stdout, "device %" PRId64 ": %s parked in host memory (HostCapacity= %s)\n",
+                                d->index, format_size((uint64_t)d->parked, parked, sizeof(parked)),
+                                format_size((uint64_t)MAX(d->host_capacity, 0), capacity, sizeof(capacity)));
+        }
         return k;
 }
 
@@ -651,7 +661,8 @@ static int list_add_lease(Table *t, const WireLeaseInfo *l, uint64_t now_usec) {
         uint64_t created = l->created > 0 ? (uint64_t)l->created : 0;
         int k = 0;
 
-        snprintf(device, sizeof(device), "%" PRId64, l->device);
+        /* A parked lease's content is in host memory, kept for its device. */
+        snprintf(device, sizeof(device), "%" PRId64 "%s", l->device, l->parked ? ":host" : "");
         snprintf(slabs, sizeof(slabs), "%" PRIu64, l->slabs);
         format_user(l->uid, owner, sizeof(owner));
         format_reclaim(l, reclaim, sizeof(reclaim));
@@ -679,7 +690,8 @@ static int list_add_lease(Table *t, const WireLeaseInfo *l, uint64_t now_usec) {
                                             : "",
                         [LIST_PID] = pid,
                         [LIST_USER] = user,
-                        [LIST_MODE] = !h ? "-" : h->readonly ? "ro" : "rw",
+                        [LIST_MODE] = !h ? "-" : h->readonly ? (h->parked ? "ro,parked" : "ro")
+                                                             : (h->parked ? "rw,parked" : "rw"),
                         [LIST_COMMAND] = h && h->comm ? h->comm : "-",
                 }, LIST_COLUMNS);
         }
