@@ -102,6 +102,11 @@ static const JsonField share_reply_fields[] = {
         JSON_FIELD_END,
 };
 
+static const JsonField park_reply_fields[] = {
+        JSON_FIELD_BOOL("parked", ParkReply, parked, true),
+        JSON_FIELD_END,
+};
+
 static const JsonField revoke_params_fields[] = {
         JSON_FIELD_STRING("token", RevokeParams, token, true, VMMB_TOKEN_MAX),
         JSON_FIELD_END,
@@ -335,6 +340,7 @@ static const struct {
         int error;
 } error_table[] = {
         { VMMB_ERROR_OUT_OF_MEMORY, error_out_of_memory_fields, -ENOMEM },
+        { VMMB_ERROR_OUT_OF_HOST_MEMORY, error_out_of_memory_fields, -ENOSPC },
         { VMMB_ERROR_QUOTA_EXCEEDED, error_quota_exceeded_fields, -EDQUOT },
         { VMMB_ERROR_NO_SUCH_LEASE, error_no_such_lease_fields, -ENOENT },
         { VMMB_ERROR_NO_SUCH_TOKEN, empty_fields, -ENOKEY },
@@ -435,6 +441,8 @@ DEFINE_PARAMS_CODEC(list_params, ListParams, list_params_fields)
 DEFINE_PARAMS_CODEC(share_params, ShareParams, share_params_fields)
 DEFINE_DONE(share_params, ShareParams, share_params_fields)
 DEFINE_REPLY_CODEC(share_reply, ShareReply, share_reply_fields)
+
+DEFINE_REPLY_CODEC(park_reply, ParkReply, park_reply_fields)
 
 DEFINE_PARAMS_CODEC(revoke_params, RevokeParams, revoke_params_fields)
 DEFINE_DONE(revoke_params, RevokeParams, revoke_params_fields)

@@ -37,6 +37,8 @@
 #define VMMB_METHOD_METRICS VMMB_INTERFACE ".Metrics"
 #define VMMB_METHOD_SET_RECLAIMABLE VMMB_INTERFACE ".SetReclaimable"
 #define VMMB_METHOD_WATCH_RECLAIM VMMB_INTERFACE ".WatchReclaim"
+#define VMMB_METHOD_PARK VMMB_INTERFACE ".Park"
+#define VMMB_METHOD_UNPARK VMMB_INTERFACE ".Unpark"
 
 #define VMMB_ERROR_OUT_OF_MEMORY VMMB_INTERFACE ".OutOfMemory"
 #define VMMB_ERROR_QUOTA_EXCEEDED VMMB_INTERFACE ".QuotaExceeded"
@@ -49,6 +51,7 @@
 #define VMMB_ERROR_PERMISSION_DENIED VMMB_INTERFACE ".PermissionDenied"
 #define VMMB_ERROR_DRIVER_ERROR VMMB_INTERFACE ".DriverError"
 #define VMMB_ERROR_STORE_FAILED VMMB_INTERFACE ".StoreFailed"
+#define VMMB_ERROR_OUT_OF_HOST_MEMORY VMMB_INTERFACE ".OutOfHostMemory"
 
 #define VARLINK_SERVICE_INTERFACE "org.varlink.service"
 #define VARLINK_METHOD_GET_INFO VARLINK_SERVICE_INTERFACE ".GetInfo"
@@ -133,6 +136,11 @@ typedef struct ShareParams {
 typedef struct ShareReply {
         char *token;
 } ShareReply;
+
+/* Park's reply: (parked: bool); its parameters are FreeParams (id), as Unpark's, whose reply is an AllocReply */
+typedef struct ParkReply {
+        bool parked;            /* the content is in host memory now; false while other holders map it */
+} ParkReply;
 
 /* Revoke(token: string) */
 typedef struct RevokeParams {
@@ -313,9 +321,9 @@ typedef struct InterfaceDescription {
  * NULL, unused integers 0 (device: -1).
  */
 typedef struct VmmbError {
-        int64_t device;         /* OutOfMemory, NoSuchDevice */
-        uint64_t requested;     /* OutOfMemory */
-        uint64_t available;     /* OutOfMemory */
+        int64_t device;         /* OutOfMemory, OutOfHostMemory, NoSuchDevice */
+        uint64_t requested;     /* OutOfMemory, OutOfHostMemory */
+        uint64_t available;     /* OutOfMemory, OutOfHostMemory */
         char *resource;         /* QuotaExceeded */
         uint64_t limit;         /* QuotaExceeded */
         uint64_t current;       /* QuotaExceeded */
@@ -367,6 +375,13 @@ int share_reply_decode(json_object *params, ShareReply *ret, char **ret_message)
 int share_reply_encode(const ShareReply *in, json_object **ret);
 /* Frees ShareReply's token. */
 void share_reply_done(ShareReply *p);
+
+/* Decodes Park's reply. */
+int park_reply_decode(json_object *params, ParkReply *ret, char **ret_message);
+/* Encodes Park's reply. */
+int park_reply_encode(const ParkReply *in, json_object **ret);
+/* Frees nothing (ParkReply has no strings); for symmetry with the other codecs. */
+void park_reply_done(ParkReply *p);
 
 /* Decodes Revoke's parameters. */
 int revoke_params_decode(json_object *params, RevokeParams *ret, const char **ret_bad_field, char **ret_message);
@@ -544,7 +559,7 @@ void vmmb_error_done(VmmbError *e);
 
 /*
  * The negative errno a client returns for an error name: OutOfMemory -ENOMEM,
- * QuotaExceeded -EDQUOT, NoSuchLease -ENOENT, NoSuchToken -ENOKEY,
+ * OutOfHostMemory -ENOSPC, QuotaExceeded -EDQUOT, NoSuchLease -ENOENT, NoSuchToken -ENOKEY,
  * NoSuchName -ENOENT, NameInUse -EEXIST, NoSuchDevice -ENODEV,
  * InvalidParameter (either) -EINVAL, PermissionDenied -EACCES, DriverError
  * -EIO, StoreFailed -EAGAIN, MethodNotFound/MethodNotImplemented/InterfaceNotFound -EOPNOTSUPP,
