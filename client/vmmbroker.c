@@ -56,6 +56,8 @@ struct vmmb_client {
         char *path;                     /* the broker's socket, to connect to again */
         uint64_t reconnect_usec;        /* how long connecting again waits for a broker to listen */
         bool closing;                   /* in vmmb_close(): connecting again does not wait */
+        int parks;                      /* whether the broker serves Park and Unpark: 1, 0, or -1 not asked yet
+                                           (since the last connect); atomic */
 
         pthread_mutex_t leases_lock;    /* guards leases, and their reclaim state */
         List leases;                    /* vmmb_lease.link */
@@ -266,6 +268,7 @@ static bool conn_error_is_lost(int error) {
 /* Closes the client's connection: the next call connects again. Lock held. */
 static void client_disconnect(vmmb_client *c) {
         c->conn = varlink_conn_free(c->conn);
+        __atomic_store_n(&c->parks, -1, __ATOMIC_RELAXED);     /* the next broker may be another version */
 }
 
 /*
@@ -774,6 +777,7 @@ VMMB_EXPORT int vmmb_connect(const char *socket_path, vmmb_client **ret) {
         (void)pthread_mutex_init(&c->watch_lock, NULL);
         (void)pthread_cond_init(&c->reclaim_done, NULL);
         c->watch_stop = -EBADF;
+        c->parks = -1;
         list_init(&c->leases);
         c->reconnect_usec = reconnect_usec;
         c->path = strdup(path);
@@ -1672,6 +1676,38 @@ out:
 }
 
 /*
+ * Whether the broker serves Park and Unpark, asked once per connection (GetInterfaceDescription) before the
+ * first park unmaps anything: a broker older than parking could not give the slabs back to map again, and
+ * the lease would stay unmapped. Returns 1 or 0, or a negative errno with the message set.
+ */
+static int client_parks(vmmb_client *c) {
+        _cleanup_(json_putp) json_object *params = NULL;
+        _cleanup_free_ char *message = NULL;
+        InterfaceParams p = { .interface = (char *)VMMB_INTERFACE };
+        InterfaceDescription d = {};
+        VarlinkReply reply = {};
+        int k = __atomic_load_n(&c->parks, __ATOMIC_RELAXED);
+
+        if (k >= 0)
+                return k;
+        k = interface_params_encode(&p, &params);
+        if (k < 0)
+                return set_error(k, "Cannot encode the call GetInterfaceDescription: %s.", strerror(-k));
+        k = client_call(c, VARLINK_METHOD_GET_INTERFACE_DESCRIPTION, params, &reply, NULL);
+        if (k < 0)
+                return k;
+        k = interface_description_decode(reply.parameters, &d, &message);
+        varlink_reply_done(&reply);
+        if (k < 0)
+                return set_error_from(k == -ENOMEM ? k : -EPROTO, "The broker's interface description is not "
+                                      "valid", message);
+        k = strstr(d.description, "\nmethod Park(") && strstr(d.description, "\nmethod Unpark(");
+        interface_description_done(&d);
+        __atomic_store_n(&c->parks, k, __ATOMIC_RELAXED);
+        return k;
+}
+
+/*
  * Marks a lease parked here, once no reclaim callback of it runs; fails for one given back, or parked already.
  * Returns 0 or a negative errno with the message set.
  */
@@ -1707,7 +1743,7 @@ VMMB_EXPORT int vmmb_lease_park(vmmb_lease *lease, void *stream) {
         VarlinkReply reply = {};
         ParkReply pr = {};
         CudaDriver *cu = NULL;
-        char saved[ERROR_MESSAGE_MAX];
+        char saved[ERROR_MESSAGE_MAX], why[ERROR_MESSAGE_MAX];
         CUresult r;
         int k;
 
@@ -1720,6 +1756,12 @@ VMMB_EXPORT int vmmb_lease_park(vmmb_lease *lease, void *stream) {
         k = free_params_encode(&p, &params);
         if (k < 0)
                 return set_error(k, "Cannot encode the call to park lease %s: %s.", lease->id, strerror(-k));
+        k = client_parks(lease->client);
+        if (k == 0)
+                return set_error(-EOPNOTSUPP, "The broker does not park leases (it has no Park): update it. "
+                                 "Lease %s is left as it was, mapped.", lease->id);
+        if (k < 0)
+                return k;
         k = lease_begin_park(lease);
         if (k < 0)
                 return k;
@@ -1744,8 +1786,9 @@ VMMB_EXPORT int vmmb_lease_park(vmmb_lease *lease, void *stream) {
                 memcpy(saved, error_message, sizeof(saved));
                 if (lease_unpark(lease) >= 0)
                         return set_error(k, "%s The lease is mapped again, as before.", saved);
+                memcpy(why, error_message, sizeof(why));
                 return set_error(k, "%s The lease is left parked here (unmapped, its address kept), and mapping "
-                                 "it again failed: %s vmmb_lease_unpark() maps it again.", saved, error_message);
+                                 "it again failed: %s vmmb_lease_unpark() maps it again.", saved, why);
         }
         k = park_reply_decode(reply.parameters, &pr, &message);
         varlink_reply_done(&reply);

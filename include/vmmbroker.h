@@ -669,8 +669,9 @@ int vmmb_lease_reclaimed(const vmmb_lease *lease);
  * error. When that too fails (the broker is gone), the lease is left parked
  * here, unmapped with its address kept: vmmb_lease_parked() says 1, and
  * vmmb_lease_unpark() maps it again once the broker answers; the message says
- * which. A broker older than parking answers -EOPNOTSUPP to both, and the
- * lease then stays unmapped until vmmb_free().
+ * which. Before the first park on a connection, the library asks the
+ * broker whether it parks at all (its interface description): a broker
+ * older than parking gets -EOPNOTSUPP with nothing unmapped.
  *
  * A reclaim request (vmmb_lease_set_reclaimable()) that reaches a parked
  * lease is refused (nothing is mapped to give back) and the lease is no
