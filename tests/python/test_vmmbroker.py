@@ -858,6 +858,98 @@ class TestReclaim(unittest.TestCase):
             self.client.unpublish("py-reclaim-ro")
 
 
+class TestParking(ClientTestCase):
+    """Lease.park(), unpark() and parked: the content goes to host memory and comes back at the same address."""
+
+    def test_park_unpark(self) -> None:
+        with self.client.alloc(66 * MiB, label="parked") as lease:   # two slabs: 64 MiB and 2 MiB
+            data = os.urandom(4096)
+            ptr = lease.ptr
+            for at in (0, 64 * MiB - 2048, 66 * MiB - 4096):          # across the slabs' boundary too
+                ctypes.memmove(ptr + at, data, len(data))
+            self.assertFalse(lease.parked)
+            self.assertIs(lease.park(), True)                          # the only holder: moved now
+            self.assertTrue(lease.parked)
+            self.assertEqual(lease.ptr, ptr)                           # the address is kept
+            info = listed()[lease.id]
+            if "parked" in info:
+                self.assertTrue(info["parked"], info)
+            with self.assertRaises(vmmbroker.Error) as cm:
+                lease.park()
+            self.assertEqual(cm.exception.errno, errno.EALREADY)
+
+            lease.unpark()
+            self.assertFalse(lease.parked)
+            self.assertEqual(lease.ptr, ptr)
+            for at in (0, 64 * MiB - 2048, 66 * MiB - 4096):
+                self.assertEqual(ctypes.string_at(ptr + at, len(data)), data)
+            with self.assertRaises(vmmbroker.Error) as cm:
+                lease.unpark()
+            self.assertEqual(cm.exception.errno, errno.EALREADY)
+            ctypes.memset(ptr, 0x11, 4096)                             # mapped read-write again
+
+    def test_free_while_parked(self) -> None:
+        lease = self.client.alloc(4 * MiB)
+        lid = lease.id
+        self.assertTrue(lease.park())
+        lease.free()                                                   # only the reservation was left here
+        self.assertNotIn(lid, listed())
+        self.assertFalse(lease.parked)
+        with self.assertRaises(ValueError):
+            lease.unpark()
+        with self.assertRaises(ValueError):
+            lease.park()
+
+    def test_bad_arguments(self) -> None:
+        with self.client.alloc(2 * MiB) as lease:
+            with self.assertRaises(TypeError):
+                lease.park("0")                                        # type: ignore[arg-type]
+            with self.assertRaises(TypeError):
+                lease.park(True)
+            self.assertFalse(lease.parked)
+
+    def test_error_class(self) -> None:
+        from vmmbroker import _errors
+        self.assertIn("OutOfHostMemory", vmmbroker.__all__)
+        self.assertTrue(issubclass(vmmbroker.OutOfHostMemory, vmmbroker.Error))
+        e = _errors.error(-errno.ENOSPC, "no host memory")
+        self.assertIs(type(e), vmmbroker.OutOfHostMemory)
+        self.assertEqual((e.errno, e.message), (errno.ENOSPC, "no host memory"))
+        self.assertIs(type(_errors.error(errno.EDQUOT)), vmmbroker.QuotaExceeded)
+
+
+class TestParkingLimits(unittest.TestCase):
+    """A park over the owner's host-bytes limit is refused, and the lease is mapped again as it was."""
+
+    limited: Broker
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.limited = Broker("[Limits]\nMaxBytes=1G\nMaxHostBytes=4M\n")
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        gc.collect()
+        status = cls.limited.stop()
+        if status not in (0, None):
+            raise AssertionError(f"vmmbrokerd (MaxHostBytes=4M) exited with {status}:\n{cls.limited.log()}")
+
+    def test_over_host_bytes(self) -> None:
+        with vmmbroker.connect(self.limited.socket) as client:
+            small = client.alloc(4 * MiB)
+            self.assertTrue(small.park())                              # 4 MiB: at the limit
+            with client.alloc(6 * MiB) as lease:
+                ctypes.memset(lease.ptr, 0x5A, lease.size)
+                with self.assertRaises(vmmbroker.QuotaExceeded) as cm:
+                    lease.park()
+                self.assertEqual(cm.exception.errno, errno.EDQUOT)
+                self.assertIn("host", cm.exception.strerror.lower())   # the host-bytes limit, not MaxBytes
+                self.assertFalse(lease.parked)                         # mapped again, as it was
+                self.assertEqual(ctypes.string_at(lease.ptr, lease.size), b"\x5a" * lease.size)
+            small.unpark()
+            small.free()
+
+
 class TestExit(unittest.TestCase):
     """A lease is given back when its process exits, however it exits."""
 
