@@ -1125,15 +1125,18 @@ VMMB_EXPORT int vmmb_lease_set_reclaimable(vmmb_lease *lease, int priority, vmmb
         return k;
 }
 
-VMMB_EXPORT int vmmb_lease_reclaimed(const vmmb_lease *lease) {
-        bool r;
+/* A flag of the lease's that client->leases_lock guards (reclaimed, parked), read under the lock. */
+static bool lease_flag(const vmmb_lease *lease, const bool *flag) {
+        bool v;
 
-        if (!lease)
-                return 0;
         (void)pthread_mutex_lock(&lease->client->leases_lock);
-        r = lease->reclaimed;
+        v = *flag;
         (void)pthread_mutex_unlock(&lease->client->leases_lock);
-        return r;
+        return v;
+}
+
+VMMB_EXPORT int vmmb_lease_reclaimed(const vmmb_lease *lease) {
+        return lease && lease_flag(lease, &lease->reclaimed);
 }
 
 VMMB_EXPORT void vmmb_close(vmmb_client *client) {
@@ -1818,14 +1821,7 @@ VMMB_EXPORT int vmmb_lease_unpark(vmmb_lease *lease) {
 }
 
 VMMB_EXPORT int vmmb_lease_parked(const vmmb_lease *lease) {
-        bool parked;
-
-        if (!lease)
-                return 0;
-        (void)pthread_mutex_lock(&lease->client->leases_lock);
-        parked = lease->parked;
-        (void)pthread_mutex_unlock(&lease->client->leases_lock);
-        return parked;
+        return lease && lease_flag(lease, &lease->parked);
 }
 
 VMMB_EXPORT uint64_t vmmb_lease_ptr(const vmmb_lease *lease) {

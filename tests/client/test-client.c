@@ -471,6 +471,18 @@ static int drop_to_nobody(void) {
         return 0;
 }
 
+/* A child's start: drops to nobody when asked, makes the parent's context current, connects. 0, or 1 (said). */
+static int child_open(const char *socket, bool as_nobody, vmmb_client **ret) {
+        int k;
+
+        if (as_nobody && drop_to_nobody() != 0)
+                return 1;
+        CHILD_CHECK(cu->cuCtxSetCurrent(ctx) == CUDA_SUCCESS, "cuCtxSetCurrent");
+        k = vmmb_connect(socket, ret);
+        CHILD_CHECK(k == 0, "vmmb_connect: %s", strerror(-k));
+        return 0;
+}
+
 /*
  * A second process: attaches, checks the lease against the args, reads it,
  * writes it (or checks that it cannot), attaches it once more and frees one
@@ -483,11 +495,8 @@ static int child_attach(void *arg) {
         uint32_t word = 0x12345678;
         int k;
 
-        if (a->as_nobody && drop_to_nobody() != 0)
+        if (child_open(a->socket, a->as_nobody, &c) != 0)
                 return 1;
-        CHILD_CHECK(cu->cuCtxSetCurrent(ctx) == CUDA_SUCCESS, "cuCtxSetCurrent");
-        k = vmmb_connect(a->socket, &c);
-        CHILD_CHECK(k == 0, "vmmb_connect: %s", strerror(-k));
         k = a->token ? vmmb_attach(c, a->token, a->flags, &l) : vmmb_attach_name(c, a->name, a->flags, &l);
         if (a->error) {
                 CHILD_CHECK(k == a->error && !l, "attach returned %d (%s), want %d", k, strerror(-k), a->error);
@@ -547,6 +556,13 @@ static uint64_t daemon_leases(void) {
         return leases;
 }
 
+/* The end of a test that holds one lease: frees it, and the broker holds nothing; closes the client. */
+static void free_last_and_close(vmmb_client *c, vmmb_lease *l) {
+        ck_assert_int_eq(vmmb_free(l), 0);
+        ck_assert_uint_eq(daemon_leases(), 0);
+        vmmb_close(c);
+}
+
 START_TEST(test_share_attach) {
         vmmb_client *c = connect_or_fail();
         vmmb_lease *l = alloc_or_fail(c, 66 * MiB, VMMB_ANY_DEVICE, "shared");
@@ -576,9 +592,7 @@ START_TEST(test_share_attach) {
         ck_assert(lease_reads(l, 0x0DDBA11));
         ck_assert_int_eq(harness_fd_count(getpid()), fds_before);
 
-        ck_assert_int_eq(vmmb_free(l), 0);
-        ck_assert_uint_eq(daemon_leases(), 0);
-        vmmb_close(c);
+        free_last_and_close(c, l);
 }
 END_TEST
 
@@ -679,9 +693,8 @@ static int child_publish(void *arg) {
         vmmb_lease *l = NULL;
         int k;
 
-        CHILD_CHECK(cu->cuCtxSetCurrent(ctx) == CUDA_SUCCESS, "cuCtxSetCurrent");
-        k = vmmb_connect(a->socket, &c);
-        CHILD_CHECK(k == 0, "vmmb_connect: %s", strerror(-k));
+        if (child_open(a->socket, false, &c) != 0)
+                return 1;
         k = vmmb_alloc(c, 6 * MiB, 0, "producer", &l);
         CHILD_CHECK(k == 0, "vmmb_alloc: %s", strerror(-k));
         CHILD_CHECK(cu->cuMemsetD32(vmmb_lease_ptr(l), a->value, vmmb_lease_size(l) / 4) == CUDA_SUCCESS, "memset");
@@ -931,11 +944,8 @@ static int child_nobody(void *arg) {
         char token[VMMB_TOKEN_SIZE], missing[256];
         int k;
 
-        if (drop_to_nobody() != 0)
+        if (child_open(a->socket, true, &c) != 0)
                 return 1;
-        CHILD_CHECK(cu->cuCtxSetCurrent(ctx) == CUDA_SUCCESS, "cuCtxSetCurrent");
-        k = vmmb_connect(a->socket, &c);
-        CHILD_CHECK(k == 0, "vmmb_connect: %s", strerror(-k));
 
         k = vmmb_attach(c, a->token_root, 0, &l);
         CHILD_CHECK(k == -EACCES && !l, "attach with root's token: %d", k);
@@ -1217,9 +1227,7 @@ START_TEST(test_park_unpark) {
         ck_assert_int_eq(vmmb_lease_parked(NULL), 0);
 
         ck_assert_int_eq(harness_fd_count(getpid()), fds_before);
-        ck_assert_int_eq(vmmb_free(l), 0);
-        ck_assert_uint_eq(daemon_leases(), 0);
-        vmmb_close(c);
+        free_last_and_close(c, l);
 }
 END_TEST
 
@@ -1259,9 +1267,8 @@ static int child_park(void *arg) {
         char byte = 'a';
         int k;
 
-        CHILD_CHECK(cu->cuCtxSetCurrent(ctx) == CUDA_SUCCESS, "cuCtxSetCurrent");
-        k = vmmb_connect(a->socket, &c);
-        CHILD_CHECK(k == 0, "vmmb_connect: %s", strerror(-k));
+        if (child_open(a->socket, false, &c) != 0)
+                return 1;
         k = vmmb_attach(c, a->token, 0, &l);
         CHILD_CHECK(k == 0, "attach: %s", strerror(-k));
         CHILD_CHECK(reads_pattern(vmmb_lease_ptr(l), a->size, a->expect), "does not read the parent's pattern");
@@ -1318,9 +1325,7 @@ START_TEST(test_park_shared) {
                 safe_close(to_child[i]);
                 safe_close(from_child[i]);
         }
-        ck_assert_int_eq(vmmb_free(l), 0);
-        ck_assert_uint_eq(daemon_leases(), 0);
-        vmmb_close(c);
+        free_last_and_close(c, l);
 }
 END_TEST
 
@@ -1336,11 +1341,8 @@ static int child_park_nobody(void *arg) {
         uint64_t ptr;
         int k;
 
-        if (drop_to_nobody() != 0)
+        if (child_open(a->socket, true, &c) != 0)
                 return 1;
-        CHILD_CHECK(cu->cuCtxSetCurrent(ctx) == CUDA_SUCCESS, "cuCtxSetCurrent");
-        k = vmmb_connect(a->socket, &c);
-        CHILD_CHECK(k == 0, "vmmb_connect: %s", strerror(-k));
         k = vmmb_attach(c, a->token, 0, &l);
         CHILD_CHECK(k == 0, "attach: %s", strerror(-k));
         ptr = vmmb_lease_ptr(l);

@@ -656,23 +656,30 @@ def wait_until(what: str, predicate, timeout: float = CHILD_TIMEOUT_S):
         time.sleep(0.01)
 
 
-class TestReclaim(unittest.TestCase):
-    """Reclaimable leases (Lease.set_reclaimable()), on a daemon of their own with a 16 MiB pool: this
-    process leases 12 MiB and marks it, and a child's alloc(8 MiB, wait=...) needs it back."""
+class OwnBrokerTestCase(unittest.TestCase):
+    """Tests on a daemon of their own (cls.small), started with the class's CONFIG."""
 
+    CONFIG = ""
     small: Broker
 
     @classmethod
     def setUpClass(cls) -> None:
-        # A user limit above the pool: this process and its waiting child (one user, unless root) lease 20 MiB.
-        cls.small = Broker("[Broker]\nCapacity=16M\nReclaimTimeout=60s\n[Limits]\nMaxBytes=1G\nMaxLeases=64\n")
+        cls.small = Broker(cls.CONFIG)
 
     @classmethod
     def tearDownClass(cls) -> None:
         gc.collect()
         status = cls.small.stop()
         if status not in (0, None):
-            raise AssertionError(f"vmmbrokerd (16 MiB) exited with {status}:\n{cls.small.log()}")
+            raise AssertionError(f"vmmbrokerd ({cls.CONFIG!r}) exited with {status}:\n{cls.small.log()}")
+
+
+class TestReclaim(OwnBrokerTestCase):
+    """Reclaimable leases (Lease.set_reclaimable()), on a daemon of their own with a 16 MiB pool: this
+    process leases 12 MiB and marks it, and a child's alloc(8 MiB, wait=...) needs it back."""
+
+    # A user limit above the pool: this process and its waiting child (one user, unless root) lease 20 MiB.
+    CONFIG = "[Broker]\nCapacity=16M\nReclaimTimeout=60s\n[Limits]\nMaxBytes=1G\nMaxLeases=64\n"
 
     def setUp(self) -> None:
         self.client = vmmbroker.connect(self.small.socket)
@@ -918,24 +925,13 @@ class TestParking(ClientTestCase):
         self.assertIs(type(_errors.error(errno.EDQUOT)), vmmbroker.QuotaExceeded)
 
 
-class TestParkingLimits(unittest.TestCase):
+class TestParkingLimits(OwnBrokerTestCase):
     """A park over the owner's host-bytes limit is refused, and the lease is mapped again as it was."""
 
-    limited: Broker
-
-    @classmethod
-    def setUpClass(cls) -> None:
-        cls.limited = Broker("[Limits]\nMaxBytes=1G\nMaxHostBytes=4M\n")
-
-    @classmethod
-    def tearDownClass(cls) -> None:
-        gc.collect()
-        status = cls.limited.stop()
-        if status not in (0, None):
-            raise AssertionError(f"vmmbrokerd (MaxHostBytes=4M) exited with {status}:\n{cls.limited.log()}")
+    CONFIG = "[Limits]\nMaxBytes=1G\nMaxHostBytes=4M\n"
 
     def test_over_host_bytes(self) -> None:
-        with vmmbroker.connect(self.limited.socket) as client:
+        with vmmbroker.connect(self.small.socket) as client:
             small = client.alloc(4 * MiB)
             self.assertTrue(small.park())                              # 4 MiB: at the limit
             with client.alloc(6 * MiB) as lease:
