@@ -155,13 +155,13 @@ static vmmb_lease *alloc_or_fail(vmmb_client *c, uint64_t size) {
 
 /* ---- a call on a thread of its own --------------------------------------------------------------------- */
 
-typedef enum Op { OP_ALLOC, OP_FREE, OP_PUBLISH, OP_UNPUBLISH, OP_REVOKE, OP_TOKENS } Op;
+typedef enum Op { OP_ALLOC, OP_FREE, OP_PUBLISH, OP_UNPUBLISH, OP_REVOKE, OP_TOKENS, OP_PARK } Op;
 
 typedef struct ClientOp {
         pthread_t thread;
         Op op;
         vmmb_client *client;
-        vmmb_lease *lease;              /* OP_FREE, OP_PUBLISH, OP_TOKENS: the lease; OP_ALLOC: the result */
+        vmmb_lease *lease;              /* OP_FREE, OP_PUBLISH, OP_TOKENS, OP_PARK: the lease; OP_ALLOC: the result */
         vmmb_token *tokens;             /* OP_TOKENS: the result */
         size_t n_tokens;
         int result;
@@ -190,6 +190,9 @@ static void *client_op_run(void *arg) {
                 break;
         case OP_TOKENS:
                 o->result = vmmb_tokens(o->lease, &o->tokens, &o->n_tokens);
+                break;
+        case OP_PARK:
+                o->result = vmmb_lease_park(o->lease, NULL);
                 break;
         }
         snprintf(o->message, sizeof(o->message), "%s", vmmb_error_message());
@@ -291,24 +294,42 @@ static void fake_reply(VarlinkConn *vc, json_object *params, const int *fds, siz
         ck_assert_int_eq(varlink_conn_flush(vc), 0);
 }
 
-/* Answers an Alloc with a lease of one 2 MiB slab made here: its handle in *ret_handle, for the caller to
- * release once the client has mapped it. */
-static void fake_reply_alloc(VarlinkConn *vc, CUmemGenericAllocationHandle *ret_handle) {
-        CUmemAllocationProp prop = cuda_slab_prop(0);
+/* Answers an Alloc (or an Unpark) with the fake's lease: the one 2 MiB slab of `handle`, exported. */
+static void fake_reply_lease(VarlinkConn *vc, CUmemGenericAllocationHandle handle) {
         WireSlab slab = { .size = 2 * MiB, .fd = 0 };
         AllocReply reply = { .lease = { .id = (char *)LEASE_ID, .device = 0, .size = 2 * MiB, .slabs = &slab,
                                         .n_slabs = 1 } };
         json_object *params = NULL;
         int fd = -EBADF;
 
-        ck_assert_int_eq(cu->cuMemCreate(ret_handle, 2 * MiB, &prop, 0), CUDA_SUCCESS);
-        ck_assert_int_eq(cu->cuMemExportToShareableHandle(&fd, *ret_handle,
-                                                           CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+        ck_assert_int_eq(cu->cuMemExportToShareableHandle(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
                          CUDA_SUCCESS);
         ck_assert_int_eq(alloc_reply_encode(&reply, &params), 0);
         fake_reply(vc, params, &fd, 1);
         json_object_put(params);
         safe_close(fd);
+}
+
+/* Answers an Alloc with a lease of one 2 MiB slab made here: its handle in *ret_handle, for the caller to
+ * release once the client has mapped it. */
+static void fake_reply_alloc(VarlinkConn *vc, CUmemGenericAllocationHandle *ret_handle) {
+        CUmemAllocationProp prop = cuda_slab_prop(0);
+
+        ck_assert_int_eq(cu->cuMemCreate(ret_handle, 2 * MiB, &prop, 0), CUDA_SUCCESS);
+        fake_reply_lease(vc, *ret_handle);
+}
+
+/* Answers GetInterfaceDescription with an io.vmmbroker of Free alone, or of Free, Park and Unpark. */
+static void fake_reply_description(VarlinkConn *vc, bool parks) {
+        json_object *params = json_object_new_object();
+
+        ck_assert_ptr_nonnull(params);
+        ck_assert_int_eq(json_object_object_add(params, "description", json_object_new_string(
+                parks ? "interface io.vmmbroker\n\nmethod Free(id: string) -> ()\n"
+                        "method Park(id: string) -> (parked: bool)\nmethod Unpark(id: string) -> (lease: Lease)\n"
+                      : "interface io.vmmbroker\n\nmethod Free(id: string) -> ()\n")), 0);
+        fake_reply(vc, params, NULL, 0);
+        json_object_put(params);
 }
 
 /* A client of the fake, connected and accepted: the client in *ret_client, the fake's end returned. */
@@ -587,6 +608,105 @@ START_TEST(test_close_does_not_wait) {
 }
 END_TEST
 
+/* ---- parking when the broker cannot -------------------------------------------------------------------- */
+
+/* A lease of the fake's, mapped by a client of it and filled with `value`; the fake's end in *ret_vc. */
+static vmmb_lease *fake_lease(int listen_fd, const char *path, uint32_t value, vmmb_client **ret_client,
+                              VarlinkConn **ret_vc, CUmemGenericAllocationHandle *ret_handle) {
+        ClientOp o;
+
+        *ret_vc = fake_connect(listen_fd, path, ret_client);
+        client_op_start(&o, OP_ALLOC, *ret_client, NULL);
+        fake_read_call(*ret_vc, VMMB_METHOD_ALLOC, NULL);
+        fake_reply_alloc(*ret_vc, ret_handle);
+        ck_assert_msg(client_op_finish(&o) == 0, "vmmb_alloc: %s", o.message);
+        lease_write(o.lease, value);
+        return o.lease;
+}
+
+/* A broker older than parking: asked first, it gets no Park, and nothing was unmapped. */
+START_TEST(test_park_old_broker) {
+        char path[128];
+        int listen_fd = fake_listen(path);
+        CUmemGenericAllocationHandle handle;
+        vmmb_client *c;
+        VarlinkConn *vc;
+        vmmb_lease *l = fake_lease(listen_fd, path, 0x01D0B0CE, &c, &vc, &handle);
+        ClientOp o;
+
+        client_op_start(&o, OP_PARK, c, l);
+        fake_read_call(vc, VARLINK_METHOD_GET_INTERFACE_DESCRIPTION, NULL);
+        fake_reply_description(vc, false);
+        ck_assert_int_eq(client_op_finish(&o), -EOPNOTSUPP);
+        ck_assert_message_has(&o, "left as it was, mapped");
+        ck_assert(!fake_pending(listen_fd));
+        ck_assert_int_eq(vmmb_lease_parked(l), 0);
+        ck_assert(lease_reads(l, 0x01D0B0CE));
+        /* the answer is kept for the connection: asked no more */
+        ck_assert_int_eq(vmmb_lease_park(l, NULL), -EOPNOTSUPP);
+
+        varlink_conn_free(vc);
+        safe_close(listen_fd);
+        vmmb_close(c);
+        ck_assert_int_eq(cu->cuMemRelease(handle), CUDA_SUCCESS);
+}
+END_TEST
+
+/*
+ * Park refused, then Park lost after the broker read it: each time the library unmapped the lease first, and
+ * maps it again at the same address with what Unpark returns (the slabs of a lease not parked, as they are),
+ * content and all, before it returns the error.
+ */
+START_TEST(test_park_failed_maps_again) {
+        char path[128];
+        int listen_fd = fake_listen(path);
+        CUmemGenericAllocationHandle handle;
+        vmmb_client *c;
+        VarlinkConn *vc;
+        vmmb_lease *l = fake_lease(listen_fd, path, 0xBAC0FFEE, &c, &vc, &handle);
+        uint64_t ptr = vmmb_lease_ptr(l);
+        json_object *refusal = NULL;
+        ClientOp o;
+
+        ck_assert_int_eq(setenv("VMMBROKER_RECONNECT_TIMEOUT", "5", 1), 0);
+        client_op_start(&o, OP_PARK, c, l);
+        fake_read_call(vc, VARLINK_METHOD_GET_INTERFACE_DESCRIPTION, NULL);
+        fake_reply_description(vc, true);
+        fake_read_call(vc, VMMB_METHOD_PARK, NULL);
+        ck_assert_int_eq(vmmb_error_permission_denied("Not yours to park.", &refusal), 0);
+        ck_assert_int_eq(varlink_conn_send(vc, refusal, NULL, 0), 0);
+        ck_assert_int_eq(varlink_conn_flush(vc), 0);
+        json_object_put(refusal);
+        fake_read_call(vc, VMMB_METHOD_UNPARK, NULL);
+        fake_reply_lease(vc, handle);
+        ck_assert_int_eq(client_op_finish(&o), -EACCES);
+        ck_assert_message_has(&o, "Not yours to park.");
+        ck_assert_message_has(&o, "mapped again");
+        ck_assert_int_eq(vmmb_lease_parked(l), 0);
+        ck_assert_uint_eq(vmmb_lease_ptr(l), ptr);
+        ck_assert(lease_reads(l, 0xBAC0FFEE));
+
+        /* Read, then the connection lost: maybe parked; Unpark on the next connection brings it back. */
+        lease_write(l, 0xBAC0FFEF);
+        client_op_start(&o, OP_PARK, c, l);
+        fake_read_call(vc, VMMB_METHOD_PARK, NULL);
+        varlink_conn_free(vc);
+        vc = fake_accept(listen_fd);
+        fake_read_call(vc, VMMB_METHOD_UNPARK, NULL);
+        fake_reply_lease(vc, handle);
+        ck_assert_int_eq(client_op_finish(&o), -ECONNRESET);
+        ck_assert_message_has(&o, "mapped again");
+        ck_assert_int_eq(vmmb_lease_parked(l), 0);
+        ck_assert_uint_eq(vmmb_lease_ptr(l), ptr);
+        ck_assert(lease_reads(l, 0xBAC0FFEF));
+
+        varlink_conn_free(vc);
+        safe_close(listen_fd);
+        vmmb_close(c);
+        ck_assert_int_eq(cu->cuMemRelease(handle), CUDA_SUCCESS);
+}
+END_TEST
+
 /* ---- which calls are sent again ------------------------------------------------------------------------ */
 
 /*
@@ -781,6 +901,8 @@ int main(void) {
         tcase_add_test(tc, test_gives_up);
         tcase_add_test(tc, test_timeout_env);
         tcase_add_test(tc, test_close_does_not_wait);
+        tcase_add_test(tc, test_park_old_broker);
+        tcase_add_test(tc, test_park_failed_maps_again);
         tcase_add_test(tc, test_unread_call_is_sent_again);
         tcase_add_test(tc, test_read_call_is_not_sent_again);
         suite_add_tcase(s, tc);
