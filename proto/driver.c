@@ -62,6 +62,16 @@ CUmemAllocationProp cuda_slab_prop(CUdevice device) {
         };
 }
 
+CUmemAllocationProp cuda_host_prop(int numa_node) {
+        CUmemAllocationProp prop = cuda_slab_prop(0);
+
+        prop.location = (CUmemLocation){
+                .type = CU_MEM_LOCATION_TYPE_HOST_NUMA,
+                .id = numa_node < 0 ? 0 : numa_node,
+        };
+        return prop;
+}
+
 uint64_t cuda_slab_alignment(uint64_t size) {
         return size == 0 ? 0 : UINT64_C(1) << (63 - __builtin_clzll(size));
 }

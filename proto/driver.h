@@ -61,6 +61,7 @@
         X(cuMemFree, 3020)                              \
         X(cuMemcpyHtoD, 3020)                           \
         X(cuMemcpyDtoH, 3020)                           \
+        X(cuMemcpyDtoDAsync, 3020)                      \
         X(cuMemsetD8, 3020)                             \
         X(cuMemsetD32, 3020)                            \
         X(cuMemsetD8Async, 3020)                        \
@@ -103,6 +104,10 @@ typedef struct CudaDeviceInfo {
 /* CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID came with CUDA 12.2's cuda.h; older drivers refuse it (numa_node -1). */
 #if CUDA_VERSION < 12020
 #define CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID ((CUdevice_attribute)134)
+/* So did CU_MEM_LOCATION_TYPE_HOST_NUMA (cuda_host_prop()) and the attribute that says a device supports it
+ * in cuMemCreate; older drivers refuse both. */
+#define CU_MEM_LOCATION_TYPE_HOST_NUMA ((CUmemLocationType)3)
+#define CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED ((CUdevice_attribute)141)
 #endif
 
 /* The host NUMA node of `dev`: CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, or -1 when the driver does not know it. */
@@ -138,6 +143,15 @@ int cuda_result_to_errno(CUresult r);
 
 /* The allocation properties the broker uses for every slab: pinned device memory, POSIX-fd exportable. */
 CUmemAllocationProp cuda_slab_prop(CUdevice device);
+
+/*
+ * The allocation properties of a host slab, where a parked lease's content lives: pinned host memory on
+ * NUMA node `numa_node` (CU_MEM_LOCATION_TYPE_HOST_NUMA; a node below 0, "unknown" as
+ * cuda_device_numa_node() says, means node 0), POSIX-fd exportable like a device slab. It is imported and
+ * mapped like one, and cuMemSetAccess with a DEVICE location gives that device access to it, so that
+ * cuMemcpyDtoDAsync copies between a device slab and a host slab.
+ */
+CUmemAllocationProp cuda_host_prop(int numa_node);
 
 /*
  * The alignment to reserve a slab's address range with: the largest power of two not above its size. Slabs

@@ -114,6 +114,12 @@ bool mem_create(size_t size, CUmemGenericAllocationHandle *ret) {
         return CU(gpu.cu->cuMemCreate(ret, size, &prop, 0));
 }
 
+bool mem_create_host(size_t size, CUmemGenericAllocationHandle *ret) {
+        CUmemAllocationProp prop = cuda_host_prop(gpu.info.numa_node);
+
+        return CU(gpu.cu->cuMemCreate(ret, size, &prop, 0));
+}
+
 bool mem_export(CUmemGenericAllocationHandle handle, int *ret_fd) {
         int fd = -EBADF;
 

@@ -1032,6 +1032,113 @@ START_TEST(set_access_for_a_device_that_does_not_exist) {
 }
 END_TEST
 
+/*
+ * --- 14. Host memory, where a parked lease's content lives (the parking notes; cuda_host_prop()).
+ *
+ * The daemon creates host slabs on the device's NUMA node (CU_MEM_LOCATION_TYPE_HOST_NUMA), keeps them as
+ * exported fds, maps them (imported, after a restart) with access for the device, and copies between them and
+ * device slabs with cuMemcpyDtoDAsync on its stream. The granularity is 2 MiB on an H100; the checks ask only
+ * for a power of two.
+ */
+
+/* The minimum granularity of host slabs on this device's node. */
+static size_t host_granularity(size_t *ret_recommended) {
+        CUmemAllocationProp prop = cuda_host_prop(gpu.info.numa_node);
+        size_t minimum = 0, recommended = 0;
+
+        ASSERT_CU(gpu.cu->cuMemGetAllocationGranularity(&minimum, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+        ASSERT_CU(gpu.cu->cuMemGetAllocationGranularity(&recommended, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+        if (ret_recommended)
+                *ret_recommended = recommended;
+        return minimum;
+}
+
+START_TEST(host_numa_granularity) {
+        char m[FORMAT_SIZE_MAX], rm[FORMAT_SIZE_MAX], text[RESULT_NAME_MAX];
+        size_t minimum, recommended = 0;
+        int supported = -1;
+        CUresult r;
+
+        /* Report only: whether the device says it can (cuMemCreate below is what the broker relies on). */
+        r = gpu.cu->cuDeviceGetAttribute(&supported, CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                                         gpu.info.device);
+        observe_text("host NUMA virtual memory management supported (report only)",
+                     r != CUDA_SUCCESS ? result_name(r, text, sizeof(text)) : supported ? "yes" : "no");
+
+        minimum = host_granularity(&recommended);
+        fprintf(stderr, "info: host NUMA node %d (device's %d): granularity minimum %s (%zu), recommended %s (%zu)\n",
+                cuda_host_prop(gpu.info.numa_node).location.id, gpu.info.numa_node, size_text(minimum, m, sizeof(m)),
+                minimum, size_text(recommended, rm, sizeof(rm)), recommended);
+        observe_text("host NUMA granularity a power of two", IS_POWER_OF_2(minimum) ? "yes" : "no");
+        ck_assert_msg(IS_POWER_OF_2(minimum), "host granularity %zu is not a power of two", minimum);
+        ck_assert_msg(recommended >= minimum && recommended % minimum == 0,
+                      "recommended host granularity %zu is not a multiple of the minimum %zu", recommended, minimum);
+}
+END_TEST
+
+/*
+ * A 64 MiB host slab: created, exported, imported and mapped with access for the device; a memset on it, then a
+ * pattern copied device -> host -> device with cuMemcpyDtoDAsync (the device memory cleared in between) reads
+ * back bit-identical on both sides.
+ */
+START_TEST(host_numa_round_trip) {
+        const size_t size = 64 * MiB;
+        const uint32_t seed = UINT32_C(0x9a4ced01), fill = UINT32_C(0xa5a5a5a5);
+        CUmemGenericAllocationHandle host, imported, dev;
+        _cleanup_close_ int fd = -EBADF;
+        CUdeviceptr host_va, dev_va;
+        CUstream stream;
+        bool same;
+
+        ck_assert_uint_eq(size % host_granularity(NULL), 0);
+        ASSERT_OK(mem_create_host(size, &host));
+        ASSERT_OK(mem_export(host, &fd));
+        ASSERT_OK(mem_import(fd, &imported));
+        ASSERT_OK(mem_map(imported, size, &host_va));   /* read-write access for this device */
+        ASSERT_OK(mem_release(imported));
+        ASSERT_CU(gpu.cu->cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+
+        ASSERT_CU(gpu.cu->cuMemsetD8Async(host_va, 0xa5, size, stream));
+        ASSERT_CU(gpu.cu->cuStreamSynchronize(stream));
+        ASSERT_OK(mem_check_fill(host_va, size, fill, "host memory after cuMemsetD8Async"));
+
+        ASSERT_OK(mem_create(size, &dev));
+        ASSERT_OK(mem_map(dev, size, &dev_va));
+        ASSERT_OK(mem_write_pattern(dev_va, size, seed));
+        ASSERT_CU(gpu.cu->cuMemcpyDtoDAsync(host_va, dev_va, size, stream));
+        ASSERT_CU(gpu.cu->cuMemsetD8Async(dev_va, 0, size, stream));
+        ASSERT_CU(gpu.cu->cuMemcpyDtoDAsync(dev_va, host_va, size, stream));
+        ASSERT_CU(gpu.cu->cuStreamSynchronize(stream));
+        same = mem_check_pattern(host_va, size, seed, "host memory copied from device memory") &&
+               mem_check_pattern(dev_va, size, seed, "device memory copied back from host memory");
+        observe_text("device to host to device memory with cuMemcpyDtoDAsync", same ? "bit-identical" : "different");
+        ASSERT_OK(same);
+
+        ASSERT_CU(gpu.cu->cuStreamDestroy(stream));
+        ASSERT_OK(mem_unmap(dev_va, size));
+        ASSERT_OK(mem_unmap(host_va, size));
+        ASSERT_OK(mem_release(dev));
+        ASSERT_OK(mem_release(host));
+}
+END_TEST
+
+/*
+ * A NUMA node that no machine has. The documentation names no code (the id "must specify the NUMA ID of the
+ * CPU"); the check asks that it fail and prints the code (the simulator: CUDA_ERROR_INVALID_VALUE).
+ */
+START_TEST(host_numa_bad_node) {
+        CUmemAllocationProp prop = cuda_host_prop(4096);
+        CUmemGenericAllocationHandle h;
+        CUresult r;
+
+        r = gpu.cu->cuMemCreate(&h, host_granularity(NULL), &prop, 0);
+        if (r == CUDA_SUCCESS)
+                (void)gpu.cu->cuMemRelease(h);
+        observe("create host memory on NUMA node 4096", r);
+        ck_assert_msg(r != CUDA_SUCCESS, "cuMemCreate made host memory on NUMA node 4096.");
+}
+END_TEST
+
 /* --- The suite. */
 
 static TCase *tcase(Suite *s, const char *name) {
@@ -1096,6 +1203,11 @@ static Suite *conformance_suite(void) {
 
         tc = tcase(s, "streams");
         tcase_add_test(tc, async_memset_then_host_function);
+
+        tc = tcase(s, "host");
+        tcase_add_test(tc, host_numa_granularity);
+        tcase_add_test(tc, host_numa_round_trip);
+        tcase_add_test(tc, host_numa_bad_node);
 
         return s;
 }

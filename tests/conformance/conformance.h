@@ -64,6 +64,8 @@ void observe_text(const char *check, const char *outcome);
 
 /* Device memory, with the broker's slab properties (pinned, POSIX-fd exportable). */
 bool mem_create(size_t size, CUmemGenericAllocationHandle *ret);
+/* Host memory as the broker's host slabs have it (cuda_host_prop(): pinned, on the device's NUMA node). */
+bool mem_create_host(size_t size, CUmemGenericAllocationHandle *ret);
 bool mem_export(CUmemGenericAllocationHandle handle, int *ret_fd);
 bool mem_import(int fd, CUmemGenericAllocationHandle *ret);
 /* Reserves `size` bytes of address space aligned to the granularity. */

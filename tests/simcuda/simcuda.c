@@ -7,8 +7,9 @@
  * the rules, the environment and the limitations.
  *
  * The model:
- *  - an allocation (cuMemCreate, cuMemAlloc) is a memfd named "simcuda-devN",
- *    and an exported handle is an fd to it;
+ *  - an allocation (cuMemCreate, cuMemAlloc) is a memfd named "simcuda-devN"
+ *    (device memory) or "simcuda-hostN" (host memory on NUMA node N), and an
+ *    exported handle is an fd to it;
  *  - a reservation is a PROT_NONE anonymous mapping; cuMemMap maps the memfd
  *    over part of it (MAP_FIXED) and cuMemUnmap puts PROT_NONE memory back;
  *  - cuMemSetAccess is mprotect(); a device pointer is the host address;
@@ -49,11 +50,16 @@
 #define _public_ __attribute__((visibility("default")))
 
 #define GRANULARITY (UINT64_C(2) << 20)         /* minimum and recommended, as on an H100/H200 */
+#define HOST_GRANULARITY (UINT64_C(2) << 20)    /* of pinned host-NUMA memory, as on an H100 (parking-spec) */
 #define MAX_DEVICES 64                          /* a Mapping keeps one bit per device in a uint64_t */
 #define DEFAULT_MEMORY (UINT64_C(8) << 30)
+#define DEFAULT_HOST_MEMORY (UINT64_C(64) << 30)
 #define SIM_BUCKETS 16384                       /* hash buckets for allocations and handles */
 #define DEFAULT_DRIVER_VERSION 13000
 #define HANDLE_TAG UINT64_C(0x5c0da00000000000) /* in every handle id, so that a small integer is never one */
+
+/* The address rules (reserve, map, unmap, set access) use GRANULARITY for every allocation. */
+_Static_assert(HOST_GRANULARITY == GRANULARITY, "host memory would need address rules of its own");
 
 /* ---- Entry points ------------------------------------------------------------------------------------ */
 
@@ -149,11 +155,11 @@ static const ErrorInfo *error_by_name(const char *name) {
 typedef struct Allocation {
         List link;                      /* in sim.allocations */
         int fd;                         /* the memfd */
-        int device;
+        CUmemLocation location;         /* a device, or a host NUMA node (CU_MEM_LOCATION_TYPE_HOST_NUMA) */
         uint64_t size;
         dev_t st_dev;                   /* the memfd's identity, to recognise an import of our own export */
         ino_t st_ino;
-        bool charged;                   /* created here, so counted against its device's budget */
+        bool charged;                   /* created here, so counted against its location's budget */
         unsigned refs;                  /* handles and mappings that refer to it */
 } Allocation;
 
@@ -183,6 +189,7 @@ typedef enum OpKind {
         OP_MEMSET,
         OP_COPY_TO_DEVICE,
         OP_COPY_FROM_DEVICE,
+        OP_COPY_DEVICE,                 /* cuMemcpyDtoDAsync: device memory to device memory */
         OP_HOST_FUNC,
         OP_EVENT,                       /* cuEventRecord: marks the event's record `seq` done */
 } OpKind;
@@ -191,7 +198,8 @@ typedef enum OpKind {
 typedef struct Op {
         List link;                      /* in CUstream_st.ops */
         OpKind kind;
-        CUdeviceptr device;             /* the device range that a memset or copy touches */
+        CUdeviceptr device;             /* the device range a memset or copy touches (OP_COPY_DEVICE: writes) */
+        CUdeviceptr from;               /* OP_COPY_DEVICE: the device range it reads */
         size_t bytes;
         uint32_t value;                 /* OP_MEMSET: the pattern, `width` (1 or 4) bytes wide */
         unsigned width;
@@ -252,6 +260,7 @@ static struct {
         const char *env_error;          /* the line cuInit() prints when a variable is bad, or NULL */
         int n_devices;
         uint64_t budget;                /* per device */
+        uint64_t host_budget;           /* SIMCUDA_HOST_MEMORY: host memory, all NUMA nodes together */
         int driver_version;
         bool vmm, posix_fd;
         uint64_t peers[MAX_DEVICES];    /* SIMCUDA_PEERS: bit P of peers[D] says device D may access P's memory */
@@ -261,6 +270,7 @@ static struct {
         bool held;                      /* simcuda_hold_streams(1) */
         struct CUctx_st ctx[MAX_DEVICES];
         uint64_t charged[MAX_DEVICES];
+        uint64_t host_charged;
         /* Allocations by inode and handles by id, hashed into buckets: a daemon with 100,000 slabs must not
          * pay a walk of them per import or export (bench-scale's start with 10,000 leases did). */
         List allocations[SIM_BUCKETS], handles[SIM_BUCKETS], reservations, faults;
@@ -475,6 +485,20 @@ _printf_(1, 2) static void env_bad(const char *fmt, ...) {
         sim.env_error = env_error_line;
 }
 
+/* A size variable (SIMCUDA_MEMORY, SIMCUDA_HOST_MEMORY): bytes above 0; a bad one leaves *ret as it is. */
+static void env_size(const char *name, uint64_t *ret) {
+        uint64_t size;
+        const char *v;
+
+        if (!env_get(name, &v))
+                return;
+        if (parse_size(v, &size) < 0 || size == 0)
+                env_bad("simcuda: %s=\"%.64s\" is not a size in bytes above 0 (digits with an optional K, M, G or T "
+                        "suffix)", name, v);
+        else
+                *ret = size;
+}
+
 static void setup_once(void) {
         const char *v;
         bool flag;
@@ -486,17 +510,15 @@ static void setup_once(void) {
         }
         sim.n_devices = 1;
         sim.budget = DEFAULT_MEMORY;
+        sim.host_budget = DEFAULT_HOST_MEMORY;
         sim.driver_version = DEFAULT_DRIVER_VERSION;
         sim.vmm = sim.posix_fd = true;
         (void)parse_peers("all", sim.peers);
 
         if (env_get("SIMCUDA_DEVICES", &v) && !parse_int(v, 0, MAX_DEVICES, &sim.n_devices))
                 env_bad("simcuda: SIMCUDA_DEVICES=\"%.64s\" is not a number of devices from 0 to %d", v, MAX_DEVICES);
-        if (env_get("SIMCUDA_MEMORY", &v) && (parse_size(v, &sim.budget) < 0 || sim.budget == 0)) {
-                sim.budget = DEFAULT_MEMORY;
-                env_bad("simcuda: SIMCUDA_MEMORY=\"%.64s\" is not a size in bytes above 0 (digits with an optional "
-                        "K, M, G or T suffix)", v);
-        }
+        env_size("SIMCUDA_MEMORY", &sim.budget);
+        env_size("SIMCUDA_HOST_MEMORY", &sim.host_budget);
         if (env_get("SIMCUDA_DRIVER_VERSION", &v) && !parse_int(v, 1, INT_MAX, &sim.driver_version))
                 env_bad("simcuda: SIMCUDA_DRIVER_VERSION=\"%.64s\" is not a CUDA version number such as 13000", v);
         if (env_get("SIMCUDA_NO_VMM", &v)) {
@@ -575,6 +597,34 @@ static bool device_valid(CUdevice dev) {
         return dev >= 0 && dev < sim.n_devices;
 }
 
+/* A host NUMA node the simulated machine has: 0, and every node SIMCUDA_NUMA names. */
+static bool numa_node_valid(int node) {
+        if (node == 0)
+                return true;
+        for (int d = 0; d < sim.n_devices; d++)
+                if (node > 0 && sim.numa[d] == node)
+                        return true;
+        return false;
+}
+
+static bool location_is_host(CUmemLocation loc) {
+        return loc.type == CU_MEM_LOCATION_TYPE_HOST_NUMA;
+}
+
+/* What memory at `loc` is charged to: its device's budget, or the host's (one for every NUMA node). */
+static uint64_t *location_charged(CUmemLocation loc) {
+        return location_is_host(loc) ? &sim.host_charged : &sim.charged[loc.id];
+}
+
+static uint64_t location_budget(CUmemLocation loc) {
+        return location_is_host(loc) ? sim.host_budget : sim.budget;
+}
+
+/* What an allocation's size at `loc` is a multiple of (minimum and recommended alike). */
+static uint64_t location_granularity(CUmemLocation loc) {
+        return location_is_host(loc) ? HOST_GRANULARITY : GRANULARITY;
+}
+
 /* The current context, active, for calls that clean up even after a fault. */
 static CUresult ctx_current(CUcontext *ret) {
         if (!current)
@@ -596,16 +646,16 @@ static CUresult ctx_usable(CUcontext *ret) {
 
 /* ---- Allocations and handles ------------------------------------------------------------------------- */
 
-/* A fresh allocation on `device`, charged to its budget; the caller owns its one reference. */
-static CUresult allocation_new(int device, uint64_t size, Allocation **ret) {
+/* A fresh allocation at `loc` (valid), charged to its budget; the caller owns its one reference. */
+static CUresult allocation_new(CUmemLocation loc, uint64_t size, Allocation **ret) {
         _cleanup_close_ int fd = -EBADF;
         char name[32];
         struct stat st;
         Allocation *a;
 
-        if (size > sim.budget - sim.charged[device])
+        if (size > location_budget(loc) - *location_charged(loc))
                 return CUDA_ERROR_OUT_OF_MEMORY;
-        snprintf(name, sizeof(name), "simcuda-dev%d", device);
+        snprintf(name, sizeof(name), location_is_host(loc) ? "simcuda-host%d" : "simcuda-dev%d", loc.id);
         fd = memfd_create(name, MFD_CLOEXEC);
         if (fd < 0 || size > INT64_MAX || ftruncate(fd, (off_t)size) < 0 || fstat(fd, &st) < 0)
                 return CUDA_ERROR_OUT_OF_MEMORY;
@@ -614,7 +664,7 @@ static CUresult allocation_new(int device, uint64_t size, Allocation **ret) {
                 return CUDA_ERROR_OUT_OF_MEMORY;
         *a = (Allocation){
                 .fd = TAKE_FD(fd),
-                .device = device,
+                .location = loc,
                 .size = size,
                 .st_dev = st.st_dev,
                 .st_ino = st.st_ino,
@@ -622,7 +672,7 @@ static CUresult allocation_new(int device, uint64_t size, Allocation **ret) {
                 .refs = 1,
         };
         list_link_tail(bucket(sim.allocations, st.st_ino), &a->link);
-        sim.charged[device] += size;
+        *location_charged(loc) += size;
         sim.n_allocations++;
         *ret = a;
         return CUDA_SUCCESS;
@@ -633,28 +683,36 @@ static void allocation_put(Allocation *a) {
         if (--a->refs > 0)
                 return;
         if (a->charged)
-                sim.charged[a->device] -= a->size;
+                *location_charged(a->location) -= a->size;
         list_unlink(&a->link);
         sim.n_allocations--;
         safe_close(a->fd);
         free(a);
 }
 
-/* Which device a simcuda memfd belongs to ("/memfd:simcuda-devN (deleted)"), or -1 for any other fd. */
-static int memfd_device(int fd) {
+/*
+ * Where the memory of a simcuda memfd lives ("/memfd:simcuda-devN (deleted)", "/memfd:simcuda-hostN
+ * (deleted)"), if that device or NUMA node exists here; false for any other fd.
+ */
+static bool memfd_location(int fd, CUmemLocation *ret) {
         char path[64], target[128];
-        int device, end = 0;
+        int id, end = 0;
         ssize_t n;
 
         snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
         n = readlink(path, target, sizeof(target) - 1);
         if (n < 0)
-                return -1;
+                return false;
         target[n] = '\0';
-        if (sscanf(target, "/memfd:simcuda-dev%d (deleted)%n", &device, &end) != 1 || end != n ||
-            !device_valid(device))
-                return -1;
-        return device;
+        if (sscanf(target, "/memfd:simcuda-dev%d (deleted)%n", &id, &end) == 1 && end == n && device_valid(id)) {
+                *ret = (CUmemLocation){ .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = id };
+                return true;
+        }
+        if (sscanf(target, "/memfd:simcuda-host%d (deleted)%n", &id, &end) == 1 && end == n && numa_node_valid(id)) {
+                *ret = (CUmemLocation){ .type = CU_MEM_LOCATION_TYPE_HOST_NUMA, .id = id };
+                return true;
+        }
+        return false;
 }
 
 static Handle *handle_find(CUmemGenericAllocationHandle id) {
@@ -821,7 +879,7 @@ static CUresult alloc_new(CUcontext ctx, uint64_t size, CUdeviceptr *ret) {
         Allocation *a;
         CUresult r;
 
-        r = allocation_new(ctx->device, size, &a);
+        r = allocation_new((CUmemLocation){ .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = ctx->device }, size, &a);
         if (r != CUDA_SUCCESS)
                 return r;
         r = reservation_new(size, GRANULARITY, 0, &res);
@@ -883,6 +941,9 @@ static bool op_accessible(CUcontext ctx, const Op *op) {
                 return accessible(ctx->device, op->device, op->bytes, true);
         case OP_COPY_FROM_DEVICE:
                 return accessible(ctx->device, op->device, op->bytes, false);
+        case OP_COPY_DEVICE:
+                return accessible(ctx->device, op->device, op->bytes, true) &&
+                       accessible(ctx->device, op->from, op->bytes, false);
         case OP_HOST_FUNC:
         case OP_EVENT:
                 break;
@@ -926,6 +987,9 @@ static void op_run(CUcontext ctx, const Op *op) {
                 break;
         case OP_COPY_FROM_DEVICE:
                 memcpy(op->dst, (const void *)(uintptr_t)op->device, op->bytes);
+                break;
+        case OP_COPY_DEVICE:    /* the ranges may overlap (the result is undefined on a GPU) */
+                memmove((void *)(uintptr_t)op->device, (const void *)(uintptr_t)op->from, op->bytes);
                 break;
         case OP_HOST_FUNC:
         case OP_EVENT:
@@ -1166,6 +1230,10 @@ static CUresult sim_cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUd
                 *pi = sim.numa[dev];
                 return CUDA_SUCCESS;
         }
+        if (attrib == CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED) {      /* likewise */
+                *pi = sim.vmm;
+                return CUDA_SUCCESS;
+        }
         switch (attrib) {
         case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
                 *pi = sim.vmm;
@@ -1289,7 +1357,7 @@ static CUresult sim_cuMemGetInfo(size_t *free_bytes, size_t *total) {
         return CUDA_SUCCESS;
 }
 
-/* As lax as the real driver: any properties, any device. */
+/* As lax as the real driver: any properties, any device or node; host-NUMA memory has its own granularity. */
 static CUresult sim_cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
                                                   CUmemAllocationGranularity_flags option) {
         ENTER(cuMemGetAllocationGranularity);
@@ -1297,7 +1365,7 @@ static CUresult sim_cuMemGetAllocationGranularity(size_t *granularity, const CUm
         if (!granularity || !prop ||
             (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM && option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
                 return CUDA_ERROR_INVALID_VALUE;
-        *granularity = GRANULARITY;
+        *granularity = location_granularity(prop->location);
         return CUDA_SUCCESS;
 }
 
@@ -1305,26 +1373,29 @@ static CUresult sim_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t siz
                                 unsigned long long flags) {
         ENTER(cuMemCreate);
         const unsigned known = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR | CU_MEM_HANDLE_TYPE_FABRIC;
-        bool posix_fd;
+        bool posix_fd, host;
         Allocation *a;
         Handle *h;
         CUresult r;
 
         if (!handle || !prop || flags != 0 || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
-            prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || (prop->requestedHandleTypes & ~known))
+            (prop->requestedHandleTypes & ~known))
                 return CUDA_ERROR_INVALID_VALUE;
-        if (!device_valid(prop->location.id))
+        host = location_is_host(prop->location);
+        if (host ? !numa_node_valid(prop->location.id) : prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+                return CUDA_ERROR_INVALID_VALUE;
+        if (!host && !device_valid(prop->location.id))
                 return CUDA_ERROR_INVALID_DEVICE;
         posix_fd = prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
         if (!sim.vmm || (prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_FABRIC) || (posix_fd && !sim.posix_fd))
                 return CUDA_ERROR_NOT_SUPPORTED;
-        if (size == 0 || size % GRANULARITY != 0)
+        if (size == 0 || size % location_granularity(prop->location) != 0)
                 return CUDA_ERROR_INVALID_VALUE;
 
         h = calloc(1, sizeof(*h));
         if (!h)
                 return CUDA_ERROR_OUT_OF_MEMORY;
-        r = allocation_new(prop->location.id, size, &a);
+        r = allocation_new(prop->location, size, &a);
         if (r != CUDA_SUCCESS) {
                 free(h);
                 return r;
@@ -1378,8 +1449,9 @@ static CUresult sim_cuMemImportFromShareableHandle(CUmemGenericAllocationHandle 
         ENTER(cuMemImportFromShareableHandle);
         _cleanup_free_ Handle *h = NULL;
         Allocation *a, *found = NULL;
+        CUmemLocation loc;
         struct stat st;
-        int fd, device;
+        int fd;
 
         if (!handle)
                 return CUDA_ERROR_INVALID_VALUE;
@@ -1388,8 +1460,8 @@ static CUresult sim_cuMemImportFromShareableHandle(CUmemGenericAllocationHandle 
         if ((uintptr_t)osHandle > INT_MAX)
                 return CUDA_ERROR_UNKNOWN;
         fd = (int)(uintptr_t)osHandle;
-        device = memfd_device(fd);
-        if (device < 0 || fstat(fd, &st) < 0 || st.st_size <= 0 || (uint64_t)st.st_size % GRANULARITY != 0)
+        if (!memfd_location(fd, &loc) || fstat(fd, &st) < 0 || st.st_size <= 0 ||
+            (uint64_t)st.st_size % location_granularity(loc) != 0)
                 return CUDA_ERROR_UNKNOWN;
 
         h = calloc(1, sizeof(*h));
@@ -1411,7 +1483,7 @@ static CUresult sim_cuMemImportFromShareableHandle(CUmemGenericAllocationHandle 
                         return CUDA_ERROR_OUT_OF_MEMORY;
                 *a = (Allocation){
                         .fd = fcntl(fd, F_DUPFD_CLOEXEC, 3),    /* our own: the caller may close theirs */
-                        .device = device,
+                        .location = loc,
                         .size = (uint64_t)st.st_size,
                         .st_dev = st.st_dev,
                         .st_ino = st.st_ino,
@@ -1548,9 +1620,10 @@ static CUresult sim_cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcce
          */
         list_for_each_entry(res, &sim.reservations, link)
                 list_for_each_entry(m, &res->mappings, link) {
-                        int owner = m->allocation->device;
+                        int owner = m->allocation->location.id;
 
-                        if (!mapping_within(m, ptr, end))
+                        /* host memory: every device may access it */
+                        if (!mapping_within(m, ptr, end) || location_is_host(m->allocation->location))
                                 continue;
                         for (size_t i = 0; i < count; i++)
                                 if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE && desc[i].location.id != owner &&
@@ -1627,6 +1700,23 @@ static CUresult sim_cuMemcpyDtoH(void *dstHost, CUdeviceptr srcDevice, size_t By
                 return CUDA_ERROR_INVALID_VALUE;
         return submit(ctx, NULL,
                       &(Op){ .kind = OP_COPY_FROM_DEVICE, .device = srcDevice, .bytes = ByteCount, .dst = dstHost });
+}
+
+/*
+ * Queued in stream order like the async memsets; the ranges may span mappings (device pointers are host
+ * addresses here). Both are checked when issued and again when the copy runs (op_run()).
+ */
+static CUresult sim_cuMemcpyDtoDAsync(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount,
+                                      CUstream hStream) {
+        ENTER(cuMemcpyDtoDAsync);
+        CUcontext ctx;
+        CUresult r;
+
+        r = ctx_usable(&ctx);
+        if (r != CUDA_SUCCESS)
+                return r;
+        return submit(ctx, hStream,
+                      &(Op){ .kind = OP_COPY_DEVICE, .device = dstDevice, .from = srcDevice, .bytes = ByteCount });
 }
 
 /* The memsets: N elements of `width` bytes, 4-byte elements aligned. */
@@ -1943,6 +2033,12 @@ _public_ uint64_t simcuda_charged(int device) {
         _cleanup_(sim_unlockp) _unused_ pthread_mutex_t *locked = sim_lock();
 
         return device_valid(device) ? sim.charged[device] : 0;
+}
+
+_public_ uint64_t simcuda_host_charged(void) {
+        _cleanup_(sim_unlockp) _unused_ pthread_mutex_t *locked = sim_lock();
+
+        return sim.host_charged;
 }
 
 _public_ int simcuda_fail(const char *spec) {

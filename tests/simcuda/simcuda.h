@@ -28,6 +28,9 @@ unsigned long simcuda_live_allocations(void);
 /* Bytes charged to a device's memory budget in this process; 0 for a device that does not exist. */
 uint64_t simcuda_charged(int device);
 
+/* Bytes charged to the host memory budget (SIMCUDA_HOST_MEMORY, host-NUMA allocations) in this process. */
+uint64_t simcuda_host_charged(void);
+
 /*
  * Appends fault rules, in the syntax of $SIMCUDA_FAIL: a comma-separated list
  * of ENTRY:N[:ERROR], "the Nth call of ENTRY from now fails with ERROR".

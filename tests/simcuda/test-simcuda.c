@@ -39,6 +39,7 @@ static struct {
         __typeof__(&simcuda_hold_streams) hold_streams;
         __typeof__(&simcuda_live_allocations) live_allocations;
         __typeof__(&simcuda_charged) charged;
+        __typeof__(&simcuda_host_charged) host_charged;
         __typeof__(&simcuda_fail) inject;       /* not "fail": check.h has a fail() macro */
         __typeof__(&simcuda_reset_faults) reset_faults;
         __typeof__(&simcuda_calls) calls;
@@ -65,11 +66,12 @@ static void *library(void) {
         sim.hold_streams = (__typeof__(sim.hold_streams))dlsym(lib, "simcuda_hold_streams");
         sim.live_allocations = (__typeof__(sim.live_allocations))dlsym(lib, "simcuda_live_allocations");
         sim.charged = (__typeof__(sim.charged))dlsym(lib, "simcuda_charged");
+        sim.host_charged = (__typeof__(sim.host_charged))dlsym(lib, "simcuda_host_charged");
         sim.inject = (__typeof__(sim.inject))dlsym(lib, "simcuda_fail");
         sim.reset_faults = (__typeof__(sim.reset_faults))dlsym(lib, "simcuda_reset_faults");
         sim.calls = (__typeof__(sim.calls))dlsym(lib, "simcuda_calls");
         ck_assert(sim.get_proc && sim.get_proc_old && sim.hold_streams && sim.live_allocations && sim.charged &&
-                  sim.inject && sim.reset_faults && sim.calls);
+                  sim.host_charged && sim.inject && sim.reset_faults && sim.calls);
         return lib;
 }
 
@@ -92,6 +94,7 @@ static void teardown(void) {
                 return;
         ck_assert_uint_eq(sim.live_allocations(), 0);
         ck_assert_uint_eq(sim.charged(0), 0);
+        ck_assert_uint_eq(sim.host_charged(), 0);
         if (ctx)
                 expect_ok(cu->cuDevicePrimaryCtxRelease(0));
         ctx = NULL;
@@ -134,20 +137,40 @@ static CUresult set_access(CUdeviceptr va, uint64_t size, CUmemAccess_flags flag
         return set_access_on(0, va, size, flags);
 }
 
-/* A fresh allocation mapped read-write in a reservation of its own; its handle is released (the mapping keeps it). */
-static CUdeviceptr map_new(uint64_t size) {
-        CUmemGenericAllocationHandle h = create(size);
+/* Maps all of `h` (`size` bytes) in a reservation of its own, with `flags` access for device 0. */
+static CUdeviceptr map_handle(CUmemGenericAllocationHandle h, uint64_t size, CUmemAccess_flags flags) {
         CUdeviceptr va = reserve(size);
 
         expect_ok(cu->cuMemMap(va, size, 0, h, 0));
+        expect_ok(set_access(va, size, flags));
+        return va;
+}
+
+/* A fresh allocation mapped read-write in a reservation of its own; its handle is released (the mapping keeps it). */
+static CUdeviceptr map_new(uint64_t size) {
+        CUmemGenericAllocationHandle h = create(size);
+        CUdeviceptr va = map_handle(h, size, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+
         expect_ok(cu->cuMemRelease(h));
-        expect_ok(set_access(va, size, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
         return va;
 }
 
 static void unmap_free(CUdeviceptr va, uint64_t size) {
         expect_ok(cu->cuMemUnmap(va, size));
         expect_ok(cu->cuMemAddressFree(va, size));
+}
+
+/* Exports `h` as a POSIX fd and checks that it is the simcuda memfd `name` ("simcuda-dev1"); returns the fd. */
+static int export_memfd(CUmemGenericAllocationHandle h, const char *name) {
+        char path[64], target[128] = "", want[128];
+        int fd = -1;
+
+        expect_ok(cu->cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+        snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+        ck_assert_int_gt(readlink(path, target, sizeof(target) - 1), 0);
+        snprintf(want, sizeof(want), "/memfd:%s (deleted)", name);
+        ck_assert_str_eq(target, want);
+        return fd;
 }
 
 /* Reads device memory back and checks that every byte is `value`. */
@@ -226,7 +249,7 @@ static const char *const bad_env[][2] = {
         { "SIMCUDA_PEERS", "0-1" },     /* device 1 does not exist (one device) */
         { "SIMCUDA_NUMA", "0,1" },      /* two nodes for one device */
         { "SIMCUDA_NUMA", "-2" },       { "SIMCUDA_NUMA", "1024" },          { "SIMCUDA_NUMA", "0," },
-        { "SIMCUDA_NUMA", "x" },
+        { "SIMCUDA_NUMA", "x" },        { "SIMCUDA_HOST_MEMORY", "0" },      { "SIMCUDA_HOST_MEMORY", "1X" },
 };
 
 START_TEST(test_bad_env) {
@@ -331,6 +354,7 @@ START_TEST(test_attributes) {
                 { CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, 0 },
                 { CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED, 0 },
                 { CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, 0 },
+                { CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 1 },
                 { CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 0 },
         };
         CUmemAllocationProp prop = prop_on(0, CU_MEM_HANDLE_TYPE_NONE);
@@ -620,9 +644,11 @@ END_TEST
 START_TEST(test_read_only) {
         CUmemGenericAllocationHandle h;
         uint8_t byte = 1;
-        CUdeviceptr va;
+        CUdeviceptr va, dst;
 
         open_ctx();
+        dst = map_new(GRAN);
+        expect_ok(cu->cuMemsetD8(dst, 0xff, GRAN));
         h = create(GRAN);
         va = reserve(GRAN);
         expect_ok(cu->cuMemMap(va, GRAN, 0, h, 0));
@@ -630,8 +656,12 @@ START_TEST(test_read_only) {
         expect_bytes(va, GRAN, 0);      /* fresh memory reads zero */
         expect(cu->cuMemcpyHtoD(va, &byte, 1), CUDA_ERROR_INVALID_VALUE);
         expect(cu->cuMemsetD8(va, 1, 1), CUDA_ERROR_INVALID_VALUE);
+        expect(cu->cuMemcpyDtoDAsync(va, va + 1, 1, NULL), CUDA_ERROR_INVALID_VALUE);
+        expect_ok(cu->cuMemcpyDtoDAsync(dst, va, GRAN, NULL));  /* read-only memory is a source */
+        expect_bytes(dst, GRAN, 0);
         expect_ok(cu->cuCtxSynchronize());
         unmap_free(va, GRAN);
+        unmap_free(dst, GRAN);
         expect_ok(cu->cuMemRelease(h));
 }
 END_TEST
@@ -646,10 +676,11 @@ START_TEST(test_no_access) {
         CUmemGenericAllocationHandle h;
         size_t free_mem, total;
         uint8_t host[16] = { 0 };
-        CUdeviceptr va, targets[3];
+        CUdeviceptr va, ok, targets[3];
         CUstream s;
 
         open_ctx();
+        ok = map_new(GRAN);
         h = create(GRAN);
         va = reserve(2 * GRAN);
         expect_ok(cu->cuMemMap(va, GRAN, 0, h, 0));
@@ -664,6 +695,8 @@ START_TEST(test_no_access) {
                 expect(cu->cuMemcpyDtoH(host, targets[i], sizeof(host)), CUDA_ERROR_INVALID_VALUE);
                 expect(cu->cuMemsetD8Async(targets[i], 0, 16, s), CUDA_ERROR_INVALID_VALUE);
                 expect(cu->cuMemsetD32Async(targets[i], 0, 4, s), CUDA_ERROR_INVALID_VALUE);
+                expect(cu->cuMemcpyDtoDAsync(targets[i], ok, 16, s), CUDA_ERROR_INVALID_VALUE);
+                expect(cu->cuMemcpyDtoDAsync(ok, targets[i], 16, s), CUDA_ERROR_INVALID_VALUE);
         }
         expect_ok(cu->cuStreamSynchronize(s));
         expect_ok(cu->cuCtxSynchronize());
@@ -676,6 +709,7 @@ START_TEST(test_no_access) {
         expect_ok(cu->cuMemUnmap(va, GRAN));
         expect_ok(cu->cuMemAddressFree(va, 2 * GRAN));
         expect_ok(cu->cuMemRelease(h));
+        unmap_free(ok, GRAN);
 }
 END_TEST
 
@@ -743,7 +777,6 @@ START_TEST(test_two_devices) {
                   .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE },
         };
         CUmemGenericAllocationHandle h, imported;
-        char path[64], target[64] = "";
         size_t free_mem, total;
         CUcontext c1;
         CUdeviceptr va;
@@ -759,10 +792,7 @@ START_TEST(test_two_devices) {
         expect_ok(cu->cuMemGetInfo(&free_mem, &total));        /* device 0's */
         ck_assert_uint_eq(free_mem, 32 * MiB);
 
-        expect_ok(cu->cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
-        snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
-        ck_assert_int_gt(readlink(path, target, sizeof(target) - 1), 0);
-        ck_assert_str_eq(target, "/memfd:simcuda-dev1 (deleted)");
+        fd = export_memfd(h, "simcuda-dev1");
         expect_ok(cu->cuMemImportFromShareableHandle(&imported, (void *)(uintptr_t)fd,
                                                      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
         ck_assert_uint_eq(sim.charged(1), 4 * MiB);
@@ -922,6 +952,8 @@ START_TEST(test_export_import) {
                 { "simcuda-dev5", GRAN, CUDA_ERROR_UNKNOWN },           /* one device here */
                 { "simcuda-dev0", 1 * MiB, CUDA_ERROR_UNKNOWN },
                 { "simcuda-dev0", 0, CUDA_ERROR_UNKNOWN },
+                { "simcuda-host1", GRAN, CUDA_ERROR_UNKNOWN },          /* host NUMA node 0 only */
+                { "simcuda-host0", 1 * MiB, CUDA_ERROR_UNKNOWN },
                 { "simcuda-dev0", GRAN, CUDA_SUCCESS },                 /* as if another process exported it */
         };
         CUmemAllocationProp prop = prop_on(0, CU_MEM_HANDLE_TYPE_NONE);
@@ -1001,6 +1033,99 @@ START_TEST(test_export_import) {
         unmap_free(va2, 4 * MiB);
         expect_ok(cu->cuMemRelease(h));
         ck_assert_uint_eq(sim.live_allocations(), 1);   /* the imported handle still holds it */
+        expect_ok(cu->cuMemRelease(imported));
+}
+END_TEST
+
+/*
+ * Host memory (CU_MEM_LOCATION_TYPE_HOST_NUMA, cuda_host_prop()): on node 0 or a node SIMCUDA_NUMA names, with
+ * a device's granularity, charged to SIMCUDA_HOST_MEMORY and to no device; exported, imported and mapped like
+ * device memory; any device gets access with cuMemSetAccess (no peer capability needed), and copies go both
+ * ways between it and device memory.
+ */
+START_TEST(test_host_numa) {
+        static const int bad_nodes[] = { -1, 1, 4096 };
+        CUmemAllocationProp prop = cuda_host_prop(0);
+        CUmemGenericAllocationHandle h, imported, other;
+        size_t gran = 0, free_mem = 0, total = 0;
+        CUdeviceptr host, dev;
+        int fd = -1;
+
+        setenv("SIMCUDA_DEVICES", "2", 1);
+        setenv("SIMCUDA_NUMA", "-1,3", 1);
+        setenv("SIMCUDA_HOST_MEMORY", "8M", 1);
+        setenv("SIMCUDA_PEERS", "none", 1);
+        open_ctx();
+
+        expect_ok(cu->cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+        ck_assert_uint_eq(gran, GRAN);
+        expect_ok(cu->cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+        ck_assert_uint_eq(gran, GRAN);
+
+        /* Nodes 0 and 3 exist here; these do not. */
+        for (size_t i = 0; i < ELEMENTSOF(bad_nodes); i++) {
+                prop.location.id = bad_nodes[i];
+                expect(cu->cuMemCreate(&h, GRAN, &prop, 0), CUDA_ERROR_INVALID_VALUE);
+        }
+        prop = cuda_host_prop(0);
+        expect(cu->cuMemCreate(&h, 1 * MiB, &prop, 0), CUDA_ERROR_INVALID_VALUE);
+        prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_FABRIC;
+        expect(cu->cuMemCreate(&h, GRAN, &prop, 0), CUDA_ERROR_NOT_SUPPORTED);
+        ck_assert_uint_eq(sim.live_allocations(), 0);
+
+        /* One budget for every node; the devices' are untouched. Injected faults hit host memory too. */
+        prop = cuda_host_prop(3);
+        expect_ok(cu->cuMemCreate(&h, 6 * MiB, &prop, 0));
+        ck_assert_uint_eq(sim.host_charged(), 6 * MiB);
+        ck_assert_uint_eq(sim.charged(0) + sim.charged(1), 0);
+        expect_ok(cu->cuMemGetInfo(&free_mem, &total));
+        ck_assert_uint_eq(free_mem, total);
+        prop = cuda_host_prop(-1);
+        expect(cu->cuMemCreate(&other, 4 * MiB, &prop, 0), CUDA_ERROR_OUT_OF_MEMORY);
+        ck_assert_int_eq(sim.inject("cuMemCreate:1:CUDA_ERROR_INVALID_VALUE"), 0);
+        expect(cu->cuMemCreate(&other, GRAN, &prop, 0), CUDA_ERROR_INVALID_VALUE);
+        ck_assert_uint_eq(sim.host_charged(), 6 * MiB);
+        expect_ok(cu->cuMemCreate(&other, 2 * MiB, &prop, 0));
+        ck_assert_uint_eq(sim.host_charged(), 8 * MiB);
+        expect_ok(cu->cuMemRelease(other));
+
+        /* Exported as a memfd of its node, imported as the same allocation, mapped. */
+        fd = export_memfd(h, "simcuda-host3");
+        expect_ok(cu->cuMemImportFromShareableHandle(&imported, (void *)(uintptr_t)fd,
+                                                     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+        ck_assert_uint_eq(sim.live_allocations(), 1);
+        host = reserve(6 * MiB);
+        expect_ok(cu->cuMemMap(host, 6 * MiB, 0, imported, 0));
+        expect_ok(cu->cuMemRelease(imported));
+        expect(cu->cuMemsetD8(host, 1, 1), CUDA_ERROR_INVALID_VALUE);   /* no access yet */
+        /* No device is a peer of another here, and both may access host memory. */
+        expect_ok(set_access_on(1, host, 6 * MiB, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+        expect_ok(set_access(host, 6 * MiB, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+
+        /* Device to host and back. */
+        dev = map_new(6 * MiB);
+        expect_ok(cu->cuMemsetD8(dev, 0x42, 6 * MiB));
+        expect_ok(cu->cuMemcpyDtoDAsync(host, dev, 6 * MiB, NULL));
+        expect_bytes(host, 6 * MiB, 0x42);
+        expect_ok(cu->cuMemsetD8Async(host, 0x17, 2 * MiB, NULL));
+        expect_ok(cu->cuMemcpyDtoDAsync(dev + 4 * MiB, host, 2 * MiB, NULL));
+        expect_ok(cu->cuCtxSynchronize());
+        expect_bytes(dev, 4 * MiB, 0x42);
+        expect_bytes(dev + 4 * MiB, 2 * MiB, 0x17);
+        unmap_free(dev, 6 * MiB);
+        unmap_free(host, 6 * MiB);
+        expect_ok(cu->cuMemRelease(h));
+        ck_assert_uint_eq(sim.host_charged(), 0);
+
+        /* Kept only by its fd, as if another process had made it: imported again, not charged here. */
+        expect_ok(cu->cuMemImportFromShareableHandle(&imported, (void *)(uintptr_t)fd,
+                                                     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+        close(fd);
+        ck_assert_uint_eq(sim.live_allocations(), 1);
+        ck_assert_uint_eq(sim.host_charged(), 0);
+        host = map_handle(imported, 6 * MiB, CU_MEM_ACCESS_FLAGS_PROT_READ);
+        expect_bytes(host, 2 * MiB, 0x17);
+        unmap_free(host, 6 * MiB);
         expect_ok(cu->cuMemRelease(imported));
 }
 END_TEST
@@ -1311,6 +1436,113 @@ START_TEST(test_unmap_under_queued_work) {
 }
 END_TEST
 
+/*
+ * cuMemcpyDtoDAsync: in stream order with the memsets around it, on the NULL stream too, across the mappings of
+ * two allocations mapped back to back; refused when issued (nothing queued, the context goes on working) for a
+ * bad stream, without a context, or where the device may not write the destination (test_read_only and
+ * test_no_access: not read the source).
+ */
+START_TEST(test_copy_device) {
+        CUmemGenericAllocationHandle a, b;
+        CUdeviceptr src, dst, pair;
+        CUstream s;
+
+        open_ctx();
+        src = map_new(2 * GRAN);
+        dst = map_new(2 * GRAN);
+        expect_ok(cu->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+        sim.hold_streams(1);
+        expect_ok(cu->cuMemsetD8Async(src, 0x5a, 2 * GRAN, s));
+        expect_ok(cu->cuMemcpyDtoDAsync(dst, src, 2 * GRAN, s));
+        expect_ok(cu->cuMemsetD8Async(src, 0x11, GRAN, s));    /* after the copy: not in dst */
+        expect_bytes(dst, 2 * GRAN, 0);
+        sim.hold_streams(0);
+        expect_ok(cu->cuStreamSynchronize(s));
+        expect_bytes(dst, 2 * GRAN, 0x5a);
+        expect_bytes(src, GRAN, 0x11);
+
+        /* The NULL stream; 0 bytes is a no-op, wherever it points. */
+        expect_ok(cu->cuMemcpyDtoDAsync(dst, src, GRAN, NULL));
+        expect_bytes(dst, GRAN, 0x11);
+        expect_ok(cu->cuMemcpyDtoDAsync(4096, 8192, 0, s));
+        expect_ok(cu->cuMemcpyDtoDAsync(dst, src, 0, CU_STREAM_LEGACY));
+
+        /* Two allocations back to back: one copy fills both, another reads across the boundary. */
+        a = create(GRAN);
+        b = create(GRAN);
+        pair = reserve(2 * GRAN);
+        expect_ok(cu->cuMemMap(pair, GRAN, 0, a, 0));
+        expect_ok(cu->cuMemMap(pair + GRAN, GRAN, 0, b, 0));
+        expect_ok(set_access(pair, 2 * GRAN, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+        expect_ok(cu->cuMemcpyDtoDAsync(pair, src, 2 * GRAN, s));
+        expect_ok(cu->cuMemsetD8Async(dst, 0, 2 * GRAN, s));
+        expect_ok(cu->cuMemcpyDtoDAsync(dst, pair + GRAN / 2, GRAN, s));
+        expect_ok(cu->cuStreamSynchronize(s));
+        expect_bytes(pair, GRAN, 0x11);
+        expect_bytes(pair + GRAN, GRAN, 0x5a);
+        expect_bytes(dst, GRAN / 2, 0x11);
+        expect_bytes(dst + GRAN / 2, GRAN / 2, 0x5a);
+        expect_bytes(dst + GRAN, GRAN, 0);
+
+        /* Refused when issued. */
+        expect(cu->cuMemcpyDtoDAsync(dst, src, 1, (CUstream)&s), CUDA_ERROR_INVALID_HANDLE);
+        expect(cu->cuMemcpyDtoDAsync(dst, UINT64_MAX - 1, 2, s), CUDA_ERROR_INVALID_VALUE);
+        expect_ok(cu->cuCtxSetCurrent(NULL));
+        expect(cu->cuMemcpyDtoDAsync(dst, src, 1, NULL), CUDA_ERROR_INVALID_CONTEXT);
+        expect_ok(cu->cuCtxSetCurrent(ctx));
+        /* Fault injection: the call fails and queues nothing. */
+        ck_assert_int_eq(sim.inject("cuMemcpyDtoDAsync:1"), 0);
+        sim.hold_streams(1);
+        expect(cu->cuMemcpyDtoDAsync(dst, src, GRAN, s), CUDA_ERROR_UNKNOWN);
+        expect_ok(cu->cuStreamQuery(s));
+        sim.hold_streams(0);
+        expect_ok(cu->cuCtxSynchronize());
+        expect_bytes(dst + GRAN, GRAN, 0);
+
+        expect_ok(cu->cuStreamDestroy(s));
+        unmap_free(pair, 2 * GRAN);
+        expect_ok(cu->cuMemRelease(a));
+        expect_ok(cu->cuMemRelease(b));
+        unmap_free(src, 2 * GRAN);
+        unmap_free(dst, 2 * GRAN);
+}
+END_TEST
+
+/*
+ * A copy whose destination is unmapped after it was queued and before it runs (what a daemon that frees a slab
+ * too early does): it writes nothing, and the stream and the context fail with CUDA_ERROR_ILLEGAL_ADDRESS, as
+ * for a memset (test_unmap_under_queued_work), rather than the process crashing.
+ */
+START_TEST(test_copy_into_unmapped_range) {
+        CUmemGenericAllocationHandle h;
+        CUdeviceptr src, dst, again;
+        CUstream s;
+
+        open_ctx();
+        src = map_new(GRAN);
+        expect_ok(cu->cuMemsetD8(src, 0x3c, GRAN));
+        h = create(GRAN);
+        dst = map_handle(h, GRAN, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+        expect_ok(cu->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+        sim.hold_streams(1);
+        expect_ok(cu->cuMemcpyDtoDAsync(dst, src, GRAN, s));
+        expect_ok(cu->cuMemUnmap(dst, GRAN));           /* returns with the copy queued */
+        sim.hold_streams(0);
+        expect(cu->cuStreamSynchronize(s), CUDA_ERROR_ILLEGAL_ADDRESS);
+        expect(cu->cuMemcpyDtoDAsync(src, src, 1, s), CUDA_ERROR_ILLEGAL_ADDRESS);
+
+        /* The allocation was not written: mapped again (the VMM calls still work), it reads zero. */
+        again = map_handle(h, GRAN, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+        ck_assert_uint_eq(*(volatile uint8_t *)(uintptr_t)again, 0);
+        ck_assert_uint_eq(*(volatile uint8_t *)(uintptr_t)(again + GRAN - 1), 0);
+        unmap_free(again, GRAN);
+        expect_ok(cu->cuMemAddressFree(dst, GRAN));
+        expect_ok(cu->cuMemRelease(h));
+        unmap_free(src, GRAN);
+        expect(cu->cuStreamDestroy(s), CUDA_ERROR_ILLEGAL_ADDRESS);
+}
+END_TEST
+
 /* Events: complete once the work queued before them has run; destroyed with a record queued, freed after it. */
 START_TEST(test_events) {
         CUdeviceptr p;
@@ -1417,6 +1649,7 @@ static Suite *simcuda_suite(void) {
         tcase_add_test(tc, test_peers_default);
         tcase_add_test(tc, test_memory_alive_while_mapped);
         tcase_add_test(tc, test_export_import);
+        tcase_add_test(tc, test_host_numa);
         tcase_add_test(tc, test_mem_alloc);
         suite_add_tcase(s, tc);
 
@@ -1433,6 +1666,8 @@ static Suite *simcuda_suite(void) {
         tcase_add_test(tc, test_fault_is_sticky);
         tcase_add_test(tc, test_stream_destroy_drains);
         tcase_add_test(tc, test_unmap_under_queued_work);
+        tcase_add_test(tc, test_copy_device);
+        tcase_add_test(tc, test_copy_into_unmapped_range);
         tcase_add_test(tc, test_events);
         suite_add_tcase(s, tc);
 

@@ -122,9 +122,24 @@ START_TEST(test_map_fds_failure) {
 }
 END_TEST
 
+/* A host slab: pinned, exportable as a POSIX fd like a device slab, on the NUMA node asked for (0 when unknown). */
+START_TEST(test_host_prop) {
+        CUmemAllocationProp slab = cuda_slab_prop(0), host = cuda_host_prop(3);
+
+        ck_assert_int_eq(host.type, CU_MEM_ALLOCATION_TYPE_PINNED);
+        ck_assert_int_eq(host.requestedHandleTypes, slab.requestedHandleTypes);
+        ck_assert_int_eq(host.location.type, CU_MEM_LOCATION_TYPE_HOST_NUMA);
+        ck_assert_int_eq(host.location.id, 3);
+        host = cuda_host_prop(-1);
+        ck_assert_int_eq(host.location.type, CU_MEM_LOCATION_TYPE_HOST_NUMA);
+        ck_assert_int_eq(host.location.id, 0);
+}
+END_TEST
+
 int main(void) {
         Suite *s = UNIT_SUITE("driver", teardown, test_open, test_missing_library, test_too_old, test_no_device,
-                              test_bad_index, test_no_vmm, test_no_posix_fd, test_map_fds_failure);
+                              test_bad_index, test_no_vmm, test_no_posix_fd, test_map_fds_failure,
+                              test_host_prop);
 
         return run_suite(s) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }
