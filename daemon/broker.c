@@ -12,6 +12,7 @@
 int broker_init(Broker *b, Pool *pool, const LimitsConfig *limits) {
         size_t n = pool_n_devices(pool);
         _cleanup_free_ uint64_t *capacity = calloc(n ?: 1, sizeof(uint64_t));
+        _cleanup_free_ uint64_t *host_capacity = calloc(n ?: 1, sizeof(uint64_t));
         int k1, k2, k3;
 
         *b = (Broker){ .pool = pool, .max_alloc_wait_usec = BROKER_DEFAULT_MAX_ALLOC_WAIT_USEC };
@@ -20,15 +21,17 @@ int broker_init(Broker *b, Pool *pool, const LimitsConfig *limits) {
 
                 pool_device_stats(pool, i, &s);
                 capacity[i] = s.capacity;       /* what bounds the users' bytes */
+                if (host_capacity)
+                        host_capacity[i] = s.host_capacity;
         }
         /* Each is set up enough for broker_done() even when another, or itself, fails. */
-        k1 = user_registry_init(&b->users, limits, capacity, capacity ? n : 0);
+        k1 = user_registry_init(&b->users, limits, capacity, host_capacity, capacity && host_capacity ? n : 0);
         k2 = holder_registry_init(&b->holders);
         k3 = lease_table_init(&b->leases, pool);
         b->waits = calloc(n ?: 1, sizeof(WaitQueue));
         for (size_t i = 0; b->waits && i < n; i++)
                 wait_queue_init(&b->waits[i]);
-        return !capacity || !b->waits ? -ENOMEM : k1 < 0 ? k1 : k2 < 0 ? k2 : k3;
+        return !capacity || !host_capacity || !b->waits ? -ENOMEM : k1 < 0 ? k1 : k2 < 0 ? k2 : k3;
 }
 
 void broker_done(Broker *b) {
@@ -116,6 +119,9 @@ static int pool_outcome(int k) {
                 return BROKER_E_DRIVER;
         case POOL_E_NOT_KEPT:
                 return BROKER_E_NOT_STORED;
+        case POOL_E_HOST_NOMEM:
+        case POOL_E_NO_HOST:
+                return BROKER_E_NO_HOST_MEMORY;
         default:
                 return k;
         }
@@ -407,10 +413,146 @@ int broker_revoke(Broker *b, const Caller *c, const char *token) {
         return 0;
 }
 
+/* --- Park, Unpark --------------------------------------------------------------------------------- */
+
+/* Gives leased slabs back to the pool: scrubbed and cached, or released when another user held them. */
+static void slabs_give_back(Broker *b, Slab *const *slabs, size_t n, bool foreign) {
+        for (size_t j = 0; j < n; j++) {
+                if (foreign)
+                        pool_release(b->pool, slabs[j]);
+                else
+                        pool_reclaim(b->pool, slabs[j]);
+        }
+}
+
+/*
+ * Moves a lease's content from its slabs into `to` (n_to slabs, leased already): copies, stores the lease as
+ * it will be (parked or not, with those slabs), then swaps the slabs and the charge (`charge`, taken by the
+ * caller, replaces the lease's other one). On failure `to` and `charge` go back and the lease is as it was.
+ */
+static int lease_move(Broker *b, Lease *l, Slab **to, size_t n_to, bool parked, UserCharge *charge) {
+        _cleanup_free_ Slab **array = calloc(n_to, sizeof(Slab *));
+        Slab **old = l->slabs;
+        size_t n_old = l->n_slabs;
+        int k;
+
+        k = array ? pool_copy(b->pool, to, n_to, l->slabs, l->n_slabs) : -ENOMEM;
+        if (k == 0) {
+                memcpy(array, to, n_to * sizeof(Slab *));
+                change_begin(b);
+                l->slabs = array;
+                l->n_slabs = n_to;
+                l->parked = parked;
+                k = put_lease(b, l);
+                l->slabs = old;
+                l->n_slabs = n_old;
+                l->parked = !parked;
+                k = change_commit(b, k);
+        }
+        if (k != 0) {
+                slabs_give_back(b, to, n_to, false);    /* the owner's content at most: scrubbed, kept for it */
+                user_charge_release(charge);
+                return pool_outcome(k);
+        }
+        /* Device slabs another user mapped are released; host slabs were never mapped by anyone else. */
+        slabs_give_back(b, old, n_old, l->foreign && parked);
+        free(old);
+        l->slabs = TAKE_PTR(array);
+        l->n_slabs = n_to;
+        l->parked = parked;
+        if (parked) {
+                user_charge_release(&l->charge_bytes);
+                l->charge_host = *charge;
+        } else {
+                user_charge_release(&l->charge_host);
+                l->charge_bytes = *charge;
+        }
+        *charge = USER_CHARGE_NULL;
+        b->leases.generation++;
+        return 0;
+}
+
+int broker_park(Broker *b, const Caller *c, const char *id, bool *ret_parked, UserQuota *ret_quota) {
+        Hold *hold = caller_hold(b, c, id), *other;
+        Slab *host[POOL_MAX_SLABS];
+        UserCharge charge = USER_CHARGE_NULL;
+        bool alone = true;
+        Lease *l;
+        int k;
+
+        if (!hold)
+                return BROKER_E_NO_SUCH_LEASE;
+        l = hold->lease;
+        if (c->holder->uid != l->uid)
+                return BROKER_E_NOT_OWNER;
+        if (hold->readonly)
+                return BROKER_E_READONLY;
+        list_for_each_entry(other, &l->holds, link_lease)
+                if (other != hold && !other->parked)
+                        alone = false;          /* another process still maps it: it moves when that one parks */
+        if (l->parked || !alone) {
+                hold->parked = true;
+                *ret_parked = l->parked;
+                return 0;
+        }
+
+        if (!pool_has_host(b->pool, l->pool_device))
+                return BROKER_E_NO_HOST_MEMORY;         /* not a limit of the user's: say why */
+        if (user_charge(l->charge_bytes.user, &charge, USER_HOST_BYTES, l->pool_device, l->size, ret_quota) < 0)
+                return BROKER_E_QUOTA;
+        k = pool_alloc_host(b->pool, l->slabs, l->n_slabs, l->uid, host);
+        if (k != 0) {
+                user_charge_release(&charge);
+                return pool_outcome(k);
+        }
+        k = lease_move(b, l, host, l->n_slabs, true, &charge);
+        if (k != 0)
+                return k;
+        reclaim_forget(&b->leases.reclaim, l);  /* its device memory came back: asked or not, it is done */
+        hold->parked = true;
+        event_lease_parked(l, c->holder, true);
+        *ret_parked = true;
+        return 0;
+}
+
+/* Brings a parked lease back into device memory, charged to its owner. */
+static int lease_unpark(Broker *b, Lease *l, UserQuota *ret_quota) {
+        Slab *slabs[POOL_MAX_SLABS];
+        UserCharge charge = USER_CHARGE_NULL;
+        size_t n = 0;
+        int k;
+
+        if (user_charge(l->charge_host.user, &charge, USER_BYTES, l->pool_device, l->size, ret_quota) < 0)
+                return BROKER_E_QUOTA;
+        k = pool_alloc(b->pool, l->device, l->size, l->uid, slabs, &n);
+        if (k != 0) {
+                user_charge_release(&charge);
+                return pool_outcome(k);
+        }
+        return lease_move(b, l, slabs, n, false, &charge);
+}
+
+int broker_unpark(Broker *b, const Caller *c, const char *id, Hold **ret, UserQuota *ret_quota) {
+        Hold *hold = caller_hold(b, c, id);
+        int k;
+
+        if (!hold)
+                return BROKER_E_NO_SUCH_LEASE;
+        if (hold->lease->parked) {
+                k = lease_unpark(b, hold->lease, ret_quota);
+                if (k != 0)
+                        return k;
+                event_lease_parked(hold->lease, c->holder, false);
+        }
+        hold->parked = false;
+        *ret = hold;
+        return 0;
+}
+
 /* --- Attach --------------------------------------------------------------------------------------- */
 
 int broker_attach(Broker *b, const Caller *c, const char *token, uid_t owner, const char *name, bool readonly,
-                  Hold **ret) {
+                  Hold **ret, UserQuota *ret_quota) {
         _cleanup_free_ Hold *fresh = NULL;
         Holder *h = c->holder;
         bool was_foreign;
@@ -439,6 +581,13 @@ int broker_attach(Broker *b, const Caller *c, const char *token, uid_t owner, co
                 if (!fresh)
                         return -ENOMEM;
         }
+        if (l->parked) {
+                /* A change of its own: attached or not, the lease is back in device memory. */
+                k = lease_unpark(b, l, ret_quota);
+                if (k != 0)
+                        return k;
+                event_lease_parked(l, h, false);
+        }
 
         /* Once another user holds it, the lease is foreign for good: stored with it. */
         was_foreign = l->foreign;
@@ -452,9 +601,10 @@ int broker_attach(Broker *b, const Caller *c, const char *token, uid_t owner, co
         k = change_commit(b, k);
         if (k != 0)
                 return k;
-        if (hold)
+        if (hold) {
                 hold_ref(&b->leases, hold, readonly);
-        else {
+                hold->parked = false;
+        } else {
                 hold = TAKE_PTR(fresh);
                 lease_add_hold(&b->leases, l, hold, h, 1, readonly);
         }

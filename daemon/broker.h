@@ -62,6 +62,8 @@ enum {
         BROKER_E_TOKEN_UID,             /* the token is for another user */
         BROKER_E_NOT_OWNER,             /* only the owner (or an administrator, where it says) may */
         BROKER_E_NOT_STORED,            /* the change could not be stored for a restart: it was not made */
+        BROKER_E_NO_HOST_MEMORY,        /* no room in the device's host memory for parked leases, or none at
+                                           all (pool_last_error() says which) */
 };
 
 typedef struct Broker {
@@ -158,6 +160,33 @@ size_t broker_reclaim_pick(Broker *b, size_t device, uint64_t need, const Holder
                            size_t max);
 
 /*
+ * Park: the caller's process lets the lease's device memory go, keeping the
+ * lease (its hold is parked). When no other holder maps it any more (every
+ * hold parked), the lease parks: its content is copied into host slabs on the
+ * device's NUMA node, its device slabs go back to the pool (scrubbed, or
+ * released when foreign), and its owner is charged host bytes instead of
+ * device bytes. *ret_parked says whether the content is in host memory now.
+ * Only a read-write holder (READONLY) of the owner's user (NOT_OWNER) may
+ * park: another user's process cannot spend the owner's host memory.
+ * QUOTA (the owner's MaxHostBytes=), NO_HOST_MEMORY, DRIVER, NOT_STORED: the
+ * lease is as it was, and the hold is not parked. Parking ends a reclaim mark
+ * (an asked lease counts as given back). The copy runs on the device's
+ * stream and the call waits for it.
+ */
+int broker_park(Broker *b, const Caller *c, const char *id, bool *ret_parked, UserQuota *ret_quota);
+
+/*
+ * Unpark: the caller's process maps the lease again. A parked lease comes
+ * back into device slabs (the layout Alloc gives its size) with its content,
+ * charged to its owner as device bytes again, its host slabs scrubbed and
+ * cached; one not parked is as it is. The caller's hold is not parked any
+ * more; *ret is it. Any holder may unpark (another user's too: the owner's
+ * lease comes back within the owner's limits). QUOTA (the owner's MaxBytes=),
+ * NO_MEMORY, DRIVER, NOT_STORED: the lease stays parked.
+ */
+int broker_unpark(Broker *b, const Caller *c, const char *id, Hold **ret, UserQuota *ret_quota);
+
+/*
  * Share: a token for the caller's lease, for `uid` (UID_ANY: anyone). Only
  * processes of the owner's user make tokens (NOT_OWNER): a holder of another
  * user cannot use up the owner's tokens or hand the memory on. A read-only
@@ -184,10 +213,11 @@ int broker_revoke(Broker *b, const Caller *c, const char *token);
  * made for another user. A name that does not exist and one the caller's user
  * may not attach are the same NO_SUCH_NAME: nobody learns whether another
  * user's name exists. The hold is read-only if the token or name says so or
- * `readonly`.
+ * `readonly`. A parked lease is unparked first (broker_unpark()'s outcomes,
+ * *ret_quota for QUOTA).
  */
 int broker_attach(Broker *b, const Caller *c, const char *token, uid_t owner, const char *name, bool readonly,
-                  Hold **ret);
+                  Hold **ret, UserQuota *ret_quota);
 
 /*
  * Publish: only a read-write holder of the owner's user (NOT_OWNER), in the

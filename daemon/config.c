@@ -168,6 +168,42 @@ static void print_capacity(const Config *c, FILE *f) {
                 fprintf(f, "%u%%", c->manager.pool.capacity_percent ?: POOL_DEFAULT_CAPACITY_PERCENT);
 }
 
+/* HostCapacity=: a size, a percentage of the physical memory (divided among the devices), or 0: no parking. */
+static int parse_host_capacity(Config *c, const char *value, char **ret_message) {
+        PoolConfig *pool = &c->manager.pool;
+        size_t len = strlen(value);
+        uint64_t bytes = 0;
+        unsigned percent = 0;
+
+        if (len > 0 && value[len - 1] == '%') {
+                char *end;
+                unsigned long v;
+
+                errno = 0;
+                v = strtoul(value, &end, 10);
+                if (!isdigit((unsigned char)value[0]) || errno != 0 || end != value + len - 1 || v < 1 || v > 100)
+                        return set_message_error(ret_message, -EINVAL, "a percentage must be 1%%-100%%");
+                percent = (unsigned)v;
+        } else if (len > 0 && parse_size(value, &bytes) < 0)
+                return set_message_error(ret_message, -EINVAL, "expected a size such as 64G, a percentage of the "
+                                         "host's memory such as 25%%, or 0 for no parking");
+        pool->host_capacity = bytes;
+        pool->host_capacity_percent = percent;
+        pool->no_host = len > 0 && percent == 0 && bytes == 0;
+        return 0;
+}
+
+static void print_host_capacity(const Config *c, FILE *f) {
+        const PoolConfig *pool = &c->manager.pool;
+
+        if (pool->no_host)
+                fputs("0", f);
+        else if (pool->host_capacity > 0)
+                print_size(pool->host_capacity, f);
+        else
+                fprintf(f, "%u%%", pool->host_capacity_percent ?: POOL_DEFAULT_HOST_CAPACITY_PERCENT);
+}
+
 static int parse_max_slab(Config *c, const char *value, char **ret_message) {
         uint64_t bytes = 0;
 
@@ -327,15 +363,17 @@ static void print_reply_timeout(const Config *c, FILE *f) {
 }
 
 /* [Limits], [User:] and [Group:] keys set c->limits, the section being read. */
-static int parse_max_bytes(Config *c, const char *value, char **ret_message) {
-        UserLimits d = user_limits_default();
+/* A byte limit per device: a size, or a percentage of each device's `what` ("capacity"); 0 would leave the user
+ * nothing to `verb`. */
+static int parse_byte_limit(const char *value, uint64_t default_bytes, unsigned default_percent, const char *what,
+                            const char *verb, uint64_t *ret_bytes, unsigned *ret_percent, char **ret_message) {
         size_t len = strlen(value);
         uint64_t bytes = 0;
         unsigned percent = 0;
 
         if (!*value) {
-                bytes = d.max_bytes;
-                percent = d.max_bytes_percent;
+                bytes = default_bytes;
+                percent = default_percent;
         } else if (value[len - 1] == '%') {
                 char *end;
                 unsigned long v;
@@ -347,22 +385,41 @@ static int parse_max_bytes(Config *c, const char *value, char **ret_message) {
                 percent = (unsigned)v;
         } else if (parse_size(value, &bytes) < 0)
                 return set_message_error(ret_message, -EINVAL, "expected a size such as 64G, or a percentage of "
-                                         "each device's capacity such as 80%%");
+                                         "each device's %s such as 80%%", what);
         else if (bytes == 0)
                 return set_message_error(ret_message, -EINVAL,
-                                         "with 0 the user could lease nothing: set at least a device's "
-                                         "allocation granularity (2M on current GPUs), or a percentage");
-        c->limits->max_bytes = bytes;
-        c->limits->max_bytes_percent = percent;
-        c->limits->set |= LIMIT_MAX_BYTES;
+                                         "with 0 the user could %s nothing: set at least a device's "
+                                         "allocation granularity (2M on current GPUs), or a percentage", verb);
+        *ret_bytes = bytes;
+        *ret_percent = percent;
         return 0;
 }
 
-static void print_max_bytes(const UserLimits *l, FILE *f) {
-        if (l->max_bytes > 0)
-                print_size(l->max_bytes, f);
+static int parse_max_bytes(Config *c, const char *value, char **ret_message) {
+        UserLimits d = user_limits_default();
+        int k = parse_byte_limit(value, d.max_bytes, d.max_bytes_percent, "capacity", "lease", &c->limits->max_bytes,
+                                 &c->limits->max_bytes_percent, ret_message);
+
+        if (k == 0)
+                c->limits->set |= LIMIT_MAX_BYTES;
+        return k;
+}
+
+static int parse_max_host_bytes(Config *c, const char *value, char **ret_message) {
+        UserLimits d = user_limits_default();
+        int k = parse_byte_limit(value, d.max_host_bytes, d.max_host_bytes_percent, "host capacity", "park",
+                                 &c->limits->max_host_bytes, &c->limits->max_host_bytes_percent, ret_message);
+
+        if (k == 0)
+                c->limits->set |= LIMIT_MAX_HOST_BYTES;
+        return k;
+}
+
+static void print_byte_limit(uint64_t bytes, unsigned percent, FILE *f) {
+        if (bytes > 0)
+                print_size(bytes, f);
         else
-                fprintf(f, "%u%%", l->max_bytes_percent);
+                fprintf(f, "%u%%", percent);
 }
 
 static int parse_max_leases(Config *c, const char *value, char **ret_message) {
@@ -397,7 +454,12 @@ static int parse_max_processes(Config *c, const char *value, char **ret_message)
 static void print_limits(const UserLimits *l, FILE *f) {
         if (l->set & LIMIT_MAX_BYTES) {
                 fputs("MaxBytes=", f);
-                print_max_bytes(l, f);
+                print_byte_limit(l->max_bytes, l->max_bytes_percent, f);
+                fputc('\n', f);
+        }
+        if (l->set & LIMIT_MAX_HOST_BYTES) {
+                fputs("MaxHostBytes=", f);
+                print_byte_limit(l->max_host_bytes, l->max_host_bytes_percent, f);
                 fputc('\n', f);
         }
         if (l->set & LIMIT_MAX_LEASES)
@@ -420,11 +482,13 @@ static const ConfigKey keys[] = {
         { "Broker", "MaxAllocWait", parse_max_alloc_wait, print_max_alloc_wait },
         { "Broker", "Placement", parse_placement, print_placement },
         { "Broker", "ReclaimTimeout", parse_reclaim_timeout, print_reclaim_timeout },
+        { "Broker", "HostCapacity", parse_host_capacity, print_host_capacity },
         /* also valid in [User:NAME] and [Group:NAME]; printed by print_limits() */
         { "Limits", "MaxBytes", parse_max_bytes, NULL },
         { "Limits", "MaxLeases", parse_max_leases, NULL },
         { "Limits", "MaxConnections", parse_max_connections, NULL },
         { "Limits", "MaxProcesses", parse_max_processes, NULL },
+        { "Limits", "MaxHostBytes", parse_max_host_bytes, NULL },
 };
 
 /* --- the file ------------------------------------------------------------------------------------- */

@@ -25,6 +25,8 @@
 #define ID_RECLAIMED "78b5f91a42834b13b446f4edea203aab"
 #define ID_PUBLISHED "fa60aa4219404f26a82ce2656986598b"
 #define ID_UNPUBLISHED "6ee89dabd401499fbbf356c94e9d5918"
+#define ID_PARKED "f88eabfed2c34498adfeec4308aea91e"
+#define ID_UNPARKED "e05bc0f7918648ec80ef19f07ef95881"
 #define ID_STORE_FAILED "431089d712b7428b9a9622a4d718f33b"
 #define ID_STORE_RECOVERED "3a2f480e28484bd195c0f2e792bbf4e0"
 
@@ -34,6 +36,8 @@ static const char *const event_names[_METRICS_EVENT_MAX] = {
         [METRICS_EVENT_RECLAIMED] = "reclaimed",
         [METRICS_EVENT_PUBLISHED] = "published",
         [METRICS_EVENT_UNPUBLISHED] = "unpublished",
+        [METRICS_EVENT_PARKED] = "parked",
+        [METRICS_EVENT_UNPARKED] = "unparked",
         [METRICS_EVENT_STORE_FAILED] = "store_failed",
         [METRICS_EVENT_STORE_RECOVERED] = "store_recovered",
 };
@@ -185,6 +189,13 @@ void event_hold_reclaimed(const Hold *hold) {
 
 void event_lease_published(const Lease *l, const Holder *h) {
         lease_event(METRICS_EVENT_PUBLISHED, ID_PUBLISHED, LOG_INFO, "published as", l, h, l->name ?: "?");
+}
+
+void event_lease_parked(const Lease *l, const Holder *h, bool parked) {
+        if (parked)
+                lease_event(METRICS_EVENT_PARKED, ID_PARKED, LOG_INFO, "parked in host memory by", l, h, NULL);
+        else
+                lease_event(METRICS_EVENT_UNPARKED, ID_UNPARKED, LOG_INFO, "back in device memory for", l, h, NULL);
 }
 
 void event_lease_unpublished(const Lease *l, const Holder *h) {

@@ -50,6 +50,9 @@ void event_hold_reclaimed(const Hold *hold);
 /* Lease l was published under its name by h. */
 void event_lease_published(const Lease *l, const Holder *h);
 
+/* Lease l's content moved into host memory when h parked it (`parked`), or back into device memory for h. */
+void event_lease_parked(const Lease *l, const Holder *h, bool parked);
+
 /* Lease l's name is about to be taken away by h: "unpublished", and "ended" when nobody holds it. */
 void event_lease_unpublished(const Lease *l, const Holder *h);
 

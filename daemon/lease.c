@@ -163,6 +163,7 @@ void lease_end(LeaseTable *t, Lease *l) {
         list_unlink(&l->link_table);
         list_unlink(&l->link_owner);
         user_charge_release(&l->charge_bytes);  /* may drop the owner's last reference: after its lists */
+        user_charge_release(&l->charge_host);
         user_charge_release(&l->charge_lease);
         t->n_leases--;
         t->device_leases[l->pool_device]--;

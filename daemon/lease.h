@@ -14,6 +14,10 @@
  * lease is "foreign" and its slabs are released to the driver at its end,
  * never cached, so that no slab ever goes from one user's hands to another's.
  *
+ * A lease may be parked: its content copied into host slabs, its device slabs
+ * given back, charged to its owner as host bytes (broker_park()). Its slabs are
+ * then the host slabs, which no client ever maps.
+ *
  * This module changes the table and nothing else: no policy on who may do
  * what, no storing, no sockets. The rules and the store are broker.c's, which
  * prepares everything that can fail (memory, slabs, charges, the stored
@@ -46,6 +50,8 @@ typedef struct Hold {
         Holder *holder;
         unsigned refs;                  /* Alloc and Attach replies not yet freed */
         bool readonly;
+        bool parked;                    /* its process let the device memory go (Park) and keeps the lease;
+                                           not stored: after a restart, true only of a parked lease's holds */
         List link_lease;                /* in Lease.holds */
         List link_holder;               /* in Holder.holds */
 } Hold;
@@ -70,10 +76,12 @@ struct Lease {
         char *label;
         uid_t uid;                      /* the owner: the user that made it */
         UserCharge charge_lease;        /* the owner's charges for it; charge_lease.user is the owner */
-        UserCharge charge_bytes;
+        UserCharge charge_bytes;        /* device bytes, while not parked */
+        UserCharge charge_host;         /* host bytes, while parked */
         pid_t pid;                      /* the process that made it (it may have exited) */
         char comm[16];                  /* and its command name */
         bool foreign;                   /* another user has held it: release its slabs at the end */
+        bool parked;                    /* its content is in host memory: slabs are host slabs (pool.h) */
         size_t n_slabs;
         Slab **slabs;                   /* in mapping order */
         List holds;                     /* Hold */

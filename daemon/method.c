@@ -323,6 +323,100 @@ static int method_set_reclaimable(Broker *b, const Caller *c, json_object *param
         return k;
 }
 
+/*
+ * The answer to a Park, Unpark, or Attach of a parked lease that found no room: QuotaExceeded (the owner's
+ * limit: the lease is charged to its owner whoever asks), OutOfMemory (device memory, to unpark) or
+ * OutOfHostMemory (host memory, to park).
+ */
+static int reply_no_room(Broker *b, MethodReply *r, int k, const Lease *l, const UserQuota *quota) {
+        _cleanup_free_ char *message = NULL;
+        char b1[FORMAT_SIZE_MAX];
+        PoolDeviceStats s;
+        uint64_t in_use, available;
+
+        pool_device_stats(b->pool, l->pool_device, &s);
+        switch (k) {
+        case BROKER_E_QUOTA: {
+                const User *owner = l->parked ? l->charge_host.user : l->charge_bytes.user;
+
+                user_quota_message(owner, quota, l->device, &message);
+                return vmmb_error_quota_exceeded(user_resource_name(quota->what), quota->limit, quota->current,
+                                                 message ?: "over a limit", &r->msg);
+        }
+        case BROKER_E_NO_MEMORY:
+        case BROKER_E_TOO_LARGE:
+                in_use = s.leased + s.scrubbing;
+                available = s.capacity > in_use ? s.capacity - in_use : 0;
+                set_message(&message, "Device %d has no room to bring lease %s (%s) back from host memory now: %s. "
+                            "It stays parked; unpark it later.", l->device, l->id,
+                            format_size(l->size, b1, sizeof(b1)), pool_last_error(b->pool));
+                return vmmb_error_out_of_memory(l->device, l->size, available, message ?: "out of memory", &r->msg);
+        case BROKER_E_NO_HOST_MEMORY:
+                in_use = s.parked + s.host_scrubbing;
+                available = s.host_capacity > in_use ? s.host_capacity - in_use : 0;
+                set_message(&message, "Lease %s (%s) cannot be parked: %s. HostCapacity= in vmmbroker.conf sets the "
+                            "host memory each device may use for parked leases.", l->id,
+                            format_size(l->size, b1, sizeof(b1)), pool_last_error(b->pool));
+                return vmmb_error_out_of_host_memory(l->device, l->size, available, message ?: "no host memory",
+                                                     &r->msg);
+        default:
+                return reply_outcome(b, r, k, l->id);
+        }
+}
+
+static int method_park(Broker *b, const Caller *c, json_object *params, MethodReply *r) {
+        _cleanup_free_ char *message = NULL;
+        const char *bad = NULL;
+        UserQuota quota = {};
+        FreeParams a = {};
+        json_object *out = NULL;
+        ParkReply reply = {};
+        int k;
+
+        k = free_params_decode(params, &a, &bad, &message);
+        if (k < 0)
+                return reply_decode_failed(r, k, bad, message);
+        k = broker_park(b, c, a.id, &reply.parked, &quota);
+        if (k == 0) {
+                k = park_reply_encode(&reply, &out);
+                if (k == 0)
+                        k = reply_params(r, out);
+        } else if (k == BROKER_E_NOT_OWNER)
+                k = vmmb_error_permission_denied("Only a process of the lease's owner may park it: parking "
+                                                 "spends the owner's host memory.", &r->msg);
+        else if (k == BROKER_E_READONLY) {
+                set_message(&message, "This process holds lease %s read-only: it cannot park it.", a.id);
+                k = vmmb_error_permission_denied(message ?: "read-only", &r->msg);
+        } else if (k == BROKER_E_QUOTA || k == BROKER_E_NO_HOST_MEMORY)
+                k = reply_no_room(b, r, k, lease_table_find(&b->leases, a.id), &quota);
+        else
+                k = reply_outcome(b, r, k, a.id);
+        free_params_done(&a);
+        return k;
+}
+
+static int method_unpark(Broker *b, const Caller *c, json_object *params, MethodReply *r) {
+        _cleanup_free_ char *message = NULL;
+        const char *bad = NULL;
+        UserQuota quota = {};
+        FreeParams a = {};
+        Hold *hold;
+        int k;
+
+        k = free_params_decode(params, &a, &bad, &message);
+        if (k < 0)
+                return reply_decode_failed(r, k, bad, message);
+        k = broker_unpark(b, c, a.id, &hold, &quota);
+        if (k == 0)
+                k = reply_lease(r, hold->lease, hold->readonly);
+        else if (k == BROKER_E_QUOTA || k == BROKER_E_NO_MEMORY || k == BROKER_E_TOO_LARGE)
+                k = reply_no_room(b, r, k, lease_table_find(&b->leases, a.id), &quota);
+        else
+                k = reply_outcome(b, r, k, a.id);
+        free_params_done(&a);
+        return k;
+}
+
 static int method_share(Broker *b, const Caller *c, json_object *params, MethodReply *r) {
         _cleanup_free_ char *message = NULL;
         const char *bad = NULL;
@@ -400,8 +494,19 @@ static int method_attach(Broker *b, const Caller *c, json_object *params, Method
         else if (!a.token && (k = name_ref(c, a.name, buf, &owner, &name)) < 0)
                 k = reply_bad_name_ref(r, k, a.name);
         else {
-                k = broker_attach(b, c, a.token, owner, name, a.readonly, &hold);
-                k = k == 0 ? reply_lease(r, hold->lease, hold->readonly) : reply_outcome(b, r, k, a.name);
+                UserQuota quota = {};
+                Lease *l = NULL;
+
+                k = broker_attach(b, c, a.token, owner, name, a.readonly, &hold, &quota);
+                if (k == 0)
+                        k = reply_lease(r, hold->lease, hold->readonly);
+                else if (k == BROKER_E_QUOTA || k == BROKER_E_NO_MEMORY || k == BROKER_E_TOO_LARGE) {
+                        /* a parked lease that could not come back: found again for its device and owner */
+                        l = a.token ? lease_table_find_token(&b->leases, a.token)->lease
+                                    : lease_table_find_name(&b->leases, owner, name);
+                        k = reply_no_room(b, r, k, l, &quota);
+                } else
+                        k = reply_outcome(b, r, k, a.name);
         }
         attach_params_done(&a);
         return k;
@@ -518,7 +623,13 @@ static void user_to_wire(Broker *b, const User *u, WireUserDevice *devices, Wire
                 PoolDeviceStats s;
 
                 pool_device_stats(b->pool, i, &s);
-                devices[i] = (WireUserDevice){ .index = s.index, .bytes = u->bytes[i], .max_bytes = u->max_bytes[i] };
+                devices[i] = (WireUserDevice){
+                        .index = s.index,
+                        .bytes = u->bytes[i],
+                        .max_bytes = u->max_bytes[i],
+                        .host_bytes = (int64_t)u->host_bytes[i],
+                        .max_host_bytes = (int64_t)u->max_host_bytes[i],
+                };
         }
         *ret = (WireUser){
                 .uid = u->uid,
@@ -612,6 +723,7 @@ static int list_add(const Lease *l, void *userdata) {
                 .reclaim_priority = l->reclaim.state == RECLAIM_MARKED || l->reclaim.state == RECLAIM_ASKED ?
                                     (int64_t)l->reclaim.priority : JSON_ABSENT,
                 .reclaim = (char *)reclaim_state_name(l->reclaim.state),
+                .parked = l->parked,
         };
         /* Holders are placed by index: the array may move while it grows. */
         info->holders = (WireHolder *)(uintptr_t)lb->n_holders;
@@ -621,6 +733,7 @@ static int list_add(const Lease *l, void *userdata) {
                         .uid = hold->holder->uid,
                         .comm = hold->holder->comm[0] ? hold->holder->comm : NULL,
                         .readonly = hold->readonly,
+                        .parked = hold->parked,
                 };
         return 0;
 }
@@ -684,6 +797,9 @@ static int method_status(Broker *b, const Caller *c, json_object *params, Method
                         .leases = b->leases.device_leases[i],
                         .waiters = b->waits[i].n_waiters,
                         .numa_node = stats[i].numa_node >= 0 ? stats[i].numa_node : JSON_ABSENT,
+                        .host_capacity = (int64_t)stats[i].host_capacity,
+                        .parked = (int64_t)stats[i].parked,
+                        .host_cached = (int64_t)stats[i].host_cached,
                 };
         }
         reply.devices = devices;
@@ -754,6 +870,8 @@ static const struct {
         { VMMB_METHOD_ALLOC, method_alloc },
         { VMMB_METHOD_FREE, method_free },
         { VMMB_METHOD_SET_RECLAIMABLE, method_set_reclaimable },
+        { VMMB_METHOD_PARK, method_park },
+        { VMMB_METHOD_UNPARK, method_unpark },
         { VMMB_METHOD_LIST, method_list },
         { VMMB_METHOD_SHARE, method_share },
         { VMMB_METHOD_REVOKE, method_revoke },

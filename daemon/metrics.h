@@ -75,6 +75,8 @@ typedef enum MetricsEvent {
         METRICS_EVENT_RECLAIMED,        /* a hold dropped because its process exited */
         METRICS_EVENT_PUBLISHED,
         METRICS_EVENT_UNPUBLISHED,
+        METRICS_EVENT_PARKED,           /* a lease's content moved into host memory */
+        METRICS_EVENT_UNPARKED,         /* and back into device memory */
         METRICS_EVENT_STORE_FAILED,
         METRICS_EVENT_STORE_RECOVERED,
         _METRICS_EVENT_MAX,

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -32,17 +33,28 @@ struct CacheBucket {
         HashLink link;          /* in PoolDevice.cache */
 };
 
-struct PoolDevice {
-        Pool *pool;
-        CudaDeviceInfo info;
-        CUcontext ctx;
-        CUstream stream;                /* the scrub stream */
+/* The slabs of one kind of memory of a device: its own, or host memory for parked leases. */
+struct SlabSpace {
+        PoolDevice *device;
+        bool host;
+        uint64_t granularity;           /* 0: none (a device that cannot park has no host space) */
         uint64_t capacity;
         uint64_t created_bytes;         /* every live slab: leased, scrubbing or cached */
         HashMap cache;                  /* CacheBucket by (size, uid), one per size and uid with cached slabs */
         List lru;                       /* cached Slab, least recently used first */
-        List leased;                    /* Slab handed out */
-        List scrubbing;                 /* Slab, in stream order */
+        List leased;                    /* Slab handed out (host: holding a parked lease) */
+        uint64_t leased_bytes, scrubbing_bytes, cached_bytes;
+        unsigned n_leased, n_scrubbing, n_cached;
+};
+
+struct PoolDevice {
+        Pool *pool;
+        CudaDeviceInfo info;
+        CUcontext ctx;
+        CUstream stream;                /* the scrub and copy stream */
+        SlabSpace mem;                  /* the device's memory */
+        SlabSpace host;                 /* host memory on its NUMA node, for parked leases */
+        List scrubbing;                 /* Slab of either space, in stream order */
         uint64_t scrubs_issued;
         _Atomic uint64_t scrubs_done;   /* written by the driver's thread */
         PoolDeviceStats stats;
@@ -155,9 +167,9 @@ static bool bucket_equal(const void *a, const void *b) {
 
 static const HashMapType bucket_type = { .key = bucket_key, .hash = bucket_hash, .equal = bucket_equal };
 
-static CacheBucket *bucket_find(PoolDevice *dev, uint64_t size, uid_t uid) {
+static CacheBucket *bucket_find(SlabSpace *space, uint64_t size, uid_t uid) {
         BucketKey key = { .size = size, .uid = uid };
-        HashLink *link = hashmap_find(&dev->cache, &key);
+        HashLink *link = hashmap_find(&space->cache, &key);
 
         return link ? container_of(link, CacheBucket, link) : NULL;
 }
@@ -167,10 +179,10 @@ static CacheBucket *bucket_find(PoolDevice *dev, uint64_t size, uid_t uid) {
  * first. A slab cached now goes to the end at once; one put back after a failed
  * request finds its old place again.
  */
-static void lru_insert(PoolDevice *dev, Slab *slab) {
-        List *pos = &dev->lru;  /* insert before pos */
+static void lru_insert(SlabSpace *space, Slab *slab) {
+        List *pos = &space->lru;        /* insert before pos */
 
-        for (List *l = dev->lru.prev; l != &dev->lru; l = l->prev) {
+        for (List *l = space->lru.prev; l != &space->lru; l = l->prev) {
                 if (list_entry(l, Slab, link_lru)->last_used <= slab->last_used) {
                         pos = l->next;
                         break;
@@ -181,8 +193,9 @@ static void lru_insert(PoolDevice *dev, Slab *slab) {
 }
 
 /* Puts a zeroed slab into its uid's bucket, as the most recently used. */
-static int cache_insert(PoolDevice *dev, Slab *slab) {
-        CacheBucket *b = bucket_find(dev, slab->size, slab->uid);
+static int cache_insert(Slab *slab) {
+        SlabSpace *space = slab->space;
+        CacheBucket *b = bucket_find(space, slab->size, slab->uid);
 
         if (!b) {
                 b = calloc(1, sizeof(*b));
@@ -190,30 +203,31 @@ static int cache_insert(PoolDevice *dev, Slab *slab) {
                         return -ENOMEM;
                 b->key = (BucketKey){ .size = slab->size, .uid = slab->uid };
                 list_init(&b->slabs);
-                hashmap_add(&dev->cache, &b->link);
+                hashmap_add(&space->cache, &b->link);
         }
         slab->state = SLAB_CACHED;
         slab->bucket = b;
         list_link_front(&b->slabs, &slab->link_state);
         b->n++;
 
-        lru_insert(dev, slab);
+        lru_insert(space, slab);
 
-        dev->stats.cached += slab->size;
-        dev->stats.n_cached++;
+        space->cached_bytes += slab->size;
+        space->n_cached++;
         return 0;
 }
 
-static void cache_remove(PoolDevice *dev, Slab *slab) {
+static void cache_remove(Slab *slab) {
+        SlabSpace *space = slab->space;
         CacheBucket *b = slab->bucket;
 
         list_unlink(&slab->link_state);
         list_unlink(&slab->link_lru);
         slab->bucket = NULL;
-        dev->stats.cached -= slab->size;
-        dev->stats.n_cached--;
+        space->cached_bytes -= slab->size;
+        space->n_cached--;
         if (--b->n == 0) {
-                hashmap_remove(&dev->cache, &b->link);
+                hashmap_remove(&space->cache, &b->link);
                 free(b);
         }
 }
@@ -256,7 +270,9 @@ static void defer_close(Pool *p, int fd) {
  * Gives a slab back to the driver. The slab must not be on any list. Its
  * memory is freed when its exported fd is closed (flush_closes()).
  */
-static void slab_release(PoolDevice *dev, Slab *slab) {
+static void slab_release(Slab *slab) {
+        PoolDevice *dev = slab->device;
+
         if (dev->pool->hooks.slab_released)
                 dev->pool->hooks.slab_released(slab, dev->pool->hooks_userdata);
         if (slab->scrub_va) {
@@ -265,41 +281,46 @@ static void slab_release(PoolDevice *dev, Slab *slab) {
         }
         (void)DRV(dev, cuMemRelease)(slab->handle);
         defer_close(dev->pool, slab->fd);
-        dev->created_bytes -= slab->size;
-        dev->stats.released++;
+        slab->space->created_bytes -= slab->size;
+        if (slab->host)
+                dev->stats.host_released++;
+        else
+                dev->stats.released++;
         free(slab);
 }
 
 /* Releases the least recently used cached slab. Returns false if the cache is empty. */
-static bool release_oldest(PoolDevice *dev) {
-        Slab *slab = list_first_entry(&dev->lru, Slab, link_lru);
+static bool release_oldest(SlabSpace *space) {
+        Slab *slab = list_first_entry(&space->lru, Slab, link_lru);
 
         if (!slab)
                 return false;
-        cache_remove(dev, slab);
-        slab_release(dev, slab);
+        cache_remove(slab);
+        slab_release(slab);
         return true;
 }
 
 /* The same, to make room for a request. */
-static bool evict_one(PoolDevice *dev) {
-        if (!release_oldest(dev))
+static bool evict_one(SlabSpace *space) {
+        if (!release_oldest(space))
                 return false;
-        dev->stats.evicted++;
+        space->device->stats.evicted++;
         return true;
 }
 
-/* Fills in a slab just made or imported; it counts against the device's capacity from now on. */
-static void slab_init(PoolDevice *dev, Slab *slab, uint64_t id, int fd, uint64_t size, uid_t uid) {
+/* Fills in a slab just made or imported; it counts against its space's capacity from now on. */
+static void slab_init(SlabSpace *space, Slab *slab, uint64_t id, int fd, uint64_t size, uid_t uid) {
         slab->id = id;
-        slab->device = dev;
+        slab->device = space->device;
+        slab->space = space;
+        slab->host = space->host;
         slab->size = size;
         slab->uid = uid;
         slab->state = SLAB_LEASED;
         slab->fd = fd;
         list_init(&slab->link_state);
         list_init(&slab->link_lru);
-        dev->created_bytes += size;
+        space->created_bytes += size;
 }
 
 /*
@@ -307,8 +328,10 @@ static void slab_init(PoolDevice *dev, Slab *slab, uint64_t id, int fd, uint64_t
  * driver is out of memory, cached slabs are released (oldest first) and the
  * create is tried again.
  */
-static int slab_create(PoolDevice *dev, uint64_t size, uid_t uid, Slab **ret) {
-        CUmemAllocationProp prop = cuda_slab_prop(dev->info.device);
+static int slab_create(SlabSpace *space, uint64_t size, uid_t uid, Slab **ret) {
+        PoolDevice *dev = space->device;
+        CUmemAllocationProp prop = space->host ? cuda_host_prop(dev->info.numa_node)
+                                               : cuda_slab_prop(dev->info.device);
         _cleanup_free_ Slab *slab = NULL;
         CUresult r;
         int fd = -EBADF;
@@ -322,12 +345,14 @@ static int slab_create(PoolDevice *dev, uint64_t size, uid_t uid, Slab **ret) {
                 if (r != CUDA_ERROR_OUT_OF_MEMORY)
                         break;
                 /* Released slabs hold their memory until their fds are closed; then make more room. */
-                if (flush_closes(dev->pool) == 0 && !evict_one(dev))
+                if (flush_closes(dev->pool) == 0 && !evict_one(space))
                         break;
         }
         if (r != CUDA_SUCCESS) {
-                driver_error(dev, "cuMemCreate", r);
-                return r == CUDA_ERROR_OUT_OF_MEMORY ? POOL_E_NOMEM : POOL_E_DRIVER;
+                driver_error(dev, space->host ? "cuMemCreate (host memory)" : "cuMemCreate", r);
+                if (r == CUDA_ERROR_OUT_OF_MEMORY)
+                        return space->host ? POOL_E_HOST_NOMEM : POOL_E_NOMEM;
+                return POOL_E_DRIVER;
         }
         r = DRV(dev, cuMemExportToShareableHandle)(&fd, slab->handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
         dev->pool->prime = false;
@@ -337,13 +362,16 @@ static int slab_create(PoolDevice *dev, uint64_t size, uid_t uid, Slab **ret) {
                 return POOL_E_DRIVER;
         }
 
-        slab_init(dev, slab, ++dev->pool->last_slab_id, fd, size, uid);
-        dev->stats.created++;
+        slab_init(space, slab, ++dev->pool->last_slab_id, fd, size, uid);
+        if (space->host)
+                dev->stats.host_created++;
+        else
+                dev->stats.created++;
         if (dev->pool->hooks.slab_created && dev->pool->hooks.slab_created(slab, dev->pool->hooks_userdata) < 0) {
                 /* A slab the daemon could not keep across a restart is not handed out: a crash would lose it. */
                 snprintf(dev->pool->last_error, sizeof(dev->pool->last_error),
                          "slab %" PRIu64 " could not be kept in the service manager's fd store", slab->id);
-                slab_release(dev, TAKE_PTR(slab));
+                slab_release(TAKE_PTR(slab));
                 return POOL_E_NOT_KEPT;
         }
         *ret = TAKE_PTR(slab);
@@ -421,29 +449,40 @@ static int slab_scrub(PoolDevice *dev, Slab *slab) {
 }
 
 /* Takes a slab off the leased list. Returns false if it was not leased. */
-static bool slab_unlease(PoolDevice *dev, Slab *slab) {
+static bool slab_unlease(Slab *slab) {
         if (slab->state != SLAB_LEASED)
                 return false;
         list_unlink(&slab->link_state);
-        dev->stats.leased -= slab->size;
-        dev->stats.n_leased--;
+        slab->space->leased_bytes -= slab->size;
+        slab->space->n_leased--;
         return true;
+}
+
+/* Puts a slab on its space's leased list. */
+static void slab_lease(Slab *slab, uid_t uid) {
+        slab->uid = uid;
+        slab->state = SLAB_LEASED;
+        list_link_tail(&slab->space->leased, &slab->link_state);
+        slab->space->leased_bytes += slab->size;
+        slab->space->n_leased++;
 }
 
 void pool_reclaim(Pool *p, Slab *slab) {
         PoolDevice *dev = slab->device;
 
-        if (!slab_unlease(dev, slab))
+        if (!slab_unlease(slab))
                 return;
         if (slab_scrub(dev, slab) < 0) {
                 /* Memory we could not zero is never handed out again. */
-                slab_release(dev, slab);
+                slab_release(slab);
                 return;
         }
+        if (slab->host)
+                slab->uid = UID_UNBOUND;        /* zeroed, it holds nobody's data: any park may use it */
         slab->state = SLAB_SCRUBBING;
         list_link_tail(&dev->scrubbing, &slab->link_state);
-        dev->stats.scrubbing += slab->size;
-        dev->stats.n_scrubbing++;
+        slab->space->scrubbing_bytes += slab->size;
+        slab->space->n_scrubbing++;
 }
 
 void pool_set_hooks(Pool *p, const PoolHooks *hooks, void *userdata) {
@@ -451,16 +490,19 @@ void pool_set_hooks(Pool *p, const PoolHooks *hooks, void *userdata) {
         p->hooks_userdata = userdata;
 }
 
-int pool_import(Pool *p, int device, uint64_t id, int fd, uint64_t size, uid_t uid, Slab **ret) {
+int pool_import(Pool *p, int device, uint64_t id, int fd, uint64_t size, uid_t uid, bool host, Slab **ret) {
         int i = pool_find_device(p, device);
         _cleanup_free_ Slab *slab = NULL;
+        SlabSpace *space;
         PoolDevice *dev;
         CUresult r;
 
         if (i < 0)
                 return -EINVAL;
         dev = &p->devices[i];
-        if (size == 0 || size % dev->info.granularity != 0 || size > p->max_slab || id == 0)
+        space = host ? &dev->host : &dev->mem;
+        if (space->granularity == 0 || size == 0 || size % space->granularity != 0 ||
+            size > ALIGN_UP(p->max_slab, space->granularity) || id == 0)
                 return -EINVAL;
         slab = calloc(1, sizeof(*slab));
         if (!slab)
@@ -473,18 +515,16 @@ int pool_import(Pool *p, int device, uint64_t id, int fd, uint64_t size, uid_t u
                 driver_error(dev, "cuMemImportFromShareableHandle", r);
                 return POOL_E_DRIVER;
         }
-        slab_init(dev, slab, id, fd, size, uid);
+        slab_init(space, slab, id, fd, size, uid);
         p->last_slab_id = MAX(p->last_slab_id, id);
-        list_link_tail(&dev->leased, &slab->link_state);
-        dev->stats.leased += size;
-        dev->stats.n_leased++;
+        slab_lease(slab, uid);
         *ret = TAKE_PTR(slab);
         return 0;
 }
 
 void pool_release(Pool *p, Slab *slab) {
-        if (slab_unlease(slab->device, slab))
-                slab_release(slab->device, slab);
+        if (slab_unlease(slab))
+                slab_release(slab);
 }
 
 unsigned pool_dispatch(Pool *p) {
@@ -503,13 +543,13 @@ unsigned pool_dispatch(Pool *p) {
                         if (slab->scrub_seq > done)
                                 break;
                         list_unlink(&slab->link_state);
-                        dev->stats.scrubbing -= slab->size;
-                        dev->stats.n_scrubbing--;
+                        slab->space->scrubbing_bytes -= slab->size;
+                        slab->space->n_scrubbing--;
                         dev->stats.scrubs++;
                         dev->stats.scrubbed_bytes += slab->size;
                         slab->last_used = ++p->clock;
-                        if (cache_insert(dev, slab) < 0)
-                                slab_release(dev, slab);
+                        if (cache_insert(slab) < 0)
+                                slab_release(slab);
                         n++;
                 }
         }
@@ -556,16 +596,16 @@ int pool_find_device(Pool *p, int device) {
  * Takes a cached slab of `size` for `uid`, most recently used first; else an
  * unbound one (never leased, so it holds nobody's data); else NULL.
  */
-static Slab *cache_take(PoolDevice *dev, uint64_t size, uid_t uid) {
-        CacheBucket *b = bucket_find(dev, size, uid);
+static Slab *cache_take(SlabSpace *space, uint64_t size, uid_t uid) {
+        CacheBucket *b = bucket_find(space, size, uid);
         Slab *slab;
 
         if (!b)
-                b = bucket_find(dev, size, UID_UNBOUND);
+                b = bucket_find(space, size, UID_UNBOUND);
         if (!b)
                 return NULL;
         slab = list_first_entry(&b->slabs, Slab, link_state);
-        cache_remove(dev, slab);
+        cache_remove(slab);
         return slab;
 }
 
@@ -575,14 +615,15 @@ static Slab *cache_take(PoolDevice *dev, uint64_t size, uid_t uid) {
  * still being scrubbed when the next request comes: waiting for it (the device zeroes at TB/s: microseconds
  * for small slabs) is cheaper than creating and exporting a new one, and the pool does not grow with churn.
  */
-static Slab *cache_take_or_wait(PoolDevice *dev, uint64_t size, uid_t uid) {
-        Slab *slab = cache_take(dev, size, uid), *s;
+static Slab *cache_take_or_wait(SlabSpace *space, uint64_t size, uid_t uid) {
+        Slab *slab = cache_take(space, size, uid), *s;
+        PoolDevice *dev = space->device;
         bool scrubbing = false;
 
         if (slab)
                 return slab;
         list_for_each_entry(s, &dev->scrubbing, link_state)
-                if (s->size == size && s->uid == uid) {
+                if (s->space == space && s->size == size && s->uid == uid) {
                         scrubbing = true;
                         break;
                 }
@@ -592,28 +633,79 @@ static Slab *cache_take_or_wait(PoolDevice *dev, uint64_t size, uid_t uid) {
                 return NULL;    /* the scrub will be seen as failed when its completion is dispatched */
         dev->stats.scrub_waits++;
         (void)pool_dispatch(dev->pool);
-        return cache_take(dev, size, uid);
+        return cache_take(space, size, uid);
 }
 
 /* Undoes a request that failed: created slabs go back to the driver, cached ones back to the cache. */
-static void alloc_rollback(PoolDevice *dev, Slab **slabs, size_t n) {
+static void alloc_rollback(Slab **slabs, size_t n) {
         for (size_t i = n; i-- > 0;) {
                 Slab *slab = slabs[i];
 
                 if (!slab)
                         continue;
                 if (slab->state == SLAB_CACHED) {
-                        if (cache_insert(dev, slab) < 0)
-                                slab_release(dev, slab);
+                        if (cache_insert(slab) < 0)
+                                slab_release(slab);
                 } else
-                        slab_release(dev, slab);
+                        slab_release(slab);
                 slabs[i] = NULL;
         }
 }
 
-int pool_alloc(Pool *p, int device, uint64_t size, uid_t uid, Slab **ret_slabs, size_t *ret_n) {
-        uint64_t sizes[POOL_MAX_SLABS], fresh = 0, in_use;
+/*
+ * Slabs of these sizes from one space, leased to `uid`: cached ones first, the rest created, releasing
+ * cached slabs (least recently used first) to make room. All or nothing.
+ */
+static int space_alloc(SlabSpace *space, const uint64_t *sizes, size_t n, uid_t uid, Slab **ret_slabs) {
         Slab *slabs[POOL_MAX_SLABS] = {};
+        uint64_t fresh = 0, in_use;
+        PoolDevice *dev = space->device;
+        int k;
+
+        assert(n <= POOL_MAX_SLABS);
+        /* Cached slabs first. They stay marked SLAB_CACHED until the request succeeds, for the rollback. */
+        for (size_t j = 0; j < n; j++) {
+                slabs[j] = cache_take_or_wait(space, sizes[j], uid);
+                if (!slabs[j])
+                        fresh += sizes[j];
+        }
+
+        /*
+         * Will the fresh slabs fit once every other cached slab is released? If not, fail before releasing
+         * anything. (The hits are out of the cache now but still alive, so they count as in use.)
+         */
+        in_use = space->created_bytes - space->cached_bytes;
+        if (in_use + fresh > space->capacity) {
+                set_error(dev->pool, "device %d has %" PRIu64 " of its %scapacity of %" PRIu64 " bytes in use",
+                          dev->info.index, in_use, space->host ? "host " : "", space->capacity);
+                alloc_rollback(slabs, n);
+                return space->host ? POOL_E_HOST_NOMEM : POOL_E_NOMEM;
+        }
+        while (space->created_bytes + fresh > space->capacity)
+                if (!evict_one(space))
+                        break;
+
+        for (size_t j = 0; j < n; j++) {
+                if (slabs[j])
+                        continue;
+                k = slab_create(space, sizes[j], uid, &slabs[j]);
+                if (k != 0) {
+                        alloc_rollback(slabs, n);
+                        return k;
+                }
+        }
+
+        for (size_t j = 0; j < n; j++) {
+                if (slabs[j]->state == SLAB_CACHED)
+                        dev->stats.hits++;
+                slab_lease(slabs[j], uid);
+                ret_slabs[j] = slabs[j];
+        }
+        return 0;
+}
+
+int pool_alloc(Pool *p, int device, uint64_t size, uid_t uid, Slab **ret_slabs, size_t *ret_n) {
+        uint64_t sizes[POOL_MAX_SLABS];
         PoolDevice *dev;
         size_t n;
         int i, k;
@@ -626,52 +718,99 @@ int pool_alloc(Pool *p, int device, uint64_t size, uid_t uid, Slab **ret_slabs, 
         n = pool_plan(size, dev->info.granularity, p->max_slab, sizes, ELEMENTSOF(sizes));
         if (n == 0)
                 return size == 0 ? -EINVAL : POOL_E_TOO_LARGE;
-        if (n > POOL_MAX_SLABS || ALIGN_UP(size, dev->info.granularity) > dev->capacity)
+        if (n > POOL_MAX_SLABS || ALIGN_UP(size, dev->info.granularity) > dev->mem.capacity)
                 return POOL_E_TOO_LARGE;
+        k = space_alloc(&dev->mem, sizes, n, uid, ret_slabs);
+        if (k == 0)
+                *ret_n = n;
+        return k;
+}
 
-        /* Cached slabs first. They stay marked SLAB_CACHED until the request succeeds, for the rollback. */
+bool pool_has_host(Pool *p, size_t i) {
+        PoolDevice *dev = &p->devices[i];
+
+        if (dev->host.granularity > 0 && dev->host.capacity > 0)
+                return true;
+        set_error(p, "device %d has no host memory for parked leases (%s)", dev->info.index,
+                  dev->host.granularity == 0 ? "the driver cannot make it" : "HostCapacity=0");
+        return false;
+}
+
+int pool_alloc_host(Pool *p, Slab *const *slabs, size_t n, uid_t uid, Slab **ret_host) {
+        uint64_t sizes[POOL_MAX_SLABS];
+        PoolDevice *dev;
+
+        if (n == 0 || n > POOL_MAX_SLABS)
+                return -EINVAL;
+        dev = slabs[0]->device;
+        if (!pool_has_host(p, (size_t)(dev - p->devices)))
+                return POOL_E_NO_HOST;
         for (size_t j = 0; j < n; j++) {
-                slabs[j] = cache_take_or_wait(dev, sizes[j], uid);
-                if (!slabs[j])
-                        fresh += sizes[j];
+                /* Same sizes, so that the content maps back slab for slab, whatever the layout at unpark. */
+                if (slabs[j]->size % dev->host.granularity != 0) {
+                        set_error(p, "device %d's host granularity (%" PRIu64 " bytes) does not divide a slab of "
+                                  "%" PRIu64 " bytes", dev->info.index, dev->host.granularity, slabs[j]->size);
+                        return POOL_E_NO_HOST;
+                }
+                sizes[j] = slabs[j]->size;
         }
+        return space_alloc(&dev->host, sizes, n, uid, ret_host);
+}
 
-        /*
-         * Will the fresh slabs fit once every other cached slab is released? If not, fail before releasing
-         * anything. (The hits are out of the cache now but still alive, so they count as in use.)
-         */
-        in_use = dev->created_bytes - dev->stats.cached;
-        if (in_use + fresh > dev->capacity) {
-                set_error(p, "device %d has %" PRIu64 " of its capacity of %" PRIu64 " bytes in use", dev->info.index,
-                          in_use, dev->capacity);
-                alloc_rollback(dev, slabs, n);
-                return POOL_E_NOMEM;
+/* Queues the copy of `bytes` from src + src_off to dst + dst_off. */
+static int copy_part(PoolDevice *dev, Slab *dst, uint64_t dst_off, Slab *src, uint64_t src_off, uint64_t bytes) {
+        CUresult r;
+
+        if (slab_map(dev, dst) < 0 || slab_map(dev, src) < 0)
+                return -EIO;
+        r = DRV(dev, cuMemcpyDtoDAsync)(dst->scrub_va + dst_off, src->scrub_va + src_off, bytes, dev->stream);
+        if (r != CUDA_SUCCESS) {
+                driver_error(dev, "cuMemcpyDtoDAsync", r);
+                return -EIO;
         }
-        while (dev->created_bytes + fresh > dev->capacity)
-                if (!evict_one(dev))
-                        break;
+        return 0;
+}
 
-        for (size_t j = 0; j < n; j++) {
-                if (slabs[j])
-                        continue;
-                k = slab_create(dev, sizes[j], uid, &slabs[j]);
-                if (k != 0) {
-                        alloc_rollback(dev, slabs, n);
-                        return k;
+int pool_copy(Pool *p, Slab *const *dst, size_t n_dst, Slab *const *src, size_t n_src) {
+        uint64_t dst_off = 0, src_off = 0, copied = 0;
+        size_t i = 0, j = 0;
+        PoolDevice *dev;
+        CUresult r;
+        int k = 0;
+
+        if (n_dst == 0 || n_src == 0)
+                return 0;
+        dev = dst[0]->device;
+        if (make_current(dev) < 0)
+                return POOL_E_DRIVER;
+        /* Two cursors over the two runs of slabs: each part is the most that fits in both slabs at hand. */
+        while (i < n_dst && j < n_src && k == 0) {
+                uint64_t bytes = MIN(dst[i]->size - dst_off, src[j]->size - src_off);
+
+                k = copy_part(dev, dst[i], dst_off, src[j], src_off, bytes);
+                copied += bytes;
+                dst_off += bytes;
+                src_off += bytes;
+                if (dst_off == dst[i]->size) {
+                        i++;
+                        dst_off = 0;
+                }
+                if (src_off == src[j]->size) {
+                        j++;
+                        src_off = 0;
                 }
         }
-
-        for (size_t j = 0; j < n; j++) {
-                if (slabs[j]->state == SLAB_CACHED)
-                        dev->stats.hits++;
-                slabs[j]->uid = uid;
-                slabs[j]->state = SLAB_LEASED;
-                list_link_tail(&dev->leased, &slabs[j]->link_state);
-                dev->stats.leased += slabs[j]->size;
-                dev->stats.n_leased++;
-                ret_slabs[j] = slabs[j];
+        r = DRV(dev, cuStreamSynchronize)(dev->stream);
+        if (k < 0)
+                return POOL_E_DRIVER;
+        if (r != CUDA_SUCCESS) {
+                driver_error(dev, "cuStreamSynchronize (copy)", r);
+                return POOL_E_DRIVER;
         }
-        *ret_n = n;
+        dev->stats.copies++;
+        dev->stats.copied_bytes += copied;
+        /* The scrubs queued before the copy are done too: move them into the cache now. */
+        (void)pool_dispatch(p);
         return 0;
 }
 
@@ -700,10 +839,10 @@ static void capacity_message(const PoolDevice *dev, const PoolConfig *config, ui
                 min[FORMAT_SIZE_MAX];
         unsigned percent = config->capacity_percent ?: POOL_DEFAULT_CAPACITY_PERCENT;
 
-        if (dev->capacity % 1024 == 0)
-                format_size(dev->capacity, pool, sizeof(pool));
+        if (dev->mem.capacity % 1024 == 0)
+                format_size(dev->mem.capacity, pool, sizeof(pool));
         else    /* "2.0 MiB" would hide why 2097151 bytes are too few */
-                snprintf(pool, sizeof(pool), "%" PRIu64 " bytes", dev->capacity);
+                snprintf(pool, sizeof(pool), "%" PRIu64 " bytes", dev->mem.capacity);
         format_size(dev->info.granularity, gran, sizeof(gran));
         config_size(dev->info.granularity, min, sizeof(min));
         if (config->capacity > 0)
@@ -718,16 +857,54 @@ static void capacity_message(const PoolDevice *dev, const PoolConfig *config, ui
                             gran, min);
 }
 
-static int device_init(Pool *p, PoolDevice *dev, int index, const PoolConfig *config, char **ret_message) {
+static int space_init(PoolDevice *dev, SlabSpace *space, bool host) {
+        space->device = dev;
+        space->host = host;
+        list_init(&space->lru);
+        list_init(&space->leased);
+        return hashmap_init(&space->cache, &bucket_type);
+}
+
+/* The host memory a device may pin for parked leases: HostCapacity=, rounded down to the granularity. */
+static void host_init(Pool *p, PoolDevice *dev, const PoolConfig *config, size_t n_devices) {
+        CUmemAllocationProp prop = cuda_host_prop(dev->info.numa_node);
+        size_t granularity = 0;
+        uint64_t capacity;
+        long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+        CUresult r;
+
+        r = DRV(dev, cuMemGetAllocationGranularity)(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+        if (r != CUDA_SUCCESS || granularity == 0 || !IS_POWER_OF_2(granularity)) {
+                /* Not fatal: the device serves leases, and Park says why it cannot. */
+                driver_error(dev, "cuMemGetAllocationGranularity (host memory)", r);
+                return;
+        }
+        dev->host.granularity = granularity;
+        if (config->no_host)
+                return;                 /* capacity 0: no parking */
+        if (config->host_capacity > 0)
+                capacity = config->host_capacity;
+        else {
+                uint64_t physical = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
+
+                capacity = physical / 100 * (config->host_capacity_percent ?: POOL_DEFAULT_HOST_CAPACITY_PERCENT) /
+                           (n_devices ?: 1);
+        }
+        dev->host.capacity = capacity - capacity % granularity;
+}
+
+static int device_init(Pool *p, PoolDevice *dev, int index, const PoolConfig *config, size_t n_devices,
+                       char **ret_message) {
         size_t free_mem = 0, total = 0;
         CUresult r;
         int k;
 
         dev->pool = p;
-        list_init(&dev->lru);
-        list_init(&dev->leased);
         list_init(&dev->scrubbing);
-        k = hashmap_init(&dev->cache, &bucket_type);
+        k = space_init(dev, &dev->mem, false);
+        if (k < 0)
+                return k;
+        k = space_init(dev, &dev->host, true);
         if (k < 0)
                 return k;
 
@@ -758,7 +935,7 @@ static int device_init(Pool *p, PoolDevice *dev, int index, const PoolConfig *co
         }
 
         if (config->capacity > 0)
-                dev->capacity = config->capacity;
+                dev->mem.capacity = config->capacity;
         else {
                 r = DRV(dev, cuMemGetInfo)(&free_mem, &total);
                 if (r != CUDA_SUCCESS) {
@@ -766,16 +943,18 @@ static int device_init(Pool *p, PoolDevice *dev, int index, const PoolConfig *co
                         k = -EIO;
                         goto fail;
                 }
-                dev->capacity = (uint64_t)free_mem / 100 *
-                                (config->capacity_percent ?: POOL_DEFAULT_CAPACITY_PERCENT);
+                dev->mem.capacity = (uint64_t)free_mem / 100 *
+                                    (config->capacity_percent ?: POOL_DEFAULT_CAPACITY_PERCENT);
         }
-        if (dev->capacity < dev->info.granularity) {
+        if (dev->mem.capacity < dev->info.granularity) {
                 /* a pool that could not hold one slab would start and refuse every Alloc */
                 capacity_message(dev, config, free_mem, ret_message);
                 k = -EINVAL;
                 goto release;
         }
-        dev->capacity -= dev->capacity % dev->info.granularity;
+        dev->mem.capacity -= dev->mem.capacity % dev->info.granularity;
+        dev->mem.granularity = dev->info.granularity;
+        host_init(p, dev, config, n_devices);
 
         dev->stats.index = index;
         dev->stats.name = dev->info.name;
@@ -795,26 +974,34 @@ release:
         return k;
 }
 
+static void space_done(SlabSpace *space) {
+        Slab *slab, *tmp;
+
+        list_for_each_entry_safe(slab, tmp, &space->leased, link_state) {
+                list_unlink(&slab->link_state);
+                slab_release(slab);
+        }
+        while (release_oldest(space))
+                ;
+        hashmap_done(&space->cache);
+}
+
 static void device_done(PoolDevice *dev) {
         Slab *slab, *tmp;
 
         if (!dev->ctx) {
-                hashmap_done(&dev->cache);
+                hashmap_done(&dev->mem.cache);
+                hashmap_done(&dev->host.cache);
                 return;
         }
         if (make_current(dev) == 0 && dev->stream)
                 (void)DRV(dev, cuStreamSynchronize)(dev->stream);
         list_for_each_entry_safe(slab, tmp, &dev->scrubbing, link_state) {
                 list_unlink(&slab->link_state);
-                slab_release(dev, slab);
+                slab_release(slab);
         }
-        list_for_each_entry_safe(slab, tmp, &dev->leased, link_state) {
-                list_unlink(&slab->link_state);
-                slab_release(dev, slab);
-        }
-        while (release_oldest(dev))
-                ;
-        hashmap_done(&dev->cache);
+        space_done(&dev->mem);
+        space_done(&dev->host);
         if (dev->stream)
                 (void)DRV(dev, cuStreamDestroy)(dev->stream);
         (void)DRV(dev, cuDevicePrimaryCtxRelease)(dev->info.device);
@@ -883,9 +1070,11 @@ int pool_new(Pool **ret, CudaDriver *cu, const PoolConfig *config, char **ret_me
                         set_message(ret_message, "CUDA device %d is listed twice.", index);
                         return -EINVAL;
                 }
-                k = device_init(p, &p->devices[i], index, config, ret_message);
+                k = device_init(p, &p->devices[i], index, config, (size_t)count, ret_message);
                 if (k < 0) {
-                        hashmap_done(&p->devices[i].cache);     /* a device that failed is not pool_free()'s */
+                        /* a device that failed is not pool_free()'s */
+                        hashmap_done(&p->devices[i].mem.cache);
+                        hashmap_done(&p->devices[i].host.cache);
                         return k;
                 }
                 p->n_devices++;
@@ -905,11 +1094,11 @@ bool pool_idle(Pool *p) {
                 return false;
         /* One export absorbs the driver's slow path; its slab waits, unbound, for the next request. */
         p->prime = false;
-        if (dev->created_bytes + size > dev->capacity || slab_create(dev, size, UID_UNBOUND, &slab) != 0)
+        if (dev->mem.created_bytes + size > dev->mem.capacity || slab_create(&dev->mem, size, UID_UNBOUND, &slab) != 0)
                 return true;
         slab->last_used = ++p->clock;
-        if (cache_insert(dev, slab) < 0)
-                slab_release(dev, slab);
+        if (cache_insert(slab) < 0)
+                slab_release(slab);
         else
                 dev->stats.primed++;
         return true;
@@ -918,9 +1107,12 @@ bool pool_idle(Pool *p) {
 unsigned pool_trim(Pool *p) {
         unsigned n = 0;
 
-        for (size_t i = 0; i < p->n_devices; i++)
-                while (release_oldest(&p->devices[i]))
+        for (size_t i = 0; i < p->n_devices; i++) {
+                while (release_oldest(&p->devices[i].mem))
                         n++;
+                while (release_oldest(&p->devices[i].host))
+                        n++;
+        }
         return n;
 }
 
@@ -936,5 +1128,19 @@ void pool_device_stats(Pool *p, size_t i, PoolDeviceStats *ret) {
         PoolDevice *dev = &p->devices[i];
 
         *ret = dev->stats;
-        ret->capacity = dev->capacity;
+        ret->capacity = dev->mem.capacity;
+        ret->leased = dev->mem.leased_bytes;
+        ret->scrubbing = dev->mem.scrubbing_bytes;
+        ret->cached = dev->mem.cached_bytes;
+        ret->n_leased = dev->mem.n_leased;
+        ret->n_scrubbing = dev->mem.n_scrubbing;
+        ret->n_cached = dev->mem.n_cached;
+        ret->host_granularity = dev->host.granularity;
+        ret->host_capacity = dev->host.capacity;
+        ret->parked = dev->host.leased_bytes;
+        ret->host_scrubbing = dev->host.scrubbing_bytes;
+        ret->host_cached = dev->host.cached_bytes;
+        ret->n_parked = dev->host.n_leased;
+        ret->n_host_scrubbing = dev->host.n_scrubbing;
+        ret->n_host_cached = dev->host.n_cached;
 }

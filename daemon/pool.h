@@ -20,6 +20,13 @@
  *   slabs are released, least recently used first, whoever they belonged to.
  * - Transactions: a request that fails leaves every slab as it was, except
  *   cached slabs released to make room for it.
+ * - Host memory for parking: each device also has slabs of pinned host memory
+ *   on its NUMA node (cuMemCreate at CU_MEM_LOCATION_TYPE_HOST_NUMA), exported
+ *   and kept in the fd store like device slabs, up to a host capacity of their
+ *   own. A parked lease's content is copied into them (pool_alloc_host(),
+ *   pool_copy()); they are never sent to a client. Freed, they are scrubbed
+ *   like device slabs and then cached for any user (zeroed, they hold nobody's
+ *   data).
  *
  * Single-threaded: every call comes from the daemon's event loop thread. The
  * only other thread is the driver's, which signals scrub completion through
@@ -36,6 +43,7 @@
 #define POOL_MAX_SLABS 253                      /* the kernel's limit on fds in one message */
 #define POOL_DEFAULT_MAX_SLAB (UINT64_C(1) << 30)
 #define POOL_DEFAULT_CAPACITY_PERCENT 95        /* of the device memory free when the pool starts */
+#define POOL_DEFAULT_HOST_CAPACITY_PERCENT 25   /* of the host's physical memory, shared by the devices */
 #define UID_UNBOUND ((uid_t)-1)                 /* owner of a slab never leased: any uid may have it */
 
 /* Expected outcomes of pool_alloc(), positive; negative errno values are fatal. */
@@ -45,6 +53,9 @@ enum {
         POOL_E_NO_DEVICE,       /* the pool does not serve that device */
         POOL_E_DRIVER,          /* the driver failed; pool_last_error() says how */
         POOL_E_NOT_KEPT,        /* a new slab could not be kept across a restart (its slab_created hook failed) */
+        POOL_E_HOST_NOMEM,      /* no room in the device's host memory for parked leases */
+        POOL_E_NO_HOST,         /* the device has no host memory for parking (HostCapacity=0, or the driver
+                                   cannot make it: pool_last_error() says why) */
 };
 
 typedef struct PoolConfig {
@@ -53,6 +64,10 @@ typedef struct PoolConfig {
         unsigned capacity_percent; /* 1-100, when capacity is 0; 0 = POOL_DEFAULT_CAPACITY_PERCENT */
         const int *devices;     /* device indices to serve; NULL = every device */
         size_t n_devices;
+        uint64_t host_capacity; /* host bytes per device for parked leases; 0 = host_capacity_percent */
+        unsigned host_capacity_percent; /* 1-100 of the physical memory, divided among the devices, when
+                                           host_capacity is 0; 0 = POOL_DEFAULT_HOST_CAPACITY_PERCENT */
+        bool no_host;           /* no host memory at all: leases cannot be parked (HostCapacity=0) */
 } PoolConfig;
 
 typedef enum SlabState {
@@ -63,12 +78,15 @@ typedef enum SlabState {
 
 typedef struct Pool Pool;
 typedef struct PoolDevice PoolDevice;
+typedef struct SlabSpace SlabSpace;
 typedef struct CacheBucket CacheBucket;
 
 typedef struct Slab {
         uint64_t id;                    /* unique in the pool, from 1, never reused: names the slab's fd in the
                                            service manager's fd store ("slab-<id>") */
         PoolDevice *device;
+        SlabSpace *space;               /* the device's memory, or its host memory */
+        bool host;                      /* host memory: a parked lease's content, never sent to a client */
         uint64_t size;                  /* a multiple of the granularity, at most the maximum slab */
         uid_t uid;                      /* whose data it may hold */
         SlabState state;
@@ -103,6 +121,16 @@ typedef struct PoolDeviceStats {
         uint64_t primed;                /* unbound slabs created by pool_idle() */
         uint64_t scrub_waits;           /* requests that waited for a scrub rather than create a slab */
         uint64_t driver_calls;          /* Driver API calls the pool made for this device */
+        /* host memory for parked leases */
+        uint64_t host_granularity;      /* 0: the device cannot park */
+        uint64_t host_capacity;
+        uint64_t parked;                /* bytes in host slabs holding parked leases */
+        uint64_t host_scrubbing;
+        uint64_t host_cached;           /* zeroed host slabs kept for the next park */
+        unsigned n_parked, n_host_scrubbing, n_host_cached;
+        uint64_t host_created, host_released;
+        uint64_t copies;                /* pool_copy() calls that succeeded */
+        uint64_t copied_bytes;
 } PoolDeviceStats;
 
 /*
@@ -123,8 +151,30 @@ Pool *pool_free(Pool *p);
  */
 int pool_alloc(Pool *p, int device, uint64_t size, uid_t uid, Slab **ret_slabs, size_t *ret_n);
 
-/* Takes a leased slab back: it is scrubbed, then cached for its uid (or released if the scrub cannot start). */
+/* Takes a leased slab back: it is scrubbed, then cached for its uid (or released if the scrub cannot start).
+ * A host slab is cached for any uid once scrubbed. */
 void pool_reclaim(Pool *p, Slab *slab);
+
+/*
+ * Host slabs to park the content of `slabs` (n device slabs of one device, a lease's) in: one of the same
+ * size per device slab, zeroed cached ones first, the rest created on the device's NUMA node (within the
+ * device's host capacity, releasing cached host slabs to make room). Fills ret_host[n], leased to `uid`.
+ * Returns 0, POOL_E_NO_HOST (also when the host granularity does not divide a slab's size),
+ * POOL_E_HOST_NOMEM, POOL_E_DRIVER, POOL_E_NOT_KEPT, or a negative errno; on failure nothing changed (but
+ * cached host slabs released).
+ */
+int pool_alloc_host(Pool *p, Slab *const *slabs, size_t n, uid_t uid, Slab **ret_host);
+
+/* Whether pool device i has host memory for parking; when not, pool_last_error() says why. */
+bool pool_has_host(Pool *p, size_t i);
+
+/*
+ * Copies the content of the src slabs, back to back, into the dst slabs, back to back (as many bytes as the
+ * smaller of the two holds), on the device's stream through the pool's own mappings, after the scrubs
+ * queued before it, and waits for it: a copy the daemon cannot see complete is a failure. Every slab is of
+ * one device. Returns 0 or POOL_E_DRIVER (pool_last_error() says why).
+ */
+int pool_copy(Pool *p, Slab *const *dst, size_t n_dst, Slab *const *src, size_t n_src);
 
 /*
  * Told of every slab the pool creates (after its export) and releases (before its fd is closed), so that
@@ -143,10 +193,11 @@ void pool_set_hooks(Pool *p, const PoolHooks *hooks, void *userdata);
  * success): imports it, and adds it as leased to `uid`, with its id (later slabs get higher ids). The
  * hooks are not told: it is in the store already. The id must not be one the pool has (restore.c takes each
  * stored fd once, and a table that names a slab twice is refused whole): checking would cost a walk of the
- * pool per slab, O(n^2) for a start with n leases. Returns 0, -EINVAL (wrong size or device), or
+ * pool per slab, O(n^2) for a start with n leases. `host`: a host slab (a parked lease's), which must be a
+ * multiple of the host granularity. Returns 0, -EINVAL (wrong size or device), or
  * POOL_E_DRIVER (pool_last_error() says why), and on failure the fd is still the caller's.
  */
-int pool_import(Pool *p, int device, uint64_t id, int fd, uint64_t size, uid_t uid, Slab **ret);
+int pool_import(Pool *p, int device, uint64_t id, int fd, uint64_t size, uid_t uid, bool host, Slab **ret);
 
 /* Takes a leased slab back and releases it to the driver at once, without caching it: for slabs another
  * user may have held. */

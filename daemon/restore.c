@@ -271,7 +271,7 @@ static int import_slabs(Manager *m, Inherited *in, const StateLease *sl, Slab **
                 int fd = take_slab_fd(in, sl->slabs[j].id), k;
 
                 k = fd < 0 ? -ENOENT : pool_import(m->pool, sl->device, sl->slabs[j].id, fd, sl->slabs[j].size,
-                                                   sl->uid, &slabs[j]);
+                                                   sl->uid, sl->parked, &slabs[j]);
                 if (k != 0) {
                         char name[32];
 
@@ -317,8 +317,12 @@ static int rebuild_lease(Broker *b, const StateLease *sl, size_t pool_device, Sl
         l->pid = sl->pid;
         snprintf(l->comm, sizeof(l->comm), "%s", sl->comm);
         l->foreign = sl->foreign;
+        l->parked = sl->parked;
         user_charge_anyway(owner, &l->charge_lease, USER_LEASES, pool_device, 1);
-        user_charge_anyway(owner, &l->charge_bytes, USER_BYTES, pool_device, l->size);
+        if (l->parked)
+                user_charge_anyway(owner, &l->charge_host, USER_HOST_BYTES, pool_device, l->size);
+        else
+                user_charge_anyway(owner, &l->charge_bytes, USER_BYTES, pool_device, l->size);
         user_unref(owner);
         lease_table_add(&b->leases, l);
         *ret = TAKE_PTR(l);
@@ -380,6 +384,7 @@ static int restore_holds(Broker *b, Lease *l, const StateLease *sl, unsigned *re
                         return -ENOMEM;
                 }
                 lease_add_hold(&b->leases, l, hold, h, sh->refs ?: 1, sh->readonly);
+                hold->parked = l->parked;       /* a parked lease is mapped by none of its holders */
                 (*ret_holds)++;
         }
         return 0;

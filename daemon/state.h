@@ -84,6 +84,7 @@ typedef struct StateLease {
         pid_t pid;                              /* the process that made it, and its command name */
         char comm[STATE_COMM_MAX + 1];
         bool foreign;                           /* true whenever a hold is of another uid than the owner */
+        bool parked;                            /* the slabs are host slabs (format 2 only) */
         StateSlab *slabs;                       /* in mapping order */
         size_t n_slabs;                         /* 1..POOL_MAX_SLABS */
         char *name;                             /* published as, or NULL */

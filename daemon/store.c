@@ -43,7 +43,8 @@ enum {
         LEASE_F_LABEL = 2,
         LEASE_F_NAME = 4,
         LEASE_F_NAME_READONLY = 8,
-        _LEASE_F_ALL = 15,
+        LEASE_F_PARKED = 16,
+        _LEASE_F_ALL = 31,
 };
 
 /* ---- CRC-32C (Castagnoli), as iSCSI and ext4 use it: the SSE 4.2 instruction where there is one ----------- */
@@ -238,6 +239,8 @@ static int encode_put_lease(Buffer *b, const Lease *l) {
                 return k;
         if (l->foreign)
                 flags |= LEASE_F_FOREIGN;
+        if (l->parked)
+                flags |= LEASE_F_PARKED;
         if (l->label)
                 flags |= LEASE_F_LABEL;
         if (l->name) {
@@ -1126,6 +1129,7 @@ static int apply_put_lease(Replay *r, Cursor *c) {
         if (flags & ~_LEASE_F_ALL)
                 c->bad = true;
         v.foreign = flags & LEASE_F_FOREIGN;
+        v.parked = flags & LEASE_F_PARKED;
         if (flags & LEASE_F_LABEL)
                 v.label = r_strdup(c, LEASE_LABEL_MAX, &error);
         v.n_slabs = r_u16(c);

@@ -17,27 +17,36 @@
 UserLimits user_limits_default(void) {
         return (UserLimits){
                 .max_bytes_percent = USER_DEFAULT_MAX_BYTES_PERCENT,
+                .max_host_bytes_percent = USER_DEFAULT_MAX_HOST_BYTES_PERCENT,
                 .max_leases = USER_DEFAULT_MAX_LEASES,
                 .max_connections = USER_DEFAULT_MAX_CONNECTIONS,
                 .max_processes = USER_DEFAULT_MAX_PROCESSES,
-                .set = LIMIT_MAX_BYTES | LIMIT_MAX_LEASES | LIMIT_MAX_CONNECTIONS | LIMIT_MAX_PROCESSES,
+                .set = LIMIT_MAX_BYTES | LIMIT_MAX_LEASES | LIMIT_MAX_CONNECTIONS | LIMIT_MAX_PROCESSES |
+                       LIMIT_MAX_HOST_BYTES,
         };
 }
 
-int user_registry_init(UserRegistry *r, const LimitsConfig *config, const uint64_t *capacity, size_t n_devices) {
+int user_registry_init(UserRegistry *r, const LimitsConfig *config, const uint64_t *capacity,
+                       const uint64_t *host_capacity, size_t n_devices) {
         *r = (UserRegistry){ .config = config, .n_devices = n_devices };
         list_init(&r->users);
         r->capacity = calloc(n_devices ?: 1, sizeof(uint64_t));
-        if (!r->capacity)
+        r->host_capacity = calloc(n_devices ?: 1, sizeof(uint64_t));
+        if (!r->capacity || !r->host_capacity) {
+                free(r->capacity);
+                free(r->host_capacity);
                 return -ENOMEM;
+        }
         if (n_devices > 0)
                 memcpy(r->capacity, capacity, n_devices * sizeof(uint64_t));
+        if (n_devices > 0 && host_capacity)
+                memcpy(r->host_capacity, host_capacity, n_devices * sizeof(uint64_t));
         return 0;
 }
 
 static bool user_usage_is_zero(const User *u) {
         for (size_t i = 0; i < u->registry->n_devices; i++)
-                if (u->bytes[i] != 0)
+                if (u->bytes[i] != 0 || u->host_bytes[i] != 0)
                         return false;
         return u->leases == 0 && u->connections == 0 && u->requests == 0 && u->processes == 0 && u->refused == 0;
 }
@@ -50,6 +59,8 @@ static void user_free(UserRegistry *r, User *u) {
         r->n_users--;
         free(u->bytes);
         free(u->max_bytes);
+        free(u->host_bytes);
+        free(u->max_host_bytes);
         free(u->name);
         free(u);
 }
@@ -58,12 +69,13 @@ void user_registry_done(UserRegistry *r) {
         /* Users go with their last reference; one still here is a reference or a charge never released. */
         assert(r->n_users == 0);
         free(r->capacity);
+        free(r->host_capacity);
         *r = (UserRegistry){};
 }
 
-/* A limit of bytes on a device of this capacity. */
-static uint64_t bytes_limit(const UserLimits *l, uint64_t capacity) {
-        return l->max_bytes ?: capacity / 100 * l->max_bytes_percent + capacity % 100 * l->max_bytes_percent / 100;
+/* A limit of bytes: `bytes`, or `percent` of a capacity. */
+static uint64_t bytes_limit(uint64_t bytes, unsigned percent, uint64_t capacity) {
+        return bytes ?: capacity / 100 * percent + capacity % 100 * percent / 100;
 }
 
 /*
@@ -73,9 +85,16 @@ static uint64_t bytes_limit(const UserLimits *l, uint64_t capacity) {
 static void apply(UserRegistry *r, User *u, const UserLimits *from, unsigned mask, bool generous) {
         if (mask & LIMIT_MAX_BYTES)
                 for (size_t i = 0; i < r->n_devices; i++) {
-                        uint64_t v = bytes_limit(from, r->capacity[i]);
+                        uint64_t v = bytes_limit(from->max_bytes, from->max_bytes_percent, r->capacity[i]);
 
                         u->max_bytes[i] = generous ? MAX(u->max_bytes[i], v) : v;
+                }
+        if (mask & LIMIT_MAX_HOST_BYTES)
+                for (size_t i = 0; i < r->n_devices; i++) {
+                        uint64_t v = bytes_limit(from->max_host_bytes, from->max_host_bytes_percent,
+                                                 r->host_capacity[i]);
+
+                        u->max_host_bytes[i] = generous ? MAX(u->max_host_bytes[i], v) : v;
                 }
         if (mask & LIMIT_MAX_LEASES)
                 u->max_leases = generous ? MAX(u->max_leases, from->max_leases) : from->max_leases;
@@ -131,9 +150,13 @@ User *user_get(UserRegistry *r, uid_t uid, const gid_t *gids, size_t n_gids) {
                 return NULL;
         u->bytes = calloc(r->n_devices ?: 1, sizeof(uint64_t));
         u->max_bytes = calloc(r->n_devices ?: 1, sizeof(uint64_t));
-        if (!u->bytes || !u->max_bytes) {
+        u->host_bytes = calloc(r->n_devices ?: 1, sizeof(uint64_t));
+        u->max_host_bytes = calloc(r->n_devices ?: 1, sizeof(uint64_t));
+        if (!u->bytes || !u->max_bytes || !u->host_bytes || !u->max_host_bytes) {
                 free(u->bytes);
                 free(u->max_bytes);
+                free(u->host_bytes);
+                free(u->max_host_bytes);
                 free(u);
                 return NULL;
         }
@@ -169,6 +192,9 @@ static uint64_t usage_of(const User *u, UserResource what, size_t device, uint64
         case USER_BYTES:
                 *ret_limit = u->max_bytes[device];
                 return u->bytes[device];
+        case USER_HOST_BYTES:
+                *ret_limit = u->max_host_bytes[device];
+                return u->host_bytes[device];
         case USER_LEASES:
                 *ret_limit = u->max_leases;
                 return u->leases;
@@ -192,8 +218,10 @@ static void add_usage(User *u, UserResource what, size_t device, uint64_t amount
                           : what == USER_PROCESSES ? &u->processes : NULL;
 
         if (!counter) {
-                assert(give_back ? u->bytes[device] >= amount : u->bytes[device] <= UINT64_MAX - amount);
-                u->bytes[device] = give_back ? u->bytes[device] - amount : u->bytes[device] + amount;
+                uint64_t *bytes = what == USER_HOST_BYTES ? &u->host_bytes[device] : &u->bytes[device];
+
+                assert(give_back ? *bytes >= amount : *bytes <= UINT64_MAX - amount);
+                *bytes = give_back ? *bytes - amount : *bytes + amount;
                 return;
         }
         assert(amount == 1 && (give_back ? *counter > 0 : *counter < UINT_MAX));
@@ -205,7 +233,7 @@ int user_charge(User *u, UserCharge *charge, UserResource what, size_t device, u
         uint64_t limit, current;
 
         assert(!charge->user);
-        if (what != USER_BYTES)
+        if (what != USER_BYTES && what != USER_HOST_BYTES)
                 amount = 1;
         current = usage_of(u, what, device, &limit);
         if (amount > limit || current > limit - amount) {
@@ -219,7 +247,7 @@ int user_charge(User *u, UserCharge *charge, UserResource what, size_t device, u
 
 void user_charge_anyway(User *u, UserCharge *charge, UserResource what, size_t device, uint64_t amount) {
         assert(!charge->user);
-        if (what != USER_BYTES)
+        if (what != USER_BYTES && what != USER_HOST_BYTES)
                 amount = 1;
         add_usage(u, what, device, amount, false);
         *charge = (UserCharge){ .user = user_ref(u), .what = what, .device = device, .amount = amount };
@@ -254,6 +282,7 @@ const char *user_resource_name(UserResource what) {
                 [USER_CONNECTIONS] = "connections",
                 [USER_REQUESTS] = "requests",
                 [USER_PROCESSES] = "processes",
+                [USER_HOST_BYTES] = "host_bytes",
         };
 
         return names[what];
@@ -280,6 +309,12 @@ void user_quota_message(const User *u, const UserQuota *q, int device, char **re
                             "(MaxBytes= %s).", (unsigned)u->uid, format_size(current, b1, sizeof(b1)),
                             device, format_size(limit, b2, sizeof(b2)), format_size(asked, b3, sizeof(b3)),
                             limit_source(u, where, sizeof(where)));
+                break;
+        case USER_HOST_BYTES:
+                set_message(ret, "User %u has %s of parked leases of device %d in host memory and may have at most "
+                            "%s: %s more is over the limit (MaxHostBytes= %s).", (unsigned)u->uid,
+                            format_size(current, b1, sizeof(b1)), device, format_size(limit, b2, sizeof(b2)),
+                            format_size(asked, b3, sizeof(b3)), limit_source(u, where, sizeof(where)));
                 break;
         case USER_LEASES:
                 set_message(ret, "User %u owns %" PRIu64 " leases and may own at most %" PRIu64 " (MaxLeases= %s): "

@@ -32,6 +32,7 @@
 #include "list.h"
 
 #define USER_DEFAULT_MAX_BYTES_PERCENT 80       /* of each device's capacity */
+#define USER_DEFAULT_MAX_HOST_BYTES_PERCENT 50  /* of each device's host capacity, for parked leases */
 #define USER_DEFAULT_MAX_LEASES 1024
 #define USER_DEFAULT_MAX_CONNECTIONS 64
 #define USER_DEFAULT_MAX_PROCESSES 256  /* processes the daemon keeps a pidfd of (holders) */
@@ -42,11 +43,14 @@ enum {
         LIMIT_MAX_LEASES = 1 << 1,
         LIMIT_MAX_CONNECTIONS = 1 << 2,
         LIMIT_MAX_PROCESSES = 1 << 3,
+        LIMIT_MAX_HOST_BYTES = 1 << 4,
 };
 
 typedef struct UserLimits {
         uint64_t max_bytes;             /* per device; 0: max_bytes_percent of the device's capacity */
         unsigned max_bytes_percent;     /* 1-100, when max_bytes is 0 */
+        uint64_t max_host_bytes;        /* per device, of parked leases; 0: max_host_bytes_percent */
+        unsigned max_host_bytes_percent; /* 1-100 of the device's host capacity, when max_host_bytes is 0 */
         unsigned max_leases;
         unsigned max_connections;
         unsigned max_processes;
@@ -78,6 +82,7 @@ typedef enum UserResource {
         USER_CONNECTIONS,
         USER_REQUESTS,                  /* replies queued and not read: no limit of its own (one per connection) */
         USER_PROCESSES,                 /* holders: processes the daemon keeps a pidfd of */
+        USER_HOST_BYTES,                /* per device: host memory holding the user's parked leases */
         _USER_RESOURCE_MAX,
 } UserResource;
 
@@ -89,6 +94,8 @@ typedef struct User {
         unsigned n_refs;
         uint64_t *bytes;                /* per device, in pool order */
         uint64_t *max_bytes;            /* per device, resolved */
+        uint64_t *host_bytes;           /* per device: parked leases the user owns, in host memory */
+        uint64_t *max_host_bytes;       /* per device, resolved */
         unsigned leases, max_leases;
         unsigned connections, max_connections;
         unsigned processes, max_processes;
@@ -111,6 +118,7 @@ struct UserRegistry {
         const LimitsConfig *config;
         size_t n_devices;
         uint64_t *capacity;             /* per device, in pool order */
+        uint64_t *host_capacity;        /* per device: host memory for parked leases */
         List users;
         unsigned n_users;
 };
@@ -124,7 +132,7 @@ struct UserRegistry {
 typedef struct UserCharge {
         User *user;                     /* NULL: nothing charged */
         UserResource what;
-        size_t device;                  /* for USER_BYTES */
+        size_t device;                  /* for USER_BYTES and USER_HOST_BYTES */
         uint64_t amount;
 } UserCharge;
 
@@ -136,8 +144,10 @@ typedef struct UserQuota {
         uint64_t asked, limit, current;
 } UserQuota;
 
-/* Sets up a registry for devices of these capacities (copied). Returns 0 or -ENOMEM. */
-int user_registry_init(UserRegistry *r, const LimitsConfig *config, const uint64_t *capacity, size_t n_devices);
+/* Sets up a registry for devices of these capacities, device and host (copied; host_capacity NULL: none).
+ * Returns 0 or -ENOMEM. */
+int user_registry_init(UserRegistry *r, const LimitsConfig *config, const uint64_t *capacity,
+                       const uint64_t *host_capacity, size_t n_devices);
 
 /* Frees the registry. Every user must be gone (every charge released, every reference dropped): it asserts so. */
 void user_registry_done(UserRegistry *r);
@@ -155,12 +165,12 @@ User *user_unref(User *u);
 
 /*
  * Charges `amount` of a resource (bytes of pool device `device` for
- * USER_BYTES; 1 for the others) to `u` and records it in *charge, which must
+ * USER_BYTES and USER_HOST_BYTES; 1 for the others) to `u` and records it in *charge, which must
  * be empty. The limit:
  *
  *     usage + amount <= limit         (computed without overflow)
  *
- * with the user's resolved MaxBytes= for the device, MaxLeases= or
+ * with the user's resolved MaxBytes= or MaxHostBytes= for the device, MaxLeases= or
  * MaxConnections=; USER_REQUESTS has none. Returns 0, or -EDQUOT and changes
  * nothing when it would go over; then *ret_quota (if given) says what.
  */
@@ -180,7 +190,7 @@ void user_charge_release(UserCharge *charge);
  */
 const char *user_name(User *u, size_t max);
 
-/* "bytes", "leases", "connections" or "requests". */
+/* "bytes", "leases", "connections", "requests", "processes" or "host_bytes". */
 const char *user_resource_name(UserResource what);
 
 /*

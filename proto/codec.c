@@ -82,6 +82,11 @@ static const JsonField set_reclaimable_params_fields[] = {
         JSON_FIELD_END,
 };
 
+static const JsonField park_reply_fields[] = {
+        JSON_FIELD_BOOL("parked", ParkReply, parked, true),
+        JSON_FIELD_END,
+};
+
 static const JsonField reclaim_request_fields[] = {
         JSON_FIELD_STRING("id", ReclaimRequest, id, false, VMMB_ID_MAX),
         JSON_FIELD_INT64("device", ReclaimRequest, device, false, true),
@@ -181,6 +186,7 @@ static const JsonField holder_fields[] = {
         JSON_FIELD_INT64("uid", WireHolder, uid, true, true),
         JSON_FIELD_STRING("comm", WireHolder, comm, false, VMMB_NAME_MAX),
         JSON_FIELD_BOOL("readonly", WireHolder, readonly, true),
+        JSON_FIELD_BOOL("parked", WireHolder, parked, false),
         JSON_FIELD_END,
 };
 
@@ -198,6 +204,7 @@ static const JsonField lease_info_fields[] = {
         JSON_FIELD_ARRAY("holders", WireLeaseInfo, holders, n_holders, WireHolder, holder_fields, true, 0),
         JSON_FIELD_INT64("reclaim_priority", WireLeaseInfo, reclaim_priority, false, true),
         JSON_FIELD_STRING("reclaim", WireLeaseInfo, reclaim, false, VMMB_NAME_MAX),
+        JSON_FIELD_BOOL("parked", WireLeaseInfo, parked, false),
         JSON_FIELD_END,
 };
 
@@ -210,6 +217,8 @@ static const JsonField user_device_fields[] = {
         JSON_FIELD_INT64("index", WireUserDevice, index, true, true),
         JSON_FIELD_UINT64("bytes", WireUserDevice, bytes),
         JSON_FIELD_UINT64("max_bytes", WireUserDevice, max_bytes),
+        JSON_FIELD_INT64("host_bytes", WireUserDevice, host_bytes, false, true),
+        JSON_FIELD_INT64("max_host_bytes", WireUserDevice, max_host_bytes, false, true),
         JSON_FIELD_END,
 };
 
@@ -241,6 +250,9 @@ static const JsonField device_fields[] = {
         JSON_FIELD_UINT64("leases", WireDevice, leases),
         JSON_FIELD_INT64("waiters", WireDevice, waiters, false, true),
         JSON_FIELD_INT64("numa_node", WireDevice, numa_node, false, true),
+        JSON_FIELD_INT64("host_capacity", WireDevice, host_capacity, false, true),
+        JSON_FIELD_INT64("parked", WireDevice, parked, false, true),
+        JSON_FIELD_INT64("host_cached", WireDevice, host_cached, false, true),
         JSON_FIELD_END,
 };
 
@@ -435,6 +447,8 @@ int set_reclaimable_params_decode(json_object *params, SetReclaimableParams *ret
 DEFINE_ENCODE(set_reclaimable_params, SetReclaimableParams, set_reclaimable_params_fields)
 DEFINE_DONE(set_reclaimable_params, SetReclaimableParams, set_reclaimable_params_fields)
 DEFINE_REPLY_CODEC(reclaim_request, ReclaimRequest, reclaim_request_fields)
+
+DEFINE_REPLY_CODEC(park_reply, ParkReply, park_reply_fields)
 
 DEFINE_PARAMS_CODEC(list_params, ListParams, list_params_fields)
 
@@ -646,8 +660,9 @@ static int error_build(const char *error, const VmmbError *e, json_object **ret)
         return varlink_error_new(error, params, ret);
 }
 
-int vmmb_error_out_of_memory(int64_t device, uint64_t requested, uint64_t available, const char *message,
-                             json_object **ret) {
+/* OutOfMemory and OutOfHostMemory: the same fields. */
+static int error_no_room(const char *name, int64_t device, uint64_t requested, uint64_t available,
+                         const char *message, json_object **ret) {
         VmmbError e = {
                 .device = device,
                 .requested = requested,
@@ -655,7 +670,17 @@ int vmmb_error_out_of_memory(int64_t device, uint64_t requested, uint64_t availa
                 .message = (char *)message,
         };
 
-        return error_build(VMMB_ERROR_OUT_OF_MEMORY, &e, ret);
+        return error_build(name, &e, ret);
+}
+
+int vmmb_error_out_of_memory(int64_t device, uint64_t requested, uint64_t available, const char *message,
+                             json_object **ret) {
+        return error_no_room(VMMB_ERROR_OUT_OF_MEMORY, device, requested, available, message, ret);
+}
+
+int vmmb_error_out_of_host_memory(int64_t device, uint64_t requested, uint64_t available, const char *message,
+                                  json_object **ret) {
+        return error_no_room(VMMB_ERROR_OUT_OF_HOST_MEMORY, device, requested, available, message, ret);
 }
 
 int vmmb_error_quota_exceeded(const char *resource, uint64_t limit, uint64_t current, const char *message,

@@ -112,6 +112,11 @@ typedef struct SetReclaimableParams {
         int64_t priority;       /* JSON_ABSENT when absent: not reclaimable */
 } SetReclaimableParams;
 
+/* Park's reply: (parked: bool); its parameters, and Unpark's, are FreeParams (id); Unpark's reply an AllocReply */
+typedef struct ParkReply {
+        bool parked;
+} ParkReply;
+
 /* WatchReclaim's replies: (id: ?string, device: ?int, size: ?int, timeout_usec: ?int); the first has no id */
 typedef struct ReclaimRequest {
         char *id;               /* NULL in the first reply: the watch is on */
@@ -216,6 +221,7 @@ typedef struct WireHolder {
         int64_t uid;
         char *comm;             /* NULL when absent */
         bool readonly;
+        bool parked;            /* it parked the lease (false when absent) */
 } WireHolder;
 
 /* LeaseInfo (id, device, size, slabs, pid, uid, comm: ?string, label: ?string, created, name: ?string,
@@ -235,6 +241,7 @@ typedef struct WireLeaseInfo {
         size_t n_holders;
         int64_t reclaim_priority; /* JSON_ABSENT (-1) when not marked reclaimable */
         char *reclaim;          /* "marked", "asked", "unresponsive"; NULL otherwise */
+        bool parked;            /* its content is in host memory (false when absent) */
 } WireLeaseInfo;
 
 /* List's reply: (leases: []LeaseInfo) */
@@ -248,6 +255,8 @@ typedef struct WireUserDevice {
         int64_t index;
         uint64_t bytes;
         uint64_t max_bytes;
+        int64_t host_bytes;     /* parked leases' host bytes; JSON_ABSENT from daemons older than parking */
+        int64_t max_host_bytes;
 } WireUserDevice;
 
 /* User (uid, leases, max_leases, connections, max_connections, requests, devices) */
@@ -281,6 +290,9 @@ typedef struct WireDevice {
         uint64_t leases;
         int64_t waiters;        /* JSON_ABSENT (-1) from a daemon that has no waiting */
         int64_t numa_node;      /* JSON_ABSENT (-1) when unknown, or from a daemon older than NUMA */
+        int64_t host_capacity;  /* host memory for parked leases; JSON_ABSENT from daemons older than parking */
+        int64_t parked;         /* bytes of it holding parked leases */
+        int64_t host_cached;    /* bytes of it zeroed and kept for the next park */
 } WireDevice;
 
 /* Status's reply: (devices: []Device) */
@@ -361,6 +373,11 @@ void set_reclaimable_params_done(SetReclaimableParams *p);
 int reclaim_request_decode(json_object *params, ReclaimRequest *ret, char **ret_message);
 int reclaim_request_encode(const ReclaimRequest *in, json_object **ret);
 void reclaim_request_done(ReclaimRequest *p);
+
+/* Park's reply. */
+int park_reply_decode(json_object *params, ParkReply *ret, char **ret_message);
+int park_reply_encode(const ParkReply *in, json_object **ret);
+void park_reply_done(ParkReply *p);
 
 /* Decodes Share's parameters. */
 int share_params_decode(json_object *params, ShareParams *ret, const char **ret_bad_field, char **ret_message);
@@ -518,6 +535,8 @@ void interface_description_done(InterfaceDescription *p);
  * "parameters": {...}}) for varlink_conn_send(). Messages are made printable
  * and cut to VMMB_MESSAGE_MAX. Return 0 or -ENOMEM (-EINVAL for a NULL string).
  */
+int vmmb_error_out_of_host_memory(int64_t device, uint64_t requested, uint64_t available, const char *message,
+                                  json_object **ret);
 int vmmb_error_out_of_memory(int64_t device, uint64_t requested, uint64_t available, const char *message,
                              json_object **ret);
 /* QuotaExceeded: `resource` is "bytes", "leases", "connections" or "tokens". */

@@ -718,7 +718,7 @@ END_TEST
 START_TEST(test_client_sends_fd) {
         static const char msg[] = "{\"method\": \"io.vmmbroker.Status\"}";
         struct pollfd p;
-        char buf[256];
+        char buf[1024];
         int pipefd[2], fd, k;
         Fixture f = {};
 

@@ -273,9 +273,11 @@ START_TEST(test_print_config) {
                               "MaxAllocWait=5min\n"
                               "Placement=most-free\n"
                               "ReclaimTimeout=5s\n"
+                              "HostCapacity=25%\n"
                               "\n"
                               "[Limits]\n"
                               "MaxBytes=80%\n"
+                              "MaxHostBytes=50%\n"
                               "MaxLeases=1024\n"
                               "MaxConnections=64\n"
                               "MaxProcesses=256\n");

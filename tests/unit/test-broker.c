@@ -274,7 +274,7 @@ static Lease *find_name(uid_t owner, const char *name) {
 static Hold *attach_token_ok(const Caller *c, const TokenText *t, bool readonly) {
         Hold *hold = NULL;
 
-        ck_assert_int_eq(broker_attach(&b, c, t->s, UID_ANY, NULL, readonly, &hold), 0);
+        ck_assert_int_eq(broker_attach(&b, c, t->s, UID_ANY, NULL, readonly, &hold, NULL), 0);
         ck_assert_ptr_nonnull(hold);
         ck_assert_ptr_eq(hold->holder, c->holder);
         return hold;
@@ -285,7 +285,7 @@ static Hold *attach_name_ok(const Caller *c, const char *ref, bool readonly) {
         uid_t owner;
         const char *name = split_ref(c, ref, &owner);
 
-        ck_assert_int_eq(broker_attach(&b, c, NULL, owner, name, readonly, &hold), 0);
+        ck_assert_int_eq(broker_attach(&b, c, NULL, owner, name, readonly, &hold, NULL), 0);
         ck_assert_ptr_nonnull(hold);
         return hold;
 }
@@ -293,7 +293,7 @@ static Hold *attach_name_ok(const Caller *c, const char *ref, bool readonly) {
 static int attach_token(const Caller *c, const char *token) {
         Hold *hold = NULL;
 
-        return broker_attach(&b, c, token, UID_ANY, NULL, false, &hold);
+        return broker_attach(&b, c, token, UID_ANY, NULL, false, &hold, NULL);
 }
 
 static int attach_name(const Caller *c, const char *ref) {
@@ -301,7 +301,7 @@ static int attach_name(const Caller *c, const char *ref) {
         uid_t owner;
         const char *name = split_ref(c, ref, &owner);
 
-        return broker_attach(&b, c, NULL, owner, name, false, &hold);
+        return broker_attach(&b, c, NULL, owner, name, false, &hold, NULL);
 }
 
 /* The lease with that id, or NULL once it ended (copy the id first: an ended lease is freed). */
@@ -1380,8 +1380,8 @@ static char *join_lines(Lines *lines) {
 }
 
 static void lease_line(Lines *lines, const char *id, int device, uint64_t size, const char *label, uid_t uid,
-                       pid_t pid, bool foreign, const char *name, const uid_t *uids, size_t n_uids, bool name_ro,
-                       const uint64_t *slab_ids, size_t n_slabs) {
+                       pid_t pid, bool foreign, bool parked, const char *name, const uid_t *uids, size_t n_uids,
+                       bool name_ro, const uint64_t *slab_ids, size_t n_slabs) {
         char buf[256] = "";
         size_t at = 0;
 
@@ -1390,8 +1390,9 @@ static void lease_line(Lines *lines, const char *id, int device, uint64_t size, 
         at += (size_t)snprintf(buf + at, sizeof(buf) - at, " slabs=");
         for (size_t i = 0; i < n_slabs; i++)
                 at += (size_t)snprintf(buf + at, sizeof(buf) - at, "%" PRIu64 ",", slab_ids[i]);
-        add_line(lines, "L %s device=%d size=%" PRIu64 " label=%s uid=%u pid=%d foreign=%d name=%s ro=%d uids=%s", id,
-                 device, size, label ?: "-", (unsigned)uid, (int)pid, foreign, name ?: "-", name_ro, buf);
+        add_line(lines, "L %s device=%d size=%" PRIu64 " label=%s uid=%u pid=%d foreign=%d parked=%d name=%s ro=%d "
+                 "uids=%s", id, device, size, label ?: "-", (unsigned)uid, (int)pid, foreign, parked, name ?: "-",
+                 name_ro, buf);
 }
 
 /* The lease table as lines: each lease, each hold and each token. */
@@ -1405,8 +1406,8 @@ static void table_lines(Lines *lines, const LeaseTable *t) {
 
                 for (size_t i = 0; i < l->n_slabs; i++)
                         slab_ids[i] = l->slabs[i]->id;
-                lease_line(lines, l->id, l->device, l->size, l->label, l->uid, l->pid, l->foreign, l->name,
-                           l->name_uids, l->n_name_uids, l->name_readonly, slab_ids, l->n_slabs);
+                lease_line(lines, l->id, l->device, l->size, l->label, l->uid, l->pid, l->foreign, l->parked,
+                           l->name, l->name_uids, l->n_name_uids, l->name_readonly, slab_ids, l->n_slabs);
                 list_for_each_entry(hold, &l->holds, link_lease)
                         add_line(lines, "H %s pid=%d start=%" PRIu64 " uid=%u refs=%u ro=%d", l->id,
                                  (int)hold->holder->pid, hold->holder->start_time, (unsigned)hold->holder->uid,
@@ -1427,8 +1428,8 @@ static char *state_text(const State *s) {
 
                 for (size_t j = 0; j < l->n_slabs; j++)
                         slab_ids[j] = l->slabs[j].id;
-                lease_line(&lines, l->id, l->device, l->size, l->label, l->uid, l->pid, l->foreign, l->name,
-                           l->name_uids, l->n_name_uids, l->name_readonly, slab_ids, l->n_slabs);
+                lease_line(&lines, l->id, l->device, l->size, l->label, l->uid, l->pid, l->foreign, l->parked,
+                           l->name, l->name_uids, l->n_name_uids, l->name_readonly, slab_ids, l->n_slabs);
                 for (size_t j = 0; j < l->n_holds; j++)
                         add_line(&lines, "H %s pid=%d start=%" PRIu64 " uid=%u refs=%u ro=%d", l->id,
                                  (int)l->holds[j].pid, l->holds[j].start_time, (unsigned)l->holds[j].uid,
@@ -1458,10 +1459,11 @@ static char *broker_text(void) {
                  b.leases.n_leases, b.leases.n_published, b.leases.by_id.n, b.leases.by_token.n, b.leases.by_name.n,
                  b.leases.generation);
         list_for_each_entry(u, &b.users.users, link)
-                add_line(&lines, "U %u refs=%u leases=%u bytes=%" PRIu64, (unsigned)u->uid, u->n_refs, u->leases,
-                         u->bytes[0]);
+                add_line(&lines, "U %u refs=%u leases=%u bytes=%" PRIu64 " host=%" PRIu64, (unsigned)u->uid,
+                         u->n_refs, u->leases, u->bytes[0], u->host_bytes[0]);
         pool_device_stats(pool, 0, &ps);
-        add_line(&lines, "P leased=%u/%" PRIu64 " holders=%u", ps.n_leased, ps.leased, b.holders.n_holders);
+        add_line(&lines, "P leased=%u/%" PRIu64 " parked=%u/%" PRIu64 " holders=%u", ps.n_leased, ps.leased,
+                 ps.n_parked, ps.parked, b.holders.n_holders);
         return join_lines(&lines);
 }
 
@@ -1551,12 +1553,12 @@ START_TEST(test_write_ahead_every_operation) {
         memcpy(t_any.s, tok->token, sizeof(t_any.s));
 
         /* Attach by another user: the lease becomes foreign only once the change is stored. */
-        ASSERT_NOT_STORED_THEN_MADE(broker_attach(&b, bb, t.s, UID_ANY, NULL, false, &hold));
+        ASSERT_NOT_STORED_THEN_MADE(broker_attach(&b, bb, t.s, UID_ANY, NULL, false, &hold, NULL));
         ck_assert(find(id)->foreign);
         /* Attach again: one more reference; and the owner's process with a read-only token stays read-write. */
-        ASSERT_NOT_STORED_THEN_MADE(broker_attach(&b, bb, t_any.s, UID_ANY, NULL, false, &hold));
+        ASSERT_NOT_STORED_THEN_MADE(broker_attach(&b, bb, t_any.s, UID_ANY, NULL, false, &hold, NULL));
         ck_assert_uint_eq(hold->refs, 2);
-        ASSERT_NOT_STORED_THEN_MADE(broker_attach(&b, a, t_any.s, UID_ANY, NULL, false, &hold));
+        ASSERT_NOT_STORED_THEN_MADE(broker_attach(&b, a, t_any.s, UID_ANY, NULL, false, &hold, NULL));
         ck_assert_uint_eq(hold->refs, 2);
 
         /* Free of one reference of two. */
@@ -1567,7 +1569,7 @@ START_TEST(test_write_ahead_every_operation) {
         ASSERT_NOT_STORED_THEN_MADE(broker_publish(&b, a, id2, "stored-name", (const uid_t[]){ UID_B }, 1, false));
         ASSERT_NOT_STORED_THEN_MADE(
                 broker_publish(&b, a, id2, "stored-name", (const uid_t[]){ UID_B, UID_E }, 2, true));
-        ASSERT_NOT_STORED_THEN_MADE(broker_attach(&b, bb, NULL, UID_A, "stored-name", false, &hold));
+        ASSERT_NOT_STORED_THEN_MADE(broker_attach(&b, bb, NULL, UID_A, "stored-name", false, &hold, NULL));
         ck_assert(hold->readonly);
         ck_assert(find(id2)->foreign);
 
@@ -1808,6 +1810,300 @@ START_TEST(test_max_processes) {
 }
 END_TEST
 
+/* ---- parking ------------------------------------------------------------------------------------------------- */
+
+static void setup_broker_host(uint64_t host_capacity, bool no_host) {
+        _cleanup_free_ char *message = NULL;
+        PoolConfig config = { .capacity = CAPACITY, .max_slab = 4 * MiB, .host_capacity = host_capacity,
+                              .no_host = no_host };
+
+        open_driver();
+        ck_assert_msg(pool_new(&pool, cu, &config, &message) == 0, "%s", message);
+        limits = (LimitsConfig){ .defaults = user_limits_default() };
+        ck_assert_int_eq(broker_init(&b, pool, &limits), 0);
+        broker_up = true;
+}
+
+/* Maps the lease's slabs in this process as a client would, copies `bytes` of `buf` in or out, unmaps. */
+static void lease_copy(const Lease *l, unsigned char *buf, bool in) {
+        _cleanup_free_ char *message = NULL;
+        int fds[POOL_MAX_SLABS];
+        uint64_t sizes[POOL_MAX_SLABS];
+        CUdeviceptr va = 0;
+        CUdevice dev;
+
+        ck_assert(!l->parked);
+        for (size_t j = 0; j < l->n_slabs; j++) {
+                fds[j] = l->slabs[j]->fd;
+                sizes[j] = l->slabs[j]->size;
+        }
+        ck_assert_int_eq(pool_use_device(pool, 0), 0);
+        ck_assert_int_eq(cu->cuDeviceGet(&dev, l->device), CUDA_SUCCESS);
+        ck_assert_msg(cuda_map_fds(cu, dev, fds, sizes, l->n_slabs, false, &va, &message) == 0, "%s", message);
+        if (in)
+                ck_assert_int_eq(cu->cuMemcpyHtoD(va, buf, l->size), CUDA_SUCCESS);
+        else
+                ck_assert_int_eq(cu->cuMemcpyDtoH(buf, va, l->size), CUDA_SUCCESS);
+        ck_assert_int_eq(cuda_unmap(cu, va, sizes, l->n_slabs), 0);
+}
+
+static void fill(unsigned char *buf, size_t n, unsigned seed) {
+        for (size_t i = 0; i < n; i++)
+                buf[i] = (unsigned char)(i * 131 + seed + i / 4096);
+}
+
+static bool park_ok(const Caller *c, const Lease *l) {
+        UserQuota q = {};
+        bool parked = false;
+
+        ck_assert_int_eq(broker_park(&b, c, l->id, &parked, &q), 0);
+        return parked;
+}
+
+static void unpark_ok(const Caller *c, const Lease *l) {
+        UserQuota q = {};
+        Hold *hold = NULL;
+
+        ck_assert_int_eq(broker_unpark(&b, c, l->id, &hold, &q), 0);
+        ck_assert_ptr_eq(hold->holder, c->holder);
+        ck_assert(!hold->parked);
+}
+
+/* Park moves the content into host slabs and the charge into host bytes; Unpark brings both back. */
+START_TEST(test_park_unpark) {
+        const uint64_t size = 10 * MiB;         /* 4 + 4 + 2 MiB slabs */
+        unsigned char *want = malloc(size), *got = malloc(size);
+        PoolDeviceStats s;
+        Caller *a;
+        Lease *l;
+
+        ck_assert(want && got);
+        setup_broker_host(64 * MiB, false);
+        a = this_process(UID_A);
+        l = alloc_ok(a, size);
+        ck_assert_uint_eq(l->n_slabs, 3);
+        fill(want, size, 7);
+        lease_copy(l, want, true);
+
+        ck_assert(park_ok(a, l));
+        ck_assert(l->parked);
+        ck_assert(lease_find_hold(l, a->holder)->parked);
+        ck_assert_uint_eq(a->user->bytes[0], 0);
+        ck_assert_uint_eq(a->user->host_bytes[0], size);
+        pool_device_stats(pool, 0, &s);
+        ck_assert_uint_eq(s.leased, 0);
+        ck_assert_uint_eq(s.parked, size);
+        ck_assert_uint_eq(s.n_parked, 3);
+        ck_assert_uint_eq(s.host_capacity, 64 * MiB);
+        ck_assert(park_ok(a, l));               /* again: nothing more to do */
+
+        unpark_ok(a, l);
+        ck_assert(!l->parked);
+        ck_assert_uint_eq(l->n_slabs, 3);
+        ck_assert_uint_eq(a->user->bytes[0], size);
+        ck_assert_uint_eq(a->user->host_bytes[0], 0);
+        lease_copy(l, got, false);
+        ck_assert(memcmp(want, got, size) == 0);
+        ck_assert_int_eq(pool_drain(pool), 0);
+        pool_device_stats(pool, 0, &s);
+        ck_assert_uint_eq(s.parked, 0);
+        ck_assert_uint_eq(s.host_cached, size);         /* scrubbed, kept for the next park */
+        unpark_ok(a, l);                                /* not parked: as it is */
+
+        /* Parked again, into the zeroed cached host slabs (no new host slab). */
+        ck_assert(park_ok(a, l));
+        pool_device_stats(pool, 0, &s);
+        ck_assert_uint_eq(s.host_created, 3);
+        unpark_ok(a, l);
+        lease_copy(l, got, false);
+        ck_assert(memcmp(want, got, size) == 0);
+        free(want);
+        free(got);
+}
+END_TEST
+
+/* The content moves when the last process that maps it parks; each holder unparks for itself. */
+START_TEST(test_park_every_holder) {
+        Caller *a, *a2;
+        TokenText t;
+        Lease *l;
+
+        setup_broker_host(64 * MiB, false);
+        a = this_process(UID_A);
+        a2 = new_process(UID_A);
+        l = alloc_ok(a, 4 * MiB);
+        t = share_ok(a, l, UID_A, false);
+        attach_token_ok(a2, &t, false);
+
+        ck_assert(!park_ok(a, l));              /* a2 still maps it */
+        ck_assert(!l->parked);
+        ck_assert_uint_eq(a->user->host_bytes[0], 0);
+        ck_assert(park_ok(a2, l));
+        ck_assert(l->parked);
+
+        unpark_ok(a, l);                        /* back for a; a2 keeps its hold parked */
+        ck_assert(!l->parked);
+        ck_assert(lease_find_hold(l, a2->holder)->parked);
+        ck_assert(park_ok(a, l));               /* nobody maps it: it parks at once */
+        ck_assert(l->parked);
+
+        /* A process that attaches a parked lease gets it back in device memory. */
+        attach_token_ok(a, &t, false);
+        ck_assert(!l->parked);
+        ck_assert(!lease_find_hold(l, a->holder)->parked);
+}
+END_TEST
+
+/* Only a read-write holder of the owner's user parks; any holder unparks, charged to the owner. */
+START_TEST(test_park_who) {
+        Caller *a, *bb, *e;
+        UserQuota q = {};
+        TokenText t, ro;
+        bool parked;
+        Lease *l;
+
+        setup_broker_host(64 * MiB, false);
+        a = this_process(UID_A);
+        bb = new_process(UID_B);
+        e = new_process(UID_E);
+        l = alloc_ok(a, 4 * MiB);
+        t = share_ok(a, l, UID_B, false);
+        ro = share_ok(a, l, UID_ANY, true);
+        attach_token_ok(bb, &t, false);
+        attach_token_ok(e, &ro, true);
+
+        ck_assert_int_eq(broker_park(&b, bb, l->id, &parked, &q), BROKER_E_NOT_OWNER);
+        ck_assert_int_eq(broker_park(&b, e, l->id, &parked, &q), BROKER_E_NOT_OWNER);
+        ck_assert_int_eq(broker_park(&b, administrator(), l->id, &parked, &q), BROKER_E_NO_SUCH_LEASE);
+        ck_assert_int_eq(broker_park(&b, a, "0123456789abcdef0123456789abcdef", &parked, &q),
+                         BROKER_E_NO_SUCH_LEASE);
+        ck_assert(!lease_find_hold(l, bb->holder)->parked);
+
+        /* The other holders let go (B and E have no Park: they free), then A parks; B attached again unparks. */
+        ck_assert_int_eq(broker_free(&b, bb, l->id), 0);
+        ck_assert_int_eq(broker_free(&b, e, l->id), 0);
+        ck_assert(park_ok(a, l));
+        ck_assert_uint_eq(bb->user->host_bytes[0], 0);
+        attach_token_ok(bb, &t, false);
+        ck_assert(!l->parked);
+        ck_assert_uint_eq(a->user->bytes[0], 4 * MiB);  /* the owner's, not B's */
+        ck_assert_uint_eq(bb->user->bytes[0], 0);
+        ck_assert(l->foreign);
+}
+END_TEST
+
+/* No room, over a limit, no host memory: nothing changes, and the hold is not parked. */
+START_TEST(test_park_no_room) {
+        Caller *a, *bb, *e;
+        UserQuota q = {};
+        Hold *hold = NULL;
+        bool parked = false;
+        Lease *l, *le;
+
+        setup_broker_host(8 * MiB, false);
+        a = this_process(UID_A);
+        bb = new_process(UID_B);
+        e = new_process(UID_E);
+        /* Two users fill the host memory within their limits (50% of it each); a third user's park finds no
+         * room, and a fourth lease of theirs is over their limit. */
+        ck_assert(park_ok(bb, alloc_ok(bb, 4 * MiB)));
+        l = alloc_ok(a, 4 * MiB);
+        ck_assert(park_ok(a, l));
+        le = alloc_ok(e, 2 * MiB);
+        ck_assert_int_eq(broker_park(&b, e, le->id, &parked, &q), BROKER_E_NO_HOST_MEMORY);
+        ck_assert(!le->parked);
+        ck_assert(!lease_find_hold(le, e->holder)->parked);
+        ck_assert_uint_eq(e->user->host_bytes[0], 0);
+        ck_assert_uint_eq(e->user->bytes[0], 2 * MiB);
+        ck_assert_int_eq(broker_park(&b, a, alloc_ok(a, 2 * MiB)->id, &parked, &q), BROKER_E_QUOTA);
+        ck_assert_int_eq(q.what, USER_HOST_BYTES);
+        ck_assert_uint_eq(q.limit, 4 * MiB);
+        ck_assert_uint_eq(q.current, 4 * MiB);
+
+        /* A's unpark gives its host memory back, zeroed: E's park fits now. */
+        unpark_ok(a, l);
+        ck_assert_int_eq(pool_drain(pool), 0);
+        ck_assert(park_ok(e, le));
+
+        /* Unpark with the device full: the lease stays parked, charged as it was. */
+        ck_assert_int_eq(broker_free(&b, a, l->id), 0);
+        l = alloc_ok(a, 2 * MiB);
+        ck_assert(park_ok(a, l));
+        ck_assert_int_eq(pool_drain(pool), 0);  /* what parking gave back is cached, not being scrubbed */
+        /* 2 MiB of A's are leased: B takes 3270 MiB (in leases of at most 253 slabs), A the other 824. */
+        for (int i = 0; i < 3; i++)
+                alloc_ok(bb, 1000 * MiB);
+        alloc_ok(bb, 270 * MiB);
+        alloc_ok(a, 824 * MiB);
+        ck_assert_int_eq(broker_unpark(&b, a, l->id, &hold, &q), BROKER_E_NO_MEMORY);
+        ck_assert(l->parked);
+        ck_assert(lease_find_hold(l, a->holder)->parked);
+        ck_assert_uint_eq(a->user->host_bytes[0], 2 * MiB);
+}
+END_TEST
+
+START_TEST(test_park_without_host_memory) {
+        UserQuota q = {};
+        bool parked;
+        Caller *a;
+        Lease *l;
+
+        setup_broker_host(0, true);             /* HostCapacity=0 */
+        a = this_process(UID_A);
+        l = alloc_ok(a, 2 * MiB);
+        ck_assert_int_eq(broker_park(&b, a, l->id, &parked, &q), BROKER_E_NO_HOST_MEMORY);
+        ck_assert(strstr(pool_last_error(pool), "HostCapacity=0"));
+}
+END_TEST
+
+/* A parked lease ends like any: freed by its last holder, or when that process exits; host memory is zeroed. */
+START_TEST(test_park_end) {
+        char id[LEASE_ID_LEN + 1];
+        PoolDeviceStats s;
+        Caller *a, *child;
+        Lease *l;
+
+        setup_broker_host(64 * MiB, false);
+        a = this_process(UID_A);
+        l = alloc_ok(a, 4 * MiB);
+        ck_assert(park_ok(a, l));
+        ck_assert_int_eq(broker_free(&b, a, l->id), 0);
+        ck_assert_uint_eq(a->user->host_bytes[0], 0);
+        ck_assert_int_eq(pool_drain(pool), 0);
+        pool_device_stats(pool, 0, &s);
+        ck_assert_uint_eq(s.parked, 0);
+        ck_assert_uint_eq(s.host_cached, 4 * MiB);
+
+        child = new_process(UID_A);
+        l = alloc_ok(child, 4 * MiB);
+        memcpy(id, l->id, sizeof(id));
+        ck_assert(park_ok(child, l));
+        kill_process(child->holder->pid);
+        ck_assert_uint_eq(broker_reap_holders(&b), 1);
+        ck_assert_ptr_null(find(id));
+        ck_assert_uint_eq(child->user->host_bytes[0], 0);
+}
+END_TEST
+
+/* Park and Unpark are written ahead like every change; the store says which slabs are host slabs. */
+START_TEST(test_park_write_ahead) {
+        char id[LEASE_ID_LEN + 1];
+        UserQuota q = {};
+        Hold *hold = NULL;
+        bool parked;
+        Caller *a;
+
+        setup_broker_host(64 * MiB, false);
+        a = this_process(UID_A);
+        memcpy(id, alloc_ok(a, 6 * MiB)->id, sizeof(id));
+        give_store();
+        ASSERT_NOT_STORED_THEN_MADE(broker_park(&b, a, id, &parked, &q));
+        ck_assert(find(id)->parked);
+        ASSERT_NOT_STORED_THEN_MADE(broker_unpark(&b, a, id, &hold, &q));
+        ck_assert(!find(id)->parked);
+}
+END_TEST
+
 int main(void) {
         return run_suite(UNIT_SUITE("broker", teardown, test_tokens, test_names_cannot_be_planted,
                                     test_max_processes, test_alloc, test_alloc_no_device, test_alloc_too_large,
@@ -1825,7 +2121,9 @@ int main(void) {
                                     test_list_cost_is_what_the_caller_sees, test_reap, test_reap_last_two_holders,
                                     test_not_stored_before_the_first_snapshot, test_write_ahead_every_operation,
                                     test_reap_not_stored_keeps_holds, test_reap_not_stored_second_holder,
-                                    test_reap_holder_without_holds_needs_no_store, test_snapshot)) == 0
+                                    test_reap_holder_without_holds_needs_no_store, test_snapshot, test_park_unpark,
+                                    test_park_every_holder, test_park_who, test_park_no_room,
+                                    test_park_without_host_memory, test_park_end, test_park_write_ahead)) == 0
                        ? EXIT_SUCCESS
                        : EXIT_FAILURE;
 }

@@ -100,9 +100,11 @@ START_TEST(test_defaults_without_file) {
                                "MaxAllocWait=5min\n"
                                "Placement=most-free\n"
                                "ReclaimTimeout=5s\n"
+                               "HostCapacity=25%\n"
                                "\n"
                                "[Limits]\n"
                                "MaxBytes=80%\n"
+                               "MaxHostBytes=50%\n"
                                "MaxLeases=1024\n"
                                "MaxConnections=64\n"
                                "MaxProcesses=256\n");
@@ -289,8 +291,8 @@ START_TEST(test_print_round_trip) {
 
         ck_assert_int_eq(load(&c, "[Broker]\nSocket=/run/x\nDevices=1,0\nCapacity=1536M\nMaxSlab=2G\n"
                                   "AdminGroup=root\nReplyTimeout=2min\nMaxConnectionsTotal=500\nMaxAllocWait=0\n"
-                                  "Placement=first\n[Limits]\nMaxBytes=40G\nMaxProcesses=12\n"
-                                  "[User:0]\nMaxLeases=7\nMaxProcesses=1\n"
+                                  "Placement=first\nHostCapacity=0\n[Limits]\nMaxBytes=40G\nMaxProcesses=12\n"
+                                  "MaxHostBytes=8G\n[User:0]\nMaxLeases=7\nMaxProcesses=1\nMaxHostBytes=10%\n"
                                   "[Group:root]\nMaxBytes=50%\nMaxConnections=3\n",
                               &message), 0);
         first = printed(&c);
@@ -305,14 +307,17 @@ START_TEST(test_print_round_trip) {
                                 "MaxAllocWait=0\n"
                                 "Placement=first\n"
                                 "ReclaimTimeout=5s\n"
+                                "HostCapacity=0\n"
                                 "\n"
                                 "[Limits]\n"
                                 "MaxBytes=40G\n"
+                                "MaxHostBytes=8G\n"
                                 "MaxLeases=1024\n"
                                 "MaxConnections=64\n"
                                 "MaxProcesses=12\n"
                                 "\n"
                                 "[User:0]\n"
+                                "MaxHostBytes=10%\n"
                                 "MaxLeases=7\n"
                                 "MaxProcesses=1\n"
                                 "\n"

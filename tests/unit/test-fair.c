@@ -30,7 +30,7 @@ static void setup_users(void) {
         static const uint64_t capacity[] = { UINT64_C(1) << 30 };
 
         limits = (LimitsConfig){ .defaults = user_limits_default() };
-        ck_assert_int_eq(user_registry_init(&users, &limits, capacity, 1), 0);
+        ck_assert_int_eq(user_registry_init(&users, &limits, capacity, NULL, 1), 0);
         fair_queue_init(&q);
         ck_assert(fair_queue_is_empty(&q));
 }

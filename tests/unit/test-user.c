@@ -37,7 +37,7 @@ START_TEST(test_resolve) {
         UserRegistry r;
         User *u;
 
-        ck_assert_int_eq(user_registry_init(&r, &c, capacity, 2), 0);
+        ck_assert_int_eq(user_registry_init(&r, &c, capacity, NULL, 2), 0);
 
         /* No rule: [Limits], bytes per device from its capacity. */
         u = user_get(&r, 500, (const gid_t[]){ 99 }, 1);
@@ -78,7 +78,7 @@ START_TEST(test_charge) {
         UserRegistry r;
         User *u, *same;
 
-        ck_assert_int_eq(user_registry_init(&r, &c, capacity, 2), 0);
+        ck_assert_int_eq(user_registry_init(&r, &c, capacity, NULL, 2), 0);
         u = user_get(&r, 500, NULL, 0);
         same = user_get(&r, 500, NULL, 0);          /* one object per uid, whatever connection asks */
         ck_assert_ptr_eq(u, same);
@@ -133,7 +133,7 @@ START_TEST(test_charge_anyway) {
         UserRegistry r;
         User *u;
 
-        ck_assert_int_eq(user_registry_init(&r, &c, capacity, 2), 0);
+        ck_assert_int_eq(user_registry_init(&r, &c, capacity, NULL, 2), 0);
         u = user_get(&r, 501, NULL, 0);
         for (size_t i = 0; i < 3; i++)
                 user_charge_anyway(u, &l[i], USER_LEASES, 0, 1);

@@ -28,7 +28,7 @@ static void setup(User **u, size_t n) {
         static const uint64_t capacity[] = { UINT64_C(1) << 30 };
 
         limits = (LimitsConfig){ .defaults = user_limits_default() };
-        ck_assert_int_eq(user_registry_init(&users, &limits, capacity, 1), 0);
+        ck_assert_int_eq(user_registry_init(&users, &limits, capacity, NULL, 1), 0);
         for (size_t i = 0; i < n; i++) {
                 u[i] = user_get(&users, 1000 + i, NULL, 0);
                 ck_assert_ptr_nonnull(u[i]);
