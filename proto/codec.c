@@ -107,11 +107,6 @@ static const JsonField share_reply_fields[] = {
         JSON_FIELD_END,
 };
 
-static const JsonField park_reply_fields[] = {
-        JSON_FIELD_BOOL("parked", ParkReply, parked, true),
-        JSON_FIELD_END,
-};
-
 static const JsonField revoke_params_fields[] = {
         JSON_FIELD_STRING("token", RevokeParams, token, true, VMMB_TOKEN_MAX),
         JSON_FIELD_END,
@@ -455,8 +450,6 @@ DEFINE_PARAMS_CODEC(list_params, ListParams, list_params_fields)
 DEFINE_PARAMS_CODEC(share_params, ShareParams, share_params_fields)
 DEFINE_DONE(share_params, ShareParams, share_params_fields)
 DEFINE_REPLY_CODEC(share_reply, ShareReply, share_reply_fields)
-
-DEFINE_REPLY_CODEC(park_reply, ParkReply, park_reply_fields)
 
 DEFINE_PARAMS_CODEC(revoke_params, RevokeParams, revoke_params_fields)
 DEFINE_DONE(revoke_params, RevokeParams, revoke_params_fields)

@@ -142,11 +142,6 @@ typedef struct ShareReply {
         char *token;
 } ShareReply;
 
-/* Park's reply: (parked: bool); its parameters are FreeParams (id), as Unpark's, whose reply is an AllocReply */
-typedef struct ParkReply {
-        bool parked;            /* the content is in host memory now; false while other holders map it */
-} ParkReply;
-
 /* Revoke(token: string) */
 typedef struct RevokeParams {
         char *token;
@@ -392,13 +387,6 @@ int share_reply_decode(json_object *params, ShareReply *ret, char **ret_message)
 int share_reply_encode(const ShareReply *in, json_object **ret);
 /* Frees ShareReply's token. */
 void share_reply_done(ShareReply *p);
-
-/* Decodes Park's reply. */
-int park_reply_decode(json_object *params, ParkReply *ret, char **ret_message);
-/* Encodes Park's reply. */
-int park_reply_encode(const ParkReply *in, json_object **ret);
-/* Frees nothing (ParkReply has no strings); for symmetry with the other codecs. */
-void park_reply_done(ParkReply *p);
 
 /* Decodes Revoke's parameters. */
 int revoke_params_decode(json_object *params, RevokeParams *ret, const char **ret_bad_field, char **ret_message);
