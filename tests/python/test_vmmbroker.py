@@ -946,6 +946,21 @@ class TestParkingLimits(OwnBrokerTestCase):
             small.free()
 
 
+class TestParkingHostFull(OwnBrokerTestCase):
+    """A park that the broker's host memory cannot hold: OutOfHostMemory, and the lease is mapped again."""
+
+    CONFIG = "[Broker]\nHostCapacity=4M\n[Limits]\nMaxBytes=1G\nMaxHostBytes=1G\n"
+
+    def test_out_of_host_memory(self) -> None:
+        with vmmbroker.connect(self.small.socket) as client, client.alloc(6 * MiB) as lease:
+            ctypes.memset(lease.ptr, 0x6B, lease.size)
+            with self.assertRaises(vmmbroker.OutOfHostMemory) as cm:
+                lease.park()
+            self.assertEqual(cm.exception.errno, errno.ENOSPC)
+            self.assertFalse(lease.parked)
+            self.assertEqual(ctypes.string_at(lease.ptr, lease.size), b"\x6b" * lease.size)
+
+
 class TestExit(unittest.TestCase):
     """A lease is given back when its process exits, however it exits."""
 
