@@ -610,45 +610,55 @@ END_TEST
 
 /* ---- parking when the broker cannot -------------------------------------------------------------------- */
 
-/* A lease of the fake's, mapped by a client of it and filled with `value`; the fake's end in *ret_vc. */
-static vmmb_lease *fake_lease(int listen_fd, const char *path, uint32_t value, vmmb_client **ret_client,
-                              VarlinkConn **ret_vc, CUmemGenericAllocationHandle *ret_handle) {
+/* A client of the fake holding the fake's lease, and the fake's end of its connection. */
+typedef struct FakeLease {
+        char path[128];
+        int listen_fd;
+        CUmemGenericAllocationHandle handle;    /* the lease's one slab, the fake's */
+        vmmb_client *c;
+        VarlinkConn *vc;
+        vmmb_lease *l;
+} FakeLease;
+
+/* Makes the fake, a client of it and the fake's lease, mapped by the client and filled with `value`. */
+static void fake_lease(FakeLease *f, uint32_t value) {
         ClientOp o;
 
-        *ret_vc = fake_connect(listen_fd, path, ret_client);
-        client_op_start(&o, OP_ALLOC, *ret_client, NULL);
-        fake_read_call(*ret_vc, VMMB_METHOD_ALLOC, NULL);
-        fake_reply_alloc(*ret_vc, ret_handle);
+        f->listen_fd = fake_listen(f->path);
+        f->vc = fake_connect(f->listen_fd, f->path, &f->c);
+        client_op_start(&o, OP_ALLOC, f->c, NULL);
+        fake_read_call(f->vc, VMMB_METHOD_ALLOC, NULL);
+        fake_reply_alloc(f->vc, &f->handle);
         ck_assert_msg(client_op_finish(&o) == 0, "vmmb_alloc: %s", o.message);
-        lease_write(o.lease, value);
-        return o.lease;
+        f->l = o.lease;
+        lease_write(f->l, value);
+}
+
+/* Closes the fake, then the client, which does not wait for it (its lease is left to the process's exit). */
+static void fake_lease_done(FakeLease *f) {
+        varlink_conn_free(f->vc);
+        safe_close(f->listen_fd);
+        vmmb_close(f->c);
+        ck_assert_int_eq(cu->cuMemRelease(f->handle), CUDA_SUCCESS);
 }
 
 /* A broker older than parking: asked first, it gets no Park, and nothing was unmapped. */
 START_TEST(test_park_old_broker) {
-        char path[128];
-        int listen_fd = fake_listen(path);
-        CUmemGenericAllocationHandle handle;
-        vmmb_client *c;
-        VarlinkConn *vc;
-        vmmb_lease *l = fake_lease(listen_fd, path, 0x01D0B0CE, &c, &vc, &handle);
+        FakeLease f;
         ClientOp o;
 
-        client_op_start(&o, OP_PARK, c, l);
-        fake_read_call(vc, VARLINK_METHOD_GET_INTERFACE_DESCRIPTION, NULL);
-        fake_reply_description(vc, false);
+        fake_lease(&f, 0x01D0B0CE);
+        client_op_start(&o, OP_PARK, f.c, f.l);
+        fake_read_call(f.vc, VARLINK_METHOD_GET_INTERFACE_DESCRIPTION, NULL);
+        fake_reply_description(f.vc, false);
         ck_assert_int_eq(client_op_finish(&o), -EOPNOTSUPP);
         ck_assert_message_has(&o, "left as it was, mapped");
-        ck_assert(!fake_pending(listen_fd));
-        ck_assert_int_eq(vmmb_lease_parked(l), 0);
-        ck_assert(lease_reads(l, 0x01D0B0CE));
+        ck_assert(!fake_pending(f.listen_fd));
+        ck_assert_int_eq(vmmb_lease_parked(f.l), 0);
+        ck_assert(lease_reads(f.l, 0x01D0B0CE));
         /* the answer is kept for the connection: asked no more */
-        ck_assert_int_eq(vmmb_lease_park(l, NULL), -EOPNOTSUPP);
-
-        varlink_conn_free(vc);
-        safe_close(listen_fd);
-        vmmb_close(c);
-        ck_assert_int_eq(cu->cuMemRelease(handle), CUDA_SUCCESS);
+        ck_assert_int_eq(vmmb_lease_park(f.l, NULL), -EOPNOTSUPP);
+        fake_lease_done(&f);
 }
 END_TEST
 
@@ -658,52 +668,45 @@ END_TEST
  * content and all, before it returns the error.
  */
 START_TEST(test_park_failed_maps_again) {
-        char path[128];
-        int listen_fd = fake_listen(path);
-        CUmemGenericAllocationHandle handle;
-        vmmb_client *c;
-        VarlinkConn *vc;
-        vmmb_lease *l = fake_lease(listen_fd, path, 0xBAC0FFEE, &c, &vc, &handle);
-        uint64_t ptr = vmmb_lease_ptr(l);
         json_object *refusal = NULL;
+        uint64_t ptr;
+        FakeLease f;
         ClientOp o;
 
         ck_assert_int_eq(setenv("VMMBROKER_RECONNECT_TIMEOUT", "5", 1), 0);
-        client_op_start(&o, OP_PARK, c, l);
-        fake_read_call(vc, VARLINK_METHOD_GET_INTERFACE_DESCRIPTION, NULL);
-        fake_reply_description(vc, true);
-        fake_read_call(vc, VMMB_METHOD_PARK, NULL);
+        fake_lease(&f, 0xBAC0FFEE);
+        ptr = vmmb_lease_ptr(f.l);
+        client_op_start(&o, OP_PARK, f.c, f.l);
+        fake_read_call(f.vc, VARLINK_METHOD_GET_INTERFACE_DESCRIPTION, NULL);
+        fake_reply_description(f.vc, true);
+        fake_read_call(f.vc, VMMB_METHOD_PARK, NULL);
         ck_assert_int_eq(vmmb_error_permission_denied("Not yours to park.", &refusal), 0);
-        ck_assert_int_eq(varlink_conn_send(vc, refusal, NULL, 0), 0);
-        ck_assert_int_eq(varlink_conn_flush(vc), 0);
+        ck_assert_int_eq(varlink_conn_send(f.vc, refusal, NULL, 0), 0);
+        ck_assert_int_eq(varlink_conn_flush(f.vc), 0);
         json_object_put(refusal);
-        fake_read_call(vc, VMMB_METHOD_UNPARK, NULL);
-        fake_reply_lease(vc, handle);
+        fake_read_call(f.vc, VMMB_METHOD_UNPARK, NULL);
+        fake_reply_lease(f.vc, f.handle);
         ck_assert_int_eq(client_op_finish(&o), -EACCES);
         ck_assert_message_has(&o, "Not yours to park.");
         ck_assert_message_has(&o, "mapped again");
-        ck_assert_int_eq(vmmb_lease_parked(l), 0);
-        ck_assert_uint_eq(vmmb_lease_ptr(l), ptr);
-        ck_assert(lease_reads(l, 0xBAC0FFEE));
+        ck_assert_int_eq(vmmb_lease_parked(f.l), 0);
+        ck_assert_uint_eq(vmmb_lease_ptr(f.l), ptr);
+        ck_assert(lease_reads(f.l, 0xBAC0FFEE));
 
         /* Read, then the connection lost: maybe parked; Unpark on the next connection brings it back. */
-        lease_write(l, 0xBAC0FFEF);
-        client_op_start(&o, OP_PARK, c, l);
-        fake_read_call(vc, VMMB_METHOD_PARK, NULL);
-        varlink_conn_free(vc);
-        vc = fake_accept(listen_fd);
-        fake_read_call(vc, VMMB_METHOD_UNPARK, NULL);
-        fake_reply_lease(vc, handle);
+        lease_write(f.l, 0xBAC0FFEF);
+        client_op_start(&o, OP_PARK, f.c, f.l);
+        fake_read_call(f.vc, VMMB_METHOD_PARK, NULL);
+        varlink_conn_free(f.vc);
+        f.vc = fake_accept(f.listen_fd);
+        fake_read_call(f.vc, VMMB_METHOD_UNPARK, NULL);
+        fake_reply_lease(f.vc, f.handle);
         ck_assert_int_eq(client_op_finish(&o), -ECONNRESET);
         ck_assert_message_has(&o, "mapped again");
-        ck_assert_int_eq(vmmb_lease_parked(l), 0);
-        ck_assert_uint_eq(vmmb_lease_ptr(l), ptr);
-        ck_assert(lease_reads(l, 0xBAC0FFEF));
-
-        varlink_conn_free(vc);
-        safe_close(listen_fd);
-        vmmb_close(c);
-        ck_assert_int_eq(cu->cuMemRelease(handle), CUDA_SUCCESS);
+        ck_assert_int_eq(vmmb_lease_parked(f.l), 0);
+        ck_assert_uint_eq(vmmb_lease_ptr(f.l), ptr);
+        ck_assert(lease_reads(f.l, 0xBAC0FFEF));
+        fake_lease_done(&f);
 }
 END_TEST
 
