@@ -529,6 +529,84 @@ VMMB_EXPORT int vmmb_torch_release_all(void) {
         return freed > INT32_MAX ? INT32_MAX : (int)freed;
 }
 
+/* --- sleep and wake ------------------------------------------------------------------------------------ */
+
+/* The leases of the live segments, copied (the caller frees the array), in *ret; their number, or -ENOMEM. */
+static ssize_t segments_snapshot(vmmb_lease ***ret) {
+        vmmb_lease **leases;
+        size_t n;
+
+        (void)pthread_mutex_lock(&torch.lock);
+        n = torch.n_segments;
+        leases = calloc(n ?: 1, sizeof(vmmb_lease *));
+        for (size_t i = 0; leases && i < n; i++)
+                leases[i] = torch.segments[i].lease;
+        (void)pthread_mutex_unlock(&torch.lock);
+        if (!leases)
+                return client_set_error(-ENOMEM, "Out of memory.");
+        *ret = leases;
+        return (ssize_t)n;
+}
+
+/*
+ * Parks (`park`) or unparks every live segment, each in the primary context of its device; a segment parked
+ * already (or not parked, to unpark) is passed over. Returns how many it parked or unparked, or the first error
+ * once it has tried them all.
+ */
+static int segments_park(bool park, void *stream) {
+        _cleanup_free_ vmmb_lease **leases = NULL;
+        CudaDriver *cu = NULL;
+        int done = 0, ret = 0, k;
+        ssize_t n;
+
+        n = segments_snapshot(&leases);
+        if (n < 0)
+                return (int)n;
+        if (n > 0) {
+                k = client_driver(&cu);         /* loaded: the leases were mapped with it */
+                if (k < 0)
+                        return k;
+        }
+        for (ssize_t i = 0; i < n; i++) {
+                int dev = vmmb_lease_device(leases[i]);
+                CUcontext prev = NULL;
+                CUresult r;
+
+                if (vmmb_lease_parked(leases[i]) == park)
+                        continue;
+                r = ctx_enter(cu, dev, &prev);
+                if (r != CUDA_SUCCESS) {
+                        k = client_set_error(cuda_result_to_errno(r), "Cannot use the primary context of device %d "
+                                             "for lease %s: %s.", dev, vmmb_lease_id(leases[i]),
+                                             cuda_result_name(cu, r));
+                } else {
+                        k = park ? vmmb_lease_park(leases[i], stream) : vmmb_lease_unpark(leases[i]);
+                        ctx_leave(cu, dev, prev);
+                }
+                if (k >= 0)
+                        done = done < INT32_MAX ? done + 1 : done;
+                else if (ret == 0)
+                        ret = k;
+        }
+        return ret < 0 ? ret : done;
+}
+
+VMMB_EXPORT int vmmb_torch_sleep(void *stream) {
+        int k;
+
+        /* frees waiting for their streams: their memory goes back to the broker rather than to host memory */
+        while (pending_any()) {
+                k = pending_reap(true);
+                if (k < 0)
+                        return k;
+        }
+        return segments_park(true, stream);
+}
+
+VMMB_EXPORT int vmmb_torch_wake(void) {
+        return segments_park(false, NULL);
+}
+
 VMMB_EXPORT int vmmb_torch_lease_id(const void *ptr, char *buf, size_t size) {
         const Segment *s;
         size_t n;

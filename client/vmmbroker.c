@@ -56,6 +56,8 @@ struct vmmb_client {
         char *path;                     /* the broker's socket, to connect to again */
         uint64_t reconnect_usec;        /* how long connecting again waits for a broker to listen */
         bool closing;                   /* in vmmb_close(): connecting again does not wait */
+        int parks;                      /* whether the broker serves Park and Unpark: 1, 0, or -1 not asked yet
+                                           (since the last connect); atomic */
 
         pthread_mutex_t leases_lock;    /* guards leases, and their reclaim state */
         List leases;                    /* vmmb_lease.link */
@@ -93,6 +95,8 @@ struct vmmb_lease {
         void *reclaim_userdata;
         bool reclaiming;                /* its callback or giving it back runs now (on the watch thread) */
         bool reclaimed;                 /* given back: unmapped and freed; only the object is left */
+        bool parked;                    /* unmapped here with its address range kept (vmmb_lease_park()), until
+                                           vmmb_lease_unpark() maps it again at va; under client->leases_lock */
 };
 
 /* --- errors ------------------------------------------------------------------------------------------- */
@@ -264,6 +268,7 @@ static bool conn_error_is_lost(int error) {
 /* Closes the client's connection: the next call connects again. Lock held. */
 static void client_disconnect(vmmb_client *c) {
         c->conn = varlink_conn_free(c->conn);
+        __atomic_store_n(&c->parks, -1, __ATOMIC_RELAXED);     /* the next broker may be another version */
 }
 
 /*
@@ -571,7 +576,10 @@ static int lease_release(vmmb_lease *l) {
         k = driver_get(&cu);            /* loaded already: the lease was mapped with it */
         if (k < 0)
                 return k;
-        k = cuda_unmap(cu, lease->va, lease->sizes, lease->n_slabs);
+        if (lease->parked)              /* nothing is mapped: only the reservation is left */
+                k = cuda_result_to_errno(cu->cuMemAddressFree(lease->va, lease->size));
+        else
+                k = cuda_unmap(cu, lease->va, lease->sizes, lease->n_slabs);
         if (k < 0)
                 return set_error(k, "Cannot unmap lease %s at 0x%llx: %s.", lease->id,
                                  (unsigned long long)lease->va, strerror(-k));
@@ -769,6 +777,7 @@ VMMB_EXPORT int vmmb_connect(const char *socket_path, vmmb_client **ret) {
         (void)pthread_mutex_init(&c->watch_lock, NULL);
         (void)pthread_cond_init(&c->reclaim_done, NULL);
         c->watch_stop = -EBADF;
+        c->parks = -1;
         list_init(&c->leases);
         c->reconnect_usec = reconnect_usec;
         c->path = strdup(path);
@@ -921,7 +930,9 @@ static void watch_handle(vmmb_client *c, const ReclaimRequest *q) {
         if (!l)
                 return;         /* freed or unmarked meanwhile: the broker sees that, or its deadline passes */
 
-        if (cb)
+        if (l->parked)
+                k = -EBUSY;     /* asked before it was parked: nothing is mapped to give back, so refuse */
+        else if (cb)
                 k = cb(l, (uint64_t)MAX(q->timeout_usec, INT64_C(0)), userdata);
         if (k == 0)
                 k = lease_give_back(c, l);
@@ -1114,15 +1125,18 @@ VMMB_EXPORT int vmmb_lease_set_reclaimable(vmmb_lease *lease, int priority, vmmb
         return k;
 }
 
-VMMB_EXPORT int vmmb_lease_reclaimed(const vmmb_lease *lease) {
-        bool r;
+/* A flag of the lease's that client->leases_lock guards (reclaimed, parked), read under the lock. */
+static bool lease_flag(const vmmb_lease *lease, const bool *flag) {
+        bool v;
 
-        if (!lease)
-                return 0;
         (void)pthread_mutex_lock(&lease->client->leases_lock);
-        r = lease->reclaimed;
+        v = *flag;
         (void)pthread_mutex_unlock(&lease->client->leases_lock);
-        return r;
+        return v;
+}
+
+VMMB_EXPORT int vmmb_lease_reclaimed(const vmmb_lease *lease) {
+        return lease && lease_flag(lease, &lease->reclaimed);
 }
 
 VMMB_EXPORT void vmmb_close(vmmb_client *client) {
@@ -1530,26 +1544,18 @@ VMMB_EXPORT int vmmb_free(vmmb_lease *lease) {
 }
 
 /*
- * Waits for `stream` in the calling thread's current context, or, when the
- * thread has none, in the lease device's primary context (retained for the
- * wait only). Then frees as vmmb_free() does. When the wait fails, the lease is
- * left as it was: unmapping could fault work that may still run.
+ * Waits for the work queued on `stream` (cuStreamSynchronize), or for all the work of the context when
+ * `whole_context` (cuCtxSynchronize), in the calling thread's current context or, when the thread has none, in
+ * the primary context of `device` (retained for the wait only). Returns the driver's result.
  */
-VMMB_EXPORT int vmmb_free_stream(vmmb_lease *lease, void *stream) {
+static CUresult wait_queued(CudaDriver *cu, int device, void *stream, bool whole_context) {
         CUcontext current = NULL, primary = NULL;
-        CudaDriver *cu = NULL;
         CUdevice dev = 0;
         CUresult r;
-        int k;
 
-        if (!lease)
-                return 0;
-        k = driver_get(&cu);            /* loaded already: the lease was mapped with it */
-        if (k < 0)
-                return k;
         r = cu->cuCtxGetCurrent(&current);
         if (r == CUDA_SUCCESS && !current) {
-                r = cu->cuDeviceGet(&dev, lease->device);
+                r = cu->cuDeviceGet(&dev, device);
                 if (r == CUDA_SUCCESS)
                         r = cu->cuDevicePrimaryCtxRetain(&primary, dev);
                 if (r == CUDA_SUCCESS) {
@@ -1561,16 +1567,261 @@ VMMB_EXPORT int vmmb_free_stream(vmmb_lease *lease, void *stream) {
                 }
         }
         if (r == CUDA_SUCCESS)
-                r = cu->cuStreamSynchronize((CUstream)stream);
+                r = whole_context ? cu->cuCtxSynchronize() : cu->cuStreamSynchronize((CUstream)stream);
         if (primary) {
                 (void)cu->cuCtxSetCurrent(NULL);
                 (void)cu->cuDevicePrimaryCtxRelease(dev);
         }
+        return r;
+}
+
+/* Waits for `stream` (wait_queued()), then frees as vmmb_free() does. When the wait fails, the lease is left as
+ * it was: unmapping could fault work that may still run. */
+VMMB_EXPORT int vmmb_free_stream(vmmb_lease *lease, void *stream) {
+        CudaDriver *cu = NULL;
+        CUresult r;
+        int k;
+
+        if (!lease)
+                return 0;
+        k = driver_get(&cu);            /* loaded already: the lease was mapped with it */
+        if (k < 0)
+                return k;
+        r = wait_queued(cu, lease->device, stream, false);
         if (r != CUDA_SUCCESS)
                 return set_error(cuda_result_to_errno(r), "Cannot wait for the work queued on stream %p before "
                                  "freeing lease %s: %s. The lease is left as it was, mapped and held.", stream,
                                  lease->id, cuda_result_name(cu, r));
         return vmmb_free(lease);
+}
+
+/* --- parking ---------------------------------------------------------------------------------------------- */
+
+/*
+ * Unpark, then maps the slabs of the reply back to back at l->va (the range kept reserved), with l's access:
+ * read-only or not, for its device and every peer given access. The layout may differ from the one the lease
+ * was mapped with (the broker makes fresh slabs), never the total. On failure the lease stays parked here; a
+ * later Unpark of a lease the broker thinks mapped returns the same slabs, so calling this again recovers it.
+ */
+static int lease_unpark(vmmb_lease *l) {
+        _cleanup_(received_fds_done) ReceivedFds fds = {};
+        _cleanup_(json_putp) json_object *params = NULL;
+        _cleanup_free_ CUdevice *devices = NULL;
+        _cleanup_free_ uint64_t *sizes = NULL;
+        _cleanup_free_ char *message = NULL;
+        _cleanup_free_ int *ordered = NULL;
+        FreeParams p = { .id = l->id };
+        vmmb_client *c = l->client;
+        VarlinkReply reply = {};
+        AllocReply ar = {};
+        CudaDriver *cu = NULL;
+        uint64_t total = 0;
+        size_t n_devices;
+        int k;
+
+        k = driver_get(&cu);            /* loaded already: the lease was mapped with it */
+        if (k < 0)
+                return k;
+        k = free_params_encode(&p, &params);
+        if (k < 0)
+                return set_error(k, "Cannot encode the call to unpark lease %s: %s.", l->id, strerror(-k));
+        k = client_call(c, VMMB_METHOD_UNPARK, params, &reply, &fds);
+        if (k < 0)
+                return k;
+        k = alloc_reply_decode(reply.parameters, fds.n, &ar, &message);
+        varlink_reply_done(&reply);
+        if (k < 0)
+                return set_error_from(k == -ENOMEM ? k : -EPROTO, "The broker's reply to Unpark is not valid", message);
+
+        sizes = calloc(ar.lease.n_slabs ?: 1, sizeof(uint64_t));
+        ordered = calloc(ar.lease.n_slabs ?: 1, sizeof(int));
+        (void)pthread_mutex_lock(&c->leases_lock);
+        n_devices = 1 + l->n_peers;
+        devices = calloc(n_devices, sizeof(CUdevice));
+        if (devices) {
+                devices[0] = l->device;
+                for (size_t i = 0; i < l->n_peers; i++)
+                        devices[1 + i] = l->peers[i];
+        }
+        (void)pthread_mutex_unlock(&c->leases_lock);
+        if (!sizes || !ordered || !devices) {
+                k = set_error(-ENOMEM, "Out of memory.");
+                goto out;
+        }
+        for (size_t i = 0; i < ar.lease.n_slabs; i++) {
+                ordered[i] = fds.fds[ar.lease.slabs[i].fd];
+                sizes[i] = ar.lease.slabs[i].size;
+                total += sizes[i];
+        }
+        if (strcmp(ar.lease.id, l->id) != 0 || ar.lease.device != l->device || ar.lease.n_slabs == 0 ||
+            total != l->size) {
+                k = set_error(-EPROTO, "The broker's reply to Unpark is not valid: lease %s of %" PRIu64 " bytes in "
+                              "%zu slabs on device %" PRId64 ", for lease %s of %" PRIu64 " bytes on device %d.",
+                              ar.lease.id, total, ar.lease.n_slabs, ar.lease.device, l->id, l->size, l->device);
+                goto out;
+        }
+        k = cuda_map_fds_at(cu, devices, n_devices, ordered, sizes, ar.lease.n_slabs, l->readonly, l->va,
+                            &message);
+        if (k < 0) {
+                (void)set_error_from(k, "Cannot map the unparked memory again", message);
+                goto out;
+        }
+        (void)pthread_mutex_lock(&c->leases_lock);
+        free(l->sizes);
+        l->sizes = TAKE_PTR(sizes);
+        l->n_slabs = ar.lease.n_slabs;
+        l->parked = false;
+        (void)pthread_mutex_unlock(&c->leases_lock);
+        k = 0;
+out:
+        alloc_reply_done(&ar);
+        return k;
+}
+
+/*
+ * Whether the broker serves Park and Unpark, asked once per connection (GetInterfaceDescription) before the
+ * first park unmaps anything: a broker older than parking could not give the slabs back to map again, and
+ * the lease would stay unmapped. Returns 1 or 0, or a negative errno with the message set.
+ */
+static int client_parks(vmmb_client *c) {
+        _cleanup_(json_putp) json_object *params = NULL;
+        _cleanup_free_ char *message = NULL;
+        InterfaceParams p = { .interface = (char *)VMMB_INTERFACE };
+        InterfaceDescription d = {};
+        VarlinkReply reply = {};
+        int k = __atomic_load_n(&c->parks, __ATOMIC_RELAXED);
+
+        if (k >= 0)
+                return k;
+        k = interface_params_encode(&p, &params);
+        if (k < 0)
+                return set_error(k, "Cannot encode the call GetInterfaceDescription: %s.", strerror(-k));
+        k = client_call(c, VARLINK_METHOD_GET_INTERFACE_DESCRIPTION, params, &reply, NULL);
+        if (k < 0)
+                return k;
+        k = interface_description_decode(reply.parameters, &d, &message);
+        varlink_reply_done(&reply);
+        if (k < 0)
+                return set_error_from(k == -ENOMEM ? k : -EPROTO, "The broker's interface description is not "
+                                      "valid", message);
+        k = strstr(d.description, "\nmethod Park(") && strstr(d.description, "\nmethod Unpark(");
+        interface_description_done(&d);
+        __atomic_store_n(&c->parks, k, __ATOMIC_RELAXED);
+        return k;
+}
+
+/*
+ * Marks a lease parked here, once no reclaim callback of it runs; fails for one given back, or parked already.
+ * Returns 0 or a negative errno with the message set.
+ */
+static int lease_begin_park(vmmb_lease *l) {
+        vmmb_client *c = l->client;
+        int k = 0;
+
+        (void)pthread_mutex_lock(&c->leases_lock);
+        if (l->reclaiming && c->watching && pthread_equal(pthread_self(), c->watch_thread))
+                k = set_error(-EDEADLK, "vmmb_lease_park() of lease %s from its own reclaim callback.", l->id);
+        while (k == 0 && l->reclaiming)
+                (void)pthread_cond_wait(&c->reclaim_done, &c->leases_lock);
+        if (k == 0 && l->reclaimed)
+                k = set_error(-ESTALE, "Lease %s was given back on the broker's request.", l->id);
+        else if (k == 0 && l->parked)
+                k = set_error(-EALREADY, "Lease %s is parked already.", l->id);
+        else if (k == 0)
+                l->parked = true;
+        (void)pthread_mutex_unlock(&c->leases_lock);
+        return k;
+}
+
+static void lease_set_parked(vmmb_lease *l, bool parked) {
+        (void)pthread_mutex_lock(&l->client->leases_lock);
+        l->parked = parked;
+        (void)pthread_mutex_unlock(&l->client->leases_lock);
+}
+
+VMMB_EXPORT int vmmb_lease_park(vmmb_lease *lease, void *stream) {
+        _cleanup_(json_putp) json_object *params = NULL;
+        _cleanup_free_ char *message = NULL;
+        FreeParams p = {};
+        VarlinkReply reply = {};
+        ParkReply pr = {};
+        CudaDriver *cu = NULL;
+        char saved[ERROR_MESSAGE_MAX], why[ERROR_MESSAGE_MAX];
+        CUresult r;
+        int k;
+
+        if (!lease)
+                return set_error(-EINVAL, "vmmb_lease_park() needs a lease.");
+        k = driver_get(&cu);            /* loaded already: the lease was mapped with it */
+        if (k < 0)
+                return k;
+        p.id = lease->id;
+        k = free_params_encode(&p, &params);
+        if (k < 0)
+                return set_error(k, "Cannot encode the call to park lease %s: %s.", lease->id, strerror(-k));
+        k = client_parks(lease->client);
+        if (k == 0)
+                return set_error(-EOPNOTSUPP, "The broker does not park leases (it has no Park): update it. "
+                                 "Lease %s is left as it was, mapped.", lease->id);
+        if (k < 0)
+                return k;
+        k = lease_begin_park(lease);
+        if (k < 0)
+                return k;
+
+        r = wait_queued(cu, lease->device, stream, !stream);
+        if (r != CUDA_SUCCESS) {
+                lease_set_parked(lease, false);
+                return set_error(cuda_result_to_errno(r), "Cannot wait for the work queued %s%p before parking "
+                                 "lease %s: %s. The lease is left as it was, mapped.", stream ? "on stream " :
+                                 "in the context, stream ", stream, lease->id, cuda_result_name(cu, r));
+        }
+        k = cuda_unmap_slabs(cu, lease->va, lease->sizes, lease->n_slabs);
+        if (k < 0)
+                return set_error(k, "Cannot unmap lease %s at 0x%llx to park it: %s. Some of it may still be "
+                                 "mapped; vmmb_free() it.", lease->id, (unsigned long long)lease->va,
+                                 strerror(-k));
+
+        k = client_call(lease->client, VMMB_METHOD_PARK, params, &reply, NULL);
+        if (k < 0) {
+                /* The broker did not park it (or may have: a lost connection): the same slabs, or fresh ones
+                 * with the content, come back with Unpark, mapped where they were. */
+                memcpy(saved, error_message, sizeof(saved));
+                if (lease_unpark(lease) >= 0)
+                        return set_error(k, "%s The lease is mapped again, as before.", saved);
+                memcpy(why, error_message, sizeof(why));
+                return set_error(k, "%s The lease is left parked here (unmapped, its address kept), and mapping "
+                                 "it again failed: %s vmmb_lease_unpark() maps it again.", saved, why);
+        }
+        k = park_reply_decode(reply.parameters, &pr, &message);
+        varlink_reply_done(&reply);
+        if (k < 0)
+                return set_error_from(k == -ENOMEM ? k : -EPROTO, "The broker's reply to Park is not valid (the "
+                                      "lease is parked here: vmmb_lease_unpark() maps it again)", message);
+        return pr.parked ? 1 : 0;
+}
+
+VMMB_EXPORT int vmmb_lease_unpark(vmmb_lease *lease) {
+        vmmb_client *c;
+        int k = 0;
+
+        if (!lease)
+                return set_error(-EINVAL, "vmmb_lease_unpark() needs a lease.");
+        c = lease->client;
+        (void)pthread_mutex_lock(&c->leases_lock);
+        if (lease->reclaimed)
+                k = set_error(-ESTALE, "Lease %s was given back on the broker's request.", lease->id);
+        else if (!lease->parked)
+                k = set_error(-EALREADY, "Lease %s is not parked: it is mapped at 0x%llx.", lease->id,
+                              (unsigned long long)lease->va);
+        (void)pthread_mutex_unlock(&c->leases_lock);
+        if (k < 0)
+                return k;
+        return lease_unpark(lease);
+}
+
+VMMB_EXPORT int vmmb_lease_parked(const vmmb_lease *lease) {
+        return lease && lease_flag(lease, &lease->parked);
 }
 
 VMMB_EXPORT uint64_t vmmb_lease_ptr(const vmmb_lease *lease) {
@@ -1670,7 +1921,8 @@ VMMB_EXPORT int vmmb_lease_grant_access(vmmb_lease *lease, const int *devices, s
                 return set_error(-ENOMEM, "Out of memory.");
         }
         lease->peers = peers;
-        r = cuda_set_access(cu, lease->va, lease->size, list, m, lease->readonly);
+        /* a parked lease has nothing mapped: vmmb_lease_unpark() gives the access it maps again with */
+        r = lease->parked ? CUDA_SUCCESS : cuda_set_access(cu, lease->va, lease->size, list, m, lease->readonly);
         if (r == CUDA_SUCCESS)
                 for (size_t i = 1; i < m; i++) {
                         bool known = false;

@@ -235,6 +235,9 @@ int vmmb_alloc_among(vmmb_client *client, uint64_t size, const int *devices, siz
  * vmmb_attach_name() returned is freed on its own, even when two of them are
  * the same lease.
  *
+ * Of a lease parked here (vmmb_lease_park()), nothing is mapped: only the
+ * reserved address range is freed, and the hold ends with the broker as any.
+ *
  * Return: 0, or a negative errno from the unmapping or from the broker.
  */
 int vmmb_free(vmmb_lease *lease);
@@ -545,6 +548,9 @@ int vmmb_lease_readonly(const vmmb_lease *lease);
  * is first waited for in the primary context of every device given access,
  * as of its own device.
  *
+ * Of a lease parked here (vmmb_lease_park()), the access is remembered and
+ * given when vmmb_lease_unpark() maps it again.
+ *
  * Return: 0, or a negative errno: -EOPNOTSUPP when a device cannot access
  * A's memory (the message names the pair), -ENODEV for an index that is not
  * a device of this process (negative, or not below the device count),
@@ -628,6 +634,109 @@ int vmmb_lease_set_reclaimable(vmmb_lease *lease, int priority, vmmb_reclaim_fn 
 int vmmb_lease_reclaimed(const vmmb_lease *lease);
 
 /*
+ * Parking: a lease's content moved to host memory while a process does not
+ * need it on the device (an engine put to sleep), and brought back at the
+ * same address. Each process holding the lease parks its own hold; the broker
+ * copies the content into host memory (on the device's NUMA node) once every
+ * holder has parked, gives the device memory back to its pool, and charges
+ * the owner host bytes (its MaxHostBytes= limit) instead of device bytes.
+ * The address range stays reserved in every holder, so pointers into the
+ * lease (tensors, tables of addresses) stay valid while nothing uses them.
+ */
+
+/**
+ * vmmb_lease_park() - unmap a lease here, keeping its address, and let the broker move it to host memory.
+ * @lease: a lease this process holds read-write, of its own user, mapped here.
+ * @stream: a CUstream (cudaStream_t) whose queued work may still use the lease, waited for with
+ *          cuStreamSynchronize(); NULL waits for all the work of the context (cuCtxSynchronize()).
+ *          Either in the calling thread's current context, or, when the thread has none, in the
+ *          primary context of the lease's device (as vmmb_free_stream()).
+ *
+ * Waits for the queued work, unmaps each slab of the lease (the address
+ * range from vmmb_lease_ptr() stays reserved for it: no other allocation of
+ * this process gets it), then tells the broker (Park). While the lease is
+ * parked here, nothing is mapped at vmmb_lease_ptr(): work that touches the
+ * range faults (CUDA_ERROR_ILLEGAL_ADDRESS, sticky for the context), and
+ * copies to or from it fail. When other processes still map the lease, the
+ * content stays in device memory, theirs to use, and moves to host memory
+ * when the last of them parks too.
+ *
+ * When the broker refuses (a read-only hold, another user's lease, no host
+ * memory, the owner's host-bytes limit), the library maps the lease again at
+ * the same address with the same access (it keeps no slab fds after
+ * mapping: it asks the broker for them with Unpark, which returns the slabs
+ * of a lease that is not parked as they are) and returns the broker's
+ * error. When that too fails (the broker is gone), the lease is left parked
+ * here, unmapped with its address kept: vmmb_lease_parked() says 1, and
+ * vmmb_lease_unpark() maps it again once the broker answers; the message says
+ * which. Before the first park on a connection, the library asks the
+ * broker whether it parks at all (its interface description): a broker
+ * older than parking gets -EOPNOTSUPP with nothing unmapped.
+ *
+ * A reclaim request (vmmb_lease_set_reclaimable()) that reaches a parked
+ * lease is refused (nothing is mapped to give back) and the lease is no
+ * longer reclaimable; the broker does not ask for parked leases. Parking
+ * waits for a reclaim callback of the lease running on the watch thread.
+ * Calls on other leases may run at the same time; vmmb_lease_park(),
+ * vmmb_lease_unpark(), vmmb_lease_grant_access() and vmmb_free() of one
+ * lease must not run at the same time as each other.
+ *
+ * Return: 1 when the content is in host memory now, 0 when the broker waits
+ * for other holders to park (this process's hold is parked either way), or a
+ * negative errno: -EACCES when the hold is read-only or the calling user is
+ * not the owner, -ENOSPC when the host has no room for the content, -EDQUOT
+ * over the owner's host-bytes limit, -ENOENT for a lease the broker does not
+ * know, -EALREADY for a lease parked here already, -ESTALE for a lease given
+ * back on the broker's request, -EDEADLK from the lease's own reclaim
+ * callback, -EINVAL for a NULL lease or a stream the driver does not know,
+ * -EIO (or another errno of the driver) when waiting for the work failed
+ * (nothing was unmapped) or unmapping failed (some of the lease may still be
+ * mapped: vmmb_free() it), -EOPNOTSUPP from a broker older than parking,
+ * -ECONNRESET or -ECONNREFUSED as vmmb_alloc().
+ */
+int vmmb_lease_park(vmmb_lease *lease, void *stream);
+
+/**
+ * vmmb_lease_unpark() - bring a parked lease back and map it at the address it had.
+ * @lease: a lease parked here by vmmb_lease_park().
+ *
+ * Tells the broker (Unpark), which brings the content back into fresh
+ * device memory when it was in host memory (any holder may), then maps the
+ * slabs it returns back to back at vmmb_lease_ptr(), the address kept
+ * reserved, with the access the lease had: read-only when it was held
+ * read-only, and for every device given access by vmmb_lease_grant_access()
+ * (before or while parked). The slab fds are closed. The content is what it
+ * was when the last holder parked. The owner is charged device bytes again.
+ *
+ * When the broker refuses, the lease stays parked (here, and in host memory)
+ * and the call may be made again. When mapping fails after the broker
+ * answered, the lease stays parked here while the broker counts the hold as
+ * mapped; calling vmmb_lease_unpark() again maps it then. Threading as
+ * vmmb_lease_park().
+ *
+ * Return: 0, or a negative errno: -ENOMEM when the device has no room for it
+ * now, -EDQUOT over a limit of the owner, -EALREADY for a lease not parked
+ * here (it is mapped: nothing to do), -ESTALE for a lease given back on the
+ * broker's request, -ENOENT for a lease the broker does not know, -EINVAL
+ * for a NULL lease, -EIO (or another errno of the driver) when mapping
+ * failed, -EPROTO when the broker's reply does not fit the lease (another
+ * size or device), -EOPNOTSUPP from a broker older than parking,
+ * -ECONNRESET or -ECONNREFUSED as vmmb_alloc().
+ */
+int vmmb_lease_unpark(vmmb_lease *lease);
+
+/**
+ * vmmb_lease_parked() - whether a lease is parked here.
+ * @lease: the lease.
+ *
+ * Return: 1 while this process has the lease parked (nothing mapped at
+ * vmmb_lease_ptr(), the address kept), 0 otherwise (or for a NULL lease).
+ * Whether the content is in host memory yet is what vmmb_lease_park()
+ * returned, or the broker's list (`vmmctl list`).
+ */
+int vmmb_lease_parked(const vmmb_lease *lease);
+
+/*
  * PyTorch's pluggable allocator.
  *
  * vmmb_torch_alloc() and vmmb_torch_free() have exactly the signatures that
@@ -696,6 +805,44 @@ void vmmb_torch_free(void *ptr, ssize_t size, int device, void *stream);
  * failed stay leased until the process exits, and the others are freed.
  */
 int vmmb_torch_release_all(void);
+
+/**
+ * vmmb_torch_sleep() - park every segment of vmmb_torch_alloc() still leased, keeping their addresses.
+ * @stream: a stream (a cudaStream_t) whose queued work may use the segments, waited for before each is
+ *          unmapped; NULL waits for all the work of each segment's device's primary context (PyTorch's).
+ *
+ * For an engine put to sleep: first waits for the frees of vmmb_torch_free()
+ * still pending and gives those back, then parks each live segment with
+ * vmmb_lease_park(), in the primary context of its device: its content goes
+ * to host memory and its device memory back to the broker, while its address
+ * stays reserved, so PyTorch's tensors (and its caching allocator's blocks,
+ * free or not) keep their data pointers. Nothing may use the segments until
+ * vmmb_torch_wake(): no kernel, copy, allocation from the pool or free of a
+ * tensor in it (PyTorch may reuse a cached block, whose memory is not
+ * mapped). Segments parked already are passed over, so calling it twice
+ * parks what was allocated in between. Must not run at the same time as
+ * vmmb_torch_alloc(), vmmb_torch_free() or vmmb_torch_wake() in other threads.
+ *
+ * Return: the number of segments parked by this call, or a negative errno
+ * (the first failure; vmmb_error_message() says why) after trying every
+ * segment: those parked stay parked (vmmb_torch_wake() brings them back),
+ * the others stay mapped. The errors are those of vmmb_lease_park().
+ */
+int vmmb_torch_sleep(void *stream);
+
+/**
+ * vmmb_torch_wake() - unpark every segment vmmb_torch_sleep() parked, at the same addresses.
+ *
+ * Unparks each parked segment with vmmb_lease_unpark(): fresh device memory
+ * with the content the segment had, mapped at its address, so tensors read
+ * what they held before the sleep. Threading as vmmb_torch_sleep().
+ *
+ * Return: the number of segments unparked, or a negative errno (the first
+ * failure, such as -ENOMEM when the device has no room now) after trying
+ * every segment: those unparked are usable, the others stay parked and a
+ * later call tries them again.
+ */
+int vmmb_torch_wake(void);
 
 /**
  * vmmb_torch_lease_id() - the lease that holds a pointer of vmmb_torch_alloc().

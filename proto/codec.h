@@ -328,9 +328,9 @@ typedef struct InterfaceDescription {
  * NULL, unused integers 0 (device: -1).
  */
 typedef struct VmmbError {
-        int64_t device;         /* OutOfMemory, NoSuchDevice */
-        uint64_t requested;     /* OutOfMemory */
-        uint64_t available;     /* OutOfMemory */
+        int64_t device;         /* OutOfMemory, OutOfHostMemory, NoSuchDevice */
+        uint64_t requested;     /* OutOfMemory, OutOfHostMemory */
+        uint64_t available;     /* OutOfMemory, OutOfHostMemory */
         char *resource;         /* QuotaExceeded */
         uint64_t limit;         /* QuotaExceeded */
         uint64_t current;       /* QuotaExceeded */
@@ -566,7 +566,7 @@ void vmmb_error_done(VmmbError *e);
 
 /*
  * The negative errno a client returns for an error name: OutOfMemory -ENOMEM,
- * QuotaExceeded -EDQUOT, NoSuchLease -ENOENT, NoSuchToken -ENOKEY,
+ * OutOfHostMemory -ENOSPC, QuotaExceeded -EDQUOT, NoSuchLease -ENOENT, NoSuchToken -ENOKEY,
  * NoSuchName -ENOENT, NameInUse -EEXIST, NoSuchDevice -ENODEV,
  * InvalidParameter (either) -EINVAL, PermissionDenied -EACCES, DriverError
  * -EIO, StoreFailed -EAGAIN, MethodNotFound/MethodNotImplemented/InterfaceNotFound -EOPNOTSUPP,

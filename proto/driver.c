@@ -292,16 +292,59 @@ CUresult cuda_set_access(CudaDriver *cu, CUdeviceptr va, uint64_t size, const CU
         return cu->cuMemSetAccess(va, size, access, n);
 }
 
-int cuda_map_fds(CudaDriver *cu, CUdevice device, const int *fds, const uint64_t *sizes, size_t n,
-                 bool readonly, CUdeviceptr *ret_va, char **ret_message) {
-        CUmemAccessDesc access = {
-                .location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = device },
-                .flags = readonly ? CU_MEM_ACCESS_FLAGS_PROT_READ : CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-        };
-        uint64_t total = 0, offset = 0;
-        CUdeviceptr va = 0;
+int cuda_unmap_slabs(CudaDriver *cu, CUdeviceptr va, const uint64_t *sizes, size_t n) {
+        int ret = 0;
+
+        (void)unmap_slabs(cu, va, sizes, n, &ret);
+        return ret;
+}
+
+int cuda_map_fds_at(CudaDriver *cu, const CUdevice *devices, size_t n_devices, const int *fds,
+                    const uint64_t *sizes, size_t n, bool readonly, CUdeviceptr va, char **ret_message) {
+        uint64_t total = 0;
         size_t mapped = 0;
         CUresult r;
+
+        if (n == 0 || n_devices == 0)
+                return -EINVAL;
+        for (; mapped < n; mapped++) {
+                CUmemGenericAllocationHandle h;
+
+                r = cu->cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)fds[mapped],
+                                                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+                if (r != CUDA_SUCCESS) {
+                        set_message(ret_message, "Cannot import slab %zu (fd %d): %s.", mapped, fds[mapped],
+                             cuda_result_name(cu, r));
+                        goto fail;
+                }
+                r = cu->cuMemMap(va + total, sizes[mapped], 0, h, 0);
+                (void)cu->cuMemRelease(h);
+                if (r != CUDA_SUCCESS) {
+                        set_message(ret_message, "Cannot map slab %zu (%" PRIu64 " bytes): %s.", mapped, sizes[mapped],
+                             cuda_result_name(cu, r));
+                        goto fail;
+                }
+                total += sizes[mapped];
+        }
+        r = cuda_set_access(cu, va, total, devices, n_devices, readonly);
+        if (r != CUDA_SUCCESS) {
+                set_message(ret_message, "Cannot set access to %" PRIu64 " bytes of device memory: %s.", total,
+                     cuda_result_name(cu, r));
+                goto fail;
+        }
+        return 0;
+
+fail:
+        (void)unmap_slabs(cu, va, sizes, mapped, &(int){ 0 });
+        return cuda_result_to_errno(r);
+}
+
+int cuda_map_fds(CudaDriver *cu, CUdevice device, const int *fds, const uint64_t *sizes, size_t n,
+                 bool readonly, CUdeviceptr *ret_va, char **ret_message) {
+        uint64_t total = 0;
+        CUdeviceptr va = 0;
+        CUresult r;
+        int k;
 
         if (n == 0)
                 return -EINVAL;
@@ -317,36 +360,11 @@ int cuda_map_fds(CudaDriver *cu, CUdevice device, const int *fds, const uint64_t
                      cuda_result_name(cu, r));
                 return cuda_result_to_errno(r);
         }
-        for (; mapped < n; mapped++) {
-                CUmemGenericAllocationHandle h;
-
-                r = cu->cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)fds[mapped],
-                                                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-                if (r != CUDA_SUCCESS) {
-                        set_message(ret_message, "Cannot import slab %zu (fd %d): %s.", mapped, fds[mapped],
-                             cuda_result_name(cu, r));
-                        goto fail;
-                }
-                r = cu->cuMemMap(va + offset, sizes[mapped], 0, h, 0);
-                (void)cu->cuMemRelease(h);
-                if (r != CUDA_SUCCESS) {
-                        set_message(ret_message, "Cannot map slab %zu (%" PRIu64 " bytes): %s.", mapped, sizes[mapped],
-                             cuda_result_name(cu, r));
-                        goto fail;
-                }
-                offset += sizes[mapped];
-        }
-        r = cu->cuMemSetAccess(va, total, &access, 1);
-        if (r != CUDA_SUCCESS) {
-                set_message(ret_message, "Cannot set access to %" PRIu64 " bytes of device memory: %s.", total,
-                     cuda_result_name(cu, r));
-                goto fail;
+        k = cuda_map_fds_at(cu, &device, 1, fds, sizes, n, readonly, va, ret_message);
+        if (k < 0) {
+                (void)cu->cuMemAddressFree(va, total);
+                return k;
         }
         *ret_va = va;
         return 0;
-
-fail:
-        (void)unmap_slabs(cu, va, sizes, mapped, &(int){ 0 });
-        (void)cu->cuMemAddressFree(va, total);
-        return cuda_result_to_errno(r);
 }

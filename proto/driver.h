@@ -185,3 +185,19 @@ CUresult cuda_set_access(CudaDriver *cu, CUdeviceptr va, uint64_t size, const CU
 
 /* Undoes cuda_map_fds(): unmaps each slab and frees the reservation. Returns 0 or a negative errno. */
 int cuda_unmap(CudaDriver *cu, CUdeviceptr va, const uint64_t *sizes, size_t n);
+
+/*
+ * Unmaps the n slabs mapped back to back from va and keeps the reservation, for a lease that is parked (mapped
+ * again later at the same address by cuda_map_fds_at()). Tries every slab; returns 0 or the first negative errno.
+ */
+int cuda_unmap_slabs(CudaDriver *cu, CUdeviceptr va, const uint64_t *sizes, size_t n);
+
+/*
+ * The second half of cuda_map_fds(), at an address range reserved already (for at least the slabs' total):
+ * imports each slab fd, maps the slabs back to back from va, and sets access for the whole range for the
+ * n_devices devices with one cuMemSetAccess (cuda_set_access(); the memory's own device among them). The fds
+ * stay open. Returns 0, or a negative errno with a sentence in *ret_message; on failure nothing stays mapped,
+ * and the reservation stays the caller's.
+ */
+int cuda_map_fds_at(CudaDriver *cu, const CUdevice *devices, size_t n_devices, const int *fds,
+                    const uint64_t *sizes, size_t n, bool readonly, CUdeviceptr va, char **ret_message);

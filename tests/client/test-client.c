@@ -471,6 +471,18 @@ static int drop_to_nobody(void) {
         return 0;
 }
 
+/* A child's start: drops to nobody when asked, makes the parent's context current, connects. 0, or 1 (said). */
+static int child_open(const char *socket, bool as_nobody, vmmb_client **ret) {
+        int k;
+
+        if (as_nobody && drop_to_nobody() != 0)
+                return 1;
+        CHILD_CHECK(cu->cuCtxSetCurrent(ctx) == CUDA_SUCCESS, "cuCtxSetCurrent");
+        k = vmmb_connect(socket, ret);
+        CHILD_CHECK(k == 0, "vmmb_connect: %s", strerror(-k));
+        return 0;
+}
+
 /*
  * A second process: attaches, checks the lease against the args, reads it,
  * writes it (or checks that it cannot), attaches it once more and frees one
@@ -483,11 +495,8 @@ static int child_attach(void *arg) {
         uint32_t word = 0x12345678;
         int k;
 
-        if (a->as_nobody && drop_to_nobody() != 0)
+        if (child_open(a->socket, a->as_nobody, &c) != 0)
                 return 1;
-        CHILD_CHECK(cu->cuCtxSetCurrent(ctx) == CUDA_SUCCESS, "cuCtxSetCurrent");
-        k = vmmb_connect(a->socket, &c);
-        CHILD_CHECK(k == 0, "vmmb_connect: %s", strerror(-k));
         k = a->token ? vmmb_attach(c, a->token, a->flags, &l) : vmmb_attach_name(c, a->name, a->flags, &l);
         if (a->error) {
                 CHILD_CHECK(k == a->error && !l, "attach returned %d (%s), want %d", k, strerror(-k), a->error);
@@ -547,6 +556,13 @@ static uint64_t daemon_leases(void) {
         return leases;
 }
 
+/* The end of a test that holds one lease: frees it, and the broker holds nothing; closes the client. */
+static void free_last_and_close(vmmb_client *c, vmmb_lease *l) {
+        ck_assert_int_eq(vmmb_free(l), 0);
+        ck_assert_uint_eq(daemon_leases(), 0);
+        vmmb_close(c);
+}
+
 START_TEST(test_share_attach) {
         vmmb_client *c = connect_or_fail();
         vmmb_lease *l = alloc_or_fail(c, 66 * MiB, VMMB_ANY_DEVICE, "shared");
@@ -576,9 +592,7 @@ START_TEST(test_share_attach) {
         ck_assert(lease_reads(l, 0x0DDBA11));
         ck_assert_int_eq(harness_fd_count(getpid()), fds_before);
 
-        ck_assert_int_eq(vmmb_free(l), 0);
-        ck_assert_uint_eq(daemon_leases(), 0);
-        vmmb_close(c);
+        free_last_and_close(c, l);
 }
 END_TEST
 
@@ -679,9 +693,8 @@ static int child_publish(void *arg) {
         vmmb_lease *l = NULL;
         int k;
 
-        CHILD_CHECK(cu->cuCtxSetCurrent(ctx) == CUDA_SUCCESS, "cuCtxSetCurrent");
-        k = vmmb_connect(a->socket, &c);
-        CHILD_CHECK(k == 0, "vmmb_connect: %s", strerror(-k));
+        if (child_open(a->socket, false, &c) != 0)
+                return 1;
         k = vmmb_alloc(c, 6 * MiB, 0, "producer", &l);
         CHILD_CHECK(k == 0, "vmmb_alloc: %s", strerror(-k));
         CHILD_CHECK(cu->cuMemsetD32(vmmb_lease_ptr(l), a->value, vmmb_lease_size(l) / 4) == CUDA_SUCCESS, "memset");
@@ -931,11 +944,8 @@ static int child_nobody(void *arg) {
         char token[VMMB_TOKEN_SIZE], missing[256];
         int k;
 
-        if (drop_to_nobody() != 0)
+        if (child_open(a->socket, true, &c) != 0)
                 return 1;
-        CHILD_CHECK(cu->cuCtxSetCurrent(ctx) == CUDA_SUCCESS, "cuCtxSetCurrent");
-        k = vmmb_connect(a->socket, &c);
-        CHILD_CHECK(k == 0, "vmmb_connect: %s", strerror(-k));
 
         k = vmmb_attach(c, a->token_root, 0, &l);
         CHILD_CHECK(k == -EACCES && !l, "attach with root's token: %d", k);
@@ -1118,6 +1128,265 @@ START_TEST(test_tokens) {
 }
 END_TEST
 
+/* --- parking ---------------------------------------------------------------------------------------------- */
+
+/* The word at index i of pattern `seed`: every word differs, so a slab mapped at the wrong offset shows. */
+static uint32_t pattern_word(uint32_t seed, size_t i) {
+        return seed ^ (uint32_t)(i * 2654435761u);
+}
+
+/* Writes pattern `seed` over the lease with one cuMemcpyHtoD; for children too. */
+static bool write_pattern(uint64_t ptr, uint64_t size, uint32_t seed) {
+        size_t n = size / sizeof(uint32_t);
+        _cleanup_free_ uint32_t *buf = malloc(n * sizeof(uint32_t));
+
+        if (!buf)
+                return false;
+        for (size_t i = 0; i < n; i++)
+                buf[i] = pattern_word(seed, i);
+        return cu->cuMemcpyHtoD(ptr, buf, n * sizeof(uint32_t)) == CUDA_SUCCESS &&
+               cu->cuCtxSynchronize() == CUDA_SUCCESS;
+}
+
+/* Whether the `size` bytes at `ptr` read pattern `seed`; for children too. */
+static bool reads_pattern(uint64_t ptr, uint64_t size, uint32_t seed) {
+        size_t n = size / sizeof(uint32_t);
+        _cleanup_free_ uint32_t *buf = malloc(n * sizeof(uint32_t));
+
+        if (!buf || cu->cuMemcpyDtoH(buf, ptr, n * sizeof(uint32_t)) != CUDA_SUCCESS)
+                return false;
+        for (size_t i = 0; i < n; i++)
+                if (buf[i] != pattern_word(seed, i))
+                        return false;
+        return true;
+}
+
+static int park_or_fail(vmmb_lease *l, void *stream) {
+        int k = vmmb_lease_park(l, stream);
+
+        ck_assert_msg(k >= 0, "vmmb_lease_park: %s: %s", strerror(-k), vmmb_error_message());
+        ck_assert_int_eq(vmmb_lease_parked(l), 1);
+        return k;
+}
+
+static void unpark_or_fail(vmmb_lease *l) {
+        int k = vmmb_lease_unpark(l);
+
+        ck_assert_msg(k == 0, "vmmb_lease_unpark: %s: %s", strerror(-k), vmmb_error_message());
+        ck_assert_int_eq(vmmb_lease_parked(l), 0);
+}
+
+START_TEST(test_park_unpark) {
+        vmmb_client *c = connect_or_fail();
+        vmmb_lease *l = alloc_or_fail(c, 66 * MiB, 0, "parked");        /* two slabs: 64 MiB and 2 MiB */
+        uint64_t ptr = vmmb_lease_ptr(l), leased, leases;
+        int fds_before = harness_fd_count(getpid());
+        CUstream stream = NULL;
+
+        ck_assert(write_pattern(ptr, 66 * MiB, 0x5EED0001));
+        ck_assert_int_eq(vmmb_lease_parked(l), 0);
+
+        /* The only holder: the content goes to host memory, and the device memory back to the pool. */
+        ck_assert_int_eq(park_or_fail(l, NULL), 1);
+        ck_assert_uint_eq(vmmb_lease_ptr(l), ptr);
+        ck_assert_uint_eq(vmmb_lease_size(l), 66 * MiB);
+        daemon_status(&leased, &leases);
+        ck_assert_uint_eq(leased, 0);
+        ck_assert_uint_eq(leases, 1);
+        ck_assert_int_eq(vmmb_lease_park(l, NULL), -EALREADY);
+        ck_assert_str_ne(vmmb_error_message(), "");
+
+        /* Back at the same address, with the same content, and writable. */
+        unpark_or_fail(l);
+        ck_assert_uint_eq(vmmb_lease_ptr(l), ptr);
+        ck_assert(reads_pattern(ptr, 66 * MiB, 0x5EED0001));
+        daemon_status(&leased, &leases);
+        ck_assert_uint_eq(leased, 66 * MiB);
+        ck_assert_int_eq(vmmb_lease_unpark(l), -EALREADY);
+        ck_assert(reads_pattern(ptr, 66 * MiB, 0x5EED0001));
+
+        /* Again, waiting for a stream this time, with work queued on it. */
+        ck_assert_int_eq(cu->cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+        ck_assert_int_eq(cu->cuMemsetD32Async(ptr, 0x77777777, 1, stream), CUDA_SUCCESS);
+        ck_assert_int_eq(park_or_fail(l, stream), 1);
+        unpark_or_fail(l);
+        ck_assert_uint_eq(vmmb_lease_ptr(l), ptr);
+        {
+                uint32_t first = 0;
+
+                /* the memset ran before the unmap and was carried through host memory */
+                ck_assert_int_eq(cu->cuMemcpyDtoH(&first, ptr, sizeof(first)), CUDA_SUCCESS);
+                ck_assert_uint_eq(first, 0x77777777);
+        }
+        ck_assert(write_pattern(ptr, 66 * MiB, 0x5EED0002));
+        ck_assert_int_eq(cu->cuStreamDestroy(stream), CUDA_SUCCESS);
+
+        /* Arguments. */
+        ck_assert_int_eq(vmmb_lease_park(NULL, NULL), -EINVAL);
+        ck_assert_int_eq(vmmb_lease_unpark(NULL), -EINVAL);
+        ck_assert_int_eq(vmmb_lease_parked(NULL), 0);
+
+        ck_assert_int_eq(harness_fd_count(getpid()), fds_before);
+        free_last_and_close(c, l);
+}
+END_TEST
+
+START_TEST(test_free_parked) {
+        vmmb_client *c = connect_or_fail();
+        vmmb_lease *l = alloc_or_fail(c, 4 * MiB, 0, NULL), *l2 = alloc_or_fail(c, 4 * MiB, 0, NULL);
+        uint64_t leased, leases;
+
+        fill(l, 0x1);
+        ck_assert_int_eq(park_or_fail(l, NULL), 1);
+        ck_assert_int_eq(park_or_fail(l2, NULL), 1);
+        /* Freed while parked: only the reservation was left here; the hold ends with the broker. */
+        ck_assert_int_eq(vmmb_free(l), 0);
+        daemon_status(&leased, &leases);
+        ck_assert_uint_eq(leases, 1);
+        ck_assert_uint_eq(leased, 0);
+        /* and a parked lease left to vmmb_close() is freed the same way */
+        vmmb_close(c);
+        ck_assert_uint_eq(daemon_leases(), 0);
+}
+END_TEST
+
+typedef struct ParkArgs {
+        const char *socket;
+        const char *token;
+        uint64_t size;
+        uint32_t expect;                /* the pattern the child reads first */
+        uint32_t write;                 /* the pattern it writes once the parent has parked */
+        int to_child, from_child;       /* pipes: the parent says "parked", the child "attached" */
+} ParkArgs;
+
+/* A second holder: attaches, waits for the parent to park, writes, parks (the content moves), frees. */
+static int child_park(void *arg) {
+        const ParkArgs *a = arg;
+        vmmb_client *c = NULL;
+        vmmb_lease *l = NULL;
+        char byte = 'a';
+        int k;
+
+        if (child_open(a->socket, false, &c) != 0)
+                return 1;
+        k = vmmb_attach(c, a->token, 0, &l);
+        CHILD_CHECK(k == 0, "attach: %s", strerror(-k));
+        CHILD_CHECK(reads_pattern(vmmb_lease_ptr(l), a->size, a->expect), "does not read the parent's pattern");
+        CHILD_CHECK(write(a->from_child, &byte, 1) == 1, "write: %m");
+        CHILD_CHECK(read(a->to_child, &byte, 1) == 1, "read: %m");
+
+        /* The parent parked its hold; this one still maps the device memory and uses it. */
+        CHILD_CHECK(reads_pattern(vmmb_lease_ptr(l), a->size, a->expect), "changed under the parent's park");
+        CHILD_CHECK(write_pattern(vmmb_lease_ptr(l), a->size, a->write), "write_pattern");
+        k = vmmb_lease_park(l, NULL);
+        CHILD_CHECK(k == 1, "the last holder's park returned %d, want 1 (in host memory)", k);
+        /* freed while parked, the parent's hold is left, parked in host memory */
+        CHILD_CHECK(vmmb_free(l) == 0, "free of a parked hold");
+        vmmb_close(c);
+        return 0;
+}
+
+START_TEST(test_park_shared) {
+        vmmb_client *c = connect_or_fail();
+        vmmb_lease *l = alloc_or_fail(c, 66 * MiB, 0, "shared-parked");
+        uint64_t ptr = vmmb_lease_ptr(l), leased, leases;
+        int to_child[2], from_child[2];
+        char token[VMMB_TOKEN_SIZE], byte = 'p';
+        ParkArgs a;
+        pid_t pid;
+
+        if (skip_fork_on_real_driver(__func__))
+                return;
+        ck_assert(write_pattern(ptr, 66 * MiB, 0xAB0000));
+        share_or_fail(l, VMMB_ANY_UID, 0, token);
+        ck_assert_int_eq(pipe(to_child), 0);
+        ck_assert_int_eq(pipe(from_child), 0);
+        a = (ParkArgs){ .socket = h.socket, .token = token, .size = 66 * MiB, .expect = 0xAB0000,
+                        .write = 0xCD0000, .to_child = to_child[0], .from_child = from_child[1] };
+        pid = harness_fork(child_park, &a);
+        ck_assert_int_gt(pid, 0);
+        ck_assert_int_eq(read(from_child[0], &byte, 1), 1);
+
+        /* Another process maps it: this hold is parked, the content stays on the device for it. */
+        ck_assert_int_eq(park_or_fail(l, NULL), 0);
+        daemon_status(&leased, &leases);
+        ck_assert_uint_eq(leased, 66 * MiB);
+        ck_assert_int_eq(write(to_child[1], &byte, 1), 1);
+        ck_assert_msg(harness_wait(pid) == 0, "the child failed (see its stderr)");
+        /* It parked too, then freed: the content is in host memory, the device memory in the pool. */
+        daemon_status(&leased, &leases);
+        ck_assert_uint_eq(leased, 0);
+        ck_assert_uint_eq(leases, 1);
+
+        unpark_or_fail(l);
+        ck_assert_uint_eq(vmmb_lease_ptr(l), ptr);
+        ck_assert(reads_pattern(ptr, 66 * MiB, 0xCD0000));         /* what the child wrote, moved and back */
+        for (size_t i = 0; i < 2; i++) {
+                safe_close(to_child[i]);
+                safe_close(from_child[i]);
+        }
+        free_last_and_close(c, l);
+}
+END_TEST
+
+/*
+ * As uid 65534 holding root's lease through a token: Park is refused (PermissionDenied: not the owner's user),
+ * and the library maps the lease again through Unpark, which any holder may call: it ends mapped, as it was,
+ * with the content it had.
+ */
+static int child_park_nobody(void *arg) {
+        const ParkArgs *a = arg;
+        vmmb_client *c = NULL;
+        vmmb_lease *l = NULL;
+        uint64_t ptr;
+        int k;
+
+        if (child_open(a->socket, true, &c) != 0)
+                return 1;
+        k = vmmb_attach(c, a->token, 0, &l);
+        CHILD_CHECK(k == 0, "attach: %s", strerror(-k));
+        ptr = vmmb_lease_ptr(l);
+        k = vmmb_lease_park(l, NULL);
+        CHILD_CHECK(k == -EACCES, "park of root's lease by nobody: %d", k);
+        CHILD_CHECK(strstr(vmmb_error_message(), "mapped again"), "message: %s", vmmb_error_message());
+        CHILD_CHECK(vmmb_lease_parked(l) == 0 && vmmb_lease_ptr(l) == ptr, "not mapped again where it was");
+        CHILD_CHECK(reads_pattern(ptr, a->size, a->expect), "does not read root's pattern after the refusal");
+        CHILD_CHECK(write_pattern(ptr, a->size, a->write), "cannot write it after the refusal");
+        CHILD_CHECK(vmmb_lease_unpark(l) == -EALREADY, "unpark of a lease not parked");
+        CHILD_CHECK(vmmb_free(l) == 0, "free");
+        vmmb_close(c);
+        return 0;
+}
+
+START_TEST(test_park_other_user) {
+        vmmb_client *c = connect_or_fail();
+        vmmb_lease *l = alloc_or_fail(c, 4 * MiB, 0, NULL);
+        char token[VMMB_TOKEN_SIZE];
+        ParkArgs a;
+
+        if (skip_fork_on_real_driver(__func__))
+                return;
+        if (geteuid() != 0) {
+                fprintf(stderr, "test_park_other_user: not root, another user's park not checked\n");
+                vmmb_close(c);
+                return;
+        }
+        ck_assert(write_pattern(vmmb_lease_ptr(l), 4 * MiB, 0xEE0000));
+        share_or_fail(l, VMMB_ANY_UID, 0, token);
+        ck_assert_int_eq(chmod(h.dir, 0711), 0);
+        ck_assert_int_eq(chmod(h.socket, 0666), 0);
+        a = (ParkArgs){ .socket = h.socket, .token = token, .size = 4 * MiB, .expect = 0xEE0000, .write = 0xFF0000 };
+        run_child(child_park_nobody, &a);
+        /* root's hold still maps what nobody wrote */
+        ck_assert(reads_pattern(vmmb_lease_ptr(l), 4 * MiB, 0xFF0000));
+        ck_assert_int_eq(park_or_fail(l, NULL), 1);
+        unpark_or_fail(l);
+        ck_assert(reads_pattern(vmmb_lease_ptr(l), 4 * MiB, 0xFF0000));
+        ck_assert_int_eq(vmmb_free(l), 0);
+        vmmb_close(c);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("client");
         TCase *tc = tcase_create("client");
@@ -1139,6 +1408,10 @@ int main(void) {
         tcase_add_test(tc, test_share_errors);
         tcase_add_test(tc, test_other_user);
         tcase_add_test(tc, test_tokens);
+        tcase_add_test(tc, test_park_unpark);
+        tcase_add_test(tc, test_free_parked);
+        tcase_add_test(tc, test_park_shared);
+        tcase_add_test(tc, test_park_other_user);
         suite_add_tcase(s, tc);
 
         failed = run_suite(s);

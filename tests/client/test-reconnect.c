@@ -155,13 +155,13 @@ static vmmb_lease *alloc_or_fail(vmmb_client *c, uint64_t size) {
 
 /* ---- a call on a thread of its own --------------------------------------------------------------------- */
 
-typedef enum Op { OP_ALLOC, OP_FREE, OP_PUBLISH, OP_UNPUBLISH, OP_REVOKE, OP_TOKENS } Op;
+typedef enum Op { OP_ALLOC, OP_FREE, OP_PUBLISH, OP_UNPUBLISH, OP_REVOKE, OP_TOKENS, OP_PARK } Op;
 
 typedef struct ClientOp {
         pthread_t thread;
         Op op;
         vmmb_client *client;
-        vmmb_lease *lease;              /* OP_FREE, OP_PUBLISH, OP_TOKENS: the lease; OP_ALLOC: the result */
+        vmmb_lease *lease;              /* OP_FREE, OP_PUBLISH, OP_TOKENS, OP_PARK: the lease; OP_ALLOC: the result */
         vmmb_token *tokens;             /* OP_TOKENS: the result */
         size_t n_tokens;
         int result;
@@ -190,6 +190,9 @@ static void *client_op_run(void *arg) {
                 break;
         case OP_TOKENS:
                 o->result = vmmb_tokens(o->lease, &o->tokens, &o->n_tokens);
+                break;
+        case OP_PARK:
+                o->result = vmmb_lease_park(o->lease, NULL);
                 break;
         }
         snprintf(o->message, sizeof(o->message), "%s", vmmb_error_message());
@@ -291,24 +294,42 @@ static void fake_reply(VarlinkConn *vc, json_object *params, const int *fds, siz
         ck_assert_int_eq(varlink_conn_flush(vc), 0);
 }
 
-/* Answers an Alloc with a lease of one 2 MiB slab made here: its handle in *ret_handle, for the caller to
- * release once the client has mapped it. */
-static void fake_reply_alloc(VarlinkConn *vc, CUmemGenericAllocationHandle *ret_handle) {
-        CUmemAllocationProp prop = cuda_slab_prop(0);
+/* Answers an Alloc (or an Unpark) with the fake's lease: the one 2 MiB slab of `handle`, exported. */
+static void fake_reply_lease(VarlinkConn *vc, CUmemGenericAllocationHandle handle) {
         WireSlab slab = { .size = 2 * MiB, .fd = 0 };
         AllocReply reply = { .lease = { .id = (char *)LEASE_ID, .device = 0, .size = 2 * MiB, .slabs = &slab,
                                         .n_slabs = 1 } };
         json_object *params = NULL;
         int fd = -EBADF;
 
-        ck_assert_int_eq(cu->cuMemCreate(ret_handle, 2 * MiB, &prop, 0), CUDA_SUCCESS);
-        ck_assert_int_eq(cu->cuMemExportToShareableHandle(&fd, *ret_handle,
-                                                           CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+        ck_assert_int_eq(cu->cuMemExportToShareableHandle(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
                          CUDA_SUCCESS);
         ck_assert_int_eq(alloc_reply_encode(&reply, &params), 0);
         fake_reply(vc, params, &fd, 1);
         json_object_put(params);
         safe_close(fd);
+}
+
+/* Answers an Alloc with a lease of one 2 MiB slab made here: its handle in *ret_handle, for the caller to
+ * release once the client has mapped it. */
+static void fake_reply_alloc(VarlinkConn *vc, CUmemGenericAllocationHandle *ret_handle) {
+        CUmemAllocationProp prop = cuda_slab_prop(0);
+
+        ck_assert_int_eq(cu->cuMemCreate(ret_handle, 2 * MiB, &prop, 0), CUDA_SUCCESS);
+        fake_reply_lease(vc, *ret_handle);
+}
+
+/* Answers GetInterfaceDescription with an io.vmmbroker of Free alone, or of Free, Park and Unpark. */
+static void fake_reply_description(VarlinkConn *vc, bool parks) {
+        json_object *params = json_object_new_object();
+
+        ck_assert_ptr_nonnull(params);
+        ck_assert_int_eq(json_object_object_add(params, "description", json_object_new_string(
+                parks ? "interface io.vmmbroker\n\nmethod Free(id: string) -> ()\n"
+                        "method Park(id: string) -> (parked: bool)\nmethod Unpark(id: string) -> (lease: Lease)\n"
+                      : "interface io.vmmbroker\n\nmethod Free(id: string) -> ()\n")), 0);
+        fake_reply(vc, params, NULL, 0);
+        json_object_put(params);
 }
 
 /* A client of the fake, connected and accepted: the client in *ret_client, the fake's end returned. */
@@ -587,6 +608,108 @@ START_TEST(test_close_does_not_wait) {
 }
 END_TEST
 
+/* ---- parking when the broker cannot -------------------------------------------------------------------- */
+
+/* A client of the fake holding the fake's lease, and the fake's end of its connection. */
+typedef struct FakeLease {
+        char path[128];
+        int listen_fd;
+        CUmemGenericAllocationHandle handle;    /* the lease's one slab, the fake's */
+        vmmb_client *c;
+        VarlinkConn *vc;
+        vmmb_lease *l;
+} FakeLease;
+
+/* Makes the fake, a client of it and the fake's lease, mapped by the client and filled with `value`. */
+static void fake_lease(FakeLease *f, uint32_t value) {
+        ClientOp o;
+
+        f->listen_fd = fake_listen(f->path);
+        f->vc = fake_connect(f->listen_fd, f->path, &f->c);
+        client_op_start(&o, OP_ALLOC, f->c, NULL);
+        fake_read_call(f->vc, VMMB_METHOD_ALLOC, NULL);
+        fake_reply_alloc(f->vc, &f->handle);
+        ck_assert_msg(client_op_finish(&o) == 0, "vmmb_alloc: %s", o.message);
+        f->l = o.lease;
+        lease_write(f->l, value);
+}
+
+/* Closes the fake, then the client, which does not wait for it (its lease is left to the process's exit). */
+static void fake_lease_done(FakeLease *f) {
+        varlink_conn_free(f->vc);
+        safe_close(f->listen_fd);
+        vmmb_close(f->c);
+        ck_assert_int_eq(cu->cuMemRelease(f->handle), CUDA_SUCCESS);
+}
+
+/* A broker older than parking: asked first, it gets no Park, and nothing was unmapped. */
+START_TEST(test_park_old_broker) {
+        FakeLease f;
+        ClientOp o;
+
+        fake_lease(&f, 0x01D0B0CE);
+        client_op_start(&o, OP_PARK, f.c, f.l);
+        fake_read_call(f.vc, VARLINK_METHOD_GET_INTERFACE_DESCRIPTION, NULL);
+        fake_reply_description(f.vc, false);
+        ck_assert_int_eq(client_op_finish(&o), -EOPNOTSUPP);
+        ck_assert_message_has(&o, "left as it was, mapped");
+        ck_assert(!fake_pending(f.listen_fd));
+        ck_assert_int_eq(vmmb_lease_parked(f.l), 0);
+        ck_assert(lease_reads(f.l, 0x01D0B0CE));
+        /* the answer is kept for the connection: asked no more */
+        ck_assert_int_eq(vmmb_lease_park(f.l, NULL), -EOPNOTSUPP);
+        fake_lease_done(&f);
+}
+END_TEST
+
+/*
+ * Park refused, then Park lost after the broker read it: each time the library unmapped the lease first, and
+ * maps it again at the same address with what Unpark returns (the slabs of a lease not parked, as they are),
+ * content and all, before it returns the error.
+ */
+START_TEST(test_park_failed_maps_again) {
+        json_object *refusal = NULL;
+        uint64_t ptr;
+        FakeLease f;
+        ClientOp o;
+
+        ck_assert_int_eq(setenv("VMMBROKER_RECONNECT_TIMEOUT", "5", 1), 0);
+        fake_lease(&f, 0xBAC0FFEE);
+        ptr = vmmb_lease_ptr(f.l);
+        client_op_start(&o, OP_PARK, f.c, f.l);
+        fake_read_call(f.vc, VARLINK_METHOD_GET_INTERFACE_DESCRIPTION, NULL);
+        fake_reply_description(f.vc, true);
+        fake_read_call(f.vc, VMMB_METHOD_PARK, NULL);
+        ck_assert_int_eq(vmmb_error_permission_denied("Not yours to park.", &refusal), 0);
+        ck_assert_int_eq(varlink_conn_send(f.vc, refusal, NULL, 0), 0);
+        ck_assert_int_eq(varlink_conn_flush(f.vc), 0);
+        json_object_put(refusal);
+        fake_read_call(f.vc, VMMB_METHOD_UNPARK, NULL);
+        fake_reply_lease(f.vc, f.handle);
+        ck_assert_int_eq(client_op_finish(&o), -EACCES);
+        ck_assert_message_has(&o, "Not yours to park.");
+        ck_assert_message_has(&o, "mapped again");
+        ck_assert_int_eq(vmmb_lease_parked(f.l), 0);
+        ck_assert_uint_eq(vmmb_lease_ptr(f.l), ptr);
+        ck_assert(lease_reads(f.l, 0xBAC0FFEE));
+
+        /* Read, then the connection lost: maybe parked; Unpark on the next connection brings it back. */
+        lease_write(f.l, 0xBAC0FFEF);
+        client_op_start(&o, OP_PARK, f.c, f.l);
+        fake_read_call(f.vc, VMMB_METHOD_PARK, NULL);
+        varlink_conn_free(f.vc);
+        f.vc = fake_accept(f.listen_fd);
+        fake_read_call(f.vc, VMMB_METHOD_UNPARK, NULL);
+        fake_reply_lease(f.vc, f.handle);
+        ck_assert_int_eq(client_op_finish(&o), -ECONNRESET);
+        ck_assert_message_has(&o, "mapped again");
+        ck_assert_int_eq(vmmb_lease_parked(f.l), 0);
+        ck_assert_uint_eq(vmmb_lease_ptr(f.l), ptr);
+        ck_assert(lease_reads(f.l, 0xBAC0FFEF));
+        fake_lease_done(&f);
+}
+END_TEST
+
 /* ---- which calls are sent again ------------------------------------------------------------------------ */
 
 /*
@@ -781,6 +904,8 @@ int main(void) {
         tcase_add_test(tc, test_gives_up);
         tcase_add_test(tc, test_timeout_env);
         tcase_add_test(tc, test_close_does_not_wait);
+        tcase_add_test(tc, test_park_old_broker);
+        tcase_add_test(tc, test_park_failed_maps_again);
         tcase_add_test(tc, test_unread_call_is_sent_again);
         tcase_add_test(tc, test_read_call_is_not_sent_again);
         suite_add_tcase(s, tc);

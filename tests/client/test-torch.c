@@ -554,6 +554,80 @@ START_TEST(test_alloc_waits_for_pending_frees) {
 }
 END_TEST
 
+/* Whether the first, a middle and the last word of [p, p + size) read `value`. */
+static bool holds(const void *p, uint64_t size, uint32_t value) {
+        CUdeviceptr d = (CUdeviceptr)(uintptr_t)p;
+        uint32_t w[3] = { 0 };
+
+        return cu->cuMemcpyDtoH(&w[0], d, 4) == CUDA_SUCCESS && cu->cuMemcpyDtoH(&w[1], d + size / 2, 4) == CUDA_SUCCESS &&
+               cu->cuMemcpyDtoH(&w[2], d + size - 4, 4) == CUDA_SUCCESS && w[0] == value && w[1] == value &&
+               w[2] == value;
+}
+
+/* Segments of distinct content, put to sleep (parked) and woken: the same pointers, the same content. */
+START_TEST(test_sleep_wake) {
+        const ssize_t sizes[] = { (ssize_t)(2 * MiB), (ssize_t)(66 * MiB), (ssize_t)(10 * MiB) };
+        void *p[3];
+        CUstream s = NULL;
+
+        for (size_t i = 0; i < 3; i++) {
+                p[i] = alloc_or_fail(sizes[i]);
+                ck_assert_int_eq(cu->cuMemsetD32((CUdeviceptr)(uintptr_t)p[i], 0xC0DE0000 + (uint32_t)i,
+                                                 (size_t)sizes[i] / 4), CUDA_SUCCESS);
+        }
+        /* a free still waiting for its stream is given back by the sleep, not parked */
+        ck_assert_int_eq(cu->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+        hold_streams(1);
+        ck_assert_int_eq(cu->cuMemsetD32Async((CUdeviceptr)(uintptr_t)p[2], 1, 1, s), CUDA_SUCCESS);
+        vmmb_torch_free(p[2], sizes[2], 0, s);
+        ck_assert_uint_eq(daemon_count(), 3);
+        hold_streams(0);
+
+        ck_assert_int_eq(vmmb_torch_sleep(NULL), 2);
+        ck_assert_uint_eq(daemon_count(), 2);
+        ck_assert_int_eq(vmmb_torch_sleep(NULL), 0);            /* parked already: passed over */
+        ck_assert_int_eq(vmmb_torch_wake(), 2);
+        ck_assert_int_eq(vmmb_torch_wake(), 0);
+        for (size_t i = 0; i < 2; i++)
+                ck_assert_msg(holds(p[i], (uint64_t)sizes[i], 0xC0DE0000 + (uint32_t)i), "segment %zu", i);
+
+        /* asleep, a segment can still be freed: its reservation goes, and its hold */
+        ck_assert_int_eq(vmmb_torch_sleep(NULL), 2);
+        vmmb_torch_free(p[0], sizes[0], 0, NULL);
+        ck_assert_int_eq(vmmb_torch_wake(), 1);
+        ck_assert(holds(p[1], (uint64_t)sizes[1], 0xC0DE0001));
+        ck_assert_int_eq(vmmb_torch_release_all(), 1);
+        ck_assert_uint_eq(daemon_count(), 0);
+        ck_assert_int_eq(cu->cuStreamDestroy(s), CUDA_SUCCESS);
+}
+END_TEST
+
+/* vmmb_lease_park() with work still queued on the stream: it waits for the work before unmapping. */
+START_TEST(test_park_waits_for_stream) {
+        vmmb_client *c = NULL;
+        vmmb_lease *l = NULL;
+        pthread_t thread;
+        CUstream s = NULL;
+        uint64_t ptr;
+
+        ck_assert_int_eq(vmmb_connect(h.socket, &c), 0);
+        ck_assert_int_eq(vmmb_alloc(c, 8 * MiB, 0, NULL, &l), 0);
+        ptr = vmmb_lease_ptr(l);
+        ck_assert_int_eq(cu->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+        hold_streams(1);
+        ck_assert_int_eq(cu->cuMemsetD32Async(ptr, 0xFEEDF00D, 2 * MiB, s), CUDA_SUCCESS);
+        ck_assert_int_eq(pthread_create(&thread, NULL, unhold_later, NULL), 0);
+        ck_assert_int_eq(vmmb_lease_park(l, s), 1);             /* returns once the memset ran */
+        ck_assert_int_eq(pthread_join(thread, NULL), 0);
+        ck_assert_int_eq(vmmb_lease_unpark(l), 0);
+        ck_assert_uint_eq(vmmb_lease_ptr(l), ptr);
+        ck_assert(holds((void *)(uintptr_t)ptr, 8 * MiB, 0xFEEDF00D));
+        ck_assert_int_eq(vmmb_free(l), 0);
+        vmmb_close(c);
+        ck_assert_int_eq(cu->cuStreamDestroy(s), CUDA_SUCCESS);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("torch");
         TCase *tc = tcase_create("torch"), *limited = tcase_create("limited");
@@ -569,6 +643,8 @@ int main(void) {
         tcase_add_test(tc, test_release_all);
         tcase_add_test(tc, test_alloc_errors);
         tcase_add_test(tc, test_alloc_no_broker);
+        tcase_add_test(tc, test_sleep_wake);
+        tcase_add_test(tc, test_park_waits_for_stream);
         suite_add_tcase(s, tc);
 
         tcase_add_checked_fixture(limited, setup_limited, teardown);

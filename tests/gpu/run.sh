@@ -80,6 +80,16 @@ if [ -x "$build/docs/examples/publish-pattern" ]; then
                 "$build/docs/examples/attach-pattern" 1G 3 "$build/client/vmmctl" || failed
 fi
 
+step "a model in a broker-backed MemPool put to sleep and woken: the same logits (tests/gpu/python/test_sleep_wake.py)"
+if python3 -c 'import torch' 2>/dev/null; then
+        VMMBROKER_BUILD=$build VMMBROKER_DAEMON="$PWD/$build/daemon/vmmbrokerd" \
+                python3 tests/gpu/python/test_sleep_wake.py >"$out/test-sleep-wake.log" 2>&1 || failed
+        tail -8 "$out/test-sleep-wake.log"
+else
+        echo "no PyTorch here: not run"
+        results+=("SKIPPED $current (no PyTorch)")
+fi
+
 if [ "$(id -u)" -eq 0 ] && [ -x "$build/docs/examples/lease-pattern" ]; then
         step "tenant isolation: user A's canary, then user B (uid 65534) leases the same amount"
         bash tests/gpu/canary.sh "$build" 1G 65534 || failed

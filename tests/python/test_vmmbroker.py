@@ -656,23 +656,30 @@ def wait_until(what: str, predicate, timeout: float = CHILD_TIMEOUT_S):
         time.sleep(0.01)
 
 
-class TestReclaim(unittest.TestCase):
-    """Reclaimable leases (Lease.set_reclaimable()), on a daemon of their own with a 16 MiB pool: this
-    process leases 12 MiB and marks it, and a child's alloc(8 MiB, wait=...) needs it back."""
+class OwnBrokerTestCase(unittest.TestCase):
+    """Tests on a daemon of their own (cls.small), started with the class's CONFIG."""
 
+    CONFIG = ""
     small: Broker
 
     @classmethod
     def setUpClass(cls) -> None:
-        # A user limit above the pool: this process and its waiting child (one user, unless root) lease 20 MiB.
-        cls.small = Broker("[Broker]\nCapacity=16M\nReclaimTimeout=60s\n[Limits]\nMaxBytes=1G\nMaxLeases=64\n")
+        cls.small = Broker(cls.CONFIG)
 
     @classmethod
     def tearDownClass(cls) -> None:
         gc.collect()
         status = cls.small.stop()
         if status not in (0, None):
-            raise AssertionError(f"vmmbrokerd (16 MiB) exited with {status}:\n{cls.small.log()}")
+            raise AssertionError(f"vmmbrokerd ({cls.CONFIG!r}) exited with {status}:\n{cls.small.log()}")
+
+
+class TestReclaim(OwnBrokerTestCase):
+    """Reclaimable leases (Lease.set_reclaimable()), on a daemon of their own with a 16 MiB pool: this
+    process leases 12 MiB and marks it, and a child's alloc(8 MiB, wait=...) needs it back."""
+
+    # A user limit above the pool: this process and its waiting child (one user, unless root) lease 20 MiB.
+    CONFIG = "[Broker]\nCapacity=16M\nReclaimTimeout=60s\n[Limits]\nMaxBytes=1G\nMaxLeases=64\n"
 
     def setUp(self) -> None:
         self.client = vmmbroker.connect(self.small.socket)
@@ -856,6 +863,102 @@ class TestReclaim(unittest.TestCase):
                 self.assertIsNone(self.info(ro.id).get("reclaim"))
         finally:
             self.client.unpublish("py-reclaim-ro")
+
+
+class TestParking(ClientTestCase):
+    """Lease.park(), unpark() and parked: the content goes to host memory and comes back at the same address."""
+
+    def test_park_unpark(self) -> None:
+        with self.client.alloc(66 * MiB, label="parked") as lease:   # two slabs: 64 MiB and 2 MiB
+            data = os.urandom(4096)
+            ptr = lease.ptr
+            for at in (0, 64 * MiB - 2048, 66 * MiB - 4096):          # across the slabs' boundary too
+                ctypes.memmove(ptr + at, data, len(data))
+            self.assertFalse(lease.parked)
+            self.assertIs(lease.park(), True)                          # the only holder: moved now
+            self.assertTrue(lease.parked)
+            self.assertEqual(lease.ptr, ptr)                           # the address is kept
+            info = listed()[lease.id]
+            if "parked" in info:
+                self.assertTrue(info["parked"], info)
+            with self.assertRaises(vmmbroker.Error) as cm:
+                lease.park()
+            self.assertEqual(cm.exception.errno, errno.EALREADY)
+
+            lease.unpark()
+            self.assertFalse(lease.parked)
+            self.assertEqual(lease.ptr, ptr)
+            for at in (0, 64 * MiB - 2048, 66 * MiB - 4096):
+                self.assertEqual(ctypes.string_at(ptr + at, len(data)), data)
+            with self.assertRaises(vmmbroker.Error) as cm:
+                lease.unpark()
+            self.assertEqual(cm.exception.errno, errno.EALREADY)
+            ctypes.memset(ptr, 0x11, 4096)                             # mapped read-write again
+
+    def test_free_while_parked(self) -> None:
+        lease = self.client.alloc(4 * MiB)
+        lid = lease.id
+        self.assertTrue(lease.park())
+        lease.free()                                                   # only the reservation was left here
+        self.assertNotIn(lid, listed())
+        self.assertFalse(lease.parked)
+        with self.assertRaises(ValueError):
+            lease.unpark()
+        with self.assertRaises(ValueError):
+            lease.park()
+
+    def test_bad_arguments(self) -> None:
+        with self.client.alloc(2 * MiB) as lease:
+            with self.assertRaises(TypeError):
+                lease.park("0")                                        # type: ignore[arg-type]
+            with self.assertRaises(TypeError):
+                lease.park(True)
+            self.assertFalse(lease.parked)
+
+    def test_error_class(self) -> None:
+        from vmmbroker import _errors
+        self.assertIn("OutOfHostMemory", vmmbroker.__all__)
+        self.assertTrue(issubclass(vmmbroker.OutOfHostMemory, vmmbroker.Error))
+        e = _errors.error(-errno.ENOSPC, "no host memory")
+        self.assertIs(type(e), vmmbroker.OutOfHostMemory)
+        self.assertEqual((e.errno, e.message), (errno.ENOSPC, "no host memory"))
+        self.assertIs(type(_errors.error(errno.EDQUOT)), vmmbroker.QuotaExceeded)
+
+
+class TestParkingLimits(OwnBrokerTestCase):
+    """A park over the owner's host-bytes limit is refused, and the lease is mapped again as it was."""
+
+    CONFIG = "[Limits]\nMaxBytes=1G\nMaxHostBytes=4M\n"
+
+    def test_over_host_bytes(self) -> None:
+        with vmmbroker.connect(self.small.socket) as client:
+            small = client.alloc(4 * MiB)
+            self.assertTrue(small.park())                              # 4 MiB: at the limit
+            with client.alloc(6 * MiB) as lease:
+                ctypes.memset(lease.ptr, 0x5A, lease.size)
+                with self.assertRaises(vmmbroker.QuotaExceeded) as cm:
+                    lease.park()
+                self.assertEqual(cm.exception.errno, errno.EDQUOT)
+                self.assertIn("host", cm.exception.strerror.lower())   # the host-bytes limit, not MaxBytes
+                self.assertFalse(lease.parked)                         # mapped again, as it was
+                self.assertEqual(ctypes.string_at(lease.ptr, lease.size), b"\x5a" * lease.size)
+            small.unpark()
+            small.free()
+
+
+class TestParkingHostFull(OwnBrokerTestCase):
+    """A park that the broker's host memory cannot hold: OutOfHostMemory, and the lease is mapped again."""
+
+    CONFIG = "[Broker]\nHostCapacity=4M\n[Limits]\nMaxBytes=1G\nMaxHostBytes=1G\n"
+
+    def test_out_of_host_memory(self) -> None:
+        with vmmbroker.connect(self.small.socket) as client, client.alloc(6 * MiB) as lease:
+            ctypes.memset(lease.ptr, 0x6B, lease.size)
+            with self.assertRaises(vmmbroker.OutOfHostMemory) as cm:
+                lease.park()
+            self.assertEqual(cm.exception.errno, errno.ENOSPC)
+            self.assertFalse(lease.parked)
+            self.assertEqual(ctypes.string_at(lease.ptr, lease.size), b"\x6b" * lease.size)
 
 
 class TestExit(unittest.TestCase):

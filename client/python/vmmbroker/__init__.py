@@ -34,7 +34,7 @@ LEASES
     collection of the Lease, Client.close(), the interpreter's exit, or the
     end of the process (the broker takes back a dead process's holds).
     Properties: id, ptr, size, device, readonly, owner, owner_name, freed,
-    reclaimed.
+    reclaimed, parked.
     free() unmaps the memory; the driver does not wait for work still queued
     on it, so synchronize first.
 
@@ -75,6 +75,16 @@ RECLAIMING
     call into the lease's Client from the callback (free(), close() and the
     like raise Error EDEADLK there).
 
+PARKING
+    Lease.park(stream=None) waits for the work queued on ``stream`` (None:
+    the whole context), unmaps the lease here while keeping its address,
+    and lets the broker move the content to host memory once every holder
+    has parked; it returns True when it moved, False while others still map
+    it. Lease.unpark() maps it again at the same ptr, content and all;
+    Lease.parked says whether this process has it parked. A refused park
+    leaves the lease mapped. vmmbroker.torch.sleep() and wake() do it for
+    every segment of PyTorch's broker-backed pools.
+
 STATUS
     Client.status() lists the pool on each device; Client.list(all=False)
     the leases the calling user made or holds (every lease for the broker's
@@ -84,9 +94,9 @@ STATUS
 ERRORS
     Failures raise Error, an OSError whose errno is the error number and
     whose strerror is the broker's or the library's sentence. NotFound
-    (ENOENT, ENOKEY), PermissionDenied (EACCES), QuotaExceeded (EDQUOT) and
-    OutOfMemory (ENOMEM) are its subclasses for the errnos worth catching on
-    their own. Misused arguments raise TypeError or ValueError.
+    (ENOENT, ENOKEY), PermissionDenied (EACCES), QuotaExceeded (EDQUOT),
+    OutOfMemory (ENOMEM) and OutOfHostMemory (ENOSPC: no host memory to park
+    in) are its subclasses for the errnos worth catching on their own. Misused arguments raise TypeError or ValueError.
 
 SEE ALSO
     libvmmbroker(3), vmmbrokerd(8), vmmctl(1), docs/python.md.
@@ -96,7 +106,7 @@ from __future__ import annotations
 
 from ._client import MAX_PRIORITY, Client, Lease, LeaseView, connect
 from ._dtypes import DTYPES as _DTYPES
-from ._errors import Error, NotFound, OutOfMemory, PermissionDenied, QuotaExceeded
+from ._errors import Error, NotFound, OutOfHostMemory, OutOfMemory, PermissionDenied, QuotaExceeded
 from ._lib import DEFAULT_SOCKET, library_path
 
 __version__ = "0.1.0"
@@ -106,6 +116,6 @@ DTYPES: tuple[str, ...] = tuple(_DTYPES)
 
 __all__ = [
     "connect", "Client", "Lease", "LeaseView",
-    "Error", "NotFound", "PermissionDenied", "QuotaExceeded", "OutOfMemory",
+    "Error", "NotFound", "PermissionDenied", "QuotaExceeded", "OutOfMemory", "OutOfHostMemory",
     "DEFAULT_SOCKET", "DTYPES", "MAX_PRIORITY", "library_path",
 ]

@@ -739,6 +739,72 @@ class Lease(_Exportable):
             self._reclaim_priority = None      # the library unmarks a refused lease
         return 0 if give else -1
 
+    # --- parking ------------------------------------------------------------------------------------
+
+    @property
+    def parked(self) -> bool:
+        """Whether this process has the lease parked (vmmb_lease_parked()): nothing is mapped at ``ptr``,
+        which stays reserved for it until unpark() maps the memory there again."""
+        handle = self._handle
+        return handle is not None and _lib.lease_parked(handle)
+
+    def park(self, stream: Optional[int] = None) -> bool:
+        """Unmap the lease here, keeping its address, and let the broker move it to host memory
+        (vmmb_lease_park()).
+
+        Waits for the work queued on ``stream`` (a CUstream / cudaStream_t as
+        an int), or with None (or 0) for all the work of the context (the
+        thread's current one, else the device's primary context: PyTorch's,
+        CuPy's, the CUDA runtime's), then unmaps the memory while ``ptr``
+        stays reserved, and tells the broker. Until unpark(), nothing is
+        mapped at ``ptr``: tensors and arrays made from the lease keep their
+        pointers but must not be used (a kernel touching them faults, and the
+        fault ends the process's CUDA context).
+
+        Returns True when the content is in host memory now (the device
+        memory went back to the broker), False when other processes still
+        map the lease: it moves when the last of them parks too.
+
+        When the broker refuses, the lease is mapped again as it was and the
+        error raised: PermissionDenied (EACCES) for a read-only hold or a
+        lease of another user, OutOfHostMemory (ENOSPC) when the broker's
+        host memory is full, QuotaExceeded (EDQUOT) over the owner's
+        host-bytes limit (MaxHostBytes=). Error EALREADY for a lease parked
+        already, ESTALE for one given back on the broker's request,
+        EOPNOTSUPP for a broker or library older than parking (nothing
+        unmapped); ValueError once freed; TypeError for a stream that is not
+        an int.
+        """
+        if stream is not None and (not isinstance(stream, int) or isinstance(stream, bool)):
+            raise TypeError(f"stream must be None or an int (a CUDA stream), not {type(stream).__name__}")
+        self._not_in_own_callback("park()")
+        with self._lock:
+            rc = _lib.lease_park(self._usable(), stream)
+            message = _lib.error_message() if rc < 0 else ""
+        if rc < 0:
+            raise error(rc, message)
+        return rc == 1
+
+    def unpark(self) -> None:
+        """Bring a lease this process parked back, mapped at the same ``ptr`` (vmmb_lease_unpark()).
+
+        The broker puts the content back into device memory when it was in
+        host memory; the library maps it where it was, with the access it had
+        (read-only, peer devices). Tensors made from the lease before it was
+        parked read what they held.
+
+        Raises OutOfMemory (ENOMEM) when the device has no room now and
+        QuotaExceeded (EDQUOT) over a limit of the owner: the lease stays
+        parked, and unpark() may be called again. Error EALREADY for a lease
+        not parked here, ESTALE for one given back; ValueError once freed.
+        """
+        self._not_in_own_callback("unpark()")
+        with self._lock:
+            rc = _lib.lease_unpark(self._usable())
+            message = _lib.error_message() if rc < 0 else ""
+        if rc < 0:
+            raise error(rc, message)
+
     # --- sharing ------------------------------------------------------------------------------------
 
     def share(self, uid: Optional[int] = None, readonly: bool = False) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import errno as _errno
 import os
 
-__all__ = ["Error", "NotFound", "PermissionDenied", "QuotaExceeded", "OutOfMemory"]
+__all__ = ["Error", "NotFound", "PermissionDenied", "QuotaExceeded", "OutOfMemory", "OutOfHostMemory"]
 
 
 class Error(OSError):
@@ -43,13 +43,20 @@ class PermissionDenied(Error):
 
 
 class QuotaExceeded(Error):
-    """EDQUOT: a limit of the calling user (bytes, leases, connections) or of
-    the lease (64 live tokens) would be exceeded; nothing was changed."""
+    """EDQUOT: a limit of the calling user (bytes, leases, connections; for a
+    parked lease, host bytes: the message names "host_bytes") or of the lease
+    (64 live tokens) would be exceeded; nothing was changed."""
     __module__ = "vmmbroker"
 
 
 class OutOfMemory(Error):
     """ENOMEM: the device has no room for the request now."""
+    __module__ = "vmmbroker"
+
+
+class OutOfHostMemory(Error):
+    """ENOSPC: the broker's host memory for parked leases (io.vmmbroker.OutOfHostMemory) has no room
+    for the lease's content now; Lease.park() left the lease mapped, as it was."""
     __module__ = "vmmbroker"
 
 
@@ -59,6 +66,7 @@ _BY_ERRNO = {
     _errno.EACCES: PermissionDenied,
     _errno.EDQUOT: QuotaExceeded,
     _errno.ENOMEM: OutOfMemory,
+    _errno.ENOSPC: OutOfHostMemory,
 }
 
 

@@ -166,3 +166,42 @@ def lease_reclaimed(lease: ctypes.c_void_p) -> bool:
     except OSError:
         return False
     return bool(reclaimed(lease))
+
+
+def _park_functions(dll: ctypes.CDLL) -> tuple[Any, Any, Any]:
+    """vmmb_lease_park, vmmb_lease_unpark and vmmb_lease_parked, declared; Error EOPNOTSUPP when the library
+    is older than parking (LIBVMMBROKER_0.9)."""
+    try:
+        park, unpark, parked = dll.vmmb_lease_park, dll.vmmb_lease_unpark, dll.vmmb_lease_parked
+    except AttributeError:
+        from ._errors import error
+        raise error(errno.EOPNOTSUPP, f"libvmmbroker ({library_path()}) cannot park leases "
+                                      "(vmmb_lease_park): update it.") from None
+    park.restype = ctypes.c_int
+    park.argtypes = [_lease_p, ctypes.c_void_p]
+    unpark.restype = ctypes.c_int
+    unpark.argtypes = [_lease_p]
+    parked.restype = ctypes.c_int
+    parked.argtypes = [_lease_p]
+    return park, unpark, parked
+
+
+def lease_park(lease: ctypes.c_void_p, stream: Optional[int]) -> int:
+    """vmmb_lease_park(lease, stream): 1 in host memory now, 0 waiting for other holders, or -errno."""
+    park, _, _ = _park_functions(lib())
+    return park(lease, stream or None)
+
+
+def lease_unpark(lease: ctypes.c_void_p) -> int:
+    """vmmb_lease_unpark(lease): 0 or -errno."""
+    _, unpark, _ = _park_functions(lib())
+    return unpark(lease)
+
+
+def lease_parked(lease: ctypes.c_void_p) -> bool:
+    """vmmb_lease_parked(lease); False when the library cannot park (nothing is parked then)."""
+    try:
+        _, _, parked = _park_functions(lib())
+    except OSError:
+        return False
+    return bool(parked(lease))

@@ -49,27 +49,34 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import errno
 import gc
 import os
 import threading
-from typing import Any, Iterator, Optional, Sequence
+import weakref
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
 
 __all__ = [
     "ExpandableSegmentsError",
     "Pool",
+    "ReclaimableBuffer",
     "library_path",
     "pool",
     "release",
     "release_all",
+    "sleep",
     "tensor",
     "use",
+    "wake",
 ]
 
 ALLOC_SYMBOL = "vmmb_torch_alloc"
 FREE_SYMBOL = "vmmb_torch_free"
 RELEASE_ALL_SYMBOL = "vmmb_torch_release_all"
+SLEEP_SYMBOL = "vmmb_torch_sleep"
+WAKE_SYMBOL = "vmmb_torch_wake"
 
 
 class ExpandableSegmentsError(RuntimeError):
@@ -294,22 +301,21 @@ def release() -> None:
     torch.cuda.empty_cache()
 
 
-def release_all() -> int:
-    """Give back every segment the library still leases for PyTorch (vmmb_torch_release_all()).
-
-    Waits for the frees still pending (their streams' work), then synchronizes
-    each device that has segments PyTorch never freed and frees those too.
-    Only once every pool made by pool() is gone and nothing uses its memory:
-    a live pool's segments would be unmapped under it. Returns the number of
-    never-freed segments given back; raises vmmbroker.Error for a negative errno.
-    """
+def _call_int(symbol: str, argtypes: list, *args: Any) -> int:
+    """Calls libvmmbroker's `symbol` (the allocator's library) returning int; a negative errno raises
+    vmmbroker.Error with the library's message."""
     path = _allocator_path or library_path()
     lib = ctypes.CDLL(path)
-    fn = getattr(lib, RELEASE_ALL_SYMBOL)
-    fn.restype = ctypes.c_int
-    fn.argtypes = []
-    k = fn()
-    if k < 0:
+    try:
+        fn = getattr(lib, symbol)
+    except AttributeError:
+        k, message = -errno.EOPNOTSUPP, f"libvmmbroker ({path}) has no {symbol}: update it."
+    else:
+        fn.restype = ctypes.c_int
+        fn.argtypes = argtypes
+        k = fn(*args)
+        if k >= 0:
+            return k
         message = os.strerror(-k)
         try:
             msg = lib.vmmb_error_message
@@ -320,12 +326,65 @@ def release_all() -> int:
                 message = m.decode("utf-8", "replace")
         except AttributeError:
             pass
-        try:
-            from vmmbroker import Error as _Error
-        except ImportError:
-            _Error = OSError
-        raise _Error(-k, message)
-    return k
+    try:
+        from vmmbroker import _errors
+        raise _errors.error(-k, message)
+    except ImportError:
+        raise OSError(-k, message) from None
+
+
+def release_all() -> int:
+    """Give back every segment the library still leases for PyTorch (vmmb_torch_release_all()).
+
+    Waits for the frees still pending (their streams' work), then synchronizes
+    each device that has segments PyTorch never freed and frees those too.
+    Only once every pool made by pool() is gone and nothing uses its memory:
+    a live pool's segments would be unmapped under it. Returns the number of
+    never-freed segments given back; raises vmmbroker.Error for a negative errno.
+    """
+    return _call_int(RELEASE_ALL_SYMBOL, [])
+
+
+# --- sleep and wake -------------------------------------------------------------------------
+
+def sleep(stream: Optional[Any] = None) -> int:
+    """Put the broker-backed pools to sleep: park every segment (vmmb_torch_sleep()).
+
+    Each segment that vmmb_torch_alloc() leased and PyTorch still holds, in
+    every pool made by pool() (all of them: the library knows segments, not
+    pools), is unmapped, its content moved to host memory by the broker and
+    its device memory given back for other processes to use, while its
+    address stays reserved. Tensors in the pools keep their data pointers;
+    until wake(), nothing may touch them: no kernel or copy on them, no
+    allocation in a pool and no free of its tensors (PyTorch could hand a
+    cached block out again). Frees still waiting for their streams are
+    finished first, so that memory goes back to the broker rather than into
+    host memory.
+
+    ``stream``: a torch.cuda.Stream (or a CUstream as an int) whose queued
+    work may still use the segments, waited for; None waits for all the
+    work of each segment's device (its primary context, PyTorch's).
+
+    Returns the number of segments parked (those parked already are passed
+    over). Raises vmmbroker.Error after trying every segment when one could
+    not be parked: OutOfHostMemory, QuotaExceeded (host bytes),
+    PermissionDenied; those parked stay parked until wake().
+    """
+    handle = getattr(stream, "cuda_stream", stream)
+    return _call_int(SLEEP_SYMBOL, [ctypes.c_void_p], handle or None)
+
+
+def wake() -> int:
+    """Wake the pools that sleep() parked: unpark every segment at its address (vmmb_torch_wake()).
+
+    The broker brings each segment's content back into device memory and the
+    library maps it where it was, so tensors read exactly what they held
+    before sleep(). Returns the number of segments unparked. Raises
+    vmmbroker.OutOfMemory (or QuotaExceeded) when the device has no room for
+    one now, after trying every segment: those unparked are usable, the
+    others stay parked and a later wake() tries them again.
+    """
+    return _call_int(WAKE_SYMBOL, [])
 
 
 # --- tensors over leases --------------------------------------------------------------------
@@ -405,6 +464,139 @@ def tensor(lease, dtype: Optional[torch.dtype] = None, shape: Optional[Sequence[
         raise ValueError(f"vmmbroker.torch: {tuple(shape)} of {dtype} needs {n * itemsize} bytes, "
                          f"{mem.nbytes} left in the lease")
     return base[: n * itemsize].view(dtype).view(tuple(int(s) for s in shape))
+
+
+# --- memory the broker may ask back ----------------------------------------------------------
+
+_client_lock = threading.Lock()
+_shared_client: Any = None
+
+
+def _client() -> Any:
+    """The process's client for ReclaimableBuffer, connected on first use ($VMMBROKER_SOCKET)."""
+    global _shared_client
+    import vmmbroker
+    with _client_lock:
+        if _shared_client is None or _shared_client.closed:
+            _shared_client = vmmbroker.connect()
+        return _shared_client
+
+
+class ReclaimableBuffer:
+    """A tensor on a lease of its own that the broker may ask back, for memory a server can drop (a KV cache).
+
+        def drop_cache(buf):                      # on the library's thread, with the GIL
+            engine.evict_all_blocks()             # forget every tensor made from buf.tensor
+            return True                           # give it back (False keeps it)
+
+        kv = vmmbroker.torch.ReclaimableBuffer((n_blocks, block_bytes), torch.uint8, priority=10,
+                                               on_reclaim=drop_cache)
+        cache = kv.tensor                         # use it as any tensor ...
+        if kv.reclaimed: ...                      # ... until the broker took it back
+
+    The lease is marked reclaimable (Lease.set_reclaimable()): when another
+    process waits for room on the device (an alloc with ``wait``), the broker
+    asks the holders of reclaimable leases, lowest ``priority`` first. Then
+    ``on_reclaim(buffer)`` runs on the library's watch thread: drop every
+    reference to the tensor and to views of it, and return True (or None) to
+    give the memory back, False to keep it (the buffer is then no longer
+    reclaimable; mark_reclaimable() offers it again). Given back, the library
+    waits for the work queued on the device's primary context (PyTorch's),
+    unmaps the memory and frees the lease: ``reclaimed`` is True and
+    ``tensor`` raises vmmbroker.Error ESTALE. A tensor made from it before
+    and kept anyway points at unmapped memory: a kernel reading it faults,
+    which ends the process's CUDA context. An exception in ``on_reclaim``
+    keeps the memory (and is logged on the "vmmbroker" logger).
+
+    ``on_reclaim`` must not allocate or free ReclaimableBuffers nor call
+    other methods of the client they share (``client``, by default one client
+    for the process): the library's thread is busy with the request. Without
+    ``on_reclaim`` the memory is given back without asking; ``reclaimed``
+    tells the program. free() (or the end of a ``with`` block) gives it back
+    on the program's own terms, after synchronizing the device.
+    """
+
+    def __init__(self, shape: Sequence[int], dtype: torch.dtype = torch.uint8, device: Any = None, *,
+                 priority: int = 0, on_reclaim: Optional[Callable[["ReclaimableBuffer"], Optional[bool]]] = None,
+                 client: Any = None, label: str = "torch-reclaimable") -> None:
+        shape = tuple(int(s) for s in shape)
+        n = 1
+        for s in shape:
+            n *= s
+        nbytes = n * dtype.itemsize
+        if nbytes <= 0:
+            raise ValueError(f"vmmbroker.torch: a ReclaimableBuffer of shape {shape} holds no bytes")
+        if on_reclaim is not None and not callable(on_reclaim):
+            raise TypeError(f"on_reclaim must be callable, not {type(on_reclaim).__name__}")
+        self._on_reclaim = on_reclaim
+        self._client = client if client is not None else _client()
+        self._lease = self._client.alloc(nbytes, device=_device_index(device), label=label)
+        try:
+            self._tensor: Optional[torch.Tensor] = tensor(self._lease, dtype, shape)
+            self.mark_reclaimable(priority)
+        except BaseException:
+            self._tensor = None
+            self._lease.free()
+            raise
+
+    @property
+    def lease(self) -> Any:
+        """The vmmbroker.Lease under the tensor."""
+        return self._lease
+
+    @property
+    def reclaimed(self) -> bool:
+        """Whether the broker took the memory back (the tensor must not be used any more)."""
+        return self._lease.reclaimed
+
+    @property
+    def tensor(self) -> torch.Tensor:
+        """The tensor over the whole buffer; vmmbroker.Error ESTALE once reclaimed, ValueError once freed."""
+        t = self._tensor
+        if t is None or self._lease.reclaimed:
+            if self._lease.freed:
+                raise ValueError(f"vmmbroker.torch: the buffer on lease {self._lease.id} is freed")
+            raise self._lease._stale()
+        return t
+
+    def mark_reclaimable(self, priority: Optional[int] = 0) -> None:
+        """Offer the buffer to the broker with ``priority`` (lower is asked first), or stop (None)."""
+        if priority is None:
+            self._lease.set_reclaimable(None)
+            return
+        ref = weakref.ref(self)         # the lease keeps the callback: no cycle back to the buffer
+
+        def callback(_lease: Any) -> bool:
+            buf = ref()
+            if buf is None:
+                return True
+            give = True
+            if buf._on_reclaim is not None:
+                give = buf._on_reclaim(buf) is not False
+            if give:
+                buf._tensor = None
+            return give
+        self._lease.set_reclaimable(priority, callback)
+
+    def free(self) -> None:
+        """Give the memory back now (after synchronizing the device); idempotent."""
+        if self._lease.freed:
+            return
+        if self._tensor is not None:
+            self._tensor = None
+            if not self._lease.reclaimed:
+                torch.cuda.synchronize(self._lease.device)
+        self._lease.free()
+
+    def __enter__(self) -> "ReclaimableBuffer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.free()
+
+    def __repr__(self) -> str:
+        state = " reclaimed" if self.reclaimed else (" freed" if self._lease.freed else "")
+        return f"<vmmbroker.torch.ReclaimableBuffer on lease {self._lease.id}{state}>"
 
 
 def _stats() -> Any:   # pragma: no cover - a debugging aid
