@@ -115,6 +115,11 @@ if [ -x "$build/tests/bench/bench-broker" ]; then
         "$build/tests/bench/bench-broker" 20 2>&1 | tee "$out/bench-broker.log" || failed
 fi
 
+if [ -x "$build/tests/bench/bench-park" ]; then
+        step "park benchmark, real driver (1 GiB parked and unparked against the daemon's copy made in-process)"
+        "$build/tests/bench/bench-park" 10 1024 2>&1 | tee "$out/bench-park.log" || failed
+fi
+
 if [ -x "$build/tests/bench/bench-trace" ]; then
         # The trace kept in the tree; until there is one, record it here (PyTorch and transformers needed)
         # and say so: it is to be committed as tests/bench/traces/gpt2-train-segments.txt.
