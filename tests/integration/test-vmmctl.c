@@ -1597,6 +1597,39 @@ static void users_daemon_start(Harness *h) {
 }
 
 /* NUMA: the device's host NUMA node, "-" when the driver does not know it (SIMCUDA_NUMA=-1,1). */
+/* A parked lease: its device shows as N:host, its holder's mode as rw,parked; status says where the memory is. */
+START_TEST(test_list_parked) {
+        _cleanup_(json_object_putp) json_object *params = NULL;
+        char *lines[MAX_LINES];
+        FreeParams fp;
+        VarlinkReply r = {};
+        Output o;
+        Fixture f;
+        size_t n;
+
+        fixture_start(&f);
+        fp = (FreeParams){ .id = f.ids[0] };
+        ck_assert_int_eq(free_params_encode(&fp, &params), 0);
+        /* Nothing of it is mapped here: the raw Alloc only took the fds, which are closed. */
+        raw_call_ok(f.h.socket, VMMB_METHOD_PARK, params, &r);
+        ck_assert(json_object_get_boolean(json_object_object_get(r.parameters, "parked")));
+        varlink_reply_done(&r);
+
+        RUN_OK(&o, "--socket", f.h.socket, "list");
+        n = split_lines(o.out, lines);
+        CHECK_FIELD(lines[0], list_row(lines, n, f.ids[0]), list_columns, "DEVICE", "0:host");
+        CHECK_FIELD(lines[0], list_row(lines, n, f.ids[0]), list_columns, "MODE", "rw,parked");
+        CHECK_FIELD(lines[0], list_row(lines, n, f.ids[1]), list_columns, "DEVICE", "0");
+        CHECK_FIELD(lines[0], list_row(lines, n, f.ids[1]), list_columns, "MODE", "rw");
+        output_done(&o);
+
+        RUN_OK(&o, "--socket", f.h.socket, "status");
+        ck_assert_msg(strstr(o.out, "\ndevice 0: 66 MiB parked in host memory (HostCapacity= "), "%s", o.out);
+        output_done(&o);
+        fixture_stop(&f);
+}
+END_TEST
+
 START_TEST(test_status_numa) {
         char *lines[MAX_LINES];
         Harness h;
@@ -2037,7 +2070,7 @@ int main(void) {
                                     test_unpublish_other_owner, test_tokens,
                                     test_users_table, test_users_json, test_users_all, test_users_fitted,
                                     test_list_empty, test_unreachable, test_usage, test_fit_terminal,
-                                    test_status_numa)) == 0
+                                    test_status_numa, test_list_parked)) == 0
                        ? EXIT_SUCCESS
                        : EXIT_FAILURE;
 }
