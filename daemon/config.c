@@ -135,11 +135,17 @@ static int parse_count(const char *value, unsigned fallback, const char *why_not
         return 0;
 }
 
-static int parse_capacity(Config *c, const char *value, char **ret_message) {
+/*
+ * A size, or a percentage ("N%", 1-100) when the value ends with '%'; empty is 0 and 0. `what` says, in the
+ * message for a value that is neither, what a size and a percentage are of ("a size such as 64G, or a
+ * percentage of ...").
+ */
+static int parse_size_or_percent(const char *value, const char *what, uint64_t *ret_bytes, unsigned *ret_percent,
+                                 char **ret_message) {
         size_t len = strlen(value);
-        uint64_t bytes = 0;
-        unsigned percent = 0;
 
+        *ret_bytes = 0;
+        *ret_percent = 0;
         if (len > 0 && value[len - 1] == '%') {
                 char *end;
                 unsigned long v;
@@ -148,11 +154,21 @@ static int parse_capacity(Config *c, const char *value, char **ret_message) {
                 v = strtoul(value, &end, 10);
                 if (!isdigit((unsigned char)value[0]) || errno != 0 || end != value + len - 1 || v < 1 || v > 100)
                         return set_message_error(ret_message, -EINVAL, "a percentage must be 1%%-100%%");
-                percent = (unsigned)v;
-        } else if (len > 0 && parse_size(value, &bytes) < 0)
-                return set_message_error(ret_message, -EINVAL, "expected a size such as 64G, or a percentage of "
-                                         "the memory free at start such as 90%%");
-        else if (len > 0 && bytes == 0)
+                *ret_percent = (unsigned)v;
+        } else if (len > 0 && parse_size(value, ret_bytes) < 0)
+                return set_message_error(ret_message, -EINVAL, "expected %s", what);
+        return 0;
+}
+
+static int parse_capacity(Config *c, const char *value, char **ret_message) {
+        uint64_t bytes;
+        unsigned percent;
+        int k = parse_size_or_percent(value, "a size such as 64G, or a percentage of the memory free at start "
+                                      "such as 90%", &bytes, &percent, ret_message);
+
+        if (k < 0)
+                return k;
+        if (*value && bytes == 0 && percent == 0)
                 return set_message_error(ret_message, -EINVAL,
                                          "a pool of 0 bytes could lease nothing: set at least a device's "
                                          "allocation granularity (2M on current GPUs), or a percentage");
@@ -171,25 +187,13 @@ static void print_capacity(const Config *c, FILE *f) {
 /* HostCapacity=: a size, a percentage of the physical memory (divided among the devices), or 0: no parking. */
 static int parse_host_capacity(Config *c, const char *value, char **ret_message) {
         PoolConfig *pool = &c->manager.pool;
-        size_t len = strlen(value);
-        uint64_t bytes = 0;
-        unsigned percent = 0;
+        int k = parse_size_or_percent(value, "a size such as 64G, a percentage of the host's memory such as 25%, "
+                                      "or 0 for no parking", &pool->host_capacity, &pool->host_capacity_percent,
+                                      ret_message);
 
-        if (len > 0 && value[len - 1] == '%') {
-                char *end;
-                unsigned long v;
-
-                errno = 0;
-                v = strtoul(value, &end, 10);
-                if (!isdigit((unsigned char)value[0]) || errno != 0 || end != value + len - 1 || v < 1 || v > 100)
-                        return set_message_error(ret_message, -EINVAL, "a percentage must be 1%%-100%%");
-                percent = (unsigned)v;
-        } else if (len > 0 && parse_size(value, &bytes) < 0)
-                return set_message_error(ret_message, -EINVAL, "expected a size such as 64G, a percentage of the "
-                                         "host's memory such as 25%%, or 0 for no parking");
-        pool->host_capacity = bytes;
-        pool->host_capacity_percent = percent;
-        pool->no_host = len > 0 && percent == 0 && bytes == 0;
+        if (k < 0)
+                return k;
+        pool->no_host = *value && pool->host_capacity == 0 && pool->host_capacity_percent == 0;
         return 0;
 }
 
@@ -367,31 +371,23 @@ static void print_reply_timeout(const Config *c, FILE *f) {
  * nothing to `verb`. */
 static int parse_byte_limit(const char *value, uint64_t default_bytes, unsigned default_percent, const char *what,
                             const char *verb, uint64_t *ret_bytes, unsigned *ret_percent, char **ret_message) {
-        size_t len = strlen(value);
-        uint64_t bytes = 0;
-        unsigned percent = 0;
+        _cleanup_free_ char *expected = NULL;
+        int k;
 
         if (!*value) {
-                bytes = default_bytes;
-                percent = default_percent;
-        } else if (value[len - 1] == '%') {
-                char *end;
-                unsigned long v;
-
-                errno = 0;
-                v = strtoul(value, &end, 10);
-                if (!isdigit((unsigned char)value[0]) || errno != 0 || end != value + len - 1 || v < 1 || v > 100)
-                        return set_message_error(ret_message, -EINVAL, "a percentage must be 1%%-100%%");
-                percent = (unsigned)v;
-        } else if (parse_size(value, &bytes) < 0)
-                return set_message_error(ret_message, -EINVAL, "expected a size such as 64G, or a percentage of "
-                                         "each device's %s such as 80%%", what);
-        else if (bytes == 0)
+                *ret_bytes = default_bytes;
+                *ret_percent = default_percent;
+                return 0;
+        }
+        if (asprintf(&expected, "a size such as 64G, or a percentage of each device's %s such as 80%%", what) < 0)
+                return -ENOMEM;
+        k = parse_size_or_percent(value, expected, ret_bytes, ret_percent, ret_message);
+        if (k < 0)
+                return k;
+        if (*ret_bytes == 0 && *ret_percent == 0)
                 return set_message_error(ret_message, -EINVAL,
                                          "with 0 the user could %s nothing: set at least a device's "
                                          "allocation granularity (2M on current GPUs), or a percentage", verb);
-        *ret_bytes = bytes;
-        *ret_percent = percent;
         return 0;
 }
 
