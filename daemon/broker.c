@@ -332,6 +332,8 @@ static bool reclaim_can_ask(const Lease *l, void *userdata) {
 
         if (l->name || l->n_holds == 0)
                 return false;           /* published: it would outlive every Free of its holders */
+        if (l->parked)
+                return false;           /* in host memory: freeing it gives the device nothing */
         list_for_each_entry(hold, &l->holds, link_lease)
                 if (hold->holder == waiting || !hold->holder->watch || hold->holder->exited)
                         return false;

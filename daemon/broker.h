@@ -153,7 +153,7 @@ int broker_set_reclaimable(Broker *b, const Caller *c, const char *id, int64_t p
  * The marked leases of pool device `device` to ask back, in reclaim.h's
  * order, until their bytes reach `need` (at most `max`, into ret[]). A lease
  * is asked only when it is not published (its holders' Frees would not end
- * it) and every holder watches (Holder.watch), is alive and is not `waiting`
+ * it), not parked (it holds no device memory), and every holder watches (Holder.watch), is alive and is not `waiting`
  * (the process whose Alloc waits: it could not answer while it waits).
  */
 size_t broker_reclaim_pick(Broker *b, size_t device, uint64_t need, const Holder *waiting, Lease **ret,

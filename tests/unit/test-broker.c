@@ -2085,6 +2085,29 @@ START_TEST(test_park_end) {
 }
 END_TEST
 
+/* A parked lease holds no device memory: marked reclaimable or not, it is never asked back. */
+START_TEST(test_park_not_reclaimed) {
+        Lease *picked[4];
+        Caller *a, *w;
+        Lease *l;
+
+        setup_broker_host(64 * MiB, false);
+        a = this_process(UID_A);
+        w = new_process(UID_B);                 /* the process whose Alloc would wait */
+        l = alloc_ok(a, 4 * MiB);
+        a->holder->watch = &picked;             /* it watches (the manager's peer; not used here) */
+        ck_assert_int_eq(broker_set_reclaimable(&b, a, l->id, 1), 0);
+        ck_assert_uint_eq(broker_reclaim_pick(&b, 0, 4 * MiB, w->holder, picked, 4), 1);
+        ck_assert(park_ok(a, l));
+        ck_assert_int_eq(l->reclaim.state, RECLAIM_NONE);       /* parking ended its mark */
+        ck_assert_int_eq(broker_set_reclaimable(&b, a, l->id, 1), 0);
+        ck_assert_uint_eq(broker_reclaim_pick(&b, 0, 4 * MiB, w->holder, picked, 4), 0);
+        unpark_ok(a, l);
+        ck_assert_uint_eq(broker_reclaim_pick(&b, 0, 4 * MiB, w->holder, picked, 4), 1);
+        a->holder->watch = NULL;
+}
+END_TEST
+
 /* Park and Unpark are written ahead like every change; the store says which slabs are host slabs. */
 START_TEST(test_park_write_ahead) {
         char id[LEASE_ID_LEN + 1];
@@ -2123,7 +2146,8 @@ int main(void) {
                                     test_reap_not_stored_keeps_holds, test_reap_not_stored_second_holder,
                                     test_reap_holder_without_holds_needs_no_store, test_snapshot, test_park_unpark,
                                     test_park_every_holder, test_park_who, test_park_no_room,
-                                    test_park_without_host_memory, test_park_end, test_park_write_ahead)) == 0
+                                    test_park_without_host_memory, test_park_end, test_park_write_ahead,
+                                    test_park_not_reclaimed)) == 0
                        ? EXIT_SUCCESS
                        : EXIT_FAILURE;
 }
