@@ -74,7 +74,11 @@ static int change_commit(Broker *b, int k) {
         k = store_commit(b->store);
         event_store_health(b->store_error, MIN(k, 0));
         if (k < 0) {
+                bool was_fine = b->store_error == 0;
+
                 b->store_error = k;
+                if (was_fine && b->store_failing)
+                        b->store_failing(b->store_failing_userdata);
                 return BROKER_E_NOT_STORED;
         }
         b->store_error = 0;

@@ -78,6 +78,10 @@ typedef struct Broker {
         uint64_t max_alloc_wait_usec;   /* MaxAllocWait=: the longest an Alloc may wait; 0: none may */
         PlacementRule placement;        /* Placement=: where an Alloc that names no single device goes */
         NumaMap numa;                   /* CPU -> NUMA node, for Placement=nearest; empty: unknown (place.h) */
+        /* Told when storing starts to fail, before the request that found it is answered (the manager
+         * says so in STATUS= then, so that whoever sees the refusal can see why); NULL: nobody. */
+        void (*store_failing)(void *userdata);
+        void *store_failing_userdata;
 } Broker;
 
 /* Who asks: the process, its user, and whether it is an administrator (root, or the admin group). */

@@ -344,8 +344,9 @@ static int on_holder_exit(sd_event_source *s, int fd, uint32_t revents, void *us
 }
 
 /*
- * The STATUS= line. It is a message to the service manager, so it is not sent per request: a change of
- * the store's health is sent when the loop is next idle; a change of the table once a second has passed
+ * The STATUS= line. It is a message to the service manager, so it is not sent per request: storing that
+ * starts to fail is sent at once (store_failing(), before the refused request is answered), its other
+ * changes when the loop is next idle; a change of the table once a second has passed
  * with no request served, or after a minute of them (on_tick()), so that a busy daemon sends about nothing
  * (bench-scale counts the messages).
  */
@@ -375,6 +376,11 @@ static void send_status(Manager *m, bool table_too) {
         m->status_generation = t->generation;
         m->status_store_error = m->broker.store_error;
         m->status_sent = true;
+}
+
+/* The broker found that storing fails: say so before it answers the request that found it. */
+static void store_failing(void *userdata) {
+        send_status(userdata, false);
 }
 
 static int on_idle(sd_event_source *s, void *userdata) {
@@ -554,6 +560,8 @@ int manager_new(Manager **ret, const ManagerConfig *config, char **ret_message) 
         m->broker.max_alloc_wait_usec = config->max_alloc_wait_usec == MANAGER_ALLOC_WAIT_OFF ? 0 :
                                         config->max_alloc_wait_usec ?: BROKER_DEFAULT_MAX_ALLOC_WAIT_USEC;
         m->broker.placement = config->placement;
+        m->broker.store_failing = store_failing;
+        m->broker.store_failing_userdata = m;
         if (config->placement == PLACEMENT_NEAREST) {
                 /* Read once: which CPU is on which NUMA node. */
                 const char *root = getenv(PLACEMENT_SYSFS_ROOT_ENV);
