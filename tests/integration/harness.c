@@ -11,6 +11,7 @@
 #include <sys/pidfd.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <sys/time.h>
@@ -390,4 +391,24 @@ int harness_write_config(const char *text, char path[static 64]) {
         if (k < 0)
                 (void)unlink(path);
         return k;
+}
+
+int harness_start_capped(Harness *h, const char *capacity, const char *config, char config_path[static 64]) {
+        _cleanup_free_ char *text = NULL;
+        int k;
+
+        if (asprintf(&text, "[Limits]\nMaxBytes=1G\n%s", config ?: "") < 0)
+                return -ENOMEM;
+        k = harness_write_config(text, config_path);
+        if (k < 0)
+                return k;
+        k = harness_start(h, (const char *const[]){ "--capacity", capacity, "--config", config_path, NULL });
+        if (k < 0) {
+                (void)unlink(config_path);
+                return k;
+        }
+        /* As root, other uids' processes (the tests' connectors) reach the socket too. */
+        if (geteuid() == 0 && (chmod(h->dir, 0711) < 0 || chmod(h->socket, 0666) < 0))
+                return -errno;
+        return 0;
 }

@@ -29,6 +29,14 @@ typedef struct Harness {
 int harness_write_config(const char *text, char path[static 64]);
 
 /*
+ * Starts the daemon with `--capacity CAPACITY` and a configuration file of `config` after "[Limits]
+ * MaxBytes=1G" (so that the device's room, not a user's limit, is what stops a call), written to
+ * config_path (unlink it after harness_stop()); as root, its socket is opened to every uid. Returns 0 or a
+ * negative errno.
+ */
+int harness_start_capped(Harness *h, const char *capacity, const char *config, char config_path[static 64]);
+
+/*
  * Starts $VMMBROKER_DAEMON (the build's vmmbrokerd) with `args` appended
  * (NULL-terminated, may be NULL) and waits until it is ready. Returns 0 or a
  * negative errno: -ETIMEDOUT after 60 s, -ECHILD when the daemon exited

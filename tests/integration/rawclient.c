@@ -39,26 +39,32 @@ const char *reply_str(const Reply *r, const char *key) {
 }
 
 /* Calls `method` with `params` (borrowed; NULL is {}) and waits for the reply. Returns 0 or a negative errno. */
-int call(VarlinkConn *c, const char *method, json_object *params, Reply *ret) {
-        _cleanup_(json_object_putp) json_object *msg = NULL, *reply = NULL;
+int call_send(VarlinkConn *c, const char *method, json_object *params, bool more) {
+        _cleanup_(json_object_putp) json_object *msg = NULL;
+        int k;
+
+        k = varlink_call_new(method, params, false, more, &msg);
+        if (k < 0)
+                return k;
+        k = varlink_conn_send(c, msg, NULL, 0);
+        if (k < 0)
+                return k;
+        return varlink_conn_flush(c);
+}
+
+int reply_read(VarlinkConn *c, Reply *ret, bool *ret_continues) {
+        _cleanup_(json_object_putp) json_object *reply = NULL;
         VarlinkReply vr = {};
         int *fds = NULL;
         size_t n_fds = 0;
         int k;
 
         *ret = (Reply){};
-        k = varlink_call_new(method, params, false, false, &msg);
-        if (k < 0)
-                return k;
-        k = varlink_conn_send(c, msg, NULL, 0);
-        if (k < 0)
-                return k;
-        k = varlink_conn_flush(c);
-        if (k < 0)
-                return k;
         k = varlink_conn_receive(c, &reply, &fds, &n_fds);
         if (k < 0)
                 return k;
+        if (k == 0)
+                return -ECONNRESET;
         k = varlink_reply_parse(reply, &vr);
         if (k < 0) {
                 close_many(fds, n_fds);
@@ -69,8 +75,25 @@ int call(VarlinkConn *c, const char *method, json_object *params, Reply *ret) {
         ret->params = vr.parameters ? TAKE_PTR(vr.parameters) : json_object_new_object();
         ret->fds = fds;
         ret->n_fds = n_fds;
+        if (ret_continues)
+                *ret_continues = vr.continues;
         varlink_reply_done(&vr);
         return ret->params ? 0 : -ENOMEM;
+}
+
+int call(VarlinkConn *c, const char *method, json_object *params, Reply *ret) {
+        int k = call_send(c, method, params, false);
+
+        *ret = (Reply){};
+        return k < 0 ? k : reply_read(c, ret, NULL);
+}
+
+int alloc_wait_send(VarlinkConn *c, uint64_t size, uint64_t wait_usec) {
+        _cleanup_(json_object_putp) json_object *params = NULL;
+        AllocParams a = { .size = size, .device = VMMB_DEVICE_ANY, .wait_usec = (int64_t)wait_usec };
+        int k = alloc_params_encode(&a, &params);
+
+        return k < 0 ? k : call_send(c, VMMB_METHOD_ALLOC, params, false);
 }
 
 /* Like call(), with the parameters written as JSON text (NULL is {}). */

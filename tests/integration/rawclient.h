@@ -73,6 +73,16 @@ const char *reply_str(const Reply *r, const char *key);
 /* Calls `method` with `params` (borrowed; NULL is {}) and waits for the reply. Returns 0 or a negative errno. */
 int call(VarlinkConn *c, const char *method, json_object *params, Reply *ret);
 
+/* Sends a call of `method` (`more`: "more": true) without reading its reply. Returns 0 or a negative errno. */
+int call_send(VarlinkConn *c, const char *method, json_object *params, bool more);
+
+/* Reads the next reply (blocking, with the socket's timeout); *ret_continues (if given) says whether it said
+ * "continues". Returns 0, -ECONNRESET when the daemon closed the connection, or a negative errno. */
+int reply_read(VarlinkConn *c, Reply *ret, bool *ret_continues);
+
+/* Sends an Alloc of `size` on any device that may wait `wait_usec` for room, without reading its reply. */
+int alloc_wait_send(VarlinkConn *c, uint64_t size, uint64_t wait_usec);
+
 /* Like call(), with the parameters written as JSON text (NULL is {}). */
 int call_text(VarlinkConn *c, const char *method, const char *params, Reply *ret);
 

@@ -44,20 +44,9 @@ static Harness h;
 static char config_path[64];
 
 static void start(const char *config) {
-        char text[4096];
-        int k;
+        int k = harness_start_capped(&h, "8M", config, config_path);
 
-        /* no user's limit is what stops a call here: the device's room is */
-        ck_assert_uint_lt((size_t)snprintf(text, sizeof(text), "[Limits]\nMaxBytes=1G\n%s", config ?: ""),
-                          sizeof(text));
-        k = harness_write_config(text, config_path);
-        ck_assert_msg(k == 0, "writing the configuration: %s", strerror(-k));
-        k = harness_start(&h, (const char *const[]){ "--capacity", "8M", "--config", config_path, NULL });
-        ck_assert_msg(k == 0, "harness_start: %s", strerror(-k));
-        if (geteuid() == 0) {
-                ck_assert_int_eq(chmod(h.dir, 0711), 0);
-                ck_assert_int_eq(chmod(h.socket, 0666), 0);
-        }
+        ck_assert_msg(k == 0, "starting the daemon: %s", strerror(-k));
 }
 
 static void stop(void) {
@@ -83,34 +72,7 @@ static void connector_finish(Connector *x) {
 
 /* ---- calls ---------------------------------------------------------------------------------------------- */
 
-static void send_alloc_wait(VarlinkConn *c, uint64_t size, uint64_t wait_usec) {
-        _cleanup_(json_object_putp) json_object *params = NULL, *msg = NULL;
-        AllocParams a = { .size = size, .device = VMMB_DEVICE_ANY, .wait_usec = (int64_t)wait_usec };
 
-        ck_assert_int_eq(alloc_params_encode(&a, &params), 0);
-        ck_assert_int_eq(varlink_call_new(VMMB_METHOD_ALLOC, params, false, false, &msg), 0);
-        ck_assert_int_eq(varlink_conn_send(c, msg, NULL, 0), 0);
-        ck_assert_int_eq(varlink_conn_flush(c), 0);
-}
-
-/* Reads one message; *ret_continues says whether it said "continues". */
-static void read_reply(VarlinkConn *c, Reply *ret, bool *ret_continues) {
-        _cleanup_(json_object_putp) json_object *msg = NULL;
-        VarlinkReply vr = {};
-        int *fds = NULL;
-        size_t n_fds = 0;
-
-        *ret = (Reply){};
-        ck_assert_int_eq(varlink_conn_receive(c, &msg, &fds, &n_fds), 1);
-        ck_assert_int_eq(varlink_reply_parse(msg, &vr), 0);
-        ret->error = TAKE_PTR(vr.error);
-        ret->params = vr.parameters ? TAKE_PTR(vr.parameters) : json_object_new_object();
-        ret->fds = fds;
-        ret->n_fds = n_fds;
-        if (ret_continues)
-                *ret_continues = vr.continues;
-        varlink_reply_done(&vr);
-}
 
 /* WatchReclaim on `c`, and its first reply: the watch is on. */
 static void watch(VarlinkConn *c) {
@@ -122,7 +84,7 @@ static void watch(VarlinkConn *c) {
         ck_assert_int_eq(varlink_call_new(VMMB_METHOD_WATCH_RECLAIM, NULL, false, true, &msg), 0);
         ck_assert_int_eq(varlink_conn_send(c, msg, NULL, 0), 0);
         ck_assert_int_eq(varlink_conn_flush(c), 0);
-        read_reply(c, &r, &continues);
+        ck_assert_int_eq(reply_read(c, &r, &continues), 0);
         ck_assert_msg(!r.error, "%s", r.error);
         ck_assert(continues);
         ck_assert_int_eq(reclaim_request_decode(r.params, &q, NULL), 0);
@@ -137,7 +99,7 @@ static void read_request(VarlinkConn *c, char *id, int64_t *ret_timeout) {
         bool continues = false;
         Reply r;
 
-        read_reply(c, &r, &continues);
+        ck_assert_int_eq(reply_read(c, &r, &continues), 0);
         ck_assert_msg(!r.error, "%s", r.error);
         ck_assert(continues);
         ck_assert_int_eq(reclaim_request_decode(r.params, &q, NULL), 0);
@@ -196,7 +158,7 @@ static void served(VarlinkConn *w) {
         TestLease got;
         Reply r;
 
-        read_reply(w, &r, NULL);
+        ck_assert_int_eq(reply_read(w, &r, NULL), 0);
         ck_assert_msg(!r.error, "%s %s", r.error, json_object_to_json_string(r.params));
         ck_assert_int_eq(lease_take(&r, &got), 0);
         reply_done(&r);
@@ -222,7 +184,7 @@ START_TEST(test_reclaim_lowest_priority_first) {
         check_state(leases[1].id, "marked");
 
         ck_assert_int_eq(conn_open(h.socket, &w), 0);
-        send_alloc_wait(w, UNIT, 60 * 1000000);
+        ck_assert_int_eq(alloc_wait_send(w, UNIT, 60 * 1000000), 0);
         read_request(a[1], id, &timeout);
         ck_assert_str_eq(id, leases[1].id);
         ck_assert_int_eq(timeout, 7 * 1000000);
@@ -232,7 +194,7 @@ START_TEST(test_reclaim_lowest_priority_first) {
         served(w);
 
         /* Asked in turn: the next waiting call asks the next lease, the earlier marked of priority 5. */
-        send_alloc_wait(w, UNIT, 60 * 1000000);
+        ck_assert_int_eq(alloc_wait_send(w, UNIT, 60 * 1000000), 0);
         read_request(a[1], id, NULL);
         ck_assert_str_eq(id, leases[0].id);
         ck_assert_int_eq(lease_free(a[0], leases[0].id), 0);
@@ -264,7 +226,7 @@ START_TEST(test_reclaim_unanswered) {
         ck_assert_ptr_null(set_reclaimable(a[0], leases[1].id, 1));
 
         ck_assert_int_eq(conn_open(h.socket, &w), 0);
-        send_alloc_wait(w, UNIT, 60 * 1000000);
+        ck_assert_int_eq(alloc_wait_send(w, UNIT, 60 * 1000000), 0);
         read_request(a[1], id, NULL);
         ck_assert_str_eq(id, leases[0].id);
         /* Not answered: the next request comes only once the first one's deadline passed. */
@@ -279,8 +241,8 @@ START_TEST(test_reclaim_unanswered) {
 
         /* A waiting call with nobody left to ask fails at its own deadline; unresponsive stays so. */
         ck_assert_int_eq(conn_open(h.socket, &w), 0);
-        send_alloc_wait(w, UNIT, 200 * 1000);
-        read_reply(w, &r, NULL);
+        ck_assert_int_eq(alloc_wait_send(w, UNIT, 200 * 1000), 0);
+        ck_assert_int_eq(reply_read(w, &r, NULL), 0);
         ck_assert_str_eq(r.error, VMMB_ERROR_OUT_OF_MEMORY);
         reply_done(&r);
         check_state(leases[0].id, "unresponsive");
@@ -307,7 +269,7 @@ START_TEST(test_reclaim_holder_killed) {
         x = holder_fill(a, leases);
         ck_assert_ptr_null(set_reclaimable(a[0], leases[2].id, 0));
         ck_assert_int_eq(conn_open(h.socket, &w), 0);
-        send_alloc_wait(w, UNIT, 60 * 1000000);
+        ck_assert_int_eq(alloc_wait_send(w, UNIT, 60 * 1000000), 0);
         read_request(a[1], id, NULL);
         ck_assert_str_eq(id, leases[2].id);
         ck_assert_int_eq(kill(x.pid, SIGKILL), 0);
@@ -353,8 +315,8 @@ START_TEST(test_reclaim_not_asked) {
                 reply_done(&r);
         }
         ck_assert_ptr_null(set_reclaimable(w, own.id, 0));
-        send_alloc_wait(w, UNIT, 300 * 1000);
-        read_reply(w, &r, NULL);
+        ck_assert_int_eq(alloc_wait_send(w, UNIT, 300 * 1000), 0);
+        ck_assert_int_eq(reply_read(w, &r, NULL), 0);
         ck_assert_str_eq(r.error, VMMB_ERROR_OUT_OF_MEMORY);
         reply_done(&r);
         check_state(leases[0].id, "marked");
@@ -428,7 +390,7 @@ START_TEST(test_reclaim_rules) {
         ck_assert_int_eq(varlink_call_new(VMMB_METHOD_WATCH_RECLAIM, NULL, false, true, &msg), 0);
         ck_assert_int_eq(varlink_conn_send(c, msg, NULL, 0), 0);
         ck_assert_int_eq(varlink_conn_flush(c), 0);
-        read_reply(c, &r, NULL);
+        ck_assert_int_eq(reply_read(c, &r, NULL), 0);
         ck_assert_str_eq(r.error, VMMB_ERROR_INVALID_PARAMETER);
         reply_done(&r);
         /* The refused call left the connection as it was: it still serves calls. */

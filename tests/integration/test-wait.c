@@ -46,21 +46,9 @@ static Harness h;
 static char config_path[64];
 
 static void start(const char *config) {
-        char text[4096];
-        int k;
+        int k = harness_start_capped(&h, "8M", config, config_path);
 
-        /* no user's limit is what stops a call here: the device's room is */
-        ck_assert_uint_lt((size_t)snprintf(text, sizeof(text), "[Limits]\nMaxBytes=1G\n%s", config ?: ""),
-                          sizeof(text));
-        k = harness_write_config(text, config_path);
-        ck_assert_msg(k == 0, "writing the configuration: %s", strerror(-k));
-        k = harness_start(&h, (const char *const[]){ "--capacity", "8M", "--config", config_path, NULL });
-        ck_assert_msg(k == 0, "harness_start: %s", strerror(-k));
-        if (geteuid() == 0) {
-                /* Other uids' connectors reach the socket too. */
-                ck_assert_int_eq(chmod(h.dir, 0711), 0);
-                ck_assert_int_eq(chmod(h.socket, 0666), 0);
-        }
+        ck_assert_msg(k == 0, "starting the daemon: %s", strerror(-k));
 }
 
 static void stop(void) {
@@ -100,33 +88,7 @@ static void wait_for_leased(uint64_t leased) {
                      d.scrubbing, leased);
 }
 
-/* Sends an Alloc of `size` that may wait `wait_usec`, without reading its reply. */
-static void send_alloc_wait(VarlinkConn *c, uint64_t size, uint64_t wait_usec) {
-        _cleanup_(json_object_putp) json_object *params = NULL, *msg = NULL;
-        AllocParams a = { .size = size, .device = VMMB_DEVICE_ANY, .wait_usec = (int64_t)wait_usec };
 
-        ck_assert_int_eq(alloc_params_encode(&a, &params), 0);
-        ck_assert_int_eq(varlink_call_new(VMMB_METHOD_ALLOC, params, false, false, &msg), 0);
-        ck_assert_int_eq(varlink_conn_send(c, msg, NULL, 0), 0);
-        ck_assert_int_eq(varlink_conn_flush(c), 0);
-}
-
-/* Reads the reply to a call sent before (blocking, with the socket's timeout). */
-static void read_reply(VarlinkConn *c, Reply *ret) {
-        _cleanup_(json_object_putp) json_object *msg = NULL;
-        VarlinkReply vr = {};
-        int *fds = NULL;
-        size_t n_fds = 0;
-
-        *ret = (Reply){};
-        ck_assert_int_eq(varlink_conn_receive(c, &msg, &fds, &n_fds), 1);
-        ck_assert_int_eq(varlink_reply_parse(msg, &vr), 0);
-        ret->error = TAKE_PTR(vr.error);
-        ret->params = vr.parameters ? TAKE_PTR(vr.parameters) : json_object_new_object();
-        ret->fds = fds;
-        ret->n_fds = n_fds;
-        varlink_reply_done(&vr);
-}
 
 /* Fills the device with N_UNITS leases of one slab on `c`. */
 static void fill(VarlinkConn *c, TestLease *ret) {
@@ -215,10 +177,10 @@ START_TEST(test_wait_served_when_freed) {
         reply_done(&r);
         ck_assert_int_eq(status().waiters, 0);
 
-        send_alloc_wait(w, UNIT, 60 * 1000000);
+        ck_assert_int_eq(alloc_wait_send(w, UNIT, 60 * 1000000), 0);
         wait_for_waiters(1);
         ck_assert_int_eq(lease_free(f, filler[0].id), 0);
-        read_reply(w, &r);
+        ck_assert_int_eq(reply_read(w, &r, NULL), 0);
         ck_assert_msg(!r.error, "%s %s", r.error, json_object_to_json_string(r.params));
         ck_assert_int_eq(lease_take(&r, &got), 0);
         reply_done(&r);
@@ -243,8 +205,8 @@ START_TEST(test_wait_expires) {
         ck_assert_int_eq(conn_open(h.socket, &f), 0);
         ck_assert_int_eq(conn_open(h.socket, &w), 0);
         fill(f, filler);
-        send_alloc_wait(w, UNIT, 20 * 1000);
-        read_reply(w, &r);
+        ck_assert_int_eq(alloc_wait_send(w, UNIT, 20 * 1000), 0);
+        ck_assert_int_eq(reply_read(w, &r, NULL), 0);
         ck_assert_str_eq(r.error, VMMB_ERROR_OUT_OF_MEMORY);
         message = reply_str(&r, "message");
         ck_assert_ptr_nonnull(message);
@@ -266,12 +228,12 @@ START_TEST(test_wait_never_servable_fails_at_once) {
         ck_assert_int_eq(conn_open(h.socket, &f), 0);
         ck_assert_int_eq(conn_open(h.socket, &w), 0);
         fill(f, filler);
-        send_alloc_wait(w, (N_UNITS + 1) * UNIT, 60 * 1000000);
-        read_reply(w, &r);
+        ck_assert_int_eq(alloc_wait_send(w, (N_UNITS + 1) * UNIT, 60 * 1000000), 0);
+        ck_assert_int_eq(reply_read(w, &r, NULL), 0);
         ck_assert_str_eq(r.error, VMMB_ERROR_INVALID_PARAMETER);
         reply_done(&r);
-        send_alloc_wait(w, 3 * UNIT, 60 * 1000000);                     /* 8 + 6 MiB > MaxBytes=12M */
-        read_reply(w, &r);
+        ck_assert_int_eq(alloc_wait_send(w, 3 * UNIT, 60 * 1000000), 0); /* 8 + 6 MiB > MaxBytes=12M */
+        ck_assert_int_eq(reply_read(w, &r, NULL), 0);
         ck_assert_str_eq(r.error, VMMB_ERROR_QUOTA_EXCEEDED);
         reply_done(&r);
         ck_assert_int_eq(status().waiters, 0);
@@ -289,8 +251,8 @@ START_TEST(test_wait_turned_off) {
         ck_assert_int_eq(conn_open(h.socket, &f), 0);
         ck_assert_int_eq(conn_open(h.socket, &w), 0);
         fill(f, filler);
-        send_alloc_wait(w, UNIT, 60 * 1000000);
-        read_reply(w, &r);
+        ck_assert_int_eq(alloc_wait_send(w, UNIT, 60 * 1000000), 0);
+        ck_assert_int_eq(reply_read(w, &r, NULL), 0);
         ck_assert_str_eq(r.error, VMMB_ERROR_OUT_OF_MEMORY);
         reply_done(&r);
         stop();
@@ -306,7 +268,7 @@ START_TEST(test_wait_connection_closed) {
         ck_assert_int_eq(conn_open(h.socket, &f), 0);
         ck_assert_int_eq(conn_open(h.socket, &w), 0);
         fill(f, filler);
-        send_alloc_wait(w, UNIT, 60 * 1000000);
+        ck_assert_int_eq(alloc_wait_send(w, UNIT, 60 * 1000000), 0);
         wait_for_waiters(1);
         w = varlink_conn_free(w);
         wait_for_waiters(0);
@@ -333,7 +295,7 @@ START_TEST(test_wait_process_killed) {
         ck_assert_int_eq(conn_open(h.socket, &f), 0);
         fill(f, filler);
         a = connector_start(UID_A, 1, w);
-        send_alloc_wait(w[0], UNIT, 60 * 1000000);
+        ck_assert_int_eq(alloc_wait_send(w[0], UNIT, 60 * 1000000), 0);
         wait_for_waiters(1);
         ck_assert_int_eq(kill(a.pid, SIGKILL), 0);
         ck_assert_int_eq(harness_wait(a.pid), 128 + SIGKILL);
@@ -368,7 +330,7 @@ START_TEST(test_wait_two_users_in_turn) {
         a = connector_start(UID_A, 3, conns);
         b = connector_start(UID_B, 3, conns + 3);
         for (int i = 0; i < 6; i++) {
-                send_alloc_wait(conns[i], UNIT, 60 * 1000000);
+                ck_assert_int_eq(alloc_wait_send(conns[i], UNIT, 60 * 1000000), 0);
                 wait_for_waiters(i + 1);                /* queued in this order */
         }
         for (int i = 0; i < N_UNITS; i++) {
@@ -378,7 +340,7 @@ START_TEST(test_wait_two_users_in_turn) {
                 ck_assert_int_eq(lease_free(f, filler[i].id), 0);
                 served = first_readable(conns, 6);
                 ck_assert_msg(served == expect[i], "lease %d went to call %d, not %d", i, served, expect[i]);
-                read_reply(conns[served], &r);
+                ck_assert_int_eq(reply_read(conns[served], &r, NULL), 0);
                 ck_assert_msg(!r.error, "%s %s", r.error, json_object_to_json_string(r.params));
                 reply_done(&r);
                 conns[served] = varlink_conn_free(conns[served]);
@@ -417,13 +379,13 @@ START_TEST(test_wait_flood_does_not_hold_others) {
         a = connector_start(UID_A, MAX_CONN, conns);
         b = connector_start(UID_B, 1, conns + MAX_CONN);
         for (int i = 0; i <= MAX_CONN; i++)
-                send_alloc_wait(conns[i], UNIT, 60 * 1000000);
+                ck_assert_int_eq(alloc_wait_send(conns[i], UNIT, 60 * 1000000), 0);
         wait_for_waiters(MAX_CONN + 1);
         for (int i = 0; i < 2; i++) {
                 ck_assert_int_eq(lease_free(f, filler[i].id), 0);
                 served = first_readable(conns, MAX_CONN + 1);
                 ck_assert_msg(served == (i == 0 ? 0 : MAX_CONN), "lease %d went to call %d", i, served);
-                read_reply(conns[served], &r);
+                ck_assert_int_eq(reply_read(conns[served], &r, NULL), 0);
                 ck_assert_msg(!r.error, "%s %s", r.error, json_object_to_json_string(r.params));
                 reply_done(&r);
                 conns[served] = varlink_conn_free(conns[served]);
@@ -460,16 +422,16 @@ START_TEST(test_wait_quota_still_applies) {
         a = connector_start(UID_A, 3, conns);
         ck_assert_int_eq(lease_alloc(conns[2], UNIT, &held), 0);        /* A: 2 MiB; the device is full */
         test_lease_close(&held);
-        send_alloc_wait(conns[0], UNIT, 60 * 1000000);
+        ck_assert_int_eq(alloc_wait_send(conns[0], UNIT, 60 * 1000000), 0);
         wait_for_waiters(1);
-        send_alloc_wait(conns[1], UNIT, 60 * 1000000);
+        ck_assert_int_eq(alloc_wait_send(conns[1], UNIT, 60 * 1000000), 0);
         wait_for_waiters(2);
         ck_assert_int_eq(lease_free(f, filler[0].id), 0);
         ck_assert_int_eq(lease_free(f, filler[1].id), 0);
-        read_reply(conns[0], &r);
+        ck_assert_int_eq(reply_read(conns[0], &r, NULL), 0);
         ck_assert_msg(!r.error, "%s %s", r.error, json_object_to_json_string(r.params));
         reply_done(&r);
-        read_reply(conns[1], &r);
+        ck_assert_int_eq(reply_read(conns[1], &r, NULL), 0);
         ck_assert_str_eq(r.error, VMMB_ERROR_QUOTA_EXCEEDED);
         reply_done(&r);
         ck_assert_int_eq(status().waiters, 0);
@@ -494,10 +456,10 @@ START_TEST(test_wait_daemon_stops) {
         ck_assert_int_eq(conn_open(h.socket, &f), 0);
         ck_assert_int_eq(conn_open(h.socket, &w), 0);
         fill(f, filler);
-        send_alloc_wait(w, UNIT, 60 * 1000000);
+        ck_assert_int_eq(alloc_wait_send(w, UNIT, 60 * 1000000), 0);
         wait_for_waiters(1);
         stop();
-        read_reply(w, &r);
+        ck_assert_int_eq(reply_read(w, &r, NULL), 0);
         ck_assert_str_eq(r.error, VMMB_ERROR_OUT_OF_MEMORY);
         message = reply_str(&r, "message");
         ck_assert_ptr_nonnull(message);
