@@ -89,8 +89,8 @@ static int put_lease(Broker *b, const Lease *l) {
         return b->store ? store_put_lease(b->store, l) : 0;
 }
 
-static int put_hold(Broker *b, const Lease *l, const Holder *h, unsigned refs, bool readonly) {
-        return b->store ? store_put_hold(b->store, l->id, h, refs, readonly) : 0;
+static int put_hold(Broker *b, const Lease *l, const Holder *h, unsigned refs, bool readonly, bool parked) {
+        return b->store ? store_put_hold(b->store, l->id, h, refs, readonly, parked) : 0;
 }
 
 /* The hold ends: its lease too when it was the last and the lease has no name. */
@@ -210,7 +210,7 @@ int broker_alloc(Broker *b, const Caller *c, int64_t device, uint64_t size, cons
         change_begin(b);
         k = put_lease(b, l);
         if (k >= 0)
-                k = put_hold(b, l, h, 1, false);
+                k = put_hold(b, l, h, 1, false, false);
         k = change_commit(b, k);
         if (k != 0) {
                 alloc_undo(b, l, slabs, n);
@@ -301,7 +301,7 @@ int broker_free(Broker *b, const Caller *c, const char *id) {
                 return BROKER_E_NO_SUCH_LEASE;
         change_begin(b);
         if (hold->refs > 1)
-                k = put_hold(b, hold->lease, hold->holder, hold->refs - 1, hold->readonly);
+                k = put_hold(b, hold->lease, hold->holder, hold->refs - 1, hold->readonly, hold->parked);
         else
                 k = put_hold_end(b, hold);
         k = change_commit(b, k);
@@ -431,12 +431,27 @@ static void slabs_give_back(Broker *b, Slab *const *slabs, size_t n, bool foreig
         }
 }
 
+/* Sets a hold parked or not, stored first. */
+static int hold_set_parked(Broker *b, Hold *hold, bool parked) {
+        int k;
+
+        if (hold->parked == parked)
+                return 0;
+        change_begin(b);
+        k = change_commit(b, put_hold(b, hold->lease, hold->holder, hold->refs, hold->readonly, parked));
+        if (k != 0)
+                return k;
+        hold->parked = parked;
+        return 0;
+}
+
 /*
  * Moves a lease's content from its slabs into `to` (n_to slabs, leased already): copies, stores the lease as
- * it will be (parked or not, with those slabs), then swaps the slabs and the charge (`charge`, taken by the
- * caller, replaces the lease's other one). On failure `to` and `charge` go back and the lease is as it was.
+ * it will be (parked or not, with those slabs) and `hold` (if not NULL: the caller's) parked as the lease,
+ * then swaps the slabs and the charge (`charge`, taken by the caller, replaces the lease's other one). On
+ * failure `to` and `charge` go back and the lease is as it was.
  */
-static int lease_move(Broker *b, Lease *l, Slab **to, size_t n_to, bool parked, UserCharge *charge) {
+static int lease_move(Broker *b, Lease *l, Slab **to, size_t n_to, bool parked, UserCharge *charge, Hold *hold) {
         _cleanup_free_ Slab **array = calloc(n_to, sizeof(Slab *));
         Slab **old = l->slabs;
         size_t n_old = l->n_slabs;
@@ -453,6 +468,8 @@ static int lease_move(Broker *b, Lease *l, Slab **to, size_t n_to, bool parked, 
                 l->slabs = old;
                 l->n_slabs = n_old;
                 l->parked = !parked;
+                if (k >= 0 && hold)
+                        k = put_hold(b, l, hold->holder, hold->refs, hold->readonly, parked);
                 k = change_commit(b, k);
         }
         if (k != 0) {
@@ -474,6 +491,8 @@ static int lease_move(Broker *b, Lease *l, Slab **to, size_t n_to, bool parked, 
                 l->charge_bytes = *charge;
         }
         *charge = USER_CHARGE_NULL;
+        if (hold)
+                hold->parked = parked;
         b->leases.generation++;
         return 0;
 }
@@ -497,7 +516,9 @@ int broker_park(Broker *b, const Caller *c, const char *id, bool *ret_parked, Us
                 if (other != hold && !other->parked)
                         alone = false;          /* another process still maps it: it moves when that one parks */
         if (l->parked || !alone) {
-                hold->parked = true;
+                k = hold_set_parked(b, hold, true);
+                if (k != 0)
+                        return k;
                 *ret_parked = l->parked;
                 return 0;
         }
@@ -511,18 +532,17 @@ int broker_park(Broker *b, const Caller *c, const char *id, bool *ret_parked, Us
                 user_charge_release(&charge);
                 return pool_outcome(k);
         }
-        k = lease_move(b, l, host, l->n_slabs, true, &charge);
+        k = lease_move(b, l, host, l->n_slabs, true, &charge, hold);
         if (k != 0)
                 return k;
         reclaim_forget(&b->leases.reclaim, l);  /* its device memory came back: asked or not, it is done */
-        hold->parked = true;
         event_lease_parked(l, c->holder, true);
         *ret_parked = true;
         return 0;
 }
 
-/* Brings a parked lease back into device memory, charged to its owner. */
-static int lease_unpark(Broker *b, Lease *l, UserQuota *ret_quota) {
+/* Brings a parked lease back into device memory, charged to its owner; `hold` (or NULL) maps it again. */
+static int lease_unpark(Broker *b, Lease *l, Hold *hold, UserQuota *ret_quota) {
         Slab *slabs[POOL_MAX_SLABS];
         UserCharge charge = USER_CHARGE_NULL;
         size_t n = 0;
@@ -535,7 +555,7 @@ static int lease_unpark(Broker *b, Lease *l, UserQuota *ret_quota) {
                 user_charge_release(&charge);
                 return pool_outcome(k);
         }
-        return lease_move(b, l, slabs, n, false, &charge);
+        return lease_move(b, l, slabs, n, false, &charge, hold);
 }
 
 int broker_unpark(Broker *b, const Caller *c, const char *id, Hold **ret, UserQuota *ret_quota) {
@@ -545,12 +565,15 @@ int broker_unpark(Broker *b, const Caller *c, const char *id, Hold **ret, UserQu
         if (!hold)
                 return BROKER_E_NO_SUCH_LEASE;
         if (hold->lease->parked) {
-                k = lease_unpark(b, hold->lease, ret_quota);
+                k = lease_unpark(b, hold->lease, hold, ret_quota);
                 if (k != 0)
                         return k;
                 event_lease_parked(hold->lease, c->holder, false);
+        } else {
+                k = hold_set_parked(b, hold, false);
+                if (k != 0)
+                        return k;
         }
-        hold->parked = false;
         *ret = hold;
         return 0;
 }
@@ -589,7 +612,7 @@ int broker_attach(Broker *b, const Caller *c, const char *token, uid_t owner, co
         }
         if (l->parked) {
                 /* A change of its own: attached or not, the lease is back in device memory. */
-                k = lease_unpark(b, l, ret_quota);
+                k = lease_unpark(b, l, NULL, ret_quota);
                 if (k != 0)
                         return k;
                 event_lease_parked(l, h, false);
@@ -602,8 +625,8 @@ int broker_attach(Broker *b, const Caller *c, const char *token, uid_t owner, co
         k = l->foreign != was_foreign ? put_lease(b, l) : 0;
         l->foreign = was_foreign;
         if (k >= 0)
-                k = hold ? put_hold(b, l, h, hold->refs + 1, hold->readonly && readonly)
-                         : put_hold(b, l, h, 1, readonly);
+                k = hold ? put_hold(b, l, h, hold->refs + 1, hold->readonly && readonly, false)
+                         : put_hold(b, l, h, 1, readonly, false);
         k = change_commit(b, k);
         if (k != 0)
                 return k;

@@ -173,7 +173,8 @@ size_t broker_reclaim_pick(Broker *b, size_t device, uint64_t need, const Holder
  * Only a read-write holder (READONLY) of the owner's user (NOT_OWNER) may
  * park: another user's process cannot spend the owner's host memory.
  * QUOTA (the owner's MaxHostBytes=), NO_HOST_MEMORY, DRIVER, NOT_STORED: the
- * lease is as it was, and the hold is not parked. Parking ends a reclaim mark
+ * lease is as it was, and the hold is not parked. A hold's parking is stored
+ * with it, so that a restarted daemon knows who still maps the lease. Parking ends a reclaim mark
  * (an asked lease counts as given back). The copy runs on the device's
  * stream and the call waits for it.
  */

@@ -50,8 +50,8 @@ typedef struct Hold {
         Holder *holder;
         unsigned refs;                  /* Alloc and Attach replies not yet freed */
         bool readonly;
-        bool parked;                    /* its process let the device memory go (Park) and keeps the lease;
-                                           not stored: after a restart, true only of a parked lease's holds */
+        bool parked;                    /* its process let the device memory go (Park) and keeps the lease
+                                           (stored; always true of a parked lease's holds) */
         List link_lease;                /* in Lease.holds */
         List link_holder;               /* in Holder.holds */
 } Hold;

@@ -384,7 +384,7 @@ static int restore_holds(Broker *b, Lease *l, const StateLease *sl, unsigned *re
                         return -ENOMEM;
                 }
                 lease_add_hold(&b->leases, l, hold, h, sh->refs ?: 1, sh->readonly);
-                hold->parked = l->parked;       /* a parked lease is mapped by none of its holders */
+                hold->parked = l->parked || sh->parked; /* a parked lease is mapped by none of its holders */
                 (*ret_holds)++;
         }
         return 0;

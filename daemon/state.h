@@ -72,6 +72,7 @@ typedef struct StateHold {
         char comm[STATE_COMM_MAX + 1];
         unsigned refs;                          /* at least 1 */
         bool readonly;
+        bool parked;                            /* its process parked the lease (format 2 only) */
 } StateHold;
 
 typedef struct StateLease {

@@ -283,7 +283,15 @@ static int encode_end_lease(Buffer *b, const char *lease_id) {
         return 0;
 }
 
-static int encode_put_hold(Buffer *b, const char *lease_id, const Holder *h, unsigned refs, bool readonly) {
+/* PUT_HOLD's flags byte (a bool "readonly" before parking: 0 and 1 read the same). */
+enum {
+        HOLD_F_READONLY = 1,
+        HOLD_F_PARKED = 2,
+        _HOLD_F_ALL = 3,
+};
+
+static int encode_put_hold(Buffer *b, const char *lease_id, const Holder *h, unsigned refs, bool readonly,
+                           bool parked) {
         int k = buffer_reserve(b, 1 + STR_ROOM(ID_MAX) + 4 + 8 + 4 + 4 + STR_ROOM(STATE_COMM_MAX) + 4 + 1);
 
         if (k < 0)
@@ -296,7 +304,7 @@ static int encode_put_hold(Buffer *b, const char *lease_id, const Holder *h, uns
         w_u32(b, (uint32_t)h->gid);
         w_printable(b, h->comm, sizeof(h->comm), STATE_COMM_MAX);
         w_u32(b, refs);
-        w_u8(b, readonly);
+        w_u8(b, (readonly ? HOLD_F_READONLY : 0) | (parked ? HOLD_F_PARKED : 0));
         return 0;
 }
 
@@ -545,9 +553,9 @@ int store_end_lease(Store *s, const char *lease_id) {
         return op_done(s, s->change_error ?: encode_end_lease(&s->change, lease_id));
 }
 
-int store_put_hold(Store *s, const char *lease_id, const Holder *h, unsigned refs, bool readonly) {
+int store_put_hold(Store *s, const char *lease_id, const Holder *h, unsigned refs, bool readonly, bool parked) {
         op_begin(s);
-        return op_done(s, s->change_error ?: encode_put_hold(&s->change, lease_id, h, refs, readonly));
+        return op_done(s, s->change_error ?: encode_put_hold(&s->change, lease_id, h, refs, readonly, parked));
 }
 
 int store_end_hold(Store *s, const char *lease_id, const Holder *h) {
@@ -634,7 +642,7 @@ static int encode_lease_whole(Buffer *b, const Lease *l) {
                         return k;
         }
         list_for_each_entry(hold, &l->holds, link_lease) {
-                k = encode_put_hold(b, l->id, hold->holder, hold->refs, hold->readonly);
+                k = encode_put_hold(b, l->id, hold->holder, hold->refs, hold->readonly, hold->parked);
                 if (k < 0)
                         return k;
         }
@@ -1271,6 +1279,7 @@ static int apply_put_hold(Replay *r, Cursor *c) {
         ReplayLease *rl;
         MapSlot *slot;
         uint64_t hash;
+        uint8_t flags;
         size_t i = 0;
         int k;
 
@@ -1281,7 +1290,11 @@ static int apply_put_hold(Replay *r, Cursor *c) {
         h.gid = (gid_t)r_u32(c);
         r_fixed(c, h.comm, sizeof(h.comm));
         h.refs = r_u32(c);
-        h.readonly = r_bool(c);
+        flags = r_u8(c);
+        if (flags & ~_HOLD_F_ALL)
+                c->bad = true;
+        h.readonly = flags & HOLD_F_READONLY;
+        h.parked = flags & HOLD_F_PARKED;
         if (c->bad)
                 return bad(r, "a hold that cannot be decoded");
         if (!rl)

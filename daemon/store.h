@@ -27,7 +27,8 @@
  *                slabs holding a parked lease's content), [str label],
  *                u16 n_slabs, n_slabs x (u64 id, u64 size), [str name, u8 n_name_uids, n x u32 uid]
  *   3 END_LEASE  str id                       (its holds and tokens end with it)
- *   4 PUT_HOLD   str lease id, i32 pid, u64 start_time, u32 uid, u32 gid, str comm, u32 refs, bool readonly
+ *   4 PUT_HOLD   str lease id, i32 pid, u64 start_time, u32 uid, u32 gid, str comm, u32 refs,
+ *                u8 flags (1 readonly, 2 parked: the process let the device memory go; a bool before parking)
  *   5 END_HOLD   str lease id, i32 pid, u64 start_time
  *   6 PUT_TOKEN  str lease id, str token, u32 uid (UID_ANY: anyone), u32 creator, bool readonly
  *   7 END_TOKEN  str token
@@ -138,10 +139,10 @@ int store_put_lease(Store *s, const Lease *l);
 int store_end_lease(Store *s, const char *lease_id);
 
 /*
- * Records that a process holds a lease `refs` times (read-only or not): creates or replaces the hold of
+ * Records that a process holds a lease `refs` times (read-only or not, parked or not): creates or replaces the hold of
  * (h->pid, h->start_time) on the lease; the holder's uid, gid and comm are stored. Returns 0 or -ENOMEM.
  */
-int store_put_hold(Store *s, const char *lease_id, const Holder *h, unsigned refs, bool readonly);
+int store_put_hold(Store *s, const char *lease_id, const Holder *h, unsigned refs, bool readonly, bool parked);
 
 /* Records that the hold of (h->pid, h->start_time) on a lease ended. Returns 0 or -ENOMEM. */
 int store_end_hold(Store *s, const char *lease_id, const Holder *h);

@@ -138,7 +138,7 @@ static int run(unsigned n_leases, unsigned iterations, Result *r) {
                 store_begin(s);
                 k = store_put_lease(s, l);
                 if (k >= 0)
-                        k = store_put_hold(s, l->id, hold->holder, 1, false);
+                        k = store_put_hold(s, l->id, hold->holder, 1, false, false);
                 if (k >= 0)
                         k = store_commit(s);
                 ta[i] = now_us() - t0;

@@ -1409,9 +1409,9 @@ static void table_lines(Lines *lines, const LeaseTable *t) {
                 lease_line(lines, l->id, l->device, l->size, l->label, l->uid, l->pid, l->foreign, l->parked,
                            l->name, l->name_uids, l->n_name_uids, l->name_readonly, slab_ids, l->n_slabs);
                 list_for_each_entry(hold, &l->holds, link_lease)
-                        add_line(lines, "H %s pid=%d start=%" PRIu64 " uid=%u refs=%u ro=%d", l->id,
+                        add_line(lines, "H %s pid=%d start=%" PRIu64 " uid=%u refs=%u ro=%d parked=%d", l->id,
                                  (int)hold->holder->pid, hold->holder->start_time, (unsigned)hold->holder->uid,
-                                 hold->refs, hold->readonly);
+                                 hold->refs, hold->readonly, hold->parked);
                 list_for_each_entry(tok, &l->tokens, link)
                         add_line(lines, "T %s %s uid=%u creator=%u ro=%d", l->id, tok->token, (unsigned)tok->uid,
                                  (unsigned)tok->creator, tok->readonly);
@@ -1431,9 +1431,9 @@ static char *state_text(const State *s) {
                 lease_line(&lines, l->id, l->device, l->size, l->label, l->uid, l->pid, l->foreign, l->parked,
                            l->name, l->name_uids, l->n_name_uids, l->name_readonly, slab_ids, l->n_slabs);
                 for (size_t j = 0; j < l->n_holds; j++)
-                        add_line(&lines, "H %s pid=%d start=%" PRIu64 " uid=%u refs=%u ro=%d", l->id,
+                        add_line(&lines, "H %s pid=%d start=%" PRIu64 " uid=%u refs=%u ro=%d parked=%d", l->id,
                                  (int)l->holds[j].pid, l->holds[j].start_time, (unsigned)l->holds[j].uid,
-                                 l->holds[j].refs, l->holds[j].readonly);
+                                 l->holds[j].refs, l->holds[j].readonly, l->holds[j].parked);
                 for (size_t j = 0; j < l->n_tokens; j++)
                         add_line(&lines, "T %s %s uid=%u creator=%u ro=%d", l->id, l->tokens[j].token,
                                  (unsigned)l->tokens[j].uid, (unsigned)l->tokens[j].creator, l->tokens[j].readonly);
@@ -2113,17 +2113,29 @@ START_TEST(test_park_write_ahead) {
         char id[LEASE_ID_LEN + 1];
         UserQuota q = {};
         Hold *hold = NULL;
+        Caller *a, *a2;
+        TokenText t;
         bool parked;
-        Caller *a;
 
         setup_broker_host(64 * MiB, false);
         a = this_process(UID_A);
+        a2 = new_process(UID_A);
         memcpy(id, alloc_ok(a, 6 * MiB)->id, sizeof(id));
+        t = share_ok(a, find(id), UID_A, false);
+        attach_token_ok(a2, &t, false);
         give_store();
+        /* A hold parked while another process maps the lease: the hold's flag is stored. */
+        ASSERT_NOT_STORED_THEN_MADE(broker_park(&b, a2, id, &parked, &q));
+        ck_assert(!parked && lease_find_hold(find(id), a2->holder)->parked);
+        /* The last one: the lease moves. */
         ASSERT_NOT_STORED_THEN_MADE(broker_park(&b, a, id, &parked, &q));
-        ck_assert(find(id)->parked);
+        ck_assert(parked && find(id)->parked);
         ASSERT_NOT_STORED_THEN_MADE(broker_unpark(&b, a, id, &hold, &q));
         ck_assert(!find(id)->parked);
+        ck_assert(lease_find_hold(find(id), a2->holder)->parked);
+        /* a2 maps it again: a lease not parked, only the hold's flag changes. */
+        ASSERT_NOT_STORED_THEN_MADE(broker_unpark(&b, a2, id, &hold, &q));
+        ck_assert(!hold->parked);
 }
 END_TEST
 

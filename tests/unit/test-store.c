@@ -190,7 +190,7 @@ static int commit_lease(Store *s, Lease *l) {
         list_for_each_entry(tok, &l->tokens, link)
                 ck_assert_int_eq(store_put_token(s, l->id, tok), 0);
         list_for_each_entry(hold, &l->holds, link_lease)
-                ck_assert_int_eq(store_put_hold(s, l->id, hold->holder, hold->refs, hold->readonly), 0);
+                ck_assert_int_eq(store_put_hold(s, l->id, hold->holder, hold->refs, hold->readonly, hold->parked), 0);
         return store_commit(s);
 }
 
@@ -220,6 +220,7 @@ static void assert_same_lease(const Lease *l, const StateLease *s) {
         ck_assert_int_eq(s->pid, l->pid);
         assert_same_comm(s->comm, l->comm);
         ck_assert_int_eq(s->foreign, l->foreign);
+        ck_assert_int_eq(s->parked, l->parked);
         ck_assert_uint_eq(s->n_slabs, l->n_slabs);
         for (size_t i = 0; i < l->n_slabs; i++) {
                 ck_assert_uint_eq(s->slabs[i].id, l->slabs[i]->id);
@@ -261,6 +262,7 @@ static void assert_same_lease(const Lease *l, const StateLease *s) {
                 assert_same_comm(sh->comm, hold->holder->comm);
                 ck_assert_uint_eq(sh->refs, hold->refs);
                 ck_assert_int_eq(sh->readonly, hold->readonly);
+                ck_assert_int_eq(sh->parked, hold->parked);
         }
 }
 
@@ -367,7 +369,7 @@ START_TEST(test_round_trip) {
         /* Attached again: a new hold goes last, as in the table. */
         hold = mk_hold(a, &holders[5], 3, true);
         store_begin(store);
-        ck_assert_int_eq(store_put_hold(store, a->id, hold->holder, hold->refs, hold->readonly), 0);
+        ck_assert_int_eq(store_put_hold(store, a->id, hold->holder, hold->refs, hold->readonly, hold->parked), 0);
         ck_assert_int_eq(store_commit(store), 0);
         assert_stored_is_table();
 
@@ -424,14 +426,15 @@ START_TEST(test_replace) {
         /* The same hold again: one hold, the last refs and flags. A token again: replaced. Several ops in one
          * change, applied in order. */
         store_begin(store);
-        ck_assert_int_eq(store_put_hold(store, a->id, &holders[0], 4, true), 0);
-        ck_assert_int_eq(store_put_hold(store, a->id, &holders[0], 5, false), 0);
+        ck_assert_int_eq(store_put_hold(store, a->id, &holders[0], 4, true, false), 0);
+        ck_assert_int_eq(store_put_hold(store, a->id, &holders[0], 5, false, true), 0);
         tok->readonly = true;
         tok->uid = UID_ANY;
         ck_assert_int_eq(store_put_token(store, a->id, tok), 0);
         ck_assert_int_eq(store_commit(store), 0);
         hold->refs = 5;
         hold->readonly = false;
+        hold->parked = true;
         assert_stored_is_table();
 
         /* A lease replaced keeps its holds and tokens; a different uid's hold and foreign. */
@@ -440,7 +443,7 @@ START_TEST(test_replace) {
         hold = mk_hold(a, &holders[1], 1, false);
         store_begin(store);
         ck_assert_int_eq(store_put_lease(store, a), 0);
-        ck_assert_int_eq(store_put_hold(store, a->id, hold->holder, 1, false), 0);
+        ck_assert_int_eq(store_put_hold(store, a->id, hold->holder, 1, false, false), 0);
         ck_assert_int_eq(store_commit(store), 0);
         assert_stored_is_table();
 
@@ -1347,11 +1350,11 @@ START_TEST(test_many) {
                         continue;
                 }
                 hold->refs = 3;
-                ck_assert_int_eq(store_put_hold(store, l->id, hold->holder, 3, false), 0);
+                ck_assert_int_eq(store_put_hold(store, l->id, hold->holder, 3, false, false), 0);
                 for (size_t j = 3; j < 8; j++) {
                         Hold *h2 = mk_hold(l, &holders[j], 1, true);
 
-                        ck_assert_int_eq(store_put_hold(store, l->id, h2->holder, 1, true), 0);
+                        ck_assert_int_eq(store_put_hold(store, l->id, h2->holder, 1, true, false), 0);
                 }
                 ck_assert_int_eq(store_put_lease(store, l), 0);         /* foreign now */
                 hold = find_hold(l, &holders[4]);
