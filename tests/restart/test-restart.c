@@ -214,6 +214,99 @@ static void check_leases(Supervisor *s, Client *clients, size_t n) {
         ck_assert_int_ge(stored, (int)slabs + 1);
 }
 
+/* ---- a hold parked while another process maps the lease --------------------------------------------- */
+
+typedef struct AttachArgs {
+        const char *socket;
+        const char *token;
+        int report_w, hold_r;           /* report: 'a' once attached, then 'y' or 'n' for each park */
+} AttachArgs;
+
+/* Attaches the token's lease (maps nothing), then on each command parks its hold: 'y' when the content moved. */
+static int child_attach_park(void *arg) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
+        AttachArgs *a = arg;
+        char params[128], cmd;
+        TestLease l;
+        Reply r = {};
+        int k;
+
+        CHILD_CHECK(close_all_but((const int[]){ a->report_w, a->hold_r }, 2) == 0, "close fds");
+        snprintf(params, sizeof(params), "{\"token\": \"%s\"}", a->token);
+        k = conn_open(a->socket, &c);
+        CHILD_CHECK(k == 0, "connect: %s", strerror(-k));
+        k = call_text(c, "io.vmmbroker.Attach", params, &r);
+        CHILD_CHECK(k == 0 && !r.error, "Attach: %s", r.error ?: strerror(-k));
+        CHILD_CHECK(lease_take(&r, &l) == 0, "the lease");
+        reply_done(&r);
+        test_lease_close(&l);
+        c = varlink_conn_free(c);
+        CHILD_CHECK(pipe_put(a->report_w, 'a') == 0, "pipe");
+        while (pipe_get(a->hold_r, &cmd, 1) == 1)
+                CHILD_CHECK(pipe_put(a->report_w, park(a->socket, l.id) == 0 ? 'y' : 'n') == 0, "pipe");
+        return 0;
+}
+
+static const WireHolder *holder_of(const WireLeaseInfo *info, pid_t pid) {
+        for (size_t i = 0; i < info->n_holders; i++)
+                if (info->holders[i].pid == pid)
+                        return &info->holders[i];
+        ck_abort_msg("process %d does not hold lease %s", (int)pid, info->id);
+        return NULL;
+}
+
+/*
+ * This process parks its hold of a lease that a child still maps; the daemon is killed and restarted; the
+ * lease is still not parked and this process's hold still is; when the child parks, the content moves.
+ */
+START_TEST(test_restart_keeps_hold_parking) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
+        char dir[64], params[128], report = 0;
+        Supervisor *s = daemon_start(dir, sizeof(dir));
+        const char *socket = supervisor_socket_path(s);
+        _cleanup_free_ char *token = NULL;
+        const WireLeaseInfo *info;
+        AttachArgs a = { .socket = socket };
+        ListReply list = {};
+        HeldChild child;
+        TestLease l;
+        Reply r = {};
+
+        ck_assert_int_eq(conn_open(socket, &c), 0);
+        ck_assert_int_eq(lease_alloc(c, 6 * MiB, &l), 0);
+        test_lease_close(&l);
+        snprintf(params, sizeof(params), "{\"id\": \"%s\"}", l.id);
+        ck_assert_int_eq(call_text(c, "io.vmmbroker.Share", params, &r), 0);
+        ck_assert_msg(!r.error, "Share: %s", r.error);
+        token = strdup(reply_str(&r, "token"));
+        reply_done(&r);
+        a.token = token;
+        ck_assert_int_eq(held_child_start(child_attach_park, &a, &a.report_w, &a.hold_r, &report, 1, &child), 0);
+        ck_assert_int_eq(report, 'a');
+
+        ck_assert_int_eq(park(socket, l.id), -EPROTO);          /* parked: false, the child maps it */
+        ck_assert_int_ge(supervisor_restart(s, SIGKILL, 60000), 0);
+
+        ck_assert_int_eq(list_get(socket, true, &list), 0);
+        info = list_find(&list, l.id);
+        ck_assert_ptr_nonnull(info);
+        ck_assert(!info->parked);
+        ck_assert(holder_of(info, getpid())->parked);
+        ck_assert(!holder_of(info, child.pid)->parked);
+        list_reply_done(&list);
+
+        ck_assert_int_eq(pipe_put(child.hold_w, 'p'), 0);
+        ck_assert_int_eq(pipe_get(child.report_r, &report, 1), 1);
+        ck_assert_msg(report == 'y', "the child's park did not move the content: the restart forgot this hold");
+        ck_assert_int_eq(list_get(socket, true, &list), 0);
+        ck_assert(list_find(&list, l.id)->parked);
+        list_reply_done(&list);
+
+        ck_assert_int_eq(held_child_finish(&child), 0);
+        daemon_done(s, dir);
+}
+END_TEST
+
 START_TEST(test_restart_keeps_leases) {
         Client clients[N_CLIENTS];
         char dir[64];
@@ -367,7 +460,7 @@ END_TEST
 
 int main(void) {
         return run_suite(UNIT_SUITE("restart", NULL, test_restart_keeps_leases, test_many_restarts,
-                                    test_ready_with_many_leases)) == 0
+                                    test_ready_with_many_leases, test_restart_keeps_hold_parking)) == 0
                        ? EXIT_SUCCESS
                        : EXIT_FAILURE;
 }
