@@ -90,6 +90,16 @@ else
         results+=("SKIPPED $current (no PyTorch)")
 fi
 
+step "a KV-cache-like ReclaimableBuffer given back to a waiting process, and one that refuses (tests/gpu/python/test_reclaimable_buffer.py)"
+if python3 -c 'import torch' 2>/dev/null; then
+        VMMBROKER_BUILD=$build VMMBROKER_DAEMON="$PWD/$build/daemon/vmmbrokerd" \
+                python3 tests/gpu/python/test_reclaimable_buffer.py >"$out/test-reclaimable-buffer.log" 2>&1 || failed
+        tail -4 "$out/test-reclaimable-buffer.log"
+else
+        echo "no PyTorch here: not run"
+        results+=("SKIPPED $current (no PyTorch)")
+fi
+
 if [ "$(id -u)" -eq 0 ] && [ -x "$build/docs/examples/lease-pattern" ]; then
         step "tenant isolation: user A's canary, then user B (uid 65534) leases the same amount"
         bash tests/gpu/canary.sh "$build" 1G 65534 || failed

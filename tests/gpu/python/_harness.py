@@ -61,11 +61,13 @@ def _accepts(path: str) -> bool:
 
 
 @contextlib.contextmanager
-def broker(timeout: float = 30.0, log: Optional[str] = None) -> Iterator[str]:
+def broker(timeout: float = 30.0, log: Optional[str] = None, args: Sequence[str] = (),
+           config: Optional[str] = None) -> Iterator[str]:
     """A broker for the block: $VMMBROKER_SOCKET's if set, else a vmmbrokerd of our own on a private socket.
 
     Sets $VMMBROKER_SOCKET for this process and its children; yields the socket path.
     The daemon's output goes to LOG (default: $OUT/vmmbrokerd-PID.log, else a temporary file).
+    ARGS are added to its command line; CONFIG, when given, is its vmmbroker.conf (none otherwise).
     """
     setup_paths()
     existing = os.environ.get("VMMBROKER_SOCKET")
@@ -81,7 +83,12 @@ def broker(timeout: float = 30.0, log: Optional[str] = None) -> Iterator[str]:
         out = os.environ.get("OUT")
         log = os.path.join(out if out and os.path.isdir(out) else tmp, f"vmmbrokerd-{os.getpid()}.log")
     logf = open(log, "ab")
-    proc = subprocess.Popen([daemon, "--socket", path, "--config", "/nonexistent"],
+    conf = "/nonexistent"
+    if config is not None:
+        conf = os.path.join(tmp, "vmmbroker.conf")
+        with open(conf, "w") as f:
+            f.write(config)
+    proc = subprocess.Popen([daemon, "--socket", path, "--config", conf, *args],
                             stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + timeout
