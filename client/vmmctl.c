@@ -754,7 +754,6 @@ enum {
         USERS_DEVICE,
         USERS_BYTES,
         USERS_LIMIT,
-        USERS_PARKED,
         USERS_USAGE,
         USERS_COLUMNS,
 };
@@ -768,7 +767,6 @@ static const TableColumn users_columns[USERS_COLUMNS] = {
         [USERS_DEVICE] = { "DEVICE", TABLE_RIGHT, 0 },
         [USERS_BYTES] = { "BYTES", TABLE_RIGHT, 0 },
         [USERS_LIMIT] = { "LIMIT", TABLE_RIGHT, 0 },
-        [USERS_PARKED] = { "PARKED", TABLE_RIGHT, 0 },  /* host memory holding the user's parked leases */
         [USERS_USAGE] = { "USAGE", TABLE_LEFT, BAR_PERCENT },
 };
 
@@ -799,14 +797,11 @@ static int users_add_user(Table *t, const WireUser *u, size_t bar_cells_n, bool 
         for (size_t i = 0; k == 0 && i < (u->n_devices > 0 ? u->n_devices : 1); i++) {
                 const WireUserDevice *d = u->n_devices > 0 ? &u->devices[i] : NULL;
                 char device[24] = "-", bytes[FORMAT_SIZE_MAX] = "-", limit[FORMAT_SIZE_MAX] = "-", bar[BAR_MAX] = "-";
-                char parked[FORMAT_SIZE_MAX] = "-";     /* also from a daemon older than parking */
 
                 if (d) {
                         snprintf(device, sizeof(device), "%" PRId64, d->index);
                         format_size(d->bytes, bytes, sizeof(bytes));
                         format_size(d->max_bytes, limit, sizeof(limit));
-                        if (d->host_bytes >= 0)
-                                format_size((uint64_t)d->host_bytes, parked, sizeof(parked));
                         format_user_bar(d, bar_cells_n, color, bar, sizeof(bar));
                 }
                 k = table_add_row(t, (const char *const[]){
@@ -817,7 +812,6 @@ static int users_add_user(Table *t, const WireUser *u, size_t bar_cells_n, bool 
                         [USERS_DEVICE] = device,
                         [USERS_BYTES] = bytes,
                         [USERS_LIMIT] = limit,
-                        [USERS_PARKED] = parked,
                         [USERS_USAGE] = bar,
                 }, USERS_COLUMNS);
         }

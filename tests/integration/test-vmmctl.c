@@ -491,8 +491,7 @@ static const Column list_columns[] = {
 
 static const Column users_columns[] = {
         { "USER", false },  { "LEASES", true }, { "CONNECTIONS", true }, { "REQUESTS", true },
-        { "DEVICE", true }, { "BYTES", true },  { "LIMIT", true },       { "PARKED", true },
-        { "USAGE", false },
+        { "DEVICE", true }, { "BYTES", true },  { "LIMIT", true },       { "USAGE", false },
 };
 
 /* The users columns that a device's continuation row leaves blank: the user's own. */
@@ -1569,8 +1568,6 @@ static size_t check_users_rows(char **lines, size_t n, UsersReply *raw) {
                         CHECK_FIELD(lines[0], lines[r], users_columns, "DEVICE", number_str(d->index, num));
                         CHECK_FIELD(lines[0], lines[r], users_columns, "BYTES", size_str(d->bytes, size));
                         CHECK_FIELD(lines[0], lines[r], users_columns, "LIMIT", size_str(d->max_bytes, size));
-                        CHECK_FIELD(lines[0], lines[r], users_columns, "PARKED",
-                                    size_str((uint64_t)d->host_bytes, size));
                         c = check_users_bar(lines[0], lines[r], d);
                         cells = c > cells ? c : cells;
                 }
@@ -1628,12 +1625,6 @@ START_TEST(test_list_parked) {
 
         RUN_OK(&o, "--socket", f.h.socket, "status");
         ck_assert_msg(strstr(o.out, "\ndevice 0: 66 MiB parked in host memory (HostCapacity= "), "%s", o.out);
-        output_done(&o);
-
-        RUN_OK(&o, "--socket", f.h.socket, "users");
-        n = split_lines(o.out, lines);
-        ck_assert_uint_ge(n, 2);
-        CHECK_FIELD(lines[0], lines[1], users_columns, "PARKED", "66 MiB");
         output_done(&o);
         fixture_stop(&f);
 }
