@@ -861,6 +861,19 @@ static int print_users(Context *ctx, UsersReply *users) {
         if (k == 0)                     /* never empty: the caller's own user is always there */
                 k = print_table(ctx, t);
         table_free(t);
+        /* Parked leases are in host memory, not in BYTES: a line per user and device that has any. */
+        for (size_t i = 0; i < users->n_users && k == 0; i++)
+                for (size_t j = 0; j < users->users[i].n_devices; j++) {
+                        const WireUserDevice *d = &users->users[i].devices[j];
+                        char name[USER_MAX], parked[FORMAT_SIZE_MAX], limit[FORMAT_SIZE_MAX];
+
+                        if (d->host_bytes <= 0)
+                                continue;
+                        fprintf(ctx->out ?: stdout, "%s: %s parked in host memory for device %" PRId64
+                                " (MaxHostBytes= %s)\n", format_user(users->users[i].uid, name, sizeof(name)),
+                                format_size((uint64_t)d->host_bytes, parked, sizeof(parked)), d->index,
+                                format_size((uint64_t)MAX(d->max_host_bytes, 0), limit, sizeof(limit)));
+                }
         return k;
 }
 

@@ -1600,7 +1600,7 @@ static void users_daemon_start(Harness *h) {
 /* A parked lease: its device shows as N:host, its holder's mode as rw,parked; status says where the memory is. */
 START_TEST(test_list_parked) {
         _cleanup_(json_object_putp) json_object *params = NULL;
-        char *lines[MAX_LINES];
+        char *lines[MAX_LINES], user[64], want[160];
         FreeParams fp;
         VarlinkReply r = {};
         Output o;
@@ -1625,6 +1625,12 @@ START_TEST(test_list_parked) {
 
         RUN_OK(&o, "--socket", f.h.socket, "status");
         ck_assert_msg(strstr(o.out, "\ndevice 0: 66 MiB parked in host memory (HostCapacity= "), "%s", o.out);
+        output_done(&o);
+
+        RUN_OK(&o, "--socket", f.h.socket, "users");
+        user_str(getuid(), user);
+        snprintf(want, sizeof(want), "\n%s: 66 MiB parked in host memory for device 0 (MaxHostBytes= ", user);
+        ck_assert_msg(strstr(o.out, want), "%s", o.out);
         output_done(&o);
         fixture_stop(&f);
 }
