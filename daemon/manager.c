@@ -408,8 +408,8 @@ static int on_signal(sd_event_source *s, const struct signalfd_siginfo *si, void
 }
 
 /*
- * Every second: while storing fails, try again even if nothing else wakes the loop; compact the store
- * even when a busy loop is never idle; and say what changed in STATUS=.
+ * Every second: while storing fails, try again even if nothing else wakes the loop; compact the store and
+ * close released slabs' fds even when a busy loop is never idle; and say what changed in STATUS=.
  */
 static int on_tick(sd_event_source *s, uint64_t usec, void *userdata) {
         Manager *m = userdata;
@@ -423,6 +423,9 @@ static int on_tick(sd_event_source *s, uint64_t usec, void *userdata) {
                 m->busy_ticks = 0;
         }
         m->served_at_tick = m->served;
+        /* Released slabs' fds are closed (their memory given back to the driver) when the loop is idle; a loop
+         * that requests keep busy is never idle, so also here, at least once a second. */
+        (void)pool_idle(m->pool);
         wake_waiters(m);                /* the driver's memory may have come back from outside the pool */
         (void)sd_event_source_set_time_relative(s, 1000000);
         return 0;

@@ -78,6 +78,7 @@
 #define DEFAULT_OPS 40
 #define HANG_TIMEOUT_MS 60000           /* nothing from any client for this long: a hang, the test fails */
 #define STEADY_ROUNDS 20                /* round trips with the same fd count before the pool counts as settled */
+#define TICK_US 1100000                 /* more than the daemon's tick: it closes released slabs' fds by then */
 
 /* ---- the schedule's random numbers: splitmix64 ------------------------------------------------------ */
 
@@ -776,14 +777,16 @@ static char *users(VarlinkConn *ctl) {
 /*
  * Brings the pool to the same state whatever the soak left in its cache: leases the whole capacity (which
  * evicts every other cached slab) and frees it, then makes Status round trips until its scrub has completed
- * and the daemon's fd count has not moved for a few of them (the daemon closes released slabs' fds when it
- * is idle). Then takes the snapshot.
+ * and the daemon's fd count has not moved for a few of them, counted only from a second after the Free (the
+ * daemon closes released slabs' fds when it is idle, which these round trips may never let it be, and at
+ * least once a second). Then takes the snapshot.
  */
 static void settle(const Harness *h, VarlinkConn *ctl, Snapshot *ret) {
         uint64_t deadline = now_us() + (uint64_t)HANG_TIMEOUT_MS * 1000;
         WireDevice d = status(ctl);
         char params[128];
         TestLease l;
+        uint64_t freed;
         Reply r;
         int k, fds = -1, steady = 0;
 
@@ -802,6 +805,7 @@ static void settle(const Harness *h, VarlinkConn *ctl, Snapshot *ret) {
         snprintf(params, sizeof(params), "{\"id\": \"%s\"}", l.id);
         call_or_die(ctl, VMMB_METHOD_FREE, params, &r);
         reply_done(&r);
+        freed = now_us();
         while (steady < STEADY_ROUNDS) {
                 int n;
 
@@ -810,7 +814,9 @@ static void settle(const Harness *h, VarlinkConn *ctl, Snapshot *ret) {
                 d = status(ctl);
                 n = harness_fd_count(h->pid);
                 REQUIRE(n > 0, "cannot count the daemon's fds");
-                steady = d.scrubbing == 0 && n == fds ? steady + 1 : 0;
+                /* Back-to-back round trips may keep the daemon from ever being idle: count only once its
+                 * tick (which closes released slabs' fds whatever the load) has run since the Free. */
+                steady = d.scrubbing == 0 && n == fds && now_us() >= freed + TICK_US ? steady + 1 : 0;
                 fds = n;
         }
         *ret = (Snapshot){ .fds = fds, .dev = d, .users = users(ctl) };
