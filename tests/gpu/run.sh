@@ -80,25 +80,24 @@ if [ -x "$build/docs/examples/publish-pattern" ]; then
                 "$build/docs/examples/attach-pattern" 1G 3 "$build/client/vmmctl" || failed
 fi
 
+# A PyTorch program of tests/gpu/python against this build's daemon: its log, and its last N lines shown.
+torch_program() {
+        local script=$1 log=$2 lines=$3
+        if python3 -c 'import torch' 2>/dev/null; then
+                VMMBROKER_BUILD=$build VMMBROKER_DAEMON="$PWD/$build/daemon/vmmbrokerd" \
+                        python3 "tests/gpu/python/$script" >"$out/$log" 2>&1 || failed
+                tail -"$lines" "$out/$log"
+        else
+                echo "no PyTorch here: not run"
+                results+=("SKIPPED $current (no PyTorch)")
+        fi
+}
+
 step "a model in a broker-backed MemPool put to sleep and woken: the same logits (tests/gpu/python/test_sleep_wake.py)"
-if python3 -c 'import torch' 2>/dev/null; then
-        VMMBROKER_BUILD=$build VMMBROKER_DAEMON="$PWD/$build/daemon/vmmbrokerd" \
-                python3 tests/gpu/python/test_sleep_wake.py >"$out/test-sleep-wake.log" 2>&1 || failed
-        tail -8 "$out/test-sleep-wake.log"
-else
-        echo "no PyTorch here: not run"
-        results+=("SKIPPED $current (no PyTorch)")
-fi
+torch_program test_sleep_wake.py test-sleep-wake.log 8
 
 step "a KV-cache-like ReclaimableBuffer given back to a waiting process, and one that refuses (tests/gpu/python/test_reclaimable_buffer.py)"
-if python3 -c 'import torch' 2>/dev/null; then
-        VMMBROKER_BUILD=$build VMMBROKER_DAEMON="$PWD/$build/daemon/vmmbrokerd" \
-                python3 tests/gpu/python/test_reclaimable_buffer.py >"$out/test-reclaimable-buffer.log" 2>&1 || failed
-        tail -4 "$out/test-reclaimable-buffer.log"
-else
-        echo "no PyTorch here: not run"
-        results+=("SKIPPED $current (no PyTorch)")
-fi
+torch_program test_reclaimable_buffer.py test-reclaimable-buffer.log 4
 
 if [ "$(id -u)" -eq 0 ] && [ -x "$build/docs/examples/lease-pattern" ]; then
         step "tenant isolation: user A's canary, then user B (uid 65534) leases the same amount"
