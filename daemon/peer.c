@@ -85,6 +85,23 @@ static int peer_watch(Peer *p, const VarlinkCall *call, MethodReply *r) {
         return 0;
 }
 
+/*
+ * After a reply sent outside the connection's own turn (`k`: how sending it went): writes what the socket
+ * takes now (the rest on EPOLLOUT), and frees the connection when either failed.
+ */
+static void peer_flush_or_free(Peer *p, int k) {
+        if (k >= 0) {
+                k = varlink_conn_flush(p->conn);
+                if (k == -EAGAIN)
+                        k = 0;
+        }
+        if (k < 0) {
+                peer_free(p);
+                return;
+        }
+        peer_update(p);
+}
+
 void peer_reclaim_send(Peer *p, const Lease *l, uint64_t timeout_usec) {
         _cleanup_(json_object_putp) json_object *params = NULL, *msg = NULL;
         ReclaimRequest q = { .id = (char *)l->id, .device = l->device, .size = (int64_t)l->size,
@@ -96,16 +113,7 @@ void peer_reclaim_send(Peer *p, const Lease *l, uint64_t timeout_usec) {
                 k = varlink_reply_new_continues(params, &msg);
         if (k >= 0)
                 k = varlink_conn_send(p->conn, msg, NULL, 0);
-        if (k >= 0) {
-                k = varlink_conn_flush(p->conn);
-                if (k == -EAGAIN)
-                        k = 0;
-        }
-        if (k < 0) {
-                peer_free(p);
-                return;
-        }
-        peer_update(p);
+        peer_flush_or_free(p, k);
 }
 
 /* Answers one call. Returns 0, or a negative errno that ends the connection. */
@@ -271,16 +279,7 @@ bool peer_wait_try(Peer *p, AllocTry how) {
         if (k == 0 && !p->wait_oneway)
                 k = varlink_conn_send(p->conn, r.msg, r.fds, r.n_fds);
         json_object_put(r.msg);
-        if (k >= 0) {
-                k = varlink_conn_flush(p->conn);
-                if (k == -EAGAIN)
-                        k = 0;
-        }
-        if (k < 0) {
-                peer_free(p);
-                return false;
-        }
-        peer_update(p);
+        peer_flush_or_free(p, k);
         return false;
 }
 

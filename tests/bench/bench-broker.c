@@ -498,14 +498,7 @@ int main(int argc, char *argv[]) {
                 die("starting vmmbrokerd (is VMMBROKER_DAEMON set?)", k);
         measure_status_sizes(h.socket);
         echo_start();                   /* before this process loads the driver */
-        k = cuda_driver_open(&cu, NULL, &message);
-        if (k < 0) {
-                fprintf(stderr, "%s\n", message);
-                return EXIT_FAILURE;
-        }
-        check(cu->cuDeviceGet(&dev0, 0), "cuDeviceGet");
-        check(cu->cuDevicePrimaryCtxRetain(&ctx, 0), "cuDevicePrimaryCtxRetain");
-        check(cu->cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+        machine_open_device("bench-broker", &cu, &dev0, &ctx);
         k = vmmb_connect(h.socket, &client);
         if (k < 0)
                 die("vmmb_connect", k);

@@ -91,7 +91,6 @@ static void fill(unsigned char *buf, uint64_t n) {
 }
 
 int main(int argc, char *argv[]) {
-        _cleanup_free_ char *message = NULL;
         unsigned reps = argc > 1 ? (unsigned)strtoul(argv[1], NULL, 10) : 10;
         uint64_t size = (argc > 2 ? strtoull(argv[2], NULL, 10) : 1024) * MiB;
         double *park, *unpark, *d2h, *h2d, cold_park = 0, cold_unpark = 0, t0;
@@ -123,14 +122,7 @@ int main(int argc, char *argv[]) {
         k = harness_start(&h, NULL);
         if (k < 0)
                 die("starting vmmbrokerd (is VMMBROKER_DAEMON set?)", k);
-        k = cuda_driver_open(&cu, NULL, &message);
-        if (k < 0) {
-                fprintf(stderr, "%s\n", message);
-                return EXIT_FAILURE;
-        }
-        check(cu->cuDeviceGet(&dev, 0), "cuDeviceGet");
-        check(cu->cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
-        check(cu->cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+        machine_open_device("bench-park", &cu, &dev, &ctx);
         check(cu->cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
         node = cuda_device_numa_node(cu, dev);
         k = vmmb_connect(h.socket, &client);

@@ -385,7 +385,6 @@ static void report(const Trace *t, double *const us[N_METHODS], unsigned passes)
 
 int main(int argc, char *argv[]) {
         CUmemAllocationProp prop;
-        _cleanup_free_ char *message = NULL;
         _cleanup_free_ Held *held = NULL;
         _cleanup_free_ double *pool = NULL;
         double *us[N_METHODS] = {};
@@ -409,14 +408,7 @@ int main(int argc, char *argv[]) {
         k = harness_start(&h, NULL);
         if (k < 0)
                 die("starting vmmbrokerd (is VMMBROKER_DAEMON set?)", k);
-        k = cuda_driver_open(&cu, NULL, &message);
-        if (k < 0) {
-                fprintf(stderr, "%s\n", message);
-                return EXIT_FAILURE;
-        }
-        check(cu->cuDeviceGet(&dev0, 0), "cuDeviceGet");
-        check(cu->cuDevicePrimaryCtxRetain(&ctx, 0), "cuDevicePrimaryCtxRetain");
-        check(cu->cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+        machine_open_device("bench-trace", &cu, &dev0, &ctx);
         prop = cuda_slab_prop(dev0);
         check(cu->cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
               "cuMemGetAllocationGranularity");

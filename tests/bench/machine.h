@@ -9,6 +9,7 @@
  */
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/utsname.h>
 #include <time.h>
@@ -33,6 +34,29 @@ static inline void machine_read_line(const char *path, const char *key, char *bu
                 }
         if (f)
                 fclose(f);
+}
+
+/*
+ * Loads the driver (the simulated one under $VMMBROKER_LIBCUDA) and makes device 0's primary context
+ * current, as every GPU benchmark starts; on any failure prints why, as PROG, and exits.
+ */
+static inline void machine_open_device(const char *prog, CudaDriver **ret_cu, CUdevice *ret_dev, CUcontext *ret_ctx) {
+        char *message = NULL;
+        CUresult r;
+
+        if (cuda_driver_open(ret_cu, NULL, &message) < 0) {
+                fprintf(stderr, "%s: %s\n", prog, message ?: "cannot load the driver");
+                exit(EXIT_FAILURE);
+        }
+        r = (*ret_cu)->cuDeviceGet(ret_dev, 0);
+        if (r == CUDA_SUCCESS)
+                r = (*ret_cu)->cuDevicePrimaryCtxRetain(ret_ctx, *ret_dev);
+        if (r == CUDA_SUCCESS)
+                r = (*ret_cu)->cuCtxSetCurrent(*ret_ctx);
+        if (r != CUDA_SUCCESS) {
+                fprintf(stderr, "%s: device 0's primary context: %s\n", prog, cuda_result_name(*ret_cu, r));
+                exit(EXIT_FAILURE);
+        }
 }
 
 /* Prints "PROG: date, kernel, CPUs" and "gpu: ..." lines. */

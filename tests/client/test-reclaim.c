@@ -28,21 +28,15 @@
 #define N_UNITS 4
 
 static Harness h;
-static char config_path[64];
 
 static void start(void) {
-        int k;
+        int k = harness_start_capped(&h, "8M", NULL);   /* the device's room, not a user's limit, stops a call */
 
-        /* No user's limit is what stops a call here: the device's room is. */
-        k = harness_write_config("[Limits]\nMaxBytes=1G\n", config_path);
-        ck_assert_msg(k == 0, "writing the configuration: %s", strerror(-k));
-        k = harness_start(&h, (const char *const[]){ "--capacity", "8M", "--config", config_path, NULL });
         ck_assert_msg(k == 0, "harness_start: %s", strerror(-k));
 }
 
 static void stop(void) {
         ck_assert_int_eq(harness_stop(&h), 0);
-        (void)unlink(config_path);
 }
 
 /* The holder: what it marks and how its callbacks answer. */

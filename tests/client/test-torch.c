@@ -39,7 +39,6 @@
 static Harness h;
 static CudaDriver *cu;
 static CUcontext ctx;
-static char config_path[64];
 static __typeof__(&simcuda_hold_streams) hold_streams;
 
 static void start(const char *config) {
@@ -47,12 +46,7 @@ static void start(const char *config) {
         void *lib;
         int k;
 
-        if (config) {
-                k = harness_write_config(config, config_path);
-                ck_assert_msg(k == 0, "writing the configuration: %s", strerror(-k));
-                k = harness_start(&h, (const char *const[]){ "--config", config_path, NULL });
-        } else
-                k = harness_start(&h, NULL);
+        k = config ? harness_start_config(&h, config, NULL) : harness_start(&h, NULL);
         ck_assert_msg(k == 0, "harness_start: %s (is VMMBROKER_DAEMON set?)", strerror(-k));
         ck_assert_int_eq(setenv("VMMBROKER_SOCKET", h.socket, 1), 0);
         ck_assert_int_eq(setenv("VMMBROKER_RECONNECT_TIMEOUT", "0", 1), 0);
@@ -84,8 +78,6 @@ static void teardown(void) {
                 cu = cuda_driver_close(cu);
         }
         ck_assert_int_eq(harness_stop(&h), 0);
-        if (config_path[0])
-                (void)unlink(config_path);
 }
 
 /* Whether the daemon lists lease `id` (of this user). */

@@ -254,6 +254,8 @@ int harness_stop(Harness *h) {
         h->pid = 0;
         unlink(h->socket);
         rmdir(h->dir);
+        if (h->config[0])
+                (void)unlink(h->config);
         if (k <= 0)
                 return -1;
         return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -393,20 +395,39 @@ int harness_write_config(const char *text, char path[static 64]) {
         return k;
 }
 
-int harness_start_capped(Harness *h, const char *capacity, const char *config, char config_path[static 64]) {
+int harness_start_config(Harness *h, const char *config, const char *const *args) {
+        const char *argv[11] = { "--config" };
+        char path[64];
+        size_t n = 2;
+        int k;
+
+        for (size_t i = 0; args && args[i]; i++) {
+                if (n == ELEMENTSOF(argv) - 1)
+                        return -E2BIG;
+                argv[n++] = args[i];
+        }
+        k = harness_write_config(config, path);
+        if (k < 0)
+                return k;
+        argv[1] = path;
+        k = harness_start(h, argv);
+        if (k < 0) {
+                (void)unlink(path);
+                return k;
+        }
+        memcpy(h->config, path, sizeof(h->config));
+        return 0;
+}
+
+int harness_start_capped(Harness *h, const char *capacity, const char *config) {
         _cleanup_free_ char *text = NULL;
         int k;
 
         if (asprintf(&text, "[Limits]\nMaxBytes=1G\n%s", config ?: "") < 0)
                 return -ENOMEM;
-        k = harness_write_config(text, config_path);
+        k = harness_start_config(h, text, (const char *const[]){ "--capacity", capacity, NULL });
         if (k < 0)
                 return k;
-        k = harness_start(h, (const char *const[]){ "--capacity", capacity, "--config", config_path, NULL });
-        if (k < 0) {
-                (void)unlink(config_path);
-                return k;
-        }
         /* As root, other uids' processes (the tests' connectors) reach the socket too. */
         if (geteuid() == 0 && (chmod(h->dir, 0711) < 0 || chmod(h->socket, 0666) < 0))
                 return -errno;

@@ -20,6 +20,7 @@ typedef struct Harness {
         pid_t pid;
         char dir[64];                   /* private directory: socket and notify socket */
         char socket[108];
+        char config[64];                /* the file harness_start_config() wrote, removed by harness_stop() */
 } Harness;
 
 /*
@@ -29,12 +30,18 @@ typedef struct Harness {
 int harness_write_config(const char *text, char path[static 64]);
 
 /*
- * Starts the daemon with `--capacity CAPACITY` and a configuration file of `config` after "[Limits]
- * MaxBytes=1G" (so that the device's room, not a user's limit, is what stops a call), written to
- * config_path (unlink it after harness_stop()); as root, its socket is opened to every uid. Returns 0 or a
- * negative errno.
+ * harness_start() with `config` as the daemon's configuration file (written by harness_write_config(), kept
+ * in Harness.config and removed by harness_stop(), or at once when the start fails) and `args` (NULL: none,
+ * at most 8) after its --config. Returns 0 or a negative errno.
  */
-int harness_start_capped(Harness *h, const char *capacity, const char *config, char config_path[static 64]);
+int harness_start_config(Harness *h, const char *config, const char *const *args);
+
+/*
+ * Starts the daemon with `--capacity CAPACITY` and a configuration file of `config` after "[Limits]
+ * MaxBytes=1G" (so that the device's room, not a user's limit, is what stops a call); as root, its socket
+ * is opened to every uid. Returns 0 or a negative errno.
+ */
+int harness_start_capped(Harness *h, const char *capacity, const char *config);
 
 /*
  * Starts $VMMBROKER_DAEMON (the build's vmmbrokerd) with `args` appended

@@ -36,30 +36,20 @@
 
 typedef struct Daemon {
         Harness h;
-        char config[64];
 } Daemon;
 
 /* Starts a daemon on N_DEVICES simulated devices with `config` as its configuration file. */
 static void start_with(Daemon *d, const char *config) {
-        FILE *f;
-        int fd, k;
+        int k;
 
-        snprintf(d->config, sizeof(d->config), "/tmp/vmmb-devices-XXXXXX");
-        fd = mkstemp(d->config);
-        ck_assert_int_ge(fd, 0);
-        f = fdopen(fd, "w");
-        ck_assert_ptr_nonnull(f);
-        fputs(config, f);
-        ck_assert_int_eq(fclose(f), 0);
         ck_assert_int_eq(setenv("SIMCUDA_DEVICES", "4", 1), 0);
-        k = harness_start(&d->h, (const char *const[]){ "--config", d->config, NULL });
+        k = harness_start_config(&d->h, config, NULL);
         ck_assert_int_eq(unsetenv("SIMCUDA_DEVICES"), 0);
         ck_assert_msg(k == 0, "harness_start: %s", strerror(-k));
 }
 
 static void stop(Daemon *d) {
         ck_assert_int_eq(harness_stop(&d->h), 0);
-        (void)unlink(d->config);
 }
 
 /* Whether the daemon can be given four devices: only the simulated driver's SIMCUDA_DEVICES can. */

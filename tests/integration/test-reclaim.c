@@ -41,17 +41,15 @@
 #define UID_OTHER 65533
 
 static Harness h;
-static char config_path[64];
 
 static void start(const char *config) {
-        int k = harness_start_capped(&h, "8M", config, config_path);
+        int k = harness_start_capped(&h, "8M", config);
 
         ck_assert_msg(k == 0, "starting the daemon: %s", strerror(-k));
 }
 
 static void stop(void) {
         ck_assert_int_eq(harness_stop(&h), 0);
-        (void)unlink(config_path);
 }
 
 /* ---- a holder process: makes connections as `uid`, hands them over, stays alive ------------------------ */

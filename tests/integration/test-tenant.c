@@ -100,7 +100,6 @@ static void soft_done(const char *attack) {
 
 typedef struct Daemon {
         Harness h;
-        char config[64];
 } Daemon;
 
 /*
@@ -108,23 +107,8 @@ typedef struct Daemon {
  * user. `why` explains a refusal to start (a key the daemon does not know).
  */
 static void daemon_start(Daemon *d, const char *config, const char *why) {
-        const char *args[] = { "--config", d->config, NULL };   /* lives as long as the call */
-        FILE *f;
-        int fd, k;
+        int k = *config ? harness_start_config(&d->h, config, NULL) : harness_start(&d->h, NULL);
 
-        d->config[0] = 0;
-        if (*config) {
-                snprintf(d->config, sizeof(d->config), "/tmp/vmmb-tenant-XXXXXX");
-                fd = mkstemp(d->config);
-                ck_assert_int_ge(fd, 0);
-                f = fdopen(fd, "w");
-                ck_assert_ptr_nonnull(f);
-                fputs(config, f);
-                ck_assert_int_eq(fclose(f), 0);
-        }
-        k = harness_start(&d->h, *config ? args : NULL);
-        if (k < 0 && d->config[0])
-                (void)unlink(d->config);
         ck_assert_msg(k == 0, "the daemon did not start with the configuration \"%s\" (%s)%s%s", config,
                       strerror(-k), why ? ": " : "", why ?: "");
         ck_assert_int_eq(chmod(d->h.dir, 0711), 0);
@@ -134,8 +118,6 @@ static void daemon_start(Daemon *d, const char *config, const char *why) {
 static void daemon_stop(Daemon *d) {
         int k = harness_stop(&d->h);
 
-        if (d->config[0])
-                (void)unlink(d->config);
         ck_assert_msg(k == 0, "the daemon exited with %d", k);
 }
 

@@ -43,17 +43,15 @@
 #define POLL_STEPS 20000                /* bounded polling of Status: each step is a round trip */
 
 static Harness h;
-static char config_path[64];
 
 static void start(const char *config) {
-        int k = harness_start_capped(&h, "8M", config, config_path);
+        int k = harness_start_capped(&h, "8M", config);
 
         ck_assert_msg(k == 0, "starting the daemon: %s", strerror(-k));
 }
 
 static void stop(void) {
         ck_assert_int_eq(harness_stop(&h), 0);
-        (void)unlink(config_path);
 }
 
 static WireDevice status(void) {
