@@ -282,10 +282,8 @@ static void slab_release(Slab *slab) {
         (void)DRV(dev, cuMemRelease)(slab->handle);
         defer_close(dev->pool, slab->fd);
         slab->space->created_bytes -= slab->size;
-        if (slab->host)
-                dev->stats.host_released++;
-        else
-                dev->stats.released++;
+        if (!slab->host)
+                dev->stats.released++;          /* device slabs: the metric's */
         free(slab);
 }
 
@@ -807,7 +805,6 @@ int pool_copy(Pool *p, Slab *const *dst, size_t n_dst, Slab *const *src, size_t 
                 driver_error(dev, "cuStreamSynchronize (copy)", r);
                 return POOL_E_DRIVER;
         }
-        dev->stats.copies++;
         dev->stats.copied_bytes += copied;
         /* The scrubs queued before the copy are done too: move them into the cache now. */
         (void)pool_dispatch(p);
@@ -1141,6 +1138,4 @@ void pool_device_stats(Pool *p, size_t i, PoolDeviceStats *ret) {
         ret->host_scrubbing = dev->host.scrubbing_bytes;
         ret->host_cached = dev->host.cached_bytes;
         ret->n_parked = dev->host.n_leased;
-        ret->n_host_scrubbing = dev->host.n_scrubbing;
-        ret->n_host_cached = dev->host.n_cached;
 }

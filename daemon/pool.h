@@ -127,10 +127,9 @@ typedef struct PoolDeviceStats {
         uint64_t parked;                /* bytes in host slabs holding parked leases */
         uint64_t host_scrubbing;
         uint64_t host_cached;           /* zeroed host slabs kept for the next park */
-        unsigned n_parked, n_host_scrubbing, n_host_cached;
-        uint64_t host_created, host_released;
-        uint64_t copies;                /* pool_copy() calls that succeeded */
-        uint64_t copied_bytes;
+        unsigned n_parked;
+        uint64_t host_created;          /* host slabs created */
+        uint64_t copied_bytes;          /* by pool_copy() */
 } PoolDeviceStats;
 
 /*
