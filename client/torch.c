@@ -276,9 +276,12 @@ static void pending_push(Pending **list, Pending *p) {
  * Looks at the pending frees taken from the list: those whose work is done
  * (their event completed: queried, or waited for when `wait`) are unmapped and
  * given back; those not done yet go back on the list; those whose context
- * failed are stuck for good. Returns 0, or the first error (message set).
+ * failed are stuck for good. With `oneway` the Frees are sent without waiting
+ * for the broker's answers (vmmb_free_oneway()): for the allocation path, whose
+ * Alloc follows at once, which the broker reads after them. Returns 0, or the
+ * first error (message set).
  */
-static int pending_reap(bool wait) {
+static int pending_reap(bool wait, bool oneway) {
         Pending *todo, *p, *next;
         CudaDriver *cu = NULL;
         int ret = 0, k;
@@ -323,7 +326,7 @@ static int pending_reap(bool wait) {
                         continue;
                 }
                 event_put(cu, p->device, p->event);
-                k = vmmb_free(p->lease);
+                k = oneway ? vmmb_free_oneway(p->lease) : vmmb_free(p->lease);
                 if (k < 0 && ret == 0)
                         ret = k;
                 free(p);
@@ -362,11 +365,12 @@ VMMB_EXPORT void *vmmb_torch_alloc(ssize_t size, int device, void *stream) {
         if (!c)
                 return NULL;
 
-        (void)pending_reap(false);
+        /* the Frees of segments whose work is done go first, unanswered: the broker reads them before the Alloc */
+        (void)pending_reap(false, true);
         k = vmmb_alloc(c, (uint64_t)size, device, TORCH_LABEL, &lease);
         if ((k == -ENOMEM || k == -EDQUOT) && pending_any()) {
                 /* frees still waiting for their streams hold room: wait for them, and ask again */
-                (void)pending_reap(true);
+                (void)pending_reap(true, true);
                 k = vmmb_alloc(c, (uint64_t)size, device, TORCH_LABEL, &lease);
         }
         if (k < 0)
@@ -448,7 +452,7 @@ VMMB_EXPORT void vmmb_torch_free(void *ptr, ssize_t size, int device, void *stre
                                        vmmb_lease_id(lease));
                 return;                 /* leaked, mapped: the broker takes it back at exit */
         }
-        (void)pending_reap(false);
+        (void)pending_reap(false, false);
 }
 
 VMMB_EXPORT int vmmb_torch_release_all(void) {
@@ -466,7 +470,7 @@ VMMB_EXPORT int vmmb_torch_release_all(void) {
 
         /* the frees PyTorch made: wait for their events */
         while (pending_any()) {
-                k = pending_reap(true);
+                k = pending_reap(true, false);
                 if (k < 0 && ret == 0)
                         ret = k;
         }
@@ -596,7 +600,7 @@ VMMB_EXPORT int vmmb_torch_sleep(void *stream) {
 
         /* frees waiting for their streams: their memory goes back to the broker rather than to host memory */
         while (pending_any()) {
-                k = pending_reap(true);
+                k = pending_reap(true, false);
                 if (k < 0)
                         return k;
         }

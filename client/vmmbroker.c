@@ -525,8 +525,55 @@ unlock:
         return 0;
 }
 
-/* Tells the broker that lease `id` is done with. */
-static int client_free_id(vmmb_client *c, const char *id) {
+/*
+ * Sends one call with varlink's "oneway" set, so that the broker sends no reply, and returns once it is
+ * written: the broker acts on it before it reads this client's next call. A connection lost while sending
+ * (the broker has no whole call to act on) is connected again and the call sent once more, as client_call()
+ * does; after it is written, nothing of the call's outcome comes back.
+ */
+static int client_call_oneway(vmmb_client *c, const char *method, json_object *params) {
+        _cleanup_(json_putp) json_object *call = NULL;
+        int k;
+
+        k = varlink_call_new(method, params, true, false, &call);
+        if (k < 0)
+                return set_error(k, "Cannot build the call %s: %s.", method, strerror(-k));
+
+        (void)pthread_mutex_lock(&c->call_lock);
+        for (unsigned attempt = 0;; attempt++) {
+                if (!c->conn) {
+                        k = client_reconnect(c);
+                        if (k < 0)
+                                break;
+                }
+                k = varlink_conn_send(c->conn, call, NULL, 0);
+                if (k < 0) {
+                        k = set_error(k, "Cannot queue the call %s: %s.", method, strerror(-k));
+                        break;
+                }
+                k = varlink_conn_flush(c->conn);
+                if (k >= 0) {
+                        k = 0;
+                        break;
+                }
+                if (!conn_error_is_lost(k)) {
+                        k = client_out_of_step(c, k, "sending the call");
+                        break;
+                }
+                client_disconnect(c);
+                if (attempt > 0) {
+                        k = set_error(-ECONNRESET, "Lost the connection to the broker twice before it read the call "
+                                      "%s, which was not carried out: it stopped or restarted. The next call "
+                                      "connects again.", method_short(method));
+                        break;
+                }
+        }
+        (void)pthread_mutex_unlock(&c->call_lock);
+        return k;
+}
+
+/* Tells the broker that lease `id` is done with: waits for its answer, or only sends the call when `oneway`. */
+static int client_free_id(vmmb_client *c, const char *id, bool oneway) {
         _cleanup_(json_putp) json_object *params = NULL;
         FreeParams p = { .id = (char *)id };
         VarlinkReply reply = {};
@@ -535,6 +582,8 @@ static int client_free_id(vmmb_client *c, const char *id) {
         k = free_params_encode(&p, &params);
         if (k < 0)
                 return set_error(k, "Cannot encode the call to free lease %s: %s.", id, strerror(-k));
+        if (oneway)
+                return client_call_oneway(c, VMMB_METHOD_FREE, params);
         k = client_call(c, VMMB_METHOD_FREE, params, &reply, NULL);
         if (k < 0)
                 return k;
@@ -558,15 +607,15 @@ static vmmb_lease *lease_destroy(vmmb_lease *l) {
 DEFINE_TRIVIAL_CLEANUP_FUNC(vmmb_lease, lease_destroy);
 
 /*
- * Unmaps a lease and, once nothing of it is mapped here, tells the broker.
- * cuMemUnmap does not wait for work queued on the range (work that runs after
+ * Unmaps a lease and, once nothing of it is mapped here, tells the broker: waits for its answer, or only
+ * sends the Free when `oneway` (vmmb_free_oneway()). cuMemUnmap does not wait for work queued on the range (work that runs after
  * it faults, CUDA_ERROR_ILLEGAL_ADDRESS, sticky for its context): the caller
  * has made sure none is (vmmb_free_stream() waits for a stream first). When unmapping fails the broker is
  * not told: the memory may still be reachable in this process, so it must not
  * be scrubbed and handed out again; the broker reclaims it when the process
  * exits. Frees the lease object in every case.
  */
-static int lease_release(vmmb_lease *l) {
+static int lease_release(vmmb_lease *l, bool oneway) {
         _cleanup_(lease_destroyp) vmmb_lease *lease = l;
         CudaDriver *cu = NULL;
         int k;
@@ -583,7 +632,7 @@ static int lease_release(vmmb_lease *l) {
         if (k < 0)
                 return set_error(k, "Cannot unmap lease %s at 0x%llx: %s.", lease->id,
                                  (unsigned long long)lease->va, strerror(-k));
-        return client_free_id(lease->client, lease->id);
+        return client_free_id(lease->client, lease->id, oneway);
 }
 
 /* The identifier of a lease in an Alloc reply that failed to decode, or NULL. */
@@ -603,7 +652,7 @@ static void client_give_back(vmmb_client *c, const char *id) {
         if (!id)
                 return;
         memcpy(saved, error_message, sizeof(saved));
-        (void)client_free_id(c, id);
+        (void)client_free_id(c, id, false);
         memcpy(error_message, saved, sizeof(saved));
 }
 
@@ -904,7 +953,7 @@ static int lease_give_back(vmmb_client *c, vmmb_lease *l) {
         l->reclaimed = true;
         l->va = 0;
         (void)pthread_mutex_unlock(&c->leases_lock);
-        (void)client_free_id(c->answer, l->id);
+        (void)client_free_id(c->answer, l->id, false);
         return 0;
 }
 
@@ -1159,7 +1208,7 @@ VMMB_EXPORT void vmmb_close(vmmb_client *client) {
                 (void)pthread_mutex_unlock(&client->leases_lock);
                 if (!l)
                         break;
-                (void)lease_release(l);
+                (void)lease_release(l, false);
         }
         memcpy(error_message, saved, sizeof(saved));
         client_destroy(client);
@@ -1524,7 +1573,8 @@ VMMB_EXPORT void vmmb_tokens_free(vmmb_token *tokens, size_t n) {
         free(tokens);
 }
 
-VMMB_EXPORT int vmmb_free(vmmb_lease *lease) {
+/* vmmb_free() and vmmb_free_oneway(): out of the client's list once no reclaim callback decides on it. */
+static int lease_free(vmmb_lease *lease, bool oneway) {
         vmmb_client *c;
 
         if (!lease)
@@ -1540,7 +1590,15 @@ VMMB_EXPORT int vmmb_free(vmmb_lease *lease) {
                 (void)pthread_cond_wait(&c->reclaim_done, &c->leases_lock);
         list_unlink(&lease->link);
         (void)pthread_mutex_unlock(&c->leases_lock);
-        return lease_release(lease);
+        return lease_release(lease, oneway);
+}
+
+VMMB_EXPORT int vmmb_free(vmmb_lease *lease) {
+        return lease_free(lease, false);
+}
+
+VMMB_EXPORT int vmmb_free_oneway(vmmb_lease *lease) {
+        return lease_free(lease, true);
 }
 
 /*

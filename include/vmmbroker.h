@@ -243,6 +243,35 @@ int vmmb_alloc_among(vmmb_client *client, uint64_t size, const int *devices, siz
 int vmmb_free(vmmb_lease *lease);
 
 /**
+ * vmmb_free_oneway() - end a lease without waiting for the broker's answer.
+ * @lease: the lease, or NULL.
+ *
+ * Unmaps the memory at once, as vmmb_free() does (the caller makes sure no
+ * queued work uses it), then sends the broker the Free as a one-way call (the
+ * broker sends no answer) and returns as soon as it is written: the round trip
+ * that vmmb_free() waits for is left out, which is most of what freeing costs.
+ * The broker ends the hold when it reads the call, and it reads it before any
+ * later call of this client: a vmmb_alloc() that follows on the same client
+ * may use the memory. Other processes may see the lease held for that moment
+ * still: to hand memory over to another process ("I freed, now you
+ * allocate"), use vmmb_free(), which returns after the broker has ended the
+ * hold. For allocators that free their own segments (PyTorch, CuPy).
+ *
+ * What the broker makes of the call does not come back: a hold it no longer
+ * knows of is the only refusal it could give, and leaves nothing to do. When
+ * the connection is lost before the call is written whole, the broker has
+ * not read it: the library connects again and sends it once more, as for any
+ * call. When the broker goes away after the call is written and before it
+ * reads it (a restart at that moment), the hold ends when this process exits.
+ * The lease object is freed in every case.
+ *
+ * Return: 0 once the call is written; or a negative errno: from the unmapping
+ * (the broker is not told, as by vmmb_free()), -ECONNREFUSED when no broker came
+ * back in time, -ECONNRESET when the connection was lost twice while sending.
+ */
+int vmmb_free_oneway(vmmb_lease *lease);
+
+/**
  * vmmb_free_stream() - end a lease once the work queued on a stream is done.
  * @lease: the lease, or NULL.
  * @stream: a CUstream (a cudaStream_t: the same pointer), or NULL for the legacy default stream;

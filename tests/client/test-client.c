@@ -34,6 +34,7 @@
 #include "codec.h"
 #include "driver.h"
 #include "harness.h"
+#include "json.h"
 #include "macro.h"
 #include "varlink.h"
 #include "vmmbroker.h"
@@ -367,11 +368,14 @@ START_TEST(test_daemon_killed) {
         /* The mapping still works until freed; freeing unmaps, then cannot tell the broker. */
         ck_assert_int_eq(cu->cuMemsetD32(vmmb_lease_ptr(l), 1, vmmb_lease_size(l) / 4), CUDA_SUCCESS);
         ck_assert_int_eq(vmmb_free(l), -ECONNREFUSED);
+        /* so does a one-way Free: it would connect again to send the call, and no broker listens */
+        ck_assert_int_eq(cu->cuMemsetD32(vmmb_lease_ptr(l2), 1, vmmb_lease_size(l2) / 4), CUDA_SUCCESS);
+        ck_assert_int_eq(vmmb_free_oneway(l2), -ECONNREFUSED);
+        ck_assert_msg(strstr(vmmb_error_message(), "no broker listened at"), "message: %s", vmmb_error_message());
         ck_assert_int_eq(unlink(h.socket), 0);
         ck_assert_int_eq(vmmb_alloc(c, 2 * MiB, 0, NULL, &l3), -ECONNREFUSED);  /* missing: the same */
         ck_assert_msg(strstr(vmmb_error_message(), strerror(ENOENT)), "message: %s", vmmb_error_message());
-        vmmb_close(c);          /* frees l2 */
-        (void)l2;
+        vmmb_close(c);
         unlink(h.socket);
         rmdir(h.dir);
 }
@@ -1062,6 +1066,88 @@ START_TEST(test_other_user) {
 }
 END_TEST
 
+/* ---- one-way frees ------------------------------------------------------------------------------------ */
+
+typedef struct FloodArgs {
+        const char *socket;
+        const char *id;                 /* root's lease, which the child does not hold */
+} FloodArgs;
+
+/*
+ * Another user's process, as a hostile client: a thousand one-way Frees of root's lease, by its identifier,
+ * written at once on a raw connection. None may end a hold it does not have, and none is answered: the
+ * first answer on the connection is that of the Status sent after them.
+ */
+static int child_oneway_flood(void *arg) {
+        const FloodArgs *a = arg;
+        _cleanup_(json_object_putp) json_object *params = json_object_new_object(), *call = NULL;
+        VarlinkConn *c = NULL;
+        WireDevice d;
+        int k;
+
+        if (drop_to_nobody() != 0)
+                return 1;
+        CHILD_CHECK(params && json_object_object_add(params, "id", json_object_new_string(a->id)) == 0, "params");
+        CHILD_CHECK(varlink_call_new(VMMB_METHOD_FREE, params, true, false, &call) == 0, "call");
+        CHILD_CHECK(harness_conn_open(a->socket, false, &c) == 0, "connect");
+        for (unsigned i = 0; i < 1000; i++)
+                CHILD_CHECK(varlink_conn_send(c, call, NULL, 0) == 0, "queue the Free");
+        CHILD_CHECK(varlink_conn_flush(c) >= 0, "send the Frees");
+        k = harness_status_on(c, &d);
+        CHILD_CHECK(k == 0, "Status after the Frees: %s", strerror(-k));
+        varlink_conn_free(c);
+        return 0;
+}
+
+/*
+ * vmmb_free_oneway(): the broker reads the Free before the client's next call, so on a device with room for
+ * one lease the next Alloc of the same client finds it; the memory comes back scrubbed; and another user's
+ * one-way Frees of the lease change nothing.
+ */
+START_TEST(test_free_oneway) {
+        vmmb_client *c;
+        vmmb_lease *l;
+        uint64_t leased, leases;
+        int k;
+
+        ck_assert_int_eq(harness_stop(&h), 0);
+        k = harness_start_capped(&h, "64M", NULL);
+        ck_assert_msg(k == 0, "harness_start_capped: %s", strerror(-k));
+        c = connect_or_fail();
+        l = alloc_or_fail(c, 64 * MiB, 0, NULL);
+        fill(l, 0x0DDBA11);
+        ck_assert_int_eq(vmmb_free_oneway(l), 0);
+        ck_assert_int_eq(vmmb_free_oneway(NULL), 0);
+        l = alloc_or_fail(c, 64 * MiB, 0, NULL);
+        ck_assert(lease_reads(l, 0));
+        daemon_status(&leased, &leases);
+        ck_assert_uint_eq(leases, 1);
+        ck_assert_uint_eq(leased, 64 * MiB);
+
+        if (!skip_fork_on_real_driver(__func__) && geteuid() == 0) {
+                FloodArgs a = { .socket = h.socket, .id = vmmb_lease_id(l) };
+
+                fill(l, 0x5AFE5AFE);
+                ck_assert_int_eq(chmod(h.dir, 0711), 0);
+                ck_assert_int_eq(chmod(h.socket, 0666), 0);
+                run_child(child_oneway_flood, &a);
+                ck_assert_uint_eq(daemon_leases(), 1);
+                ck_assert(lease_reads(l, 0x5AFE5AFE));
+        }
+
+        /* A one-way Free, then the client closed at once: the broker still reads the call (closing alone does
+         * not end a hold, and this process lives on), so a waiting Alloc on a new connection gets the room. */
+        ck_assert_int_eq(vmmb_free_oneway(l), 0);
+        vmmb_close(c);
+        c = connect_or_fail();
+        l = NULL;
+        k = vmmb_alloc_wait(c, 64 * MiB, 0, NULL, 30 * 1000000ULL, &l);
+        ck_assert_msg(k == 0, "vmmb_alloc_wait: %s: %s", strerror(-k), vmmb_error_message());
+        ck_assert(lease_reads(l, 0));
+        free_last_and_close(c, l);
+}
+END_TEST
+
 /* The tokens of `l` must be exactly want[0..n): each once, in any order, with its uid, creator and mode. */
 static void check_tokens(vmmb_lease *l, const vmmb_token *want, size_t n) {
         vmmb_token *got = NULL;
@@ -1412,6 +1498,7 @@ int main(void) {
         tcase_add_test(tc, test_free_parked);
         tcase_add_test(tc, test_park_shared);
         tcase_add_test(tc, test_park_other_user);
+        tcase_add_test(tc, test_free_oneway);
         suite_add_tcase(s, tc);
 
         failed = run_suite(s);
