@@ -21,6 +21,8 @@
  *                size to a forked process that only answers, measured between
  *                this size's requests: what any request pays for the socket
  *   free         vmmb_free() of such a lease: unmap in the client, then Free
+ *   oneway       vmmb_free_oneway() of such a lease: unmap, then the Free sent
+ *                as a one-way call, its answer not waited for
  *   unmap        the unmap floor: cuda_unmap() of the floor's mapping (cuMemUnmap
  *                of each slab, cuMemAddressFree), which is what vmmb_free()
  *                does in the process (the client releases its imported handles
@@ -29,6 +31,12 @@
  *   reclaim      from SIGKILL of a process holding the lease to the daemon
  *                reporting it reclaimed (leased drops), and to it being cached
  *                again (scrubbed, reusable); polled through Status
+ *
+ * Then where a request's time goes: the raw Alloc and Free round trips alone
+ * (reply and fds received, no driver call), the rest of vmmb_alloc() beyond the
+ * floor and that round trip, the daemon's own time per method (from its
+ * request-latency metric), and the floor's driver calls one by one, with the
+ * fds just received and with the same fds mapped a second time.
  *
  * Placement: nothing is pinned. This process, the daemon and the echo process
  * run wherever the scheduler puts them, as a daemon and its clients do; the
@@ -133,6 +141,15 @@ static void wait_scrubbed(const char *path) {
         do
                 status(path, &leased, &scrubbing, &cached);
         while (scrubbing > 0);
+}
+
+/* Waits until device 0 has nothing leased or scrubbing: a one-way Free has been read and its scrub is done. */
+static void wait_idle(const char *path) {
+        uint64_t leased, scrubbing, cached;
+
+        do
+                status(path, &leased, &scrubbing, &cached);
+        while (leased > 0 || scrubbing > 0);
 }
 
 /* ---- the bare round trip: a forked process that answers each request with a reply of Status's size ---- */
@@ -265,7 +282,9 @@ static void bench_round_trips(const char *path, unsigned n, double *ret_status, 
 typedef struct Row {
         uint64_t size;
         TestLease layout;               /* the slabs of one raw Alloc (their fds closed) */
-        double request, floor, bare, free, unmap, alloc, reclaimed, cached;
+        double request, floor, bare, free, free_oneway, unmap, alloc, reclaimed, cached;
+        double alloc_rt, free_rt;       /* raw Alloc (reply and fds received) and Free round trips, no driver */
+        double fresh[5], again[5];      /* import, reserve, map, access, close: fds just received / mapped once */
 } Row;
 
 /* Request to usable pointer and vmmb_free(), each request on a warm pool; a bare round trip before each. */
@@ -300,6 +319,22 @@ static void bench_request(vmmb_client *client, const char *path, unsigned reps, 
         row->request = median(t, reps);
         row->free = median(tf, reps);
         row->bare = median(tb, reps);
+
+        /* vmmb_free_oneway(): the Free sent, not waited for. */
+        for (unsigned i = 0; i < reps; i++) {
+                double t0;
+
+                k = vmmb_alloc(client, row->size, 0, "bench", &l);
+                if (k < 0)
+                        die("vmmb_alloc", k);
+                t0 = now_us();
+                k = vmmb_free_oneway(l);
+                tf[i] = now_us() - t0;
+                if (k < 0)
+                        die("vmmb_free_oneway", k);
+                wait_idle(path);
+        }
+        row->free_oneway = median(tf, reps);
 }
 
 /* Alloc on device 0 over raw varlink: the lease as the wire has it, slab sizes and fds in mapping order. */
@@ -360,6 +395,130 @@ static void bench_floor(const char *path, unsigned reps, Row *row) {
         wait_scrubbed(path);
         row->floor = median(t, reps);
         row->unmap = median(tu, reps);
+
+        /* The same request's round trips alone: what the wire and the daemon add to the floor. */
+        for (unsigned i = 0; i < reps; i++) {
+                TestLease x;
+                double t0 = now_us();
+
+                raw_alloc(c, row->size, &x);
+                t[i] = now_us() - t0;
+                test_lease_close(&x);
+                t0 = now_us();
+                k = lease_free(c, x.id);
+                tu[i] = now_us() - t0;
+                if (k < 0)
+                        die("Free", k);
+                wait_scrubbed(path);
+        }
+        row->alloc_rt = median(t, reps);
+        row->free_rt = median(tu, reps);
+}
+
+/* Maps l's slabs phase by phase as cuda_map_fds() does, adding each phase's time to t[0..3]; unmaps. */
+static void map_phases(const TestLease *l, double t[5]) {
+        CUmemGenericAllocationHandle h;
+        CUdeviceptr va;
+        uint64_t total = 0, off = 0;
+        double t0;
+
+        for (size_t i = 0; i < l->n; i++)
+                total += l->sizes[i];
+        t0 = now_us();
+        check(cu->cuMemAddressReserve(&va, total, cuda_slab_alignment(l->sizes[0]), 0, 0), "reserve");
+        t[1] += now_us() - t0;
+        for (size_t i = 0; i < l->n; i++) {
+                t0 = now_us();
+                check(cu->cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)l->fds[i],
+                                                         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), "import");
+                t[0] += now_us() - t0;
+                t0 = now_us();
+                check(cu->cuMemMap(va + off, l->sizes[i], 0, h, 0), "map");
+                (void)cu->cuMemRelease(h);
+                t[2] += now_us() - t0;
+                off += l->sizes[i];
+        }
+        t0 = now_us();
+        check(cuda_set_access(cu, va, total, &dev0, 1, false), "access");
+        t[3] += now_us() - t0;
+        if (cuda_unmap(cu, va, l->sizes, l->n) < 0)
+                die("cuda_unmap", -EIO);
+}
+
+/* The floor's phases with fds just received (as a request has them) and with the same fds mapped again. */
+static void bench_phases(const char *path, unsigned reps, Row *row) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
+        double f[5][MAX_REPS], a[5][MAX_REPS];
+        int k;
+
+        k = conn_open(path, &c);
+        if (k < 0)
+                die("connect", k);
+        for (unsigned i = 0; i < reps; i++) {
+                double tf[5] = {}, ta[5] = {}, t0;
+                TestLease x;
+
+                raw_alloc(c, row->size, &x);
+                map_phases(&x, tf);
+                map_phases(&x, ta);
+                t0 = now_us();
+                test_lease_close(&x);
+                tf[4] = now_us() - t0;
+                k = lease_free(c, x.id);
+                if (k < 0)
+                        die("Free", k);
+                wait_scrubbed(path);
+                for (unsigned j = 0; j < 5; j++) {
+                        f[j][i] = tf[j];
+                        a[j][i] = ta[j];
+                }
+        }
+        for (unsigned j = 0; j < 5; j++) {
+                row->fresh[j] = median(f[j], reps);
+                row->again[j] = median(a[j], reps);
+        }
+}
+
+/*
+ * The daemon's own time per call of METHOD from its request-latency metric (sum / count over the run):
+ * method_call() alone, without reading, parsing or sending.
+ */
+static double daemon_us(const char *metrics, const char *method) {
+        char key[128];
+        const char *p;
+        double sum = 0, count = 0;
+
+        snprintf(key, sizeof(key), "vmmbroker_request_duration_seconds_sum{method=\"%s\"} ", method);
+        p = strstr(metrics, key);
+        if (p)
+                sum = strtod(p + strlen(key), NULL);
+        snprintf(key, sizeof(key), "vmmbroker_request_duration_seconds_count{method=\"%s\"} ", method);
+        p = strstr(metrics, key);
+        if (p)
+                count = strtod(p + strlen(key), NULL);
+        return count > 0 ? sum / count * 1e6 : 0;
+}
+
+static void print_daemon_share(const char *path) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
+        _cleanup_(json_object_putp) json_object *params = json_object_new_object();
+        const char *text;
+        Reply r;
+        int k;
+
+        k = conn_open(path, &c);
+        if (k < 0)
+                die("connect", k);
+        k = call(c, VMMB_METHOD_METRICS, params, &r);
+        if (k < 0 || r.error)
+                die(r.error ?: "Metrics", k < 0 ? k : -EREMOTEIO);
+        text = reply_str(&r, "text");
+        if (!text)
+                die("Metrics reply", -EBADMSG);
+        printf("the daemon's own time per call, all sizes (method_call() alone, mean from its metrics): Alloc %.1f us, "
+               "Free %.1f us, Status %.1f us\n", daemon_us(text, "Alloc"), daemon_us(text, "Free"),
+               daemon_us(text, "Status"));
+        reply_done(&r);
 }
 
 static double bench_cumemalloc(uint64_t size, unsigned reps) {
@@ -516,11 +675,13 @@ int main(int argc, char *argv[]) {
                 rows[i].size = SIZES[i].size;
                 bench_request(client, h.socket, reps, &rows[i]);
                 bench_floor(h.socket, reps, &rows[i]);
+                bench_phases(h.socket, reps, &rows[i]);
                 rows[i].alloc = bench_cumemalloc(rows[i].size, reps);
                 bench_reclaim(h.socket, reclaim_reps, &rows[i]);
         }
         vmmb_close(client);
         bench_round_trips(h.socket, 10 * reps, &status_us, &bare_us);
+        print_daemon_share(h.socket);
         echo_stop();
 
         printf("round trips on an open connection (interleaved, median of %u): bare %.1f us, Status %.1f us "
@@ -528,17 +689,40 @@ int main(int argc, char *argv[]) {
         printf("layouts the daemon served (slabs in mapping order):\n");
         for (size_t i = 0; i < ELEMENTSOF(rows); i++)
                 print_layout(&rows[i]);
-        printf("%-8s %5s %9s %9s %7s %7s %9s %8s %7s %10s %8s %13s %12s\n", "size", "slabs", "request", "floor",
-               "ratio", "bare", "free", "unmap", "ratio", "cuMemAlloc", "vs alloc", "kill->reclaim",
-               "kill->cached");
+        printf("%-8s %5s %9s %9s %7s %7s %9s %8s %7s %8s %7s %10s %8s %13s %12s\n", "size", "slabs", "request",
+               "floor", "ratio", "bare", "free", "unmap", "ratio", "oneway", "ratio", "cuMemAlloc", "vs alloc",
+               "kill->reclaim", "kill->cached");
         for (size_t i = 0; i < ELEMENTSOF(rows); i++) {
                 const Row *r = &rows[i];
                 char b[FORMAT_SIZE_MAX];
 
-                printf("%-8s %5zu %9.1f %9.1f %6.2fx %7.1f %9.1f %8.1f %6.2fx %10.1f %7.2fx %13.1f %12.1f\n",
+                printf("%-8s %5zu %9.1f %9.1f %6.2fx %7.1f %9.1f %8.1f %6.2fx %8.1f %6.2fx %10.1f %7.2fx %13.1f "
+                       "%12.1f\n",
                        format_size(r->size, b, sizeof(b)), r->layout.n, r->request, r->floor, r->request / r->floor,
-                       r->bare, r->free, r->unmap, r->free / r->unmap, r->alloc, r->request / r->alloc,
-                       r->reclaimed, r->cached);
+                       r->bare, r->free, r->unmap, r->free / r->unmap, r->free_oneway, r->free_oneway / r->unmap,
+                       r->alloc, r->request / r->alloc, r->reclaimed, r->cached);
+        }
+
+        printf("where a request's time goes (medians, us): alloc RT = raw Alloc call to reply and fds received, "
+               "no driver call; client = request - floor - alloc RT; free RT = raw Free round trip\n");
+        printf("%-8s %9s %9s %9s %9s %9s %9s\n", "size", "request", "floor", "alloc RT", "client", "free RT", "bare");
+        for (size_t i = 0; i < ELEMENTSOF(rows); i++) {
+                const Row *r = &rows[i];
+                char b[FORMAT_SIZE_MAX];
+
+                printf("%-8s %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f\n", format_size(r->size, b, sizeof(b)), r->request,
+                       r->floor, r->alloc_rt, r->request - r->floor - r->alloc_rt, r->free_rt, r->bare);
+        }
+
+        printf("the floor's phases (medians, us), fds just received / the same fds mapped a second time:\n");
+        printf("%-8s %15s %15s %15s %15s %7s\n", "size", "import", "reserve", "map", "access", "close");
+        for (size_t i = 0; i < ELEMENTSOF(rows); i++) {
+                const Row *r = &rows[i];
+                char b[FORMAT_SIZE_MAX];
+
+                printf("%-8s %7.1f/%-7.1f %7.1f/%-7.1f %7.1f/%-7.1f %7.1f/%-7.1f %7.1f\n",
+                       format_size(r->size, b, sizeof(b)), r->fresh[0], r->again[0], r->fresh[1], r->again[1],
+                       r->fresh[2], r->again[2], r->fresh[3], r->again[3], r->fresh[4]);
         }
 
         printf("\n" TARGET_ROW, "target (issue 14)", "target", "verdict", "measured");
@@ -562,6 +746,16 @@ int main(int argc, char *argv[]) {
                 snprintf(measured, sizeof(measured), "%.2fx: %.1f / %.1f us (bare round trip %.1f us)",
                          r->free / r->unmap, r->free, r->unmap, r->bare);
                 target_row(what, r->free / r->unmap, TARGET_FREE, measured);
+        }
+        for (size_t i = 0; i < ELEMENTSOF(rows); i++) {
+                const Row *r = &rows[i];
+                char what[64], measured[160], b[FORMAT_SIZE_MAX];
+
+                format_size(r->size, b, sizeof(b));
+                snprintf(what, sizeof(what), "free one-way vs unmap floor, %s", b);
+                snprintf(measured, sizeof(measured), "%.2fx: %.1f / %.1f us (vmmb_free_oneway())",
+                         r->free_oneway / r->unmap, r->free_oneway, r->unmap);
+                target_row(what, r->free_oneway / r->unmap, TARGET_FREE, measured);
         }
 
         k = harness_stop(&h);
