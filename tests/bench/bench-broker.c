@@ -285,6 +285,8 @@ typedef struct Row {
         double request, floor, bare, free, free_oneway, unmap, alloc, reclaimed, cached;
         double alloc_rt, free_rt;       /* raw Alloc (reply and fds received) and Free round trips, no driver */
         double fresh[5], again[5];      /* import, reserve, map, access, close: fds just received / mapped once */
+        double send;                    /* a one-way Free written on a raw connection (the daemon answers nothing) */
+        double unmap_closed;            /* the unmap of a mapping whose fds were closed, as a client's are */
 } Row;
 
 /* Request to usable pointer and vmmb_free(), each request on a warm pool; a bare round trip before each. */
@@ -415,6 +417,28 @@ static void bench_floor(const char *path, unsigned reps, Row *row) {
         row->free_rt = median(tu, reps);
 }
 
+/*
+ * Writes a one-way Free of `id` (ended already: the daemon acts on nothing and answers nothing) and returns
+ * how long building and writing it took: what vmmb_free_oneway() adds to the unmap.
+ */
+static double oneway_free_send(VarlinkConn *c, const char *id) {
+        _cleanup_(json_object_putp) json_object *params = NULL, *msg = NULL;
+        FreeParams p = { .id = (char *)id };
+        double t0 = now_us();
+        int k;
+
+        k = free_params_encode(&p, &params);
+        if (k >= 0)
+                k = varlink_call_new(VMMB_METHOD_FREE, params, true, false, &msg);
+        if (k >= 0)
+                k = varlink_conn_send(c, msg, NULL, 0);
+        if (k >= 0)
+                k = varlink_conn_flush(c);
+        if (k < 0)
+                die("one-way Free", k);
+        return now_us() - t0;
+}
+
 /* Maps l's slabs phase by phase as cuda_map_fds() does, adding each phase's time to t[0..3]; unmaps. */
 static void map_phases(const TestLease *l, double t[5]) {
         CUmemGenericAllocationHandle h;
@@ -448,7 +472,7 @@ static void map_phases(const TestLease *l, double t[5]) {
 /* The floor's phases with fds just received (as a request has them) and with the same fds mapped again. */
 static void bench_phases(const char *path, unsigned reps, Row *row) {
         _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
-        double f[5][MAX_REPS], a[5][MAX_REPS];
+        double f[5][MAX_REPS], a[5][MAX_REPS], sent[MAX_REPS], uc[MAX_REPS];
         int k;
 
         k = conn_open(path, &c);
@@ -458,16 +482,26 @@ static void bench_phases(const char *path, unsigned reps, Row *row) {
                 double tf[5] = {}, ta[5] = {}, t0;
                 TestLease x;
 
+                _cleanup_free_ char *message = NULL;
+                CUdeviceptr va;
+
                 raw_alloc(c, row->size, &x);
                 map_phases(&x, tf);
                 map_phases(&x, ta);
+                if (cuda_map_fds(cu, dev0, x.fds, x.sizes, x.n, false, &va, &message) < 0)
+                        die(message ?: "cuda_map_fds", -EIO);
                 t0 = now_us();
                 test_lease_close(&x);
                 tf[4] = now_us() - t0;
+                t0 = now_us();
+                if (cuda_unmap(cu, va, x.sizes, x.n) < 0)
+                        die("cuda_unmap", -EIO);
+                uc[i] = now_us() - t0;
                 k = lease_free(c, x.id);
                 if (k < 0)
                         die("Free", k);
                 wait_scrubbed(path);
+                sent[i] = oneway_free_send(c, x.id);
                 for (unsigned j = 0; j < 5; j++) {
                         f[j][i] = tf[j];
                         a[j][i] = ta[j];
@@ -477,6 +511,8 @@ static void bench_phases(const char *path, unsigned reps, Row *row) {
                 row->fresh[j] = median(f[j], reps);
                 row->again[j] = median(a[j], reps);
         }
+        row->send = median(sent, reps);
+        row->unmap_closed = median(uc, reps);
 }
 
 /*
@@ -704,14 +740,18 @@ int main(int argc, char *argv[]) {
         }
 
         printf("where a request's time goes (medians, us): alloc RT = raw Alloc call to reply and fds received, "
-               "no driver call; client = request - floor - alloc RT; free RT = raw Free round trip\n");
-        printf("%-8s %9s %9s %9s %9s %9s %9s\n", "size", "request", "floor", "alloc RT", "client", "free RT", "bare");
+               "no driver call; client = request - floor - alloc RT; free RT = raw Free round trip; send = a one-way "
+               "Free built and written, not answered; unmap/cl = the unmap of a mapping whose fds were closed "
+               "first, as a client's are (the unmap floor keeps them open)\n");
+        printf("%-8s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n", "size", "request", "floor", "alloc RT", "client",
+               "free RT", "send", "unmap", "unmap/cl", "bare");
         for (size_t i = 0; i < ELEMENTSOF(rows); i++) {
                 const Row *r = &rows[i];
                 char b[FORMAT_SIZE_MAX];
 
-                printf("%-8s %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f\n", format_size(r->size, b, sizeof(b)), r->request,
-                       r->floor, r->alloc_rt, r->request - r->floor - r->alloc_rt, r->free_rt, r->bare);
+                printf("%-8s %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f\n",
+                       format_size(r->size, b, sizeof(b)), r->request, r->floor, r->alloc_rt,
+                       r->request - r->floor - r->alloc_rt, r->free_rt, r->send, r->unmap, r->unmap_closed, r->bare);
         }
 
         printf("the floor's phases (medians, us), fds just received / the same fds mapped a second time:\n");
