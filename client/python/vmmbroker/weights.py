@@ -19,21 +19,29 @@ lease is published under the name (vmmbroker's Lease.publish()), so it
 outlives the producer; vmmbroker's Client.unpublish(name) ends it once no
 process holds it.
 
-Layout of the lease (version 1; little-endian):
+Layout of the lease (version 2; little-endian):
 
     offset 0   magic          8 bytes  b"VMMBWTS\\0"
-           8   version        u32      1
+           8   version        u32      2 (this version also reads 1)
           12   prefix size    u32      64 (bytes before the JSON)
           16   json size      u64      bytes of the JSON that follows the prefix
           24   data offset    u64      where the tensor data starts (aligned)
           32   data size      u64      bytes of tensor data after the data offset
           40   json crc32     u32      zlib.crc32 of the JSON bytes
           44   zero padding to 64
-          64   JSON (UTF-8):  {"tensors": [[name, dtype, shape, stride, offset, nbytes], ...],
-                               "metadata": {...}}
+          64   JSON (UTF-8), one array per field, the i-th tensor at index i of each:
+                              {"names": [...], "dtypes": [...], "shapes": [[...], ...],
+                               "offsets": [...], "nbytes": [...], "metadata": {...}}
                 offset is relative to the data offset; dtype is PyTorch's name
-                ("bfloat16", "float32", ...); tensors that shared memory in the
-                producer's state dict (tied weights) share it here too.
+                ("bfloat16", "float32", ...); every tensor is stored contiguous;
+                tensors that shared memory in the producer's state dict (tied
+                weights) share it here too.
+
+Version 1 kept one array per tensor, [name, dtype, shape, stride, offset,
+nbytes], under "tensors"; parsing it made twice the Python objects (0.16 ms
+against 0.08 ms for GPT-2 medium's 293 tensors on the development machine),
+and its strides were always the contiguous ones. Stores published by earlier
+versions are still read.
 
 The layout functions (plan_layout, encode_layout, decode_prefix, decode_layout)
 are plain Python, usable and tested without PyTorch.
@@ -42,6 +50,7 @@ are plain Python, usable and tested without PyTorch.
 from __future__ import annotations
 
 import json
+import operator
 import struct
 import time
 import zlib
@@ -63,7 +72,8 @@ __all__ = [
 ]
 
 MAGIC = b"VMMBWTS\0"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READ_VERSIONS = (1, 2)
 PREFIX_SIZE = 64
 ALIGN = 256
 _PREFIX = struct.Struct("<8sIIQQQI")     # magic, version, prefix size, json size, data offset, data size, crc
@@ -148,8 +158,17 @@ def plan_layout(specs: Iterable[Tuple[str, str, Sequence[int], Optional[str]]],
 
 def encode_layout(entries: List[list], data_size: int, metadata: Optional[Mapping[str, Any]] = None,
                   align: int = ALIGN) -> Tuple[bytes, int]:
-    """The header bytes (prefix + JSON) and the data offset they imply (the header's end, aligned)."""
-    doc = {"tensors": entries, "metadata": dict(metadata or {})}
+    """The header bytes (prefix + JSON) and the data offset they imply (the header's end, aligned).
+
+    entries are plan_layout()'s; each must have its shape's contiguous strides
+    (the store keeps every tensor contiguous), else ValueError.
+    """
+    for e in entries:
+        if list(e[3]) != contiguous_stride(e[2]):
+            raise ValueError(f"{e[0]}: strides {list(e[3])} are not the contiguous ones of shape {list(e[2])}")
+    doc = {"names": [e[0] for e in entries], "dtypes": [e[1] for e in entries],
+           "shapes": [list(e[2]) for e in entries], "offsets": [e[4] for e in entries],
+           "nbytes": [e[5] for e in entries], "metadata": dict(metadata or {})}
     js = json.dumps(doc, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode("ascii")
     data_offset = _align(PREFIX_SIZE + len(js), align)
     prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, PREFIX_SIZE, len(js), data_offset, data_size,
@@ -157,23 +176,30 @@ def encode_layout(entries: List[list], data_size: int, metadata: Optional[Mappin
     return prefix + b"\0" * (PREFIX_SIZE - len(prefix)) + js, data_offset
 
 
-def decode_prefix(buf: bytes) -> Tuple[int, int, int, int]:
-    """(json size, data offset, data size, crc32) from the first PREFIX_SIZE bytes; LayoutError if not a layout."""
+def _prefix(buf: bytes) -> Tuple[int, int, int, int, int]:
+    """(version, json size, data offset, data size, crc32) from the first PREFIX_SIZE bytes."""
     if len(buf) < PREFIX_SIZE:
         raise LayoutError("too short for a weight-store header")
     magic, version, prefix_size, js, data_offset, data_size, crc = _PREFIX.unpack_from(buf, 0)
     if magic != MAGIC:
         raise LayoutError("not a vmmbroker weight store (bad magic)")
-    if version != FORMAT_VERSION:
-        raise LayoutError(f"weight-store layout version {version}; this vmmbroker reads {FORMAT_VERSION}")
+    if version not in READ_VERSIONS:
+        raise LayoutError(f"weight-store layout version {version}; this vmmbroker reads "
+                          f"{', '.join(map(str, READ_VERSIONS))}")
     if prefix_size != PREFIX_SIZE or data_offset < PREFIX_SIZE + js:
         raise LayoutError("corrupt weight-store header (sizes)")
-    return js, data_offset, data_size, crc
+    return version, js, data_offset, data_size, crc
 
 
-def decode_layout(buf: bytes, lease_size: Optional[int] = None) -> Tuple[List[list], int, Dict[str, Any]]:
-    """(entries, data offset, metadata) from the header bytes (at least prefix + JSON)."""
-    js, data_offset, data_size, crc = decode_prefix(buf)
+def decode_prefix(buf: bytes) -> Tuple[int, int, int, int]:
+    """(json size, data offset, data size, crc32) from the first PREFIX_SIZE bytes; LayoutError if not a layout."""
+    return _prefix(buf)[1:]
+
+
+def _columns(buf: bytes, lease_size: Optional[int]) -> Tuple[list, list, list, list, list, int, Dict[str, Any]]:
+    """(names, dtypes, shapes, offsets, nbytes, data offset, metadata) of a header of either version, checked:
+    every dtype known, every tensor inside the data, the data inside the lease."""
+    version, js, data_offset, data_size, crc = _prefix(buf)
     if len(buf) < PREFIX_SIZE + js:
         raise LayoutError(f"header needs {PREFIX_SIZE + js} bytes, {len(buf)} given")
     if lease_size is not None and data_offset + data_size > lease_size:
@@ -181,14 +207,49 @@ def decode_layout(buf: bytes, lease_size: Optional[int] = None) -> Tuple[List[li
     raw = bytes(buf[PREFIX_SIZE:PREFIX_SIZE + js])
     if zlib.crc32(raw) & 0xFFFFFFFF != crc:
         raise LayoutError("corrupt weight-store header (checksum)")
-    doc = json.loads(raw)
-    entries = doc["tensors"]
-    for e in entries:
-        if e[4] < 0 or e[4] + e[5] > data_size:
-            raise LayoutError(f"{e[0]}: bytes {e[4]}..{e[4] + e[5]} outside the data")
-        if e[1] not in ITEMSIZE:
-            raise LayoutError(f"{e[0]}: unknown dtype {e[1]!r}")
-    return entries, data_offset, doc.get("metadata", {})
+    try:
+        doc = json.loads(raw)
+        if version == 1:
+            t = doc["tensors"]
+            names, dtypes, shapes = [e[0] for e in t], [e[1] for e in t], [e[2] for e in t]
+            offsets, nbytes = [e[4] for e in t], [e[5] for e in t]
+        else:
+            names, dtypes, shapes = doc["names"], doc["dtypes"], doc["shapes"]
+            offsets, nbytes = doc["offsets"], doc["nbytes"]
+        metadata = doc.get("metadata", {})
+        if not isinstance(metadata, dict):
+            raise LayoutError("corrupt weight-store header (metadata is not an object)")
+        n = len(names)
+        if not (len(dtypes) == len(shapes) == len(offsets) == len(nbytes) == n):
+            raise LayoutError("corrupt weight-store header (arrays of different lengths)")
+        unknown = set(dtypes) - ITEMSIZE.keys()
+        if unknown:
+            i = dtypes.index(next(iter(unknown)))
+            raise LayoutError(f"{names[i]}: unknown dtype {dtypes[i]!r}")
+        # C-level passes over the arrays; a loop only to name the tensor at fault
+        if n and (min(offsets) < 0 or min(nbytes) < 0 or max(map(operator.add, offsets, nbytes)) > data_size):
+            for name, o, b in zip(names, offsets, nbytes):
+                if o < 0 or b < 0 or o + b > data_size:
+                    raise LayoutError(f"{name}: bytes {o}..{o + b} outside the data")
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
+        if isinstance(e, LayoutError):
+            raise
+        raise LayoutError(f"corrupt weight-store header (JSON: {type(e).__name__}: {e})") from None
+    return names, dtypes, shapes, offsets, nbytes, data_offset, metadata
+
+
+def decode_layout(buf: bytes, lease_size: Optional[int] = None) -> Tuple[List[list], int, Dict[str, Any]]:
+    """(entries, data offset, metadata) from the header bytes (at least prefix + JSON), of either version.
+
+    entries are [name, dtype, shape, stride, offset, nbytes], as plan_layout() makes them.
+    """
+    names, dtypes, shapes, offsets, nbytes, data_offset, metadata = _columns(buf, lease_size)
+    try:
+        entries = [[n, d, s, contiguous_stride(s), o, b]
+                   for n, d, s, o, b in zip(names, dtypes, shapes, offsets, nbytes)]
+    except (TypeError, ValueError) as e:
+        raise LayoutError(f"corrupt weight-store header (shapes: {e})") from None
+    return entries, data_offset, metadata
 
 
 # --- PyTorch --------------------------------------------------------------------------------
@@ -308,18 +369,23 @@ def _device_bytes(base, start: int, n: int) -> bytes:
     return base[start:start + n].cpu().numpy().tobytes()
 
 
-def read_layout(base) -> Tuple[List[list], int, Dict[str, Any]]:
-    """Read the layout from BASE, a 1-D uint8 CUDA tensor over a whole lease (one small copy, two if large)."""
+def _read_header(base) -> bytes:
+    """The header bytes of BASE, a 1-D uint8 CUDA tensor over a whole lease (one small copy, two if large)."""
     size = base.shape[0]
     first = min(size, FIRST_READ)
     buf = _device_bytes(base, 0, first)
-    js, _, _, _ = decode_prefix(buf)
+    js = _prefix(buf)[1]
     need = PREFIX_SIZE + js
     if need > first:
         if need > size:
             raise LayoutError(f"header of {need} bytes in a lease of {size}")
         buf += _device_bytes(base, first, need - first)
-    return decode_layout(buf, size)
+    return buf
+
+
+def read_layout(base) -> Tuple[List[list], int, Dict[str, Any]]:
+    """Read the layout from BASE, a 1-D uint8 CUDA tensor over a whole lease (one small copy, two if large)."""
+    return decode_layout(_read_header(base), base.shape[0])
 
 
 def attach_state_dict(client, name: str, readonly: bool = True) -> StateDict:
@@ -330,42 +396,70 @@ def attach_state_dict(client, name: str, readonly: bool = True) -> StateDict:
     default) the memory is mapped read-only: fine for inference and
     load_state_dict(..., assign=True), a fault if written. They keep the lease
     (see StateDict). Raises vmmbroker.Error from the broker, LayoutError when
-    the lease holds no weight store.
+    the lease holds no weight store (or a corrupt one); on any error the hold
+    taken is freed. Python's cyclic garbage collector is paused for the call
+    (it would otherwise run over the whole heap while the views are made) and
+    restored as it was.
     """
+    import gc
+
     import torch
 
     from . import torch as vt
 
     clock = time.perf_counter_ns
-    t0 = clock()
-    lease = client.attach(name=name, readonly=readonly)
-    t1 = clock()
+    collecting = gc.isenabled()
+    gc.disable()
     try:
-        mem = vt._LeaseMemory(lease, owned=True)
-    except BaseException:
-        lease.free()
-        raise
-    try:
-        base = torch.as_tensor(mem)
-        mem.torch_device = base.device
-        t2 = clock()
-        entries, data_offset, metadata = read_layout(base)
-    except BaseException:
-        mem.close()
-        raise
-    t3 = clock()
-
-    out = StateDict()
-    typed: Dict[str, Any] = {}
-    for name_, dtype, shape, stride, offset, _ in entries:
-        view = typed.get(dtype)
-        if view is None:
-            view = typed[dtype] = base.view(getattr(torch, dtype))
-        out[name_] = view.as_strided(shape, stride, (data_offset + offset) // ITEMSIZE[dtype])
-    out.lease = lease
-    out.metadata = metadata
-    out._memory = mem
-    t4 = clock()
+        t0 = clock()
+        lease = client.attach(name=name, readonly=readonly)
+        t1 = clock()
+        try:
+            mem = vt._LeaseMemory(lease, owned=True)
+        except BaseException:
+            lease.free()
+            raise
+        try:
+            base = torch.as_tensor(mem)
+            mem.torch_device = base.device
+            t2 = clock()
+            names, dtypes, shapes, offsets, _, data_offset, metadata = _columns(_read_header(base), base.shape[0])
+            t3 = clock()
+            out = _views(torch, base, names, dtypes, shapes, offsets, data_offset)
+        except BaseException:
+            mem.close()
+            raise
+        out.lease = lease
+        out.metadata = metadata
+        out._memory = mem
+        t4 = clock()
+    finally:
+        if collecting:
+            gc.enable()
     last_timings.update(attach_ns=t1 - t0, wrap_ns=t2 - t1, header_ns=t3 - t2, views_ns=t4 - t3,
-                        tensors=len(entries))
+                        tensors=len(names))
+    return out
+
+
+def _views(torch, base, names, dtypes, shapes, offsets, data_offset: int) -> StateDict:
+    """One as_strided view of BASE per tensor, contiguous; LayoutError for one the lease cannot hold."""
+    out = StateDict()
+    typed: Dict[str, Any] = {}          # dtype name -> (BASE viewed as it, element size)
+    strides: Dict[tuple, list] = {}     # shape -> its contiguous strides (a model repeats its shapes)
+    for name, dtype, shape, offset in zip(names, dtypes, shapes, offsets):
+        t = typed.get(dtype)
+        if t is None:
+            t = typed[dtype] = (base.view(getattr(torch, dtype)), ITEMSIZE[dtype])
+        key = tuple(shape)
+        stride = strides.get(key)
+        if stride is None:
+            stride = strides[key] = contiguous_stride(shape)
+        start, rest = divmod(data_offset + offset, t[1])
+        if rest:
+            raise LayoutError(f"{name}: offset {offset} is not a multiple of {dtype}'s {t[1]} bytes")
+        try:
+            out[name] = t[0].as_strided(shape, stride, start)
+        except (RuntimeError, TypeError, ValueError) as e:
+            raise LayoutError(f"{name}: {dtype}{list(shape)} at offset {offset} does not fit the lease: {e}") \
+                from None
     return out

@@ -9,6 +9,7 @@ the standard library), so it runs anywhere, CI included. Exit status 0 on succes
 """
 
 import importlib.util
+import json
 import os
 import struct
 import sys
@@ -90,8 +91,42 @@ bad = bytearray(header)
 bad[w.PREFIX_SIZE + 5] ^= 0x01
 raises(w.LayoutError, lambda: w.decode_layout(bytes(bad)), "a flipped bit in the JSON (checksum)")
 bad = bytearray(header)
-struct.pack_into("<I", bad, 8, 2)
+struct.pack_into("<I", bad, 8, w.FORMAT_VERSION + 1)
 raises(w.LayoutError, lambda: w.decode_layout(bytes(bad)), "a later version")
+
+
+def header_of(doc, version, data_size):
+    """A header as a producer of VERSION wrote it, for DOC (the JSON document)."""
+    js = json.dumps(doc, separators=(",", ":")).encode()
+    data_off = w._align(w.PREFIX_SIZE + len(js), w.ALIGN)
+    pre = struct.pack("<8sIIQQQI", w.MAGIC, version, w.PREFIX_SIZE, len(js), data_off, data_size,
+                      zlib.crc32(js) & 0xFFFFFFFF)
+    return pre + b"\0" * (w.PREFIX_SIZE - len(pre)) + js, data_off
+
+
+# a store published by version 1 (one array per tensor, strides kept) reads the same
+h1, o1 = header_of({"tensors": entries, "metadata": meta}, 1, data_size)
+got1, off1, m1 = w.decode_layout(h1, None)
+check(got1 == entries and off1 == o1 and m1 == meta, "a version 1 header decodes to the same entries")
+# version 2 writes one array per field, no strides
+doc2 = json.loads(header[w.PREFIX_SIZE:])
+check(sorted(doc2) == ["dtypes", "metadata", "names", "nbytes", "offsets", "shapes"] and
+      doc2["names"] == [e[0] for e in entries], "version 2 keeps one array per field")
+raises(ValueError, lambda: w.encode_layout([["t", "float32", [2, 3], [1, 2], 0, 24]], 24),
+       "strides that are not contiguous cannot be stored")
+bad_doc = dict(doc2, offsets=doc2["offsets"][:-1])
+raises(w.LayoutError, lambda: w.decode_layout(header_of(bad_doc, 2, data_size)[0]), "arrays of different lengths")
+raises(w.LayoutError, lambda: w.decode_layout(header_of({"names": []}, 2, data_size)[0]), "a field missing")
+raises(w.LayoutError, lambda: w.decode_layout(header_of(dict(doc2, dtypes=["qint8"] * len(entries)), 2,
+                                                        data_size)[0]), "an unknown dtype")
+raises(w.LayoutError, lambda: w.decode_layout(header_of([1, 2], 2, data_size)[0]), "JSON that is not an object")
+raises(w.LayoutError, lambda: w.decode_layout(header_of(dict(doc2, names=7), 2, data_size)[0]), "names not an array")
+raises(w.LayoutError, lambda: w.decode_layout(header_of(dict(doc2, offsets=["0"] * len(entries)), 2,
+                                                        data_size)[0]), "offsets that are not numbers")
+raises(w.LayoutError, lambda: w.decode_layout(header_of(dict(doc2, shapes=[["x"]] * len(entries)), 2,
+                                                        data_size)[0]), "shapes that are not numbers")
+raises(w.LayoutError, lambda: w.decode_layout(header_of(dict(doc2, metadata=[]), 2, data_size)[0]),
+       "metadata that is not an object")
 raises(w.LayoutError, lambda: w.decode_layout(header[:-10]), "a truncated JSON")
 raises(w.LayoutError, lambda: w.decode_layout(header, data_offset + data_size - 1), "a lease too small for the layout")
 raises(ValueError, lambda: w.plan_layout([("a", "float32", (2,), None), ("a", "float32", (2,), None)]), "a duplicate name")

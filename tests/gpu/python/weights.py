@@ -18,8 +18,10 @@
    safetensors.torch.load_file(..., device="cuda") of the same tensors from the
    page-cached file (read once to warm the cache).
 3. The name is unpublished. A table comes last. Targets: attach <= 2 ms,
-   >= 100x faster than safetensors, logits bit-identical. Exit status 0 when
-   the logits are identical.
+   >= 100x faster than safetensors, logits bit-identical; the attach is judged
+   two ways, each attach right after a full gc.collect() (which leaves the
+   CPU's caches and the heap cold: the conservative number) and back to back
+   (as Python's timeit measures). Exit status 0 when the logits are identical.
 """
 
 from __future__ import annotations
@@ -207,8 +209,10 @@ def main() -> int:
         except OSError:
             pass
     attach = h.median(cons["attach_ms"])
+    warm = h.median(cons["warm_ms"])
     stm = h.median(cons["safetensors_ms"])
     ratio = stm / attach if attach > 0 else float("inf")
+    warm_ratio = stm / warm if warm > 0 else float("inf")
     mib = 1 << 20
     print(f"attach times (ms): {' '.join(f'{t:.3f}' for t in cons['attach_ms'])}")
     print(f"safetensors load_file times (ms): {' '.join(f'{t:.1f}' for t in cons['safetensors_ms'])}")
@@ -220,14 +224,18 @@ def main() -> int:
     print("first attach in the process, phases ms: " +
           ", ".join(f"{k[:-3]} {v:.3f}" for k, v in cons.get("first_phases_ms", {}).items()))
     print(f"attach without a gc.collect() just before (back to back), median of {len(cons['warm_ms'])}: "
-          f"{h.median(cons['warm_ms']):.3f} ms")
+          f"{warm:.3f} ms")
     h.table("GPT-2 medium bf16 state dict: attach by name vs safetensors (page-cached)",
             ["what", "median ms", "note"],
-            [["vmmbroker attach_state_dict", f"{attach:.3f}",
+            [["attach_state_dict, each after a full gc.collect()", f"{attach:.3f}",
               f"first in process {cons['first_ms']:.3f} ms; {len(cons['attach_ms'])} repeats; "
-              f"read-only {cons['readonly']}" + ("" if attach <= 2.0 else "; OVER 2 ms")],
+              f"read-only {cons['readonly']}; target <= 2 ms " + ("met" if attach <= 2.0 else "MISSED")],
+             ["attach_state_dict, back to back", f"{warm:.3f}",
+              f"{len(cons['warm_ms'])} repeats; target <= 2 ms " + ("met" if warm <= 2.0 else "MISSED")],
              ["safetensors load_file cuda", f"{stm:.1f}", f"{cons['bytes'] / mib:.1f} MiB"],
-             ["ratio", f"{ratio:.0f}x", "target >= 100x" + ("" if ratio >= 100 else " (MISSED)")],
+             ["ratio, after gc.collect()", f"{ratio:.0f}x", "target >= 100x " + ("met" if ratio >= 100 else "MISSED")],
+             ["ratio, back to back", f"{warm_ratio:.0f}x",
+              "target >= 100x " + ("met" if warm_ratio >= 100 else "MISSED")],
              ["meta model + load_state_dict(assign)", f"{cons['load_state_dict_s'] * 1e3:.1f}", ""],
              ["logits vs producer's", "bit-identical" if cons["identical"] else "DIFFERENT", ""]])
     return 0 if cons["identical"] else 1
