@@ -373,7 +373,7 @@ static int method_park(Broker *b, const Caller *c, json_object *params, MethodRe
         ParkReply reply = {};
         int k;
 
-        k = free_params_decode(params, &a, &bad, &message);
+        k = id_params_decode(params, &a, &bad, &message);
         if (k < 0)
                 return reply_decode_failed(r, k, bad, message);
         k = broker_park(b, c, a.id, &reply.parked, &quota);
@@ -403,7 +403,7 @@ static int method_unpark(Broker *b, const Caller *c, json_object *params, Method
         Hold *hold;
         int k;
 
-        k = free_params_decode(params, &a, &bad, &message);
+        k = id_params_decode(params, &a, &bad, &message);
         if (k < 0)
                 return reply_decode_failed(r, k, bad, message);
         k = broker_unpark(b, c, a.id, &hold, &quota);
@@ -601,7 +601,7 @@ static int method_tokens(Broker *b, const Caller *c, json_object *params, Method
         FreeParams a = {};
         int k;
 
-        k = free_params_decode(params, &a, &bad, &message);
+        k = id_params_decode(params, &a, &bad, &message);
         if (k < 0)
                 return reply_decode_failed(r, k, bad, message);
         k = broker_tokens(b, c, a.id, tokens_add, &tb);

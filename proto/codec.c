@@ -71,8 +71,20 @@ static const JsonField alloc_params_fields[] = {
         JSON_FIELD_END,
 };
 
+/* Free's; Park, Unpark and Tokens take the same id alone (id_params_fields). */
 static const JsonField free_params_fields[] = {
         JSON_FIELD_STRING("id", FreeParams, id, true, VMMB_ID_MAX),
+        JSON_FIELD_BOOL("keep", FreeParams, keep, false),
+        JSON_FIELD_END,
+};
+
+static const JsonField id_params_fields[] = {
+        JSON_FIELD_STRING("id", FreeParams, id, true, VMMB_ID_MAX),
+        JSON_FIELD_END,
+};
+
+static const JsonField free_reply_fields[] = {
+        JSON_FIELD_BOOL("kept", FreeReply, kept, true),
         JSON_FIELD_END,
 };
 
@@ -200,6 +212,7 @@ static const JsonField lease_info_fields[] = {
         JSON_FIELD_INT64("reclaim_priority", WireLeaseInfo, reclaim_priority, false, true),
         JSON_FIELD_STRING("reclaim", WireLeaseInfo, reclaim, false, VMMB_NAME_MAX),
         JSON_FIELD_BOOL("parked", WireLeaseInfo, parked, false),
+        JSON_FIELD_BOOL("kept", WireLeaseInfo, kept, false),
         JSON_FIELD_END,
 };
 
@@ -248,6 +261,7 @@ static const JsonField device_fields[] = {
         JSON_FIELD_INT64("host_capacity", WireDevice, host_capacity, false, true),
         JSON_FIELD_INT64("parked", WireDevice, parked, false, true),
         JSON_FIELD_INT64("host_cached", WireDevice, host_cached, false, true),
+        JSON_FIELD_INT64("kept", WireDevice, kept, false, true),
         JSON_FIELD_END,
 };
 
@@ -422,6 +436,18 @@ DEFINE_DONE(alloc_params, AllocParams, alloc_params_fields)
 
 DEFINE_PARAMS_CODEC(free_params, FreeParams, free_params_fields)
 DEFINE_DONE(free_params, FreeParams, free_params_fields)
+DEFINE_PARAMS_CODEC(id_params, FreeParams, id_params_fields)
+
+int free_reply_decode(json_object *params, FreeReply *ret, char **ret_message) {
+        if (!params || !json_object_is_type(params, json_type_object) ||
+            !json_object_object_get_ex(params, "kept", NULL)) {
+                *ret = (FreeReply){};
+                return -ENODATA;
+        }
+        return json_dispatch(params, free_reply_fields, ret, NULL, ret_message);
+}
+DEFINE_ENCODE(free_reply, FreeReply, free_reply_fields)
+DEFINE_DONE(free_reply, FreeReply, free_reply_fields)
 
 int set_reclaimable_params_decode(json_object *params, SetReclaimableParams *ret, const char **ret_bad_field,
                                   char **ret_message) {

@@ -101,7 +101,13 @@ typedef struct AllocParams {
 /* Free(id: string) */
 typedef struct FreeParams {
         char *id;
+        bool keep;              /* Free only: keep the lease for this process's next Alloc of its size */
 } FreeParams;
+
+/* Free's reply: (kept: ?bool); daemons older than keeping send no parameters */
+typedef struct FreeReply {
+        bool kept;
+} FreeReply;
 
 /* The highest reclaim priority SetReclaimable takes. */
 #define VMMB_RECLAIM_PRIORITY_MAX INT64_C(2147483647)
@@ -237,6 +243,7 @@ typedef struct WireLeaseInfo {
         int64_t reclaim_priority; /* JSON_ABSENT (-1) when not marked reclaimable */
         char *reclaim;          /* "marked", "asked", "unresponsive"; NULL otherwise */
         bool parked;            /* its content is in host memory (false when absent) */
+        bool kept;              /* kept for its process's next Alloc (false when absent) */
 } WireLeaseInfo;
 
 /* List's reply: (leases: []LeaseInfo) */
@@ -288,6 +295,7 @@ typedef struct WireDevice {
         int64_t host_capacity;  /* host memory for parked leases; JSON_ABSENT from daemons older than parking */
         int64_t parked;         /* bytes of it holding parked leases */
         int64_t host_cached;    /* bytes of it zeroed and kept for the next park */
+        int64_t kept;           /* bytes of kept leases; JSON_ABSENT from daemons older than keeping */
 } WireDevice;
 
 /* Status's reply: (devices: []Device) */
@@ -355,6 +363,10 @@ int free_params_decode(json_object *params, FreeParams *ret, const char **ret_ba
 int free_params_encode(const FreeParams *in, json_object **ret);
 /* Frees FreeParams' strings. */
 void free_params_done(FreeParams *p);
+/* Park's, Unpark's and Tokens' parameters: the id alone (a `keep` is an unknown parameter there); freed by
+ * free_params_done(). */
+int id_params_decode(json_object *params, FreeParams *ret, const char **ret_bad_field, char **ret_message);
+int id_params_encode(const FreeParams *in, json_object **ret);
 
 /* Decodes SetReclaimable's parameters (a priority over VMMB_RECLAIM_PRIORITY_MAX is -EINVAL naming it). */
 int set_reclaimable_params_decode(json_object *params, SetReclaimableParams *ret, const char **ret_bad_field,
@@ -370,6 +382,12 @@ int reclaim_request_encode(const ReclaimRequest *in, json_object **ret);
 void reclaim_request_done(ReclaimRequest *p);
 
 /* Park's reply. */
+/* Decodes Free's reply; a reply without `kept` (an older daemon) is -ENODATA. */
+int free_reply_decode(json_object *params, FreeReply *ret, char **ret_message);
+/* Encodes Free's reply, `kept` always present. */
+int free_reply_encode(const FreeReply *in, json_object **ret);
+void free_reply_done(FreeReply *p);
+
 int park_reply_decode(json_object *params, ParkReply *ret, char **ret_message);
 int park_reply_encode(const ParkReply *in, json_object **ret);
 void park_reply_done(ParkReply *p);
