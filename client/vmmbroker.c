@@ -58,24 +58,24 @@ struct vmmb_client {
         bool closing;                   /* in vmmb_close(): connecting again does not wait */
         int parks;                      /* whether the broker serves Park and Unpark: 1, 0, or -1 not asked yet
                                            (since the last connect); atomic */
+        /* under call_lock: which connection is which, for what its broker said of keeping (vmmb_free_keep()) */
+        uint64_t generation;            /* conn's number: 1 for the first, one more for each connect again */
+        uint64_t keeps;                 /* the connection whose broker said it keeps leases (Free's `kept`), or 0 */
+        uint64_t keeps_not;             /* the connection whose broker knows no keeping, or 0 */
 
         pthread_mutex_t leases_lock;    /* guards leases, and their reclaim state */
         List leases;                    /* vmmb_lease.link */
-
-        /* Reclaim requests (vmmb_lease_set_reclaimable()): a helper thread, started on first use. */
-        pthread_mutex_t watch_lock;     /* guards starting and stopping it */
         pthread_cond_t reclaim_done;    /* with leases_lock: a lease's callback returned */
-        bool watching;                  /* the thread runs */
-        pthread_t watch_thread;
-        int watch_stop;                 /* an eventfd: vmmb_close() tells the thread to stop */
-        VarlinkConn *watch_conn;        /* its WatchReclaim; the thread's own once it runs */
-        vmmb_client *answer;            /* its own connection for Free and SetReclaimable: the client's
-                                           may be busy for long (vmmb_alloc_wait()) */
+
+        /* Reclaim requests (vmmb_lease_set_reclaimable(), vmmb_free_keep()): the process's watch of the broker
+         * at `path`, which the process's clients of that broker share; under process.lock */
+        struct Watch *watch;            /* NULL until the client first needs it */
+        List watch_link;                /* in watch->clients */
 };
 
 struct vmmb_lease {
         vmmb_client *client;
-        List link;                      /* in client->leases */
+        List link;                      /* in client->leases; once kept, in process.kept */
         char *id;
         int device;
         CUdeviceptr va;
@@ -97,6 +97,15 @@ struct vmmb_lease {
         bool reclaimed;                 /* given back: unmapped and freed; only the object is left */
         bool parked;                    /* unmapped here with its address range kept (vmmb_lease_park()), until
                                            vmmb_lease_unpark() maps it again at va; under client->leases_lock */
+        /* what the broker's keeping depends on (vmmb_free_keep()); under client->leases_lock */
+        bool from_alloc;                /* Alloc made it (not Attach) */
+        bool shared;                    /* vmmb_share() was called for it: a token may exist */
+        bool published;                 /* vmmb_publish() was called for it */
+        bool was_parked;                /* vmmb_lease_park() was called for it */
+        /* kept (vmmb_free_keep()), under process.lock */
+        uint64_t kept_serial;           /* which keeping of the process this is */
+        uint64_t kept_seq;              /* the next Alloc ticket when its keep-Free was written; 0 until then */
+        uint64_t kept_generation;       /* the connection of `client` that its keep-Free went on */
 };
 
 /* --- errors ------------------------------------------------------------------------------------------- */
@@ -314,6 +323,7 @@ static int client_reconnect(vmmb_client *c) {
                 safe_close(fd);
                 return set_error(k, "Cannot set up the connection to the broker: %s.", strerror(-k));
         }
+        c->generation++;                /* another connection, maybe to another broker */
         return 0;
 }
 
@@ -417,9 +427,12 @@ static int reply_error(const VarlinkReply *reply, const char *method) {
 
 /*
  * Sends one call and waits for its reply. Returns 0 with a successful reply in
- * *ret (and, when ret_fds is given, the fds that came with it); or a negative
- * errno with the thread's message set: the errno of the broker's named error,
- * -EPROTO for a reply that makes no sense, or one of a lost connection.
+ * *ret (and, when ret_fds is given, the fds that came with it; when
+ * ret_generation is given, the number of the connection that carried it); or a
+ * negative errno with the thread's message set: the errno of the broker's
+ * named error, -EPROTO for a reply that makes no sense, or one of a lost
+ * connection. With `error_replies`, an error reply is returned in *ret as well
+ * (reply.error set, the message not), for the caller to read its parameters.
  *
  * A lost connection (the broker stopped, crashed or restarted) is closed and
  * connected again (client_reconnect(), which may wait for the broker), and the
@@ -433,12 +446,13 @@ static int reply_error(const VarlinkReply *reply, const char *method) {
  * (-ECONNREFUSED: no broker came back in time). A connection that
  * is out of step (a reply that is not one) is closed as well.
  */
-static int client_call(vmmb_client *c, const char *method, json_object *params, VarlinkReply *ret,
-                       ReceivedFds *ret_fds) {
+static int client_call_full(vmmb_client *c, const char *method, json_object *params, bool error_replies,
+                            VarlinkReply *ret, ReceivedFds *ret_fds, uint64_t *ret_generation) {
         _cleanup_(json_putp) json_object *call = NULL, *msg = NULL;
         _cleanup_(received_fds_done) ReceivedFds fds = {};
         VarlinkReply reply = {};
         bool repeated = false, maybe_done = false;
+        uint64_t generation = 0;
         int k;
 
         k = varlink_call_new(method, params, false, false, &call);
@@ -468,8 +482,10 @@ static int client_call(vmmb_client *c, const char *method, json_object *params, 
                         loss = CALL_UNREAD;     /* the broker has no whole call to act on */
                 } else {
                         k = conn_receive(c->conn, &msg, &fds, &loss);
-                        if (k >= 0)
+                        if (k >= 0) {
+                                generation = c->generation;
                                 break;
+                        }
                         if (loss == CALL_NOT_LOST) {
                                 k = client_out_of_step(c, k, "receiving the reply");
                                 goto unlock;
@@ -507,12 +523,12 @@ unlock:
                 return k;
         }
 
-        if (reply.error) {
+        if (reply.error && !error_replies) {
                 k = reply_error(&reply, method);
                 varlink_reply_done(&reply);
                 return k;
         }
-        if (fds.n > 0 && !ret_fds) {
+        if (fds.n > 0 && (!ret_fds || reply.error)) {
                 varlink_reply_done(&reply);
                 return set_error(-EPROTO, "The broker sent %zu file descriptors with its reply to %s.", fds.n,
                                  method);
@@ -521,8 +537,16 @@ unlock:
                 *ret_fds = fds;
                 fds = (ReceivedFds){};
         }
+        if (ret_generation)
+                *ret_generation = generation;
         *ret = reply;
         return 0;
+}
+
+/* client_call_full() for a call whose error replies are the caller's errors, whatever the connection. */
+static int client_call(vmmb_client *c, const char *method, json_object *params, VarlinkReply *ret,
+                       ReceivedFds *ret_fds) {
+        return client_call_full(c, method, params, false, ret, ret_fds, NULL);
 }
 
 /*
@@ -530,8 +554,14 @@ unlock:
  * written: the broker acts on it before it reads this client's next call. A connection lost while sending
  * (the broker has no whole call to act on) is connected again and the call sent once more, as client_call()
  * does; after it is written, nothing of the call's outcome comes back.
+ *
+ * With `keeping` (a Free with keep), the call goes only on a connection whose broker said it keeps leases:
+ * when there is none now (never asked on this connection, or it is lost, or lost while sending), it returns 1
+ * with nothing carried out, for the caller to ask with a call that is answered. *ret_generation (when given)
+ * is the number of the connection that carried it.
  */
-static int client_call_oneway(vmmb_client *c, const char *method, json_object *params) {
+static int client_call_oneway(vmmb_client *c, const char *method, json_object *params, bool keeping,
+                              uint64_t *ret_generation) {
         _cleanup_(json_putp) json_object *call = NULL;
         int k;
 
@@ -541,6 +571,10 @@ static int client_call_oneway(vmmb_client *c, const char *method, json_object *p
 
         (void)pthread_mutex_lock(&c->call_lock);
         for (unsigned attempt = 0;; attempt++) {
+                if (keeping && (!c->conn || c->keeps != c->generation)) {
+                        k = 1;
+                        break;
+                }
                 if (!c->conn) {
                         k = client_reconnect(c);
                         if (k < 0)
@@ -553,6 +587,8 @@ static int client_call_oneway(vmmb_client *c, const char *method, json_object *p
                 }
                 k = varlink_conn_flush(c->conn);
                 if (k >= 0) {
+                        if (ret_generation)
+                                *ret_generation = c->generation;
                         k = 0;
                         break;
                 }
@@ -561,6 +597,8 @@ static int client_call_oneway(vmmb_client *c, const char *method, json_object *p
                         break;
                 }
                 client_disconnect(c);
+                if (keeping)
+                        continue;               /* the next connection's broker is asked first */
                 if (attempt > 0) {
                         k = set_error(-ECONNRESET, "Lost the connection to the broker twice before it read the call "
                                       "%s, which was not carried out: it stopped or restarted. The next call "
@@ -583,7 +621,7 @@ static int client_free_id(vmmb_client *c, const char *id, bool oneway) {
         if (k < 0)
                 return set_error(k, "Cannot encode the call to free lease %s: %s.", id, strerror(-k));
         if (oneway)
-                return client_call_oneway(c, VMMB_METHOD_FREE, params);
+                return client_call_oneway(c, VMMB_METHOD_FREE, params, false, NULL);
         k = client_call(c, VMMB_METHOD_FREE, params, &reply, NULL);
         if (k < 0)
                 return k;
@@ -635,6 +673,427 @@ static int lease_release(vmmb_lease *l, bool oneway) {
         return client_free_id(lease->client, lease->id, oneway);
 }
 
+/* --- the process: kept leases ---------------------------------------------------------------------- */
+
+/*
+ * What belongs to the process rather than to one client: the leases it keeps
+ * for its next Alloc of their size (vmmb_free_keep()), and its watches for the
+ * broker's reclaim requests (below). A process holds leases, not a connection:
+ * the broker hands a kept lease back to any Alloc of the process, on any of
+ * its connections, so the table is the process's, keyed by lease id.
+ *
+ * The broker carries out the calls of one connection in order, and those of
+ * two connections in no order the library can see. Two things depend on it:
+ *
+ * - A lease whose keep-Free went one-way and that the broker did not keep
+ *   (this process also held it through an Attach, say) would wait in the table
+ *   for ever. The broker hands kept leases back before it makes new ones: an
+ *   Alloc whose reply is a new lease of size S on device D, sent on the same
+ *   connection after the keep-Free of a lease of S on D, shows that the broker
+ *   did not keep that one. It is unmapped and dropped (kept_reuse()), with no
+ *   Free, since the process may still hold it otherwise; its id is remembered
+ *   for a while, and freed if the broker asks for it after all.
+ * - A kept lease given back (unmapped, then a Free, maybe on another
+ *   connection) may have been handed to an Alloc of this process that the
+ *   broker served before the Free: that Free ends the hold the Alloc got, so
+ *   its reply must not be used. The id is remembered as released until every
+ *   Alloc sent before the Free's answer has been taken in.
+ *
+ * So each Alloc takes a ticket, numbered in the order they are taken, before
+ * it is sent, and gives it back once its reply is taken in; a kept lease
+ * records the next ticket once its keep-Free is written.
+ *
+ * A process keeps at most as many leases as its user may hold (MaxLeases=):
+ * finding one is a walk of the list, which costs less than an Alloc's round
+ * trip.
+ */
+
+/* An Alloc under way: from before it is sent until its reply is taken in. */
+typedef struct AllocTicket {
+        List link;                      /* in process.allocs, oldest first */
+        uint64_t seq;
+} AllocTicket;
+
+/* The id of a kept lease the library let go of while the broker may still hand it back or ask for it. */
+typedef struct Released {
+        List link;                      /* in process.released */
+        char id[VMMB_ID_MAX + 1];
+        bool dropped;                   /* unmapped as stale, not freed: asked for, it gets a Free */
+        uint64_t until;                 /* given back: Allocs with a ticket below this may still bring it back;
+                                           UINT64_MAX while its Free is under way */
+} Released;
+
+#define DROPPED_MAX 64                  /* dropped ids remembered at most; the oldest is forgotten first */
+
+static struct {
+        pthread_mutex_t lock;           /* guards what follows, the kept leases' kept_* fields, the clients'
+                                           watch and watch_link, and each watch's clients and handling */
+        List kept;                      /* vmmb_lease.link: kept leases, oldest first */
+        List released;                  /* Released.link */
+        size_t n_dropped;
+        List allocs;                    /* AllocTicket.link */
+        uint64_t next_seq;              /* the next Alloc's ticket, from 1 */
+        uint64_t next_serial;           /* the next keeping's serial, from 1 */
+        List watches;                   /* Watch.link: one per broker socket */
+        pthread_cond_t handled;         /* with lock: a watch thread is done with a client's lease */
+        pthread_mutex_t watch_lock;     /* serialises making and ending watches; taken before lock */
+} process = {
+        .lock = PTHREAD_MUTEX_INITIALIZER,
+        .kept = LIST_INIT(process.kept),
+        .released = LIST_INIT(process.released),
+        .allocs = LIST_INIT(process.allocs),
+        .next_seq = 1,
+        .next_serial = 1,
+        .watches = LIST_INIT(process.watches),
+        .handled = PTHREAD_COND_INITIALIZER,
+        .watch_lock = PTHREAD_MUTEX_INITIALIZER,
+};
+
+static pthread_once_t process_once = PTHREAD_ONCE_INIT;
+
+/*
+ * In the child of a fork(): what the table holds is the parent's (its holds,
+ * mappings the child cannot use on a real driver), and the watch threads did
+ * not survive; the child starts with nothing kept and no watch. The lease
+ * objects and watches are left, not freed: the parent's clients, copied into
+ * the child, may still point to them.
+ */
+static void process_forget(void) {
+        (void)pthread_mutex_init(&process.lock, NULL);
+        (void)pthread_mutex_init(&process.watch_lock, NULL);
+        (void)pthread_cond_init(&process.handled, NULL);
+        list_init(&process.kept);
+        list_init(&process.released);
+        list_init(&process.allocs);
+        list_init(&process.watches);
+        process.n_dropped = 0;
+}
+
+static void process_init(void) {
+        (void)pthread_atfork(NULL, NULL, process_forget);
+}
+
+static void process_lock(void) {
+        (void)pthread_mutex_lock(&process.lock);
+}
+
+static void process_unlock(void) {
+        (void)pthread_mutex_unlock(&process.lock);
+}
+
+/* The released record of `id`, or NULL. Lock held. */
+static Released *released_find(const char *id) {
+        Released *r;
+
+        list_for_each_entry(r, &process.released, link)
+                if (strcmp(r->id, id) == 0)
+                        return r;
+        return NULL;
+}
+
+/* Forgets what no Alloc under way can bring back any more, and the oldest dropped ids past DROPPED_MAX. Lock
+ * held. */
+static void released_prune(void) {
+        const AllocTicket *oldest = list_first_entry(&process.allocs, AllocTicket, link);
+        uint64_t horizon = oldest ? oldest->seq : process.next_seq;
+        Released *r, *tmp;
+
+        list_for_each_entry_safe(r, tmp, &process.released, link) {
+                if (r->dropped ? process.n_dropped <= DROPPED_MAX : r->until > horizon)
+                        continue;
+                if (r->dropped)
+                        process.n_dropped--;
+                list_unlink(&r->link);
+                free(r);
+        }
+}
+
+/* Takes a ticket for an Alloc about to be sent. */
+static void alloc_ticket_take(AllocTicket *t) {
+        process_lock();
+        t->seq = process.next_seq++;
+        list_link_tail(&process.allocs, &t->link);
+        process_unlock();
+}
+
+/* Gives a ticket back once the Alloc's reply is taken in. */
+static void alloc_ticket_return(AllocTicket *t) {
+        process_lock();
+        list_unlink(&t->link);
+        released_prune();
+        process_unlock();
+}
+
+/* The kept lease of that id, or NULL. Lock held. */
+static vmmb_lease *kept_find(const char *id) {
+        vmmb_lease *l;
+
+        list_for_each_entry(l, &process.kept, link)
+                if (strcmp(l->id, id) == 0)
+                        return l;
+        return NULL;
+}
+
+/* Whether `l` (which may be freed already) is in the table as the keeping `serial`. Lock held. */
+static bool kept_is(const vmmb_lease *l, uint64_t serial) {
+        const vmmb_lease *i;
+
+        list_for_each_entry(i, &process.kept, link)
+                if (i == l)
+                        return i->kept_serial == serial;
+        return false;
+}
+
+/* Puts a lease off its client's list into the table, its keep-Free not written yet; returns its serial. */
+static uint64_t kept_add(vmmb_lease *l) {
+        uint64_t serial;
+
+        process_lock();
+        serial = l->kept_serial = process.next_serial++;
+        l->kept_seq = 0;
+        l->kept_generation = 0;
+        list_link_tail(&process.kept, &l->link);
+        process_unlock();
+        return serial;
+}
+
+/* Its keep-Free was written on connection `generation` (and the broker keeps it, as far as is known). */
+static void kept_sent(vmmb_lease *l, uint64_t serial, uint64_t generation) {
+        process_lock();
+        if (kept_is(l, serial)) {
+                l->kept_seq = process.next_seq;
+                l->kept_generation = generation;
+        }
+        process_unlock();
+}
+
+/* Unmaps a kept lease taken out of the table; returns 0 or a negative errno (message set). */
+static int kept_unmap(vmmb_lease *l) {
+        CudaDriver *cu = NULL;
+        int k;
+
+        k = driver_get(&cu);            /* loaded already: the lease was mapped with it */
+        if (k < 0)
+                return k;
+        k = cuda_unmap(cu, l->va, l->sizes, l->n_slabs);
+        if (k < 0)
+                return set_error(k, "Cannot unmap kept lease %s at 0x%llx: %s. It stays mapped until the process "
+                                 "exits.", l->id, (unsigned long long)l->va, strerror(-k));
+        return 0;
+}
+
+/* Whether the process keeps any lease whose keep-Free was written. */
+static bool kept_any(void) {
+        const vmmb_lease *l;
+        bool any = false;
+
+        process_lock();
+        list_for_each_entry(l, &process.kept, link)
+                if (l->kept_seq != 0) {
+                        any = true;
+                        break;
+                }
+        process_unlock();
+        return any;
+}
+
+/*
+ * Takes the oldest kept lease whose keep-Free was written, kept through `kept_by` (NULL: any client), out of
+ * the table, and links `r` as its released record while it is given back. NULL when there is none.
+ */
+static vmmb_lease *kept_take_next(const vmmb_client *kept_by, Released *r) {
+        vmmb_lease *l, *found = NULL;
+
+        process_lock();
+        list_for_each_entry(l, &process.kept, link)
+                if (l->kept_seq != 0 && (!kept_by || l->client == kept_by)) {
+                        found = l;
+                        break;
+                }
+        if (found) {
+                list_unlink(&found->link);
+                *r = (Released){ .until = UINT64_MAX };
+                memcpy(r->id, found->id, strlen(found->id) + 1);
+                list_link_tail(&process.released, &r->link);
+        }
+        process_unlock();
+        return found;
+}
+
+/*
+ * Gives back a kept lease `l` taken out of the table with its released record `r` (`l` NULL: a dropped one,
+ * unmapped already, by its id alone): unmaps it (the work queued on it was done before its keep-Free, by contract,
+ * so nothing is waited for), then frees it with the broker on `via`, waiting for the answer. The record stays
+ * until no Alloc sent before the answer can bring the lease back. Frees the object. Returns 0 or a negative
+ * errno (message set); when unmapping fails the broker is not told, and the record goes at once (no Free
+ * ends a hold that an Alloc might get back).
+ */
+static int kept_give_back(vmmb_client *via, vmmb_lease *l, Released *r) {
+        bool sent = false;
+        int k = 0;
+
+        if (l)
+                k = kept_unmap(l);
+        if (k >= 0) {
+                sent = true;            /* whatever comes back, the broker may have carried it out */
+                k = client_free_id(via, r->id, false);
+        }
+        process_lock();
+        if (sent) {
+                r->until = process.next_seq;
+                released_prune();
+        } else {
+                list_unlink(&r->link);
+                free(r);
+        }
+        process_unlock();
+        lease_destroy(l);
+        return k;
+}
+
+/*
+ * Gives back every kept lease kept through `kept_by` (NULL: any), freeing them on `via`. Returns how many, or
+ * the first error (message set) once it has tried them all.
+ */
+static int kept_give_back_all(vmmb_client *via, const vmmb_client *kept_by) {
+        int n = 0, ret = 0, k;
+
+        for (;;) {
+                Released *r = calloc(1, sizeof(*r));
+                vmmb_lease *l;
+
+                if (!r)
+                        return set_error(-ENOMEM, "Out of memory.");
+                l = kept_take_next(kept_by, r);
+                if (!l) {
+                        free(r);
+                        break;
+                }
+                k = kept_give_back(via, l, r);
+                if (k < 0 && ret == 0)
+                        ret = k;
+                if (k >= 0 && n < INT32_MAX)
+                        n++;
+        }
+        return ret < 0 ? ret : n;
+}
+
+/*
+ * A reclaim request for a lease no client's list has: a kept lease is given back without asking anyone, and
+ * a dropped one (unmapped already, the broker kept it after all) is freed. Anything else is not this
+ * process's to answer (freed meanwhile: the broker sees that).
+ */
+static void kept_asked(vmmb_client *via, const char *id) {
+        Released *r = calloc(1, sizeof(*r)), *d;
+        vmmb_lease *l;
+        bool found = false;
+
+        if (!r)
+                return;
+        process_lock();
+        l = kept_find(id);
+        d = released_find(id);
+        if (l) {
+                list_unlink(&l->link);
+                *r = (Released){ .until = UINT64_MAX };
+                memcpy(r->id, l->id, strlen(l->id) + 1);
+                list_link_tail(&process.released, &r->link);
+                found = true;
+        } else if (d && d->dropped) {
+                /* now a record of a lease being given back */
+                d->dropped = false;
+                d->until = UINT64_MAX;
+                process.n_dropped--;
+                free(r);
+                r = d;
+                found = true;
+        }
+        process_unlock();
+        if (!found) {
+                free(r);
+                return;
+        }
+        (void)kept_give_back(via, l, r);
+}
+
+/* Whether a kept lease has exactly the slabs and device of an Alloc reply: then its mapping is the lease's. */
+static bool kept_fits(const vmmb_lease *l, const WireLease *w) {
+        if (l->device != w->device || l->size != w->size || l->n_slabs != w->n_slabs || w->readonly)
+                return false;
+        for (size_t i = 0; i < l->n_slabs; i++)
+                if (l->sizes[i] != w->slabs[i].size)
+                        return false;
+        return true;
+}
+
+/*
+ * What an Alloc reply (of `c`, ticket `t`, on connection `generation`) means for the kept leases, before it is
+ * mapped:
+ * - 1: it brings back a lease given back meanwhile, whose Free ends the hold it got: not to be used;
+ * - 0 with *ret set: it is a lease kept here with the same slabs and device, taken out of the table, whose
+ *   mapping is the lease's;
+ * - 0 with *ret NULL: map it. A kept lease of its id whose layout differs is unmapped; when the reply is a
+ *   new lease, the leases it shows the broker did not keep (above) are unmapped and dropped.
+ */
+static int kept_reuse(vmmb_client *c, const WireLease *w, const AllocTicket *t, uint64_t generation,
+                      vmmb_lease **ret) {
+        List stale = LIST_INIT(stale);
+        vmmb_lease *l, *i, *next;
+        Released *r;
+
+        *ret = NULL;
+        process_lock();
+        r = released_find(w->id);
+        if (r && !r->dropped) {
+                process_unlock();
+                return 1;
+        }
+        if (r) {
+                /* the broker kept it after all, and hands it back: a hold of this process's, to map again */
+                process.n_dropped--;
+                list_unlink(&r->link);
+                free(r);
+        }
+        l = kept_find(w->id);
+        if (l)
+                list_unlink(&l->link);
+        else
+                list_for_each_entry_safe(i, next, &process.kept, link) {
+                        Released *d;
+
+                        if (i->client != c || i->kept_seq == 0 || i->kept_seq > t->seq ||
+                            i->kept_generation != generation || (int64_t)i->device != w->device ||
+                            i->size != w->size)
+                                continue;
+                        d = calloc(1, sizeof(*d));
+                        if (!d)
+                                continue;       /* left kept, then: vmmb_close() gives it back */
+                        *d = (Released){ .dropped = true };
+                        memcpy(d->id, i->id, strlen(i->id) + 1);
+                        list_link_tail(&process.released, &d->link);
+                        process.n_dropped++;
+                        list_unlink(&i->link);
+                        list_link_tail(&stale, &i->link);
+                }
+        released_prune();
+        process_unlock();
+
+        while ((i = list_first_entry(&stale, vmmb_lease, link))) {
+                list_unlink(&i->link);
+                (void)kept_unmap(i);            /* our own mapping: always safe to unmap */
+                lease_destroy(i);
+        }
+        if (!l)
+                return 0;
+        if (!kept_fits(l, w)) {
+                (void)kept_unmap(l);
+                lease_destroy(l);
+                return 0;
+        }
+        *ret = l;
+        return 0;
+}
+
 /* The identifier of a lease in an Alloc reply that failed to decode, or NULL. */
 static const char *reply_lease_id(json_object *params) {
         json_object *lease, *id;
@@ -664,9 +1123,17 @@ static void client_give_back(vmmb_client *c, const char *id) {
  * read-only when `readonly` or the reply says so. The fds stay the caller's.
  * On failure a lease the broker did send is given back to it (one Free, which
  * ends this process's hold) and the error is returned.
+ *
+ * An Alloc's reply (`ticket` given, the Alloc's, and the connection
+ * `generation` that carried it) may hand back a lease this process kept
+ * (kept_reuse()): its mapping is used as it is, with no driver call. It
+ * returns 1, with nothing mapped or given back and the message set, for a
+ * reply that brings back a lease the library was giving back meanwhile: that
+ * hold ends with the library's Free, and the Alloc is to be made again.
  */
 static int lease_map_reply(vmmb_client *client, const char *method, json_object *params, const ReceivedFds *fds,
-                           int device, uint64_t min_size, bool readonly, vmmb_lease **ret) {
+                           int device, uint64_t min_size, bool readonly, const AllocTicket *ticket,
+                           uint64_t generation, vmmb_lease **ret) {
         _cleanup_(lease_destroyp) vmmb_lease *l = NULL;
         _cleanup_free_ char *message = NULL;
         _cleanup_free_ int *ordered = NULL;
@@ -705,6 +1172,33 @@ static int lease_map_reply(vmmb_client *client, const char *method, json_object 
                 goto out;
         }
 
+        if (ticket) {
+                k = kept_reuse(client, &ar.lease, ticket, generation, &l);
+                if (k > 0) {
+                        (void)set_error(-EAGAIN, "The broker handed back lease %s, which this process was giving "
+                                        "back at the same time: ask again.", ar.lease.id);
+                        goto out;
+                }
+                if (l && l->size < min_size) {
+                        (void)kept_unmap(l);
+                        k = set_error(-EPROTO, "The broker's reply to %s is not valid: it handed back lease %s of "
+                                      "%" PRIu64 " bytes, less than was asked for.", method, l->id, l->size);
+                        client_give_back(client, ar.lease.id);
+                        goto out;
+                }
+                if (l) {
+                        /* the same lease, slabs and device, still mapped here: only the object changes hands */
+                        l->client = client;
+                        l->owner = ar.lease.owner == JSON_ABSENT ? (uid_t)-1 : (uid_t)ar.lease.owner;
+                        (void)pthread_mutex_lock(&client->leases_lock);
+                        list_link_tail(&client->leases, &l->link);
+                        (void)pthread_mutex_unlock(&client->leases_lock);
+                        *ret = TAKE_PTR(l);
+                        k = 0;
+                        goto out;
+                }
+        }
+
         l = calloc(1, sizeof(*l));
         ordered = calloc(ar.lease.n_slabs, sizeof(int));
         if (l) {
@@ -719,6 +1213,7 @@ static int lease_map_reply(vmmb_client *client, const char *method, json_object 
         }
         l->client = client;
         list_init(&l->link);
+        l->from_alloc = ticket != NULL;
         l->device = (int)ar.lease.device;
         l->n_slabs = ar.lease.n_slabs;
         l->readonly = readonly || ar.lease.readonly;
@@ -769,10 +1264,7 @@ static vmmb_client *client_destroy(vmmb_client *c) {
         free(c->path);
         (void)pthread_mutex_destroy(&c->call_lock);
         (void)pthread_mutex_destroy(&c->leases_lock);
-        (void)pthread_mutex_destroy(&c->watch_lock);
         (void)pthread_cond_destroy(&c->reclaim_done);
-        varlink_conn_free(c->watch_conn);
-        safe_close(c->watch_stop);
         free(c);
         return NULL;
 }
@@ -806,6 +1298,7 @@ VMMB_EXPORT int vmmb_connect(const char *socket_path, vmmb_client **ret) {
         k = driver_get(&cu);
         if (k < 0)
                 return k;
+        (void)pthread_once(&process_once, process_init);
 
         k = socket_connect(path, &fd);
         if (k < 0) {
@@ -823,11 +1316,11 @@ VMMB_EXPORT int vmmb_connect(const char *socket_path, vmmb_client **ret) {
                 return set_error(-ENOMEM, "Out of memory.");
         (void)pthread_mutex_init(&c->call_lock, NULL);
         (void)pthread_mutex_init(&c->leases_lock, NULL);
-        (void)pthread_mutex_init(&c->watch_lock, NULL);
         (void)pthread_cond_init(&c->reclaim_done, NULL);
-        c->watch_stop = -EBADF;
         c->parks = -1;
+        c->generation = 1;
         list_init(&c->leases);
+        list_init(&c->watch_link);
         c->reconnect_usec = reconnect_usec;
         c->path = strdup(path);
         if (!c->path)
@@ -842,8 +1335,33 @@ VMMB_EXPORT int vmmb_connect(const char *socket_path, vmmb_client **ret) {
 
 /* --- reclaim requests ------------------------------------------------------------------------------------ */
 
+/*
+ * The broker takes one WatchReclaim per process, so the process has one watch
+ * per broker socket, which its clients of that broker share: made by the first
+ * that needs it (vmmb_lease_set_reclaimable(), vmmb_free_keep()), ended by the
+ * last one's vmmb_close(). Its thread answers each request for the lease's
+ * client, whichever it is, or gives back a kept lease (kept_asked()), on a
+ * connection of its own (`answer`): the clients' may be busy for long
+ * (vmmb_alloc_wait()).
+ */
+typedef struct Watch {
+        List link;                      /* in process.watches */
+        char *path;
+        uint64_t reconnect_usec;        /* how long it waits for the broker to come back */
+        List clients;                   /* vmmb_client.watch_link; under process.lock */
+        vmmb_client *handling;          /* whose lease its thread answers for now; under process.lock */
+        pthread_t thread;
+        bool running;
+        int stop;                       /* an eventfd: the last client's vmmb_close() stops the thread */
+        VarlinkConn *conn;              /* its WatchReclaim; the thread's own once it runs */
+        vmmb_client *answer;            /* its connection for Free and SetReclaimable */
+} Watch;
+
 /* How often the watch thread tries to connect again after its connection was lost (within reconnect_usec). */
 #define WATCH_RETRY_USEC UINT64_C(100000)
+
+/* The lease whose reclaim request the calling thread (a watch thread) answers now, or NULL. */
+static __thread vmmb_lease *reclaim_running;
 
 static void varlink_conn_closep(VarlinkConn **c) {
         varlink_conn_free(*c);
@@ -928,11 +1446,12 @@ static CUresult primary_synchronize(CudaDriver *cu, int device) {
 
 /*
  * Gives a lease back on the watch thread: waits for the work queued in the primary context of its device and of
- * every device given access to it (l->peers: no other thread changes them while l->reclaiming), unmaps, frees.
- * Returns 0 once unmapped (whether the broker heard the Free or not: it ends the hold at exit otherwise), or a
- * negative errno with the lease still mapped.
+ * every device given access to it (l->peers: no other thread changes them while l->reclaiming), unmaps, frees
+ * it on `via`. Returns 0 once unmapped (whether the broker heard the Free or not: it ends the hold at exit
+ * otherwise), or a negative errno with the lease still mapped.
  */
-static int lease_give_back(vmmb_client *c, vmmb_lease *l) {
+static int lease_give_back(vmmb_lease *l, vmmb_client *via) {
+        vmmb_client *c = l->client;
         CudaDriver *cu = NULL;
         CUresult r;
         int k;
@@ -953,59 +1472,127 @@ static int lease_give_back(vmmb_client *c, vmmb_lease *l) {
         l->reclaimed = true;
         l->va = 0;
         (void)pthread_mutex_unlock(&c->leases_lock);
-        (void)client_free_id(c->answer, l->id, false);
+        (void)client_free_id(via, l->id, false);
         return 0;
 }
 
-/* One request: the lease's callback decides, then the library gives it back or refuses (unmarks it). */
-static void watch_handle(vmmb_client *c, const ReclaimRequest *q) {
+/*
+ * One request: the lease's callback decides, then the library gives it back or refuses (unmarks it). A lease
+ * that no client of the watch has marked may be one this process keeps (kept_asked()).
+ */
+static void watch_handle(Watch *w, const ReclaimRequest *q) {
         vmmb_lease *l = NULL, *i;
-        vmmb_reclaim_fn cb;
-        void *userdata;
+        vmmb_client *c = NULL, *j;
+        vmmb_reclaim_fn cb = NULL;
+        void *userdata = NULL;
         int k = 0;
 
-        (void)pthread_mutex_lock(&c->leases_lock);
-        list_for_each_entry(i, &c->leases, link)
-                if (strcmp(i->id, q->id) == 0 && i->reclaimable && !i->reclaimed && !i->reclaiming) {
-                        l = i;
+        process_lock();
+        list_for_each_entry(j, &w->clients, watch_link) {
+                (void)pthread_mutex_lock(&j->leases_lock);
+                list_for_each_entry(i, &j->leases, link)
+                        if (strcmp(i->id, q->id) == 0 && i->reclaimable && !i->reclaimed && !i->reclaiming) {
+                                l = i;
+                                break;
+                        }
+                if (l) {
+                        l->reclaiming = true;
+                        cb = l->reclaim_cb;
+                        userdata = l->reclaim_userdata;
+                }
+                (void)pthread_mutex_unlock(&j->leases_lock);
+                if (l) {
+                        c = j;
+                        w->handling = c;        /* its vmmb_close() waits */
                         break;
                 }
-        if (l) {
-                l->reclaiming = true;
-                cb = l->reclaim_cb;
-                userdata = l->reclaim_userdata;
         }
-        (void)pthread_mutex_unlock(&c->leases_lock);
-        if (!l)
-                return;         /* freed or unmarked meanwhile: the broker sees that, or its deadline passes */
+        process_unlock();
+        if (!l) {
+                kept_asked(w->answer, q->id);   /* or freed or unmarked meanwhile: the broker sees that */
+                return;
+        }
 
+        reclaim_running = l;
         if (l->parked)
                 k = -EBUSY;     /* asked before it was parked: nothing is mapped to give back, so refuse */
         else if (cb)
                 k = cb(l, (uint64_t)MAX(q->timeout_usec, INT64_C(0)), userdata);
         if (k == 0)
-                k = lease_give_back(c, l);
+                k = lease_give_back(l, w->answer);
         (void)pthread_mutex_lock(&c->leases_lock);
         l->reclaimable = false;
         (void)pthread_mutex_unlock(&c->leases_lock);
         if (k != 0)
-                (void)client_set_reclaimable(c->answer, l->id, -1);     /* refused: the broker asks another */
+                (void)client_set_reclaimable(w->answer, l->id, -1);     /* refused: the broker asks another */
+        reclaim_running = NULL;
         (void)pthread_mutex_lock(&c->leases_lock);
         l->reclaiming = false;
         (void)pthread_cond_broadcast(&c->reclaim_done);
         (void)pthread_mutex_unlock(&c->leases_lock);
+
+        process_lock();
+        w->handling = NULL;
+        (void)pthread_cond_broadcast(&process.handled);
+        process_unlock();
 }
 
-/* The broker went away: watch again once it is back, and mark again what was marked (marks are not kept). */
-static bool watch_reconnect(vmmb_client *c) {
-        uint64_t deadline = now_usec() + c->reconnect_usec;
+/*
+ * The next lease that its clients marked and that is not marked again yet, flagged as done (its priority
+ * p stored as -1 - p until watch_remark_done()), its id and priority copied out; false when there is none.
+ */
+static bool watch_remark_next(Watch *w, char id[static VMMB_ID_MAX + 1], int *ret_priority) {
+        vmmb_client *c;
+        vmmb_lease *l;
+        bool found = false;
+
+        process_lock();
+        list_for_each_entry(c, &w->clients, watch_link) {
+                (void)pthread_mutex_lock(&c->leases_lock);
+                list_for_each_entry(l, &c->leases, link)
+                        if (l->reclaimable && !l->reclaimed && l->priority >= 0) {
+                                snprintf(id, VMMB_ID_MAX + 1, "%s", l->id);
+                                *ret_priority = l->priority;
+                                l->priority = -1 - l->priority;
+                                found = true;
+                                break;
+                        }
+                (void)pthread_mutex_unlock(&c->leases_lock);
+                if (found)
+                        break;
+        }
+        process_unlock();
+        return found;
+}
+
+/* Undoes watch_remark_next()'s flags. */
+static void watch_remark_done(Watch *w) {
+        vmmb_client *c;
         vmmb_lease *l;
 
-        c->watch_conn = varlink_conn_free(c->watch_conn);
-        for (;;) {
-                struct pollfd p = { .fd = c->watch_stop, .events = POLLIN };
+        process_lock();
+        list_for_each_entry(c, &w->clients, watch_link) {
+                (void)pthread_mutex_lock(&c->leases_lock);
+                list_for_each_entry(l, &c->leases, link)
+                        if (l->priority < 0)
+                                l->priority = -1 - l->priority;
+                (void)pthread_mutex_unlock(&c->leases_lock);
+        }
+        process_unlock();
+}
 
-                if (watch_open(c->path, &c->watch_conn) == 0)
+/*
+ * The broker went away: watch again once it is back, and mark again what was marked (marks are not kept). Kept
+ * leases are kept across the restart (the broker stores them): nothing to do for them.
+ */
+static bool watch_reconnect(Watch *w) {
+        uint64_t deadline = now_usec() + w->reconnect_usec;
+
+        w->conn = varlink_conn_free(w->conn);
+        for (;;) {
+                struct pollfd p = { .fd = w->stop, .events = POLLIN };
+
+                if (watch_open(w->path, &w->conn) == 0)
                         break;
                 if (now_usec() >= deadline || poll(&p, 1, (int)(WATCH_RETRY_USEC / 1000)) != 0)
                         return false;
@@ -1014,36 +1601,23 @@ static bool watch_reconnect(vmmb_client *c) {
                 char id[VMMB_ID_MAX + 1] = "";
                 int priority = 0;
 
-                /* One at a time, the lock not held across the call: find the next marked and not re-marked. */
-                (void)pthread_mutex_lock(&c->leases_lock);
-                list_for_each_entry(l, &c->leases, link)
-                        if (l->reclaimable && !l->reclaimed && l->priority >= 0) {
-                                snprintf(id, sizeof(id), "%s", l->id);
-                                priority = l->priority;
-                                l->priority = -1 - l->priority;         /* done (undone below) */
-                                break;
-                        }
-                (void)pthread_mutex_unlock(&c->leases_lock);
-                if (!id[0])
+                /* One at a time, no lock held across the call. */
+                if (!watch_remark_next(w, id, &priority))
                         break;
-                (void)client_set_reclaimable(c->answer, id, priority);
+                (void)client_set_reclaimable(w->answer, id, priority);
         }
-        (void)pthread_mutex_lock(&c->leases_lock);
-        list_for_each_entry(l, &c->leases, link)
-                if (l->priority < 0)
-                        l->priority = -1 - l->priority;
-        (void)pthread_mutex_unlock(&c->leases_lock);
+        watch_remark_done(w);
         return true;
 }
 
 static void *watch_thread(void *userdata) {
-        vmmb_client *c = userdata;
+        Watch *w = userdata;
 
         for (;;) {
                 _cleanup_(json_putp) json_object *msg = NULL;
                 struct pollfd p[2] = {
-                        { .fd = c->watch_stop, .events = POLLIN },
-                        { .fd = varlink_conn_get_fd(c->watch_conn), .events = POLLIN },
+                        { .fd = w->stop, .events = POLLIN },
+                        { .fd = varlink_conn_get_fd(w->conn), .events = POLLIN },
                 };
                 VarlinkReply reply = {};
                 ReclaimRequest q = {};
@@ -1058,7 +1632,7 @@ static void *watch_thread(void *userdata) {
                 }
                 if (p[0].revents)
                         break;
-                k = varlink_conn_receive(c->watch_conn, &msg, &fds, &n_fds);
+                k = varlink_conn_receive(w->conn, &msg, &fds, &n_fds);
                 close_fds(fds, n_fds);
                 free(fds);
                 if (k >= 0 && n_fds > 0)
@@ -1071,67 +1645,150 @@ static void *watch_thread(void *userdata) {
                         k = reclaim_request_decode(reply.parameters, &q, NULL);
                 varlink_reply_done(&reply);
                 if (k < 0) {
-                        if (!watch_reconnect(c))
+                        if (!watch_reconnect(w))
                                 break;
                         continue;
                 }
                 if (q.id)
-                        watch_handle(c, &q);
+                        watch_handle(w, &q);
                 reclaim_request_done(&q);
         }
         return NULL;
 }
 
-/* Starts the watch thread unless it runs. Returns 0 or a negative errno (with the message set). */
-static int watch_start(vmmb_client *c) {
+/* Stops a watch's thread (if it runs) and frees it. watch_lock held, the watch in no list. */
+static Watch *watch_free(Watch *w) {
+        if (!w)
+                return NULL;
+        if (w->running) {
+                (void)eventfd_write(w->stop, 1);
+                (void)pthread_join(w->thread, NULL);
+        }
+        varlink_conn_free(w->conn);
+        safe_close(w->stop);
+        vmmb_close(w->answer);          /* holds nothing, and watches nothing */
+        free(w->path);
+        free(w);
+        return NULL;
+}
+
+/*
+ * Makes a client's process watch for reclaim requests of the broker at its socket: it joins the watch of
+ * another client of the same socket, or makes one (a connection with WatchReclaim on, one for the answers,
+ * the thread). Returns 0 or a negative errno (with the message set): -EOPNOTSUPP for a broker older than
+ * reclaiming.
+ */
+static int watch_join(vmmb_client *c) {
+        Watch *w = NULL, *i;
+        bool joined;
         int k = 0;
 
-        (void)pthread_mutex_lock(&c->watch_lock);
-        if (c->watching)
+        process_lock();
+        joined = c->watch;
+        process_unlock();
+        if (joined)
+                return 0;
+
+        (void)pthread_mutex_lock(&process.watch_lock);
+        process_lock();
+        if (c->watch) {
+                process_unlock();
                 goto out;
-        if (!c->answer) {
-                k = vmmb_connect(c->path, &c->answer);
-                if (k < 0)
-                        goto out;
         }
-        if (c->watch_stop < 0) {
-                c->watch_stop = eventfd(0, EFD_CLOEXEC);
-                if (c->watch_stop < 0) {
-                        k = set_error(-errno, "Cannot make an eventfd for the reclaim watch: %m.");
-                        goto out;
+        list_for_each_entry(i, &process.watches, link)
+                if (strcmp(i->path, c->path) == 0) {
+                        w = i;
+                        break;
                 }
+        if (w) {
+                list_link_tail(&w->clients, &c->watch_link);
+                c->watch = w;
+                process_unlock();
+                goto out;
         }
-        k = watch_open(c->path, &c->watch_conn);
+        process_unlock();
+
+        w = calloc(1, sizeof(*w));
+        if (!w) {
+                k = set_error(-ENOMEM, "Out of memory.");
+                goto out;
+        }
+        list_init(&w->link);
+        list_init(&w->clients);
+        w->stop = -EBADF;
+        w->reconnect_usec = c->reconnect_usec;
+        w->path = strdup(c->path);
+        if (!w->path) {
+                k = set_error(-ENOMEM, "Out of memory.");
+                goto fail;
+        }
+        k = vmmb_connect(c->path, &w->answer);
+        if (k < 0)
+                goto fail;
+        w->stop = eventfd(0, EFD_CLOEXEC);
+        if (w->stop < 0) {
+                k = set_error(-errno, "Cannot make an eventfd for the reclaim watch: %m.");
+                goto fail;
+        }
+        k = watch_open(w->path, &w->conn);
         if (k == -EOPNOTSUPP)
                 k = set_error(k, "This broker does not ask for leases back (it has no WatchReclaim): update it.");
         else if (k < 0)
-                k = set_error(k, "Cannot watch for reclaim requests at %s: %s.", c->path, strerror(-k));
+                k = set_error(k, "Cannot watch for reclaim requests at %s: %s.", w->path, strerror(-k));
         if (k < 0)
-                goto out;
-        k = -pthread_create(&c->watch_thread, NULL, watch_thread, c);
+                goto fail;
+        /* in the lists before the thread runs: a request for the client's leases finds them */
+        process_lock();
+        list_link_tail(&process.watches, &w->link);
+        list_link_tail(&w->clients, &c->watch_link);
+        c->watch = w;
+        process_unlock();
+        k = -pthread_create(&w->thread, NULL, watch_thread, w);
         if (k < 0) {
-                c->watch_conn = varlink_conn_free(c->watch_conn);
+                process_lock();
+                list_unlink(&w->link);
+                list_unlink(&c->watch_link);
+                c->watch = NULL;
+                process_unlock();
                 k = set_error(k, "Cannot start the reclaim watch thread: %s.", strerror(-k));
-                goto out;
+                goto fail;
         }
-        c->watching = true;
+        w->running = true;
+        goto out;
+fail:
+        w = watch_free(w);
 out:
-        (void)pthread_mutex_unlock(&c->watch_lock);
+        (void)pthread_mutex_unlock(&process.watch_lock);
         return k;
 }
 
-/* Stops the watch thread (vmmb_close()), after the request it handles now, if any. */
-static void watch_stop(vmmb_client *c) {
-        (void)pthread_mutex_lock(&c->watch_lock);
-        if (c->watching) {
-                (void)eventfd_write(c->watch_stop, 1);
-                (void)pthread_join(c->watch_thread, NULL);
-                c->watching = false;
-        }
-        c->watch_conn = varlink_conn_free(c->watch_conn);
-        vmmb_close(c->answer);
-        c->answer = NULL;
-        (void)pthread_mutex_unlock(&c->watch_lock);
+/*
+ * A client leaves its watch (vmmb_close()), once the watch thread is done with any lease of its; the last
+ * client's leaving stops the thread, after the request it handles now, if any.
+ */
+static void watch_leave(vmmb_client *c) {
+        Watch *w;
+        bool last;
+
+        process_lock();
+        w = c->watch;
+        process_unlock();
+        if (!w)
+                return;                 /* (never joined, as the watch's own connection for answers) */
+
+        (void)pthread_mutex_lock(&process.watch_lock);
+        process_lock();
+        list_unlink(&c->watch_link);
+        while (w->handling == c)
+                (void)pthread_cond_wait(&process.handled, &process.lock);
+        c->watch = NULL;
+        last = list_is_empty(&w->clients);
+        if (last)
+                list_unlink(&w->link);
+        process_unlock();
+        if (last)
+                w = watch_free(w);
+        (void)pthread_mutex_unlock(&process.watch_lock);
 }
 
 VMMB_EXPORT int vmmb_lease_set_reclaimable(vmmb_lease *lease, int priority, vmmb_reclaim_fn callback,
@@ -1146,12 +1803,12 @@ VMMB_EXPORT int vmmb_lease_set_reclaimable(vmmb_lease *lease, int priority, vmmb
                 return set_error(-EINVAL, "A reclaim priority is 0 or more, or VMMB_NOT_RECLAIMABLE.");
         c = lease->client;
         if (priority >= 0) {
-                k = watch_start(c);
+                k = watch_join(c);
                 if (k < 0)
                         return k;
         }
         (void)pthread_mutex_lock(&c->leases_lock);
-        while (lease->reclaiming && !(c->watching && pthread_equal(pthread_self(), c->watch_thread)))
+        while (lease->reclaiming && reclaim_running != lease)
                 (void)pthread_cond_wait(&c->reclaim_done, &c->leases_lock);
         if (lease->reclaimed) {
                 (void)pthread_mutex_unlock(&c->leases_lock);
@@ -1197,7 +1854,8 @@ VMMB_EXPORT void vmmb_close(vmmb_client *client) {
          * broker that is gone is not waited for: this process's holds end when it exits. */
         client->closing = true;
         memcpy(saved, error_message, sizeof(saved));
-        watch_stop(client);
+        (void)kept_give_back_all(client, client);      /* and those the broker did not keep: stale */
+        watch_leave(client);
         for (;;) {
                 vmmb_lease *l;
 
@@ -1214,16 +1872,24 @@ VMMB_EXPORT void vmmb_close(vmmb_client *client) {
         client_destroy(client);
 }
 
-/* Alloc, waiting up to wait_usec for room (0: not at all); `function` names the caller in messages. */
+/* How often an Alloc is made again when its reply brings back a lease being given back (lease_map_reply()). */
+#define ALLOC_STALE_TRIES 3
+
+/*
+ * Alloc, waiting up to wait_usec for room (0: not at all); `function` names the caller in messages. A reply
+ * that hands back a kept lease reuses its mapping (lease_map_reply()). Refused for room or a limit while the
+ * process keeps leases, it gives them all back and asks once more, with the same wait.
+ */
 static int client_alloc(vmmb_client *client, uint64_t size, int device, const uint64_t *devices, size_t n_devices,
                         const char *label, uint64_t wait_usec, const char *function, vmmb_lease **ret) {
-        _cleanup_(received_fds_done) ReceivedFds fds = {};
         _cleanup_(json_putp) json_object *params = NULL;
         AllocParams a = { .size = size, .device = device, .label = (char *)label,
                           .wait_usec = (int64_t)MIN(wait_usec, (uint64_t)INT64_MAX),
                           .devices = (uint64_t *)devices, .n_devices = n_devices };
-        VarlinkReply reply = {};
+        bool gave_back = false;
+        unsigned stale = 0;
         CudaDriver *cu = NULL;
+        AllocTicket t;
         int k;
 
         if (!client || !ret)
@@ -1244,11 +1910,36 @@ static int client_alloc(vmmb_client *client, uint64_t size, int device, const ui
                 return set_error(-EINVAL, "Cannot lease %" PRIu64 " bytes: the size is out of range.", size);
         if (k < 0)
                 return set_error(k, "Cannot encode the request: %s.", strerror(-k));
-        k = client_call(client, VMMB_METHOD_ALLOC, params, &reply, &fds);
-        if (k < 0)
-                return k;
-        k = lease_map_reply(client, "Alloc", reply.parameters, &fds, device, size, false, ret);
-        varlink_reply_done(&reply);
+
+        alloc_ticket_take(&t);
+        for (;;) {
+                _cleanup_(received_fds_done) ReceivedFds fds = {};
+                VarlinkReply reply = {};
+                uint64_t generation = 0;
+
+                k = client_call_full(client, VMMB_METHOD_ALLOC, params, false, &reply, &fds, &generation);
+                if ((k == -ENOMEM || k == -EDQUOT) && !gave_back && kept_any()) {
+                        char saved[ERROR_MESSAGE_MAX];
+
+                        /* kept leases are still charged and leased: give them back, and ask again */
+                        gave_back = true;
+                        memcpy(saved, error_message, sizeof(saved));
+                        (void)kept_give_back_all(client, NULL);
+                        memcpy(error_message, saved, sizeof(saved));
+                        continue;
+                }
+                if (k < 0)
+                        break;
+                k = lease_map_reply(client, "Alloc", reply.parameters, &fds, device, size, false, &t, generation,
+                                    ret);
+                varlink_reply_done(&reply);
+                if (k > 0 && ++stale < ALLOC_STALE_TRIES)
+                        continue;
+                if (k > 0)
+                        k = -EAGAIN;            /* the message says why */
+                break;
+        }
+        alloc_ticket_return(&t);
         return k;
 }
 
@@ -1334,6 +2025,13 @@ static int flags_check(unsigned flags, const char *function) {
         return 0;
 }
 
+/* Sets a flag of the lease's that client->leases_lock guards. */
+static void lease_set_flag(vmmb_lease *lease, bool *flag) {
+        (void)pthread_mutex_lock(&lease->client->leases_lock);
+        *flag = true;
+        (void)pthread_mutex_unlock(&lease->client->leases_lock);
+}
+
 /* A call that returns nothing: sends it and drops the empty reply. */
 static int client_call_empty(vmmb_client *c, const char *method, json_object *params) {
         VarlinkReply reply = {};
@@ -1369,7 +2067,7 @@ static int client_attach(vmmb_client *client, const char *token, const char *nam
         if (k < 0)
                 return k;
         k = lease_map_reply(client, "Attach", reply.parameters, &fds, VMMB_ANY_DEVICE, 0, flags & VMMB_READONLY,
-                            ret);
+                            NULL, 0, ret);
         varlink_reply_done(&reply);
         return k;
 }
@@ -1417,6 +2115,7 @@ VMMB_EXPORT int vmmb_share(vmmb_lease *lease, uid_t uid, unsigned flags, char to
         if (k < 0)
                 return k;
         p.id = lease->id;
+        lease_set_flag(lease, &lease->shared);          /* a token may exist from here on, whatever comes back */
         k = share_params_encode(&p, &params);
         if (k < 0)
                 return set_error(k, "Cannot encode the request: %s.", strerror(-k));
@@ -1487,6 +2186,7 @@ VMMB_EXPORT int vmmb_publish(vmmb_lease *lease, const char *name, const uid_t *u
         }
         p.id = lease->id;
         p.uids = wire_uids;
+        lease_set_flag(lease, &lease->published);       /* it may be published from here on */
         k = publish_params_encode(&p, &params);
         if (k < 0)
                 return set_error(k, "Cannot encode the request: %s.", strerror(-k));
@@ -1573,23 +2273,51 @@ VMMB_EXPORT void vmmb_tokens_free(vmmb_token *tokens, size_t n) {
         free(tokens);
 }
 
-/* vmmb_free() and vmmb_free_oneway(): out of the client's list once no reclaim callback decides on it. */
-static int lease_free(vmmb_lease *lease, bool oneway) {
-        vmmb_client *c;
+/*
+ * Takes a lease off its client's list to free it, once no reclaim callback decides on it; `function` names the
+ * caller in messages. *ret_keepable (when given) says whether the broker can be expected to keep it
+ * (vmmb_free_keep()): it came from this library's Alloc, was never shared, published, parked or given to
+ * other devices, is mapped read-write, is not marked reclaimable nor given back, and no other lease object of
+ * the client is the same lease (an Attach of it).
+ */
+static int lease_unlist(vmmb_lease *lease, const char *function, bool *ret_keepable) {
+        vmmb_client *c = lease->client;
+        const vmmb_lease *i;
+        bool keepable;
 
-        if (!lease)
-                return 0;
-        c = lease->client;
         (void)pthread_mutex_lock(&c->leases_lock);
-        if (lease->reclaiming && c->watching && pthread_equal(pthread_self(), c->watch_thread)) {
+        if (lease->reclaiming && reclaim_running == lease) {
                 (void)pthread_mutex_unlock(&c->leases_lock);
-                return set_error(-EDEADLK, "vmmb_free() of lease %s from its own reclaim callback: return 0 "
-                                 "from the callback instead, and the library gives it back.", lease->id);
+                return set_error(-EDEADLK, "%s() of lease %s from its own reclaim callback: return 0 from the "
+                                 "callback instead, and the library gives it back.", function, lease->id);
         }
         while (lease->reclaiming)       /* its reclaim callback runs: it decides first */
                 (void)pthread_cond_wait(&c->reclaim_done, &c->leases_lock);
         list_unlink(&lease->link);
+        if (ret_keepable) {
+                keepable = lease->from_alloc && !lease->shared && !lease->published && !lease->was_parked &&
+                           !lease->parked && lease->n_peers == 0 && !lease->readonly && !lease->reclaimable &&
+                           !lease->reclaimed;
+                list_for_each_entry(i, &c->leases, link)
+                        if (strcmp(i->id, lease->id) == 0) {
+                                keepable = false;
+                                break;
+                        }
+                *ret_keepable = keepable;
+        }
         (void)pthread_mutex_unlock(&c->leases_lock);
+        return 0;
+}
+
+/* vmmb_free() and vmmb_free_oneway(). */
+static int lease_free(vmmb_lease *lease, bool oneway) {
+        int k;
+
+        if (!lease)
+                return 0;
+        k = lease_unlist(lease, oneway ? "vmmb_free_oneway" : "vmmb_free", NULL);
+        if (k < 0)
+                return k;
         return lease_release(lease, oneway);
 }
 
@@ -1599,6 +2327,166 @@ VMMB_EXPORT int vmmb_free(vmmb_lease *lease) {
 
 VMMB_EXPORT int vmmb_free_oneway(vmmb_lease *lease) {
         return lease_free(lease, true);
+}
+
+/* Whether the broker of the client's connection keeps leases: 1, 0, or -1 when not known (not asked on this
+ * connection, or none is up: the next call connects again, maybe to another broker). */
+static int client_keeps(vmmb_client *c) {
+        int keeps = -1;
+
+        (void)pthread_mutex_lock(&c->call_lock);
+        if (c->conn && c->keeps == c->generation)
+                keeps = 1;
+        else if (c->conn && c->keeps_not == c->generation)
+                keeps = 0;
+        (void)pthread_mutex_unlock(&c->call_lock);
+        return keeps;
+}
+
+/* What the broker of connection `generation` said: it keeps leases, or it knows no keeping. */
+static void client_set_keeps(vmmb_client *c, uint64_t generation, bool keeps) {
+        (void)pthread_mutex_lock(&c->call_lock);
+        if (keeps)
+                c->keeps = generation;
+        else
+                c->keeps_not = generation;
+        (void)pthread_mutex_unlock(&c->call_lock);
+}
+
+/*
+ * A keep-Free that did not keep: takes the lease back out of the table if it is still there (otherwise whoever
+ * took it has it), unmaps it, and sends the plain Free one-way when `free_plainly` (an older broker refused the
+ * parameter, so nothing was freed). When `maybe_kept` (the connection was lost after the broker may have read
+ * the call), its id is remembered as dropped: if the broker kept it after all and asks for it, it is freed.
+ * Returns `error` (its message kept) when it is negative, else what unmapping and freeing returned.
+ */
+static int kept_undo(vmmb_lease *l, uint64_t serial, int error, bool free_plainly, bool maybe_kept) {
+        char saved[ERROR_MESSAGE_MAX];
+        Released *d = maybe_kept ? calloc(1, sizeof(*d)) : NULL;
+        bool taken;
+        int k;
+
+        memcpy(saved, error_message, sizeof(saved));
+        process_lock();
+        taken = kept_is(l, serial);
+        if (taken) {
+                list_unlink(&l->link);
+                if (d) {
+                        *d = (Released){ .dropped = true };
+                        memcpy(d->id, l->id, strlen(l->id) + 1);
+                        list_link_tail(&process.released, &d->link);
+                        process.n_dropped++;
+                        d = NULL;
+                        released_prune();
+                }
+        }
+        process_unlock();
+        free(d);
+        if (!taken)
+                return error;
+        if (free_plainly)
+                k = lease_release(l, true);
+        else {
+                k = kept_unmap(l);
+                lease_destroy(l);
+        }
+        if (error < 0) {
+                memcpy(error_message, saved, sizeof(saved));
+                return error;
+        }
+        return k;
+}
+
+VMMB_EXPORT int vmmb_free_keep(vmmb_lease *lease) {
+        _cleanup_(json_putp) json_object *params = NULL;
+        _cleanup_free_ char *message = NULL;
+        char saved[ERROR_MESSAGE_MAX];
+        uint64_t serial, generation = 0;
+        VarlinkReply reply = {};
+        FreeReply fr = {};
+        vmmb_client *c;
+        bool keepable, kept;
+        int k, keeps;
+
+        if (!lease)
+                return 0;
+        c = lease->client;
+        k = lease_unlist(lease, "vmmb_free_keep", &keepable);
+        if (k < 0)
+                return k;
+        if (!keepable)
+                return lease_release(lease, true);
+        keeps = client_keeps(c);
+        if (keeps == 0)
+                return lease_release(lease, true);
+        if (free_params_encode(&(FreeParams){ .id = lease->id, .keep = true }, &params) < 0)
+                return lease_release(lease, true);
+        /* The broker asks for kept leases back through the process's watch: no watch, no keeping. */
+        memcpy(saved, error_message, sizeof(saved));
+        k = watch_join(c);
+        memcpy(error_message, saved, sizeof(saved));
+        if (k < 0)
+                return lease_release(lease, true);
+
+        /* In the table before the call: an Alloc that the broker hands it back to, on any client, finds it. */
+        serial = kept_add(lease);
+        if (keeps > 0) {
+                k = client_call_oneway(c, VMMB_METHOD_FREE, params, true, &generation);
+                if (k == 0) {
+                        kept_sent(lease, serial, generation);
+                        return 0;
+                }
+                if (k < 0)
+                        return kept_undo(lease, serial, k, false, false);
+                /* not sent: the connection is new, its broker not asked yet */
+        }
+
+        /* Asked with an answer, the first time on each connection: does this broker keep? */
+        k = client_call_full(c, VMMB_METHOD_FREE, params, true, &reply, NULL, &generation);
+        if (k < 0)
+                return kept_undo(lease, serial, k, false, k == -ECONNRESET);
+        if (reply.error) {
+                VmmbError e = {};
+                bool refused_keep;
+
+                refused_keep = strcmp(reply.error, VMMB_ERROR_INVALID_PARAMETER) == 0 &&
+                               vmmb_error_decode(reply.error, reply.parameters, &e, NULL) >= 0 && e.parameter &&
+                               strcmp(e.parameter, "keep") == 0;
+                vmmb_error_done(&e);
+                if (refused_keep) {
+                        /* a broker older than keeping, which refuses the parameter: nothing was freed */
+                        varlink_reply_done(&reply);
+                        client_set_keeps(c, generation, false);
+                        return kept_undo(lease, serial, 0, true, false);
+                }
+                k = reply_error(&reply, VMMB_METHOD_FREE);
+                varlink_reply_done(&reply);
+                return kept_undo(lease, serial, k, false, false);
+        }
+        k = free_reply_decode(reply.parameters, &fr, &message);
+        varlink_reply_done(&reply);
+        kept = fr.kept;
+        free_reply_done(&fr);
+        if (k == -ENODATA) {
+                /* a broker older than keeping that took it for a plain Free: the lease is freed, unmap it */
+                client_set_keeps(c, generation, false);
+                return kept_undo(lease, serial, 0, false, false);
+        }
+        if (k < 0)
+                return kept_undo(lease, serial, set_error_from(k == -ENOMEM ? k : -EPROTO, "The broker's reply to "
+                                                               "Free is not valid", message), false, false);
+        client_set_keeps(c, generation, true);
+        if (!kept)
+                /* a plain Free after all (the process holds it otherwise too, say): unmap it now */
+                return kept_undo(lease, serial, 0, false, false);
+        kept_sent(lease, serial, generation);
+        return 0;
+}
+
+VMMB_EXPORT int vmmb_give_back_kept(vmmb_client *client) {
+        if (!client)
+                return set_error(-EINVAL, "vmmb_give_back_kept() needs a client.");
+        return kept_give_back_all(client, client);
 }
 
 /*
@@ -1777,7 +2665,7 @@ static int lease_begin_park(vmmb_lease *l) {
         int k = 0;
 
         (void)pthread_mutex_lock(&c->leases_lock);
-        if (l->reclaiming && c->watching && pthread_equal(pthread_self(), c->watch_thread))
+        if (l->reclaiming && reclaim_running == l)
                 k = set_error(-EDEADLK, "vmmb_lease_park() of lease %s from its own reclaim callback.", l->id);
         while (k == 0 && l->reclaiming)
                 (void)pthread_cond_wait(&c->reclaim_done, &c->leases_lock);
@@ -1826,6 +2714,7 @@ VMMB_EXPORT int vmmb_lease_park(vmmb_lease *lease, void *stream) {
         k = lease_begin_park(lease);
         if (k < 0)
                 return k;
+        lease_set_flag(lease, &lease->was_parked);
 
         r = wait_queued(cu, lease->device, stream, !stream);
         if (r != CUDA_SUCCESS) {

@@ -125,7 +125,8 @@ int vmmb_connect(const char *socket_path, vmmb_client **ret);
  * afterwards, nor the lease objects, and let no queued work still use them.
  * A broker that is gone (its socket missing or refusing connections) is not
  * waited for: each lease is unmapped, connecting is tried once, and holds the
- * broker was not told of end when the process exits.
+ * broker was not told of end when the process exits. The leases kept through
+ * the client (vmmb_free_keep()) are given back as by vmmb_give_back_kept().
  * Must be the last call on the client: no other thread may be using it or
  * its leases. Leaves vmmb_error_message() as it was.
  */
@@ -142,6 +143,16 @@ void vmmb_close(vmmb_client *client);
  *
  * The received slab descriptors are always closed. If the memory cannot be
  * mapped, the lease is given back to the broker before returning the error.
+ *
+ * When the broker hands back a lease this process kept (vmmb_free_keep()) of
+ * the size asked for, rounded up to the granularity, on a device the call
+ * allows, the lease comes back with the same identifier, pointer and slabs,
+ * zeroed by the broker, and is not imported, mapped or given access again:
+ * no driver call is made. (A lease kept through another client of the
+ * process comes back too: the process holds it.) When the broker refuses for
+ * room (-ENOMEM) or a limit of the user (-EDQUOT) while the process keeps
+ * leases, which are still leased and charged to the user, the library gives
+ * them all back (vmmb_give_back_kept(), for every client) and asks once more.
  *
  * Return: 0, or a negative errno: -ENOMEM when the device has no room,
  * -ENODEV for a device the broker does not serve, -EINVAL for a bad
@@ -270,6 +281,74 @@ int vmmb_free(vmmb_lease *lease);
  * back in time, -ECONNRESET when the connection was lost twice while sending.
  */
 int vmmb_free_oneway(vmmb_lease *lease);
+
+/**
+ * vmmb_free_keep() - end a lease, keeping its memory mapped for this process's next vmmb_alloc() of its size.
+ * @lease: the lease, or NULL.
+ *
+ * For allocators that free memory and soon ask for the same size again:
+ * asks the broker to keep the lease for this process (a Free with keep),
+ * without unmapping it. The broker zeroes it and hands the same lease back to
+ * the process's next vmmb_alloc(), vmmb_alloc_wait() or vmmb_alloc_among()
+ * of its size (rounded up to the granularity) on a device the call allows,
+ * on any client of the process, which then reuses the mapping as it is:
+ * neither this call nor that one imports, maps, sets access or unmaps, and
+ * this one does not wait for the broker's answer (but see below). The caller
+ * must not use the memory or the lease object afterwards, as after
+ * vmmb_free(), and must have made sure that no queued work uses the memory
+ * (the broker zeroes it on its own stream, which does not wait for this
+ * process's work). Nothing is waited for here.
+ *
+ * A kept lease is still the user's lease: it counts toward the user's limits
+ * (MaxBytes=, MaxLeases=) and the device's use (`vmmctl list` shows it
+ * "kept"). The broker asks for kept leases back before any lease marked
+ * reclaimable, when another call waits for room: the library then gives it
+ * back on its own (unmaps and frees it, with no callback), so the library
+ * watches for the broker's requests (as vmmb_lease_set_reclaimable() does)
+ * before it keeps anything. vmmb_close() and vmmb_give_back_kept() give back
+ * what a client kept, and vmmb_alloc() gives every kept lease back and asks
+ * again when the broker refuses for room or a limit.
+ *
+ * The broker keeps a lease only when this process holds it once,
+ * read-write, and of the owner's user, and it is neither published nor
+ * parked. The library keeps only what it can tell the broker will keep: a
+ * lease that vmmb_alloc() (not vmmb_attach()) returned, never given to
+ * vmmb_share(), vmmb_publish(), vmmb_lease_park() or
+ * vmmb_lease_grant_access(), not marked reclaimable nor given back, and not
+ * attached again through the same client. Any other lease, or when the
+ * broker is older than keeping, or does not ask for leases back (no
+ * WatchReclaim), is freed as by vmmb_free_oneway(). The first keep on a
+ * connection (and the first after the library connects again) waits for the
+ * broker's answer, which says whether it keeps leases at all; later ones
+ * only send the call, as vmmb_free_oneway() does. When the broker answers
+ * that it did not keep this lease, or is older than keeping and took the
+ * call for a plain Free, the lease is unmapped then.
+ *
+ * Return: 0, or a negative errno: those of vmmb_free_oneway(), or of the
+ * broker's answer to the first keep on a connection (-ENOENT for a lease it
+ * does not know, -ECONNRESET when it went away after it received the call:
+ * the lease is unmapped, and if the broker kept it, it is freed when the
+ * broker asks for it), -EDEADLK from the lease's own reclaim callback. In
+ * every case but -EDEADLK the lease object is gone.
+ */
+int vmmb_free_keep(vmmb_lease *lease);
+
+/**
+ * vmmb_give_back_kept() - give back every lease kept through a client.
+ * @client: the client whose vmmb_free_keep() kept the leases.
+ *
+ * Unmaps each lease that vmmb_free_keep() kept through @client and the broker
+ * has not handed back yet, and frees it with the broker, waiting for each
+ * answer: the memory goes back to the broker for good. For a program that
+ * will not ask for those sizes again (a pool torn down); vmmb_close() does it
+ * too.
+ *
+ * Return: the number of leases given back, or a negative errno after trying
+ * them all (the first failure; vmmb_error_message() says why): -EINVAL for a
+ * NULL client, the errors of unmapping (the broker is not told of that lease,
+ * which stays held until the process exits) and of vmmb_free().
+ */
+int vmmb_give_back_kept(vmmb_client *client);
 
 /**
  * vmmb_free_stream() - end a lease once the work queued on a stream is done.
