@@ -25,6 +25,12 @@
  * synchronized). A driver error there (the context failed) leaves the segment
  * mapped and leased until the process exits, when the broker takes it back.
  *
+ * A segment whose work is done is freed with vmmb_free_keep(): the broker
+ * keeps the lease for this process, and the next segment of its size comes
+ * back already mapped (PyTorch asks for the same sizes again and again). The
+ * broker asks for kept leases back when another call waits for room, and
+ * vmmb_torch_release_all() and vmmb_torch_sleep() give them back for good.
+ *
  * Every call into the driver that needs a context is made in the primary
  * context of the segment's device (PyTorch's), made current for the call and
  * the caller's put back after. The primary contexts are retained on first
@@ -272,16 +278,22 @@ static void pending_push(Pending **list, Pending *p) {
         *list = p;
 }
 
+/* How pending_reap() frees the leases whose work is done. */
+typedef enum ReapHow {
+        REAP_KEEP,                      /* vmmb_free_keep(): for the next segment of the size */
+        REAP_ONEWAY,                    /* vmmb_free_oneway(): for room, the next Alloc of this client follows */
+        REAP_FREE,                      /* vmmb_free(): for good, the broker's answer waited for */
+} ReapHow;
+
 /*
  * Looks at the pending frees taken from the list: those whose work is done
- * (their event completed: queried, or waited for when `wait`) are unmapped and
- * given back; those not done yet go back on the list; those whose context
- * failed are stuck for good. With `oneway` the Frees are sent without waiting
- * for the broker's answers (vmmb_free_oneway()): for the allocation path, whose
- * Alloc follows at once, which the broker reads after them. Returns 0, or the
- * first error (message set).
+ * (their event completed: queried, or waited for when `wait`) are freed as
+ * `how` says; those not done yet go back on the list; those whose context
+ * failed are stuck for good. Kept and one-way Frees are not answered: the
+ * broker reads them before this client's next call, the Alloc that follows.
+ * Returns 0, or the first error (message set).
  */
-static int pending_reap(bool wait, bool oneway) {
+static int pending_reap(bool wait, ReapHow how) {
         Pending *todo, *p, *next;
         CudaDriver *cu = NULL;
         int ret = 0, k;
@@ -326,12 +338,27 @@ static int pending_reap(bool wait, bool oneway) {
                         continue;
                 }
                 event_put(cu, p->device, p->event);
-                k = oneway ? vmmb_free_oneway(p->lease) : vmmb_free(p->lease);
+                k = how == REAP_KEEP ? vmmb_free_keep(p->lease) :
+                    how == REAP_ONEWAY ? vmmb_free_oneway(p->lease) : vmmb_free(p->lease);
                 if (k < 0 && ret == 0)
                         ret = k;
                 free(p);
         }
         return ret;
+}
+
+/* Gives back the leases kept by the frees above (vmmb_give_back_kept()); 0, or the first error. */
+static int give_back_kept(void) {
+        vmmb_client *c;
+        int k;
+
+        (void)pthread_mutex_lock(&torch.connect_lock);
+        c = torch.client;
+        (void)pthread_mutex_unlock(&torch.connect_lock);
+        if (!c)
+                return 0;               /* never connected: nothing leased, nothing kept */
+        k = vmmb_give_back_kept(c);
+        return k < 0 ? k : 0;
 }
 
 static bool pending_any(void) {
@@ -365,12 +392,14 @@ VMMB_EXPORT void *vmmb_torch_alloc(ssize_t size, int device, void *stream) {
         if (!c)
                 return NULL;
 
-        /* the Frees of segments whose work is done go first, unanswered: the broker reads them before the Alloc */
-        (void)pending_reap(false, true);
+        /* the segments whose work is done are kept first, unanswered: the broker reads them before the Alloc,
+         * which gets one back when it is of the same size */
+        (void)pending_reap(false, REAP_KEEP);
         k = vmmb_alloc(c, (uint64_t)size, device, TORCH_LABEL, &lease);
         if ((k == -ENOMEM || k == -EDQUOT) && pending_any()) {
-                /* frees still waiting for their streams hold room: wait for them, and ask again */
-                (void)pending_reap(true, true);
+                /* frees still waiting for their streams hold room: wait for them, give them back, ask again (the
+                 * kept ones vmmb_alloc() gave back already) */
+                (void)pending_reap(true, REAP_ONEWAY);
                 k = vmmb_alloc(c, (uint64_t)size, device, TORCH_LABEL, &lease);
         }
         if (k < 0)
@@ -452,7 +481,7 @@ VMMB_EXPORT void vmmb_torch_free(void *ptr, ssize_t size, int device, void *stre
                                        vmmb_lease_id(lease));
                 return;                 /* leaked, mapped: the broker takes it back at exit */
         }
-        (void)pending_reap(false, false);
+        (void)pending_reap(false, REAP_KEEP);
 }
 
 VMMB_EXPORT int vmmb_torch_release_all(void) {
@@ -468,12 +497,15 @@ VMMB_EXPORT int vmmb_torch_release_all(void) {
         torch.n_segments = torch.n_allocated = 0;
         (void)pthread_mutex_unlock(&torch.lock);
 
-        /* the frees PyTorch made: wait for their events */
+        /* the frees PyTorch made: wait for their events, and give them back for good with what was kept */
         while (pending_any()) {
-                k = pending_reap(true, false);
+                k = pending_reap(true, REAP_FREE);
                 if (k < 0 && ret == 0)
                         ret = k;
         }
+        k = give_back_kept();
+        if (k < 0 && ret == 0)
+                ret = k;
         if (n == 0)
                 return ret < 0 ? ret : 0;
 
@@ -598,12 +630,16 @@ static int segments_park(bool park, void *stream) {
 VMMB_EXPORT int vmmb_torch_sleep(void *stream) {
         int k;
 
-        /* frees waiting for their streams: their memory goes back to the broker rather than to host memory */
+        /* frees waiting for their streams, and what was kept: their memory goes back to the broker rather than
+         * to host memory */
         while (pending_any()) {
-                k = pending_reap(true, false);
+                k = pending_reap(true, REAP_FREE);
                 if (k < 0)
                         return k;
         }
+        k = give_back_kept();
+        if (k < 0)
+                return k;
         return segments_park(true, stream);
 }
 

@@ -865,10 +865,12 @@ int vmmb_lease_parked(const vmmb_lease *lease);
  * @stream: the stream the segment is for (a cudaStream_t); unused, as leased memory is ready at once.
  *
  * Leases @size bytes on @device (labelled "torch" in `vmmctl list`), mapped
- * read-write and zeroed. Before asking, it ends the leases of earlier
- * vmmb_torch_free() calls whose work is done; when the broker refuses for room
- * (-ENOMEM) or the user's limit (-EDQUOT) while such frees still wait for
- * their streams, it waits for them and asks once more.
+ * read-write and zeroed. Before asking, it frees the leases of earlier
+ * vmmb_torch_free() calls whose work is done with vmmb_free_keep(), so that
+ * a segment of the same size comes back already mapped (vmmb_alloc()); when
+ * the broker refuses for room (-ENOMEM) or the user's limit (-EDQUOT) while
+ * such frees still wait for their streams, it waits for them, gives them back
+ * and asks once more.
  *
  * Return: the device pointer, or NULL on failure (PyTorch then raises its
  * out-of-memory error). The calling thread's vmmb_error_message() says why
@@ -884,10 +886,13 @@ void *vmmb_torch_alloc(ssize_t size, int device, void *stream);
  * @stream: the stream whose queued work may still use the segment (a cudaStream_t), or NULL for
  *          the legacy default stream, in the primary context of the segment's device.
  *
- * Does not block. An event is recorded on @stream, and the lease is unmapped
- * and freed only once the event has completed: checked by later calls of
+ * Does not block. An event is recorded on @stream, and the lease is freed
+ * only once the event has completed: checked by later calls of
  * vmmb_torch_alloc() and vmmb_torch_free() in any thread, and by
- * vmmb_torch_release_all(); at exit the broker takes back what is left. When the event cannot be recorded, it
+ * vmmb_torch_release_all(); at exit the broker takes back what is left. It
+ * is freed with vmmb_free_keep(): the broker keeps it, still mapped, for the
+ * next segment of its size, until another call waits for room (then the
+ * library gives it back), vmmb_torch_release_all() or vmmb_torch_sleep(). When the event cannot be recorded, it
  * waits for @stream (then for the whole context) instead. A segment whose
  * work the driver cannot say is done (its context failed) is never unmapped:
  * the broker takes it back when the process exits.
@@ -900,9 +905,10 @@ void vmmb_torch_free(void *ptr, ssize_t size, int device, void *stream);
  * vmmb_torch_release_all() - give back every segment of vmmb_torch_alloc() still leased.
  *
  * For a pool being torn down: waits for the frees of vmmb_torch_free() still
- * pending, then, for each device with segments that were never freed,
- * synchronizes its primary context (all work on the device in this process)
- * and frees them. Call it only when nothing will use those segments again
+ * pending, gives back the segments kept for reuse (vmmb_give_back_kept()),
+ * then, for each device with segments that were never freed, synchronizes
+ * its primary context (all work on the device in this process) and frees
+ * them. Call it only when nothing will use those segments again
  * (every PyTorch pool that allocated through these functions is gone);
  * vmmb_torch_free() of one of them afterwards is ignored. Frees made at the
  * same time in other threads finish on their own.
@@ -920,7 +926,8 @@ int vmmb_torch_release_all(void);
  *          unmapped; NULL waits for all the work of each segment's device's primary context (PyTorch's).
  *
  * For an engine put to sleep: first waits for the frees of vmmb_torch_free()
- * still pending and gives those back, then parks each live segment with
+ * still pending and gives those back, with the segments kept for reuse
+ * (vmmb_give_back_kept()), then parks each live segment with
  * vmmb_lease_park(), in the primary context of its device: its content goes
  * to host memory and its device memory back to the broker, while its address
  * stays reserved, so PyTorch's tensors (and its caching allocator's blocks,
