@@ -690,8 +690,8 @@ static int list_add_lease(Table *t, const WireLeaseInfo *l, uint64_t now_usec) {
                                             : "",
                         [LIST_PID] = pid,
                         [LIST_USER] = user,
-                        [LIST_MODE] = !h ? "-" : h->readonly ? (h->parked ? "ro,parked" : "ro")
-                                                             : (h->parked ? "rw,parked" : "rw"),
+                        [LIST_MODE] = !h ? "-" : l->kept ? "kept" : h->readonly ? (h->parked ? "ro,parked" : "ro")
+                                                                         : (h->parked ? "rw,parked" : "rw"),
                         [LIST_COMMAND] = h && h->comm ? h->comm : "-",
                 }, LIST_COLUMNS);
         }

@@ -15,7 +15,8 @@ int broker_init(Broker *b, Pool *pool, const LimitsConfig *limits) {
         _cleanup_free_ uint64_t *host_capacity = calloc(n ?: 1, sizeof(uint64_t));
         int k1, k2, k3;
 
-        *b = (Broker){ .pool = pool, .max_alloc_wait_usec = BROKER_DEFAULT_MAX_ALLOC_WAIT_USEC };
+        *b = (Broker){ .pool = pool, .max_alloc_wait_usec = BROKER_DEFAULT_MAX_ALLOC_WAIT_USEC,
+                       .kept_wait_usec = RECLAIM_DEFAULT_TIMEOUT_USEC };
         for (size_t i = 0; capacity && i < n; i++) {
                 PoolDeviceStats s;
 
@@ -131,8 +132,106 @@ static int pool_outcome(int k) {
         }
 }
 
-uint64_t broker_alloc_wait_usec(const Broker *b, int64_t asked) {
-        return asked <= 0 ? 0 : MIN((uint64_t)asked, b->max_alloc_wait_usec);
+uint64_t broker_alloc_wait_usec(const Broker *b, int64_t asked, size_t device) {
+        uint64_t wait = asked <= 0 ? 0 : MIN((uint64_t)asked, b->max_alloc_wait_usec);
+
+        /* Kept memory is memory its process let go: a call that finds no room waits for it to come back. */
+        if (wait == 0 && device < b->leases.n_devices && b->leases.device_kept[device] > 0)
+                wait = MIN(b->kept_wait_usec, b->max_alloc_wait_usec);
+        return wait;
+}
+
+/* --- kept leases ---------------------------------------------------------------------------------- */
+
+#define KEPT_GONE (-1000)               /* kept_take(): the kept lease ended instead; make a new one */
+
+/* The caller's oldest kept lease of `size` bytes (a multiple of the granularity) on pool device i, or NULL. */
+static Lease *kept_find(const Holder *h, size_t i, uint64_t size) {
+        Lease *l;
+
+        list_for_each_entry(l, &h->kept, link_kept)
+                if (l->pool_device == i && l->size == size)
+                        return l;
+        return NULL;
+}
+
+/* Ends a kept lease whose zeroing the device did not finish: its memory is not handed out as zero. */
+static int kept_end(Broker *b, Lease *l) {
+        Hold *hold = list_first_entry(&l->holds, Hold, link_lease);
+        int k;
+
+        change_begin(b);
+        k = change_commit(b, put_hold_end(b, hold));
+        if (k != 0)
+                return k;
+        event_hold_freed(hold);
+        hold_end(&b->leases, hold);
+        return KEPT_GONE;
+}
+
+/*
+ * Hands the caller's kept lease back to it for an Alloc: waits for its zeroing, stores it not kept with the
+ * call's label, and takes it off the kept list. Returns 0, KEPT_GONE (its zeroing failed: it ended),
+ * BROKER_E_NOT_STORED (it stays kept) or -ENOMEM.
+ */
+static int kept_take(Broker *b, Lease *l, const char *label) {
+        _cleanup_free_ char *copy = NULL;
+        char *old;
+        int k;
+
+        if (label) {
+                copy = strdup(label);
+                if (!copy)
+                        return -ENOMEM;
+        }
+        for (size_t j = 0; j < l->n_slabs; j++)
+                if (pool_scrub_wait(b->pool, l->slabs[j]) != 0)
+                        return kept_end(b, l);
+
+        /* Stored as it will be, then put back: the table changes only once it is stored. */
+        change_begin(b);
+        old = l->label;
+        l->label = copy;
+        l->kept = false;
+        k = put_lease(b, l);
+        l->kept = true;
+        l->label = old;
+        k = change_commit(b, k);
+        if (k != 0)
+                return k;
+        free(l->label);
+        l->label = TAKE_PTR(copy);
+        lease_unkeep(&b->leases, l);
+        return 0;
+}
+
+/*
+ * An Alloc of the caller's served by a lease it kept, on one of the pool devices order[0..n) (in that
+ * order): 0 with *ret (and *ret_device) set, or left NULL when it kept none that fits; or kept_take()'s
+ * failures.
+ */
+static int kept_serve(Broker *b, const Caller *c, const size_t *order, size_t n, uint64_t size,
+                      const char *label, Lease **ret, size_t *ret_device) {
+        *ret = NULL;
+        for (size_t j = 0; j < n; j++) {
+                PoolDeviceStats s;
+                Lease *l;
+                int k;
+
+                pool_device_stats(b->pool, order[j], &s);
+                while ((l = kept_find(c->holder, order[j], ALIGN_UP(size, s.granularity)))) {
+                        k = kept_take(b, l, label);
+                        if (k == KEPT_GONE)
+                                continue;
+                        if (k != 0)
+                                return k;
+                        *ret = l;
+                        if (ret_device)
+                                *ret_device = order[j];
+                        return 0;
+                }
+        }
+        return 0;
 }
 
 /* Gives back what an Alloc took before it could be made. */
@@ -161,6 +260,11 @@ int broker_alloc(Broker *b, const Caller *c, int64_t device, uint64_t size, cons
         pool_device_stats(b->pool, (size_t)i, &s);
         if (size > UINT64_MAX / 2 || ALIGN_UP(size, s.granularity) > s.capacity)
                 return BROKER_E_TOO_LARGE;      /* no limit could allow it: say so rather than QuotaExceeded */
+        if (!list_is_empty(&h->kept)) {
+                k = kept_serve(b, c, &(size_t){ (size_t)i }, 1, size, label, ret, NULL);
+                if (k != 0 || *ret)
+                        return k;
+        }
 
         l = calloc(1, sizeof(*l));
         hold = calloc(1, sizeof(*hold));
@@ -259,6 +363,13 @@ int broker_alloc_among(Broker *b, const Caller *c, const uint64_t *devices, size
         } else
                 placement_order(b->placement, stats, order, n_order);
 
+        /* A lease the caller kept comes first, on whichever of the devices it is: the memory is its own. */
+        if (!list_is_empty(&c->holder->kept) && size <= UINT64_MAX / 2) {
+                k = kept_serve(b, c, order, n_order, size, label, ret, ret_device);
+                if (k != 0 || *ret)
+                        return k;
+        }
+
         for (size_t j = 0; j < n_order; j++) {
                 q = (UserQuota){};
                 k = broker_alloc(b, c, stats[order[j]].index, size, label, ret, &q);
@@ -286,19 +397,74 @@ int broker_alloc_among(Broker *b, const Caller *c, const uint64_t *devices, size
 
 /* --- Free, Share, Revoke -------------------------------------------------------------------------- */
 
-/* The caller's hold on the lease `id`: a lease its process does not hold is not found. */
-static Hold *caller_hold(const Broker *b, const Caller *c, const char *id) {
+/* The caller's hold on the lease `id`, kept or not: a lease its process does not hold is not found. */
+static Hold *caller_hold_any(const Broker *b, const Caller *c, const char *id) {
         Lease *l = lease_table_find(&b->leases, id);
 
         return l ? lease_find_hold(l, c->holder) : NULL;
 }
 
-int broker_free(Broker *b, const Caller *c, const char *id) {
-        Hold *hold = caller_hold(b, c, id);
+/* The caller's hold on the lease `id` for any call but Free: a kept lease is not the process's to use. */
+static Hold *caller_hold(const Broker *b, const Caller *c, const char *id) {
+        Hold *hold = caller_hold_any(b, c, id);
+
+        return hold && !hold->lease->kept ? hold : NULL;
+}
+
+/* Whether a Free with keep keeps the lease of `hold` (broker_free()). */
+static bool may_keep(const Caller *c, const Hold *hold) {
+        const Lease *l = hold->lease;
+
+        return hold->refs == 1 && l->n_holds == 1 && !hold->readonly && c->holder->uid == l->uid && !l->name &&
+               !l->parked && !l->kept && l->reclaim.state != RECLAIM_ASKED;
+}
+
+/*
+ * Keeps the lease of the caller's hold: zeroes it in place, stores it kept, then keeps it in the table.
+ * Returns 0, or BROKER_E_DRIVER (nothing changed) / BROKER_E_NOT_STORED (nothing changed but the zeroing).
+ */
+static int lease_keep_stored(Broker *b, Hold *hold) {
+        Lease *l = hold->lease;
+        Token *tok;
         int k;
 
+        for (size_t j = 0; j < l->n_slabs; j++)
+                if (pool_scrub_leased(b->pool, l->slabs[j]) != 0)
+                        return BROKER_E_DRIVER;
+        /* Stored as it will be, then put back: kept, and its tokens revoked. */
+        change_begin(b);
+        l->kept = true;
+        k = put_lease(b, l);
+        l->kept = false;
+        list_for_each_entry(tok, &l->tokens, link)
+                if (k >= 0 && b->store)
+                        k = store_end_token(b->store, tok->token);
+        k = change_commit(b, k);
+        if (k != 0)
+                return k;
+        lease_keep(&b->leases, l);
+        return 0;
+}
+
+int broker_free(Broker *b, const Caller *c, const char *id, bool keep, bool *ret_kept) {
+        Hold *hold = caller_hold_any(b, c, id);
+        int k;
+
+        if (ret_kept)
+                *ret_kept = false;
         if (!hold)
                 return BROKER_E_NO_SUCH_LEASE;
+        if (keep && may_keep(c, hold)) {
+                k = lease_keep_stored(b, hold);
+                if (k == 0) {
+                        if (ret_kept)
+                                *ret_kept = true;
+                        return 0;
+                }
+                if (k != BROKER_E_DRIVER)
+                        return k;
+                /* Memory the device could not be asked to zero is not kept: the Free ends the hold. */
+        }
         change_begin(b);
         if (hold->refs > 1)
                 k = put_hold(b, hold->lease, hold->holder, hold->refs - 1, hold->readonly, hold->parked);
@@ -338,8 +504,10 @@ static bool reclaim_can_ask(const Lease *l, void *userdata) {
                 return false;           /* published: it would outlive every Free of its holders */
         if (l->parked)
                 return false;           /* in host memory: freeing it gives the device nothing */
+        /* A kept lease may be asked of the waiting process too: the library gives it back from its watch
+         * thread, with no caller to consult (protocol.md). */
         list_for_each_entry(hold, &l->holds, link_lease)
-                if (hold->holder == waiting || !hold->holder->watch || hold->holder->exited)
+                if ((hold->holder == waiting && !l->kept) || !hold->holder->watch || hold->holder->exited)
                         return false;
         return true;
 }
@@ -390,7 +558,7 @@ int broker_tokens(Broker *b, const Caller *c, const char *id, int (*fn)(const To
         const Token *tok;
         int k;
 
-        if (!l || (!c->admin && !lease_find_hold(l, c->holder)))
+        if (!l || (!c->admin && (!lease_find_hold(l, c->holder) || l->kept)))
                 return BROKER_E_NO_SUCH_LEASE;
         if (!c->admin && c->holder->uid != l->uid)
                 return BROKER_E_NOT_OWNER;

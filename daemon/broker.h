@@ -76,6 +76,8 @@ typedef struct Broker {
         uint64_t list_serial;           /* counts List calls, for Lease.listed */
         WaitQueue *waits;               /* per pool device: Alloc calls waiting for room (wait.h) */
         uint64_t max_alloc_wait_usec;   /* MaxAllocWait=: the longest an Alloc may wait; 0: none may */
+        uint64_t kept_wait_usec;        /* how long an Alloc waits for kept leases to come back, whatever its
+                                           wait (ReclaimTimeout=, within MaxAllocWait=) */
         PlacementRule placement;        /* Placement=: where an Alloc that names no single device goes */
         NumaMap numa;                   /* CPU -> NUMA node, for Placement=nearest; empty: unknown (place.h) */
         /* Told when storing starts to fail, before the request that found it is answered (the manager
@@ -107,8 +109,10 @@ void broker_set_store(Broker *b, Store *store);
  * Alloc: `size` bytes of CUDA device `device` (VMMB_DEVICE_ANY-like: a
  * negative value places it among every device served, as
  * broker_alloc_among() does), held once by the caller, owned by and charged
- * to its user. Returns 0 with *ret, a BROKER_E_* (QUOTA fills *ret_quota), or
- * a negative errno.
+ * to its user. A lease the caller's process kept of that size (rounded up to
+ * the granularity) on the device is handed back instead (broker_free()), its
+ * zeroing waited for, with the new label. Returns 0 with *ret, a BROKER_E_*
+ * (QUOTA fills *ret_quota), or a negative errno.
  */
 int broker_alloc(Broker *b, const Caller *c, int64_t device, uint64_t size, const char *label, Lease **ret,
                  UserQuota *ret_quota);
@@ -131,17 +135,30 @@ int broker_alloc_among(Broker *b, const Caller *c, const uint64_t *devices, size
                        const char *label, Lease **ret, UserQuota *ret_quota, size_t *ret_device);
 
 /*
- * How long an Alloc that found no room (BROKER_E_NO_MEMORY, and only that:
- * a call over the capacity or its user's limits can never be served, and
- * fails at once) waits for room, given the wait it asked for (`asked`: its
- * wait_usec, negative when absent): at most MaxAllocWait=. 0: it does not
- * wait. While it waits its user's limits still hold: each try charges it as
- * a new Alloc would, and a try over a limit ends the wait with QUOTA.
+ * How long an Alloc that found no room on pool device `device`
+ * (BROKER_E_NO_MEMORY, and only that: a call over the capacity or its user's
+ * limits can never be served, and fails at once) waits for room, given the
+ * wait it asked for (`asked`: its wait_usec, negative when absent): at most
+ * MaxAllocWait=. 0: it does not wait. A call that asked for no wait still
+ * waits Broker.kept_wait_usec when the device has kept leases: their
+ * processes are asked for them first. While it waits its user's limits still
+ * hold: each try charges it as a new Alloc would, and a try over a limit ends
+ * the wait with QUOTA.
  */
-uint64_t broker_alloc_wait_usec(const Broker *b, int64_t asked);
+uint64_t broker_alloc_wait_usec(const Broker *b, int64_t asked, size_t device);
 
-/* Free: drops one reference of the caller's hold. NO_SUCH_LEASE for a lease its process does not hold. */
-int broker_free(Broker *b, const Caller *c, const char *id);
+/*
+ * Free: drops one reference of the caller's hold. NO_SUCH_LEASE for a lease its process does not hold.
+ *
+ * With `keep`, the lease is kept instead (*ret_kept true) when the caller's hold is its only hold, with one
+ * reference, read-write, of the owner's user, and the lease is not published, parked, kept already or asked
+ * back: its tokens are revoked, its memory zeroed in place (the process keeps its mapping), and it waits
+ * for the process's next Alloc of its size (broker_alloc() hands it back first), charged as before, the
+ * first its device's reclaiming asks for. Every other call treats a kept lease as one the process does not
+ * hold; a Free of it ends it. Otherwise, or when the device cannot be asked to zero it, a plain Free.
+ * NOT_STORED: nothing changed (but the zeroing of memory its process no longer uses).
+ */
+int broker_free(Broker *b, const Caller *c, const char *id, bool keep, bool *ret_kept);
 
 /*
  * SetReclaimable: marks the caller's lease reclaimable with `priority` (0 is

@@ -146,6 +146,7 @@ static int holder_new(HolderRegistry *r, User *u, pid_t pid, gid_t gid, int pidf
                 h->start_time = 0;
         h->user = user_ref(u);
         list_init(&h->holds);
+        list_init(&h->kept);
         list_init(&h->link_exited);
         list_link_tail(&r->holders, &h->link);
         list_link_tail(&u->holders, &h->link_user);

@@ -40,6 +40,7 @@ typedef struct Holder {
         User *user;                     /* a reference; the holder is in user->holders */
         UserCharge charge;              /* one of the user's MaxProcesses= (its pidfd) */
         List holds;                     /* Hold.link_holder (lease.c) */
+        List kept;                      /* Lease.link_kept: its leases kept for its next Alloc, oldest first */
         unsigned n_connections;         /* connections of this process the daemon has open */
         bool exited;                    /* the process has exited: no request of it is served any more */
         void *watch;                    /* its connection watching for reclaim requests (peer.c's), or NULL */

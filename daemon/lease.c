@@ -49,7 +49,8 @@ int lease_table_init(LeaseTable *t, Pool *pool) {
         *t = (LeaseTable){ .pool = pool, .n_devices = n };
         list_init(&t->leases);
         t->device_leases = calloc(n ?: 1, sizeof(unsigned));
-        if (!t->device_leases)
+        t->device_kept = calloc(n ?: 1, sizeof(uint64_t));
+        if (!t->device_leases || !t->device_kept)
                 return -ENOMEM;
         k = reclaim_set_init(&t->reclaim, n);
         if (k < 0)
@@ -73,6 +74,8 @@ void lease_table_done(LeaseTable *t) {
         hashmap_done(&t->by_name);
         free(t->device_leases);
         t->device_leases = NULL;
+        free(t->device_kept);
+        t->device_kept = NULL;
         reclaim_set_done(&t->reclaim);
 }
 
@@ -124,6 +127,8 @@ void lease_table_add(LeaseTable *t, Lease *l) {
 
         list_init(&l->holds);
         list_init(&l->tokens);
+        list_init(&l->link_kept);
+        l->kept = false;                /* lease_keep() makes it kept, once it has its hold */
         l->reclaim = (ReclaimMark){};
         list_init(&l->reclaim.link);
         list_link_tail(&t->leases, &l->link_table);
@@ -141,6 +146,10 @@ void lease_end(LeaseTable *t, Lease *l) {
         Hold *hold, *htmp;
         Token *tok, *ttmp;
 
+        if (l->kept) {
+                list_unlink(&l->link_kept);
+                t->device_kept[l->pool_device] -= l->size;
+        }
         reclaim_forget(&t->reclaim, l);
         list_for_each_entry_safe(hold, htmp, &l->holds, link_lease) {
                 list_unlink(&hold->link_lease);
@@ -225,6 +234,32 @@ void hold_unref(LeaseTable *t, Hold *hold) {
                 hold_end(t, hold);
         else
                 t->generation++;
+}
+
+/* --- keeping ------------------------------------------------------------------------------------- */
+
+void lease_keep(LeaseTable *t, Lease *l) {
+        Hold *hold = list_first_entry(&l->holds, Hold, link_lease);
+        Token *tok, *ttmp;
+
+        assert(hold && l->n_holds == 1 && !l->kept);
+        list_for_each_entry_safe(tok, ttmp, &l->tokens, link)
+                token_free(t, tok);
+        l->kept = true;
+        list_link_tail(&hold->holder->kept, &l->link_kept);
+        t->device_kept[l->pool_device] += l->size;
+        reclaim_mark_kept(&t->reclaim, l);
+        t->generation++;
+}
+
+void lease_unkeep(LeaseTable *t, Lease *l) {
+        if (!l->kept)
+                return;
+        l->kept = false;
+        list_unlink(&l->link_kept);
+        t->device_kept[l->pool_device] -= l->size;
+        (void)reclaim_unmark(&t->reclaim, l);
+        t->generation++;
 }
 
 /* --- tokens and names ----------------------------------------------------------------------------- */

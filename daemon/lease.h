@@ -18,6 +18,11 @@
  * given back, charged to its owner as host bytes (broker_park()). Its slabs are
  * then the host slabs, which no client ever maps.
  *
+ * A lease may be kept: its only holder freed it with keep (broker_free()), and
+ * it waits, zeroed and still mapped in that process, for the process's next
+ * Alloc of its size. It keeps its hold, its charges and its slabs; it is on
+ * its holder's kept list and the first its device's reclaiming asks for.
+ *
  * This module changes the table and nothing else: no policy on who may do
  * what, no storing, no sockets. The rules and the store are broker.c's, which
  * prepares everything that can fail (memory, slabs, charges, the stored
@@ -82,6 +87,7 @@ struct Lease {
         char comm[16];                  /* and its command name */
         bool foreign;                   /* another user has held it: release its slabs at the end */
         bool parked;                    /* its content is in host memory: slabs are host slabs (pool.h) */
+        bool kept;                      /* kept for its one holder's next Alloc of its size (stored) */
         size_t n_slabs;
         Slab **slabs;                   /* in mapping order */
         List holds;                     /* Hold */
@@ -96,6 +102,7 @@ struct Lease {
         bool name_readonly;             /* attaching by name gives a read-only hold */
         uint64_t listed;                /* the List call that last showed it (to show it once) */
         ReclaimMark reclaim;            /* reclaimable, asked back (reclaim.h); not stored */
+        List link_kept;                 /* in its holder's Holder.kept while kept, oldest first */
         List link_table;                /* in LeaseTable.leases */
         List link_owner;                /* in owner->owned */
         HashLink link_id;               /* in LeaseTable.by_id */
@@ -109,6 +116,7 @@ typedef struct LeaseTable {
         unsigned n_leases;
         unsigned n_published;
         unsigned *device_leases;        /* leases per pool device */
+        uint64_t *device_kept;          /* bytes of kept leases per pool device */
         size_t n_devices;
         uint64_t generation;            /* bumped by every change of the table */
         bool closing;                   /* the daemon is exiting: slabs are released, never scrubbed */
@@ -168,6 +176,15 @@ void hold_end(LeaseTable *t, Hold *hold);
 
 /* Whether ending this hold ends its lease. */
 bool hold_is_last(const Hold *hold);
+
+/*
+ * Keeps a lease for its one holder (broker_free()'s rules decided it may be): revokes its tokens, puts it on
+ * the holder's kept list, and marks it to be asked back before any lease marked reclaimable.
+ */
+void lease_keep(LeaseTable *t, Lease *l);
+
+/* Hands a kept lease back to its holder's use: off the kept list, no longer reclaimable. */
+void lease_unkeep(LeaseTable *t, Lease *l);
 
 /* Links a new token (allocated and filled by the caller: token, uid, creator, readonly). */
 void lease_add_token(LeaseTable *t, Lease *l, Token *tok);

@@ -562,6 +562,7 @@ int manager_new(Manager **ret, const ManagerConfig *config, char **ret_message) 
                 return k;
         m->broker.max_alloc_wait_usec = config->max_alloc_wait_usec == MANAGER_ALLOC_WAIT_OFF ? 0 :
                                         config->max_alloc_wait_usec ?: BROKER_DEFAULT_MAX_ALLOC_WAIT_USEC;
+        m->broker.kept_wait_usec = m->reclaim_timeout_usec;    /* kept leases are asked back within it */
         m->broker.placement = config->placement;
         m->broker.store_failing = store_failing;
         m->broker.store_failing_userdata = m;

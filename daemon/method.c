@@ -219,7 +219,7 @@ static int alloc_try(Broker *b, const Caller *c, AllocParams *a, AllocTry how, u
                 uint64_t requested = ALIGN_UP(a->size, s.granularity ?: 1);
                 uint64_t in_use = s.leased + s.scrubbing;
                 uint64_t available = s.capacity > in_use ? s.capacity - in_use : 0;
-                uint64_t wait_usec = broker_alloc_wait_usec(b, a->wait_usec);
+                uint64_t wait_usec = broker_alloc_wait_usec(b, a->wait_usec, i >= 0 ? (size_t)i : SIZE_MAX);
 
                 if (how == ALLOC_TRY_AGAIN)
                         return 0;               /* it goes on waiting */
@@ -294,8 +294,18 @@ static int method_free(Broker *b, const Caller *c, json_object *params, MethodRe
         if (k < 0)
                 k = reply_decode_failed(r, k, bad, message);
         else {
-                k = broker_free(b, c, a.id);
-                k = k == 0 ? reply_empty(r) : reply_outcome(b, r, k, a.id);
+                FreeReply reply = {};
+                json_object *out = NULL;
+
+                k = broker_free(b, c, a.id, a.keep, &reply.kept);
+                if (k == 0 && !a.keep)
+                        k = reply_empty(r);     /* as it always was: `kept` answers a keep */
+                else if (k == 0) {
+                        k = free_reply_encode(&reply, &out);
+                        if (k == 0)
+                                k = reply_params(r, out);
+                } else
+                        k = reply_outcome(b, r, k, a.id);
         }
         free_params_done(&a);
         return k;
@@ -724,6 +734,7 @@ static int list_add(const Lease *l, void *userdata) {
                                     (int64_t)l->reclaim.priority : JSON_ABSENT,
                 .reclaim = (char *)reclaim_state_name(l->reclaim.state),
                 .parked = l->parked,
+                .kept = l->kept,
         };
         /* Holders are placed by index: the array may move while it grows. */
         info->holders = (WireHolder *)(uintptr_t)lb->n_holders;
@@ -800,6 +811,7 @@ static int method_status(Broker *b, const Caller *c, json_object *params, Method
                         .host_capacity = (int64_t)stats[i].host_capacity,
                         .parked = (int64_t)stats[i].parked,
                         .host_cached = (int64_t)stats[i].host_cached,
+                        .kept = (int64_t)b->leases.device_kept[i],
                 };
         }
         reply.devices = devices;

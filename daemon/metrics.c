@@ -257,6 +257,11 @@ static int format_devices(FILE *f, Broker *b) {
         device_gauge(f, rows, n, "vmmbroker_device_host_cached_bytes", "bytes",
                      "Bytes of host memory zeroed and kept for the next park.",
                      offsetof(PoolDeviceStats, host_cached));
+        family(f, "vmmbroker_device_kept_bytes", "gauge", "bytes",
+               "Bytes of leases kept for their process's next Alloc of their size (Free with keep); in leased too.");
+        for (size_t i = 0; i < n; i++)
+                fprintf(f, "vmmbroker_device_kept_bytes{device=\"%d\"} %" PRIu64 "\n", rows[i].s.index,
+                        b->leases.device_kept[i]);
         family(f, "vmmbroker_device_leases", "gauge", NULL, "Leases on the device.");
         for (size_t i = 0; i < n; i++)
                 fprintf(f, "vmmbroker_device_leases{device=\"%d\"} %u\n", rows[i].s.index, rows[i].leases);

@@ -525,6 +525,30 @@ void pool_release(Pool *p, Slab *slab) {
                 slab_release(slab);
 }
 
+int pool_scrub_leased(Pool *p, Slab *slab) {
+        if (slab->state != SLAB_LEASED || slab->host)
+                return -EINVAL;
+        return slab_scrub(slab->device, slab) < 0 ? POOL_E_DRIVER : 0;
+}
+
+int pool_scrub_wait(Pool *p, Slab *slab) {
+        PoolDevice *dev = slab->device;
+        CUresult r;
+
+        if (slab->scrub_seq <= atomic_load_explicit(&dev->scrubs_done, memory_order_acquire))
+                return 0;
+        if (make_current(dev) < 0)
+                return POOL_E_DRIVER;
+        /* The device zeroes at TB/s: waiting here is cheaper than the completion's trip through the loop. */
+        r = DRV(dev, cuStreamSynchronize)(dev->stream);
+        if (r != CUDA_SUCCESS) {
+                driver_error(dev, "cuStreamSynchronize", r);
+                return POOL_E_DRIVER;
+        }
+        dev->stats.scrub_waits++;
+        return 0;
+}
+
 unsigned pool_dispatch(Pool *p) {
         unsigned n = 0;
         uint64_t counter;

@@ -202,6 +202,17 @@ int pool_import(Pool *p, int device, uint64_t id, int fd, uint64_t size, uid_t u
  * user may have held. */
 void pool_release(Pool *p, Slab *slab);
 
+/*
+ * Zeroes a leased device slab in place, on the device's stream, leaving it leased: for a lease kept for its
+ * process (broker.h), whose mapping of it stays. pool_scrub_wait() waits for it. Returns 0, or
+ * POOL_E_DRIVER (pool_last_error() says why) when the zeroing could not be queued.
+ */
+int pool_scrub_leased(Pool *p, Slab *slab);
+
+/* Waits for the last scrub queued for `slab` (pool_scrub_leased()), if it has not completed. Returns 0 or
+ * POOL_E_DRIVER: the memory may not be zero. */
+int pool_scrub_wait(Pool *p, Slab *slab);
+
 /* An eventfd that becomes readable when scrubs have completed; then call pool_dispatch(). */
 int pool_get_fd(Pool *p);
 

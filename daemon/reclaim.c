@@ -53,14 +53,33 @@ void reclaim_mark(ReclaimSet *s, Lease *l, uint32_t priority) {
         }
         unlink_mark(s, l);
         m->state = RECLAIM_MARKED;
+        m->kept = false;
         m->priority = priority;
         m->serial = ++s->serial;
-        /* After every lease of a lower or equal priority: equal priorities in the order they were marked. */
+        /* After every kept lease and every lease of a lower or equal priority: equal priorities in the order
+         * they were marked. */
         head = &s->marked[l->pool_device];
         list_for_each_entry(i, head, link)
-                if (i->priority > priority)
+                if (!i->kept && i->priority > priority)
                         break;
         list_link_tail(&i->link, &m->link);     /* before i: at the end when none is higher */
+        s->n_marked++;
+}
+
+void reclaim_mark_kept(ReclaimSet *s, Lease *l) {
+        ReclaimMark *m = &l->reclaim, *i;
+
+        assert(m->state != RECLAIM_ASKED);
+        unlink_mark(s, l);
+        m->state = RECLAIM_MARKED;
+        m->kept = true;
+        m->priority = 0;
+        m->serial = ++s->serial;
+        /* After the kept leases before it, before every holder's mark. */
+        list_for_each_entry(i, &s->marked[l->pool_device], link)
+                if (!i->kept)
+                        break;
+        list_link_tail(&i->link, &m->link);
         s->n_marked++;
 }
 
@@ -71,6 +90,7 @@ bool reclaim_unmark(ReclaimSet *s, Lease *l) {
         if (asked)
                 s->refused++;
         l->reclaim.state = RECLAIM_NONE;
+        l->reclaim.kept = false;
         return asked;
 }
 
@@ -79,6 +99,7 @@ void reclaim_forget(ReclaimSet *s, Lease *l) {
                 s->given_back++;
         unlink_mark(s, l);
         l->reclaim.state = RECLAIM_NONE;
+        l->reclaim.kept = false;
 }
 
 size_t reclaim_pick(const ReclaimSet *s, size_t device, uint64_t need,

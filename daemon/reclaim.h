@@ -6,8 +6,9 @@
  * priority), which of them the daemon has asked back and by when, and which
  * to ask next when an Alloc waits for room.
  *
- * The rule of the order: on one device, lowest priority first; among equal
- * priorities, the lease marked earliest first. Asking picks leases in that
+ * The rule of the order: on one device, kept leases first (memory their
+ * process has let go), in the order they were kept; then lowest priority
+ * first; among equal priorities, the lease marked earliest first. Asking picks leases in that
  * order, skipping those the caller says cannot be asked (not every holder
  * watches, published, held by the process that waits), until their bytes
  * cover what is needed.
@@ -53,6 +54,7 @@ typedef enum ReclaimState {
 /* A lease's place in reclaiming (in struct Lease). */
 typedef struct ReclaimMark {
         ReclaimState state;
+        bool kept;                      /* a kept lease's (reclaim_mark_kept()): before every holder's mark */
         uint32_t priority;              /* MARKED, ASKED: lower is asked first */
         uint64_t serial;                /* when it was marked, in marks: the older first among equal priorities */
         uint64_t deadline;              /* ASKED: CLOCK_MONOTONIC usec */
@@ -81,6 +83,12 @@ void reclaim_set_done(ReclaimSet *s);
 
 /* Marks `l` reclaimable with `priority`, or changes its priority (an ASKED lease stays asked). */
 void reclaim_mark(ReclaimSet *s, struct Lease *l, uint32_t priority);
+
+/*
+ * Marks a kept lease (lease.h): asked before any lease a holder marked, kept leases in the order they were
+ * kept. Its priority shows as 0.
+ */
+void reclaim_mark_kept(ReclaimSet *s, struct Lease *l);
 
 /* Makes `l` not reclaimable; an ASKED lease counts as refused. Returns whether it was ASKED. */
 bool reclaim_unmark(ReclaimSet *s, struct Lease *l);

@@ -390,6 +390,29 @@ static int restore_holds(Broker *b, Lease *l, const StateLease *sl, unsigned *re
         return 0;
 }
 
+/*
+ * A lease that was kept is kept again, zeroed again: the zeroing queued before the restart may not have run,
+ * and the process's memory must read zero when the lease comes back to it. One that cannot be kept (it is
+ * not as kept leases are: one read-write hold of its owner's; or the device cannot zero it) stays a lease of
+ * its process, which gives it back at its next Free, or at its exit.
+ */
+static void restore_kept(Broker *b, Lease *l) {
+        Hold *hold = list_first_entry(&l->holds, Hold, link_lease);
+
+        if (l->n_holds != 1 || l->name || l->parked || hold->refs != 1 || hold->readonly ||
+            hold->holder->uid != l->uid) {
+                fprintf(stderr, "Lease %s was stored kept, but is not as a kept lease is: it is not kept.\n", l->id);
+                return;
+        }
+        for (size_t j = 0; j < l->n_slabs; j++)
+                if (pool_scrub_leased(b->pool, l->slabs[j]) != 0) {
+                        fprintf(stderr, "Lease %s was kept, but cannot be zeroed again (%s): it is not kept.\n",
+                                l->id, pool_last_error(b->pool));
+                        return;
+                }
+        lease_keep(&b->leases, l);
+}
+
 static int restore_one(Manager *m, Inherited *in, const StateLease *sl, unsigned *ret_holds, unsigned *ret_gone) {
         Slab *slabs[POOL_MAX_SLABS];
         Broker *b = &m->broker;
@@ -411,9 +434,13 @@ static int restore_one(Manager *m, Inherited *in, const StateLease *sl, unsigned
         if (k >= 0)
                 k = restore_holds(b, l, sl, ret_holds, ret_gone);
         /* Every holder gone while the daemon was down, and no name: it ends, as their exits would have ended it. */
-        if (k < 0 || (l->n_holds == 0 && !l->name))
+        if (k < 0 || (l->n_holds == 0 && !l->name)) {
                 lease_end(&b->leases, l);
-        return k < 0 ? k : 0;
+                return k < 0 ? k : 0;
+        }
+        if (sl->kept)
+                restore_kept(b, l);
+        return 0;
 }
 
 /* Reads the inherited table. Returns 0, a negative errno (-ENOMEM fatal), with a sentence in *ret_message. */

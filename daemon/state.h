@@ -86,6 +86,7 @@ typedef struct StateLease {
         char comm[STATE_COMM_MAX + 1];
         bool foreign;                           /* true whenever a hold is of another uid than the owner */
         bool parked;                            /* the slabs are host slabs (format 2 only) */
+        bool kept;                              /* kept for its one holder's next Alloc (format 2 only) */
         StateSlab *slabs;                       /* in mapping order */
         size_t n_slabs;                         /* 1..POOL_MAX_SLABS */
         char *name;                             /* published as, or NULL */

@@ -44,7 +44,8 @@ enum {
         LEASE_F_NAME = 4,
         LEASE_F_NAME_READONLY = 8,
         LEASE_F_PARKED = 16,
-        _LEASE_F_ALL = 31,
+        LEASE_F_KEPT = 32,
+        _LEASE_F_ALL = 63,
 };
 
 /* ---- CRC-32C (Castagnoli), as iSCSI and ext4 use it: the SSE 4.2 instruction where there is one ----------- */
@@ -241,6 +242,8 @@ static int encode_put_lease(Buffer *b, const Lease *l) {
                 flags |= LEASE_F_FOREIGN;
         if (l->parked)
                 flags |= LEASE_F_PARKED;
+        if (l->kept)
+                flags |= LEASE_F_KEPT;
         if (l->label)
                 flags |= LEASE_F_LABEL;
         if (l->name) {
@@ -1138,6 +1141,7 @@ static int apply_put_lease(Replay *r, Cursor *c) {
                 c->bad = true;
         v.foreign = flags & LEASE_F_FOREIGN;
         v.parked = flags & LEASE_F_PARKED;
+        v.kept = flags & LEASE_F_KEPT;
         if (flags & LEASE_F_LABEL)
                 v.label = r_strdup(c, LEASE_LABEL_MAX, &error);
         v.n_slabs = r_u16(c);

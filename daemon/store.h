@@ -24,7 +24,7 @@
  *   1 SNAPSHOT   u32 n_leases
  *   2 PUT_LEASE  str id, i32 device, u64 size, u64 created_usec, u32 uid, i32 pid, str comm,
  *                u8 flags (1 foreign, 2 label, 4 name, 8 name_readonly, 16 parked: the slabs are host
- *                slabs holding a parked lease's content), [str label],
+ *                slabs holding a parked lease's content, 32 kept: for its one holder's next Alloc), [str label],
  *                u16 n_slabs, n_slabs x (u64 id, u64 size), [str name, u8 n_name_uids, n x u32 uid]
  *   3 END_LEASE  str id                       (its holds and tokens end with it)
  *   4 PUT_HOLD   str lease id, i32 pid, u64 start_time, u32 uid, u32 gid, str comm, u32 refs,

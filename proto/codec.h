@@ -104,7 +104,7 @@ typedef struct FreeParams {
         bool keep;              /* Free only: keep the lease for this process's next Alloc of its size */
 } FreeParams;
 
-/* Free's reply: (kept: ?bool); daemons older than keeping send no parameters */
+/* Free's reply: (kept: ?bool), `kept` present when the call asked to keep */
 typedef struct FreeReply {
         bool kept;
 } FreeReply;

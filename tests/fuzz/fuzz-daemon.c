@@ -258,6 +258,11 @@ static void check_reply(Client *cl, json_object *msg, const int *fds, size_t n_f
 
                         k = varlink_info_decode(p, &v, &message);
                         varlink_info_done(&v);
+                } else if (has_key(p, "kept")) {
+                        FreeReply f = {};
+
+                        k = free_reply_decode(p, &f, &message);
+                        free_reply_done(&f);
                 } else
                         k = empty_params_decode(p, NULL, &message);
                 if (k < 0)

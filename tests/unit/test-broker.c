@@ -534,10 +534,10 @@ START_TEST(test_free_not_held_is_not_found) {
         a2 = new_process(UID_A);
         bb = new_process(UID_B);
         l = alloc_ok(a, MiB);
-        ck_assert_int_eq(broker_free(&b, a2, l->id), BROKER_E_NO_SUCH_LEASE);
-        ck_assert_int_eq(broker_free(&b, bb, l->id), BROKER_E_NO_SUCH_LEASE);
-        ck_assert_int_eq(broker_free(&b, a, "00000000000000000000000000000000"), BROKER_E_NO_SUCH_LEASE);
-        ck_assert_int_eq(broker_free(&b, a, ""), BROKER_E_NO_SUCH_LEASE);
+        ck_assert_int_eq(broker_free(&b, a2, l->id, false, NULL), BROKER_E_NO_SUCH_LEASE);
+        ck_assert_int_eq(broker_free(&b, bb, l->id, false, NULL), BROKER_E_NO_SUCH_LEASE);
+        ck_assert_int_eq(broker_free(&b, a, "00000000000000000000000000000000", false, NULL), BROKER_E_NO_SUCH_LEASE);
+        ck_assert_int_eq(broker_free(&b, a, "", false, NULL), BROKER_E_NO_SUCH_LEASE);
         ck_assert_ptr_eq(find(l->id), l);
         ck_assert_uint_eq(lease_find_hold(l, a->holder)->refs, 1);
 }
@@ -564,14 +564,14 @@ START_TEST(test_free_counts_references) {
         ck_assert_uint_eq(l->n_holds, 1);
 
         kept = kept_slabs();
-        ck_assert_int_eq(broker_free(&b, a, id), 0);
-        ck_assert_int_eq(broker_free(&b, a, id), 0);
+        ck_assert_int_eq(broker_free(&b, a, id, false, NULL), 0);
+        ck_assert_int_eq(broker_free(&b, a, id, false, NULL), 0);
         ck_assert_ptr_eq(find(id), l);
         ck_assert_uint_eq(hold->refs, 1);
         ck_assert_uint_eq(a->user->leases, 1);
-        ck_assert_int_eq(broker_free(&b, a, id), 0);
+        ck_assert_int_eq(broker_free(&b, a, id, false, NULL), 0);
         ck_assert_ptr_null(find(id));
-        ck_assert_int_eq(broker_free(&b, a, id), BROKER_E_NO_SUCH_LEASE);
+        ck_assert_int_eq(broker_free(&b, a, id, false, NULL), BROKER_E_NO_SUCH_LEASE);
 
         /* Ended: its charges came back, its tokens went, its slabs went back to the pool for the owner. */
         ck_assert_uint_eq(a->user->leases, 0);
@@ -810,7 +810,7 @@ START_TEST(test_attach_token_revoked_or_ended) {
         /* The lease ended: its tokens with it. */
         t2 = share_ok(a, l, UID_ANY, false);
         memcpy(id, l->id, sizeof(id));
-        ck_assert_int_eq(broker_free(&b, a, id), 0);
+        ck_assert_int_eq(broker_free(&b, a, id, false, NULL), 0);
         ck_assert_ptr_null(find(id));
         ck_assert_int_eq(attach_token(bb, t2.s), BROKER_E_NO_SUCH_TOKEN);
         ck_assert_int_eq(attach_token(bb, "not a token"), BROKER_E_NO_SUCH_TOKEN);
@@ -837,7 +837,7 @@ START_TEST(test_foreign_lease_slabs_are_released) {
         memcpy(id, l->id, sizeof(id));
         kept = kept_slabs();
         released = released_slabs();
-        ck_assert_int_eq(broker_free(&b, a, id), 0);
+        ck_assert_int_eq(broker_free(&b, a, id, false, NULL), 0);
         ck_assert_uint_eq(kept_slabs(), kept + 2);
         ck_assert_uint_eq(released_slabs(), released);
 
@@ -846,11 +846,11 @@ START_TEST(test_foreign_lease_slabs_are_released) {
         memcpy(id, l->id, sizeof(id));
         t = share_ok(a, l, UID_B, false);
         attach_token_ok(bb, &t, false);
-        ck_assert_int_eq(broker_free(&b, bb, id), 0);
+        ck_assert_int_eq(broker_free(&b, bb, id, false, NULL), 0);
         ck_assert(l->foreign);                          /* for good */
         kept = kept_slabs();
         released = released_slabs();
-        ck_assert_int_eq(broker_free(&b, a, id), 0);
+        ck_assert_int_eq(broker_free(&b, a, id, false, NULL), 0);
         ck_assert_ptr_null(find(id));
         ck_assert_uint_eq(released_slabs(), released + 2);
         ck_assert_uint_eq(kept_slabs(), kept);
@@ -1064,7 +1064,7 @@ START_TEST(test_unpublish_ends_unheld_lease) {
         l = alloc_ok(a, MiB);
         memcpy(id, l->id, sizeof(id));
         ck_assert_int_eq(broker_publish(&b, a, id, "kept", NULL, 0, false), 0);
-        ck_assert_int_eq(broker_free(&b, a, id), 0);
+        ck_assert_int_eq(broker_free(&b, a, id, false, NULL), 0);
         ck_assert_ptr_eq(find(id), l);                  /* nobody holds it: it lives on, published */
         ck_assert_uint_eq(l->n_holds, 0);
         ck_assert_uint_eq(a->user->leases, 1);          /* still charged to its owner */
@@ -1323,7 +1323,7 @@ START_TEST(test_reap_last_two_holders) {
         t = share_ok(a, l, UID_ANY, false);
         attach_token_ok(c1, &t, false);
         attach_token_ok(c2, &t, false);
-        ck_assert_int_eq(broker_free(&b, a, id), 0);
+        ck_assert_int_eq(broker_free(&b, a, id, false, NULL), 0);
         ck_assert_uint_eq(l->n_holds, 2);
 
         kill_process(c1->holder->pid);
@@ -1380,8 +1380,8 @@ static char *join_lines(Lines *lines) {
 }
 
 static void lease_line(Lines *lines, const char *id, int device, uint64_t size, const char *label, uid_t uid,
-                       pid_t pid, bool foreign, bool parked, const char *name, const uid_t *uids, size_t n_uids,
-                       bool name_ro, const uint64_t *slab_ids, size_t n_slabs) {
+                       pid_t pid, bool foreign, bool parked, bool kept, const char *name, const uid_t *uids,
+                       size_t n_uids, bool name_ro, const uint64_t *slab_ids, size_t n_slabs) {
         char buf[256] = "";
         size_t at = 0;
 
@@ -1390,9 +1390,9 @@ static void lease_line(Lines *lines, const char *id, int device, uint64_t size, 
         at += (size_t)snprintf(buf + at, sizeof(buf) - at, " slabs=");
         for (size_t i = 0; i < n_slabs; i++)
                 at += (size_t)snprintf(buf + at, sizeof(buf) - at, "%" PRIu64 ",", slab_ids[i]);
-        add_line(lines, "L %s device=%d size=%" PRIu64 " label=%s uid=%u pid=%d foreign=%d parked=%d name=%s ro=%d "
-                 "uids=%s", id, device, size, label ?: "-", (unsigned)uid, (int)pid, foreign, parked, name ?: "-",
-                 name_ro, buf);
+        add_line(lines, "L %s device=%d size=%" PRIu64 " label=%s uid=%u pid=%d foreign=%d parked=%d kept=%d "
+                 "name=%s ro=%d uids=%s", id, device, size, label ?: "-", (unsigned)uid, (int)pid, foreign, parked,
+                 kept, name ?: "-", name_ro, buf);
 }
 
 /* The lease table as lines: each lease, each hold and each token. */
@@ -1407,7 +1407,7 @@ static void table_lines(Lines *lines, const LeaseTable *t) {
                 for (size_t i = 0; i < l->n_slabs; i++)
                         slab_ids[i] = l->slabs[i]->id;
                 lease_line(lines, l->id, l->device, l->size, l->label, l->uid, l->pid, l->foreign, l->parked,
-                           l->name, l->name_uids, l->n_name_uids, l->name_readonly, slab_ids, l->n_slabs);
+                           l->kept, l->name, l->name_uids, l->n_name_uids, l->name_readonly, slab_ids, l->n_slabs);
                 list_for_each_entry(hold, &l->holds, link_lease)
                         add_line(lines, "H %s pid=%d start=%" PRIu64 " uid=%u refs=%u ro=%d parked=%d", l->id,
                                  (int)hold->holder->pid, hold->holder->start_time, (unsigned)hold->holder->uid,
@@ -1429,7 +1429,7 @@ static char *state_text(const State *s) {
                 for (size_t j = 0; j < l->n_slabs; j++)
                         slab_ids[j] = l->slabs[j].id;
                 lease_line(&lines, l->id, l->device, l->size, l->label, l->uid, l->pid, l->foreign, l->parked,
-                           l->name, l->name_uids, l->n_name_uids, l->name_readonly, slab_ids, l->n_slabs);
+                           l->kept, l->name, l->name_uids, l->n_name_uids, l->name_readonly, slab_ids, l->n_slabs);
                 for (size_t j = 0; j < l->n_holds; j++)
                         add_line(&lines, "H %s pid=%d start=%" PRIu64 " uid=%u refs=%u ro=%d parked=%d", l->id,
                                  (int)l->holds[j].pid, l->holds[j].start_time, (unsigned)l->holds[j].uid,
@@ -1462,8 +1462,8 @@ static char *broker_text(void) {
                 add_line(&lines, "U %u refs=%u leases=%u bytes=%" PRIu64 " host=%" PRIu64, (unsigned)u->uid,
                          u->n_refs, u->leases, u->bytes[0], u->host_bytes[0]);
         pool_device_stats(pool, 0, &ps);
-        add_line(&lines, "P leased=%u/%" PRIu64 " parked=%u/%" PRIu64 " holders=%u", ps.n_leased, ps.leased,
-                 ps.n_parked, ps.parked, b.holders.n_holders);
+        add_line(&lines, "P leased=%u/%" PRIu64 " parked=%u/%" PRIu64 " holders=%u kept=%" PRIu64, ps.n_leased,
+                 ps.leased, ps.n_parked, ps.parked, b.holders.n_holders, b.leases.device_kept[0]);
         return join_lines(&lines);
 }
 
@@ -1562,7 +1562,7 @@ START_TEST(test_write_ahead_every_operation) {
         ck_assert_uint_eq(hold->refs, 2);
 
         /* Free of one reference of two. */
-        ASSERT_NOT_STORED_THEN_MADE(broker_free(&b, bb, id));
+        ASSERT_NOT_STORED_THEN_MADE(broker_free(&b, bb, id, false, NULL));
         ck_assert_uint_eq(lease_find_hold(find(id), bb->holder)->refs, 1);
 
         /* Publish, publish again with other users, attach by name. */
@@ -1577,8 +1577,8 @@ START_TEST(test_write_ahead_every_operation) {
         ASSERT_NOT_STORED_THEN_MADE(broker_revoke(&b, a, t.s));
 
         /* Free of a hold that is not the last; of the last hold of a published lease (it stays). */
-        ASSERT_NOT_STORED_THEN_MADE(broker_free(&b, bb, id2));
-        ASSERT_NOT_STORED_THEN_MADE(broker_free(&b, a, id2));
+        ASSERT_NOT_STORED_THEN_MADE(broker_free(&b, bb, id2, false, NULL));
+        ASSERT_NOT_STORED_THEN_MADE(broker_free(&b, a, id2, false, NULL));
         ck_assert_uint_eq(find(id2)->n_holds, 0);
 
         /* Unpublish of a lease nobody holds: it ends. */
@@ -1591,9 +1591,9 @@ START_TEST(test_write_ahead_every_operation) {
         ck_assert_ptr_nonnull(find(id));
 
         /* The last Free of the last hold: the lease ends. */
-        ASSERT_NOT_STORED_THEN_MADE(broker_free(&b, bb, id));
-        ASSERT_NOT_STORED_THEN_MADE(broker_free(&b, a, id));
-        ASSERT_NOT_STORED_THEN_MADE(broker_free(&b, a, id));
+        ASSERT_NOT_STORED_THEN_MADE(broker_free(&b, bb, id, false, NULL));
+        ASSERT_NOT_STORED_THEN_MADE(broker_free(&b, a, id, false, NULL));
+        ASSERT_NOT_STORED_THEN_MADE(broker_free(&b, a, id, false, NULL));
         ck_assert_ptr_null(find(id));
         ck_assert_uint_eq(b.leases.n_leases, 1);
 
@@ -1980,8 +1980,8 @@ START_TEST(test_park_who) {
         ck_assert(!lease_find_hold(l, bb->holder)->parked);
 
         /* The other holders let go (B and E have no Park: they free), then A parks; B attached again unparks. */
-        ck_assert_int_eq(broker_free(&b, bb, l->id), 0);
-        ck_assert_int_eq(broker_free(&b, e, l->id), 0);
+        ck_assert_int_eq(broker_free(&b, bb, l->id, false, NULL), 0);
+        ck_assert_int_eq(broker_free(&b, e, l->id, false, NULL), 0);
         ck_assert(park_ok(a, l));
         ck_assert_uint_eq(bb->user->host_bytes[0], 0);
         attach_token_ok(bb, &t, false);
@@ -2026,7 +2026,7 @@ START_TEST(test_park_no_room) {
         ck_assert(park_ok(e, le));
 
         /* Unpark with the device full: the lease stays parked, charged as it was. */
-        ck_assert_int_eq(broker_free(&b, a, l->id), 0);
+        ck_assert_int_eq(broker_free(&b, a, l->id, false, NULL), 0);
         l = alloc_ok(a, 2 * MiB);
         ck_assert(park_ok(a, l));
         ck_assert_int_eq(pool_drain(pool), 0);  /* what parking gave back is cached, not being scrubbed */
@@ -2067,7 +2067,7 @@ START_TEST(test_park_end) {
         a = this_process(UID_A);
         l = alloc_ok(a, 4 * MiB);
         ck_assert(park_ok(a, l));
-        ck_assert_int_eq(broker_free(&b, a, l->id), 0);
+        ck_assert_int_eq(broker_free(&b, a, l->id, false, NULL), 0);
         ck_assert_uint_eq(a->user->host_bytes[0], 0);
         ck_assert_int_eq(pool_drain(pool), 0);
         pool_device_stats(pool, 0, &s);
@@ -2139,6 +2139,272 @@ START_TEST(test_park_write_ahead) {
 }
 END_TEST
 
+
+/* ---- keeping ---------------------------------------------------------------------------------------------- */
+
+static bool free_keep(const Caller *c, const char *id) {
+        bool kept = false;
+
+        ck_assert_int_eq(broker_free(&b, c, id, true, &kept), 0);
+        return kept;
+}
+
+/*
+ * Free with keep leaves the lease to its process: still held, still charged, zeroed, on the holder's kept
+ * list; the process's next Alloc of the size (rounded up) gets the very lease back with the new label.
+ */
+START_TEST(test_keep_and_reuse) {
+        const uint64_t size = 6 * MiB;
+        unsigned char *want = malloc(size), *got = malloc(size), *zero = calloc(1, size);
+        char id[LEASE_ID_LEN + 1];
+        UserQuota q = {};
+        Lease *l, *again = NULL;
+        Caller *a;
+
+        ck_assert(want && got && zero);
+        setup_broker();
+        a = this_process(UID_A);
+        l = alloc_ok(a, size);
+        memcpy(id, l->id, sizeof(id));
+        fill(want, size, 3);
+        lease_copy(l, want, true);
+
+        ck_assert(free_keep(a, id));
+        ck_assert_ptr_eq(find(id), l);
+        ck_assert(l->kept);
+        ck_assert_uint_eq(lease_find_hold(l, a->holder)->refs, 1);
+        ck_assert_uint_eq(a->user->leases, 1);                  /* still charged */
+        ck_assert_uint_eq(a->user->bytes[0], size);
+        ck_assert_uint_eq(b.leases.device_kept[0], size);
+        ck_assert_int_eq(l->reclaim.state, RECLAIM_MARKED);
+        ck_assert(l->reclaim.kept);
+
+        /* 5 MiB rounds up to the kept 6 MiB: the same lease, zeroed, relabelled, charged once. */
+        ck_assert_int_eq(broker_alloc(&b, a, 0, 5 * MiB, "again", &again, &q), 0);
+        ck_assert_ptr_eq(again, l);
+        ck_assert_str_eq(l->id, id);
+        ck_assert(!l->kept);
+        ck_assert_str_eq(l->label, "again");
+        ck_assert_int_eq(l->reclaim.state, RECLAIM_NONE);
+        ck_assert_uint_eq(b.leases.device_kept[0], 0);
+        ck_assert_uint_eq(a->user->leases, 1);
+        ck_assert_uint_eq(a->user->bytes[0], size);
+        lease_copy(l, got, false);
+        ck_assert(memcmp(got, zero, size) == 0);
+
+        /* Placed (no device named): the kept lease comes first too. */
+        ck_assert(free_keep(a, id));
+        ck_assert_int_eq(broker_alloc(&b, a, -1, size, NULL, &again, &q), 0);
+        ck_assert_ptr_eq(again, l);
+        ck_assert_ptr_null(l->label);
+
+        /* Another size: a new lease, and the kept one stays kept for its own size. */
+        ck_assert(free_keep(a, id));
+        ck_assert_ptr_ne(alloc_ok(a, 2 * MiB), l);
+        ck_assert(l->kept);
+        ck_assert_uint_eq(a->user->leases, 2);
+        free(want);
+        free(got);
+        free(zero);
+}
+END_TEST
+
+/* Kept only as the only hold of its owner's process, once, read-write, not published or parked: else plain. */
+START_TEST(test_keep_rules) {
+        char id[LEASE_ID_LEN + 1];
+        Caller *a, *a2, *bb;
+        TokenText t;
+        Lease *l;
+
+        setup_broker();
+        a = this_process(UID_A);
+        a2 = new_process(UID_A);
+        bb = new_process(UID_B);
+
+        /* Two references (an Attach of its own): the Free drops one. */
+        l = alloc_ok(a, 2 * MiB);
+        memcpy(id, l->id, sizeof(id));
+        t = share_ok(a, l, UID_ANY, false);
+        attach_token_ok(a, &t, false);
+        ck_assert(!free_keep(a, id));
+        ck_assert(!l->kept);
+        ck_assert_uint_eq(lease_find_hold(l, a->holder)->refs, 1);
+
+        /* Another process holds it too (of the owner's user, or another's). */
+        attach_token_ok(a2, &t, false);
+        ck_assert(!free_keep(a, id));
+        ck_assert_ptr_nonnull(find(id));
+        ck_assert(free_keep(a2, id));                   /* now its only holder, of the owner's user: kept */
+        ck_assert_uint_eq(find(id)->n_tokens, 0);
+        ck_assert(!free_keep(a2, id));                  /* kept already: ends */
+        ck_assert_ptr_null(find(id));
+
+        /* A holder of another user, the last one, does not keep the owner's memory. */
+        l = alloc_ok(a, 2 * MiB);
+        memcpy(id, l->id, sizeof(id));
+        t = share_ok(a, l, UID_B, false);
+        attach_token_ok(bb, &t, false);
+        ck_assert(!free_keep(a, id));
+        ck_assert(!free_keep(bb, id));
+        ck_assert_ptr_null(find(id));
+
+        /* A read-only hold (a read-only token's, in a process that did not hold the lease) never keeps. */
+        l = alloc_ok(a, 2 * MiB);
+        memcpy(id, l->id, sizeof(id));
+        t = share_ok(a, l, UID_A, true);
+        attach_token_ok(a2, &t, true);
+        ck_assert(!free_keep(a, id));
+        ck_assert(!free_keep(a2, id));                  /* read-only, and the last: ends */
+        ck_assert_ptr_null(find(id));
+
+        /* Published: the name outlives the hold. */
+        l = alloc_ok(a, 2 * MiB);
+        memcpy(id, l->id, sizeof(id));
+        ck_assert_int_eq(broker_publish(&b, a, id, "w", NULL, 0, false), 0);
+        ck_assert(!free_keep(a, id));
+        ck_assert(!find(id)->kept);
+        ck_assert_int_eq(unpublish(a, "w"), 0);
+        ck_assert_ptr_null(find(id));
+
+        /* Kept already: a second Free (keep or not) ends it. */
+        l = alloc_ok(a, 2 * MiB);
+        memcpy(id, l->id, sizeof(id));
+        ck_assert(free_keep(a, id));
+        ck_assert(!free_keep(a, id));
+        ck_assert_ptr_null(find(id));
+        ck_assert_uint_eq(a->user->leases, 0);
+        ck_assert_uint_eq(b.leases.device_kept[0], 0);
+}
+END_TEST
+
+/* A kept lease is nobody's to use: its tokens are revoked, every call but Free and Alloc finds nothing. */
+START_TEST(test_keep_is_not_for_use) {
+        char id[LEASE_ID_LEN + 1];
+        UserQuota q = {};
+        Hold *hold = NULL;
+        Token *tok = NULL;
+        Caller *a, *a2, *bb;
+        TokenText t;
+        bool parked;
+        Lease *l;
+
+        setup_broker_host(64 * MiB, false);
+        a = this_process(UID_A);
+        a2 = new_process(UID_A);
+        bb = new_process(UID_B);
+        l = alloc_ok(a, 4 * MiB);
+        memcpy(id, l->id, sizeof(id));
+        t = share_ok(a, l, UID_ANY, false);
+        ck_assert(free_keep(a, id));
+        ck_assert_uint_eq(l->n_tokens, 0);
+        ck_assert_uint_eq(b.leases.by_token.n, 0);
+        ck_assert_int_eq(attach_token(bb, t.s), BROKER_E_NO_SUCH_TOKEN);
+        ck_assert_int_eq(attach_token(a2, t.s), BROKER_E_NO_SUCH_TOKEN);
+
+        ck_assert_int_eq(broker_share(&b, a, id, UID_ANY, false, &tok), BROKER_E_NO_SUCH_LEASE);
+        ck_assert_int_eq(broker_set_reclaimable(&b, a, id, 3), BROKER_E_NO_SUCH_LEASE);
+        ck_assert_int_eq(broker_publish(&b, a, id, "w", NULL, 0, false), BROKER_E_NO_SUCH_LEASE);
+        ck_assert_int_eq(broker_park(&b, a, id, &parked, &q), BROKER_E_NO_SUCH_LEASE);
+        ck_assert_int_eq(broker_unpark(&b, a, id, &hold, &q), BROKER_E_NO_SUCH_LEASE);
+        ck_assert_int_eq(broker_tokens(&b, a, id, NULL, NULL), BROKER_E_NO_SUCH_LEASE);
+        ck_assert(l->kept);
+        ck_assert_int_eq(l->reclaim.state, RECLAIM_MARKED);     /* SetReclaimable did not touch it */
+
+        /* Another process of its user, and another user, asking for the size get leases of their own. */
+        ck_assert_ptr_ne(alloc_ok(a2, 4 * MiB), l);
+        ck_assert_ptr_ne(alloc_ok(bb, 4 * MiB), l);
+        ck_assert(l->kept);
+}
+END_TEST
+
+/* A kept lease ends with its process, like any hold; and the daemon stores it kept. */
+START_TEST(test_keep_reap_and_store) {
+        char id[LEASE_ID_LEN + 1], id2[LEASE_ID_LEN + 1];
+        UserQuota q = {};
+        Lease *l = NULL;
+        Caller *a, *a2;
+        TokenText t;
+
+        setup_broker();
+        a = this_process(UID_A);
+        a2 = new_process(UID_A);
+        memcpy(id2, alloc_ok(a2, 2 * MiB)->id, sizeof(id2));
+        ck_assert(free_keep(a2, id2));
+        kill_process(a2->holder->pid);
+        ck_assert_uint_eq(broker_reap_holders(&b), 1);
+        ck_assert_ptr_null(find(id2));
+        ck_assert_uint_eq(b.leases.device_kept[0], 0);
+
+        memcpy(id, alloc_ok(a, 4 * MiB)->id, sizeof(id));
+        t = share_ok(a, find(id), UID_ANY, false);
+        give_store();
+        /* Keeping (its token revoked) and handing back are written ahead like every change. */
+        ASSERT_NOT_STORED_THEN_MADE(broker_free(&b, a, id, true, NULL));
+        ck_assert(find(id)->kept);
+        ASSERT_NOT_STORED_THEN_MADE(broker_alloc(&b, a, 0, 4 * MiB, "x", &l, &q));
+        ck_assert_ptr_eq(l, find(id));
+        ck_assert(!l->kept);
+        ck_assert(free_keep(a, id));
+        assert_stored_is_table();
+        (void)t;
+}
+END_TEST
+
+/* Kept leases are asked back first, those of the waiting process too; a marked one of its own is not. */
+START_TEST(test_keep_reclaimed_first) {
+        char id[LEASE_ID_LEN + 1];
+        Lease *picked[4], *marked, *mine, *theirs;
+        Caller *a, *w;
+
+        setup_broker();
+        a = this_process(UID_A);
+        w = new_process(UID_B);                 /* the process whose Alloc waits */
+        a->holder->watch = &picked;             /* both watch (the manager's peer; not used here) */
+        w->holder->watch = &picked;
+        marked = alloc_ok(a, 2 * MiB);
+        ck_assert_int_eq(broker_set_reclaimable(&b, a, marked->id, 0), 0);
+        theirs = alloc_ok(a, 4 * MiB);
+        mine = alloc_ok(w, 6 * MiB);
+        memcpy(id, theirs->id, sizeof(id));
+        ck_assert(free_keep(a, id));
+        ck_assert(free_keep(w, mine->id));
+
+        ck_assert_uint_eq(broker_reclaim_pick(&b, 0, 4 * MiB, w->holder, picked, 4), 1);
+        ck_assert_ptr_eq(picked[0], theirs);
+        ck_assert_uint_eq(broker_reclaim_pick(&b, 0, 12 * MiB, w->holder, picked, 4), 3);
+        ck_assert_ptr_eq(picked[0], theirs);    /* kept, in the order kept */
+        ck_assert_ptr_eq(picked[1], mine);      /* the waiter's own kept lease: its library answers */
+        ck_assert_ptr_eq(picked[2], marked);
+        ck_assert_int_eq(broker_set_reclaimable(&b, w, mine->id, -1), BROKER_E_NO_SUCH_LEASE);
+
+        /* A process that does not watch is not asked. */
+        a->holder->watch = NULL;
+        ck_assert_uint_eq(broker_reclaim_pick(&b, 0, 12 * MiB, w->holder, picked, 4), 1);
+        ck_assert_ptr_eq(picked[0], mine);
+        w->holder->watch = NULL;
+}
+END_TEST
+
+/* An Alloc that asked for no wait waits for kept leases to come back, within MaxAllocWait=. */
+START_TEST(test_keep_alloc_waits) {
+        Caller *a;
+        Lease *l;
+
+        setup_broker();
+        a = this_process(UID_A);
+        ck_assert_uint_eq(broker_alloc_wait_usec(&b, 0, 0), 0);
+        ck_assert_uint_eq(broker_alloc_wait_usec(&b, 7, 0), 7);
+        l = alloc_ok(a, 2 * MiB);
+        ck_assert(free_keep(a, l->id));
+        ck_assert_uint_eq(broker_alloc_wait_usec(&b, 0, 0), b.kept_wait_usec);
+        ck_assert_uint_eq(broker_alloc_wait_usec(&b, -1, 0), b.kept_wait_usec);
+        ck_assert_uint_eq(broker_alloc_wait_usec(&b, 7, 0), 7);
+        ck_assert_uint_eq(broker_alloc_wait_usec(&b, 0, SIZE_MAX), 0);
+        b.max_alloc_wait_usec = 0;              /* MaxAllocWait=0: nobody waits */
+        ck_assert_uint_eq(broker_alloc_wait_usec(&b, 0, 0), 0);
+}
+END_TEST
+
 int main(void) {
         return run_suite(UNIT_SUITE("broker", teardown, test_tokens, test_names_cannot_be_planted,
                                     test_max_processes, test_alloc, test_alloc_no_device, test_alloc_too_large,
@@ -2159,7 +2425,9 @@ int main(void) {
                                     test_reap_holder_without_holds_needs_no_store, test_snapshot, test_park_unpark,
                                     test_park_every_holder, test_park_who, test_park_no_room,
                                     test_park_without_host_memory, test_park_end, test_park_write_ahead,
-                                    test_park_not_reclaimed)) == 0
+                                    test_park_not_reclaimed, test_keep_and_reuse, test_keep_rules,
+                                    test_keep_is_not_for_use, test_keep_reap_and_store, test_keep_reclaimed_first,
+                                    test_keep_alloc_waits)) == 0
                        ? EXIT_SUCCESS
                        : EXIT_FAILURE;
 }
