@@ -80,22 +80,46 @@ static void teardown(void) {
         ck_assert_int_eq(harness_stop(&h), 0);
 }
 
-/* Whether the daemon lists lease `id` (of this user). */
-static bool daemon_lists(const char *id) {
+/* Whether the daemon lists lease `id` (of this user); *ret_kept (when given) whether it lists it kept. */
+static bool daemon_lists_kept(const char *id, bool *ret_kept) {
         _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
         _cleanup_free_ char *message = NULL;
         ListReply lr = {};
         Reply r = {};
-        bool found = false;
+        bool found = false, kept = false;
 
         ck_assert_int_eq(harness_conn_open(h.socket, false, &c), 0);
         ck_assert_int_eq(call(c, VMMB_METHOD_LIST, NULL, &r), 0);
         ck_assert_int_eq(list_reply_decode(r.params, &lr, &message), 0);
         for (size_t i = 0; i < lr.n_leases; i++)
-                found = found || strcmp(lr.leases[i].id, id) == 0;
+                if (strcmp(lr.leases[i].id, id) == 0) {
+                        found = true;
+                        kept = lr.leases[i].kept;
+                }
         list_reply_done(&lr);
         reply_done(&r);
+        if (ret_kept)
+                *ret_kept = kept;
         return found;
+}
+
+static bool daemon_lists(const char *id) {
+        return daemon_lists_kept(id, NULL);
+}
+
+/*
+ * Whether the daemon lists lease `id` kept (vmmb_free_keep(), which the segments' frees use) within a bound of
+ * List calls: after the first keep on the allocator's connection (which is answered) the Frees are one-way,
+ * and a List on another connection may come first. Round trips, not sleeps; the bound is a failure guard.
+ */
+static bool daemon_keeps(const char *id) {
+        for (int i = 0; i < 10000; i++) {
+                bool kept = false;
+
+                if (daemon_lists_kept(id, &kept) && kept)
+                        return true;
+        }
+        return false;
 }
 
 /* The number of leases the daemon lists for this user. */
@@ -186,14 +210,30 @@ START_TEST(test_alloc_sizes) {
         ck_assert_int_eq(vmmb_torch_lease_id(p[3], inner, 2), -ERANGE);
         ck_assert_int_eq(vmmb_torch_lease_id(p[3], NULL, 0), -EINVAL);
 
-        /* freed on the NULL stream, with nothing queued: the lease ends at once */
+        /* freed on the NULL stream, with nothing queued: the lease is kept at once, for the next of its size */
         for (size_t i = 0; i < ELEMENTSOF(sizes); i++) {
                 vmmb_torch_free(p[i], sizes[i], 0, NULL);
-                ck_assert(!daemon_lists(ids[i]));
+                ck_assert(daemon_keeps(ids[i]));
                 ck_assert_int_eq(vmmb_torch_lease_id(p[i], inner, sizeof(inner)), -ENOENT);
         }
-        ck_assert_uint_eq(daemon_count(), 0);
+        ck_assert_uint_eq(daemon_count(), ELEMENTSOF(sizes));
+
+        /* the next segment of 66 MiB is the kept one: the same lease at the same address, zeroed */
+        {
+                void *again = alloc_or_fail(66 * MiB);
+                uint32_t word = 1;
+
+                ck_assert_ptr_eq(again, p[3]);
+                lease_id_or_fail(again, inner);
+                ck_assert_str_eq(inner, ids[3]);
+                ck_assert_int_eq(cu->cuMemcpyDtoH(&word, (CUdeviceptr)(uintptr_t)again + 66 * MiB - 4, 4),
+                                 CUDA_SUCCESS);
+                ck_assert_uint_eq(word, 0);
+                vmmb_torch_free(again, 66 * MiB, 0, NULL);
+        }
+        /* torn down: the kept segments go back to the broker (none was left unfreed) */
         ck_assert_int_eq(vmmb_torch_release_all(), 0);
+        ck_assert_uint_eq(daemon_count(), 0);
 }
 END_TEST
 
@@ -217,8 +257,10 @@ START_TEST(test_free_unknown_is_harmless) {
 
         /* freed twice: the second is ignored */
         vmmb_torch_free(p, 2 * MiB, 0, NULL);
-        ck_assert(!daemon_lists(id));
+        ck_assert(daemon_keeps(id));
         vmmb_torch_free(p, 2 * MiB, 0, NULL);
+        ck_assert_uint_eq(daemon_count(), 1);
+        ck_assert_int_eq(vmmb_torch_release_all(), 0);
         ck_assert_uint_eq(daemon_count(), 0);
         ck_assert_int_eq(cu->cuCtxSynchronize(), CUDA_SUCCESS);
 }
@@ -308,10 +350,10 @@ START_TEST(test_free_with_queued_work) {
         ck_assert_int_eq(cu->cuStreamSynchronize(s), CUDA_SUCCESS);    /* the memset ran on mapped memory */
         ck_assert_int_eq(cu->cuCtxSynchronize(), CUDA_SUCCESS);
 
-        /* the next free gives the pending one back too (this one on the NULL stream, done at once) */
+        /* the next free frees the pending one too (this one on the NULL stream, done at once): both kept */
         vmmb_torch_free(other, 2 * MiB, 0, NULL);
-        ck_assert(!daemon_lists(id));
-        ck_assert(!daemon_lists(other_id));
+        ck_assert(daemon_keeps(id));
+        ck_assert(daemon_keeps(other_id));
         ck_assert_int_eq(cu->cuStreamDestroy(s), CUDA_SUCCESS);
 }
 END_TEST
@@ -476,6 +518,7 @@ START_TEST(test_alloc_no_broker) {
         ck_assert_int_eq(setenv("VMMBROKER_SOCKET", h.socket, 1), 0);
         p = alloc_or_fail(2 * MiB);
         vmmb_torch_free(p, 2 * MiB, 0, NULL);
+        ck_assert_int_eq(vmmb_torch_release_all(), 0);
         ck_assert_uint_eq(daemon_count(), 0);
 }
 END_TEST
@@ -509,6 +552,20 @@ START_TEST(test_alloc_over_limit) {
         ck_assert_ptr_null(vmmb_torch_alloc(8 * MiB, 0, NULL));
         ck_assert_msg(strstr(vmmb_error_message(), "limit"), "message: %s", vmmb_error_message());
         vmmb_torch_free(p, (ssize_t)(96 * MiB), 0, NULL);
+
+        /* kept, it still counts toward the limit: an alloc it is in the way of gets it given back first */
+        {
+                char id[VMMB_ID_MAX + 1];
+
+                ck_assert_int_eq(vmmb_torch_lease_id(p, id, sizeof(id)), -ENOENT);
+                ck_assert_uint_eq(daemon_count(), 1);
+                p = alloc_or_fail((ssize_t)(8 * MiB));
+                lease_id_or_fail(p, id);
+                ck_assert_uint_eq(daemon_count(), 1);
+                ck_assert(daemon_lists(id));
+                vmmb_torch_free(p, (ssize_t)(8 * MiB), 0, NULL);
+        }
+        ck_assert_int_eq(vmmb_torch_release_all(), 0);
         ck_assert_uint_eq(daemon_count(), 0);
 }
 END_TEST
