@@ -20,6 +20,7 @@
  */
 
 #include <check.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
@@ -38,6 +39,7 @@
 #include "harness.h"
 #include "macro.h"
 #include "rawclient.h"
+#include "simcuda.h"
 #include "supervisor.h"
 #include "unit.h"
 #include "varlink.h"
@@ -51,6 +53,7 @@
 static char dir[64];                    /* private: the fake's socket, the daemon's unused paths */
 static CudaDriver *cu;
 static CUcontext ctx;
+static __typeof__(&simcuda_calls) driver_calls;
 
 static void setup(void) {
         _cleanup_free_ char *message = NULL;
@@ -62,6 +65,11 @@ static void setup(void) {
         ck_assert_msg(k == 0, "cuda_driver_open: %s", message);
         ck_assert_int_eq(cu->cuDevicePrimaryCtxRetain(&ctx, 0), CUDA_SUCCESS);
         ck_assert_int_eq(cu->cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+        {
+                void *lib = dlopen(cu->path, RTLD_NOW | RTLD_NOLOAD);
+
+                driver_calls = lib ? (__typeof__(driver_calls))dlsym(lib, "simcuda_calls") : NULL;
+        }
 }
 
 static void teardown(void) {
@@ -155,7 +163,7 @@ static vmmb_lease *alloc_or_fail(vmmb_client *c, uint64_t size) {
 
 /* ---- a call on a thread of its own --------------------------------------------------------------------- */
 
-typedef enum Op { OP_ALLOC, OP_FREE, OP_PUBLISH, OP_UNPUBLISH, OP_REVOKE, OP_TOKENS, OP_PARK } Op;
+typedef enum Op { OP_ALLOC, OP_FREE, OP_PUBLISH, OP_UNPUBLISH, OP_REVOKE, OP_TOKENS, OP_PARK, OP_FREE_KEEP } Op;
 
 typedef struct ClientOp {
         pthread_t thread;
@@ -193,6 +201,10 @@ static void *client_op_run(void *arg) {
                 break;
         case OP_PARK:
                 o->result = vmmb_lease_park(o->lease, NULL);
+                break;
+        case OP_FREE_KEEP:
+                o->result = vmmb_free_keep(o->lease);
+                o->lease = NULL;
                 break;
         }
         snprintf(o->message, sizeof(o->message), "%s", vmmb_error_message());
@@ -294,10 +306,10 @@ static void fake_reply(VarlinkConn *vc, json_object *params, const int *fds, siz
         ck_assert_int_eq(varlink_conn_flush(vc), 0);
 }
 
-/* Answers an Alloc (or an Unpark) with the fake's lease: the one 2 MiB slab of `handle`, exported. */
-static void fake_reply_lease(VarlinkConn *vc, CUmemGenericAllocationHandle handle) {
+/* Answers an Alloc (or an Unpark) with lease `id`: the one 2 MiB slab of `handle`, exported. */
+static void fake_reply_lease_id(VarlinkConn *vc, CUmemGenericAllocationHandle handle, const char *id) {
         WireSlab slab = { .size = 2 * MiB, .fd = 0 };
-        AllocReply reply = { .lease = { .id = (char *)LEASE_ID, .device = 0, .size = 2 * MiB, .slabs = &slab,
+        AllocReply reply = { .lease = { .id = (char *)id, .device = 0, .size = 2 * MiB, .slabs = &slab,
                                         .n_slabs = 1 } };
         json_object *params = NULL;
         int fd = -EBADF;
@@ -308,6 +320,11 @@ static void fake_reply_lease(VarlinkConn *vc, CUmemGenericAllocationHandle handl
         fake_reply(vc, params, &fd, 1);
         json_object_put(params);
         safe_close(fd);
+}
+
+/* Answers an Alloc (or an Unpark) with the fake's lease: the one 2 MiB slab of `handle`, exported. */
+static void fake_reply_lease(VarlinkConn *vc, CUmemGenericAllocationHandle handle) {
+        fake_reply_lease_id(vc, handle, LEASE_ID);
 }
 
 /* Answers an Alloc with a lease of one 2 MiB slab made here: its handle in *ret_handle, for the caller to
@@ -894,6 +911,383 @@ START_TEST(test_read_call_is_not_sent_again) {
 }
 END_TEST
 
+/* ---- keeping, with the fake for a broker ------------------------------------------------------------- */
+
+#define OTHER_ID "ffeeddccbbaa99887766554433221100"     /* another lease of the fake's */
+
+/* How many times the simulated driver's `entry` was called in this process. */
+static uint64_t calls(const char *entry) {
+        ck_assert_ptr_nonnull(driver_calls);
+        return driver_calls(entry);
+}
+
+/* Reads the next call, which must be a Free of `id`, asking to keep or not, one-way or not. */
+static void fake_read_free(VarlinkConn *vc, const char *id, bool keep, bool oneway) {
+        _cleanup_(varlink_call_done) VarlinkCall call = {};
+        json_object *msg = NULL, *v;
+        int k;
+
+        k = varlink_conn_receive(vc, &msg, NULL, NULL);
+        ck_assert_msg(k == 1, "reading the call: %s", strerror(-k));
+        ck_assert_int_eq(varlink_call_parse(msg, &call), 0);
+        json_object_put(msg);
+        ck_assert_str_eq(call.method, VMMB_METHOD_FREE);
+        ck_assert_ptr_nonnull(call.parameters);
+        ck_assert(json_object_object_get_ex(call.parameters, "id", &v));
+        ck_assert_str_eq(json_object_get_string(v), id);
+        ck_assert_int_eq(json_object_object_get_ex(call.parameters, "keep", &v) && json_object_get_boolean(v), keep);
+        ck_assert_int_eq(call.oneway, oneway);
+}
+
+/* Answers a Free with keep: (kept: true) or (kept: false); or () as a broker older than keeping (kept < 0). */
+static void fake_reply_kept(VarlinkConn *vc, int kept) {
+        json_object *params = json_object_new_object();
+
+        ck_assert_ptr_nonnull(params);
+        if (kept >= 0)
+                ck_assert_int_eq(json_object_object_add(params, "kept", json_object_new_boolean(kept)), 0);
+        fake_reply(vc, params, NULL, 0);
+        json_object_put(params);
+}
+
+/* Sends a reply that says "continues", on a call with "more". */
+static void fake_reply_continues(VarlinkConn *vc, json_object *params) {
+        json_object *msg = NULL;
+
+        ck_assert_int_eq(varlink_reply_new_continues(params, &msg), 0);
+        ck_assert_int_eq(varlink_conn_send(vc, msg, NULL, 0), 0);
+        json_object_put(msg);
+        ck_assert_int_eq(varlink_conn_flush(vc), 0);
+}
+
+/* Sends an error reply. */
+static void fake_reply_error(VarlinkConn *vc, json_object *error) {
+        ck_assert_ptr_nonnull(error);
+        ck_assert_int_eq(varlink_conn_send(vc, error, NULL, 0), 0);
+        ck_assert_int_eq(varlink_conn_flush(vc), 0);
+        json_object_put(error);
+}
+
+/* The fake's ends of the process's watch: its connection for answers, and the one of WatchReclaim. */
+typedef struct FakeWatch {
+        VarlinkConn *answer;
+        VarlinkConn *watch;
+} FakeWatch;
+
+/*
+ * Accepts the process's watch, made before the library keeps anything: its connection for answers, then
+ * WatchReclaim, answered with the watch on (`watches`) or MethodNotFound (a broker older than reclaiming).
+ */
+static void fake_watch(int listen_fd, bool watches, FakeWatch *ret) {
+        ret->answer = fake_accept(listen_fd);
+        ret->watch = fake_accept(listen_fd);
+        fake_read_call(ret->watch, VMMB_METHOD_WATCH_RECLAIM, NULL);
+        if (watches) {
+                json_object *params = json_object_new_object();
+
+                ck_assert_ptr_nonnull(params);
+                fake_reply_continues(ret->watch, params);
+                json_object_put(params);
+        } else {
+                json_object *error = NULL;
+
+                ck_assert_int_eq(varlink_error_method_not_found(VMMB_METHOD_WATCH_RECLAIM, &error), 0);
+                fake_reply_error(ret->watch, error);
+        }
+}
+
+/* Closes the fake's ends of the watch; after the client's vmmb_close(), which stops the watch. */
+static void fake_watch_done(FakeWatch *w) {
+        w->answer = varlink_conn_free(w->answer);
+        w->watch = varlink_conn_free(w->watch);
+}
+
+/* Asks for lease `id` back on the watch, as a broker does when an Alloc waits for room. */
+static void fake_ask(FakeWatch *w, const char *id) {
+        ReclaimRequest q = { .id = (char *)id, .device = 0, .size = 2 * MiB, .timeout_usec = 5000000 };
+        json_object *params = NULL;
+
+        ck_assert_int_eq(reclaim_request_encode(&q, &params), 0);
+        fake_reply_continues(w->watch, params);
+        json_object_put(params);
+}
+
+/*
+ * The first keep on a connection waits for the answer (kept), and the lease stays mapped: the broker's
+ * Alloc that hands it back gets the same mapping. The next keep is one-way. On a new connection (the broker
+ * restarted) the first keep is answered again.
+ */
+START_TEST(test_keep_answered_then_oneway) {
+        uint64_t ptr, unmaps;
+        FakeLease f;
+        FakeWatch w;
+        ClientOp o;
+
+        fake_lease(&f, 0x4EE90000);
+        ptr = vmmb_lease_ptr(f.l);
+        unmaps = calls("cuMemUnmap");
+        client_op_start(&o, OP_FREE_KEEP, f.c, f.l);
+        fake_watch(f.listen_fd, true, &w);
+        fake_read_free(f.vc, LEASE_ID, true, false);
+        fake_reply_kept(f.vc, true);
+        ck_assert_msg(client_op_finish(&o) == 0, "vmmb_free_keep: %s", o.message);
+        ck_assert_uint_eq(calls("cuMemUnmap"), unmaps);
+
+        /* handed back: the same mapping, and what it holds (this fake zeroes nothing) */
+        client_op_start(&o, OP_ALLOC, f.c, NULL);
+        fake_read_call(f.vc, VMMB_METHOD_ALLOC, NULL);
+        fake_reply_lease(f.vc, f.handle);
+        ck_assert_msg(client_op_finish(&o) == 0, "vmmb_alloc: %s", o.message);
+        ck_assert_str_eq(vmmb_lease_id(o.lease), LEASE_ID);
+        ck_assert_uint_eq(vmmb_lease_ptr(o.lease), ptr);
+        ck_assert(lease_reads(o.lease, 0x4EE90000));
+        f.l = o.lease;
+
+        client_op_start(&o, OP_FREE_KEEP, f.c, f.l);
+        fake_read_free(f.vc, LEASE_ID, true, true);
+        ck_assert_msg(client_op_finish(&o) == 0, "vmmb_free_keep: %s", o.message);
+
+        /* the broker restarted (the connection lost while idle): the Alloc goes on a new connection */
+        varlink_conn_free(f.vc);
+        client_op_start(&o, OP_ALLOC, f.c, NULL);
+        f.vc = fake_accept(f.listen_fd);
+        fake_read_call(f.vc, VMMB_METHOD_ALLOC, NULL);
+        fake_reply_lease(f.vc, f.handle);
+        ck_assert_msg(client_op_finish(&o) == 0, "vmmb_alloc: %s", o.message);
+        ck_assert_uint_eq(vmmb_lease_ptr(o.lease), ptr);
+        f.l = o.lease;
+        client_op_start(&o, OP_FREE_KEEP, f.c, f.l);
+        fake_read_free(f.vc, LEASE_ID, true, false);    /* another broker, maybe: asked again */
+        fake_reply_kept(f.vc, true);
+        ck_assert_msg(client_op_finish(&o) == 0, "vmmb_free_keep: %s", o.message);
+        ck_assert_uint_eq(calls("cuMemUnmap"), unmaps);
+        ck_assert(!fake_pending(f.listen_fd));
+
+        fake_lease_done(&f);            /* unmaps the kept lease; its Free finds no broker */
+        fake_watch_done(&w);
+        ck_assert_uint_gt(calls("cuMemUnmap"), unmaps);
+}
+END_TEST
+
+/*
+ * A broker older than keeping that refuses the parameter (InvalidParameter naming `keep`): nothing was
+ * freed, so the library unmaps and sends a plain one-way Free; the next keep on the connection is a plain
+ * one-way Free at once.
+ */
+START_TEST(test_keep_old_broker_refuses) {
+        uint64_t unmaps;
+        FakeLease f;
+        FakeWatch w;
+        ClientOp o;
+        json_object *error = NULL;
+
+        fake_lease(&f, 0x01D0B0CE);
+        unmaps = calls("cuMemUnmap");
+        client_op_start(&o, OP_FREE_KEEP, f.c, f.l);
+        fake_watch(f.listen_fd, true, &w);
+        fake_read_free(f.vc, LEASE_ID, true, false);
+        ck_assert_int_eq(vmmb_error_invalid_parameter("keep", "Unknown parameter 'keep'.", &error), 0);
+        fake_reply_error(f.vc, error);
+        fake_read_free(f.vc, LEASE_ID, false, true);
+        ck_assert_msg(client_op_finish(&o) == 0, "vmmb_free_keep: %s", o.message);
+        ck_assert_uint_gt(calls("cuMemUnmap"), unmaps);
+
+        client_op_start(&o, OP_ALLOC, f.c, NULL);
+        fake_read_call(f.vc, VMMB_METHOD_ALLOC, NULL);
+        fake_reply_lease(f.vc, f.handle);
+        ck_assert_msg(client_op_finish(&o) == 0, "vmmb_alloc: %s", o.message);
+        ck_assert(lease_reads(o.lease, 0x01D0B0CE));    /* mapped anew: the fake's slab, as it was */
+        unmaps = calls("cuMemUnmap");
+        client_op_start(&o, OP_FREE_KEEP, f.c, o.lease);
+        fake_read_free(f.vc, LEASE_ID, false, true);
+        ck_assert_msg(client_op_finish(&o) == 0, "vmmb_free_keep: %s", o.message);
+        ck_assert_uint_gt(calls("cuMemUnmap"), unmaps);
+        ck_assert(!fake_pending(f.listen_fd));
+
+        fake_lease_done(&f);
+        fake_watch_done(&w);
+}
+END_TEST
+
+/*
+ * A broker older than keeping that takes the parameter for a plain Free (an empty reply, no `kept`): the lease
+ * is freed, so the library unmaps it and sends nothing more; the next keep is a plain one-way Free.
+ */
+START_TEST(test_keep_old_broker_frees) {
+        uint64_t unmaps;
+        FakeLease f;
+        FakeWatch w;
+        ClientOp o;
+
+        fake_lease(&f, 0x0DDBA11);
+        unmaps = calls("cuMemUnmap");
+        client_op_start(&o, OP_FREE_KEEP, f.c, f.l);
+        fake_watch(f.listen_fd, true, &w);
+        fake_read_free(f.vc, LEASE_ID, true, false);
+        fake_reply_kept(f.vc, -1);
+        ck_assert_msg(client_op_finish(&o) == 0, "vmmb_free_keep: %s", o.message);
+        ck_assert_uint_gt(calls("cuMemUnmap"), unmaps);
+
+        /* nothing more was sent for it: the next call the fake reads is the client's next one */
+        client_op_start(&o, OP_ALLOC, f.c, NULL);
+        fake_read_call(f.vc, VMMB_METHOD_ALLOC, NULL);
+        fake_reply_lease(f.vc, f.handle);
+        ck_assert_msg(client_op_finish(&o) == 0, "vmmb_alloc: %s", o.message);
+        client_op_start(&o, OP_FREE_KEEP, f.c, o.lease);
+        fake_read_free(f.vc, LEASE_ID, false, true);
+        ck_assert_msg(client_op_finish(&o) == 0, "vmmb_free_keep: %s", o.message);
+        ck_assert(!fake_pending(f.listen_fd));
+
+        fake_lease_done(&f);
+        fake_watch_done(&w);
+}
+END_TEST
+
+/* A broker that does not ask for leases back (no WatchReclaim): nothing is kept; a plain one-way Free. */
+START_TEST(test_keep_no_watch) {
+        uint64_t unmaps;
+        FakeLease f;
+        FakeWatch w;
+        ClientOp o;
+
+        fake_lease(&f, 0x0BAD0001);
+        unmaps = calls("cuMemUnmap");
+        client_op_start(&o, OP_FREE_KEEP, f.c, f.l);
+        fake_watch(f.listen_fd, false, &w);
+        fake_read_free(f.vc, LEASE_ID, false, true);
+        ck_assert_msg(client_op_finish(&o) == 0, "vmmb_free_keep: %s", o.message);
+        ck_assert_uint_gt(calls("cuMemUnmap"), unmaps);
+        ck_assert(!fake_pending(f.listen_fd));
+
+        fake_lease_done(&f);
+        fake_watch_done(&w);
+}
+END_TEST
+
+/*
+ * A one-way keep the broker did not carry out as a keep (the fake frees it plainly): the next Alloc of the
+ * size, on the same connection, brings a new lease, which shows the kept one stale: it is unmapped and
+ * dropped, not freed. When the broker asks for it after all, the library frees it.
+ */
+START_TEST(test_keep_stale_dropped) {
+        CUmemGenericAllocationHandle other;
+        CUmemAllocationProp prop = cuda_slab_prop(0);
+        uint64_t unmaps;
+        FakeLease f;
+        FakeWatch w;
+        ClientOp o;
+
+        fake_lease(&f, 0x57A1E000);
+        client_op_start(&o, OP_FREE_KEEP, f.c, f.l);
+        fake_watch(f.listen_fd, true, &w);
+        fake_read_free(f.vc, LEASE_ID, true, false);
+        fake_reply_kept(f.vc, true);
+        ck_assert_msg(client_op_finish(&o) == 0, "vmmb_free_keep: %s", o.message);
+        client_op_start(&o, OP_ALLOC, f.c, NULL);
+        fake_read_call(f.vc, VMMB_METHOD_ALLOC, NULL);
+        fake_reply_lease(f.vc, f.handle);
+        ck_assert_msg(client_op_finish(&o) == 0, "vmmb_alloc: %s", o.message);
+
+        client_op_start(&o, OP_FREE_KEEP, f.c, o.lease);
+        fake_read_free(f.vc, LEASE_ID, true, true);     /* the fake frees it, as a broker refusing to keep */
+        ck_assert_msg(client_op_finish(&o) == 0, "vmmb_free_keep: %s", o.message);
+
+        unmaps = calls("cuMemUnmap");
+        ck_assert_int_eq(cu->cuMemCreate(&other, 2 * MiB, &prop, 0), CUDA_SUCCESS);
+        client_op_start(&o, OP_ALLOC, f.c, NULL);
+        fake_read_call(f.vc, VMMB_METHOD_ALLOC, NULL);
+        fake_reply_lease_id(f.vc, other, OTHER_ID);
+        ck_assert_msg(client_op_finish(&o) == 0, "vmmb_alloc: %s", o.message);
+        ck_assert_str_eq(vmmb_lease_id(o.lease), OTHER_ID);
+        ck_assert_uint_gt(calls("cuMemUnmap"), unmaps); /* the stale one, unmapped */
+        ck_assert(lease_reads(o.lease, 0));
+
+        /* asked for after all (a broker that kept it): freed on the watch's connection for answers */
+        fake_ask(&w, LEASE_ID);
+        fake_read_free(w.answer, LEASE_ID, false, false);
+        fake_reply(w.answer, NULL, NULL, 0);
+        ck_assert(!fake_pending(f.listen_fd));
+
+        fake_lease_done(&f);
+        fake_watch_done(&w);
+        ck_assert_int_eq(cu->cuMemRelease(other), CUDA_SUCCESS);
+}
+END_TEST
+
+/*
+ * The broker asks for a kept lease, and the library gives it back (unmapped, Free on its connection for
+ * answers); an Alloc that the broker served with that lease before it read the Free (its hold ends with
+ * the Free) is not used: the library asks again, and maps what comes then.
+ */
+START_TEST(test_keep_given_back_while_handed_back) {
+        CUmemGenericAllocationHandle other;
+        CUmemAllocationProp prop = cuda_slab_prop(0);
+        uint64_t unmaps;
+        FakeLease f;
+        FakeWatch w;
+        ClientOp o;
+
+        fake_lease(&f, 0x6A6A6A6A);
+        client_op_start(&o, OP_FREE_KEEP, f.c, f.l);
+        fake_watch(f.listen_fd, true, &w);
+        fake_read_free(f.vc, LEASE_ID, true, false);
+        fake_reply_kept(f.vc, true);
+        ck_assert_msg(client_op_finish(&o) == 0, "vmmb_free_keep: %s", o.message);
+
+        unmaps = calls("cuMemUnmap");
+        fake_ask(&w, LEASE_ID);
+        fake_read_free(w.answer, LEASE_ID, false, false);       /* unmapped and freed; not answered yet */
+        ck_assert_uint_gt(calls("cuMemUnmap"), unmaps);
+
+        ck_assert_int_eq(cu->cuMemCreate(&other, 2 * MiB, &prop, 0), CUDA_SUCCESS);
+        client_op_start(&o, OP_ALLOC, f.c, NULL);
+        fake_read_call(f.vc, VMMB_METHOD_ALLOC, NULL);
+        fake_reply_lease(f.vc, f.handle);                       /* served before the Free was read */
+        fake_read_call(f.vc, VMMB_METHOD_ALLOC, NULL);          /* asked again */
+        fake_reply_lease_id(f.vc, other, OTHER_ID);
+        ck_assert_msg(client_op_finish(&o) == 0, "vmmb_alloc: %s", o.message);
+        ck_assert_str_eq(vmmb_lease_id(o.lease), OTHER_ID);
+        fake_reply(w.answer, NULL, NULL, 0);                    /* the Free's answer */
+        ck_assert(!fake_pending(f.listen_fd));
+
+        fake_lease_done(&f);
+        fake_watch_done(&w);
+        ck_assert_int_eq(cu->cuMemRelease(other), CUDA_SUCCESS);
+}
+END_TEST
+
+/*
+ * The real daemon restarted under a client that kept a lease: the daemon stores keeping, so the next Alloc
+ * of the size (on the new connection) gets the same lease back, at the same address, zeroed; the next keep,
+ * the first on that connection, is kept too.
+ */
+START_TEST(test_keep_across_restart) {
+        Supervisor *s = daemon_start();
+        vmmb_client *c = connect_or_fail(supervisor_socket_path(s));
+        vmmb_lease *l = alloc_or_fail(c, 4 * MiB);
+        char id[VMMB_ID_MAX + 1];
+        uint64_t ptr = vmmb_lease_ptr(l);
+        int64_t ready;
+
+        snprintf(id, sizeof(id), "%s", vmmb_lease_id(l));
+        for (unsigned i = 0; i < 2; i++) {
+                lease_write(l, 0x4E570000 + i);
+                ck_assert_msg(vmmb_free_keep(l) == 0, "vmmb_free_keep: %s", vmmb_error_message());
+                ready = supervisor_restart(s, i == 0 ? SIGTERM : SIGKILL, READY_MS);
+                ck_assert_msg(ready >= 0, "restart: %s", strerror((int)-ready));
+                ck_assert_uint_eq(daemon_leases(s), 1);
+                l = alloc_or_fail(c, 4 * MiB);
+                ck_assert_str_eq(vmmb_lease_id(l), id);
+                ck_assert_uint_eq(vmmb_lease_ptr(l), ptr);
+                ck_assert(lease_reads(l, 0));
+        }
+        ck_assert_int_eq(vmmb_free(l), 0);
+        ck_assert_uint_eq(daemon_leases(s), 0);
+        vmmb_close(c);
+        supervisor_free(s);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("reconnect");
         TCase *tc = tcase_create("reconnect");
@@ -910,6 +1304,13 @@ int main(void) {
         tcase_add_test(tc, test_park_failed_maps_again);
         tcase_add_test(tc, test_unread_call_is_sent_again);
         tcase_add_test(tc, test_read_call_is_not_sent_again);
+        tcase_add_test(tc, test_keep_answered_then_oneway);
+        tcase_add_test(tc, test_keep_old_broker_refuses);
+        tcase_add_test(tc, test_keep_old_broker_frees);
+        tcase_add_test(tc, test_keep_no_watch);
+        tcase_add_test(tc, test_keep_stale_dropped);
+        tcase_add_test(tc, test_keep_given_back_while_handed_back);
+        tcase_add_test(tc, test_keep_across_restart);
         suite_add_tcase(s, tc);
 
         failed = run_suite(s);
