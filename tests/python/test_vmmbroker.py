@@ -961,6 +961,107 @@ class TestParkingHostFull(OwnBrokerTestCase):
             self.assertEqual(ctypes.string_at(lease.ptr, lease.size), b"\x6b" * lease.size)
 
 
+class TestKeeping(ClientTestCase):
+    """free(keep=True) (vmmb_free_keep()): the same lease and mapping back for this process's next alloc of
+    its size; give_back_kept() and close() give kept leases back."""
+
+    def test_ctypes_layer(self) -> None:
+        lib = _lib.lib()
+        handle = self.client._check()
+        first, again = ctypes.c_void_p(), ctypes.c_void_p()
+        self.assertEqual(lib.vmmb_alloc(handle, 4 * MiB, 0, b"py-keep", ctypes.byref(first)), 0)
+        lid, ptr = lib.vmmb_lease_id(first).decode(), lib.vmmb_lease_ptr(first)
+        ctypes.memset(ptr, 0x5A, 4 * MiB)
+        self.assertEqual(_lib.free_keep(first), 0)
+        self.assertIs(listed()[lid].get("kept"), True)     # the first keep on a connection is answered
+        self.assertEqual(lib.vmmb_alloc(handle, 3 * MiB, 0, None, ctypes.byref(again)), 0)   # 4 MiB too
+        self.assertEqual(lib.vmmb_lease_id(again).decode(), lid)
+        self.assertEqual(lib.vmmb_lease_ptr(again), ptr)
+        self.assertEqual(ctypes.string_at(ptr, 4 * MiB), bytes(4 * MiB))                      # zeroed
+        self.assertEqual(_lib.free_keep(again), 0)
+        self.assertEqual(_lib.give_back_kept(handle), 1)
+        self.assertNotIn(lid, listed())
+        self.assertEqual(_lib.give_back_kept(handle), 0)
+        self.assertEqual(_lib.give_back_kept(None), -errno.EINVAL)
+
+    def test_free_keep(self) -> None:
+        lease = self.client.alloc(6 * MiB, label="py-kept")
+        lid, ptr = lease.id, lease.ptr
+        ctypes.memset(ptr, 0x33, lease.size)
+        lease.free(keep=True)
+        self.assertTrue(lease.freed)
+        self.assertIs(listed()[lid].get("kept"), True)
+        with self.assertRaises(ValueError):
+            lease.ptr                                   # the object is done with, as after free()
+        lease.free(keep=True)                           # idempotent
+
+        other = self.client.alloc(2 * MiB)              # another size: a lease of its own
+        self.assertNotEqual(other.id, lid)
+        again = self.client.alloc(6 * MiB, label="py-again")
+        self.assertEqual((again.id, again.ptr, again.size), (lid, ptr, 6 * MiB))
+        self.assertEqual(ctypes.string_at(ptr, again.size), bytes(again.size))
+        info = listed()[lid]
+        self.assertFalse(info.get("kept", False))
+        self.assertEqual(info["label"], "py-again")
+        other.free()
+        again.free()
+        self.assertNotIn(lid, listed())
+
+    def test_give_back_kept_and_close(self) -> None:
+        c = vmmbroker.connect()
+        ids = []
+        for size in (2 * MiB, 4 * MiB):
+            lease = c.alloc(size)
+            ids.append(lease.id)
+            lease.free(keep=True)
+        c.alloc(8 * MiB).free()                         # answered: after the one-way second keep
+        self.assertTrue(all(listed()[i].get("kept") for i in ids))
+        self.assertEqual(c.give_back_kept(), 2)
+        self.assertFalse(set(ids) & set(listed()))
+        self.assertEqual(c.give_back_kept(), 0)
+        lease = c.alloc(2 * MiB)
+        lid = lease.id
+        lease.free(keep=True)
+        self.assertIn(lid, listed())
+        c.close()                                       # gives back what it kept
+        self.assertNotIn(lid, listed())
+        with self.assertRaises(ValueError):
+            c.give_back_kept()
+
+    def test_not_kept(self) -> None:
+        shared = self.client.alloc(2 * MiB)
+        sid = shared.id
+        shared.share()
+        shared.free(keep=True)                          # shared: a plain free
+        attached_from = self.client.alloc(4 * MiB)
+        attached = self.client.attach(token=attached_from.share())
+        aid = attached.id
+        attached.free(keep=True)                        # attached: a plain free of that hold
+        self.client.alloc(8 * MiB).free()               # answered: after the one-way frees
+        self.assertNotIn(sid, listed())
+        self.assertFalse(listed()[aid].get("kept", False))
+        attached_from.free()
+        self.assertNotIn(aid, listed())
+
+    def test_keep_waits_for_exports(self) -> None:
+        lease = self.client.alloc(2 * MiB)
+        lid = lease.id
+        tensor = consume(lease.__dlpack__())
+        lease.free(keep=True)                           # put off: a tensor still uses the memory
+        self.assertFalse(listed()[lid].get("kept", False))
+        DLManagedTensor.from_address(tensor).deleter(tensor)
+        self.assertIs(listed()[lid].get("kept"), True)  # kept then, as asked
+        self.assertEqual(self.client.give_back_kept(), 1)
+
+    def test_arguments(self) -> None:
+        with self.client.alloc(2 * MiB) as lease:
+            with self.assertRaises(ValueError):
+                lease.free(stream=0, keep=True)         # keep does not wait for a stream
+            with self.assertRaises(TypeError):
+                lease.free(keep=1)                      # type: ignore[arg-type]
+            self.assertFalse(lease.freed)
+
+
 class TestExit(unittest.TestCase):
     """A lease is given back when its process exits, however it exits."""
 

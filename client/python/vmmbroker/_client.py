@@ -104,7 +104,8 @@ class Client:
         return self._closing
 
     def close(self) -> None:
-        """Free every lease of this client still held, then close the connection (vmmb_close()).
+        """Free every lease of this client still held, give back those it kept (free(keep=True)), then
+        close the connection (vmmb_close()).
 
         A lease with live DLPack exports is freed when the last of them is
         deleted, and the connection is closed after it. Closing twice is
@@ -296,14 +297,30 @@ class Client:
         reply = _varlink.call(self._socket_path, "Status")
         return list(reply.get("devices") or [])
 
+    def give_back_kept(self) -> int:
+        """Give back every lease this client kept with Lease.free(keep=True) (vmmb_give_back_kept()).
+
+        Each is unmapped and freed with the broker, which then has its memory
+        for good. close() does it too. Returns how many were given back.
+
+        Raises Error after trying them all when one could not be given back
+        (ECONNREFUSED, ECONNRESET: the broker takes it back when the process
+        exits).
+        """
+        rc = _lib.give_back_kept(self._check())
+        if rc < 0:
+            _fail(rc)
+        return rc
+
     def list(self, all: bool = False) -> list[dict[str, Any]]:
         """Leases that the calling user made or holds; every lease with ``all=True``
         (administrators only) (the broker's List call).
 
         One dict per lease: id, device, size, slabs, pid, uid, comm, label,
-        created (microseconds since the epoch), name (when published) and
-        holders (a list of dicts: pid, uid, comm, readonly), as
-        docs/protocol.md describes LeaseInfo; optional fields may be absent.
+        created (microseconds since the epoch), name (when published),
+        holders (a list of dicts: pid, uid, comm, readonly) and kept (True for
+        a lease kept for its process's next alloc), as docs/protocol.md
+        describes LeaseInfo; optional fields may be absent.
 
         Raises PermissionDenied (EACCES) for ``all=True`` by a user who is not
         an administrator.
@@ -404,6 +421,7 @@ class Lease(_Exportable):
         self._reclaim_fns: list = []   # the RECLAIM_FN the library may call: kept alive until it cannot
         self._free_asked = False
         self._free_stream: Optional[int] = None
+        self._free_keep = False
         self._id = (lib.vmmb_lease_id(handle) or b"").decode("utf-8", "replace")
         self._ptr = int(lib.vmmb_lease_ptr(handle))
         self._size = int(lib.vmmb_lease_size(handle))
@@ -500,7 +518,7 @@ class Lease(_Exportable):
 
     # --- life ---------------------------------------------------------------------------------------
 
-    def free(self, stream: Optional[int] = None) -> None:
+    def free(self, stream: Optional[int] = None, keep: bool = False) -> None:
         """End this process's hold on the lease (vmmb_free()). Idempotent.
 
         Unmaps the memory, then tells the broker. Neither the driver nor the
@@ -522,12 +540,31 @@ class Lease(_Exportable):
         from the callback instead, and the library gives it back. A free()
         from another thread while the callback runs waits for it.
 
+        With ``keep=True`` (vmmb_free_keep()) the memory stays mapped for this
+        process: the broker zeroes the lease and hands the same lease back to
+        this process's next alloc() of its size (on any Client of the
+        process), which then returns at once with the same ``id`` and ``ptr``,
+        with nothing imported or mapped. Nothing may use the memory meanwhile,
+        and the work queued on it must be done first: ``keep`` does not wait
+        for a stream, so it cannot be given with ``stream``. A kept lease is
+        still the user's (its limits, ``vmmctl list`` shows it kept): the
+        library gives it back when the broker asks for it (another alloc
+        waits for room), when this process's alloc is refused for room or a
+        limit, and in Client.give_back_kept() and Client.close(). A lease the
+        broker would not keep (attached, shared, published, parked, read-only,
+        marked reclaimable) or a broker older than keeping gets a plain free.
+
         Raises Error when telling the broker failed (ECONNREFUSED,
         ECONNRESET): the memory is unmapped all the same and the broker takes
         it back when the process exits.
         """
         if stream is not None and (not isinstance(stream, int) or isinstance(stream, bool)):
             raise TypeError(f"stream must be None or an int (a CUDA stream), not {type(stream).__name__}")
+        if not isinstance(keep, bool):
+            raise TypeError(f"keep must be a bool, not {type(keep).__name__}")
+        if keep and stream is not None:
+            raise ValueError("free(keep=True) does not wait for a stream: synchronize it first, then free with "
+                             "keep=True and no stream")
         if _reclaiming_now() is self:
             raise error(errno.EDEADLK, f"free() of lease {self._id} from its own reclaim callback: return True "
                                        "from the callback instead, and the library gives it back.")
@@ -536,6 +573,7 @@ class Lease(_Exportable):
                 return
             self._free_asked = True
             self._free_stream = stream
+            self._free_keep = keep
             if self._exports:
                 return
         self._release(raise_errors=True)
@@ -556,7 +594,9 @@ class Lease(_Exportable):
             return
         rc = 0
         if os.getpid() == self._client._pid and not _exiting_late():
-            if stream is None or self._given_back:        # given back: nothing left to wait for
+            if self._free_keep and not self._given_back:
+                rc = _lib.free_keep(handle)
+            elif stream is None or self._given_back:        # given back: nothing left to wait for
                 rc = _lib.lib().vmmb_free(handle)
             else:
                 # A failed wait leaves the lease mapped and held, a failed free does not, and the errno

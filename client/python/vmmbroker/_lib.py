@@ -205,3 +205,29 @@ def lease_parked(lease: ctypes.c_void_p) -> bool:
     except OSError:
         return False
     return bool(parked(lease))
+
+
+def free_keep(lease: ctypes.c_void_p) -> int:
+    """vmmb_free_keep(lease); vmmb_free(lease) when the library is older than keeping (LIBVMMBROKER_0.11):
+    keeping only saves work, so a plain free is what it falls back to."""
+    dll = lib()
+    try:
+        f = dll.vmmb_free_keep
+    except AttributeError:
+        return dll.vmmb_free(lease)
+    f.restype = ctypes.c_int
+    f.argtypes = [_lease_p]
+    return f(lease)
+
+
+def give_back_kept(client: ctypes.c_void_p) -> int:
+    """vmmb_give_back_kept(client): how many leases were given back, or -errno; 0 when the library is older
+    than keeping (it kept nothing)."""
+    dll = lib()
+    try:
+        f = dll.vmmb_give_back_kept
+    except AttributeError:
+        return 0
+    f.restype = ctypes.c_int
+    f.argtypes = [_client_p]
+    return f(client)
