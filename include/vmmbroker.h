@@ -708,9 +708,12 @@ typedef int (*vmmb_reclaim_fn)(vmmb_lease *lease, uint64_t timeout_usec, void *u
  * When an Alloc of another process waits for room on the lease's device,
  * the broker asks the holders of reclaimable leases on that device, lowest
  * priority first (then the earliest marked), for what the waiting call needs.
- * The first call starts a watch thread of the library, with two connections
- * of its own to the broker (one for its requests, one for its answers); it
- * stops in vmmb_close(). When asked, the library calls @callback (see
+ * The first call starts the process's watch (the broker takes one per
+ * process): a thread of the library with two connections of its own to the
+ * broker (one for its requests, one for its answers), which every client of
+ * the process that needs it shares (this one for its marks, another for
+ * vmmb_free_keep()); it stops when the last of them is closed with
+ * vmmb_close(). When asked, the library calls @callback (see
  * vmmb_reclaim_fn), then, unless it refused: waits for the work queued in the
  * device's primary context (cuCtxSynchronize()), unmaps the lease and frees
  * it. The lease object stays valid: vmmb_lease_reclaimed() says 1,

@@ -112,12 +112,13 @@ class Client:
         harmless. Leases' addresses must not be used afterwards.
 
         Raises Error EDEADLK when called from a reclaim callback of one of
-        this client's leases (closing stops the thread that runs it).
+        this client's leases (closing waits until the watch thread that runs
+        it is done with the client's leases).
         """
         asked = _reclaiming_now()
         if asked is not None and asked._client is self:
             raise error(errno.EDEADLK, "Client.close() from a reclaim callback of one of its leases: the "
-                                       "callback runs on the thread that closing stops. Close it elsewhere.")
+                                       "callback runs on the thread that closing waits for. Close it elsewhere.")
         with self._lock:
             if self._closing:
                 return
