@@ -145,12 +145,16 @@ uint64_t broker_alloc_wait_usec(const Broker *b, int64_t asked, size_t device) {
 
 #define KEPT_GONE (-1000)               /* kept_take(): the kept lease ended instead; make a new one */
 
-/* The caller's oldest kept lease of `size` bytes (a multiple of the granularity) on pool device i, or NULL. */
+/*
+ * The caller's oldest kept lease of `size` bytes (a multiple of the granularity) on pool device i, or NULL.
+ * One asked back is not handed out: its process's library is giving it back, and the Free it sends would
+ * end the hold this Alloc got.
+ */
 static Lease *kept_find(const Holder *h, size_t i, uint64_t size) {
         Lease *l;
 
         list_for_each_entry(l, &h->kept, link_kept)
-                if (l->pool_device == i && l->size == size)
+                if (l->pool_device == i && l->size == size && l->reclaim.state != RECLAIM_ASKED)
                         return l;
         return NULL;
 }

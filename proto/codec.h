@@ -118,7 +118,7 @@ typedef struct SetReclaimableParams {
         int64_t priority;       /* JSON_ABSENT when absent: not reclaimable */
 } SetReclaimableParams;
 
-/* Park's reply: (parked: bool); its parameters, and Unpark's, are FreeParams (id); Unpark's reply an AllocReply */
+/* Park's reply: (parked: bool); its parameters, and Unpark's, are an id (id_params_*()); Unpark's reply an AllocReply */
 typedef struct ParkReply {
         bool parked;
 } ParkReply;
@@ -205,7 +205,7 @@ typedef struct WireToken {
         bool readonly;
 } WireToken;
 
-/* Tokens' reply: (tokens: []Token); its parameters are FreeParams (id) */
+/* Tokens' reply: (tokens: []Token); its parameters are an id (id_params_*()) */
 typedef struct TokensReply {
         WireToken *tokens;
         size_t n_tokens;
@@ -381,13 +381,14 @@ int reclaim_request_decode(json_object *params, ReclaimRequest *ret, char **ret_
 int reclaim_request_encode(const ReclaimRequest *in, json_object **ret);
 void reclaim_request_done(ReclaimRequest *p);
 
-/* Park's reply. */
-/* Decodes Free's reply; a reply without `kept` (an older daemon) is -ENODATA. */
+/* Decodes Free's reply to a keep; a reply without `kept` (a Free without keep, or a daemon older than keeping)
+ * is -ENODATA. */
 int free_reply_decode(json_object *params, FreeReply *ret, char **ret_message);
-/* Encodes Free's reply, `kept` always present. */
+/* Encodes Free's reply to a keep, `kept` always present. */
 int free_reply_encode(const FreeReply *in, json_object **ret);
 void free_reply_done(FreeReply *p);
 
+/* Park's reply. */
 int park_reply_decode(json_object *params, ParkReply *ret, char **ret_message);
 int park_reply_encode(const ParkReply *in, json_object **ret);
 void park_reply_done(ParkReply *p);

@@ -2382,6 +2382,13 @@ START_TEST(test_keep_reclaimed_first) {
         ck_assert_uint_eq(broker_reclaim_pick(&b, 0, 12 * MiB, w->holder, picked, 4), 1);
         ck_assert_ptr_eq(picked[0], mine);
         w->holder->watch = NULL;
+
+        /* Asked back, a kept lease is not handed out: its library's Free would end the new hold. */
+        reclaim_ask(&b.leases.reclaim, theirs, UINT64_MAX);
+        ck_assert_ptr_ne(alloc_ok(a, 4 * MiB), theirs);
+        ck_assert(theirs->kept);
+        ck_assert_int_eq(broker_free(&b, a, id, false, NULL), 0);       /* the answer: it ends */
+        ck_assert_ptr_null(find(id));
 }
 END_TEST
 
