@@ -419,8 +419,10 @@ static Hold *caller_hold(const Broker *b, const Caller *c, const char *id) {
 static bool may_keep(const Caller *c, const Hold *hold) {
         const Lease *l = hold->lease;
 
+        /* Not foreign: a process of another user that held it may still map it (and write into it after the
+         * zeroing), which is why a foreign lease's slabs are never reused either. */
         return hold->refs == 1 && l->n_holds == 1 && !hold->readonly && c->holder->uid == l->uid && !l->name &&
-               !l->parked && !l->kept && l->reclaim.state != RECLAIM_ASKED;
+               !l->parked && !l->kept && !l->foreign && l->reclaim.state != RECLAIM_ASKED;
 }
 
 /*

@@ -151,8 +151,8 @@ uint64_t broker_alloc_wait_usec(const Broker *b, int64_t asked, size_t device);
  * Free: drops one reference of the caller's hold. NO_SUCH_LEASE for a lease its process does not hold.
  *
  * With `keep`, the lease is kept instead (*ret_kept true) when the caller's hold is its only hold, with one
- * reference, read-write, of the owner's user, and the lease is not published, parked, kept already or asked
- * back: its tokens are revoked, its memory zeroed in place (the process keeps its mapping), and it waits
+ * reference, read-write, of the owner's user, and the lease is not published, parked, kept already, asked
+ * back or foreign (another user held it, and may map it still): its tokens are revoked, its memory zeroed in place (the process keeps its mapping), and it waits
  * for the process's next Alloc of its size (broker_alloc() hands it back first), charged as before, the
  * first its device's reclaiming asks for. Every other call treats a kept lease as one the process does not
  * hold; a Free of it ends it. Otherwise, or when the device cannot be asked to zero it, a plain Free.

@@ -275,6 +275,12 @@ static void slab_release(Slab *slab) {
 
         if (dev->pool->hooks.slab_released)
                 dev->pool->hooks.slab_released(slab, dev->pool->hooks_userdata);
+        if (slab->zeroed) {
+                /* A zeroing in place may still run on the pool's mapping: unmapping under it would fault the
+                 * stream, for good. */
+                (void)DRV(dev, cuEventSynchronize)(slab->zeroed);
+                (void)DRV(dev, cuEventDestroy)(slab->zeroed);
+        }
         if (slab->scrub_va) {
                 (void)DRV(dev, cuMemUnmap)(slab->scrub_va, slab->size);
                 (void)DRV(dev, cuMemAddressFree)(slab->scrub_va, slab->size);
@@ -526,27 +532,54 @@ void pool_release(Pool *p, Slab *slab) {
 }
 
 int pool_scrub_leased(Pool *p, Slab *slab) {
+        PoolDevice *dev = slab->device;
+        CUresult r;
+
         if (slab->state != SLAB_LEASED || slab->host)
                 return -EINVAL;
-        return slab_scrub(slab->device, slab) < 0 ? POOL_E_DRIVER : 0;
+        if (make_current(dev) < 0 || slab_map(dev, slab) < 0)
+                return POOL_E_DRIVER;
+        if (!slab->zeroed) {
+                r = DRV(dev, cuEventCreate)(&slab->zeroed, CU_EVENT_DISABLE_TIMING);
+                if (r != CUDA_SUCCESS) {
+                        slab->zeroed = NULL;
+                        driver_error(dev, "cuEventCreate", r);
+                        return POOL_E_DRIVER;
+                }
+        }
+        r = DRV(dev, cuMemsetD8Async)(slab->scrub_va, 0, slab->size, dev->stream);
+        if (r != CUDA_SUCCESS) {
+                driver_error(dev, "cuMemsetD8Async", r);
+                return POOL_E_DRIVER;
+        }
+        r = DRV(dev, cuEventRecord)(slab->zeroed, dev->stream);
+        if (r != CUDA_SUCCESS) {
+                /* Queued, but nothing would say when it is done: wait for it, and do not vouch for it. */
+                driver_error(dev, "cuEventRecord", r);
+                (void)DRV(dev, cuStreamSynchronize)(dev->stream);
+                return POOL_E_DRIVER;
+        }
+        return 0;
 }
 
 int pool_scrub_wait(Pool *p, Slab *slab) {
         PoolDevice *dev = slab->device;
         CUresult r;
 
-        if (slab->scrub_seq <= atomic_load_explicit(&dev->scrubs_done, memory_order_acquire))
+        if (!slab->zeroed)
                 return 0;
-        if (make_current(dev) < 0)
-                return POOL_E_DRIVER;
-        /* The device zeroes at TB/s: waiting here is cheaper than the completion's trip through the loop. */
-        r = DRV(dev, cuStreamSynchronize)(dev->stream);
-        if (r != CUDA_SUCCESS) {
-                driver_error(dev, "cuStreamSynchronize", r);
-                return POOL_E_DRIVER;
+        r = DRV(dev, cuEventQuery)(slab->zeroed);
+        if (r == CUDA_SUCCESS)
+                return 0;
+        if (r == CUDA_ERROR_NOT_READY) {
+                /* The device zeroes at TB/s: waiting here is cheaper than any trip through the loop. */
+                dev->stats.scrub_waits++;
+                r = DRV(dev, cuEventSynchronize)(slab->zeroed);
+                if (r == CUDA_SUCCESS)
+                        return 0;
         }
-        dev->stats.scrub_waits++;
-        return 0;
+        driver_error(dev, "cuEventSynchronize", r);
+        return POOL_E_DRIVER;
 }
 
 unsigned pool_dispatch(Pool *p) {

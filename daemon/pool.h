@@ -93,6 +93,8 @@ typedef struct Slab {
         CUmemGenericAllocationHandle handle;
         int fd;                         /* exported once, at creation */
         CUdeviceptr scrub_va;           /* the pool's own mapping, made at the first scrub; 0 if none */
+        CUevent zeroed;                 /* recorded after its last zeroing in place (pool_scrub_leased()); NULL
+                                           until the first */
         uint64_t scrub_seq;             /* which completion of the device's stream ends its scrub */
         uint64_t last_used;             /* pool clock when it was last cached */
         CacheBucket *bucket;            /* while cached */
@@ -204,13 +206,15 @@ void pool_release(Pool *p, Slab *slab);
 
 /*
  * Zeroes a leased device slab in place, on the device's stream, leaving it leased: for a lease kept for its
- * process (broker.h), whose mapping of it stays. pool_scrub_wait() waits for it. Returns 0, or
- * POOL_E_DRIVER (pool_last_error() says why) when the zeroing could not be queued.
+ * process (broker.h), whose mapping of it stays. An event recorded after it (Slab.zeroed) says when it is
+ * done: no completion goes through the driver's host-function thread, whose wake-up on a busy VM took longer
+ * than the zeroing itself. pool_scrub_wait() waits for it. Returns 0, or POOL_E_DRIVER (pool_last_error()
+ * says why) when the zeroing could not be queued.
  */
 int pool_scrub_leased(Pool *p, Slab *slab);
 
-/* Waits for the last scrub queued for `slab` (pool_scrub_leased()), if it has not completed. Returns 0 or
- * POOL_E_DRIVER: the memory may not be zero. */
+/* Waits for the last zeroing queued for `slab` by pool_scrub_leased(), if it has not completed (the event's
+ * state, read without waiting first). Returns 0 or POOL_E_DRIVER: the memory may not be zero. */
 int pool_scrub_wait(Pool *p, Slab *slab);
 
 /* An eventfd that becomes readable when scrubs have completed; then call pool_dispatch(). */

@@ -4,10 +4,13 @@
  * bench-trace: a real workload's segments through the broker, against the driver without it (issue 14's
  * second target). It replays a recorded trace of the segments PyTorch's caching allocator asked the driver
  * for during a training run (tests/gpu/python/record_segments.py writes it), in the trace's order and with
- * the segments live as the trace says, three times per pass, once for each way to get the memory:
+ * the segments live as the trace says, four times per pass, once for each way to get the memory:
  *
  *   broker       vmmb_alloc() of the segment's size, from a warm pool: from the request to a usable pointer;
- *                a freed segment is vmmb_free()
+ *                a freed segment is vmmb_free(), so each allocation imports, maps and gives access anew
+ *   kept         the same, a freed segment vmmb_free_keep() (as the PyTorch allocator of vmmbroker.torch
+ *                frees): an allocation of a size this process kept gets that lease back and reuses its
+ *                mapping. Every pass after the first (untimed) finds every size kept.
  *   in-process   cuMemCreate + cuMemAddressReserve + cuMemMap + cuMemSetAccess of the same size in this
  *                process: one allocation per segment, whatever layout the broker uses (that is the point of
  *                the comparison: what a framework would pay doing VMM itself), with the broker's slab
@@ -16,9 +19,12 @@
  *   cuMemAlloc   cuMemAlloc of the same size (what PyTorch's allocator does); freed with cuMemFree
  *
  * Only the allocations are timed. A pass replays the whole trace for each method in turn (the order rotates
- * from pass to pass, so that drift touches all three alike) and frees what the trace left live at its end.
- * One untimed pass first warms the pool (the daemon caches the slabs, scrubbed, for this uid) and the
- * driver. The daemon is this program's own ($VMMBROKER_DAEMON), started on the driver it loads.
+ * from pass to pass, so that drift touches them alike) and frees what the trace left live at its end. It runs
+ * in two phases, since the broker hands a process's kept leases to any Alloc of that process: first broker,
+ * in-process and cuMemAlloc with nothing kept; then kept, in-process and cuMemAlloc, after the kept method's
+ * frees have kept every size. Each ratio compares methods of the same phase. One untimed pass of each method
+ * first warms the pool (the daemon caches the slabs, scrubbed, for this uid, or keeps them) and the driver.
+ * The daemon is this program's own ($VMMBROKER_DAEMON), started on the driver it loads.
  *
  * It prints medians per distinct size and the median per segment over every segment of every timed pass,
  * and the targets, each met or MISSED by how much:
@@ -59,7 +65,14 @@
 #define TARGET_IN_PROCESS 1.5           /* median per segment, broker <= 1.5x in-process create + map + access */
 #define LARGE (512 * MiB)               /* from here up, broker faster than cuMemAlloc */
 
-enum { BROKER, IN_PROCESS, CUMEMALLOC, N_METHODS };
+enum { BROKER, KEPT, IN_PROCESS, CUMEMALLOC, N_METHODS };
+enum { PHASE_BROKER, PHASE_KEPT, N_PHASES };
+
+/* The methods of each phase: the broker's, then the two it is compared with. */
+static const int phase_methods[N_PHASES][3] = {
+        [PHASE_BROKER] = { BROKER, IN_PROCESS, CUMEMALLOC },
+        [PHASE_KEPT] = { KEPT, IN_PROCESS, CUMEMALLOC },
+};
 
 static CudaDriver *cu;
 static CUdevice dev0;
@@ -213,6 +226,7 @@ static double segment_alloc(int method, vmmb_client *client, uint64_t size, Held
         *h = (Held){ .live = true };
         switch (method) {
         case BROKER:
+        case KEPT:
                 k = vmmb_alloc(client, size, 0, "trace", &h->lease);
                 t = now_us() - t0;
                 if (k < 0)
@@ -239,6 +253,11 @@ static void segment_free(int method, Held *h) {
                 k = vmmb_free(h->lease);
                 if (k < 0)
                         die("vmmb_free", k);
+                break;
+        case KEPT:
+                k = vmmb_free_keep(h->lease);
+                if (k < 0)
+                        die("vmmb_free_keep", k);
                 break;
         case IN_PROCESS:
                 check(cu->cuMemUnmap(h->va, h->size), "cuMemUnmap");
@@ -321,14 +340,16 @@ static int cmp_u64(const void *a, const void *b) {
         return x < y ? -1 : x > y;
 }
 
-/* Prints medians per distinct size and per segment, then the targets. us[m] holds passes x segments samples. */
-static void report(const Trace *t, double *const us[N_METHODS], unsigned passes) {
+/* Prints medians per distinct size and per segment, then the targets. us[phase][m] holds passes x segments
+ * samples of the phase's methods. */
+static void report(const Trace *t, double *const us[N_PHASES][N_METHODS], unsigned passes) {
         size_t n_samples = (size_t)passes * t->n_segments, n_distinct = 0;
         _cleanup_free_ uint64_t *distinct = calloc(t->n_segments, sizeof(uint64_t));
         _cleanup_free_ double *x = calloc(n_samples, sizeof(double));
-        double med[N_METHODS], overall[N_METHODS], r;
+        double med[N_PHASES][N_METHODS], overall[N_PHASES][N_METHODS], r;
         char b[FORMAT_SIZE_MAX], measured[160];
         bool any_large = false;
+        unsigned n = 0;
 
         if (!distinct || !x)
                 die("calloc", -ENOMEM);
@@ -338,45 +359,63 @@ static void report(const Trace *t, double *const us[N_METHODS], unsigned passes)
                 if (i == 0 || distinct[i] != distinct[n_distinct - 1])
                         distinct[n_distinct++] = distinct[i];
 
-        printf("%-11s %8s %10s %11s %11s %9s %10s\n", "size", "segments", "broker", "in-process", "cuMemAlloc",
-               "vs in-pr", "vs alloc");
+        printf("phase 1, nothing kept: broker (vmmb_free() between passes); phase 2: kept (vmmb_free_keep()); "
+               "in-process and cuMemAlloc measured in each phase\n");
+        printf("%-11s %8s %9s %9s %9s %8s | %9s %9s %9s %8s %8s\n", "size", "segments", "broker", "in-proc",
+               "cuMemAlloc", "vs in-pr", "kept", "in-proc", "cuMemAlloc", "vs in-pr", "vs alloc");
         for (size_t d = 0; d < n_distinct; d++) {
-                unsigned n = 0;
+                for (int ph = 0; ph < N_PHASES; ph++)
+                        for (int k = 0; k < 3; k++) {
+                                int m = phase_methods[ph][k];
 
-                for (int m = 0; m < N_METHODS; m++)
-                        med[m] = size_median(t, us[m], passes, distinct[d], x, &n);
-                printf("%-11s %8u %10.1f %11.1f %11.1f %8.2fx %9.2fx\n", format_size(distinct[d], b, sizeof(b)),
-                       n / passes, med[BROKER], med[IN_PROCESS], med[CUMEMALLOC], med[BROKER] / med[IN_PROCESS],
-                       med[BROKER] / med[CUMEMALLOC]);
+                                med[ph][m] = size_median(t, us[ph][m], passes, distinct[d], x, &n);
+                        }
+                printf("%-11s %8u %9.1f %9.1f %9.1f %7.2fx | %9.1f %9.1f %9.1f %7.2fx %7.2fx\n",
+                       format_size(distinct[d], b, sizeof(b)), n / passes, med[0][BROKER], med[0][IN_PROCESS],
+                       med[0][CUMEMALLOC], med[0][BROKER] / med[0][IN_PROCESS], med[1][KEPT], med[1][IN_PROCESS],
+                       med[1][CUMEMALLOC], med[1][KEPT] / med[1][IN_PROCESS], med[1][KEPT] / med[1][CUMEMALLOC]);
         }
-        for (int m = 0; m < N_METHODS; m++) {
-                memcpy(x, us[m], n_samples * sizeof(double));
-                overall[m] = median(x, (unsigned)n_samples);
-        }
-        printf("%-11s %8zu %10.1f %11.1f %11.1f %8.2fx %9.2fx\n", "per segment", t->n_segments, overall[BROKER],
-               overall[IN_PROCESS], overall[CUMEMALLOC], overall[BROKER] / overall[IN_PROCESS],
-               overall[BROKER] / overall[CUMEMALLOC]);
+        for (int ph = 0; ph < N_PHASES; ph++)
+                for (int k = 0; k < 3; k++) {
+                        int m = phase_methods[ph][k];
+
+                        memcpy(x, us[ph][m], n_samples * sizeof(double));
+                        overall[ph][m] = median(x, (unsigned)n_samples);
+                }
+        printf("%-11s %8zu %9.1f %9.1f %9.1f %7.2fx | %9.1f %9.1f %9.1f %7.2fx %7.2fx\n", "per segment",
+               t->n_segments, overall[0][BROKER], overall[0][IN_PROCESS], overall[0][CUMEMALLOC],
+               overall[0][BROKER] / overall[0][IN_PROCESS], overall[1][KEPT], overall[1][IN_PROCESS],
+               overall[1][CUMEMALLOC], overall[1][KEPT] / overall[1][IN_PROCESS],
+               overall[1][KEPT] / overall[1][CUMEMALLOC]);
 
         printf("\n" TARGET_ROW, "target (issue 14)", "target", "verdict", "measured");
-        r = overall[BROKER] / overall[IN_PROCESS];
-        snprintf(measured, sizeof(measured), "%.2fx: %.1f / %.1f us (median of %zu)", r, overall[BROKER],
-                 overall[IN_PROCESS], n_samples);
-        target_row("per segment, broker vs in-process VMM", "<= 1.5x", r <= TARGET_IN_PROCESS, r, TARGET_IN_PROCESS,
-                   measured);
-        for (size_t d = 0; d < n_distinct; d++) {
+        for (int ph = 0; ph < N_PHASES; ph++) {
+                int m = phase_methods[ph][0];
                 char what[64];
-                double mb, ma;
-                unsigned n;
 
+                r = overall[ph][m] / overall[ph][IN_PROCESS];
+                snprintf(what, sizeof(what), "per segment, %s vs in-process VMM", m == KEPT ? "kept" : "broker");
+                snprintf(measured, sizeof(measured), "%.2fx: %.1f / %.1f us (median of %zu)", r, overall[ph][m],
+                         overall[ph][IN_PROCESS], n_samples);
+                target_row(what, "<= 1.5x", r <= TARGET_IN_PROCESS, r, TARGET_IN_PROCESS, measured);
+        }
+        for (size_t d = 0; d < n_distinct; d++) {
                 if (distinct[d] < LARGE)
                         continue;
                 any_large = true;
-                mb = size_median(t, us[BROKER], passes, distinct[d], x, &n);
-                ma = size_median(t, us[CUMEMALLOC], passes, distinct[d], x, &n);
-                r = mb / ma;
-                snprintf(what, sizeof(what), "%s, broker vs cuMemAlloc", format_size(distinct[d], b, sizeof(b)));
-                snprintf(measured, sizeof(measured), "%.2fx: %.1f / %.1f us (median of %u)", r, mb, ma, n);
-                target_row(what, "< 1.0x", r < 1.0, r, 1.0, measured);
+                for (int ph = 0; ph < N_PHASES; ph++) {
+                        int m = phase_methods[ph][0];
+                        char what[64];
+                        double mb, ma;
+
+                        mb = size_median(t, us[ph][m], passes, distinct[d], x, &n);
+                        ma = size_median(t, us[ph][CUMEMALLOC], passes, distinct[d], x, &n);
+                        r = mb / ma;
+                        snprintf(what, sizeof(what), "%s, %s vs cuMemAlloc", format_size(distinct[d], b, sizeof(b)),
+                                 m == KEPT ? "kept" : "broker");
+                        snprintf(measured, sizeof(measured), "%.2fx: %.1f / %.1f us (median of %u)", r, mb, ma, n);
+                        target_row(what, "< 1.0x", r < 1.0, r, 1.0, measured);
+                }
         }
         if (!any_large)
                 printf(TARGET_ROW, "from 512 MiB up, broker vs cuMemAlloc", "< 1.0x", "not measured",
@@ -387,7 +426,7 @@ int main(int argc, char *argv[]) {
         CUmemAllocationProp prop;
         _cleanup_free_ Held *held = NULL;
         _cleanup_free_ double *pool = NULL;
-        double *us[N_METHODS] = {};
+        double *us[N_PHASES][N_METHODS] = {};
         unsigned passes = argc > 2 ? (unsigned)strtoul(argv[2], NULL, 10) : DEFAULT_PASSES;
         size_t n_samples, gran = 0;
         char b1[FORMAT_SIZE_MAX], b2[FORMAT_SIZE_MAX];
@@ -428,20 +467,23 @@ int main(int argc, char *argv[]) {
 
         n_samples = (size_t)passes * t.n_segments;
         held = calloc(t.n_segments, sizeof(Held));
-        pool = calloc(N_METHODS * n_samples, sizeof(double));
+        pool = calloc(N_PHASES * N_METHODS * n_samples, sizeof(double));
         if (!held || !pool)
                 die("calloc", -ENOMEM);
-        for (int m = 0; m < N_METHODS; m++)
-                us[m] = pool + m * n_samples;
+        for (int ph = 0; ph < N_PHASES; ph++)
+                for (int m = 0; m < N_METHODS; m++)
+                        us[ph][m] = pool + ((size_t)ph * N_METHODS + (size_t)m) * n_samples;
 
-        for (int m = 0; m < N_METHODS; m++)
-                replay(&t, m, client, h.socket, held, NULL);
-        for (unsigned p = 0; p < passes; p++)
-                for (int i = 0; i < N_METHODS; i++) {
-                        int m = (int)((p + (unsigned)i) % N_METHODS);
+        for (int ph = 0; ph < N_PHASES; ph++) {
+                for (int i = 0; i < 3; i++)
+                        replay(&t, phase_methods[ph][i], client, h.socket, held, NULL);
+                for (unsigned p = 0; p < passes; p++)
+                        for (unsigned i = 0; i < 3; i++) {
+                                int m = phase_methods[ph][(p + i) % 3];
 
-                        replay(&t, m, client, h.socket, held, us[m] + (size_t)p * t.n_segments);
-                }
+                                replay(&t, m, client, h.socket, held, us[ph][m] + (size_t)p * t.n_segments);
+                        }
+        }
         vmmb_close(client);
 
         report(&t, us, passes);

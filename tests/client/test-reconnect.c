@@ -921,6 +921,10 @@ static uint64_t calls(const char *entry) {
         return driver_calls(entry);
 }
 
+/* The keeping tests against the fake count the library's unmaps: on a real driver (the GPU run) there is no
+ * count, and they say so and pass. */
+#define COUNTED_DRIVER_ONLY()                                                                                    do {                                                                                                             if (!driver_calls) {                                                                                             fprintf(stderr, "%s: not run: it counts driver calls, which only the simulated "                                  "device does\n", __func__);                                                                      return;                                                                                          }                                                                                                } while (0)
+
 /* Reads the next call, which must be a Free of `id`, asking to keep or not, one-way or not. */
 static void fake_read_free(VarlinkConn *vc, const char *id, bool keep, bool oneway) {
         _cleanup_(varlink_call_done) VarlinkCall call = {};
@@ -1023,6 +1027,8 @@ START_TEST(test_keep_answered_then_oneway) {
         FakeWatch w;
         ClientOp o;
 
+        COUNTED_DRIVER_ONLY();
+
         fake_lease(&f, 0x4EE90000);
         ptr = vmmb_lease_ptr(f.l);
         unmaps = calls("cuMemUnmap");
@@ -1081,6 +1087,8 @@ START_TEST(test_keep_old_broker_refuses) {
         ClientOp o;
         json_object *error = NULL;
 
+        COUNTED_DRIVER_ONLY();
+
         fake_lease(&f, 0x01D0B0CE);
         unmaps = calls("cuMemUnmap");
         client_op_start(&o, OP_FREE_KEEP, f.c, f.l);
@@ -1119,6 +1127,8 @@ START_TEST(test_keep_old_broker_frees) {
         FakeWatch w;
         ClientOp o;
 
+        COUNTED_DRIVER_ONLY();
+
         fake_lease(&f, 0x0DDBA11);
         unmaps = calls("cuMemUnmap");
         client_op_start(&o, OP_FREE_KEEP, f.c, f.l);
@@ -1150,6 +1160,8 @@ START_TEST(test_keep_no_watch) {
         FakeWatch w;
         ClientOp o;
 
+        COUNTED_DRIVER_ONLY();
+
         fake_lease(&f, 0x0BAD0001);
         unmaps = calls("cuMemUnmap");
         client_op_start(&o, OP_FREE_KEEP, f.c, f.l);
@@ -1176,6 +1188,8 @@ START_TEST(test_keep_stale_dropped) {
         FakeLease f;
         FakeWatch w;
         ClientOp o;
+
+        COUNTED_DRIVER_ONLY();
 
         fake_lease(&f, 0x57A1E000);
         client_op_start(&o, OP_FREE_KEEP, f.c, f.l);
@@ -1226,6 +1240,8 @@ START_TEST(test_keep_given_back_while_handed_back) {
         FakeLease f;
         FakeWatch w;
         ClientOp o;
+
+        COUNTED_DRIVER_ONLY();
 
         fake_lease(&f, 0x6A6A6A6A);
         client_op_start(&o, OP_FREE_KEEP, f.c, f.l);

@@ -2248,6 +2248,16 @@ START_TEST(test_keep_rules) {
         ck_assert(!free_keep(bb, id));
         ck_assert_ptr_null(find(id));
 
+        /* Nor the owner a lease another user held once: that process may map it still. */
+        l = alloc_ok(a, 2 * MiB);
+        memcpy(id, l->id, sizeof(id));
+        t = share_ok(a, l, UID_B, false);
+        attach_token_ok(bb, &t, false);
+        ck_assert(!free_keep(bb, id));                  /* the other user's hold ends; the lease is foreign */
+        ck_assert(l->foreign);
+        ck_assert(!free_keep(a, id));
+        ck_assert_ptr_null(find(id));
+
         /* A read-only hold (a read-only token's, in a process that did not hold the lease) never keeps. */
         l = alloc_ok(a, 2 * MiB);
         memcpy(id, l->id, sizeof(id));
