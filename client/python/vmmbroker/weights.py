@@ -52,6 +52,7 @@ from __future__ import annotations
 import json
 import operator
 import struct
+import threading
 import time
 import zlib
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
@@ -343,16 +344,19 @@ def publish_state_dict(client, name: str, state_dict: Mapping[str, Any], uids: S
 
 
 _cuda = None
+_copy_lock = threading.Lock()
+_copy_buf = bytearray()          # the host buffer the header is copied into, kept for the next attach
 
 
 def _device_bytes(base, start: int, n: int) -> bytes:
     """N bytes of BASE's device memory from START: one cuMemcpyDtoH straight into a host buffer.
 
     A tensor's .cpu() goes through PyTorch's copy machinery and a temporary tensor (about 0.5 ms each
-    time, measured on an H100); the driver's synchronous copy of a few KiB takes microseconds. Falls
-    back to .cpu() when libcuda cannot be loaded.
+    time, measured on an H100); the driver's synchronous copy of a few KiB takes microseconds. The host
+    buffer is kept for the next call: a fresh 64 KiB one cost 47 us on the H100 machine (its pages are
+    touched anew), the copy out of it 2 us. Falls back to .cpu() when libcuda cannot be loaded.
     """
-    global _cuda
+    global _cuda, _copy_buf
     import ctypes
 
     if _cuda is None:
@@ -363,9 +367,14 @@ def _device_bytes(base, start: int, n: int) -> bytes:
         except (OSError, AttributeError):
             _cuda = False
     if _cuda:
-        buf = ctypes.create_string_buffer(n)
-        if _cuda.cuMemcpyDtoH_v2(buf, base.data_ptr() + start, n) == 0:
-            return buf.raw
+        with _copy_lock:
+            if len(_copy_buf) < n:
+                _copy_buf = bytearray(max(n, FIRST_READ))
+            dst = (ctypes.c_char * len(_copy_buf)).from_buffer(_copy_buf)
+            ok = _cuda.cuMemcpyDtoH_v2(dst, base.data_ptr() + start, n) == 0
+            del dst                 # the buffer may be resized only once no ctypes view holds it
+            if ok:
+                return bytes(memoryview(_copy_buf)[:n])
     return base[start:start + n].cpu().numpy().tobytes()
 
 

@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: MIT
 """The weight store on GPT-2 medium: publish from one process, attach by name from another, compare.
 
-    python3 tests/gpu/python/weights.py [REPEATS]
+    python3 tests/gpu/python/weights.py [REPEATS [RESTARTS]]
 
 1. A producer process builds GPT-2 medium (GPT2Config(n_layer=24, n_embd=1024,
    n_head=16), bf16, random weights, torch.manual_seed(0): about 677 MiB),
@@ -17,11 +17,23 @@
    the logits bit for bit with the reference. Then it times
    safetensors.torch.load_file(..., device="cuda") of the same tensors from the
    page-cached file (read once to warm the cache).
-3. The name is unpublished. A table comes last. Targets: attach <= 2 ms,
-   >= 100x faster than safetensors, logits bit-identical; the attach is judged
-   two ways, each attach right after a full gc.collect() (which leaves the
-   CPU's caches and the heap cold: the conservative number) and back to back
-   (as Python's timeit measures). Exit status 0 when the logits are identical.
+3. What a restarted inference server does, RESTARTS times (default 8): a new
+   process imports torch, transformers, safetensors and vmmbroker (with
+   vmmbroker.torch), makes its CUDA context and connects to the broker, untimed,
+   then times its first attach_state_dict() of the store; alternating with a
+   new process, prepared the same way, that times its first
+   safetensors.torch.load_file(..., device="cuda") of the page-cached file.
+4. The name is unpublished. A table comes last. Targets: attach <= 2 ms,
+   >= 100x faster than safetensors, logits bit-identical. The restart (first
+   attach in a fresh process against first load in a fresh process) is the
+   case the weight store exists for; the attach is also judged within one
+   process, each attach right after a full gc.collect() (which leaves the CPU's
+   caches and the heap cold: the conservative number) and back to back (as
+   Python's timeit measures). Within one process each attach is timed while
+   the previous one's tensors still exist, and they are dropped after it: on
+   the H100, mapping the lease right after this process unmapped it took 617 us
+   against 145 us otherwise (the driver's unmap of 678 MiB finishing), a cost
+   no restarted server pays. Exit status 0 when the logits are identical.
 """
 
 from __future__ import annotations
@@ -110,14 +122,15 @@ def consumer(name: str, tmp: str, repeats: int) -> None:
     phases = []
     first = None
     sd = None
+    # Each attach is timed while the previous one's tensors exist, and they go after it (see above).
     for i in range(repeats + 1):
-        if sd is not None:
-            sd.close()
-            sd = None
-            gc.collect()
+        prev, sd = sd, None
+        gc.collect()
         t0 = time.perf_counter_ns()
         sd = w.attach_state_dict(client, name, readonly=True)
         t1 = time.perf_counter_ns()
+        if prev is not None:
+            prev.close()
         if i == 0:
             first = (t1 - t0) / 1e6
             first_phases = dict(w.last_timings)
@@ -128,11 +141,11 @@ def consumer(name: str, tmp: str, repeats: int) -> None:
     # loop above is the conservative number, this one what back-to-back attaches cost).
     warm = []
     for i in range(repeats):
-        sd.close()
-        sd = None
+        prev, sd = sd, None
         t0 = time.perf_counter_ns()
         sd = w.attach_state_dict(client, name, readonly=True)
         warm.append((time.perf_counter_ns() - t0) / 1e6)
+        prev.close()
     readonly = bool(sd.lease.readonly)
     nbytes = sum(t.numel() * t.element_size() for t in {t.data_ptr(): t for t in sd.values()}.values())
 
@@ -180,8 +193,53 @@ def consumer(name: str, tmp: str, repeats: int) -> None:
                                     ("attach_ns", "wrap_ns", "header_ns", "views_ns")}}))
 
 
+def restart(mode: str, name: str, tmp: str) -> None:
+    """A restarted server: everything a server imports and sets up, untimed; then its first attach or load."""
+    import torch
+    import safetensors.torch
+    import transformers  # noqa: F401
+
+    import vmmbroker
+    import vmmbroker.torch  # noqa: F401
+    import vmmbroker.weights as w
+
+    torch.zeros(1, device="cuda")
+    torch.cuda.synchronize()
+    client = vmmbroker.connect()
+    if mode == "attach":
+        t0 = time.perf_counter_ns()
+        sd = w.attach_state_dict(client, name, readonly=True)
+        ms = (time.perf_counter_ns() - t0) / 1e6
+        phases = {k[:-3]: v / 1e6 for k, v in w.last_timings.items() if k.endswith("_ns")}
+        n = len(sd)
+        sd.close()
+    else:
+        t0 = time.perf_counter_ns()
+        tensors = safetensors.torch.load_file(os.path.join(tmp, "model.safetensors"), device="cuda")
+        torch.cuda.synchronize()
+        ms = (time.perf_counter_ns() - t0) / 1e6
+        phases, n = {}, len(tensors)
+    print(json.dumps({"mode": mode, "ms": ms, "phases_ms": phases, "tensors": n}))
+
+
+def restarts(me: str, name: str, tmp: str, n: int) -> dict:
+    """N fresh processes of each kind, alternating; the file is page-cached first."""
+    with open(os.path.join(tmp, "model.safetensors"), "rb") as f:
+        while f.read(1 << 24):
+            pass
+    got: dict = {"attach": [], "load": [], "phases": []}
+    for _ in range(n):
+        for mode in ("attach", "load"):
+            r = h.last_json(h.run_self(me, ["--restart", mode, name, tmp]))
+            got[mode].append(r["ms"])
+            if mode == "attach":
+                got["phases"].append(r["phases_ms"])
+    return got
+
+
 def main() -> int:
     repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 20
+    n_restarts = int(sys.argv[2]) if len(sys.argv) > 2 else 8
     h.setup_paths()
     me = os.path.abspath(__file__)
     out = os.environ.get("OUT")
@@ -192,6 +250,7 @@ def main() -> int:
             prod = h.last_json(h.run_self(me, ["--producer", name, tmp]))
             try:
                 cons = h.last_json(h.run_self(me, ["--consumer", name, tmp, str(repeats)]))
+                fresh = restarts(me, name, tmp, n_restarts)
             finally:
                 import vmmbroker
                 try:
@@ -225,9 +284,22 @@ def main() -> int:
           ", ".join(f"{k[:-3]} {v:.3f}" for k, v in cons.get("first_phases_ms", {}).items()))
     print(f"attach without a gc.collect() just before (back to back), median of {len(cons['warm_ms'])}: "
           f"{warm:.3f} ms")
+    r_attach = h.median(fresh["attach"])
+    r_load = h.median(fresh["load"])
+    r_ratio = r_load / r_attach if r_attach > 0 else float("inf")
+    print(f"restarts: first attach in a fresh process (ms): {' '.join(f'{t:.3f}' for t in fresh['attach'])}")
+    print(f"restarts: first safetensors load in a fresh process (ms): "
+          f"{' '.join(f'{t:.1f}' for t in fresh['load'])}")
+    print("restarts: first attach's phases, median ms: " +
+          ", ".join(f"{k} {h.median([p[k] for p in fresh['phases']]):.3f}" for k in fresh["phases"][0]))
     h.table("GPT-2 medium bf16 state dict: attach by name vs safetensors (page-cached)",
             ["what", "median ms", "note"],
-            [["attach_state_dict, each after a full gc.collect()", f"{attach:.3f}",
+            [["restart: first attach_state_dict in a new process", f"{r_attach:.3f}",
+              f"{len(fresh['attach'])} processes; target <= 2 ms " + ("met" if r_attach <= 2.0 else "MISSED")],
+             ["restart: first safetensors load_file in a new process", f"{r_load:.1f}",
+              f"{len(fresh['load'])} processes, alternating with the attaches"],
+             ["ratio, restart", f"{r_ratio:.0f}x", "target >= 100x " + ("met" if r_ratio >= 100 else "MISSED")],
+             ["attach_state_dict, each after a full gc.collect()", f"{attach:.3f}",
               f"first in process {cons['first_ms']:.3f} ms; {len(cons['attach_ms'])} repeats; "
               f"read-only {cons['readonly']}; target <= 2 ms " + ("met" if attach <= 2.0 else "MISSED")],
              ["attach_state_dict, back to back", f"{warm:.3f}",
@@ -245,6 +317,10 @@ if __name__ == "__main__":
     if len(sys.argv) > 3 and sys.argv[1] == "--producer":
         h.setup_paths()
         producer(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) > 4 and sys.argv[1] == "--restart":
+        h.setup_paths()
+        restart(sys.argv[2], sys.argv[3], sys.argv[4])
+        sys.exit(0)
     elif len(sys.argv) > 3 and sys.argv[1] == "--consumer":
         h.setup_paths()
         consumer(sys.argv[2], sys.argv[3], int(sys.argv[4]) if len(sys.argv) > 4 else 20)
