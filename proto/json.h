@@ -4,11 +4,12 @@
 /*
  * Strict JSON for the wire, on json-c.
  *
- * json-c alone is lenient even with JSON_TOKENER_STRICT (it takes NaN,
+ * json-c's tokener is lenient even with JSON_TOKENER_STRICT (it takes NaN,
  * Infinity, single quotes, raw control characters in strings, overlong UTF-8
  * and UTF-16 surrogates, clamps out-of-range integers and keeps the last of
- * duplicate keys), so json_parse_message() first checks the text against the
- * RFC 8259 grammar itself, then lets json-c build the tree.
+ * duplicate keys), so json_parse_message() reads the text itself, against the
+ * RFC 8259 grammar, and builds with json-c's constructors the tree the
+ * tokener would have built: one pass, no tokener.
  *
  * Parameters are read through a table of JsonField, in the style of systemd's
  * json_dispatch(): each field names a member of a C struct, its type and its
