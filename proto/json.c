@@ -909,9 +909,24 @@ static int dispatch_field(const JsonField *f, json_object *v, void *out, char **
         return -EINVAL;
 }
 
+/*
+ * The field named `key`, or NULL. Senders write the fields in the table's order (json_build() does), so the
+ * search starts after the field found last and wraps around: one strcmp() per key, mostly.
+ */
+static const JsonField *find_field(const JsonField *fields, const JsonField *start, const char *key) {
+        for (const JsonField *f = start; f->name; f++)
+                if (strcmp(f->name, key) == 0)
+                        return f;
+        for (const JsonField *f = fields; f < start; f++)
+                if (strcmp(f->name, key) == 0)
+                        return f;
+        return NULL;
+}
+
 int json_dispatch(json_object *params, const JsonField *fields, void *out,
                   const char **ret_bad_field, char **ret_message) {
-        const JsonField *f;
+        const JsonField *f, *next = fields;
+        uint64_t seen = 0;              /* the first 64 fields of the table that params has, null or not */
         int r;
 
         if (ret_bad_field)
@@ -927,16 +942,17 @@ int json_dispatch(json_object *params, const JsonField *fields, void *out,
 
         if (params) {
                 json_object_object_foreach(params, key, v) {
-                        for (f = fields; f->name; f++)
-                                if (strcmp(f->name, key) == 0)
-                                        break;
-                        if (!f->name) {
+                        f = find_field(fields, next, key);
+                        if (!f) {
                                 if (ret_bad_field)
                                         *ret_bad_field = key;
                                 set_message(ret_message, "Unknown parameter '%.64s'.", key);
                                 r = -EINVAL;
                                 goto fail;
                         }
+                        next = f + 1;
+                        if (f - fields < 64)
+                                seen |= UINT64_C(1) << (f - fields);
                         if (json_object_is_type(v, json_type_null)) {
                                 if (!f->required)
                                         continue;
@@ -951,11 +967,10 @@ int json_dispatch(json_object *params, const JsonField *fields, void *out,
                 }
         }
         for (f = fields; f->name; f++) {
-                json_object *v;
-
                 if (!f->required)
                         continue;
-                if (!params || !json_object_object_get_ex(params, f->name, &v)) {
+                if (f - fields < 64 ? !(seen & (UINT64_C(1) << (f - fields)))
+                                    : !params || !json_object_object_get_ex(params, f->name, NULL)) {
                         set_message(ret_message, "Parameter '%s' is missing.", f->name);
                         r = -EINVAL;
                         goto fail_field;
