@@ -111,9 +111,8 @@ size_t json_printable_copy(char *dst, const char *s, size_t len, size_t max_len,
         return o;
 }
 
-/* json_printable_copy() into a new NUL-terminated string. */
-static char *printable_dup(const char *s, size_t max_len, bool multiline, size_t *ret_len) {
-        size_t len = strlen(s);
+/* json_printable_copy() of s[0..len) into a new NUL-terminated string. */
+static char *printable_dup(const char *s, size_t len, size_t max_len, bool multiline, size_t *ret_len) {
         char *d = malloc(len + 1);
 
         if (!d)
@@ -988,10 +987,11 @@ fail:
 
 /* ---- Building ---- */
 
+/* `key` is a table's field name: a string of the program's own that outlives the object, so not copied. */
 static int add(json_object *o, const char *key, json_object *v) {
         if (!v)
                 return -ENOMEM;
-        if (json_object_object_add(o, key, v) < 0) {
+        if (json_object_object_add_ex(o, key, v, JSON_C_OBJECT_KEY_IS_CONSTANT) < 0) {
                 json_object_put(v);
                 return -ENOMEM;
         }
@@ -1000,12 +1000,17 @@ static int add(json_object *o, const char *key, json_object *v) {
 
 static int build_string(const JsonField *f, const char *s, json_object **ret) {
         _cleanup_free_ char *d = NULL;
-        size_t len;
+        size_t len = strlen(s);
 
-        d = printable_dup(s, f->max_len, f->multiline, &len);
-        if (!d)
-                return -ENOMEM;
-        *ret = json_object_new_string_len(d, (int)len);
+        /* Most strings are sent as they are: only the others are copied to be made so. */
+        if ((f->max_len == 0 || len <= f->max_len) && json_string_is_printable(s, len, f->multiline))
+                *ret = json_object_new_string_len(s, (int)len);
+        else {
+                d = printable_dup(s, len, f->max_len, f->multiline, &len);
+                if (!d)
+                        return -ENOMEM;
+                *ret = json_object_new_string_len(d, (int)len);
+        }
         return *ret ? 0 : -ENOMEM;
 }
 
