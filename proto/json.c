@@ -1126,3 +1126,187 @@ int json_build(const JsonField *fields, const void *in, json_object **ret) {
         *ret = TAKE_PTR(o);
         return 0;
 }
+
+/* ---- Writing ---- */
+
+/*
+ * Replies and calls are written here rather than by json_object_to_json_string_ext(), which grows a
+ * print buffer of json-c's own with a call per string run and escape and formats every integer with
+ * snprintf(), and whose text the caller then copied into its own buffer: a third of what a Status cost
+ * the daemon. The bytes are json-c's, so that nothing on the wire changes.
+ */
+
+typedef struct Writer {
+        char *buf;
+        size_t alloc;
+        size_t len;
+} Writer;
+
+static int write_reserve(Writer *w, size_t n) {
+        size_t alloc;
+        char *b;
+
+        if (w->alloc - w->len >= n)
+                return 0;
+        alloc = MAX(MAX(w->alloc * 2, w->len + n), (size_t)256);
+        b = realloc(w->buf, alloc);
+        if (!b)
+                return -ENOMEM;
+        w->buf = b;
+        w->alloc = alloc;
+        return 0;
+}
+
+static int write_bytes(Writer *w, const char *s, size_t n) {
+        int r = write_reserve(w, n);
+
+        if (r < 0)
+                return r;
+        memcpy(w->buf + w->len, s, n);
+        w->len += n;
+        return 0;
+}
+
+/* One byte of punctuation: most of what is written, so no memcpy() for it. */
+static int write_char(Writer *w, char c) {
+        int r = write_reserve(w, 1);
+
+        if (r < 0)
+                return r;
+        w->buf[w->len++] = c;
+        return 0;
+}
+
+/* The bytes json_escape_str() escapes: C0, the quote and the backslash (not '/': NOSLASHESCAPE). */
+static const bool needs_escape[256] = {
+        [0x00 ... 0x1f] = true,
+        ['"'] = true,
+        ['\\'] = true,
+};
+
+/* json-c's json_escape_str() with JSON_C_TO_STRING_NOSLASHESCAPE: these escapes, other C0 as \u00xx. */
+static int write_string(Writer *w, const char *s, size_t len) {
+        static const char hex[16] = "0123456789abcdef";
+        size_t run = 0;
+        int r;
+
+        /* room for it as it is and the quotes; each escape makes room for itself */
+        r = write_reserve(w, len + 2);
+        if (r < 0)
+                return r;
+        w->buf[w->len++] = '"';
+        for (size_t i = 0; i < len; i++) {
+                uint8_t c = (uint8_t)s[i];
+                char e;
+
+                if (!needs_escape[c])
+                        continue;
+                memcpy(w->buf + w->len, s + run, i - run);
+                w->len += i - run;
+                run = i + 1;
+                r = write_reserve(w, 6 + (len - run) + 1);
+                if (r < 0)
+                        return r;
+                switch (c) {
+                case '"':  e = '"'; break;
+                case '\\': e = '\\'; break;
+                case '\b': e = 'b'; break;
+                case '\f': e = 'f'; break;
+                case '\n': e = 'n'; break;
+                case '\r': e = 'r'; break;
+                case '\t': e = 't'; break;
+                default:
+                        memcpy(w->buf + w->len, "\\u00", 4);
+                        w->buf[w->len + 4] = hex[c >> 4];
+                        w->buf[w->len + 5] = hex[c & 0xf];
+                        w->len += 6;
+                        continue;
+                }
+                w->buf[w->len++] = '\\';
+                w->buf[w->len++] = e;
+        }
+        memcpy(w->buf + w->len, s + run, len - run);
+        w->len += len - run;
+        w->buf[w->len++] = '"';
+        return 0;
+}
+
+static int write_integer(Writer *w, json_object *o) {
+        int64_t i = json_object_get_int64(o);
+        char d[21];
+        size_t n = sizeof(d);
+        uint64_t u;
+
+        /* an int64 prints as itself; a uint64 (above INT64_MAX) reads as INT64_MAX there, itself here */
+        u = i < 0 ? -(uint64_t)i : json_object_get_uint64(o);
+        do
+                d[--n] = (char)('0' + u % 10);
+        while ((u /= 10) > 0);
+        if (i < 0)
+                d[--n] = '-';
+        return write_bytes(w, d + n, sizeof(d) - n);
+}
+
+static int write_value(Writer *w, json_object *o) {
+        const char *text;
+        size_t n;
+        int r;
+
+        if (!o)
+                return write_bytes(w, "null", 4);
+        switch (json_object_get_type(o)) {
+        case json_type_boolean:
+                return json_object_get_boolean(o) ? write_bytes(w, "true", 4) : write_bytes(w, "false", 5);
+        case json_type_int:
+                return write_integer(w, o);
+        case json_type_string:
+                return write_string(w, json_object_get_string(o), (size_t)json_object_get_string_len(o));
+        case json_type_array:
+                n = json_object_array_length(o);
+                r = write_char(w, '[');
+                for (size_t i = 0; r >= 0 && i < n; i++) {
+                        if (i > 0)
+                                r = write_char(w, ',');
+                        if (r >= 0)
+                                r = write_value(w, json_object_array_get_idx(o, i));
+                }
+                return r < 0 ? r : write_char(w, ']');
+        case json_type_object: {
+                bool first = true;
+
+                r = write_char(w, '{');
+                json_object_object_foreach(o, key, v) {
+                        if (r >= 0 && !first)
+                                r = write_char(w, ',');
+                        if (r >= 0)
+                                r = write_string(w, key, strlen(key));
+                        if (r >= 0)
+                                r = write_char(w, ':');
+                        if (r >= 0)
+                                r = write_value(w, v);
+                        if (r < 0)
+                                return r;
+                        first = false;
+                }
+                return r < 0 ? r : write_char(w, '}');
+        }
+        default:
+                /* a double: json-c writes the text it was parsed from, or formats it its own way */
+                text = json_object_to_json_string_length(o, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE,
+                                                         &n);
+                return text ? write_bytes(w, text, n) : -ENOMEM;
+        }
+}
+
+ssize_t json_write(json_object *o, char **buf, size_t *alloc, size_t at) {
+        Writer w = { .buf = *buf, .alloc = *alloc, .len = at };
+        int r;
+
+        r = write_value(&w, o);
+        if (r >= 0)
+                r = write_reserve(&w, 1);
+        /* the buffer may have moved even when writing failed */
+        *buf = w.buf;
+        *alloc = w.alloc;
+        return r < 0 ? r : (ssize_t)w.len;
+}
