@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <locale.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -70,7 +71,14 @@ bool json_string_is_printable(const char *s, size_t len, bool multiline) {
 
         for (size_t i = 0; i < len;) {
                 uint32_t cp;
-                size_t n = utf8_decode(p + i, len - i, &cp);
+                size_t n;
+
+                /* printable ASCII, most of every string, without decoding */
+                if (p[i] >= 0x20 && p[i] < 0x7f) {
+                        i++;
+                        continue;
+                }
+                n = utf8_decode(p + i, len - i, &cp);
 
                 if (n == 0 || is_control(cp, multiline))
                         return false;
@@ -103,9 +111,8 @@ size_t json_printable_copy(char *dst, const char *s, size_t len, size_t max_len,
         return o;
 }
 
-/* json_printable_copy() into a new NUL-terminated string. */
-static char *printable_dup(const char *s, size_t max_len, bool multiline, size_t *ret_len) {
-        size_t len = strlen(s);
+/* json_printable_copy() of s[0..len) into a new NUL-terminated string. */
+static char *printable_dup(const char *s, size_t len, size_t max_len, bool multiline, size_t *ret_len) {
         char *d = malloc(len + 1);
 
         if (!d)
@@ -115,21 +122,53 @@ static char *printable_dup(const char *s, size_t max_len, bool multiline, size_t
         return d;
 }
 
-/* ---- The grammar check ---- */
+/* ---- Parsing ---- */
 
-typedef struct Scan {
+/*
+ * json_parse_message() reads the text once: it checks it against the grammar
+ * and builds the tree as it goes, the same tree json-c's tokener builds from
+ * text this strict (json-c's own constructors: integers as int64, as uint64
+ * above INT64_MAX; other numbers as doubles that keep their text; strings
+ * unescaped to UTF-8; members in the order of the text). Checking first and
+ * then handing the text to json_tokener_parse_ex() read every message twice,
+ * and the tokener made and freed a buffer and a locale per message: more
+ * than half of what a request cost the daemon to parse.
+ */
+
+typedef struct Parse {
         const uint8_t *p;
         const uint8_t *end;
         unsigned depth;
-        size_t members;         /* object members seen, to find duplicate keys afterwards */
-} Scan;
+        char *buf;              /* an unescaped string, a key, a number's text; NUL-terminated */
+        size_t buf_size;
+        bool buf_heap;          /* buf was malloc'd (it starts on json_parse_message()'s stack) */
+} Parse;
 
-static void scan_ws(Scan *s) {
+/* Makes room for n more bytes and a NUL after buf[0..len). */
+static int buf_reserve(Parse *s, size_t len, size_t n) {
+        size_t size;
+        char *b;
+
+        if (s->buf_size - len > n)
+                return 0;
+        size = MAX(s->buf_size * 2, len + n + 1);
+        b = s->buf_heap ? realloc(s->buf, size) : malloc(size);
+        if (!b)
+                return -ENOMEM;
+        if (!s->buf_heap)
+                memcpy(b, s->buf, len);
+        s->buf = b;
+        s->buf_size = size;
+        s->buf_heap = true;
+        return 0;
+}
+
+static void parse_ws(Parse *s) {
         while (s->p < s->end && (*s->p == ' ' || *s->p == '\t' || *s->p == '\n' || *s->p == '\r'))
                 s->p++;
 }
 
-static bool scan_char(Scan *s, uint8_t c) {
+static bool parse_char(Parse *s, uint8_t c) {
         if (s->p >= s->end || *s->p != c)
                 return false;
         s->p++;
@@ -147,7 +186,7 @@ static int hex_value(uint8_t c) {
 }
 
 /* Reads the XXXX of a \uXXXX escape; s->p is after the 'u'. */
-static bool scan_hex4(Scan *s, uint32_t *ret) {
+static bool parse_hex4(Parse *s, uint32_t *ret) {
         uint32_t v = 0;
 
         if (s->end - s->p < 4)
@@ -164,52 +203,142 @@ static bool scan_hex4(Scan *s, uint32_t *ret) {
         return true;
 }
 
-static bool scan_string(Scan *s) {
-        if (!scan_char(s, '"'))
-                return false;
+/* Writes the code point cp (a scalar value) as UTF-8 into out; returns its length. */
+static size_t utf8_encode(uint32_t cp, uint8_t out[static 4]) {
+        if (cp < 0x80) {
+                out[0] = (uint8_t)cp;
+                return 1;
+        }
+        if (cp < 0x800) {
+                out[0] = (uint8_t)(0xc0 | (cp >> 6));
+                out[1] = (uint8_t)(0x80 | (cp & 0x3f));
+                return 2;
+        }
+        if (cp < 0x10000) {
+                out[0] = (uint8_t)(0xe0 | (cp >> 12));
+                out[1] = (uint8_t)(0x80 | ((cp >> 6) & 0x3f));
+                out[2] = (uint8_t)(0x80 | (cp & 0x3f));
+                return 3;
+        }
+        out[0] = (uint8_t)(0xf0 | (cp >> 18));
+        out[1] = (uint8_t)(0x80 | ((cp >> 12) & 0x3f));
+        out[2] = (uint8_t)(0x80 | ((cp >> 6) & 0x3f));
+        out[3] = (uint8_t)(0x80 | (cp & 0x3f));
+        return 4;
+}
+
+/* Reads one escape after its backslash into buf at *len. Returns 0, -EBADMSG or -ENOMEM. */
+static int parse_escape(Parse *s, size_t *len) {
+        uint8_t u[4];
+        uint32_t cp, lo;
+        size_t n;
+        int r;
+
+        if (s->p >= s->end)
+                return -EBADMSG;
+        switch (*s->p++) {
+        case '"':  u[0] = '"'; n = 1; break;
+        case '\\': u[0] = '\\'; n = 1; break;
+        case '/':  u[0] = '/'; n = 1; break;
+        case 'b':  u[0] = '\b'; n = 1; break;
+        case 'f':  u[0] = '\f'; n = 1; break;
+        case 'n':  u[0] = '\n'; n = 1; break;
+        case 'r':  u[0] = '\r'; n = 1; break;
+        case 't':  u[0] = '\t'; n = 1; break;
+        case 'u':
+                if (!parse_hex4(s, &cp))
+                        return -EBADMSG;
+                if (cp == 0)
+                        return -EBADMSG;        /* json-c keys are C strings: no NUL anywhere */
+                if (cp >= 0xdc00 && cp <= 0xdfff)
+                        return -EBADMSG;        /* a low surrogate alone */
+                if (cp >= 0xd800 && cp <= 0xdbff) {
+                        if (!parse_char(s, '\\') || !parse_char(s, 'u') || !parse_hex4(s, &lo))
+                                return -EBADMSG;
+                        if (lo < 0xdc00 || lo > 0xdfff)
+                                return -EBADMSG;
+                        cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
+                }
+                n = utf8_encode(cp, u);
+                break;
+        default:
+                return -EBADMSG;
+        }
+        r = buf_reserve(s, *len, n);
+        if (r < 0)
+                return r;
+        memcpy(s->buf + *len, u, n);
+        *len += n;
+        return 0;
+}
+
+/*
+ * Reads a string (s->p at its opening quote): valid UTF-8 with no raw control
+ * character and valid escapes. Returns 0 with the string in *ret and its
+ * length in *ret_len: inside the text when it has no escape (not
+ * NUL-terminated), else unescaped in s->buf (NUL-terminated, until the buffer
+ * is used again). Returns -EBADMSG or -ENOMEM otherwise.
+ */
+static int parse_string(Parse *s, const char **ret, size_t *ret_len) {
+        const uint8_t *start;
+        bool copied = false;
+        size_t len = 0;
+        int r;
+
+        if (!parse_char(s, '"'))
+                return -EBADMSG;
+        start = s->p;
         for (;;) {
                 uint32_t cp;
                 size_t n;
                 uint8_t c;
 
                 if (s->p >= s->end)
-                        return false;
+                        return -EBADMSG;
                 c = *s->p;
-                if (c == '"') {
-                        s->p++;
-                        return true;
-                }
-                if (c == '\\') {
-                        s->p++;
-                        if (s->p >= s->end)
-                                return false;
-                        c = *s->p++;
-                        if (strchr("\"\\/bfnrt", c) && c != 0)
-                                continue;
-                        if (c != 'u' || !scan_hex4(s, &cp))
-                                return false;
-                        if (cp == 0)
-                                return false;   /* json-c keys are C strings: no NUL anywhere */
-                        if (cp >= 0xdc00 && cp <= 0xdfff)
-                                return false;   /* a low surrogate alone */
-                        if (cp >= 0xd800 && cp <= 0xdbff) {
-                                if (!scan_char(s, '\\') || !scan_char(s, 'u') || !scan_hex4(s, &cp))
-                                        return false;
-                                if (cp < 0xdc00 || cp > 0xdfff)
-                                        return false;
+                if (c == '"' || c == '\\') {
+                        /* what came since the start, or since the last escape, goes to the buffer now */
+                        if (copied || c == '\\') {
+                                n = (size_t)(s->p - start);
+                                r = buf_reserve(s, len, n);
+                                if (r < 0)
+                                        return r;
+                                memcpy(s->buf + len, start, n);
+                                len += n;
+                                copied = true;
                         }
+                        s->p++;
+                        if (c == '"')
+                                break;
+                        r = parse_escape(s, &len);
+                        if (r < 0)
+                                return r;
+                        start = s->p;
                         continue;
                 }
                 if (c < 0x20)
-                        return false;           /* raw control characters must be escaped */
+                        return -EBADMSG;        /* raw control characters must be escaped */
+                if (c < 0x80) {
+                        s->p++;
+                        continue;
+                }
                 n = utf8_decode(s->p, (size_t)(s->end - s->p), &cp);
                 if (n == 0)
-                        return false;
+                        return -EBADMSG;
                 s->p += n;
         }
+        if (!copied) {
+                *ret = (const char *)start;
+                *ret_len = (size_t)(s->p - 1 - start);
+                return 0;
+        }
+        s->buf[len] = 0;
+        *ret = s->buf;
+        *ret_len = len;
+        return 0;
 }
 
-static bool is_digit(const Scan *s) {
+static bool is_digit(const Parse *s) {
         return s->p < s->end && *s->p >= '0' && *s->p <= '9';
 }
 
@@ -222,166 +351,255 @@ static int digits_cmp(const uint8_t *a, size_t a_len, const char *b) {
         return memcmp(a, b, a_len);
 }
 
-static bool scan_number(Scan *s) {
-        const uint8_t *digits;
+/* strtod() as json-c calls it: in the C locale, whatever the process's is. */
+static double strtod_c(const char *text, char **end) {
+        static locale_t c_locale;
+        locale_t l = __atomic_load_n(&c_locale, __ATOMIC_ACQUIRE);
+
+        if (!l) {
+                locale_t n = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0);
+
+                if (!n)
+                        return strtod(text, end);       /* glibc's C locale is static: never */
+                if (__atomic_compare_exchange_n(&c_locale, &l, n, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+                        l = n;
+                else
+                        freelocale(n);
+        }
+        return strtod_l(text, end, l);
+}
+
+static int parse_number(Parse *s, json_object **ret) {
+        const uint8_t *start = s->p, *digits;
         bool negative, integer = true;
         size_t n_digits;
 
-        negative = scan_char(s, '-');
+        negative = parse_char(s, '-');
         digits = s->p;
-        if (scan_char(s, '0'))
+        if (parse_char(s, '0'))
                 ;
         else if (is_digit(s) && *s->p != '0')
                 while (is_digit(s))
                         s->p++;
         else
-                return false;
+                return -EBADMSG;
         n_digits = (size_t)(s->p - digits);
-        if (scan_char(s, '.')) {
+        if (parse_char(s, '.')) {
                 integer = false;
                 if (!is_digit(s))
-                        return false;
+                        return -EBADMSG;
                 while (is_digit(s))
                         s->p++;
         }
         if (s->p < s->end && (*s->p == 'e' || *s->p == 'E')) {
                 integer = false;
                 s->p++;
-                if (!scan_char(s, '+'))
-                        (void)scan_char(s, '-');
+                if (!parse_char(s, '+'))
+                        (void)parse_char(s, '-');
                 if (!is_digit(s))
-                        return false;
+                        return -EBADMSG;
                 while (is_digit(s))
                         s->p++;
         }
-        /* json-c would silently clamp these; refuse rather than change a value */
-        if (integer && digits_cmp(digits, n_digits, negative ? "9223372036854775808" : "18446744073709551615") > 0)
-                return false;
-        return true;
+
+        if (integer) {
+                uint64_t u = 0;
+
+                /* json-c would silently clamp these; refuse rather than change a value */
+                if (digits_cmp(digits, n_digits, negative ? "9223372036854775808" : "18446744073709551615") > 0)
+                        return -EBADMSG;
+                for (size_t i = 0; i < n_digits; i++)
+                        u = u * 10 + (uint64_t)(digits[i] - '0');
+                if (negative)
+                        *ret = json_object_new_int64(u == 0 ? 0 : -(int64_t)(u - 1) - 1);  /* down to INT64_MIN */
+                else if (u <= INT64_MAX)
+                        *ret = json_object_new_int64((int64_t)u);
+                else
+                        *ret = json_object_new_uint64(u);
+        } else {
+                size_t len = (size_t)(s->p - start);
+                double d;
+                int r;
+
+                /* json-c's double keeps its text, which it writes back as it was */
+                r = buf_reserve(s, 0, len);
+                if (r < 0)
+                        return r;
+                memcpy(s->buf, start, len);
+                s->buf[len] = 0;
+                d = strtod_c(s->buf, NULL);
+                *ret = json_object_new_double_s(d, s->buf);
+        }
+        return *ret ? 0 : -ENOMEM;
 }
 
-static bool scan_literal(Scan *s, const char *lit) {
+static int parse_literal(Parse *s, const char *lit) {
         size_t n = strlen(lit);
 
         if ((size_t)(s->end - s->p) < n || memcmp(s->p, lit, n) != 0)
-                return false;
+                return -EBADMSG;
         s->p += n;
-        return true;
+        return 0;
 }
 
-static bool scan_value(Scan *s);
+static int parse_value(Parse *s, json_object **ret);
 
-static bool scan_container(Scan *s, uint8_t open, uint8_t close) {
-        bool ok = false;
+/* Keys this long or shorter are copied onto the stack of the object's parse. */
+#define KEY_STACK 64
 
-        if (!scan_char(s, open))
-                return false;
-        if (++s->depth > VARLINK_MAX_DEPTH)
-                return false;
-        scan_ws(s);
-        if (scan_char(s, close)) {
-                s->depth--;
-                return true;
-        }
-        for (;;) {
-                if (open == '{') {
-                        if (!scan_string(s))
-                                return false;
-                        scan_ws(s);
-                        if (!scan_char(s, ':'))
-                                return false;
-                        scan_ws(s);
-                        s->members++;
+static int parse_object(Parse *s, json_object **ret) {
+        _cleanup_(json_object_putp) json_object *o = NULL;
+        size_t members = 0;
+        int r;
+
+        o = json_object_new_object();
+        if (!o)
+                return -ENOMEM;
+        parse_ws(s);
+        if (!parse_char(s, '}'))
+                for (;;) {
+                        _cleanup_free_ char *key_heap = NULL;
+                        char key_stack[KEY_STACK + 1], *key = key_stack;
+                        json_object *v = NULL;
+                        const char *k;
+                        size_t len;
+
+                        /* its own copy: the value's parse may use the buffer, nested objects their keys */
+                        r = parse_string(s, &k, &len);
+                        if (r < 0)
+                                return r;
+                        if (len > KEY_STACK) {
+                                key = key_heap = malloc(len + 1);
+                                if (!key)
+                                        return -ENOMEM;
+                        }
+                        memcpy(key, k, len);
+                        key[len] = 0;
+
+                        parse_ws(s);
+                        if (!parse_char(s, ':'))
+                                return -EBADMSG;
+                        parse_ws(s);
+                        r = parse_value(s, &v);
+                        if (r < 0)
+                                return r;
+                        if (json_object_object_add(o, key, v) < 0) {
+                                json_object_put(v);
+                                return -ENOMEM;
+                        }
+                        /* json-c keeps the last of duplicate keys: fewer members than the text had */
+                        if ((size_t)json_object_object_length(o) != ++members)
+                                return -EBADMSG;
+
+                        parse_ws(s);
+                        if (parse_char(s, '}'))
+                                break;
+                        if (!parse_char(s, ','))
+                                return -EBADMSG;
+                        parse_ws(s);
                 }
-                if (!scan_value(s))
-                        return false;
-                scan_ws(s);
-                if (scan_char(s, close)) {
-                        ok = true;
-                        break;
-                }
-                if (!scan_char(s, ','))
-                        return false;
-                scan_ws(s);
-        }
-        s->depth--;
-        return ok;
+        *ret = TAKE_PTR(o);
+        return 0;
 }
 
-static bool scan_value(Scan *s) {
+static int parse_array(Parse *s, json_object **ret) {
+        _cleanup_(json_object_putp) json_object *a = NULL;
+        int r;
+
+        a = json_object_new_array();
+        if (!a)
+                return -ENOMEM;
+        parse_ws(s);
+        if (!parse_char(s, ']'))
+                for (;;) {
+                        json_object *v = NULL;
+
+                        r = parse_value(s, &v);
+                        if (r < 0)
+                                return r;
+                        if (json_object_array_add(a, v) < 0) {
+                                json_object_put(v);
+                                return -ENOMEM;
+                        }
+                        parse_ws(s);
+                        if (parse_char(s, ']'))
+                                break;
+                        if (!parse_char(s, ','))
+                                return -EBADMSG;
+                        parse_ws(s);
+                }
+        *ret = TAKE_PTR(a);
+        return 0;
+}
+
+/* Reads one value into *ret (NULL for null). Returns 0, -EBADMSG or -ENOMEM. */
+static int parse_value(Parse *s, json_object **ret) {
+        const char *str;
+        size_t len;
+        bool b;
+        int r;
+
         if (s->p >= s->end)
-                return false;
+                return -EBADMSG;
         switch (*s->p) {
         case '{':
-                return scan_container(s, '{', '}');
         case '[':
-                return scan_container(s, '[', ']');
+                if (s->depth >= VARLINK_MAX_DEPTH)
+                        return -EBADMSG;
+                s->depth++;
+                r = *s->p++ == '{' ? parse_object(s, ret) : parse_array(s, ret);
+                s->depth--;
+                return r;
         case '"':
-                return scan_string(s);
+                r = parse_string(s, &str, &len);
+                if (r < 0)
+                        return r;
+                *ret = json_object_new_string_len(str, (int)len);
+                return *ret ? 0 : -ENOMEM;
         case 't':
-                return scan_literal(s, "true");
         case 'f':
-                return scan_literal(s, "false");
+                b = *s->p == 't';
+                r = parse_literal(s, b ? "true" : "false");
+                if (r < 0)
+                        return r;
+                *ret = json_object_new_boolean(b);
+                return *ret ? 0 : -ENOMEM;
         case 'n':
-                return scan_literal(s, "null");
+                *ret = NULL;
+                return parse_literal(s, "null");
         default:
-                return scan_number(s);
+                return parse_number(s, ret);
         }
-}
-
-/* Counts the members of every object in the tree. */
-static size_t count_members(json_object *o) {
-        size_t n = 0;
-
-        if (json_object_is_type(o, json_type_object)) {
-                json_object_object_foreach(o, key, v) {
-                        (void)key;
-                        n += 1 + count_members(v);
-                }
-        } else if (json_object_is_type(o, json_type_array)) {
-                size_t k = json_object_array_length(o);
-
-                for (size_t i = 0; i < k; i++)
-                        n += count_members(json_object_array_get_idx(o, i));
-        }
-        return n;
-}
-
-static void json_tokener_freep(struct json_tokener **t) {
-        if (*t)
-                json_tokener_free(*t);
 }
 
 int json_parse_message(const char *buf, size_t len, json_object **ret) {
-        _cleanup_(json_tokener_freep) struct json_tokener *tok = NULL;
-        _cleanup_(json_object_putp) json_object *o = NULL;
-        Scan s = { .p = (const uint8_t *)buf, .end = (const uint8_t *)buf + len };
+        char stack[256];
+        json_object *o = NULL;
+        Parse s;
+        int r;
 
         if (!buf || len > INT_MAX)
                 return -EBADMSG;
-        scan_ws(&s);
-        if (s.p >= s.end || *s.p != '{' || !scan_value(&s))
-                return -EBADMSG;
-        scan_ws(&s);
-        if (s.p != s.end)
-                return -EBADMSG;
-
-        /* json-c counts a scalar inside the innermost container as a level */
-        tok = json_tokener_new_ex(VARLINK_MAX_DEPTH + 1);
-        if (!tok)
-                return -ENOMEM;
-        json_tokener_set_flags(tok, JSON_TOKENER_STRICT | JSON_TOKENER_VALIDATE_UTF8);
-        o = json_tokener_parse_ex(tok, buf, (int)len);
-        if (!o) {
-                /* json-c reports allocation failure only as a failed parse */
-                return json_tokener_get_error(tok) == json_tokener_success ? -ENOMEM : -EBADMSG;
+        s = (Parse){
+                .p = (const uint8_t *)buf,
+                .end = (const uint8_t *)buf + len,
+                .buf = stack,
+                .buf_size = sizeof(stack),
+        };
+        parse_ws(&s);
+        r = s.p < s.end && *s.p == '{' ? parse_value(&s, &o) : -EBADMSG;
+        if (r >= 0) {
+                parse_ws(&s);
+                if (s.p != s.end)
+                        r = -EBADMSG;
         }
-        if (json_tokener_get_parse_end(tok) != len || !json_object_is_type(o, json_type_object))
-                return -EBADMSG;
-        /* json-c keeps the last of duplicate keys: fewer members than the text had */
-        if (count_members(o) != s.members)
-                return -EBADMSG;
-        *ret = TAKE_PTR(o);
+        if (s.buf_heap)
+                free(s.buf);
+        if (r < 0) {
+                json_object_put(o);
+                return r;
+        }
+        *ret = o;
         return 0;
 }
 
@@ -690,9 +908,24 @@ static int dispatch_field(const JsonField *f, json_object *v, void *out, char **
         return -EINVAL;
 }
 
+/*
+ * The field named `key`, or NULL. Senders write the fields in the table's order (json_build() does), so the
+ * search starts after the field found last and wraps around: one strcmp() per key, mostly.
+ */
+static const JsonField *find_field(const JsonField *fields, const JsonField *start, const char *key) {
+        for (const JsonField *f = start; f->name; f++)
+                if (strcmp(f->name, key) == 0)
+                        return f;
+        for (const JsonField *f = fields; f < start; f++)
+                if (strcmp(f->name, key) == 0)
+                        return f;
+        return NULL;
+}
+
 int json_dispatch(json_object *params, const JsonField *fields, void *out,
                   const char **ret_bad_field, char **ret_message) {
-        const JsonField *f;
+        const JsonField *f, *next = fields;
+        uint64_t seen = 0;              /* the first 64 fields of the table that params has, null or not */
         int r;
 
         if (ret_bad_field)
@@ -708,16 +941,17 @@ int json_dispatch(json_object *params, const JsonField *fields, void *out,
 
         if (params) {
                 json_object_object_foreach(params, key, v) {
-                        for (f = fields; f->name; f++)
-                                if (strcmp(f->name, key) == 0)
-                                        break;
-                        if (!f->name) {
+                        f = find_field(fields, next, key);
+                        if (!f) {
                                 if (ret_bad_field)
                                         *ret_bad_field = key;
                                 set_message(ret_message, "Unknown parameter '%.64s'.", key);
                                 r = -EINVAL;
                                 goto fail;
                         }
+                        next = f + 1;
+                        if (f - fields < 64)
+                                seen |= UINT64_C(1) << (f - fields);
                         if (json_object_is_type(v, json_type_null)) {
                                 if (!f->required)
                                         continue;
@@ -732,11 +966,10 @@ int json_dispatch(json_object *params, const JsonField *fields, void *out,
                 }
         }
         for (f = fields; f->name; f++) {
-                json_object *v;
-
                 if (!f->required)
                         continue;
-                if (!params || !json_object_object_get_ex(params, f->name, &v)) {
+                if (f - fields < 64 ? !(seen & (UINT64_C(1) << (f - fields)))
+                                    : !params || !json_object_object_get_ex(params, f->name, NULL)) {
                         set_message(ret_message, "Parameter '%s' is missing.", f->name);
                         r = -EINVAL;
                         goto fail_field;
@@ -754,10 +987,11 @@ fail:
 
 /* ---- Building ---- */
 
+/* `key` is a table's field name: a string of the program's own that outlives the object, so not copied. */
 static int add(json_object *o, const char *key, json_object *v) {
         if (!v)
                 return -ENOMEM;
-        if (json_object_object_add(o, key, v) < 0) {
+        if (json_object_object_add_ex(o, key, v, JSON_C_OBJECT_KEY_IS_CONSTANT) < 0) {
                 json_object_put(v);
                 return -ENOMEM;
         }
@@ -766,12 +1000,17 @@ static int add(json_object *o, const char *key, json_object *v) {
 
 static int build_string(const JsonField *f, const char *s, json_object **ret) {
         _cleanup_free_ char *d = NULL;
-        size_t len;
+        size_t len = strlen(s);
 
-        d = printable_dup(s, f->max_len, f->multiline, &len);
-        if (!d)
-                return -ENOMEM;
-        *ret = json_object_new_string_len(d, (int)len);
+        /* Most strings are sent as they are: only the others are copied to be made so. */
+        if ((f->max_len == 0 || len <= f->max_len) && json_string_is_printable(s, len, f->multiline))
+                *ret = json_object_new_string_len(s, (int)len);
+        else {
+                d = printable_dup(s, len, f->max_len, f->multiline, &len);
+                if (!d)
+                        return -ENOMEM;
+                *ret = json_object_new_string_len(d, (int)len);
+        }
         return *ret ? 0 : -ENOMEM;
 }
 
@@ -886,4 +1125,188 @@ int json_build(const JsonField *fields, const void *in, json_object **ret) {
         }
         *ret = TAKE_PTR(o);
         return 0;
+}
+
+/* ---- Writing ---- */
+
+/*
+ * Replies and calls are written here rather than by json_object_to_json_string_ext(), which grows a
+ * print buffer of json-c's own with a call per string run and escape and formats every integer with
+ * snprintf(), and whose text the caller then copied into its own buffer: a third of what a Status cost
+ * the daemon. The bytes are json-c's, so that nothing on the wire changes.
+ */
+
+typedef struct Writer {
+        char *buf;
+        size_t alloc;
+        size_t len;
+} Writer;
+
+static int write_reserve(Writer *w, size_t n) {
+        size_t alloc;
+        char *b;
+
+        if (w->alloc - w->len >= n)
+                return 0;
+        alloc = MAX(MAX(w->alloc * 2, w->len + n), (size_t)256);
+        b = realloc(w->buf, alloc);
+        if (!b)
+                return -ENOMEM;
+        w->buf = b;
+        w->alloc = alloc;
+        return 0;
+}
+
+static int write_bytes(Writer *w, const char *s, size_t n) {
+        int r = write_reserve(w, n);
+
+        if (r < 0)
+                return r;
+        memcpy(w->buf + w->len, s, n);
+        w->len += n;
+        return 0;
+}
+
+/* One byte of punctuation: most of what is written, so no memcpy() for it. */
+static int write_char(Writer *w, char c) {
+        int r = write_reserve(w, 1);
+
+        if (r < 0)
+                return r;
+        w->buf[w->len++] = c;
+        return 0;
+}
+
+/* The bytes json_escape_str() escapes: C0, the quote and the backslash (not '/': NOSLASHESCAPE). */
+static const bool needs_escape[256] = {
+        [0x00 ... 0x1f] = true,
+        ['"'] = true,
+        ['\\'] = true,
+};
+
+/* json-c's json_escape_str() with JSON_C_TO_STRING_NOSLASHESCAPE: these escapes, other C0 as \u00xx. */
+static int write_string(Writer *w, const char *s, size_t len) {
+        static const char hex[16] = "0123456789abcdef";
+        size_t run = 0;
+        int r;
+
+        /* room for it as it is and the quotes; each escape makes room for itself */
+        r = write_reserve(w, len + 2);
+        if (r < 0)
+                return r;
+        w->buf[w->len++] = '"';
+        for (size_t i = 0; i < len; i++) {
+                uint8_t c = (uint8_t)s[i];
+                char e;
+
+                if (!needs_escape[c])
+                        continue;
+                memcpy(w->buf + w->len, s + run, i - run);
+                w->len += i - run;
+                run = i + 1;
+                r = write_reserve(w, 6 + (len - run) + 1);
+                if (r < 0)
+                        return r;
+                switch (c) {
+                case '"':  e = '"'; break;
+                case '\\': e = '\\'; break;
+                case '\b': e = 'b'; break;
+                case '\f': e = 'f'; break;
+                case '\n': e = 'n'; break;
+                case '\r': e = 'r'; break;
+                case '\t': e = 't'; break;
+                default:
+                        memcpy(w->buf + w->len, "\\u00", 4);
+                        w->buf[w->len + 4] = hex[c >> 4];
+                        w->buf[w->len + 5] = hex[c & 0xf];
+                        w->len += 6;
+                        continue;
+                }
+                w->buf[w->len++] = '\\';
+                w->buf[w->len++] = e;
+        }
+        memcpy(w->buf + w->len, s + run, len - run);
+        w->len += len - run;
+        w->buf[w->len++] = '"';
+        return 0;
+}
+
+static int write_integer(Writer *w, json_object *o) {
+        int64_t i = json_object_get_int64(o);
+        char d[21];
+        size_t n = sizeof(d);
+        uint64_t u;
+
+        /* an int64 prints as itself; a uint64 (above INT64_MAX) reads as INT64_MAX there, itself here */
+        u = i < 0 ? -(uint64_t)i : json_object_get_uint64(o);
+        do
+                d[--n] = (char)('0' + u % 10);
+        while ((u /= 10) > 0);
+        if (i < 0)
+                d[--n] = '-';
+        return write_bytes(w, d + n, sizeof(d) - n);
+}
+
+static int write_value(Writer *w, json_object *o) {
+        const char *text;
+        size_t n;
+        int r;
+
+        if (!o)
+                return write_bytes(w, "null", 4);
+        switch (json_object_get_type(o)) {
+        case json_type_boolean:
+                return json_object_get_boolean(o) ? write_bytes(w, "true", 4) : write_bytes(w, "false", 5);
+        case json_type_int:
+                return write_integer(w, o);
+        case json_type_string:
+                return write_string(w, json_object_get_string(o), (size_t)json_object_get_string_len(o));
+        case json_type_array:
+                n = json_object_array_length(o);
+                r = write_char(w, '[');
+                for (size_t i = 0; r >= 0 && i < n; i++) {
+                        if (i > 0)
+                                r = write_char(w, ',');
+                        if (r >= 0)
+                                r = write_value(w, json_object_array_get_idx(o, i));
+                }
+                return r < 0 ? r : write_char(w, ']');
+        case json_type_object: {
+                bool first = true;
+
+                r = write_char(w, '{');
+                json_object_object_foreach(o, key, v) {
+                        if (r >= 0 && !first)
+                                r = write_char(w, ',');
+                        if (r >= 0)
+                                r = write_string(w, key, strlen(key));
+                        if (r >= 0)
+                                r = write_char(w, ':');
+                        if (r >= 0)
+                                r = write_value(w, v);
+                        if (r < 0)
+                                return r;
+                        first = false;
+                }
+                return r < 0 ? r : write_char(w, '}');
+        }
+        default:
+                /* a double: json-c writes the text it was parsed from, or formats it its own way */
+                text = json_object_to_json_string_length(o, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE,
+                                                         &n);
+                return text ? write_bytes(w, text, n) : -ENOMEM;
+        }
+}
+
+ssize_t json_write(json_object *o, char **buf, size_t *alloc, size_t at) {
+        Writer w = { .buf = *buf, .alloc = *alloc, .len = at };
+        int r;
+
+        r = write_value(&w, o);
+        if (r >= 0)
+                r = write_reserve(&w, 1);
+        /* the buffer may have moved even when writing failed */
+        *buf = w.buf;
+        *alloc = w.alloc;
+        return r < 0 ? r : (ssize_t)w.len;
 }

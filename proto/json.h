@@ -4,11 +4,12 @@
 /*
  * Strict JSON for the wire, on json-c.
  *
- * json-c alone is lenient even with JSON_TOKENER_STRICT (it takes NaN,
+ * json-c's tokener is lenient even with JSON_TOKENER_STRICT (it takes NaN,
  * Infinity, single quotes, raw control characters in strings, overlong UTF-8
  * and UTF-16 surrogates, clamps out-of-range integers and keeps the last of
- * duplicate keys), so json_parse_message() first checks the text against the
- * RFC 8259 grammar itself, then lets json-c build the tree.
+ * duplicate keys), so json_parse_message() reads the text itself, against the
+ * RFC 8259 grammar, and builds with json-c's constructors the tree the
+ * tokener would have built: one pass, no tokener.
  *
  * Parameters are read through a table of JsonField, in the style of systemd's
  * json_dispatch(): each field names a member of a C struct, its type and its
@@ -35,6 +36,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 /* Most containers nested in one message (the top-level object counts as 1). */
 #define VARLINK_MAX_DEPTH 16
@@ -152,6 +154,17 @@ void json_dispatch_free(const JsonField *fields, void *out);
  * -ENOMEM.
  */
 int json_build(const JsonField *fields, const void *in, json_object **ret);
+
+/*
+ * Writes `o` into *buf (malloc'd, *alloc bytes; NULL and 0 are fine) from
+ * offset `at` on, growing it as needed: the same bytes as
+ * json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN |
+ * JSON_C_TO_STRING_NOSLASHESCAPE) makes, for any tree of json-c's standard
+ * objects (doubles are written by json-c itself). Returns the offset after
+ * the text, with room left for one byte more (varlink's NUL), or -ENOMEM;
+ * *buf and *alloc are updated either way, and the bytes before `at` kept.
+ */
+ssize_t json_write(json_object *o, char **buf, size_t *alloc, size_t at);
 
 /*
  * Tells whether s[0..len) is valid UTF-8 (no overlong forms, surrogates or

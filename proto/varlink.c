@@ -15,6 +15,9 @@
 /* Starting size of the input buffer; it doubles up to the message limit. */
 #define INPUT_INITIAL 4096U
 
+/* The largest sent OutBuf kept for the next message: a connection holds at most this much more. */
+#define OUTPUT_SPARE_MAX 4096U
+
 /* fds that arrived with the message starting at stream offset `at`. */
 typedef struct FdBatch {
         List link;
@@ -50,6 +53,7 @@ struct VarlinkConn {
 
         List out;               /* OutBuf, in order */
         size_t out_pending;
+        OutBuf *out_spare;      /* one sent, kept so that a reply needs no allocation: most are sent at once */
 };
 
 static FdBatch *fd_batch_free(FdBatch *b) {
@@ -102,6 +106,7 @@ VarlinkConn *varlink_conn_free(VarlinkConn *c) {
                 fd_batch_free(b);
         list_for_each_entry_safe(o, ot, &c->out, link)
                 out_buf_free(o);
+        out_buf_free(c->out_spare);
         free(c->in);
         safe_close(c->fd);
         free(c);
@@ -288,53 +293,56 @@ int varlink_conn_receive(VarlinkConn *c, json_object **ret, int **ret_fds, size_
         }
 }
 
+/*
+ * Writes msg and its NUL into o's buffer after its o->len bytes. Returns the bytes added, -EBADMSG for a
+ * NUL in the text (nothing is added), or -ENOMEM.
+ */
+static ssize_t out_buf_write(OutBuf *o, json_object *msg) {
+        ssize_t end;
+
+        end = json_write(msg, &o->data, &o->alloc, o->len);
+        if (end < 0)
+                return end;
+        if (memchr(o->data + o->len, 0, (size_t)end - o->len))
+                return -EBADMSG;
+        o->data[end] = 0;       /* json_write() left room for it */
+        end = end + 1 - (ssize_t)o->len;
+        o->len += (size_t)end;
+        return end;
+}
+
 int varlink_conn_send(VarlinkConn *c, json_object *msg, const int *fds, size_t n_fds) {
-        OutBuf *o = NULL, *tail;
-        const char *s;
-        size_t len;
+        OutBuf *o, *tail;
+        ssize_t n;
 
         if (n_fds > FDPASS_MAX_FDS)
                 return -E2BIG;
-        s = json_object_to_json_string_length(msg, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE, &len);
-        if (!s)
-                return -ENOMEM;
-        if (memchr(s, 0, len))
-                return -EBADMSG;
 
         tail = list_last_entry(&c->out, OutBuf, link);
         if (n_fds == 0 && tail && tail->n_fds == 0) {
                 /* no fds: join the bytes queued before */
-                if (tail->alloc - tail->len < len + 1) {
-                        size_t a = tail->alloc * 2;
-                        char *p;
-
-                        if (a < tail->len + len + 1)
-                                a = tail->len + len + 1;
-                        p = realloc(tail->data, a);
-                        if (!p)
-                                return -ENOMEM;
-                        tail->data = p;
-                        tail->alloc = a;
-                }
-                memcpy(tail->data + tail->len, s, len + 1);
-                tail->len += len + 1;
-                c->out_pending += len + 1;
+                n = out_buf_write(tail, msg);
+                if (n < 0)
+                        return (int)n;
+                c->out_pending += (size_t)n;
                 return 0;
         }
 
-        o = calloc(1, sizeof(*o));
+        o = TAKE_PTR(c->out_spare) ?: calloc(1, sizeof(*o));
         if (!o)
                 return -ENOMEM;
         list_init(&o->link);
-        o->data = malloc(len + 1);
-        if (!o->data)
-                goto nomem;
-        memcpy(o->data, s, len + 1);
-        o->len = o->alloc = len + 1;
+        n = out_buf_write(o, msg);
+        if (n < 0) {
+                out_buf_free(o);
+                return (int)n;
+        }
         if (n_fds > 0) {
                 o->fds = malloc(n_fds * sizeof(int));
-                if (!o->fds)
-                        goto nomem;
+                if (!o->fds) {
+                        out_buf_free(o);
+                        return -ENOMEM;
+                }
                 for (size_t i = 0; i < n_fds; i++) {
                         int fd = fcntl(fds[i], F_DUPFD_CLOEXEC, 3);
 
@@ -350,10 +358,19 @@ int varlink_conn_send(VarlinkConn *c, json_object *msg, const int *fds, size_t n
         list_link_tail(&c->out, &o->link);
         c->out_pending += o->len;
         return 0;
+}
 
-nomem:
-        out_buf_free(o);
-        return -ENOMEM;
+/* A sent OutBuf: kept as the connection's spare when it has none and the buffer is small, else freed. */
+static void out_buf_done(VarlinkConn *c, OutBuf *o) {
+        if (c->out_spare || o->alloc > OUTPUT_SPARE_MAX) {
+                out_buf_free(o);
+                return;
+        }
+        list_unlink(&o->link);
+        free(o->fds);           /* its fds went with the first byte */
+        o->fds = NULL;
+        o->len = o->sent = 0;
+        c->out_spare = o;
 }
 
 int varlink_conn_flush(VarlinkConn *c) {
@@ -373,7 +390,7 @@ int varlink_conn_flush(VarlinkConn *c) {
                 o->sent += (size_t)n;
                 c->out_pending -= (size_t)n;
                 if (o->sent == o->len)
-                        out_buf_free(o);
+                        out_buf_done(c, o);
         }
         return 0;
 }
