@@ -742,7 +742,6 @@ static void print_layout(const Row *row) {
 }
 
 int main(int argc, char *argv[]) {
-        _cleanup_free_ char *message = NULL;
         unsigned reps = argc > 1 ? (unsigned)strtoul(argv[1], NULL, 10) : 20;
         unsigned reclaim_reps = MIN(reps, (unsigned)RECLAIM_REPS);
         Row rows[ELEMENTSOF(SIZES)] = {};
