@@ -55,7 +55,8 @@ step "pool benchmark, real driver"
 export VMMBROKER_DAEMON="$PWD/$build/daemon/vmmbrokerd" VMMCTL="$PWD/$build/client/vmmctl"
 for t in tests/integration/test-daemon tests/integration/test-share tests/integration/test-vmmctl \
          tests/integration/test-limits tests/integration/test-fairness tests/integration/test-tenant \
-         tests/integration/test-wait tests/integration/test-reclaim tests/client/test-client tests/client/test-client-reclaim; do
+         tests/integration/test-wait tests/integration/test-reclaim tests/integration/test-keep tests/client/test-client \
+         tests/client/test-client-reclaim tests/client/test-keep; do
         [ -x "$build/$t" ] || continue
         step "$t against the real driver (the daemon and its clients on the GPU)"
         "$build/$t" >"$out/$(basename "$t").log" 2>&1 || failed
