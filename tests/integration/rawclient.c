@@ -81,6 +81,35 @@ int reply_read(VarlinkConn *c, Reply *ret, bool *ret_continues) {
         return ret->params ? 0 : -ENOMEM;
 }
 
+int reclaim_request_read(VarlinkConn *c, ReclaimRequest *ret) {
+        bool continues = false;
+        Reply r;
+        int k;
+
+        *ret = (ReclaimRequest){};
+        k = reply_read(c, &r, &continues);
+        if (k < 0)
+                return k;
+        if (r.error || !continues || r.n_fds > 0)
+                k = r.error ? -EREMOTEIO : -EPROTO;
+        else
+                k = reclaim_request_decode(r.params, ret, NULL);
+        reply_done(&r);
+        return k;
+}
+
+int watch_reclaim(VarlinkConn *c) {
+        ReclaimRequest q;
+        int k = call_send(c, VMMB_METHOD_WATCH_RECLAIM, NULL, true);
+
+        if (k >= 0)
+                k = reclaim_request_read(c, &q);
+        if (k >= 0 && q.id)
+                k = -EPROTO;            /* the first reply says the watch is on, and asks for nothing */
+        reclaim_request_done(&q);
+        return k;
+}
+
 int call(VarlinkConn *c, const char *method, json_object *params, Reply *ret) {
         int k = call_send(c, method, params, false);
 

@@ -80,6 +80,13 @@ int call_send(VarlinkConn *c, const char *method, json_object *params, bool more
  * "continues". Returns 0, -ECONNRESET when the daemon closed the connection, or a negative errno. */
 int reply_read(VarlinkConn *c, Reply *ret, bool *ret_continues);
 
+/* Reads the next reply of a watch (WatchReclaim) into *ret: 0, -EREMOTEIO for an error reply, -EPROTO for one
+ * that is not a request, or a negative errno. *ret is a request's (its id set) or the first reply's (no id). */
+int reclaim_request_read(VarlinkConn *c, ReclaimRequest *ret);
+
+/* Calls WatchReclaim ("more") on `c` and reads its first reply: 0 once the watch is on, or a negative errno. */
+int watch_reclaim(VarlinkConn *c);
+
 /* Sends an Alloc of `size` on any device that may wait `wait_usec` for room, without reading its reply. */
 int alloc_wait_send(VarlinkConn *c, uint64_t size, uint64_t wait_usec);
 

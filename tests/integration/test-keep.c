@@ -56,30 +56,17 @@ static Connector connector_start(uid_t uid, unsigned n, VarlinkConn **ret) {
 
 /* WatchReclaim on `c`, and its first reply: the watch is on. */
 static void watch(VarlinkConn *c) {
-        bool continues = false;
-        Reply r;
-
-        ck_assert_int_eq(call_send(c, VMMB_METHOD_WATCH_RECLAIM, NULL, true), 0);
-        ck_assert_int_eq(reply_read(c, &r, &continues), 0);
-        ck_assert_msg(!r.error, "%s", r.error);
-        ck_assert(continues);
-        reply_done(&r);
+        ck_assert_int_eq(watch_reclaim(c), 0);
 }
 
 /* Reads the next reclaim request on a watch; checks it asks for lease `id`. */
 static void read_request(VarlinkConn *c, const char *id) {
-        ReclaimRequest q = {};
-        bool continues = false;
-        Reply r;
+        ReclaimRequest q;
 
-        ck_assert_int_eq(reply_read(c, &r, &continues), 0);
-        ck_assert_msg(!r.error, "%s", r.error);
-        ck_assert(continues);
-        ck_assert_int_eq(reclaim_request_decode(r.params, &q, NULL), 0);
+        ck_assert_int_eq(reclaim_request_read(c, &q), 0);
         ck_assert_ptr_nonnull(q.id);
         ck_assert_str_eq(q.id, id);
         reclaim_request_done(&q);
-        reply_done(&r);
 }
 
 /* Free(id, keep: true): the error name it got (NULL on success, a static string) and `kept`. */

@@ -74,33 +74,14 @@ static void connector_finish(Connector *x) {
 
 /* WatchReclaim on `c`, and its first reply: the watch is on. */
 static void watch(VarlinkConn *c) {
-        _cleanup_(json_object_putp) json_object *msg = NULL;
-        ReclaimRequest q = {};
-        bool continues = false;
-        Reply r;
-
-        ck_assert_int_eq(varlink_call_new(VMMB_METHOD_WATCH_RECLAIM, NULL, false, true, &msg), 0);
-        ck_assert_int_eq(varlink_conn_send(c, msg, NULL, 0), 0);
-        ck_assert_int_eq(varlink_conn_flush(c), 0);
-        ck_assert_int_eq(reply_read(c, &r, &continues), 0);
-        ck_assert_msg(!r.error, "%s", r.error);
-        ck_assert(continues);
-        ck_assert_int_eq(reclaim_request_decode(r.params, &q, NULL), 0);
-        ck_assert_ptr_null(q.id);
-        reclaim_request_done(&q);
-        reply_done(&r);
+        ck_assert_int_eq(watch_reclaim(c), 0);
 }
 
 /* Reads the next reclaim request on a watch: its lease id into id[]. */
 static void read_request(VarlinkConn *c, char *id, int64_t *ret_timeout) {
-        ReclaimRequest q = {};
-        bool continues = false;
-        Reply r;
+        ReclaimRequest q;
 
-        ck_assert_int_eq(reply_read(c, &r, &continues), 0);
-        ck_assert_msg(!r.error, "%s", r.error);
-        ck_assert(continues);
-        ck_assert_int_eq(reclaim_request_decode(r.params, &q, NULL), 0);
+        ck_assert_int_eq(reclaim_request_read(c, &q), 0);
         ck_assert_ptr_nonnull(q.id);
         ck_assert_int_eq(q.size, UNIT);
         ck_assert_int_eq(q.device, 0);
@@ -108,7 +89,6 @@ static void read_request(VarlinkConn *c, char *id, int64_t *ret_timeout) {
         if (ret_timeout)
                 *ret_timeout = q.timeout_usec;
         reclaim_request_done(&q);
-        reply_done(&r);
 }
 
 /* SetReclaimable; the error it got, or NULL (a static string). */
