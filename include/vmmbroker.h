@@ -128,7 +128,9 @@ int vmmb_connect(const char *socket_path, vmmb_client **ret);
  * broker was not told of end when the process exits. The leases kept through
  * the client (vmmb_free_keep()) are given back as by vmmb_give_back_kept().
  * Must be the last call on the client: no other thread may be using it or
- * its leases. Leaves vmmb_error_message() as it was.
+ * its leases, and it must not be called from a reclaim callback of one of
+ * them (vmmb_lease_set_reclaimable()): the library waits for that callback
+ * before it lets the client go. Leaves vmmb_error_message() as it was.
  */
 void vmmb_close(vmmb_client *client);
 
