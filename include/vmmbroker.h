@@ -155,6 +155,9 @@ void vmmb_close(vmmb_client *client);
  * room (-ENOMEM) or a limit of the user (-EDQUOT) while the process keeps
  * leases, which are still leased and charged to the user, the library gives
  * them all back (vmmb_give_back_kept(), for every client) and asks once more.
+ * When the device has no room but other processes keep leases there, the
+ * broker asks them back and the call waits for them, at most the broker's
+ * ReclaimTimeout= (5 s by default), before it fails with -ENOMEM.
  *
  * Return: 0, or a negative errno: -ENOMEM when the device has no room,
  * -ENODEV for a device the broker does not serve, -EINVAL for a bad
