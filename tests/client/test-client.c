@@ -18,7 +18,6 @@
 #include <check.h>
 #include <ctype.h>
 #include <errno.h>
-#include <grp.h>
 #include <pthread.h>
 #include <pwd.h>
 #include <signal.h>
@@ -31,6 +30,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "checked.h"
+#include "clienttest.h"
 #include "codec.h"
 #include "driver.h"
 #include "harness.h"
@@ -40,86 +41,26 @@
 #include "vmmbroker.h"
 #include "unit.h"
 
-#define MiB (UINT64_C(1) << 20)
-#define NOBODY 65534
-
 static Harness h;
 static bool daemon_killed;
-static CudaDriver *cu;
-static CUcontext ctx;
 
 static void setup(void) {
-        _cleanup_free_ char *message = NULL;
-        int k;
-
         /* a 64 MiB maximum slab: 66 MiB leases are two slabs, and the tests cross a slab boundary */
-        k = harness_start(&h, (const char *const[]){ "--max-slab", "64M", NULL });
-        ck_assert_msg(k == 0, "harness_start: %s (is VMMBROKER_DAEMON set?)", strerror(-k));
-        k = cuda_driver_open(&cu, NULL, &message);
-        ck_assert_msg(k == 0, "cuda_driver_open: %s", message);
-        ck_assert_int_eq(cu->cuDevicePrimaryCtxRetain(&ctx, 0), CUDA_SUCCESS);
-        ck_assert_int_eq(cu->cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+        harness_start_or_fail(&h, NULL, (const char *const[]){ "--max-slab", "64M", NULL });
+        driver_open_or_fail();
 }
 
 static void teardown(void) {
         int status;
 
-        if (cu) {
-                (void)cu->cuCtxSetCurrent(NULL);
-                (void)cu->cuDevicePrimaryCtxRelease(0);
-                cu = cuda_driver_close(cu);
-        }
+        driver_close();
         status = harness_stop(&h);
         if (!daemon_killed)
                 ck_assert_msg(status == 0, "vmmbrokerd exited with %d", status);
 }
 
-/* Device 0's (leased bytes, leases) from the daemon's Status, over a raw varlink connection. */
-static void daemon_status(uint64_t *ret_leased, uint64_t *ret_leases) {
-        WireDevice d;
-        int k = harness_status(h.socket, &d);
-
-        ck_assert_msg(k == 0, "Status failed: %s", strerror(-k));
-        *ret_leased = d.leased;
-        *ret_leases = d.leases;
-}
-
-static vmmb_client *connect_or_fail(void) {
-        vmmb_client *c = NULL;
-        int k;
-
-        k = vmmb_connect(h.socket, &c);
-        ck_assert_msg(k == 0, "vmmb_connect: %s: %s", strerror(-k), vmmb_error_message());
-        ck_assert_ptr_nonnull(c);
-        return c;
-}
-
-static vmmb_lease *alloc_or_fail(vmmb_client *c, uint64_t size, int device, const char *label) {
-        vmmb_lease *l = NULL;
-        int k;
-
-        k = vmmb_alloc(c, size, device, label, &l);
-        ck_assert_msg(k == 0, "vmmb_alloc(%llu): %s: %s", (unsigned long long)size, strerror(-k),
-                      vmmb_error_message());
-        ck_assert_ptr_nonnull(l);
-        return l;
-}
-
-/* Whether every 32-bit word of the lease reads `value`. */
-static bool lease_reads(vmmb_lease *l, uint32_t value) {
-        size_t n = vmmb_lease_size(l) / sizeof(uint32_t);
-        _cleanup_free_ uint32_t *buf = malloc(n * sizeof(uint32_t));
-
-        ck_assert_ptr_nonnull(buf);
-        ck_assert_int_eq(cu->cuMemcpyDtoH(buf, vmmb_lease_ptr(l), n * sizeof(uint32_t)), CUDA_SUCCESS);
-        for (size_t i = 0; i < n; i++)
-                if (buf[i] != value)
-                        return false;
-        return true;
-}
-
 START_TEST(test_alloc_write_read) {
-        vmmb_client *c = connect_or_fail();
+        vmmb_client *c = connect_or_fail(h.socket);
         vmmb_lease *l = alloc_or_fail(c, 66 * MiB, VMMB_ANY_DEVICE, "test-client");
         const size_t n = 66 * MiB / sizeof(uint32_t);
         _cleanup_free_ uint32_t *pattern = malloc(n * sizeof(uint32_t));
@@ -196,9 +137,9 @@ static void *thread_work(void *arg) {
 }
 
 START_TEST(test_threads) {
-        vmmb_client *c = connect_or_fail();
+        vmmb_client *c = connect_or_fail(h.socket);
         pthread_t threads[N_THREADS];
-        uint64_t leased, leases;
+        WireDevice d;
 
         for (size_t i = 0; i < N_THREADS; i++)
                 ck_assert_int_eq(pthread_create(&threads[i], NULL, thread_work, c), 0);
@@ -208,15 +149,15 @@ START_TEST(test_threads) {
                 ck_assert_int_eq(pthread_join(threads[i], &failure), 0);
                 ck_assert_msg(!failure, "thread %zu: %s", i, (const char *)failure);
         }
-        daemon_status(&leased, &leases);
-        ck_assert_uint_eq(leased, 0);
-        ck_assert_uint_eq(leases, 0);
+        d = daemon_device(h.socket);
+        ck_assert_uint_eq(d.leased, 0);
+        ck_assert_uint_eq(d.leases, 0);
         vmmb_close(c);
 }
 END_TEST
 
 START_TEST(test_errors) {
-        vmmb_client *c = connect_or_fail();
+        vmmb_client *c = connect_or_fail(h.socket);
         vmmb_lease *l = NULL;
 
         ck_assert_int_eq(vmmb_alloc(c, 2 * MiB, 7, NULL, &l), -ENODEV);
@@ -263,7 +204,7 @@ static void *thread_error_message(void *arg) {
 
 START_TEST(test_error_message_per_thread) {
         /* A new thread has no message; another thread's failure does not show in it. */
-        vmmb_client *c = connect_or_fail();
+        vmmb_client *c = connect_or_fail(h.socket);
         vmmb_lease *l = NULL;
         pthread_t t;
         void *out;
@@ -328,20 +269,20 @@ END_TEST
 
 START_TEST(test_close_frees_leases) {
         int fds_before = harness_fd_count(getpid());
-        vmmb_client *c = connect_or_fail();
-        uint64_t leased, leases;
+        vmmb_client *c = connect_or_fail(h.socket);
+        WireDevice d;
 
         (void)alloc_or_fail(c, 2 * MiB, 0, "a");
         (void)alloc_or_fail(c, 4 * MiB, 0, "b");
         (void)alloc_or_fail(c, 66 * MiB, 0, "c");
-        daemon_status(&leased, &leases);
-        ck_assert_uint_eq(leased, 72 * MiB);
-        ck_assert_uint_eq(leases, 3);
+        d = daemon_device(h.socket);
+        ck_assert_uint_eq(d.leased, 72 * MiB);
+        ck_assert_uint_eq(d.leases, 3);
 
         vmmb_close(c);
-        daemon_status(&leased, &leases);
-        ck_assert_uint_eq(leased, 0);
-        ck_assert_uint_eq(leases, 0);
+        d = daemon_device(h.socket);
+        ck_assert_uint_eq(d.leased, 0);
+        ck_assert_uint_eq(d.leases, 0);
         ck_assert_int_eq(harness_fd_count(getpid()), fds_before);
 }
 END_TEST
@@ -353,7 +294,7 @@ START_TEST(test_daemon_killed) {
         vmmb_lease *l, *l2, *l3 = NULL;
 
         ck_assert_int_eq(setenv("VMMBROKER_RECONNECT_TIMEOUT", "0", 1), 0);
-        c = connect_or_fail();
+        c = connect_or_fail(h.socket);
         l = alloc_or_fail(c, 4 * MiB, 0, NULL);
         l2 = alloc_or_fail(c, 2 * MiB, 0, NULL);
         ck_assert_int_eq(kill(h.pid, SIGKILL), 0);
@@ -382,54 +323,6 @@ START_TEST(test_daemon_killed) {
 END_TEST
 
 /* ---- sharing ------------------------------------------------------------------------------------------ */
-
-/* In a forked child: reports and returns 1, never asserts (check's assertions belong to the test process). */
-#define CHILD_CHECK(cond, ...)                                                                          \
-        do {                                                                                            \
-                if (!(cond)) {                                                                          \
-                        fprintf(stderr, "child %d: %s:%d: ", (int)getpid(), __FILE__, __LINE__);        \
-                        fprintf(stderr, __VA_ARGS__);                                                   \
-                        fprintf(stderr, " (%s)\n", vmmb_error_message());                               \
-                        return 1;                                                                       \
-                }                                                                                       \
-        } while (0)
-
-/* Whether forked children can use the driver this process opened: only the simulated device's. */
-static bool skip_fork_on_real_driver(const char *test) {
-        const char *lib = getenv("VMMBROKER_LIBCUDA");
-
-        if (lib && strstr(lib, "simcuda"))
-                return false;
-        fprintf(stderr, "%s: not run: it forks after loading the driver, which only the simulated device "
-                "survives\n", test);
-        return true;
-}
-
-/* Runs fn(arg) in a forked child and asserts that it succeeded. */
-static void run_child(int (*fn)(void *arg), void *arg) {
-        pid_t pid = harness_fork(fn, arg);
-
-        ck_assert_int_gt(pid, 0);
-        ck_assert_msg(harness_wait(pid) == 0, "the child failed (see its stderr)");
-}
-
-/* Whether every word of `size` bytes at `ptr` reads `value`; for children too. */
-static bool words_are(uint64_t ptr, uint64_t size, uint32_t value) {
-        size_t n = size / sizeof(uint32_t);
-        _cleanup_free_ uint32_t *buf = malloc(n * sizeof(uint32_t));
-
-        if (!buf || cu->cuMemcpyDtoH(buf, ptr, n * sizeof(uint32_t)) != CUDA_SUCCESS)
-                return false;
-        for (size_t i = 0; i < n; i++)
-                if (buf[i] != value)
-                        return false;
-        return true;
-}
-
-static void fill(vmmb_lease *l, uint32_t value) {
-        ck_assert_int_eq(cu->cuMemsetD32(vmmb_lease_ptr(l), value, vmmb_lease_size(l) / 4), CUDA_SUCCESS);
-        ck_assert_int_eq(cu->cuCtxSynchronize(), CUDA_SUCCESS);
-}
 
 static void share_or_fail(vmmb_lease *l, uid_t uid, unsigned flags, char token[VMMB_TOKEN_SIZE]) {
         int k;
@@ -467,25 +360,6 @@ typedef struct AttachArgs {
         bool as_nobody;                 /* drop to uid/gid 65534 first */
         int error;                      /* what the attach must return instead, or 0 */
 } AttachArgs;
-
-static int drop_to_nobody(void) {
-        CHILD_CHECK(setgroups(0, NULL) == 0 && setgid(NOBODY) == 0 && setuid(NOBODY) == 0,
-                    "cannot drop privileges: %m");
-        CHILD_CHECK(getuid() == NOBODY && geteuid() == NOBODY, "still uid %d", (int)geteuid());
-        return 0;
-}
-
-/* A child's start: drops to nobody when asked, makes the parent's context current, connects. 0, or 1 (said). */
-static int child_open(const char *socket, bool as_nobody, vmmb_client **ret) {
-        int k;
-
-        if (as_nobody && drop_to_nobody() != 0)
-                return 1;
-        CHILD_CHECK(cu->cuCtxSetCurrent(ctx) == CUDA_SUCCESS, "cuCtxSetCurrent");
-        k = vmmb_connect(socket, ret);
-        CHILD_CHECK(k == 0, "vmmb_connect: %s", strerror(-k));
-        return 0;
-}
 
 /*
  * A second process: attaches, checks the lease against the args, reads it,
@@ -552,23 +426,15 @@ static int child_attach(void *arg) {
         return 0;
 }
 
-/* The leases the broker holds, over all holders. */
-static uint64_t daemon_leases(void) {
-        uint64_t leased, leases;
-
-        daemon_status(&leased, &leases);
-        return leases;
-}
-
 /* The end of a test that holds one lease: frees it, and the broker holds nothing; closes the client. */
 static void free_last_and_close(vmmb_client *c, vmmb_lease *l) {
         ck_assert_int_eq(vmmb_free(l), 0);
-        ck_assert_uint_eq(daemon_leases(), 0);
+        ck_assert_uint_eq(daemon_leases(h.socket), 0);
         vmmb_close(c);
 }
 
 START_TEST(test_share_attach) {
-        vmmb_client *c = connect_or_fail();
+        vmmb_client *c = connect_or_fail(h.socket);
         vmmb_lease *l = alloc_or_fail(c, 66 * MiB, VMMB_ANY_DEVICE, "shared");
         int fds_before = harness_fd_count(getpid());
         char token[VMMB_TOKEN_SIZE];
@@ -586,7 +452,7 @@ START_TEST(test_share_attach) {
         run_child(child_attach, &a);
         ck_assert(lease_reads(l, 0xB0B0CAFE));
         /* Its holds ended with it (free and close); the lease stays this process's. */
-        ck_assert_uint_eq(daemon_leases(), 1);
+        ck_assert_uint_eq(daemon_leases(h.socket), 1);
 
         /* A token can be used again, and a token for the caller's uid works as well. */
         share_or_fail(l, getuid(), 0, token);
@@ -601,10 +467,10 @@ START_TEST(test_share_attach) {
 END_TEST
 
 START_TEST(test_attach_outlives_maker) {
-        vmmb_client *c = connect_or_fail();
+        vmmb_client *c = connect_or_fail(h.socket);
         vmmb_lease *l = alloc_or_fail(c, 4 * MiB, 0, NULL), *l2, *l3;
         char token[VMMB_TOKEN_SIZE];
-        uint64_t leased, leases;
+        WireDevice d;
 
         fill(l, 0x5EED5EED);
         share_or_fail(l, VMMB_ANY_UID, 0, token);
@@ -619,9 +485,9 @@ START_TEST(test_attach_outlives_maker) {
 
         /* Freeing the lease it was made as leaves the attached one. */
         ck_assert_int_eq(vmmb_free(l), 0);
-        daemon_status(&leased, &leases);
-        ck_assert_uint_eq(leases, 1);
-        ck_assert_uint_eq(leased, 4 * MiB);
+        d = daemon_device(h.socket);
+        ck_assert_uint_eq(d.leases, 1);
+        ck_assert_uint_eq(d.leased, 4 * MiB);
         ck_assert(lease_reads(l2, 0x5EED5EED));
         fill(l2, 0xFEEDF00D);
 
@@ -633,19 +499,19 @@ START_TEST(test_attach_outlives_maker) {
         ck_assert_int_eq(vmmb_free(l3), 0);
 
         /* The last hold ended the lease and its tokens; the memory comes back zeroed. */
-        ck_assert_uint_eq(daemon_leases(), 0);
+        ck_assert_uint_eq(daemon_leases(h.socket), 0);
         l3 = NULL;
         ck_assert_int_eq(vmmb_attach(c, token, 0, &l3), -ENOKEY);
         ck_assert_ptr_null(l3);
         l = alloc_or_fail(c, 4 * MiB, 0, NULL);
         ck_assert(lease_reads(l, 0));
         vmmb_close(c);
-        ck_assert_uint_eq(daemon_leases(), 0);
+        ck_assert_uint_eq(daemon_leases(h.socket), 0);
 }
 END_TEST
 
 START_TEST(test_attach_readonly) {
-        vmmb_client *c = connect_or_fail();
+        vmmb_client *c = connect_or_fail(h.socket);
         vmmb_lease *l = alloc_or_fail(c, 66 * MiB, 0, "ro"), *l2;
         char ro[VMMB_TOKEN_SIZE], rw[VMMB_TOKEN_SIZE];
         uint32_t word = 1;
@@ -679,7 +545,7 @@ START_TEST(test_attach_readonly) {
         ck_assert_int_eq(vmmb_free(l2), 0);
 
         ck_assert_int_eq(vmmb_free(l), 0);
-        ck_assert_uint_eq(daemon_leases(), 0);
+        ck_assert_uint_eq(daemon_leases(h.socket), 0);
         vmmb_close(c);
 }
 END_TEST
@@ -716,7 +582,7 @@ static const char *my_user_name(void) {
 }
 
 START_TEST(test_publish) {
-        vmmb_client *c = connect_or_fail();
+        vmmb_client *c = connect_or_fail(h.socket);
         vmmb_lease *l = alloc_or_fail(c, 4 * MiB, 0, "published"), *l2, *other, *none = NULL;
         const char *name = "test.weights-1.0:a@b+c_d";
         char ref[256];
@@ -743,7 +609,7 @@ START_TEST(test_publish) {
 
         /* Published, it outlives every holder. */
         ck_assert_int_eq(vmmb_free(l), 0);
-        ck_assert_uint_eq(daemon_leases(), 1);
+        ck_assert_uint_eq(daemon_leases(h.socket), 1);
         l = attach_or_fail(c, NULL, name, 0);
         ck_assert_int_eq(vmmb_lease_readonly(l), 0);
         ck_assert_uint_eq(vmmb_lease_size(l), 4 * MiB);
@@ -786,26 +652,26 @@ START_TEST(test_publish) {
         ck_assert_msg(strstr(vmmb_error_message(), name), "message: %s", vmmb_error_message());
         ck_assert_int_eq(vmmb_attach_name(c, name, 0, &none), -ENOENT);
         ck_assert_ptr_null(none);
-        ck_assert_uint_eq(daemon_leases(), 1);
+        ck_assert_uint_eq(daemon_leases(h.socket), 1);
         ck_assert(lease_reads(l, 0x9E1B0001));
         ck_assert_int_eq(vmmb_free(l), 0);
-        ck_assert_uint_eq(daemon_leases(), 0);
+        ck_assert_uint_eq(daemon_leases(h.socket), 0);
 
         /* A lease published by a process that exited: attached by the next one, then unpublished. */
         run_child(child_publish, &p);
-        ck_assert_uint_eq(daemon_leases(), 1);
+        ck_assert_uint_eq(daemon_leases(h.socket), 1);
         l2 = attach_or_fail(c, NULL, p.name, 0);
         ck_assert(lease_reads(l2, 0xDA7A0001));
         ck_assert_int_eq(vmmb_free(l2), 0);
-        ck_assert_uint_eq(daemon_leases(), 1);
+        ck_assert_uint_eq(daemon_leases(h.socket), 1);
         ck_assert_int_eq(vmmb_unpublish(c, p.name), 0);
-        ck_assert_uint_eq(daemon_leases(), 0);
+        ck_assert_uint_eq(daemon_leases(h.socket), 0);
         vmmb_close(c);
 }
 END_TEST
 
 START_TEST(test_share_errors) {
-        vmmb_client *c = connect_or_fail();
+        vmmb_client *c = connect_or_fail(h.socket);
         vmmb_lease *l = alloc_or_fail(c, 2 * MiB, 0, NULL), *none = NULL;
         char token[VMMB_TOKEN_SIZE], tokens[64][VMMB_TOKEN_SIZE];
         uid_t other = getuid() == 0 ? NOBODY : getuid() + 1;
@@ -916,7 +782,7 @@ START_TEST(test_share_errors) {
         /* The client is still usable, and nothing leaked. */
         ck_assert_int_eq(vmmb_free(l), 0);
         ck_assert_int_eq(vmmb_attach(c, tokens[0], 0, &none), -ENOKEY);
-        ck_assert_uint_eq(daemon_leases(), 0);
+        ck_assert_uint_eq(daemon_leases(h.socket), 0);
         vmmb_close(c);
 }
 END_TEST
@@ -1022,7 +888,7 @@ static int child_nobody(void *arg) {
 }
 
 START_TEST(test_other_user) {
-        vmmb_client *c = connect_or_fail();
+        vmmb_client *c = connect_or_fail(h.socket);
         vmmb_lease *l = alloc_or_fail(c, 4 * MiB, 0, NULL);
         char any[VMMB_TOKEN_SIZE], nobody[VMMB_TOKEN_SIZE], root[VMMB_TOKEN_SIZE];
         uid_t user = NOBODY;
@@ -1056,12 +922,12 @@ START_TEST(test_other_user) {
         run_child(child_nobody, &a);
 
         /* Root's tokens and names are as they were; nobody's lease ended with its name. */
-        ck_assert_uint_eq(daemon_leases(), 2);
+        ck_assert_uint_eq(daemon_leases(h.socket), 2);
         ck_assert_int_eq(vmmb_revoke(c, root), 0);
         ck_assert_int_eq(vmmb_unpublish(c, "for-root"), 0);
         ck_assert_int_eq(vmmb_unpublish(c, "for-nobody"), 0);
         ck_assert_int_eq(vmmb_free(l), 0);
-        ck_assert_uint_eq(daemon_leases(), 0);
+        ck_assert_uint_eq(daemon_leases(h.socket), 0);
         vmmb_close(c);
 }
 END_TEST
@@ -1107,22 +973,21 @@ static int child_oneway_flood(void *arg) {
 START_TEST(test_free_oneway) {
         vmmb_client *c;
         vmmb_lease *l;
-        uint64_t leased, leases;
+        WireDevice d;
         int k;
 
-        ck_assert_int_eq(harness_stop(&h), 0);
-        k = harness_start_capped(&h, "64M", NULL);
-        ck_assert_msg(k == 0, "harness_start_capped: %s", strerror(-k));
-        c = connect_or_fail();
+        harness_stop_or_fail(&h);
+        harness_start_capped_or_fail(&h, "64M", NULL);
+        c = connect_or_fail(h.socket);
         l = alloc_or_fail(c, 64 * MiB, 0, NULL);
         fill(l, 0x0DDBA11);
         ck_assert_int_eq(vmmb_free_oneway(l), 0);
         ck_assert_int_eq(vmmb_free_oneway(NULL), 0);
         l = alloc_or_fail(c, 64 * MiB, 0, NULL);
         ck_assert(lease_reads(l, 0));
-        daemon_status(&leased, &leases);
-        ck_assert_uint_eq(leases, 1);
-        ck_assert_uint_eq(leased, 64 * MiB);
+        d = daemon_device(h.socket);
+        ck_assert_uint_eq(d.leases, 1);
+        ck_assert_uint_eq(d.leased, 64 * MiB);
 
         if (!skip_fork_on_real_driver(__func__) && geteuid() == 0) {
                 FloodArgs a = { .socket = h.socket, .id = vmmb_lease_id(l) };
@@ -1131,7 +996,7 @@ START_TEST(test_free_oneway) {
                 ck_assert_int_eq(chmod(h.dir, 0711), 0);
                 ck_assert_int_eq(chmod(h.socket, 0666), 0);
                 run_child(child_oneway_flood, &a);
-                ck_assert_uint_eq(daemon_leases(), 1);
+                ck_assert_uint_eq(daemon_leases(h.socket), 1);
                 ck_assert(lease_reads(l, 0x5AFE5AFE));
         }
 
@@ -1139,7 +1004,7 @@ START_TEST(test_free_oneway) {
          * not end a hold, and this process lives on), so a waiting Alloc on a new connection gets the room. */
         ck_assert_int_eq(vmmb_free_oneway(l), 0);
         vmmb_close(c);
-        c = connect_or_fail();
+        c = connect_or_fail(h.socket);
         l = NULL;
         k = vmmb_alloc_wait(c, 64 * MiB, 0, NULL, 30 * 1000000ULL, &l);
         ck_assert_msg(k == 0, "vmmb_alloc_wait: %s: %s", strerror(-k), vmmb_error_message());
@@ -1173,7 +1038,7 @@ static void check_tokens(vmmb_lease *l, const vmmb_token *want, size_t n) {
 }
 
 START_TEST(test_tokens) {
-        vmmb_client *c = connect_or_fail();
+        vmmb_client *c = connect_or_fail(h.socket);
         vmmb_lease *l = alloc_or_fail(c, 2 * MiB, 0, "tokens"), *l2;
         vmmb_token want[3] = {}, *none = NULL;
         size_t n = 99;
@@ -1209,7 +1074,7 @@ START_TEST(test_tokens) {
 
         ck_assert_int_eq(vmmb_free(l2), 0);
         ck_assert_int_eq(vmmb_free(l), 0);
-        ck_assert_uint_eq(daemon_leases(), 0);
+        ck_assert_uint_eq(daemon_leases(h.socket), 0);
         vmmb_close(c);
 }
 END_TEST
@@ -1263,9 +1128,10 @@ static void unpark_or_fail(vmmb_lease *l) {
 }
 
 START_TEST(test_park_unpark) {
-        vmmb_client *c = connect_or_fail();
+        vmmb_client *c = connect_or_fail(h.socket);
         vmmb_lease *l = alloc_or_fail(c, 66 * MiB, 0, "parked");        /* two slabs: 64 MiB and 2 MiB */
-        uint64_t ptr = vmmb_lease_ptr(l), leased, leases;
+        uint64_t ptr = vmmb_lease_ptr(l);
+        WireDevice d;
         int fds_before = harness_fd_count(getpid());
         CUstream stream = NULL;
 
@@ -1276,9 +1142,9 @@ START_TEST(test_park_unpark) {
         ck_assert_int_eq(park_or_fail(l, NULL), 1);
         ck_assert_uint_eq(vmmb_lease_ptr(l), ptr);
         ck_assert_uint_eq(vmmb_lease_size(l), 66 * MiB);
-        daemon_status(&leased, &leases);
-        ck_assert_uint_eq(leased, 0);
-        ck_assert_uint_eq(leases, 1);
+        d = daemon_device(h.socket);
+        ck_assert_uint_eq(d.leased, 0);
+        ck_assert_uint_eq(d.leases, 1);
         ck_assert_int_eq(vmmb_lease_park(l, NULL), -EALREADY);
         ck_assert_str_ne(vmmb_error_message(), "");
 
@@ -1286,8 +1152,8 @@ START_TEST(test_park_unpark) {
         unpark_or_fail(l);
         ck_assert_uint_eq(vmmb_lease_ptr(l), ptr);
         ck_assert(reads_pattern(ptr, 66 * MiB, 0x5EED0001));
-        daemon_status(&leased, &leases);
-        ck_assert_uint_eq(leased, 66 * MiB);
+        d = daemon_device(h.socket);
+        ck_assert_uint_eq(d.leased, 66 * MiB);
         ck_assert_int_eq(vmmb_lease_unpark(l), -EALREADY);
         ck_assert(reads_pattern(ptr, 66 * MiB, 0x5EED0001));
 
@@ -1318,21 +1184,21 @@ START_TEST(test_park_unpark) {
 END_TEST
 
 START_TEST(test_free_parked) {
-        vmmb_client *c = connect_or_fail();
+        vmmb_client *c = connect_or_fail(h.socket);
         vmmb_lease *l = alloc_or_fail(c, 4 * MiB, 0, NULL), *l2 = alloc_or_fail(c, 4 * MiB, 0, NULL);
-        uint64_t leased, leases;
+        WireDevice d;
 
         fill(l, 0x1);
         ck_assert_int_eq(park_or_fail(l, NULL), 1);
         ck_assert_int_eq(park_or_fail(l2, NULL), 1);
         /* Freed while parked: only the reservation was left here; the hold ends with the broker. */
         ck_assert_int_eq(vmmb_free(l), 0);
-        daemon_status(&leased, &leases);
-        ck_assert_uint_eq(leases, 1);
-        ck_assert_uint_eq(leased, 0);
+        d = daemon_device(h.socket);
+        ck_assert_uint_eq(d.leases, 1);
+        ck_assert_uint_eq(d.leased, 0);
         /* and a parked lease left to vmmb_close() is freed the same way */
         vmmb_close(c);
-        ck_assert_uint_eq(daemon_leases(), 0);
+        ck_assert_uint_eq(daemon_leases(h.socket), 0);
 }
 END_TEST
 
@@ -1373,9 +1239,10 @@ static int child_park(void *arg) {
 }
 
 START_TEST(test_park_shared) {
-        vmmb_client *c = connect_or_fail();
+        vmmb_client *c = connect_or_fail(h.socket);
         vmmb_lease *l = alloc_or_fail(c, 66 * MiB, 0, "shared-parked");
-        uint64_t ptr = vmmb_lease_ptr(l), leased, leases;
+        uint64_t ptr = vmmb_lease_ptr(l);
+        WireDevice d;
         int to_child[2], from_child[2];
         char token[VMMB_TOKEN_SIZE], byte = 'p';
         ParkArgs a;
@@ -1395,14 +1262,14 @@ START_TEST(test_park_shared) {
 
         /* Another process maps it: this hold is parked, the content stays on the device for it. */
         ck_assert_int_eq(park_or_fail(l, NULL), 0);
-        daemon_status(&leased, &leases);
-        ck_assert_uint_eq(leased, 66 * MiB);
+        d = daemon_device(h.socket);
+        ck_assert_uint_eq(d.leased, 66 * MiB);
         ck_assert_int_eq(write(to_child[1], &byte, 1), 1);
         ck_assert_msg(harness_wait(pid) == 0, "the child failed (see its stderr)");
         /* It parked too, then freed: the content is in host memory, the device memory in the pool. */
-        daemon_status(&leased, &leases);
-        ck_assert_uint_eq(leased, 0);
-        ck_assert_uint_eq(leases, 1);
+        d = daemon_device(h.socket);
+        ck_assert_uint_eq(d.leased, 0);
+        ck_assert_uint_eq(d.leases, 1);
 
         unpark_or_fail(l);
         ck_assert_uint_eq(vmmb_lease_ptr(l), ptr);
@@ -1445,7 +1312,7 @@ static int child_park_nobody(void *arg) {
 }
 
 START_TEST(test_park_other_user) {
-        vmmb_client *c = connect_or_fail();
+        vmmb_client *c = connect_or_fail(h.socket);
         vmmb_lease *l = alloc_or_fail(c, 4 * MiB, 0, NULL);
         char token[VMMB_TOKEN_SIZE];
         ParkArgs a;

@@ -18,6 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "checked.h"
 #include "harness.h"
 #include "macro.h"
 #include "vmmbroker.h"
@@ -28,16 +29,6 @@
 #define N_UNITS 4
 
 static Harness h;
-
-static void start(void) {
-        int k = harness_start_capped(&h, "8M", NULL);   /* the device's room, not a user's limit, stops a call */
-
-        ck_assert_msg(k == 0, "harness_start: %s", strerror(-k));
-}
-
-static void stop(void) {
-        ck_assert_int_eq(harness_stop(&h), 0);
-}
 
 /* The holder: what it marks and how its callbacks answer. */
 typedef struct HolderArgs {
@@ -126,7 +117,7 @@ static void run(bool refuse_first) {
         char x;
         pid_t pid;
 
-        start();
+        harness_start_capped_or_fail(&h, "8M", NULL);   /* the device's room, not a user's limit, stops a call */
         ck_assert_int_eq(pipe2(report, O_CLOEXEC), 0);
         ck_assert_int_eq(pipe2(go, O_CLOEXEC), 0);
         pid = harness_fork(child_holder, &(HolderArgs){ .socket = h.socket, .report_w = report[1], .go_r = go[0],
@@ -153,7 +144,7 @@ static void run(bool refuse_first) {
         vmmb_free(got[0]);
         vmmb_free(got[1]);
         vmmb_close(c);
-        stop();
+        harness_stop_or_fail(&h);
 }
 
 /* Lowest priority first; the callback gives back; the next waiting call asks the next lease. */

@@ -20,7 +20,6 @@
  */
 
 #include <check.h>
-#include <dlfcn.h>
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
@@ -34,52 +33,33 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clienttest.h"
 #include "codec.h"
 #include "driver.h"
 #include "harness.h"
 #include "macro.h"
 #include "rawclient.h"
-#include "simcuda.h"
 #include "supervisor.h"
 #include "unit.h"
 #include "varlink.h"
 #include "vmmbroker.h"
 
-#define MiB (UINT64_C(1) << 20)
 #define WAIT_MS 30000                   /* failure guard on every wait for the library or the daemon */
 #define READY_MS 60000
 #define LEASE_ID "00112233445566778899aabbccddeeff"     /* the fake broker's lease */
 
 static char dir[64];                    /* private: the fake's socket, the daemon's unused paths */
-static CudaDriver *cu;
-static CUcontext ctx;
-static __typeof__(&simcuda_calls) driver_calls;
 
 static void setup(void) {
-        _cleanup_free_ char *message = NULL;
-        int k;
-
         strcpy(dir, "/tmp/vmmb-reconnect-XXXXXX");
         ck_assert_ptr_nonnull(mkdtemp(dir));
-        k = cuda_driver_open(&cu, NULL, &message);
-        ck_assert_msg(k == 0, "cuda_driver_open: %s", message);
-        ck_assert_int_eq(cu->cuDevicePrimaryCtxRetain(&ctx, 0), CUDA_SUCCESS);
-        ck_assert_int_eq(cu->cuCtxSetCurrent(ctx), CUDA_SUCCESS);
-        {
-                void *lib = dlopen(cu->path, RTLD_NOW | RTLD_NOLOAD);
-
-                driver_calls = lib ? (__typeof__(driver_calls))dlsym(lib, "simcuda_calls") : NULL;
-        }
+        driver_open_or_fail();
 }
 
 static void teardown(void) {
         char path[128];
 
-        if (cu) {
-                (void)cu->cuCtxSetCurrent(NULL);
-                (void)cu->cuDevicePrimaryCtxRelease(0);
-                cu = cuda_driver_close(cu);
-        }
+        driver_close();
         snprintf(path, sizeof(path), "%s/fake", dir);
         (void)unlink(path);
         (void)rmdir(dir);
@@ -116,49 +96,6 @@ static Supervisor *daemon_start(void) {
         ready = supervisor_wait_ready(s, READY_MS);
         ck_assert_msg(ready >= 0, "the daemon did not get ready: %s", strerror((int)-ready));
         return s;
-}
-
-/* Device 0's leases, from the daemon's Status over a connection of the test's own. */
-static uint64_t daemon_leases(Supervisor *s) {
-        WireDevice d;
-        int k = harness_status(supervisor_socket_path(s), &d);
-
-        ck_assert_msg(k == 0, "Status failed: %s", strerror(-k));
-        return d.leases;
-}
-
-/* Whether every 32-bit word of the lease reads `value`. */
-static bool lease_reads(vmmb_lease *l, uint32_t value) {
-        size_t n = vmmb_lease_size(l) / sizeof(uint32_t);
-        _cleanup_free_ uint32_t *buf = malloc(n * sizeof(uint32_t));
-
-        ck_assert_ptr_nonnull(buf);
-        ck_assert_int_eq(cu->cuMemcpyDtoH(buf, vmmb_lease_ptr(l), n * sizeof(uint32_t)), CUDA_SUCCESS);
-        for (size_t i = 0; i < n; i++)
-                if (buf[i] != value)
-                        return false;
-        return true;
-}
-
-static void lease_write(vmmb_lease *l, uint32_t value) {
-        ck_assert_int_eq(cu->cuMemsetD32(vmmb_lease_ptr(l), value, vmmb_lease_size(l) / sizeof(uint32_t)),
-                         CUDA_SUCCESS);
-}
-
-static vmmb_client *connect_or_fail(const char *path) {
-        vmmb_client *c = NULL;
-        int k = vmmb_connect(path, &c);
-
-        ck_assert_msg(k == 0, "vmmb_connect: %s: %s", strerror(-k), vmmb_error_message());
-        return c;
-}
-
-static vmmb_lease *alloc_or_fail(vmmb_client *c, uint64_t size) {
-        vmmb_lease *l = NULL;
-        int k = vmmb_alloc(c, size, 0, "reconnect", &l);
-
-        ck_assert_msg(k == 0, "vmmb_alloc: %s: %s", strerror(-k), vmmb_error_message());
-        return l;
 }
 
 /* ---- a call on a thread of its own --------------------------------------------------------------------- */
@@ -373,7 +310,7 @@ static int client_fds(Supervisor *s) {
                 if (n == last && supervisor_store_count(s) == stored)
                         return n;
                 last = n;
-                (void)daemon_leases(s);
+                (void)daemon_leases(supervisor_socket_path(s));
         }
         return last;
 }
@@ -390,17 +327,17 @@ START_TEST(test_restart) {
         int sig = _i == 0 ? SIGTERM : SIGKILL;
         Supervisor *s = daemon_start();
         vmmb_client *c = connect_or_fail(supervisor_socket_path(s));
-        vmmb_lease *kept = alloc_or_fail(c, 4 * MiB);
+        vmmb_lease *kept = alloc_or_fail(c, 4 * MiB, 0, "reconnect");
         char token[VMMB_TOKEN_SIZE];
         int fds_before;
 
-        lease_write(kept, 0xC0FFEE00);
+        fill(kept, 0xC0FFEE00);
         /* Counted once the driver has done its first work here: a real one opens fds of its own lazily. */
         fds_before = client_fds(s);
-        ck_assert_uint_eq(daemon_leases(s), 1);
+        ck_assert_uint_eq(daemon_leases(supervisor_socket_path(s)), 1);
 
         for (unsigned i = 0; i < 3; i++) {
-                vmmb_lease *l, *oneway = i == 1 ? alloc_or_fail(c, 2 * MiB) : NULL;
+                vmmb_lease *l, *oneway = i == 1 ? alloc_or_fail(c, 2 * MiB, 0, "reconnect") : NULL;
                 int64_t ready = supervisor_restart(s, sig, READY_MS);
 
                 ck_assert_msg(ready >= 0, "restart %u: %s", i, strerror((int)-ready));
@@ -408,22 +345,22 @@ START_TEST(test_restart) {
 
                 /* The mapping outlived the daemon that leased it, and its memory with it. */
                 ck_assert(lease_reads(kept, 0xC0FFEE00 + i));
-                ck_assert_uint_eq(daemon_leases(s), oneway ? 2 : 1);    /* restored */
-                lease_write(kept, 0xC0FFEE00 + i + 1);
+                ck_assert_uint_eq(daemon_leases(supervisor_socket_path(s)), oneway ? 2 : 1); /* restored */
+                fill(kept, 0xC0FFEE00 + i + 1);
                 ck_assert(lease_reads(kept, 0xC0FFEE00 + i + 1));
 
                 /* The connection was lost while idle: the call finds it so when sending, connects again and
                  * sends the call there; a one-way Free too, which the new broker reads before the next call. */
                 if (oneway)
                         ck_assert_int_eq(vmmb_free_oneway(oneway), 0);
-                l = alloc_or_fail(c, 2 * MiB);
+                l = alloc_or_fail(c, 2 * MiB, 0, "reconnect");
                 ck_assert(lease_reads(l, 0));
-                lease_write(l, 0x5EED0000 + i);
+                fill(l, 0x5EED0000 + i);
                 ck_assert(lease_reads(l, 0x5EED0000 + i));
-                ck_assert_uint_eq(daemon_leases(s), 2);
+                ck_assert_uint_eq(daemon_leases(supervisor_socket_path(s)), 2);
                 ck_assert_int_eq(vmmb_share(l, VMMB_ANY_UID, 0, token), 0);
                 ck_assert_int_eq(vmmb_free(l), 0);
-                ck_assert_uint_eq(daemon_leases(s), 1);
+                ck_assert_uint_eq(daemon_leases(supervisor_socket_path(s)), 1);
                 ck_assert(lease_reads(kept, 0xC0FFEE00 + i + 1));
         }
 
@@ -434,7 +371,7 @@ START_TEST(test_restart) {
 
         /* The lease of before is the restored daemon's to end. */
         ck_assert_int_eq(vmmb_free(kept), 0);
-        ck_assert_uint_eq(daemon_leases(s), 0);
+        ck_assert_uint_eq(daemon_leases(supervisor_socket_path(s)), 0);
         vmmb_close(c);
         supervisor_free(s);
 }
@@ -461,7 +398,7 @@ static void lease_reclaim_state(Supervisor *s, const char *id, char *buf, size_t
 START_TEST(test_restart_marks_again) {
         Supervisor *s = daemon_start();
         vmmb_client *c = connect_or_fail(supervisor_socket_path(s));
-        vmmb_lease *l = alloc_or_fail(c, 2 * MiB);
+        vmmb_lease *l = alloc_or_fail(c, 2 * MiB, 0, "reconnect");
         char state[32];
         uint64_t deadline;
         int64_t ready;
@@ -492,10 +429,10 @@ START_TEST(test_call_while_down) {
         Supervisor *s = daemon_start();
         int fds_before = client_fds(s);
         vmmb_client *c = connect_or_fail(supervisor_socket_path(s));
-        vmmb_lease *kept = alloc_or_fail(c, 4 * MiB);
+        vmmb_lease *kept = alloc_or_fail(c, 4 * MiB, 0, "reconnect");
         ClientOp o;
 
-        lease_write(kept, 0xA5A5A5A5);
+        fill(kept, 0xA5A5A5A5);
         ck_assert_int_eq(supervisor_stop(s, SIGKILL), 128 + SIGKILL);
 
         client_op_start(&o, OP_ALLOC, c, NULL);
@@ -506,7 +443,8 @@ START_TEST(test_call_while_down) {
 
         ck_assert_msg(client_op_finish(&o) == 0, "vmmb_alloc: %s", o.message);
         ck_assert(lease_reads(o.lease, 0));
-        ck_assert_uint_eq(daemon_leases(s), 2);         /* the new one, and the one of before, restored */
+        /* the new one, and the one of before, restored */
+        ck_assert_uint_eq(daemon_leases(supervisor_socket_path(s)), 2);
         ck_assert_int_eq(vmmb_free(o.lease), 0);
         ck_assert(lease_reads(kept, 0xA5A5A5A5));
         ck_assert_int_eq(vmmb_free(kept), 0);
@@ -650,7 +588,7 @@ static void fake_lease(FakeLease *f, uint32_t value) {
         fake_reply_alloc(f->vc, &f->handle);
         ck_assert_msg(client_op_finish(&o) == 0, "vmmb_alloc: %s", o.message);
         f->l = o.lease;
-        lease_write(f->l, value);
+        fill(f->l, value);
 }
 
 /* Closes the fake, then the client, which does not wait for it (its lease is left to the process's exit). */
@@ -713,7 +651,7 @@ START_TEST(test_park_failed_maps_again) {
         ck_assert(lease_reads(f.l, 0xBAC0FFEE));
 
         /* Read, then the connection lost: maybe parked; Unpark on the next connection brings it back. */
-        lease_write(f.l, 0xBAC0FFEF);
+        fill(f.l, 0xBAC0FFEF);
         client_op_start(&o, OP_PARK, f.c, f.l);
         fake_read_call(f.vc, VMMB_METHOD_PARK, NULL);
         varlink_conn_free(f.vc);
@@ -816,7 +754,7 @@ START_TEST(test_read_call_is_not_sent_again) {
         ck_assert_msg(client_op_finish(&o) == 0, "vmmb_alloc: %s", o.message);
         l = o.lease;
         ck_assert_str_eq(vmmb_lease_id(l), LEASE_ID);
-        lease_write(l, 0x600DF00D);
+        fill(l, 0x600DF00D);
 
         /* Publish: lost after it was read, sent again on a new connection, the same call. */
         client_op_start(&o, OP_PUBLISH, c, l);
@@ -915,15 +853,15 @@ END_TEST
 
 #define OTHER_ID "ffeeddccbbaa99887766554433221100"     /* another lease of the fake's */
 
-/* How many times the simulated driver's `entry` was called in this process. */
+/* How many times the simulated driver's `entry` was called in this process; fails on a driver that counts nothing. */
 static uint64_t calls(const char *entry) {
-        ck_assert_ptr_nonnull(driver_calls);
+        ck_assert(driver_counts());
         return driver_calls(entry);
 }
 
 /* The keeping tests against the fake count the library's unmaps: on a real driver (the GPU run) there is no
  * count, and they say so and pass. */
-#define COUNTED_DRIVER_ONLY()                                                                                    do {                                                                                                             if (!driver_calls) {                                                                                             fprintf(stderr, "%s: not run: it counts driver calls, which only the simulated "                                  "device does\n", __func__);                                                                      return;                                                                                          }                                                                                                } while (0)
+#define COUNTED_DRIVER_ONLY()                                                                                    do {                                                                                                             if (!driver_counts()) {                                                                                         fprintf(stderr, "%s: not run: it counts driver calls, which only the simulated "                                  "device does\n", __func__);                                                                      return;                                                                                          }                                                                                                } while (0)
 
 /* Reads the next call, which must be a Free of `id`, asking to keep or not, one-way or not. */
 static void fake_read_free(VarlinkConn *vc, const char *id, bool keep, bool oneway) {
@@ -1280,25 +1218,25 @@ END_TEST
 START_TEST(test_keep_across_restart) {
         Supervisor *s = daemon_start();
         vmmb_client *c = connect_or_fail(supervisor_socket_path(s));
-        vmmb_lease *l = alloc_or_fail(c, 4 * MiB);
+        vmmb_lease *l = alloc_or_fail(c, 4 * MiB, 0, "reconnect");
         char id[VMMB_ID_MAX + 1];
         uint64_t ptr = vmmb_lease_ptr(l);
         int64_t ready;
 
         snprintf(id, sizeof(id), "%s", vmmb_lease_id(l));
         for (unsigned i = 0; i < 2; i++) {
-                lease_write(l, 0x4E570000 + i);
+                fill(l, 0x4E570000 + i);
                 ck_assert_msg(vmmb_free_keep(l) == 0, "vmmb_free_keep: %s", vmmb_error_message());
                 ready = supervisor_restart(s, i == 0 ? SIGTERM : SIGKILL, READY_MS);
                 ck_assert_msg(ready >= 0, "restart: %s", strerror((int)-ready));
-                ck_assert_uint_eq(daemon_leases(s), 1);
-                l = alloc_or_fail(c, 4 * MiB);
+                ck_assert_uint_eq(daemon_leases(supervisor_socket_path(s)), 1);
+                l = alloc_or_fail(c, 4 * MiB, 0, "reconnect");
                 ck_assert_str_eq(vmmb_lease_id(l), id);
                 ck_assert_uint_eq(vmmb_lease_ptr(l), ptr);
                 ck_assert(lease_reads(l, 0));
         }
         ck_assert_int_eq(vmmb_free(l), 0);
-        ck_assert_uint_eq(daemon_leases(s), 0);
+        ck_assert_uint_eq(daemon_leases(supervisor_socket_path(s)), 0);
         vmmb_close(c);
         supervisor_free(s);
 }

@@ -15,7 +15,6 @@
  */
 
 #include <check.h>
-#include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -24,39 +23,25 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "checked.h"
+#include "clienttest.h"
 #include "codec.h"
 #include "driver.h"
 #include "harness.h"
 #include "macro.h"
-#include "rawclient.h"
 #include "simcuda.h"
 #include "unit.h"
-#include "varlink.h"
 #include "vmmbroker.h"
 
-#define MiB (UINT64_C(1) << 20)
-
 static Harness h;
-static CudaDriver *cu;
-static CUcontext ctx;
 static __typeof__(&simcuda_hold_streams) hold_streams;
 
 static void start(const char *config) {
-        _cleanup_free_ char *message = NULL;
-        void *lib;
-        int k;
-
-        k = config ? harness_start_config(&h, config, NULL) : harness_start(&h, NULL);
-        ck_assert_msg(k == 0, "harness_start: %s (is VMMBROKER_DAEMON set?)", strerror(-k));
+        harness_start_or_fail(&h, config, NULL);
         ck_assert_int_eq(setenv("VMMBROKER_SOCKET", h.socket, 1), 0);
         ck_assert_int_eq(setenv("VMMBROKER_RECONNECT_TIMEOUT", "0", 1), 0);
-        k = cuda_driver_open(&cu, NULL, &message);
-        ck_assert_msg(k == 0, "cuda_driver_open: %s", message);
-        ck_assert_int_eq(cu->cuDevicePrimaryCtxRetain(&ctx, 0), CUDA_SUCCESS);
-        ck_assert_int_eq(cu->cuCtxSetCurrent(ctx), CUDA_SUCCESS);
-        lib = dlopen(cu->path, RTLD_NOW | RTLD_NOLOAD);
-        ck_assert_ptr_nonnull(lib);
-        hold_streams = (__typeof__(hold_streams))dlsym(lib, "simcuda_hold_streams");
+        driver_open_or_fail();
+        hold_streams = (__typeof__(hold_streams))driver_hook("simcuda_hold_streams");
         ck_assert_ptr_nonnull(hold_streams);
 }
 
@@ -72,39 +57,13 @@ static void setup_limited(void) {
 static void teardown(void) {
         if (hold_streams)
                 hold_streams(0);
-        if (cu) {
-                (void)cu->cuCtxSetCurrent(NULL);
-                (void)cu->cuDevicePrimaryCtxRelease(0);
-                cu = cuda_driver_close(cu);
-        }
-        ck_assert_int_eq(harness_stop(&h), 0);
+        driver_close();
+        harness_stop_or_fail(&h);
 }
 
-/* Whether the daemon lists lease `id` (of this user); *ret_kept (when given) whether it lists it kept. */
-static bool daemon_lists_kept(const char *id, bool *ret_kept) {
-        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
-        _cleanup_free_ char *message = NULL;
-        ListReply lr = {};
-        Reply r = {};
-        bool found = false, kept = false;
-
-        ck_assert_int_eq(harness_conn_open(h.socket, false, &c), 0);
-        ck_assert_int_eq(call(c, VMMB_METHOD_LIST, NULL, &r), 0);
-        ck_assert_int_eq(list_reply_decode(r.params, &lr, &message), 0);
-        for (size_t i = 0; i < lr.n_leases; i++)
-                if (strcmp(lr.leases[i].id, id) == 0) {
-                        found = true;
-                        kept = lr.leases[i].kept;
-                }
-        list_reply_done(&lr);
-        reply_done(&r);
-        if (ret_kept)
-                *ret_kept = kept;
-        return found;
-}
-
+/* Whether the daemon lists lease `id` (of this user). */
 static bool daemon_lists(const char *id) {
-        return daemon_lists_kept(id, NULL);
+        return daemon_list(h.socket, id).found;
 }
 
 /*
@@ -113,33 +72,18 @@ static bool daemon_lists(const char *id) {
  * and a List on another connection may come first. Round trips, not sleeps; the bound is a failure guard.
  */
 static bool daemon_keeps(const char *id) {
-        for (int i = 0; i < 10000; i++) {
-                bool kept = false;
-
-                if (daemon_lists_kept(id, &kept) && kept)
+        for (int i = 0; i < 10000; i++)
+                if (daemon_list(h.socket, id).kept)
                         return true;
-        }
         return false;
 }
 
 /* The number of leases the daemon lists for this user. */
 static size_t daemon_count(void) {
-        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
-        _cleanup_free_ char *message = NULL;
-        ListReply lr = {};
-        Reply r = {};
-        size_t n;
-
-        ck_assert_int_eq(harness_conn_open(h.socket, false, &c), 0);
-        ck_assert_int_eq(call(c, VMMB_METHOD_LIST, NULL, &r), 0);
-        ck_assert_int_eq(list_reply_decode(r.params, &lr, &message), 0);
-        n = lr.n_leases;
-        list_reply_done(&lr);
-        reply_done(&r);
-        return n;
+        return daemon_list(h.socket, NULL).n_leases;
 }
 
-static void *alloc_or_fail(ssize_t size) {
+static void *torch_alloc_or_fail(ssize_t size) {
         void *p = vmmb_torch_alloc(size, 0, NULL);
 
         ck_assert_msg(p, "vmmb_torch_alloc(%zd): %s", size, vmmb_error_message());
@@ -179,7 +123,7 @@ START_TEST(test_alloc_sizes) {
         void *p[ELEMENTSOF(sizes)];
 
         for (size_t i = 0; i < ELEMENTSOF(sizes); i++) {
-                p[i] = alloc_or_fail(sizes[i]);
+                p[i] = torch_alloc_or_fail(sizes[i]);
                 lease_id_or_fail(p[i], ids[i]);
                 ck_assert(daemon_lists(ids[i]));
                 /* leased memory reads zero, and all of it can be written */
@@ -220,7 +164,7 @@ START_TEST(test_alloc_sizes) {
 
         /* the next segment of 66 MiB is the kept one: the same lease at the same address, zeroed */
         {
-                void *again = alloc_or_fail(66 * MiB);
+                void *again = torch_alloc_or_fail(66 * MiB);
                 uint32_t word = 1;
 
                 ck_assert_ptr_eq(again, p[3]);
@@ -246,7 +190,7 @@ START_TEST(test_free_unknown_is_harmless) {
         vmmb_torch_free((void *)0x1234, 100, 0, NULL);
         ck_assert_int_eq(vmmb_torch_release_all(), 0);
 
-        p = alloc_or_fail(2 * MiB);
+        p = torch_alloc_or_fail(2 * MiB);
         lease_id_or_fail(p, id);
         /* an address inside the segment, an unknown one, NULL: none frees anything */
         vmmb_torch_free((char *)p + 4096, 2 * MiB, 0, NULL);
@@ -331,7 +275,7 @@ START_TEST(test_free_with_queued_work) {
         void *p, *other;
 
         ck_assert_int_eq(cu->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-        p = alloc_or_fail((ssize_t)size);
+        p = torch_alloc_or_fail((ssize_t)size);
         lease_id_or_fail(p, id);
 
         hold_streams(1);
@@ -342,7 +286,7 @@ START_TEST(test_free_with_queued_work) {
         ck_assert_int_eq(vmmb_torch_lease_id(p, id, sizeof(id)), -ENOENT);     /* but no longer PyTorch's */
 
         /* an alloc meanwhile looks at the pending free and leaves it */
-        other = alloc_or_fail(2 * MiB);
+        other = torch_alloc_or_fail(2 * MiB);
         lease_id_or_fail(other, other_id);
         ck_assert(daemon_lists(id));
 
@@ -461,7 +405,7 @@ START_TEST(test_release_all) {
 
         ck_assert_int_eq(cu->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
         for (size_t i = 0; i < 3; i++) {
-                p[i] = alloc_or_fail((ssize_t)(4 * MiB));
+                p[i] = torch_alloc_or_fail((ssize_t)(4 * MiB));
                 lease_id_or_fail(p[i], ids[i]);
         }
         /* one freed with work queued (pending), two never freed, one of them with work queued too */
@@ -489,7 +433,7 @@ START_TEST(test_release_all) {
         ck_assert_int_eq(vmmb_torch_release_all(), 0);
 
         /* and the allocator goes on working */
-        p[0] = alloc_or_fail((ssize_t)(2 * MiB));
+        p[0] = torch_alloc_or_fail((ssize_t)(2 * MiB));
         write_read(p[0], 2 * MiB, 9);
         ck_assert_int_eq(vmmb_torch_release_all(), 1);
         ck_assert_int_eq(cu->cuStreamDestroy(s), CUDA_SUCCESS);
@@ -516,7 +460,7 @@ START_TEST(test_alloc_no_broker) {
         ck_assert_ptr_null(vmmb_torch_alloc(2 * MiB, 0, NULL));
         ck_assert_ptr_nonnull(strstr(vmmb_error_message(), "/nonexistent/vmmbroker"));
         ck_assert_int_eq(setenv("VMMBROKER_SOCKET", h.socket, 1), 0);
-        p = alloc_or_fail(2 * MiB);
+        p = torch_alloc_or_fail(2 * MiB);
         vmmb_torch_free(p, 2 * MiB, 0, NULL);
         ck_assert_int_eq(vmmb_torch_release_all(), 0);
         ck_assert_uint_eq(daemon_count(), 0);
@@ -548,7 +492,7 @@ START_TEST(test_alloc_over_limit) {
         ck_assert_msg(strstr(m.text, "limit"), "message: %s", m.text);
         ck_assert_str_ne(vmmb_error_message(), m.text);         /* per thread: not this one's */
 
-        p = alloc_or_fail((ssize_t)(96 * MiB));
+        p = torch_alloc_or_fail((ssize_t)(96 * MiB));
         ck_assert_ptr_null(vmmb_torch_alloc(8 * MiB, 0, NULL));
         ck_assert_msg(strstr(vmmb_error_message(), "limit"), "message: %s", vmmb_error_message());
         vmmb_torch_free(p, (ssize_t)(96 * MiB), 0, NULL);
@@ -559,7 +503,7 @@ START_TEST(test_alloc_over_limit) {
 
                 ck_assert_int_eq(vmmb_torch_lease_id(p, id, sizeof(id)), -ENOENT);
                 ck_assert_uint_eq(daemon_count(), 1);
-                p = alloc_or_fail((ssize_t)(8 * MiB));
+                p = torch_alloc_or_fail((ssize_t)(8 * MiB));
                 lease_id_or_fail(p, id);
                 ck_assert_uint_eq(daemon_count(), 1);
                 ck_assert(daemon_lists(id));
@@ -584,7 +528,7 @@ START_TEST(test_alloc_waits_for_pending_frees) {
         void *p, *q;
 
         ck_assert_int_eq(cu->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-        p = alloc_or_fail((ssize_t)(64 * MiB));
+        p = torch_alloc_or_fail((ssize_t)(64 * MiB));
         lease_id_or_fail(p, id);
         hold_streams(1);
         ck_assert_int_eq(cu->cuMemsetD32Async((CUdeviceptr)(uintptr_t)p, 1, 16 * MiB, s), CUDA_SUCCESS);
@@ -592,7 +536,7 @@ START_TEST(test_alloc_waits_for_pending_frees) {
         ck_assert(daemon_lists(id));
 
         ck_assert_int_eq(pthread_create(&thread, NULL, unhold_later, NULL), 0);
-        q = alloc_or_fail((ssize_t)(64 * MiB));         /* 128M > 100M until the pending free is done */
+        q = torch_alloc_or_fail((ssize_t)(64 * MiB));   /* 128M > 100M until the pending free is done */
         ck_assert_int_eq(pthread_join(thread, NULL), 0);
         ck_assert(!daemon_lists(id));
         ck_assert_int_eq(cu->cuStreamSynchronize(s), CUDA_SUCCESS);
@@ -620,7 +564,7 @@ START_TEST(test_sleep_wake) {
         CUstream s = NULL;
 
         for (size_t i = 0; i < 3; i++) {
-                p[i] = alloc_or_fail(sizes[i]);
+                p[i] = torch_alloc_or_fail(sizes[i]);
                 ck_assert_int_eq(cu->cuMemsetD32((CUdeviceptr)(uintptr_t)p[i], 0xC0DE0000 + (uint32_t)i,
                                                  (size_t)sizes[i] / 4), CUDA_SUCCESS);
         }

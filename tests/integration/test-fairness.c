@@ -46,6 +46,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "checked.h"
 #include "codec.h"
 #include "fdpass.h"
 #include "harness.h"
@@ -69,22 +70,6 @@ typedef enum Attack {
         ATTACK_READ,                    /* A: List, Status pipelined; B: Alloc */
         ATTACK_ALLOC,                   /* A: Alloc, Status pipelined, each lease freed as it comes; B: Alloc, Free */
 } Attack;
-
-/* ---- the connectors: connect as a uid, hand the connections to the test, stay alive ------------------- */
-
-/* Forks a connector (rawclient.h) and takes its `n` connections as VarlinkConns. */
-static Connector connector_start(const char *socket, uid_t uid, unsigned n, VarlinkConn **ret) {
-        Connector x;
-        int k = connector_open(socket, uid, n, &x, ret);
-
-        ck_assert_msg(k == 0, "the connector of uid %u did not pass its connections: %s (see its stderr)",
-                      (unsigned)uid, strerror(-k));
-        return x;
-}
-
-static void connector_finish(Connector *x) {
-        ck_assert_msg(connector_close(x) == 0, "a connector failed (see its stderr)");
-}
 
 /* ---- calls -------------------------------------------------------------------------------------------- */
 

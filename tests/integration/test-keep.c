@@ -21,6 +21,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "checked.h"
 #include "codec.h"
 #include "harness.h"
 #include "json.h"
@@ -34,30 +35,6 @@
 #define UID_OTHER 65533
 
 static Harness h;
-
-static void start(const char *config) {
-        int k = harness_start_capped(&h, "8M", config);
-
-        ck_assert_msg(k == 0, "starting the daemon: %s", strerror(-k));
-}
-
-static void stop(void) {
-        ck_assert_int_eq(harness_stop(&h), 0);
-}
-
-static Connector connector_start(uid_t uid, unsigned n, VarlinkConn **ret) {
-        Connector x;
-        int k = connector_open(h.socket, uid, n, &x, ret);
-
-        ck_assert_msg(k == 0, "the connector of uid %u did not pass its connections: %s (see its stderr)",
-                      (unsigned)uid, strerror(-k));
-        return x;
-}
-
-/* WatchReclaim on `c`, and its first reply: the watch is on. */
-static void watch(VarlinkConn *c) {
-        ck_assert_int_eq(watch_reclaim(c), 0);
-}
 
 /* Reads the next reclaim request on a watch; checks it asks for lease `id`. */
 static void read_request(VarlinkConn *c, const char *id) {
@@ -104,14 +81,14 @@ static bool listed_kept(const char *id, bool *ret_kept) {
 
 /* A's connections: [0] for calls, [1] its watch. Fills the device with A's leases and keeps leases[0]. */
 static Connector keeper_fill(VarlinkConn **a, TestLease *leases) {
-        Connector x = connector_start(getuid(), 2, a);
+        Connector x = connector_start(h.socket, getuid(), 2, a);
         bool kept = false;
 
         for (unsigned i = 0; i < N_UNITS; i++) {
                 ck_assert_int_eq(lease_alloc(a[0], UNIT, &leases[i]), 0);
                 test_lease_close(&leases[i]);
         }
-        watch(a[1]);
+        watch_reclaim_or_fail(a[1]);
         ck_assert_ptr_null(free_keep(a[0], leases[0].id, &kept));
         ck_assert(kept);
         ck_assert(listed_kept(leases[0].id, &kept) && kept);
@@ -141,7 +118,7 @@ static void alloc_send(VarlinkConn *c) {
 static void finish(VarlinkConn **a, Connector *x) {
         for (size_t i = 0; i < 2; i++)
                 varlink_conn_free(a[i]);
-        ck_assert_msg(connector_close(x) == 0, "a connector failed (see its stderr)");
+        connector_finish(x);
 }
 
 /* ---- the tests ------------------------------------------------------------------------------------------ */
@@ -156,9 +133,9 @@ START_TEST(test_keep_asked_for_a_call_that_does_not_wait) {
         TestLease leases[N_UNITS], got;
         Connector x, y;
 
-        start("[Broker]\nReclaimTimeout=30s\n");
+        harness_start_capped_or_fail(&h, "8M", "[Broker]\nReclaimTimeout=30s\n");
         x = keeper_fill(a, leases);
-        y = connector_start(UID_OTHER, 1, o);
+        y = connector_start(h.socket, UID_OTHER, 1, o);
         alloc_send(o[0]);
         read_request(a[1], leases[0].id);
         ck_assert_int_eq(lease_free(a[0], leases[0].id), 0);
@@ -167,9 +144,9 @@ START_TEST(test_keep_asked_for_a_call_that_does_not_wait) {
         ck_assert_str_ne(got.id, leases[0].id);
 
         varlink_conn_free(o[0]);
-        ck_assert_int_eq(connector_close(&y), 0);
+        connector_finish(&y);
         finish(a, &x);
-        stop();
+        harness_stop_or_fail(&h);
 }
 END_TEST
 
@@ -182,7 +159,7 @@ START_TEST(test_keep_not_given_back) {
         Connector x;
         Reply r;
 
-        start("[Broker]\nReclaimTimeout=100ms\n");
+        harness_start_capped_or_fail(&h, "8M", "[Broker]\nReclaimTimeout=100ms\n");
         x = keeper_fill(a, leases);
         ck_assert_int_eq(conn_open(h.socket, &w), 0);
         alloc_send(w);
@@ -196,7 +173,7 @@ START_TEST(test_keep_not_given_back) {
         test_lease_close(&leases[0]);
         ck_assert(listed_kept(leases[0].id, &kept) && !kept);
         finish(a, &x);
-        stop();
+        harness_stop_or_fail(&h);
 }
 END_TEST
 
@@ -207,7 +184,7 @@ START_TEST(test_keep_keeper_killed) {
         _cleanup_(varlink_conn_freep) VarlinkConn *w = NULL;
         Connector x;
 
-        start(NULL);
+        harness_start_capped_or_fail(&h, "8M", NULL);
         x = keeper_fill(a, leases);
         ck_assert_int_eq(conn_open(h.socket, &w), 0);
         alloc_send(w);
@@ -219,7 +196,7 @@ START_TEST(test_keep_keeper_killed) {
         x.hold_w = safe_close(x.hold_w);
         (void)harness_wait(x.pid);
         ck_assert(!listed_kept(leases[0].id, NULL));
-        stop();
+        harness_stop_or_fail(&h);
 }
 END_TEST
 
@@ -238,13 +215,13 @@ START_TEST(test_keep_other_user) {
         Connector x, y;
         Reply r;
 
-        start("[Broker]\nReclaimTimeout=30s\n");
-        x = connector_start(getuid(), 2, a);
+        harness_start_capped_or_fail(&h, "8M", "[Broker]\nReclaimTimeout=30s\n");
+        x = connector_start(h.socket, getuid(), 2, a);
         for (unsigned i = 0; i < N_UNITS; i++) {
                 ck_assert_int_eq(lease_alloc(a[0], UNIT, &leases[i]), 0);
                 test_lease_close(&leases[i]);
         }
-        watch(a[1]);
+        watch_reclaim_or_fail(a[1]);
         snprintf(params, sizeof(params), "{\"id\": \"%s\"}", leases[0].id);
         ck_assert_int_eq(call_text(a[0], VMMB_METHOD_SHARE, params, &r), 0);
         ck_assert_ptr_null(r.error);
@@ -253,7 +230,7 @@ START_TEST(test_keep_other_user) {
         ck_assert_ptr_null(free_keep(a[0], leases[0].id, &kept));
         ck_assert(kept);
 
-        y = connector_start(UID_OTHER, 1, o);
+        y = connector_start(h.socket, UID_OTHER, 1, o);
         ck_assert_str_eq(free_keep(o[0], leases[0].id, &kept), VMMB_ERROR_NO_SUCH_LEASE);
         ck_assert_int_eq(lease_free(o[0], leases[0].id), -EREMOTEIO);
         for (size_t i = 0; i < ELEMENTSOF(methods); i++) {
@@ -282,9 +259,9 @@ START_TEST(test_keep_other_user) {
         ck_assert_str_ne(mine.id, leases[0].id);
 
         varlink_conn_free(o[0]);
-        ck_assert_int_eq(connector_close(&y), 0);
+        connector_finish(&y);
         finish(a, &x);
-        stop();
+        harness_stop_or_fail(&h);
 }
 END_TEST
 
@@ -301,7 +278,7 @@ START_TEST(test_keep_flood_is_charged) {
         Connector y;
         Reply r;
 
-        ck_assert_int_eq(harness_start_capped(&h, "64M", "[Limits]\nMaxLeases=3\n"), 0);
+        harness_start_capped_or_fail(&h, "64M", "[Limits]\nMaxLeases=3\n");
         ck_assert_int_eq(conn_open(h.socket, &c), 0);
         for (unsigned i = 1; i <= 8; i++) {
                 char params[64];
@@ -322,12 +299,12 @@ START_TEST(test_keep_flood_is_charged) {
                 ck_assert(kept);
         }
         ck_assert_uint_eq(made, 3);
-        y = connector_start(UID_OTHER, 1, o);
+        y = connector_start(h.socket, UID_OTHER, 1, o);
         ck_assert_int_eq(lease_alloc(o[0], UNIT, &l), 0);
         test_lease_close(&l);
         varlink_conn_free(o[0]);
-        ck_assert_int_eq(connector_close(&y), 0);
-        stop();
+        connector_finish(&y);
+        harness_stop_or_fail(&h);
 }
 END_TEST
 

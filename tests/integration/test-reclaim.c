@@ -27,6 +27,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "checked.h"
 #include "codec.h"
 #include "fdpass.h"
 #include "harness.h"
@@ -42,40 +43,7 @@
 
 static Harness h;
 
-static void start(const char *config) {
-        int k = harness_start_capped(&h, "8M", config);
-
-        ck_assert_msg(k == 0, "starting the daemon: %s", strerror(-k));
-}
-
-static void stop(void) {
-        ck_assert_int_eq(harness_stop(&h), 0);
-}
-
-/* ---- a holder process: makes connections as `uid`, hands them over, stays alive ------------------------ */
-
-/* Forks a process of `uid` that makes `n` connections and hands them over as VarlinkConns (rawclient.h). */
-static Connector connector_start(uid_t uid, unsigned n, VarlinkConn **ret) {
-        Connector x;
-        int k = connector_open(h.socket, uid, n, &x, ret);
-
-        ck_assert_msg(k == 0, "the connector of uid %u did not pass its connections: %s (see its stderr)",
-                      (unsigned)uid, strerror(-k));
-        return x;
-}
-
-static void connector_finish(Connector *x) {
-        ck_assert_msg(connector_close(x) == 0, "a connector failed (see its stderr)");
-}
-
 /* ---- calls ---------------------------------------------------------------------------------------------- */
-
-
-
-/* WatchReclaim on `c`, and its first reply: the watch is on. */
-static void watch(VarlinkConn *c) {
-        ck_assert_int_eq(watch_reclaim(c), 0);
-}
 
 /* Reads the next reclaim request on a watch: its lease id into id[]. */
 static void read_request(VarlinkConn *c, char *id, int64_t *ret_timeout) {
@@ -121,13 +89,13 @@ static void check_state(const char *id, const char *state) {
 
 /* A's connections: [0] for calls, [1] its watch. Fills the device with A's leases. */
 static Connector holder_fill(VarlinkConn **a, TestLease *leases) {
-        Connector x = connector_start(getuid(), 2, a);
+        Connector x = connector_start(h.socket, getuid(), 2, a);
 
         for (unsigned i = 0; i < N_UNITS; i++) {
                 ck_assert_int_eq(lease_alloc(a[0], UNIT, &leases[i]), 0);
                 test_lease_close(&leases[i]);
         }
-        watch(a[1]);
+        watch_reclaim_or_fail(a[1]);
         return x;
 }
 
@@ -154,7 +122,7 @@ START_TEST(test_reclaim_lowest_priority_first) {
         int64_t timeout = 0;
         Connector x;
 
-        start("[Broker]\nReclaimTimeout=7s\n");
+        harness_start_capped_or_fail(&h, "8M", "[Broker]\nReclaimTimeout=7s\n");
         x = holder_fill(a, leases);
         ck_assert_ptr_null(set_reclaimable(a[0], leases[0].id, 5));
         ck_assert_ptr_null(set_reclaimable(a[0], leases[1].id, 1));
@@ -182,7 +150,7 @@ START_TEST(test_reclaim_lowest_priority_first) {
         for (size_t i = 0; i < 2; i++)
                 varlink_conn_free(a[i]);
         connector_finish(&x);
-        stop();
+        harness_stop_or_fail(&h);
 }
 END_TEST
 
@@ -198,7 +166,7 @@ START_TEST(test_reclaim_unanswered) {
         Connector x;
         Reply r;
 
-        start("[Broker]\nReclaimTimeout=100ms\n");
+        harness_start_capped_or_fail(&h, "8M", "[Broker]\nReclaimTimeout=100ms\n");
         x = holder_fill(a, leases);
         ck_assert_ptr_null(set_reclaimable(a[0], leases[0].id, 0));
         ck_assert_ptr_null(set_reclaimable(a[0], leases[1].id, 1));
@@ -231,7 +199,7 @@ START_TEST(test_reclaim_unanswered) {
         for (size_t i = 0; i < 2; i++)
                 varlink_conn_free(a[i]);
         connector_finish(&x);
-        stop();
+        harness_stop_or_fail(&h);
 }
 END_TEST
 
@@ -243,7 +211,7 @@ START_TEST(test_reclaim_holder_killed) {
         char id[VMMB_ID_MAX + 1];
         Connector x;
 
-        start(NULL);
+        harness_start_capped_or_fail(&h, "8M", NULL);
         x = holder_fill(a, leases);
         ck_assert_ptr_null(set_reclaimable(a[0], leases[2].id, 0));
         ck_assert_int_eq(conn_open(h.socket, &w), 0);
@@ -256,7 +224,7 @@ START_TEST(test_reclaim_holder_killed) {
                 varlink_conn_free(a[i]);
         x.hold_w = safe_close(x.hold_w);
         (void)harness_wait(x.pid);
-        stop();
+        harness_stop_or_fail(&h);
 }
 END_TEST
 
@@ -271,8 +239,8 @@ START_TEST(test_reclaim_not_asked) {
         Connector x;
         Reply r;
 
-        start(NULL);
-        x = connector_start(getuid(), 2, a);            /* A: no watch */
+        harness_start_capped_or_fail(&h, "8M", NULL);
+        x = connector_start(h.socket, getuid(), 2, a);            /* A: no watch */
         for (unsigned i = 0; i < N_UNITS - 1; i++) {
                 ck_assert_int_eq(lease_alloc(a[0], UNIT, &leases[i]), 0);
                 test_lease_close(&leases[i]);
@@ -281,7 +249,7 @@ START_TEST(test_reclaim_not_asked) {
         ck_assert_int_eq(conn_open(h.socket, &nw), 0);
         ck_assert_int_eq(lease_alloc(w, UNIT, &own), 0);        /* the waiting process's own */
         test_lease_close(&own);
-        watch(nw);
+        watch_reclaim_or_fail(nw);
         ck_assert_ptr_null(set_reclaimable(a[0], leases[0].id, 0));
         ck_assert_ptr_null(set_reclaimable(a[0], leases[1].id, 0));
         {
@@ -304,7 +272,7 @@ START_TEST(test_reclaim_not_asked) {
         for (size_t i = 0; i < 2; i++)
                 varlink_conn_free(a[i]);
         connector_finish(&x);
-        stop();
+        harness_stop_or_fail(&h);
 }
 END_TEST
 
@@ -321,7 +289,7 @@ START_TEST(test_reclaim_rules) {
         Connector x;
         Reply r;
 
-        start(NULL);
+        harness_start_capped_or_fail(&h, "8M", NULL);
         ck_assert_int_eq(conn_open(h.socket, &c), 0);
         ck_assert_int_eq(conn_open(h.socket, &c2), 0);
         ck_assert_int_eq(lease_alloc(c, UNIT, &l), 0);
@@ -337,7 +305,7 @@ START_TEST(test_reclaim_rules) {
         reply_done(&r);
 
         /* Another process, of the same user or not, holds nothing: NoSuchLease. */
-        x = connector_start(geteuid() == 0 ? UID_OTHER : getuid(), 2, o);
+        x = connector_start(h.socket, geteuid() == 0 ? UID_OTHER : getuid(), 2, o);
         ck_assert_str_eq(set_reclaimable(o[0], l.id, 0), VMMB_ERROR_NO_SUCH_LEASE);
         if (geteuid() == 0) {
                 /* A holder of another user (it attached with a token): PermissionDenied. */
@@ -364,7 +332,7 @@ START_TEST(test_reclaim_rules) {
         ck_assert_int_eq(call_text(c2, VMMB_METHOD_WATCH_RECLAIM, NULL, &r), 0);
         ck_assert_str_eq(r.error, VMMB_ERROR_INVALID_PARAMETER);
         reply_done(&r);
-        watch(c2);
+        watch_reclaim_or_fail(c2);
         ck_assert_int_eq(varlink_call_new(VMMB_METHOD_WATCH_RECLAIM, NULL, false, true, &msg), 0);
         ck_assert_int_eq(varlink_conn_send(c, msg, NULL, 0), 0);
         ck_assert_int_eq(varlink_conn_flush(c), 0);
@@ -377,7 +345,7 @@ START_TEST(test_reclaim_rules) {
         for (size_t i = 0; i < 2; i++)
                 varlink_conn_free(o[i]);
         connector_finish(&x);
-        stop();
+        harness_stop_or_fail(&h);
 }
 END_TEST
 

@@ -26,6 +26,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "checked.h"
 #include "codec.h"
 #include "fdpass.h"
 #include "harness.h"
@@ -43,16 +44,6 @@
 #define POLL_STEPS 20000                /* bounded polling of Status: each step is a round trip */
 
 static Harness h;
-
-static void start(const char *config) {
-        int k = harness_start_capped(&h, "8M", config);
-
-        ck_assert_msg(k == 0, "starting the daemon: %s", strerror(-k));
-}
-
-static void stop(void) {
-        ck_assert_int_eq(harness_stop(&h), 0);
-}
 
 static WireDevice status(void) {
         WireDevice d;
@@ -116,20 +107,6 @@ static int first_readable(VarlinkConn **conns, size_t n) {
 
 /* ---- other users' connections: a connector process per uid -------------------------------------------- */
 
-/* Forks a process of `uid` that makes `n` connections and hands them over as VarlinkConns (rawclient.h). */
-static Connector connector_start(uid_t uid, unsigned n, VarlinkConn **ret) {
-        Connector x;
-        int k = connector_open(h.socket, uid, n, &x, ret);
-
-        ck_assert_msg(k == 0, "the connector of uid %u did not pass its connections: %s (see its stderr)",
-                      (unsigned)uid, strerror(-k));
-        return x;
-}
-
-static void connector_finish(Connector *x) {
-        ck_assert_msg(connector_close(x) == 0, "a connector failed (see its stderr)");
-}
-
 /* uid's bytes on device 0, as Users (all: true, the test is root) says; 0 when it has nothing charged. */
 static uint64_t user_bytes(uid_t uid) {
         _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
@@ -165,7 +142,7 @@ START_TEST(test_wait_served_when_freed) {
         TestLease filler[N_UNITS], got;
         Reply r;
 
-        start(NULL);
+        harness_start_capped_or_fail(&h, "8M", NULL);
         ck_assert_int_eq(conn_open(h.socket, &f), 0);
         ck_assert_int_eq(conn_open(h.socket, &w), 0);
         fill(f, filler);
@@ -188,7 +165,7 @@ START_TEST(test_wait_served_when_freed) {
 
         /* The connection reads calls again once its waiting call is answered. */
         ck_assert_int_eq(lease_free(w, got.id), 0);
-        stop();
+        harness_stop_or_fail(&h);
 }
 END_TEST
 
@@ -199,7 +176,7 @@ START_TEST(test_wait_expires) {
         const char *message;
         Reply r;
 
-        start(NULL);
+        harness_start_capped_or_fail(&h, "8M", NULL);
         ck_assert_int_eq(conn_open(h.socket, &f), 0);
         ck_assert_int_eq(conn_open(h.socket, &w), 0);
         fill(f, filler);
@@ -212,7 +189,7 @@ START_TEST(test_wait_expires) {
         reply_done(&r);
         ck_assert_int_eq(status().waiters, 0);
         ck_assert_uint_eq(status().leased, N_UNITS * UNIT);
-        stop();
+        harness_stop_or_fail(&h);
 }
 END_TEST
 
@@ -222,7 +199,7 @@ START_TEST(test_wait_never_servable_fails_at_once) {
         TestLease filler[N_UNITS];
         Reply r;
 
-        start("[User:root]\nMaxBytes=12M\n");
+        harness_start_capped_or_fail(&h, "8M", "[User:root]\nMaxBytes=12M\n");
         ck_assert_int_eq(conn_open(h.socket, &f), 0);
         ck_assert_int_eq(conn_open(h.socket, &w), 0);
         fill(f, filler);
@@ -235,7 +212,7 @@ START_TEST(test_wait_never_servable_fails_at_once) {
         ck_assert_str_eq(r.error, VMMB_ERROR_QUOTA_EXCEEDED);
         reply_done(&r);
         ck_assert_int_eq(status().waiters, 0);
-        stop();
+        harness_stop_or_fail(&h);
 }
 END_TEST
 
@@ -245,7 +222,7 @@ START_TEST(test_wait_turned_off) {
         TestLease filler[N_UNITS];
         Reply r;
 
-        start("[Broker]\nMaxAllocWait=0\n");
+        harness_start_capped_or_fail(&h, "8M", "[Broker]\nMaxAllocWait=0\n");
         ck_assert_int_eq(conn_open(h.socket, &f), 0);
         ck_assert_int_eq(conn_open(h.socket, &w), 0);
         fill(f, filler);
@@ -253,7 +230,7 @@ START_TEST(test_wait_turned_off) {
         ck_assert_int_eq(reply_read(w, &r, NULL), 0);
         ck_assert_str_eq(r.error, VMMB_ERROR_OUT_OF_MEMORY);
         reply_done(&r);
-        stop();
+        harness_stop_or_fail(&h);
 }
 END_TEST
 
@@ -262,7 +239,7 @@ START_TEST(test_wait_connection_closed) {
         _cleanup_(varlink_conn_freep) VarlinkConn *f = NULL, *w = NULL;
         TestLease filler[N_UNITS];
 
-        start(NULL);
+        harness_start_capped_or_fail(&h, "8M", NULL);
         ck_assert_int_eq(conn_open(h.socket, &f), 0);
         ck_assert_int_eq(conn_open(h.socket, &w), 0);
         fill(f, filler);
@@ -273,7 +250,7 @@ START_TEST(test_wait_connection_closed) {
         ck_assert_int_eq(lease_free(f, filler[0].id), 0);
         wait_for_leased((N_UNITS - 1) * UNIT);
         ck_assert_uint_eq(status().leases, N_UNITS - 1);
-        stop();
+        harness_stop_or_fail(&h);
 }
 END_TEST
 
@@ -289,10 +266,10 @@ START_TEST(test_wait_process_killed) {
         char byte;
 
         NEEDS_ROOT();
-        start(NULL);
+        harness_start_capped_or_fail(&h, "8M", NULL);
         ck_assert_int_eq(conn_open(h.socket, &f), 0);
         fill(f, filler);
-        a = connector_start(UID_A, 1, w);
+        a = connector_start(h.socket, UID_A, 1, w);
         ck_assert_int_eq(alloc_wait_send(w[0], UNIT, 60 * 1000000), 0);
         wait_for_waiters(1);
         ck_assert_int_eq(kill(a.pid, SIGKILL), 0);
@@ -305,7 +282,7 @@ START_TEST(test_wait_process_killed) {
         ck_assert_int_eq(lease_free(f, filler[0].id), 0);
         wait_for_leased((N_UNITS - 1) * UNIT);
         ck_assert_uint_eq(user_bytes(UID_A), 0);
-        stop();
+        harness_stop_or_fail(&h);
 }
 END_TEST
 
@@ -322,11 +299,11 @@ START_TEST(test_wait_two_users_in_turn) {
         const int expect[N_UNITS] = { 0, 3, 1, 4 };    /* A1, B1, A2, B2 */
 
         NEEDS_ROOT();
-        start(NULL);
+        harness_start_capped_or_fail(&h, "8M", NULL);
         ck_assert_int_eq(conn_open(h.socket, &f), 0);
         fill(f, filler);
-        a = connector_start(UID_A, 3, conns);
-        b = connector_start(UID_B, 3, conns + 3);
+        a = connector_start(h.socket, UID_A, 3, conns);
+        b = connector_start(h.socket, UID_B, 3, conns + 3);
         for (int i = 0; i < 6; i++) {
                 ck_assert_int_eq(alloc_wait_send(conns[i], UNIT, 60 * 1000000), 0);
                 wait_for_waiters(i + 1);                /* queued in this order */
@@ -354,7 +331,7 @@ START_TEST(test_wait_two_users_in_turn) {
         wait_for_leased(0);
         ck_assert_uint_eq(user_bytes(UID_A), 0);
         ck_assert_uint_eq(user_bytes(UID_B), 0);
-        stop();
+        harness_stop_or_fail(&h);
 }
 END_TEST
 
@@ -371,11 +348,11 @@ START_TEST(test_wait_flood_does_not_hold_others) {
         int served;
 
         NEEDS_ROOT();
-        start(NULL);
+        harness_start_capped_or_fail(&h, "8M", NULL);
         ck_assert_int_eq(conn_open(h.socket, &f), 0);
         fill(f, filler);
-        a = connector_start(UID_A, MAX_CONN, conns);
-        b = connector_start(UID_B, 1, conns + MAX_CONN);
+        a = connector_start(h.socket, UID_A, MAX_CONN, conns);
+        b = connector_start(h.socket, UID_B, 1, conns + MAX_CONN);
         for (int i = 0; i <= MAX_CONN; i++)
                 ck_assert_int_eq(alloc_wait_send(conns[i], UNIT, 60 * 1000000), 0);
         wait_for_waiters(MAX_CONN + 1);
@@ -394,7 +371,7 @@ START_TEST(test_wait_flood_does_not_hold_others) {
         connector_finish(&a);
         connector_finish(&b);
         wait_for_leased((N_UNITS - 2) * UNIT);
-        stop();
+        harness_stop_or_fail(&h);
 }
 END_TEST
 
@@ -411,13 +388,13 @@ START_TEST(test_wait_quota_still_applies) {
         Reply r;
 
         NEEDS_ROOT();
-        start("[User:65533]\nMaxBytes=4M\n");
+        harness_start_capped_or_fail(&h, "8M", "[User:65533]\nMaxBytes=4M\n");
         ck_assert_int_eq(conn_open(h.socket, &f), 0);
         for (unsigned i = 0; i < N_UNITS - 1; i++) {
                 ck_assert_int_eq(lease_alloc(f, UNIT, &filler[i]), 0);
                 test_lease_close(&filler[i]);
         }
-        a = connector_start(UID_A, 3, conns);
+        a = connector_start(h.socket, UID_A, 3, conns);
         ck_assert_int_eq(lease_alloc(conns[2], UNIT, &held), 0);        /* A: 2 MiB; the device is full */
         test_lease_close(&held);
         ck_assert_int_eq(alloc_wait_send(conns[0], UNIT, 60 * 1000000), 0);
@@ -439,7 +416,7 @@ START_TEST(test_wait_quota_still_applies) {
         connector_finish(&a);
         wait_for_leased((N_UNITS - 3) * UNIT);
         ck_assert_uint_eq(user_bytes(UID_A), 0);
-        stop();
+        harness_stop_or_fail(&h);
 }
 END_TEST
 
@@ -450,13 +427,13 @@ START_TEST(test_wait_daemon_stops) {
         const char *message;
         Reply r;
 
-        start(NULL);
+        harness_start_capped_or_fail(&h, "8M", NULL);
         ck_assert_int_eq(conn_open(h.socket, &f), 0);
         ck_assert_int_eq(conn_open(h.socket, &w), 0);
         fill(f, filler);
         ck_assert_int_eq(alloc_wait_send(w, UNIT, 60 * 1000000), 0);
         wait_for_waiters(1);
-        stop();
+        harness_stop_or_fail(&h);
         ck_assert_int_eq(reply_read(w, &r, NULL), 0);
         ck_assert_str_eq(r.error, VMMB_ERROR_OUT_OF_MEMORY);
         message = reply_str(&r, "message");
