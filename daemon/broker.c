@@ -90,6 +90,23 @@ static int put_lease(Broker *b, const Lease *l) {
         return b->store ? store_put_lease(b->store, l) : 0;
 }
 
+/*
+ * Stores lease `l` as it will be, kept or not and with `label`, then puts it back as it is: the table
+ * changes only once the change is stored. Adds to the change begun by the caller; returns put_lease()'s.
+ */
+static int put_lease_as(Broker *b, Lease *l, bool kept, char *label) {
+        bool was_kept = l->kept;
+        char *was_label = l->label;
+        int k;
+
+        l->kept = kept;
+        l->label = label;
+        k = put_lease(b, l);
+        l->kept = was_kept;
+        l->label = was_label;
+        return k;
+}
+
 static int put_hold(Broker *b, const Lease *l, const Holder *h, unsigned refs, bool readonly, bool parked) {
         return b->store ? store_put_hold(b->store, l->id, h, refs, readonly, parked) : 0;
 }
@@ -180,7 +197,6 @@ static int kept_end(Broker *b, Lease *l) {
  */
 static int kept_take(Broker *b, Lease *l, const char *label) {
         _cleanup_free_ char *copy = NULL;
-        char *old;
         int k;
 
         if (label) {
@@ -192,15 +208,8 @@ static int kept_take(Broker *b, Lease *l, const char *label) {
                 if (pool_scrub_wait(b->pool, l->slabs[j]) != 0)
                         return kept_end(b, l);
 
-        /* Stored as it will be, then put back: the table changes only once it is stored. */
         change_begin(b);
-        old = l->label;
-        l->label = copy;
-        l->kept = false;
-        k = put_lease(b, l);
-        l->kept = true;
-        l->label = old;
-        k = change_commit(b, k);
+        k = change_commit(b, put_lease_as(b, l, false, copy));
         if (k != 0)
                 return k;
         free(l->label);
@@ -415,14 +424,35 @@ static Hold *caller_hold(const Broker *b, const Caller *c, const char *id) {
         return hold && !hold->lease->kept ? hold : NULL;
 }
 
-/* Whether a Free with keep keeps the lease of `hold` (broker_free()). */
-static bool may_keep(const Caller *c, const Hold *hold) {
+/* Whether the lease of `hold` may be kept for the hold's process (broker_free()). */
+static bool may_keep(const Hold *hold) {
         const Lease *l = hold->lease;
 
         /* Not foreign: a process of another user that held it may still map it (and write into it after the
          * zeroing), which is why a foreign lease's slabs are never reused either. */
-        return hold->refs == 1 && l->n_holds == 1 && !hold->readonly && c->holder->uid == l->uid && !l->name &&
-               !l->parked && !l->kept && !l->foreign && l->reclaim.state != RECLAIM_ASKED;
+        return hold->refs == 1 && l->n_holds == 1 && !hold->readonly && hold->holder->uid == l->uid &&
+               !l->name && !l->parked && !l->kept && !l->foreign && l->reclaim.state != RECLAIM_ASKED;
+}
+
+/* Queues the zeroing in place of every slab of a lease. Returns 0 or BROKER_E_DRIVER. */
+static int lease_zero(Broker *b, Lease *l) {
+        for (size_t j = 0; j < l->n_slabs; j++)
+                if (pool_scrub_leased(b->pool, l->slabs[j]) != 0)
+                        return BROKER_E_DRIVER;
+        return 0;
+}
+
+int broker_keep_restored(Broker *b, Lease *l) {
+        Hold *hold = list_first_entry(&l->holds, Hold, link_lease);
+        int k;
+
+        if (!hold || !may_keep(hold))
+                return BROKER_E_NOT_OWNER;
+        k = lease_zero(b, l);
+        if (k != 0)
+                return k;
+        lease_keep(&b->leases, l);
+        return 0;
 }
 
 /*
@@ -434,14 +464,12 @@ static int lease_keep_stored(Broker *b, Hold *hold) {
         Token *tok;
         int k;
 
-        for (size_t j = 0; j < l->n_slabs; j++)
-                if (pool_scrub_leased(b->pool, l->slabs[j]) != 0)
-                        return BROKER_E_DRIVER;
-        /* Stored as it will be, then put back: kept, and its tokens revoked. */
+        k = lease_zero(b, l);
+        if (k != 0)
+                return k;
+        /* Kept, and its tokens revoked. */
         change_begin(b);
-        l->kept = true;
-        k = put_lease(b, l);
-        l->kept = false;
+        k = put_lease_as(b, l, true, l->label);
         list_for_each_entry(tok, &l->tokens, link)
                 if (k >= 0 && b->store)
                         k = store_end_token(b->store, tok->token);
@@ -460,7 +488,7 @@ int broker_free(Broker *b, const Caller *c, const char *id, bool keep, bool *ret
                 *ret_kept = false;
         if (!hold)
                 return BROKER_E_NO_SUCH_LEASE;
-        if (keep && may_keep(c, hold)) {
+        if (keep && may_keep(hold)) {
                 k = lease_keep_stored(b, hold);
                 if (k == 0) {
                         if (ret_kept)

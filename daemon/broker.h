@@ -161,6 +161,14 @@ uint64_t broker_alloc_wait_usec(const Broker *b, int64_t asked, size_t device);
 int broker_free(Broker *b, const Caller *c, const char *id, bool keep, bool *ret_kept);
 
 /*
+ * A lease that a restarted daemon read back as kept is kept again by broker_free()'s rules, its memory
+ * zeroed in place again (the zeroing queued before the restart may not have run). NOT_OWNER: it is not as a
+ * kept lease is (its holds, its name, its owner); DRIVER: it cannot be zeroed. Then it stays a plain lease of
+ * its process. Nothing is stored: it is stored kept already.
+ */
+int broker_keep_restored(Broker *b, Lease *l);
+
+/*
  * SetReclaimable: marks the caller's lease reclaimable with `priority` (0 is
  * asked first), or not reclaimable (priority < 0; an asked lease counts as
  * refused). Only a read-write holder (READONLY) of the owner's user

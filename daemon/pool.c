@@ -424,8 +424,8 @@ static void scrub_done(void *userdata) {
         (void)!write(dev->pool->event_fd, &one, sizeof(one));
 }
 
-/* Queues the zeroing of a slab on the device's stream, followed by a completion callback. */
-static int slab_scrub(PoolDevice *dev, Slab *slab) {
+/* Queues the zeroing of a slab on the device's stream, through the pool's own mapping of it. */
+static int slab_zero(PoolDevice *dev, Slab *slab) {
         CUresult r;
         int k;
 
@@ -440,6 +440,17 @@ static int slab_scrub(PoolDevice *dev, Slab *slab) {
                 driver_error(dev, "cuMemsetD8Async", r);
                 return -EIO;
         }
+        return 0;
+}
+
+/* Queues the zeroing of a slab on the device's stream, followed by a completion callback. */
+static int slab_scrub(PoolDevice *dev, Slab *slab) {
+        CUresult r;
+        int k;
+
+        k = slab_zero(dev, slab);
+        if (k < 0)
+                return k;
         r = DRV(dev, cuLaunchHostFunc)(dev->stream, scrub_done, dev);
         if (r != CUDA_SUCCESS) {
                 /* The memset is queued but nothing will tell us when it is done: wait for it, then give up the
@@ -537,7 +548,7 @@ int pool_scrub_leased(Pool *p, Slab *slab) {
 
         if (slab->state != SLAB_LEASED || slab->host)
                 return -EINVAL;
-        if (make_current(dev) < 0 || slab_map(dev, slab) < 0)
+        if (make_current(dev) < 0)              /* the event is the device's context's */
                 return POOL_E_DRIVER;
         if (!slab->zeroed) {
                 r = DRV(dev, cuEventCreate)(&slab->zeroed, CU_EVENT_DISABLE_TIMING);
@@ -547,11 +558,8 @@ int pool_scrub_leased(Pool *p, Slab *slab) {
                         return POOL_E_DRIVER;
                 }
         }
-        r = DRV(dev, cuMemsetD8Async)(slab->scrub_va, 0, slab->size, dev->stream);
-        if (r != CUDA_SUCCESS) {
-                driver_error(dev, "cuMemsetD8Async", r);
+        if (slab_zero(dev, slab) < 0)
                 return POOL_E_DRIVER;
-        }
         r = DRV(dev, cuEventRecord)(slab->zeroed, dev->stream);
         if (r != CUDA_SUCCESS) {
                 /* Queued, but nothing would say when it is done: wait for it, and do not vouch for it. */
@@ -571,15 +579,18 @@ int pool_scrub_wait(Pool *p, Slab *slab) {
         r = DRV(dev, cuEventQuery)(slab->zeroed);
         if (r == CUDA_SUCCESS)
                 return 0;
-        if (r == CUDA_ERROR_NOT_READY) {
-                /* The device zeroes at TB/s: waiting here is cheaper than any trip through the loop. */
-                dev->stats.scrub_waits++;
-                r = DRV(dev, cuEventSynchronize)(slab->zeroed);
-                if (r == CUDA_SUCCESS)
-                        return 0;
+        if (r != CUDA_ERROR_NOT_READY) {
+                driver_error(dev, "cuEventQuery", r);
+                return POOL_E_DRIVER;
         }
-        driver_error(dev, "cuEventSynchronize", r);
-        return POOL_E_DRIVER;
+        /* The device zeroes at TB/s: waiting here is cheaper than any trip through the loop. */
+        dev->stats.scrub_waits++;
+        r = DRV(dev, cuEventSynchronize)(slab->zeroed);
+        if (r != CUDA_SUCCESS) {
+                driver_error(dev, "cuEventSynchronize", r);
+                return POOL_E_DRIVER;
+        }
+        return 0;
 }
 
 unsigned pool_dispatch(Pool *p) {

@@ -43,44 +43,41 @@ static void unlink_mark(ReclaimSet *s, Lease *l) {
         }
 }
 
-void reclaim_mark(ReclaimSet *s, Lease *l, uint32_t priority) {
-        ReclaimMark *m = &l->reclaim, *i;
-        List *head;
+/* Whether a mark is asked before `m` (reclaim.h's order): kept leases first, then lower priorities; among
+ * equals, the one marked first. */
+static bool asked_before(const ReclaimMark *i, const ReclaimMark *m) {
+        if (i->kept != m->kept)
+                return i->kept;
+        return i->priority <= m->priority;      /* i was marked earlier: equal priorities keep their order */
+}
 
-        if (m->state == RECLAIM_ASKED) {
-                m->priority = priority;         /* asked already: it stays asked, once */
-                return;
-        }
+/* Marks `l` with `kept` and `priority`, in its device's list by that order. Not for an ASKED lease. */
+static void mark(ReclaimSet *s, Lease *l, bool kept, uint32_t priority) {
+        ReclaimMark *m = &l->reclaim, *i;
+
         unlink_mark(s, l);
         m->state = RECLAIM_MARKED;
-        m->kept = false;
+        m->kept = kept;
         m->priority = priority;
         m->serial = ++s->serial;
-        /* After every kept lease and every lease of a lower or equal priority: equal priorities in the order
-         * they were marked. */
-        head = &s->marked[l->pool_device];
-        list_for_each_entry(i, head, link)
-                if (!i->kept && i->priority > priority)
+        list_for_each_entry(i, &s->marked[l->pool_device], link)
+                if (!asked_before(i, m))
                         break;
-        list_link_tail(&i->link, &m->link);     /* before i: at the end when none is higher */
+        list_link_tail(&i->link, &m->link);     /* before i: at the end when every mark goes first */
         s->n_marked++;
 }
 
-void reclaim_mark_kept(ReclaimSet *s, Lease *l) {
-        ReclaimMark *m = &l->reclaim, *i;
+void reclaim_mark(ReclaimSet *s, Lease *l, uint32_t priority) {
+        if (l->reclaim.state == RECLAIM_ASKED) {
+                l->reclaim.priority = priority; /* asked already: it stays asked, once */
+                return;
+        }
+        mark(s, l, false, priority);
+}
 
-        assert(m->state != RECLAIM_ASKED);
-        unlink_mark(s, l);
-        m->state = RECLAIM_MARKED;
-        m->kept = true;
-        m->priority = 0;
-        m->serial = ++s->serial;
-        /* After the kept leases before it, before every holder's mark. */
-        list_for_each_entry(i, &s->marked[l->pool_device], link)
-                if (!i->kept)
-                        break;
-        list_link_tail(&i->link, &m->link);
-        s->n_marked++;
+void reclaim_mark_kept(ReclaimSet *s, Lease *l) {
+        assert(l->reclaim.state != RECLAIM_ASKED);
+        mark(s, l, true, 0);
 }
 
 bool reclaim_unmark(ReclaimSet *s, Lease *l) {

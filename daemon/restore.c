@@ -390,27 +390,15 @@ static int restore_holds(Broker *b, Lease *l, const StateLease *sl, unsigned *re
         return 0;
 }
 
-/*
- * A lease that was kept is kept again, zeroed again: the zeroing queued before the restart may not have run,
- * and the process's memory must read zero when the lease comes back to it. One that cannot be kept (it is
- * not as kept leases are: one read-write hold of its owner's; or the device cannot zero it) stays a lease of
- * its process, which gives it back at its next Free, or at its exit.
- */
+/* A lease that was kept is kept again (broker_keep_restored()), or said why not. */
 static void restore_kept(Broker *b, Lease *l) {
-        Hold *hold = list_first_entry(&l->holds, Hold, link_lease);
+        int k = broker_keep_restored(b, l);
 
-        if (l->n_holds != 1 || l->name || l->parked || hold->refs != 1 || hold->readonly ||
-            hold->holder->uid != l->uid) {
+        if (k == BROKER_E_NOT_OWNER)
                 fprintf(stderr, "Lease %s was stored kept, but is not as a kept lease is: it is not kept.\n", l->id);
-                return;
-        }
-        for (size_t j = 0; j < l->n_slabs; j++)
-                if (pool_scrub_leased(b->pool, l->slabs[j]) != 0) {
-                        fprintf(stderr, "Lease %s was kept, but cannot be zeroed again (%s): it is not kept.\n",
-                                l->id, pool_last_error(b->pool));
-                        return;
-                }
-        lease_keep(&b->leases, l);
+        else if (k != 0)
+                fprintf(stderr, "Lease %s was kept, but cannot be zeroed again (%s): it is not kept.\n", l->id,
+                        pool_last_error(b->pool));
 }
 
 static int restore_one(Manager *m, Inherited *in, const StateLease *sl, unsigned *ret_holds, unsigned *ret_gone) {
