@@ -300,33 +300,44 @@ typedef struct Row {
         double unmap_closed;            /* the unmap of a mapping whose fds were closed, as a client's are */
 } Row;
 
+/* vmmb_alloc() of `size` on device 0 into *ret; returns the microseconds it took. */
+static double timed_alloc(vmmb_client *client, uint64_t size, vmmb_lease **ret) {
+        double t0 = now_us(), t;
+        int k;
+
+        k = vmmb_alloc(client, size, 0, "bench", ret);
+        t = now_us() - t0;
+        if (k < 0)
+                die("vmmb_alloc", k);
+        return t;
+}
+
+/* Frees `l` by `fn` (vmmb_free(), vmmb_free_oneway(), vmmb_free_keep()); returns the microseconds it took. */
+static double timed_free(int (*fn)(vmmb_lease *), const char *name, vmmb_lease *l) {
+        double t0 = now_us(), t;
+        int k;
+
+        k = fn(l);
+        t = now_us() - t0;
+        if (k < 0)
+                die(name, k);
+        return t;
+}
+
 /* Request to usable pointer and vmmb_free(), each request on a warm pool; a bare round trip before each. */
 static void bench_request(vmmb_client *client, const char *path, unsigned reps, Row *row) {
         double t[MAX_REPS], tf[MAX_REPS], tb[MAX_REPS];
         vmmb_lease *l;
-        int k;
 
         /* Warm the pool: the slabs this size needs, scrubbed and cached for this uid. */
-        k = vmmb_alloc(client, row->size, 0, "bench", &l);
-        if (k < 0)
-                die("vmmb_alloc", k);
-        vmmb_free(l);
+        (void)timed_alloc(client, row->size, &l);
+        (void)timed_free(vmmb_free, "vmmb_free", l);
         wait_scrubbed(path);
 
         for (unsigned i = 0; i < reps; i++) {
-                double t0;
-
                 tb[i] = bare_round_trip();
-                t0 = now_us();
-                k = vmmb_alloc(client, row->size, 0, "bench", &l);
-                t[i] = now_us() - t0;
-                if (k < 0)
-                        die("vmmb_alloc", k);
-                t0 = now_us();
-                k = vmmb_free(l);
-                tf[i] = now_us() - t0;
-                if (k < 0)
-                        die("vmmb_free", k);
+                t[i] = timed_alloc(client, row->size, &l);
+                tf[i] = timed_free(vmmb_free, "vmmb_free", l);
                 wait_scrubbed(path);
         }
         row->request = median(t, reps);
@@ -335,16 +346,8 @@ static void bench_request(vmmb_client *client, const char *path, unsigned reps, 
 
         /* vmmb_free_oneway(): the Free sent, not waited for. */
         for (unsigned i = 0; i < reps; i++) {
-                double t0;
-
-                k = vmmb_alloc(client, row->size, 0, "bench", &l);
-                if (k < 0)
-                        die("vmmb_alloc", k);
-                t0 = now_us();
-                k = vmmb_free_oneway(l);
-                tf[i] = now_us() - t0;
-                if (k < 0)
-                        die("vmmb_free_oneway", k);
+                (void)timed_alloc(client, row->size, &l);
+                tf[i] = timed_free(vmmb_free_oneway, "vmmb_free_oneway", l);
                 wait_idle(path);
         }
         row->free_oneway = median(tf, reps);
@@ -371,34 +374,14 @@ static void bench_kept(vmmb_client *client, unsigned reps, Row *row) {
         int k;
 
         /* The first keep of a connection waits for the broker's answer (does it keep?): not timed. */
-        k = vmmb_alloc(client, row->size, 0, "bench", &l);
-        if (k < 0)
-                die("vmmb_alloc", k);
-        k = vmmb_free_keep(l);
-        if (k < 0)
-                die("vmmb_free_keep", k);
+        (void)timed_alloc(client, row->size, &l);
+        (void)timed_free(vmmb_free_keep, "vmmb_free_keep", l);
         for (unsigned i = 0; i < reps; i++) {
-                double t0;
-
                 let_zeroing_finish(row->size);
-                t0 = now_us();
-                k = vmmb_alloc(client, row->size, 0, "bench", &l);
-                t[i] = now_us() - t0;
-                if (k < 0)
-                        die("vmmb_alloc", k);
-                t0 = now_us();
-                k = vmmb_free_keep(l);
-                tk[i] = now_us() - t0;
-                if (k < 0)
-                        die("vmmb_free_keep", k);
-                t0 = now_us();
-                k = vmmb_alloc(client, row->size, 0, "bench", &l);
-                tb[i] = now_us() - t0;
-                if (k < 0)
-                        die("vmmb_alloc", k);
-                k = vmmb_free_keep(l);
-                if (k < 0)
-                        die("vmmb_free_keep", k);
+                t[i] = timed_alloc(client, row->size, &l);
+                tk[i] = timed_free(vmmb_free_keep, "vmmb_free_keep", l);
+                tb[i] = timed_alloc(client, row->size, &l);
+                (void)timed_free(vmmb_free_keep, "vmmb_free_keep", l);
         }
         row->kept = median(t, reps);
         row->kept_b2b = median(tb, reps);
