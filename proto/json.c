@@ -444,91 +444,84 @@ static int parse_literal(Parse *s, const char *lit) {
 
 static int parse_value(Parse *s, json_object **ret);
 
-/* Keys this long or shorter are copied onto the stack of the object's parse. */
+/* Keys this long or shorter are copied onto the stack of their member's parse. */
 #define KEY_STACK 64
 
-static int parse_object(Parse *s, json_object **ret) {
-        _cleanup_(json_object_putp) json_object *o = NULL;
-        size_t members = 0;
+/* Reads one "key": value into the object o. */
+static int parse_member(Parse *s, json_object *o) {
+        _cleanup_free_ char *key_heap = NULL;
+        char key_stack[KEY_STACK + 1], *key = key_stack;
+        json_object *v = NULL;
+        const char *k;
+        size_t len;
+        int n, r;
+
+        /* its own copy: the value's parse may use the buffer, nested objects their keys */
+        r = parse_string(s, &k, &len);
+        if (r < 0)
+                return r;
+        if (len > KEY_STACK) {
+                key = key_heap = malloc(len + 1);
+                if (!key)
+                        return -ENOMEM;
+        }
+        memcpy(key, k, len);
+        key[len] = 0;
+
+        parse_ws(s);
+        if (!parse_char(s, ':'))
+                return -EBADMSG;
+        parse_ws(s);
+        r = parse_value(s, &v);
+        if (r < 0)
+                return r;
+        n = json_object_object_length(o);
+        if (json_object_object_add(o, key, v) < 0) {
+                json_object_put(v);
+                return -ENOMEM;
+        }
+        /* json-c keeps the last of duplicate keys: the object did not grow */
+        return json_object_object_length(o) == n ? -EBADMSG : 0;
+}
+
+/* Reads one value into the array a. */
+static int parse_element(Parse *s, json_object *a) {
+        json_object *v = NULL;
         int r;
 
-        o = json_object_new_object();
-        if (!o)
+        r = parse_value(s, &v);
+        if (r < 0)
+                return r;
+        if (json_object_array_add(a, v) < 0) {
+                json_object_put(v);
                 return -ENOMEM;
-        parse_ws(s);
-        if (!parse_char(s, '}'))
-                for (;;) {
-                        _cleanup_free_ char *key_heap = NULL;
-                        char key_stack[KEY_STACK + 1], *key = key_stack;
-                        json_object *v = NULL;
-                        const char *k;
-                        size_t len;
-
-                        /* its own copy: the value's parse may use the buffer, nested objects their keys */
-                        r = parse_string(s, &k, &len);
-                        if (r < 0)
-                                return r;
-                        if (len > KEY_STACK) {
-                                key = key_heap = malloc(len + 1);
-                                if (!key)
-                                        return -ENOMEM;
-                        }
-                        memcpy(key, k, len);
-                        key[len] = 0;
-
-                        parse_ws(s);
-                        if (!parse_char(s, ':'))
-                                return -EBADMSG;
-                        parse_ws(s);
-                        r = parse_value(s, &v);
-                        if (r < 0)
-                                return r;
-                        if (json_object_object_add(o, key, v) < 0) {
-                                json_object_put(v);
-                                return -ENOMEM;
-                        }
-                        /* json-c keeps the last of duplicate keys: fewer members than the text had */
-                        if ((size_t)json_object_object_length(o) != ++members)
-                                return -EBADMSG;
-
-                        parse_ws(s);
-                        if (parse_char(s, '}'))
-                                break;
-                        if (!parse_char(s, ','))
-                                return -EBADMSG;
-                        parse_ws(s);
-                }
-        *ret = TAKE_PTR(o);
+        }
         return 0;
 }
 
-static int parse_array(Parse *s, json_object **ret) {
-        _cleanup_(json_object_putp) json_object *a = NULL;
+/* Reads an object's members or an array's elements, s->p after its opening bracket, up to its closing one. */
+static int parse_container(Parse *s, bool object, json_object **ret) {
+        _cleanup_(json_object_putp) json_object *c = NULL;
+        uint8_t close = object ? '}' : ']';
         int r;
 
-        a = json_object_new_array();
-        if (!a)
+        c = object ? json_object_new_object() : json_object_new_array();
+        if (!c)
                 return -ENOMEM;
         parse_ws(s);
-        if (!parse_char(s, ']'))
+        if (!parse_char(s, close))
                 for (;;) {
-                        json_object *v = NULL;
-
-                        r = parse_value(s, &v);
+                        r = object ? parse_member(s, c) : parse_element(s, c);
                         if (r < 0)
                                 return r;
-                        if (json_object_array_add(a, v) < 0) {
-                                json_object_put(v);
-                                return -ENOMEM;
-                        }
                         parse_ws(s);
-                        if (parse_char(s, ']'))
+                        if (parse_char(s, close))
                                 break;
                         if (!parse_char(s, ','))
                                 return -EBADMSG;
                         parse_ws(s);
                 }
-        *ret = TAKE_PTR(a);
+        *ret = TAKE_PTR(c);
         return 0;
 }
 
@@ -547,7 +540,7 @@ static int parse_value(Parse *s, json_object **ret) {
                 if (s->depth >= VARLINK_MAX_DEPTH)
                         return -EBADMSG;
                 s->depth++;
-                r = *s->p++ == '{' ? parse_object(s, ret) : parse_array(s, ret);
+                r = parse_container(s, *s->p++ == '{', ret);
                 s->depth--;
                 return r;
         case '"':
