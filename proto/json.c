@@ -141,7 +141,7 @@ typedef struct Parse {
         unsigned depth;
         char *buf;              /* an unescaped string, a key, a number's text; NUL-terminated */
         size_t buf_size;
-        bool buf_heap;          /* buf was malloc'd (it starts on json_parse_message()'s stack) */
+        char stack[256];        /* buf, until it needs more: then malloc'd */
 } Parse;
 
 /* Makes room for n more bytes and a NUL after buf[0..len). */
@@ -152,14 +152,13 @@ static int buf_reserve(Parse *s, size_t len, size_t n) {
         if (s->buf_size - len > n)
                 return 0;
         size = MAX(s->buf_size * 2, len + n + 1);
-        b = s->buf_heap ? realloc(s->buf, size) : malloc(size);
+        b = s->buf == s->stack ? malloc(size) : realloc(s->buf, size);
         if (!b)
                 return -ENOMEM;
-        if (!s->buf_heap)
+        if (s->buf == s->stack)
                 memcpy(b, s->buf, len);
         s->buf = b;
         s->buf_size = size;
-        s->buf_heap = true;
         return 0;
 }
 
@@ -566,19 +565,17 @@ static int parse_value(Parse *s, json_object **ret) {
 }
 
 int json_parse_message(const char *buf, size_t len, json_object **ret) {
-        char stack[256];
         json_object *o = NULL;
         Parse s;
         int r;
 
         if (!buf || len > INT_MAX)
                 return -EBADMSG;
-        s = (Parse){
-                .p = (const uint8_t *)buf,
-                .end = (const uint8_t *)buf + len,
-                .buf = stack,
-                .buf_size = sizeof(stack),
-        };
+        s.p = (const uint8_t *)buf;
+        s.end = (const uint8_t *)buf + len;
+        s.depth = 0;
+        s.buf = s.stack;        /* not zeroed: only what is written is read */
+        s.buf_size = sizeof(s.stack);
         parse_ws(&s);
         r = s.p < s.end && *s.p == '{' ? parse_value(&s, &o) : -EBADMSG;
         if (r >= 0) {
@@ -586,7 +583,7 @@ int json_parse_message(const char *buf, size_t len, json_object **ret) {
                 if (s.p != s.end)
                         r = -EBADMSG;
         }
-        if (s.buf_heap)
+        if (s.buf != s.stack)
                 free(s.buf);
         if (r < 0) {
                 json_object_put(o);
