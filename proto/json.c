@@ -1281,10 +1281,18 @@ static int write_value(Writer *w, json_object *o) {
                 return r < 0 ? r : write_char(w, '}');
         }
         default:
-                /* a double: json-c writes the text it was parsed from, or formats it its own way */
+                /*
+                 * A double: json-c writes the text it was parsed from, or formats it its own way. Its text is
+                 * the only one not written here, so the only one that could hold a NUL (a serializer set on the
+                 * object could write anything): a message never does.
+                 */
                 text = json_object_to_json_string_length(o, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE,
                                                          &n);
-                return text ? write_bytes(w, text, n) : -ENOMEM;
+                if (!text)
+                        return -ENOMEM;
+                if (memchr(text, 0, n))
+                        return -EBADMSG;
+                return write_bytes(w, text, n);
         }
 }
 
