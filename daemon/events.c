@@ -104,9 +104,8 @@ static bool event_wanted(void) {
 
 /* An event as journald's native protocol has it: KEY=VALUE lines. */
 typedef struct Event {
-        size_t len;
-        bool skip;                      /* no byte of the line being written fits: it is left out whole */
-        char buf[EVENT_MAX + 1];
+        size_t len;                     /* below EVENT_MAX while a line is written: EVENT_MAX once full */
+        char buf[EVENT_MAX];
 } Event;
 
 /*
@@ -114,21 +113,18 @@ typedef struct Event {
  * than by a vsnprintf() per line, which cost five times as much. What goes out is the same as the
  * vsnprintf() lines': a line that does not fit is cut where only its newline still does, one that starts
  * with the buffer full is left out, and control characters in what a client chose (its command name) are
- * '?', so that it cannot end a line or start a field of its own.
+ * '?', so that it cannot end a line or start a field of its own. A line's bytes stop one short of
+ * EVENT_MAX, so only a newline fills the buffer: once it is full, every line after is left out.
  */
-static void line_start(Event *e) {
-        e->skip = e->len >= EVENT_MAX;
-}
-
 static void line_end(Event *e) {
-        if (!e->skip)
+        if (e->len < EVENT_MAX)
                 e->buf[e->len++] = '\n';
 }
 
 /* Appends bytes known to hold no control character: the constant parts, the numbers. */
 static void put_raw(Event *e, const char *s, size_t n) {
-        if (e->skip)
-                return;
+        if (e->len >= EVENT_MAX)
+                return;                 /* full: this line is left out */
         n = MIN(n, EVENT_MAX - 1 - e->len);
         memcpy(e->buf + e->len, s, n);
         e->len += n;
@@ -166,28 +162,24 @@ static void put_int(Event *e, int v) {
 
 /* A whole "KEY=VALUE" line of each kind. */
 static void field_str(Event *e, const char *key, const char *value) {
-        line_start(e);
         put_str(e, key);
         put_str(e, value);
         line_end(e);
 }
 
 static void field_text(Event *e, const char *key, const char *value, size_t n) {
-        line_start(e);
         put_str(e, key);
         put_text(e, value, n);
         line_end(e);
 }
 
 static void field_u64(Event *e, const char *key, uint64_t value) {
-        line_start(e);
         put_str(e, key);
         put_u64(e, value);
         line_end(e);
 }
 
 static void field_int(Event *e, const char *key, int value) {
-        line_start(e);
         put_str(e, key);
         put_int(e, value);
         line_end(e);
@@ -217,7 +209,6 @@ static void lease_event(MetricsEvent event, const char *id, int priority, const 
                 return;
 
         e.len = 0;                      /* not zeroed: 2 KiB, of which only what is written is sent */
-        line_start(&e);
         put_str(&e, "MESSAGE=Lease ");
         put_text(&e, l->id, strlen(l->id));
         put_str(&e, " of user ");
@@ -312,7 +303,6 @@ void event_store_health(int old, int now) {
         if (!event_wanted())
                 return;
         e.len = 0;
-        line_start(&e);
         if (now < 0) {
                 const char *error = strerror(-now);
 

@@ -141,7 +141,7 @@ typedef struct Parse {
         unsigned depth;
         char *buf;              /* an unescaped string, a key, a number's text; NUL-terminated */
         size_t buf_size;
-        bool buf_heap;          /* buf was malloc'd (it starts on json_parse_message()'s stack) */
+        char stack[256];        /* buf, until it needs more: then malloc'd */
 } Parse;
 
 /* Makes room for n more bytes and a NUL after buf[0..len). */
@@ -152,14 +152,13 @@ static int buf_reserve(Parse *s, size_t len, size_t n) {
         if (s->buf_size - len > n)
                 return 0;
         size = MAX(s->buf_size * 2, len + n + 1);
-        b = s->buf_heap ? realloc(s->buf, size) : malloc(size);
+        b = s->buf == s->stack ? malloc(size) : realloc(s->buf, size);
         if (!b)
                 return -ENOMEM;
-        if (!s->buf_heap)
+        if (s->buf == s->stack)
                 memcpy(b, s->buf, len);
         s->buf = b;
         s->buf_size = size;
-        s->buf_heap = true;
         return 0;
 }
 
@@ -444,91 +443,84 @@ static int parse_literal(Parse *s, const char *lit) {
 
 static int parse_value(Parse *s, json_object **ret);
 
-/* Keys this long or shorter are copied onto the stack of the object's parse. */
+/* Keys this long or shorter are copied onto the stack of their member's parse. */
 #define KEY_STACK 64
 
-static int parse_object(Parse *s, json_object **ret) {
-        _cleanup_(json_object_putp) json_object *o = NULL;
-        size_t members = 0;
+/* Reads one "key": value into the object o. */
+static int parse_member(Parse *s, json_object *o) {
+        _cleanup_free_ char *key_heap = NULL;
+        char key_stack[KEY_STACK + 1], *key = key_stack;
+        json_object *v = NULL;
+        const char *k;
+        size_t len;
+        int n, r;
+
+        /* its own copy: the value's parse may use the buffer, nested objects their keys */
+        r = parse_string(s, &k, &len);
+        if (r < 0)
+                return r;
+        if (len > KEY_STACK) {
+                key = key_heap = malloc(len + 1);
+                if (!key)
+                        return -ENOMEM;
+        }
+        memcpy(key, k, len);
+        key[len] = 0;
+
+        parse_ws(s);
+        if (!parse_char(s, ':'))
+                return -EBADMSG;
+        parse_ws(s);
+        r = parse_value(s, &v);
+        if (r < 0)
+                return r;
+        n = json_object_object_length(o);
+        if (json_object_object_add(o, key, v) < 0) {
+                json_object_put(v);
+                return -ENOMEM;
+        }
+        /* json-c keeps the last of duplicate keys: the object did not grow */
+        return json_object_object_length(o) == n ? -EBADMSG : 0;
+}
+
+/* Reads one value into the array a. */
+static int parse_element(Parse *s, json_object *a) {
+        json_object *v = NULL;
         int r;
 
-        o = json_object_new_object();
-        if (!o)
+        r = parse_value(s, &v);
+        if (r < 0)
+                return r;
+        if (json_object_array_add(a, v) < 0) {
+                json_object_put(v);
                 return -ENOMEM;
-        parse_ws(s);
-        if (!parse_char(s, '}'))
-                for (;;) {
-                        _cleanup_free_ char *key_heap = NULL;
-                        char key_stack[KEY_STACK + 1], *key = key_stack;
-                        json_object *v = NULL;
-                        const char *k;
-                        size_t len;
-
-                        /* its own copy: the value's parse may use the buffer, nested objects their keys */
-                        r = parse_string(s, &k, &len);
-                        if (r < 0)
-                                return r;
-                        if (len > KEY_STACK) {
-                                key = key_heap = malloc(len + 1);
-                                if (!key)
-                                        return -ENOMEM;
-                        }
-                        memcpy(key, k, len);
-                        key[len] = 0;
-
-                        parse_ws(s);
-                        if (!parse_char(s, ':'))
-                                return -EBADMSG;
-                        parse_ws(s);
-                        r = parse_value(s, &v);
-                        if (r < 0)
-                                return r;
-                        if (json_object_object_add(o, key, v) < 0) {
-                                json_object_put(v);
-                                return -ENOMEM;
-                        }
-                        /* json-c keeps the last of duplicate keys: fewer members than the text had */
-                        if ((size_t)json_object_object_length(o) != ++members)
-                                return -EBADMSG;
-
-                        parse_ws(s);
-                        if (parse_char(s, '}'))
-                                break;
-                        if (!parse_char(s, ','))
-                                return -EBADMSG;
-                        parse_ws(s);
-                }
-        *ret = TAKE_PTR(o);
+        }
         return 0;
 }
 
-static int parse_array(Parse *s, json_object **ret) {
-        _cleanup_(json_object_putp) json_object *a = NULL;
+/* Reads an object's members or an array's elements, s->p after its opening bracket, up to its closing one. */
+static int parse_container(Parse *s, bool object, json_object **ret) {
+        _cleanup_(json_object_putp) json_object *c = NULL;
+        uint8_t close = object ? '}' : ']';
         int r;
 
-        a = json_object_new_array();
-        if (!a)
+        c = object ? json_object_new_object() : json_object_new_array();
+        if (!c)
                 return -ENOMEM;
         parse_ws(s);
-        if (!parse_char(s, ']'))
+        if (!parse_char(s, close))
                 for (;;) {
-                        json_object *v = NULL;
-
-                        r = parse_value(s, &v);
+                        r = object ? parse_member(s, c) : parse_element(s, c);
                         if (r < 0)
                                 return r;
-                        if (json_object_array_add(a, v) < 0) {
-                                json_object_put(v);
-                                return -ENOMEM;
-                        }
                         parse_ws(s);
-                        if (parse_char(s, ']'))
+                        if (parse_char(s, close))
                                 break;
                         if (!parse_char(s, ','))
                                 return -EBADMSG;
                         parse_ws(s);
                 }
-        *ret = TAKE_PTR(a);
+        *ret = TAKE_PTR(c);
         return 0;
 }
 
@@ -547,7 +539,7 @@ static int parse_value(Parse *s, json_object **ret) {
                 if (s->depth >= VARLINK_MAX_DEPTH)
                         return -EBADMSG;
                 s->depth++;
-                r = *s->p++ == '{' ? parse_object(s, ret) : parse_array(s, ret);
+                r = parse_container(s, *s->p++ == '{', ret);
                 s->depth--;
                 return r;
         case '"':
@@ -573,19 +565,17 @@ static int parse_value(Parse *s, json_object **ret) {
 }
 
 int json_parse_message(const char *buf, size_t len, json_object **ret) {
-        char stack[256];
         json_object *o = NULL;
         Parse s;
         int r;
 
         if (!buf || len > INT_MAX)
                 return -EBADMSG;
-        s = (Parse){
-                .p = (const uint8_t *)buf,
-                .end = (const uint8_t *)buf + len,
-                .buf = stack,
-                .buf_size = sizeof(stack),
-        };
+        s.p = (const uint8_t *)buf;
+        s.end = (const uint8_t *)buf + len;
+        s.depth = 0;
+        s.buf = s.stack;        /* not zeroed: only what is written is read */
+        s.buf_size = sizeof(s.stack);
         parse_ws(&s);
         r = s.p < s.end && *s.p == '{' ? parse_value(&s, &o) : -EBADMSG;
         if (r >= 0) {
@@ -593,7 +583,7 @@ int json_parse_message(const char *buf, size_t len, json_object **ret) {
                 if (s.p != s.end)
                         r = -EBADMSG;
         }
-        if (s.buf_heap)
+        if (s.buf != s.stack)
                 free(s.buf);
         if (r < 0) {
                 json_object_put(o);
@@ -1291,10 +1281,18 @@ static int write_value(Writer *w, json_object *o) {
                 return r < 0 ? r : write_char(w, '}');
         }
         default:
-                /* a double: json-c writes the text it was parsed from, or formats it its own way */
+                /*
+                 * A double: json-c writes the text it was parsed from, or formats it its own way. Its text is
+                 * the only one not written here, so the only one that could hold a NUL (a serializer set on the
+                 * object could write anything): a message never does.
+                 */
                 text = json_object_to_json_string_length(o, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE,
                                                          &n);
-                return text ? write_bytes(w, text, n) : -ENOMEM;
+                if (!text)
+                        return -ENOMEM;
+                if (memchr(text, 0, n))
+                        return -EBADMSG;
+                return write_bytes(w, text, n);
         }
 }
 

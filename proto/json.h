@@ -160,9 +160,11 @@ int json_build(const JsonField *fields, const void *in, json_object **ret);
  * offset `at` on, growing it as needed: the same bytes as
  * json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN |
  * JSON_C_TO_STRING_NOSLASHESCAPE) makes, for any tree of json-c's standard
- * objects (doubles are written by json-c itself). Returns the offset after
- * the text, with room left for one byte more (varlink's NUL), or -ENOMEM;
- * *buf and *alloc are updated either way, and the bytes before `at` kept.
+ * objects (doubles are written by json-c itself). The text holds no NUL: a
+ * string's is escaped. Returns the offset after the text, with room left for
+ * one byte more (varlink's NUL); -EBADMSG when json-c's text for a double
+ * holds a NUL; or -ENOMEM. *buf and *alloc are updated either way, and the
+ * bytes before `at` kept.
  */
 ssize_t json_write(json_object *o, char **buf, size_t *alloc, size_t at);
 

@@ -294,8 +294,8 @@ int varlink_conn_receive(VarlinkConn *c, json_object **ret, int **ret_fds, size_
 }
 
 /*
- * Writes msg and its NUL into o's buffer after its o->len bytes. Returns the bytes added, -EBADMSG for a
- * NUL in the text (nothing is added), or -ENOMEM.
+ * Writes msg and its NUL into o's buffer after its o->len bytes. Returns the bytes added, or json_write()'s
+ * error (nothing is added): -EBADMSG for a NUL in the text, -ENOMEM.
  */
 static ssize_t out_buf_write(OutBuf *o, json_object *msg) {
         ssize_t end;
@@ -303,9 +303,7 @@ static ssize_t out_buf_write(OutBuf *o, json_object *msg) {
         end = json_write(msg, &o->data, &o->alloc, o->len);
         if (end < 0)
                 return end;
-        if (memchr(o->data + o->len, 0, (size_t)end - o->len))
-                return -EBADMSG;
-        o->data[end] = 0;       /* json_write() left room for it */
+        o->data[end] = 0;       /* json_write() left room for it, and wrote no NUL before it */
         end = end + 1 - (ssize_t)o->len;
         o->len += (size_t)end;
         return end;

@@ -51,7 +51,11 @@ __attribute__((noinline)) static int measured_free(vmmb_lease *l) {
         return vmmb_free(l);
 }
 
-__attribute__((noinline)) static int measured_status(VarlinkConn *c) {
+/*
+ * A Status on a raw connection, its reply decoded: the warm-up's, and what measured_status() counts. Inlined,
+ * so that measured_status() is the same code as before and no tail call hides it from --toggle-collect.
+ */
+__attribute__((always_inline)) static inline int status(VarlinkConn *c) {
         StatusReply s = {};
         Reply r;
         int k;
@@ -63,6 +67,10 @@ __attribute__((noinline)) static int measured_status(VarlinkConn *c) {
         status_reply_done(&s);
         reply_done(&r);
         return k;
+}
+
+__attribute__((noinline)) static int measured_status(VarlinkConn *c) {
+        return status(c);
 }
 
 /* Ends a phase: a GetInfo, before which the daemon writes out what the phase cost it. */
@@ -99,8 +107,6 @@ int main(int argc, char **argv) {
 
         for (size_t i = 0; i < n; i++) {
                 vmmb_lease *l;
-                StatusReply s = {};
-                Reply r;
 
                 k = vmmb_alloc(c, 2 * MiB, VMMB_ANY_DEVICE, NULL, &l);
                 if (k < 0)
@@ -108,11 +114,9 @@ int main(int argc, char **argv) {
                 k = vmmb_free(l);
                 if (k < 0)
                         die("warm-up Free", k);
-                k = call(raw, VMMB_METHOD_STATUS, NULL, &r);
-                if (k < 0 || r.error || status_reply_decode(r.params, &s, NULL) < 0)
-                        die("warm-up Status", k < 0 ? k : -EPROTO);
-                status_reply_done(&s);
-                reply_done(&r);
+                k = status(raw);
+                if (k < 0)
+                        die("warm-up Status", k);
         }
         /* the held leases below need as many slabs cached: one warm-up round that holds them all */
         for (size_t i = 0; i < n; i++)

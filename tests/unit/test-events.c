@@ -9,6 +9,7 @@
 
 #include <check.h>
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -170,10 +171,71 @@ START_TEST(test_store_health) {
 }
 END_TEST
 
+/* No command name (a process that exited before it was read): '?' in the message, no VMMBROKER_COMM. */
+START_TEST(test_made_without_command_name) {
+        Lease l = lease();
+        Holder h = { .pid = 99, .uid = 1000 };
+
+        setup();
+        event_lease_made(&l, &h);
+        expect("MESSAGE=Lease 5f0c6d7e8f9a0b1c2d3e4f5a6b7c8d9e of user 1000 (2097152 bytes on device 1) made, "
+               "pid 99 (?)\n"
+               "MESSAGE_ID=0de65dd031a748d68ab8a21db492ba9f\n"
+               "PRIORITY=6\n"
+               "SYSLOG_IDENTIFIER=vmmbrokerd\n"
+               "VMMBROKER_EVENT=made\n"
+               "VMMBROKER_LEASE=5f0c6d7e8f9a0b1c2d3e4f5a6b7c8d9e\n"
+               "VMMBROKER_UID=1000\n"
+               "VMMBROKER_DEVICE=1\n"
+               "VMMBROKER_SIZE=2097152\n"
+               "VMMBROKER_PID=99\n"
+               "VMMBROKER_HOLDER_UID=1000\n");
+        teardown();
+}
+END_TEST
+
+/*
+ * A line that starts with room left but does not fit is cut where only its newline still does: here the last
+ * one, VMMBROKER_NAME, after every line before it was sent whole. Its control characters are '?' too.
+ */
+START_TEST(test_last_field_cut) {
+        static char name[1001], want[4096];
+        Lease l = lease();
+        int head;
+
+        setup();
+        memset(name, 'n', sizeof(name) - 1);
+        name[0] = '\n';
+        l.name = name;
+        event_lease_published(&l, NULL);
+        head = snprintf(want, sizeof(want),
+                        "MESSAGE=Lease 5f0c6d7e8f9a0b1c2d3e4f5a6b7c8d9e of user 1000 (2097152 bytes on device 1) "
+                        "published as \"?%s\"\n"
+                        "MESSAGE_ID=fa60aa4219404f26a82ce2656986598b\n"
+                        "PRIORITY=6\n"
+                        "SYSLOG_IDENTIFIER=vmmbrokerd\n"
+                        "VMMBROKER_EVENT=published\n"
+                        "VMMBROKER_LEASE=5f0c6d7e8f9a0b1c2d3e4f5a6b7c8d9e\n"
+                        "VMMBROKER_UID=1000\n"
+                        "VMMBROKER_DEVICE=1\n"
+                        "VMMBROKER_SIZE=2097152\n"
+                        "VMMBROKER_NAME=?",
+                        name + 1);
+        ck_assert_int_lt(head, 2047);                   /* the name's line starts with room left... */
+        ck_assert_int_gt(head + 999 + 1, 2048);         /* ...and would not fit whole */
+        memset(want + head, 'n', (size_t)(2047 - head));
+        want[2047] = '\n';
+        want[2048] = 0;
+        ck_assert_uint_eq(got_n, 1);
+        expect(want);
+        teardown();
+}
+END_TEST
+
 int main(void) {
         return run_suite(UNIT_SUITE("events", NULL, test_made, test_command_name_control_characters,
-                                    test_published_without_command_name, test_too_long_is_cut,
-                                    test_store_health)) == 0
+                                    test_published_without_command_name, test_made_without_command_name,
+                                    test_too_long_is_cut, test_last_field_cut, test_store_health)) == 0
                        ? EXIT_SUCCESS
                        : EXIT_FAILURE;
 }

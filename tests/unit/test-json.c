@@ -2,6 +2,7 @@
 
 #include <check.h>
 #include <errno.h>
+#include <json-c/printbuf.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -91,6 +92,149 @@ START_TEST(test_parse_strict) {
         ck_assert_int_eq(parse("{\"a\":1,\"\\u0061\":2}"), -EBADMSG);
         ck_assert_int_eq(parse("{\"a\":[{\"b\":1,\"c\":{},\"b\":{\"x\":1}}]}"), -EBADMSG);
         ck_assert_int_eq(parse("{\"a\":{\"b\":1},\"b\":{\"b\":1}}"), 0);
+}
+END_TEST
+
+/* json-c's own tokener, as json_parse_message() used it before it built the tree itself. */
+static json_object *tokener_parse(const char *s) {
+        struct json_tokener *tok = json_tokener_new_ex(VARLINK_MAX_DEPTH + 1);
+        json_object *o;
+
+        ck_assert_ptr_nonnull(tok);
+        json_tokener_set_flags(tok, JSON_TOKENER_STRICT | JSON_TOKENER_VALIDATE_UTF8);
+        o = json_tokener_parse_ex(tok, s, (int)strlen(s));
+        ck_assert_msg(o, "json-c refused %s", s);
+        json_tokener_free(tok);
+        return o;
+}
+
+/* Asserts that a and b are the same tree: types (int64 or uint64 too), values, a double's text, key order. */
+static void assert_same_tree(json_object *a, json_object *b) {
+        ck_assert_int_eq(json_object_get_type(a), json_object_get_type(b));
+        switch (json_object_get_type(a)) {
+        case json_type_int:
+                ck_assert_int_eq(json_object_get_int64(a), json_object_get_int64(b));
+                ck_assert_uint_eq(json_object_get_uint64(a), json_object_get_uint64(b));
+                break;
+        case json_type_double:
+                ck_assert(memcmp(&(double){ json_object_get_double(a) }, &(double){ json_object_get_double(b) },
+                                 sizeof(double)) == 0);
+                ck_assert_str_eq(json_object_to_json_string(a), json_object_to_json_string(b));
+                break;
+        case json_type_boolean:
+                ck_assert_int_eq(json_object_get_boolean(a), json_object_get_boolean(b));
+                break;
+        case json_type_string:
+                ck_assert_int_eq(json_object_get_string_len(a), json_object_get_string_len(b));
+                ck_assert_mem_eq(json_object_get_string(a), json_object_get_string(b),
+                                 (size_t)json_object_get_string_len(a));
+                break;
+        case json_type_array:
+                ck_assert_uint_eq(json_object_array_length(a), json_object_array_length(b));
+                for (size_t i = 0; i < json_object_array_length(a); i++)
+                        assert_same_tree(json_object_array_get_idx(a, i), json_object_array_get_idx(b, i));
+                break;
+        case json_type_object: {
+                struct lh_entry *e = json_object_get_object(b)->head;
+
+                ck_assert_int_eq(json_object_object_length(a), json_object_object_length(b));
+                json_object_object_foreach(a, key, v) {
+                        ck_assert_str_eq(key, (const char *)lh_entry_k(e));
+                        assert_same_tree(v, (json_object *)lh_entry_v(e));
+                        e = e->next;
+                }
+                break;
+        }
+        default:
+                break;
+        }
+}
+
+/* What json_parse_message() accepts, it builds as json-c's tokener would: the tree checked, not the verdict only. */
+START_TEST(test_parse_builds_tokeners_tree) {
+        static const char *const texts[] = {
+                "{}",
+                " {\"a\": [1, -2, 3.5e1, true, false, null, \"x\", [], {}]}\n",
+                "{\"a\":\"\\u00e9\\ud83d\\ude00 \xc3\xa9\xf0\x9f\x98\x80\"}",
+                "{\"e\":\"\\\"\\\\\\/\\b\\f\\n\\r\\t\\u0001\\u001f\\u007f\\u0085\\uffff\\udbff\\udfff\"}",
+                "{\"\\u0061\\u00e9k\":1,\"a key longer than the 64 bytes a key may take on the stack: 0123456789\":2}",
+                "{\"s\":\"a long string, longer than the parse's 256 bytes on the stack, with an escape here \\n "
+                "and more text after it: 0123456789012345678901234567890123456789012345678901234567890123456789"
+                "0123456789012345678901234567890123456789012345678901234567890123456789012345678901234567890123\"}",
+                "{\"i\":[0,-0,9223372036854775807,9223372036854775808,18446744073709551615,-9223372036854775808]}",
+                "{\"d\":[0.0,-0.0,1.50,1e2,1E+2,1e-2,-2.5E-3,1e400,-1e400,1e-400,0.123456789012345678901234567890]}",
+                "{\"n\":{\"n\":{\"n\":[[{\"z\":null}]]}},\"after\":\"x\"}",
+        };
+
+        for (size_t i = 0; i < ELEMENTSOF(texts); i++) {
+                _cleanup_(json_object_putp) json_object *ours = NULL, *theirs = tokener_parse(texts[i]);
+
+                ck_assert_msg(json_parse_message(texts[i], strlen(texts[i]), &ours) == 0, "refused %s", texts[i]);
+                assert_same_tree(ours, theirs);
+        }
+}
+END_TEST
+
+/* json_write(o) as json-c writes it: the text, and where it goes in the buffer. */
+static void assert_writes_json_c(json_object *o) {
+        _cleanup_free_ char *buf = strdup("head");
+        const char *want;
+        size_t alloc = 4, want_len;
+        ssize_t end;
+
+        want = json_object_to_json_string_length(o, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE,
+                                                 &want_len);
+        end = json_write(o, &buf, &alloc, 4);
+        ck_assert_int_eq(end, (ssize_t)(4 + want_len));
+        ck_assert_uint_gt(alloc, (size_t)end);                  /* room for varlink's NUL */
+        ck_assert_mem_eq(buf, "head", 4);                       /* what was before `at` is kept */
+        ck_assert_msg(memcmp(buf + 4, want, want_len) == 0, "wrote %.*s\njson-c: %s", (int)want_len, buf + 4, want);
+}
+
+/* A serializer that writes a NUL: json_write() refuses what json-c writes with one. */
+static int write_nul(json_object *o, struct printbuf *pb, int level, int flags) {
+        return printbuf_memappend(pb, "1\0", 2);
+}
+
+START_TEST(test_write_is_json_c) {
+        _cleanup_(json_object_putp) json_object *o = json_object_new_object(), *empty = json_object_new_object(),
+                                                *parsed = NULL, *nul = NULL;
+        _cleanup_free_ char *buf = NULL;
+        json_object *a = json_object_new_array();
+        char every[128];
+        size_t alloc = 0;
+        static const char text[] = "{\"d\":[1.50,-0.0,1e400,2E-3],\"u\":18446744073709551615,\"s\":\"\\u00e9/\"}";
+
+        /* every ASCII byte, control characters and DEL included, then a NUL and UTF-8 */
+        for (size_t i = 0; i < sizeof(every); i++)
+                every[i] = (char)i;
+        json_object_object_add(o, "every", json_object_new_string_len(every, sizeof(every)));
+        json_object_object_add(o, "nul and utf-8", json_object_new_string_len("a\0b\xc3\xa9\xff", 6));
+        json_object_object_add(o, "", json_object_new_string(""));
+        json_object_object_add(o, "k\"e\\y/\n\x01", json_object_new_boolean(true));
+        json_object_object_add(o, "f", json_object_new_boolean(false));
+        json_object_object_add(o, "null", NULL);
+        json_object_array_add(a, json_object_new_int64(0));
+        json_object_array_add(a, json_object_new_int64(-1));
+        json_object_array_add(a, json_object_new_int64(INT64_MIN));
+        json_object_array_add(a, json_object_new_int64(INT64_MAX));
+        json_object_array_add(a, json_object_new_uint64(UINT64_MAX));
+        json_object_array_add(a, json_object_new_double(0.1));
+        json_object_array_add(a, json_object_new_double(-3));
+        json_object_array_add(a, NULL);
+        json_object_array_add(a, json_object_new_array());
+        json_object_array_add(a, json_object_new_object());
+        json_object_object_add(o, "a", a);
+        assert_writes_json_c(o);
+        assert_writes_json_c(empty);
+
+        /* doubles keep the text they were parsed from */
+        ck_assert_int_eq(json_parse_message(text, strlen(text), &parsed), 0);
+        assert_writes_json_c(parsed);
+
+        nul = json_object_new_double(1);
+        json_object_set_serializer(nul, write_nul, NULL, NULL);
+        ck_assert_int_eq(json_write(nul, &buf, &alloc, 0), -EBADMSG);
 }
 END_TEST
 
@@ -305,6 +449,8 @@ int main(void) {
         int failed;
 
         tcase_add_test(tc, test_parse_strict);
+        tcase_add_test(tc, test_parse_builds_tokeners_tree);
+        tcase_add_test(tc, test_write_is_json_c);
         tcase_add_test(tc, test_dispatch);
         tcase_add_test(tc, test_build);
         tcase_add_test(tc, test_uint64_array);
