@@ -791,6 +791,26 @@ static Released *released_find(const char *id) {
         return NULL;
 }
 
+/*
+ * Links `r` as the released record of `id`: dropped (unmapped as stale, not freed), or given back, its Free
+ * under way. Lock held.
+ */
+static void released_add(Released *r, const char *id, bool dropped) {
+        *r = (Released){ .dropped = dropped, .until = dropped ? 0 : UINT64_MAX };
+        memcpy(r->id, id, strlen(id) + 1);
+        list_link_tail(&process.released, &r->link);
+        if (dropped)
+                process.n_dropped++;
+}
+
+/* Unlinks and frees a released record. Lock held. */
+static void released_remove(Released *r) {
+        if (r->dropped)
+                process.n_dropped--;
+        list_unlink(&r->link);
+        free(r);
+}
+
 /* Forgets what no Alloc under way can bring back any more, and the oldest dropped ids past DROPPED_MAX. Lock
  * held. */
 static void released_prune(void) {
@@ -798,14 +818,9 @@ static void released_prune(void) {
         uint64_t horizon = oldest ? oldest->seq : process.next_seq;
         Released *r, *tmp;
 
-        list_for_each_entry_safe(r, tmp, &process.released, link) {
-                if (r->dropped ? process.n_dropped <= DROPPED_MAX : r->until > horizon)
-                        continue;
-                if (r->dropped)
-                        process.n_dropped--;
-                list_unlink(&r->link);
-                free(r);
-        }
+        list_for_each_entry_safe(r, tmp, &process.released, link)
+                if (r->dropped ? process.n_dropped > DROPPED_MAX : r->until <= horizon)
+                        released_remove(r);
 }
 
 /* Takes a ticket for an Alloc about to be sent. */
@@ -912,9 +927,7 @@ static vmmb_lease *kept_take_next(const vmmb_client *kept_by, Released *r) {
                 }
         if (found) {
                 list_unlink(&found->link);
-                *r = (Released){ .until = UINT64_MAX };
-                memcpy(r->id, found->id, strlen(found->id) + 1);
-                list_link_tail(&process.released, &r->link);
+                released_add(r, found->id, false);
         }
         process_unlock();
         return found;
@@ -942,10 +955,8 @@ static int kept_give_back(vmmb_client *via, vmmb_lease *l, Released *r) {
         if (sent) {
                 r->until = process.next_seq;
                 released_prune();
-        } else {
-                list_unlink(&r->link);
-                free(r);
-        }
+        } else
+                released_remove(r);
         process_unlock();
         lease_destroy(l);
         return k;
@@ -992,22 +1003,14 @@ static void kept_asked(vmmb_client *via, const char *id) {
                 return;
         process_lock();
         l = kept_find(id);
-        d = released_find(id);
-        if (l) {
+        d = l ? NULL : released_find(id);
+        found = l || (d && d->dropped);
+        if (l)
                 list_unlink(&l->link);
-                *r = (Released){ .until = UINT64_MAX };
-                memcpy(r->id, l->id, strlen(l->id) + 1);
-                list_link_tail(&process.released, &r->link);
-                found = true;
-        } else if (d && d->dropped) {
-                /* now a record of a lease being given back */
-                d->dropped = false;
-                d->until = UINT64_MAX;
-                process.n_dropped--;
-                free(r);
-                r = d;
-                found = true;
-        }
+        else if (found)
+                released_remove(d);     /* its record becomes one of a lease being given back */
+        if (found)
+                released_add(r, id, false);
         process_unlock();
         if (!found) {
                 free(r);
@@ -1048,12 +1051,9 @@ static int kept_reuse(vmmb_client *c, const WireLease *w, const AllocTicket *t, 
                 process_unlock();
                 return 1;
         }
-        if (r) {
+        if (r)
                 /* the broker kept it after all, and hands it back: a hold of this process's, to map again */
-                process.n_dropped--;
-                list_unlink(&r->link);
-                free(r);
-        }
+                released_remove(r);
         l = kept_find(w->id);
         if (l)
                 list_unlink(&l->link);
@@ -1068,10 +1068,7 @@ static int kept_reuse(vmmb_client *c, const WireLease *w, const AllocTicket *t, 
                         d = calloc(1, sizeof(*d));
                         if (!d)
                                 continue;       /* left kept, then: vmmb_close() gives it back */
-                        *d = (Released){ .dropped = true };
-                        memcpy(d->id, i->id, strlen(i->id) + 1);
-                        list_link_tail(&process.released, &d->link);
-                        process.n_dropped++;
+                        released_add(d, i->id, true);
                         list_unlink(&i->link);
                         list_link_tail(&stale, &i->link);
                 }
@@ -2372,10 +2369,7 @@ static int kept_undo(vmmb_lease *l, uint64_t serial, int error, bool free_plainl
         if (taken) {
                 list_unlink(&l->link);
                 if (d) {
-                        *d = (Released){ .dropped = true };
-                        memcpy(d->id, l->id, strlen(l->id) + 1);
-                        list_link_tail(&process.released, &d->link);
-                        process.n_dropped++;
+                        released_add(d, l->id, true);
                         d = NULL;
                         released_prune();
                 }
