@@ -1037,6 +1037,7 @@ static bool kept_fits(const vmmb_lease *l, const WireLease *w) {
  *   mapping is the lease's;
  * - 0 with *ret NULL: map it. A kept lease of its id whose layout differs is unmapped; when the reply is a
  *   new lease, the leases it shows the broker did not keep (above) are unmapped and dropped.
+ * The caller holds the ticket: alloc_ticket_return() prunes the released records afterwards.
  */
 static int kept_reuse(vmmb_client *c, const WireLease *w, const AllocTicket *t, uint64_t generation,
                       vmmb_lease **ret) {
@@ -1072,8 +1073,7 @@ static int kept_reuse(vmmb_client *c, const WireLease *w, const AllocTicket *t, 
                         list_unlink(&i->link);
                         list_link_tail(&stale, &i->link);
                 }
-        released_prune();
-        process_unlock();
+        process_unlock();       /* the dropped ids past DROPPED_MAX go when the Alloc's ticket does */
 
         while ((i = list_first_entry(&stale, vmmb_lease, link))) {
                 list_unlink(&i->link);
