@@ -645,31 +645,43 @@ static vmmb_lease *lease_destroy(vmmb_lease *l) {
 DEFINE_TRIVIAL_CLEANUP_FUNC(vmmb_lease, lease_destroy);
 
 /*
- * Unmaps a lease and, once nothing of it is mapped here, tells the broker: waits for its answer, or only
- * sends the Free when `oneway` (vmmb_free_oneway()). cuMemUnmap does not wait for work queued on the range (work that runs after
- * it faults, CUDA_ERROR_ILLEGAL_ADDRESS, sticky for its context): the caller
- * has made sure none is (vmmb_free_stream() waits for a stream first). When unmapping fails the broker is
- * not told: the memory may still be reachable in this process, so it must not
- * be scrubbed and handed out again; the broker reclaims it when the process
- * exits. Frees the lease object in every case.
+ * Unmaps a lease and frees its address range (only the range, for a parked one); returns 0 or a negative errno
+ * with the message set. cuMemUnmap does not wait for work queued on the range (work that runs after it faults,
+ * CUDA_ERROR_ILLEGAL_ADDRESS, sticky for its context): the caller has made sure none is.
+ */
+static int lease_unmap(const vmmb_lease *l) {
+        CudaDriver *cu = NULL;
+        int k;
+
+        k = driver_get(&cu);            /* loaded already: the lease was mapped with it */
+        if (k < 0)
+                return k;
+        if (l->parked)                  /* nothing is mapped: only the reservation is left */
+                k = cuda_result_to_errno(cu->cuMemAddressFree(l->va, l->size));
+        else
+                k = cuda_unmap(cu, l->va, l->sizes, l->n_slabs);
+        if (k < 0)
+                return set_error(k, "Cannot unmap lease %s at 0x%llx: %s.", l->id, (unsigned long long)l->va,
+                                 strerror(-k));
+        return 0;
+}
+
+/*
+ * Unmaps a lease (lease_unmap()) and, once nothing of it is mapped here, tells the broker: waits for its
+ * answer, or only sends the Free when `oneway` (vmmb_free_oneway()). The caller has made sure no work uses it
+ * (vmmb_free_stream() waits for a stream first). When unmapping fails the broker is not told: the memory may
+ * still be reachable in this process, so it must not be scrubbed and handed out again; the broker reclaims it
+ * when the process exits. Frees the lease object in every case.
  */
 static int lease_release(vmmb_lease *l, bool oneway) {
         _cleanup_(lease_destroyp) vmmb_lease *lease = l;
-        CudaDriver *cu = NULL;
         int k;
 
         if (lease->reclaimed)
                 return 0;               /* given back already: only the object was left */
-        k = driver_get(&cu);            /* loaded already: the lease was mapped with it */
+        k = lease_unmap(lease);
         if (k < 0)
                 return k;
-        if (lease->parked)              /* nothing is mapped: only the reservation is left */
-                k = cuda_result_to_errno(cu->cuMemAddressFree(lease->va, lease->size));
-        else
-                k = cuda_unmap(cu, lease->va, lease->sizes, lease->n_slabs);
-        if (k < 0)
-                return set_error(k, "Cannot unmap lease %s at 0x%llx: %s.", lease->id,
-                                 (unsigned long long)lease->va, strerror(-k));
         return client_free_id(lease->client, lease->id, oneway);
 }
 
@@ -882,21 +894,6 @@ static void kept_sent(vmmb_lease *l, uint64_t serial, uint64_t generation) {
         process_unlock();
 }
 
-/* Unmaps a kept lease taken out of the table; returns 0 or a negative errno (message set). */
-static int kept_unmap(vmmb_lease *l) {
-        CudaDriver *cu = NULL;
-        int k;
-
-        k = driver_get(&cu);            /* loaded already: the lease was mapped with it */
-        if (k < 0)
-                return k;
-        k = cuda_unmap(cu, l->va, l->sizes, l->n_slabs);
-        if (k < 0)
-                return set_error(k, "Cannot unmap kept lease %s at 0x%llx: %s. It stays mapped until the process "
-                                 "exits.", l->id, (unsigned long long)l->va, strerror(-k));
-        return 0;
-}
-
 /* Whether the process keeps any lease whose keep-Free was written. */
 static bool kept_any(void) {
         const vmmb_lease *l;
@@ -946,7 +943,7 @@ static int kept_give_back(vmmb_client *via, vmmb_lease *l, Released *r) {
         int k = 0;
 
         if (l)
-                k = kept_unmap(l);
+                k = lease_unmap(l);
         if (k >= 0) {
                 sent = true;            /* whatever comes back, the broker may have carried it out */
                 k = client_free_id(via, r->id, false);
@@ -1077,13 +1074,13 @@ static int kept_reuse(vmmb_client *c, const WireLease *w, const AllocTicket *t, 
 
         while ((i = list_first_entry(&stale, vmmb_lease, link))) {
                 list_unlink(&i->link);
-                (void)kept_unmap(i);            /* our own mapping: always safe to unmap */
+                (void)lease_unmap(i);           /* our own mapping: always safe to unmap */
                 lease_destroy(i);
         }
         if (!l)
                 return 0;
         if (!kept_fits(l, w)) {
-                (void)kept_unmap(l);
+                (void)lease_unmap(l);
                 lease_destroy(l);
                 return 0;
         }
@@ -1177,7 +1174,7 @@ static int lease_map_reply(vmmb_client *client, const char *method, json_object 
                         goto out;
                 }
                 if (l && l->size < min_size) {
-                        (void)kept_unmap(l);
+                        (void)lease_unmap(l);
                         k = set_error(-EPROTO, "The broker's reply to %s is not valid: it handed back lease %s of "
                                       "%" PRIu64 " bytes, less than was asked for.", method, l->id, l->size);
                         client_give_back(client, ar.lease.id);
@@ -2381,7 +2378,7 @@ static int kept_undo(vmmb_lease *l, uint64_t serial, int error, bool free_plainl
         if (free_plainly)
                 k = lease_release(l, true);
         else {
-                k = kept_unmap(l);
+                k = lease_unmap(l);
                 lease_destroy(l);
         }
         if (error < 0) {
