@@ -101,7 +101,7 @@ struct vmmb_lease {
         bool from_alloc;                /* Alloc made it (not Attach) */
         bool shared;                    /* vmmb_share() was called for it: a token may exist */
         bool published;                 /* vmmb_publish() was called for it */
-        bool was_parked;                /* vmmb_lease_park() was called for it */
+        bool was_parked;                /* vmmb_lease_park() was called for it: set with `parked`, never reset */
         /* kept (vmmb_free_keep()), under process.lock */
         uint64_t kept_serial;           /* which keeping of the process this is */
         uint64_t kept_seq;              /* the next Alloc ticket when its keep-Free was written; 0 until then */
@@ -2290,8 +2290,7 @@ static int lease_unlist(vmmb_lease *lease, const char *function, bool *ret_keepa
         list_unlink(&lease->link);
         if (ret_keepable) {
                 keepable = lease->from_alloc && !lease->shared && !lease->published && !lease->was_parked &&
-                           !lease->parked && lease->n_peers == 0 && !lease->readonly && !lease->reclaimable &&
-                           !lease->reclaimed;
+                           lease->n_peers == 0 && !lease->readonly && !lease->reclaimable && !lease->reclaimed;
                 list_for_each_entry(i, &c->leases, link)
                         if (strcmp(i->id, lease->id) == 0) {
                                 keepable = false;
@@ -2648,8 +2647,8 @@ static int client_parks(vmmb_client *c) {
 }
 
 /*
- * Marks a lease parked here, once no reclaim callback of it runs; fails for one given back, or parked already.
- * Returns 0 or a negative errno with the message set.
+ * Marks a lease parked here (and parked once, for vmmb_free_keep()), once no reclaim callback of it runs; fails
+ * for one given back, or parked already. Returns 0 or a negative errno with the message set.
  */
 static int lease_begin_park(vmmb_lease *l) {
         vmmb_client *c = l->client;
@@ -2665,7 +2664,7 @@ static int lease_begin_park(vmmb_lease *l) {
         else if (k == 0 && l->parked)
                 k = set_error(-EALREADY, "Lease %s is parked already.", l->id);
         else if (k == 0)
-                l->parked = true;
+                l->parked = l->was_parked = true;
         (void)pthread_mutex_unlock(&c->leases_lock);
         return k;
 }
@@ -2705,7 +2704,6 @@ VMMB_EXPORT int vmmb_lease_park(vmmb_lease *lease, void *stream) {
         k = lease_begin_park(lease);
         if (k < 0)
                 return k;
-        lease_set_flag(lease, &lease->was_parked);
 
         r = wait_queued(cu, lease->device, stream, !stream);
         if (r != CUDA_SUCCESS) {
