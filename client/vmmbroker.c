@@ -2271,13 +2271,13 @@ VMMB_EXPORT void vmmb_tokens_free(vmmb_token *tokens, size_t n) {
  * Takes a lease off its client's list to free it, once no reclaim callback decides on it; `function` names the
  * caller in messages. *ret_keepable (when given) says whether the broker can be expected to keep it
  * (vmmb_free_keep()): it came from this library's Alloc, was never shared, published, parked or given to
- * other devices, is mapped read-write, is not marked reclaimable nor given back, and no other lease object of
- * the client is the same lease (an Attach of it).
+ * other devices, is mapped read-write, and is not marked reclaimable nor given back. (So no other lease object
+ * of the process is the same lease: an Attach needs a token or a name, which only vmmb_share() or
+ * vmmb_publish() of this object can have made, and the broker hands a lease back to an Alloc only while it is
+ * kept, off every client's list.)
  */
 static int lease_unlist(vmmb_lease *lease, const char *function, bool *ret_keepable) {
         vmmb_client *c = lease->client;
-        const vmmb_lease *i;
-        bool keepable;
 
         (void)pthread_mutex_lock(&c->leases_lock);
         if (lease->reclaiming && reclaim_running == lease) {
@@ -2288,16 +2288,9 @@ static int lease_unlist(vmmb_lease *lease, const char *function, bool *ret_keepa
         while (lease->reclaiming)       /* its reclaim callback runs: it decides first */
                 (void)pthread_cond_wait(&c->reclaim_done, &c->leases_lock);
         list_unlink(&lease->link);
-        if (ret_keepable) {
-                keepable = lease->from_alloc && !lease->shared && !lease->published && !lease->was_parked &&
-                           lease->n_peers == 0 && !lease->readonly && !lease->reclaimable && !lease->reclaimed;
-                list_for_each_entry(i, &c->leases, link)
-                        if (strcmp(i->id, lease->id) == 0) {
-                                keepable = false;
-                                break;
-                        }
-                *ret_keepable = keepable;
-        }
+        if (ret_keepable)
+                *ret_keepable = lease->from_alloc && !lease->shared && !lease->published && !lease->was_parked &&
+                                lease->n_peers == 0 && !lease->readonly && !lease->reclaimable && !lease->reclaimed;
         (void)pthread_mutex_unlock(&c->leases_lock);
         return 0;
 }
