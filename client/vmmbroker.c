@@ -894,14 +894,23 @@ static void kept_sent(vmmb_lease *l, uint64_t serial, uint64_t generation) {
         process_unlock();
 }
 
-/* Whether the process keeps any lease whose keep-Free was written. */
-static bool kept_any(void) {
+/*
+ * Whether `l`, a kept lease whose keep-Free was written, is one to give back on `via`: kept through it, or,
+ * with `same_broker`, through any client of the broker at its socket (a Free on `via` reaches no other
+ * broker). Lock held: the client that kept a lease is not closed while the lease is in the table.
+ */
+static bool kept_for(const vmmb_lease *l, const vmmb_client *via, bool same_broker) {
+        return l->kept_seq != 0 && (l->client == via || (same_broker && strcmp(l->client->path, via->path) == 0));
+}
+
+/* Whether the process keeps any lease whose keep-Free was written, through a client of `via`'s broker. */
+static bool kept_any(const vmmb_client *via) {
         const vmmb_lease *l;
         bool any = false;
 
         process_lock();
         list_for_each_entry(l, &process.kept, link)
-                if (l->kept_seq != 0) {
+                if (kept_for(l, via, true)) {
                         any = true;
                         break;
                 }
@@ -910,15 +919,15 @@ static bool kept_any(void) {
 }
 
 /*
- * Takes the oldest kept lease whose keep-Free was written, kept through `kept_by` (NULL: any client), out of
- * the table, and links `r` as its released record while it is given back. NULL when there is none.
+ * Takes the oldest kept lease to give back on `via` (kept_for()) out of the table, and links `r` as its
+ * released record while it is given back. NULL when there is none.
  */
-static vmmb_lease *kept_take_next(const vmmb_client *kept_by, Released *r) {
+static vmmb_lease *kept_take_next(const vmmb_client *via, bool same_broker, Released *r) {
         vmmb_lease *l, *found = NULL;
 
         process_lock();
         list_for_each_entry(l, &process.kept, link)
-                if (l->kept_seq != 0 && (!kept_by || l->client == kept_by)) {
+                if (kept_for(l, via, same_broker)) {
                         found = l;
                         break;
                 }
@@ -960,10 +969,10 @@ static int kept_give_back(vmmb_client *via, vmmb_lease *l, Released *r) {
 }
 
 /*
- * Gives back every kept lease kept through `kept_by` (NULL: any), freeing them on `via`. Returns how many, or
- * the first error (message set) once it has tried them all.
+ * Gives back every kept lease kept through `via`, or with `same_broker` through any client of its broker,
+ * freeing them on `via`. Returns how many, or the first error (message set) once it has tried them all.
  */
-static int kept_give_back_all(vmmb_client *via, const vmmb_client *kept_by) {
+static int kept_give_back_all(vmmb_client *via, bool same_broker) {
         int n = 0, ret = 0, k;
 
         for (;;) {
@@ -972,7 +981,7 @@ static int kept_give_back_all(vmmb_client *via, const vmmb_client *kept_by) {
 
                 if (!r)
                         return set_error(-ENOMEM, "Out of memory.");
-                l = kept_take_next(kept_by, r);
+                l = kept_take_next(via, same_broker, r);
                 if (!l) {
                         free(r);
                         break;
@@ -1848,7 +1857,7 @@ VMMB_EXPORT void vmmb_close(vmmb_client *client) {
          * broker that is gone is not waited for: this process's holds end when it exits. */
         client->closing = true;
         memcpy(saved, error_message, sizeof(saved));
-        (void)kept_give_back_all(client, client);      /* and those the broker did not keep: stale */
+        (void)kept_give_back_all(client, false);       /* and those the broker did not keep: stale */
         watch_leave(client);
         for (;;) {
                 vmmb_lease *l;
@@ -1872,7 +1881,7 @@ VMMB_EXPORT void vmmb_close(vmmb_client *client) {
 /*
  * Alloc, waiting up to wait_usec for room (0: not at all); `function` names the caller in messages. A reply
  * that hands back a kept lease reuses its mapping (lease_map_reply()). Refused for room or a limit while the
- * process keeps leases, it gives them all back and asks once more, with the same wait.
+ * process keeps leases of this broker, it gives them all back and asks once more, with the same wait.
  */
 static int client_alloc(vmmb_client *client, uint64_t size, int device, const uint64_t *devices, size_t n_devices,
                         const char *label, uint64_t wait_usec, const char *function, vmmb_lease **ret) {
@@ -1912,13 +1921,13 @@ static int client_alloc(vmmb_client *client, uint64_t size, int device, const ui
                 uint64_t generation = 0;
 
                 k = client_call_full(client, VMMB_METHOD_ALLOC, params, false, &reply, &fds, &generation);
-                if ((k == -ENOMEM || k == -EDQUOT) && !gave_back && kept_any()) {
+                if ((k == -ENOMEM || k == -EDQUOT) && !gave_back && kept_any(client)) {
                         char saved[ERROR_MESSAGE_MAX];
 
                         /* kept leases are still charged and leased: give them back, and ask again */
                         gave_back = true;
                         memcpy(saved, error_message, sizeof(saved));
-                        (void)kept_give_back_all(client, NULL);
+                        (void)kept_give_back_all(client, true);
                         memcpy(error_message, saved, sizeof(saved));
                         continue;
                 }
@@ -2469,7 +2478,7 @@ VMMB_EXPORT int vmmb_free_keep(vmmb_lease *lease) {
 VMMB_EXPORT int vmmb_give_back_kept(vmmb_client *client) {
         if (!client)
                 return set_error(-EINVAL, "vmmb_give_back_kept() needs a client.");
-        return kept_give_back_all(client, client);
+        return kept_give_back_all(client, false);
 }
 
 /*
