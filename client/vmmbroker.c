@@ -2417,6 +2417,12 @@ VMMB_EXPORT int vmmb_free_keep(vmmb_lease *lease) {
         memcpy(saved, error_message, sizeof(saved));
         k = watch_join(c);
         memcpy(error_message, saved, sizeof(saved));
+        if (k == -EOPNOTSUPP) {
+                /* older than reclaiming, so older than keeping: no watch is tried again on this connection */
+                (void)pthread_mutex_lock(&c->call_lock);
+                c->keeps_not = c->generation;
+                (void)pthread_mutex_unlock(&c->call_lock);
+        }
         if (k < 0)
                 return lease_release(lease, true);
 
