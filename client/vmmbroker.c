@@ -748,7 +748,8 @@ static struct {
         uint64_t next_serial;           /* the next keeping's serial, from 1 */
         List watches;                   /* Watch.link: one per broker socket */
         pthread_cond_t handled;         /* with lock: a watch thread is done with a client's lease */
-        pthread_mutex_t watch_lock;     /* serialises making and ending watches; taken before lock */
+        pthread_mutex_t watch_lock;     /* serialises making and ending watches (joining one that runs needs only
+                                           lock); taken before lock */
 } process = {
         .lock = PTHREAD_MUTEX_INITIALIZER,
         .kept = LIST_INIT(process.kept),
@@ -1675,6 +1676,22 @@ static Watch *watch_free(Watch *w) {
         return NULL;
 }
 
+/* Joins the client to the running watch of its broker socket, unless it has one already; false when the process
+ * has none. process.lock held. */
+static bool watch_join_running(vmmb_client *c) {
+        Watch *w;
+
+        if (c->watch)
+                return true;
+        list_for_each_entry(w, &process.watches, link)
+                if (strcmp(w->path, c->path) == 0) {
+                        list_link_tail(&w->clients, &c->watch_link);
+                        c->watch = w;
+                        return true;
+                }
+        return false;
+}
+
 /*
  * Makes a client's process watch for reclaim requests of the broker at its socket: it joins the watch of
  * another client of the same socket, or makes one (a connection with WatchReclaim on, one for the answers,
@@ -1682,34 +1699,24 @@ static Watch *watch_free(Watch *w) {
  * reclaiming.
  */
 static int watch_join(vmmb_client *c) {
-        Watch *w = NULL, *i;
+        Watch *w = NULL;
         bool joined;
         int k = 0;
 
+        /* Joining a watch that runs needs no watch_lock: a reclaim callback on its thread may join while a
+         * vmmb_close() holds watch_lock and waits for that callback (watch_leave()). */
         process_lock();
-        joined = c->watch;
+        joined = watch_join_running(c);
         process_unlock();
         if (joined)
                 return 0;
 
         (void)pthread_mutex_lock(&process.watch_lock);
         process_lock();
-        if (c->watch) {
-                process_unlock();
-                goto out;
-        }
-        list_for_each_entry(i, &process.watches, link)
-                if (strcmp(i->path, c->path) == 0) {
-                        w = i;
-                        break;
-                }
-        if (w) {
-                list_link_tail(&w->clients, &c->watch_link);
-                c->watch = w;
-                process_unlock();
-                goto out;
-        }
+        joined = watch_join_running(c);
         process_unlock();
+        if (joined)
+                goto out;
 
         w = calloc(1, sizeof(*w));
         if (!w) {
@@ -1740,16 +1747,14 @@ static int watch_join(vmmb_client *c) {
                 k = set_error(k, "Cannot watch for reclaim requests at %s: %s.", w->path, strerror(-k));
         if (k < 0)
                 goto fail;
-        /* in the lists before the thread runs: a request for the client's leases finds them */
+        /* the client among its clients before the thread runs: a request for the client's leases finds them */
         process_lock();
-        list_link_tail(&process.watches, &w->link);
         list_link_tail(&w->clients, &c->watch_link);
         c->watch = w;
         process_unlock();
         k = -pthread_create(&w->thread, NULL, watch_thread, w);
         if (k < 0) {
                 process_lock();
-                list_unlink(&w->link);
                 list_unlink(&c->watch_link);
                 c->watch = NULL;
                 process_unlock();
@@ -1757,6 +1762,10 @@ static int watch_join(vmmb_client *c) {
                 goto fail;
         }
         w->running = true;
+        /* the process's once it runs: other clients join it from here on */
+        process_lock();
+        list_link_tail(&process.watches, &w->link);
+        process_unlock();
         goto out;
 fail:
         w = watch_free(w);
