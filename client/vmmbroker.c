@@ -1853,6 +1853,13 @@ static bool lease_flag(const vmmb_lease *lease, const bool *flag) {
         return v;
 }
 
+/* Sets a flag of the lease's that client->leases_lock guards (parked, shared, published) under the lock. */
+static void lease_set_flag(vmmb_lease *lease, bool *flag, bool value) {
+        (void)pthread_mutex_lock(&lease->client->leases_lock);
+        *flag = value;
+        (void)pthread_mutex_unlock(&lease->client->leases_lock);
+}
+
 VMMB_EXPORT int vmmb_lease_reclaimed(const vmmb_lease *lease) {
         return lease && lease_flag(lease, &lease->reclaimed);
 }
@@ -2037,13 +2044,6 @@ static int flags_check(unsigned flags, const char *function) {
         return 0;
 }
 
-/* Sets a flag of the lease's that client->leases_lock guards. */
-static void lease_set_flag(vmmb_lease *lease, bool *flag) {
-        (void)pthread_mutex_lock(&lease->client->leases_lock);
-        *flag = true;
-        (void)pthread_mutex_unlock(&lease->client->leases_lock);
-}
-
 /* A call that returns nothing: sends it and drops the empty reply. */
 static int client_call_empty(vmmb_client *c, const char *method, json_object *params) {
         VarlinkReply reply = {};
@@ -2127,7 +2127,7 @@ VMMB_EXPORT int vmmb_share(vmmb_lease *lease, uid_t uid, unsigned flags, char to
         if (k < 0)
                 return k;
         p.id = lease->id;
-        lease_set_flag(lease, &lease->shared);          /* a token may exist from here on, whatever comes back */
+        lease_set_flag(lease, &lease->shared, true);    /* a token may exist from here on, whatever comes back */
         k = share_params_encode(&p, &params);
         if (k < 0)
                 return set_error(k, "Cannot encode the request: %s.", strerror(-k));
@@ -2198,7 +2198,7 @@ VMMB_EXPORT int vmmb_publish(vmmb_lease *lease, const char *name, const uid_t *u
         }
         p.id = lease->id;
         p.uids = wire_uids;
-        lease_set_flag(lease, &lease->published);       /* it may be published from here on */
+        lease_set_flag(lease, &lease->published, true); /* it may be published from here on */
         k = publish_params_encode(&p, &params);
         if (k < 0)
                 return set_error(k, "Cannot encode the request: %s.", strerror(-k));
@@ -2686,12 +2686,6 @@ static int lease_begin_park(vmmb_lease *l) {
         return k;
 }
 
-static void lease_set_parked(vmmb_lease *l, bool parked) {
-        (void)pthread_mutex_lock(&l->client->leases_lock);
-        l->parked = parked;
-        (void)pthread_mutex_unlock(&l->client->leases_lock);
-}
-
 VMMB_EXPORT int vmmb_lease_park(vmmb_lease *lease, void *stream) {
         _cleanup_(json_putp) json_object *params = NULL;
         _cleanup_free_ char *message = NULL;
@@ -2724,7 +2718,7 @@ VMMB_EXPORT int vmmb_lease_park(vmmb_lease *lease, void *stream) {
 
         r = wait_queued(cu, lease->device, stream, !stream);
         if (r != CUDA_SUCCESS) {
-                lease_set_parked(lease, false);
+                lease_set_flag(lease, &lease->parked, false);
                 return set_error(cuda_result_to_errno(r), "Cannot wait for the work queued %s%p before parking "
                                  "lease %s: %s. The lease is left as it was, mapped.", stream ? "on stream " :
                                  "in the context, stream ", stream, lease->id, cuda_result_name(cu, r));
