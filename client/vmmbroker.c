@@ -1194,12 +1194,7 @@ static int lease_map_reply(vmmb_client *client, const char *method, json_object 
                         /* the same lease, slabs and device, still mapped here: only the object changes hands */
                         l->client = client;
                         l->owner = ar.lease.owner == JSON_ABSENT ? (uid_t)-1 : (uid_t)ar.lease.owner;
-                        (void)pthread_mutex_lock(&client->leases_lock);
-                        list_link_tail(&client->leases, &l->link);
-                        (void)pthread_mutex_unlock(&client->leases_lock);
-                        *ret = TAKE_PTR(l);
-                        k = 0;
-                        goto out;
+                        goto listed;
                 }
         }
 
@@ -1249,6 +1244,7 @@ static int lease_map_reply(vmmb_client *client, const char *method, json_object 
                 goto out;
         }
 
+listed:
         (void)pthread_mutex_lock(&client->leases_lock);
         list_link_tail(&client->leases, &l->link);
         (void)pthread_mutex_unlock(&client->leases_lock);
