@@ -101,7 +101,7 @@ struct vmmb_lease {
         bool from_alloc;                /* Alloc made it (not Attach) */
         bool shared;                    /* vmmb_share() was called for it: a token may exist */
         bool published;                 /* vmmb_publish() was called for it */
-        bool was_parked;                /* vmmb_lease_park() was called for it */
+        bool was_parked;                /* vmmb_lease_park() was called for it: set with `parked`, never reset */
         /* kept (vmmb_free_keep()), under process.lock */
         uint64_t kept_serial;           /* which keeping of the process this is */
         uint64_t kept_seq;              /* the next Alloc ticket when its keep-Free was written; 0 until then */
@@ -645,31 +645,43 @@ static vmmb_lease *lease_destroy(vmmb_lease *l) {
 DEFINE_TRIVIAL_CLEANUP_FUNC(vmmb_lease, lease_destroy);
 
 /*
- * Unmaps a lease and, once nothing of it is mapped here, tells the broker: waits for its answer, or only
- * sends the Free when `oneway` (vmmb_free_oneway()). cuMemUnmap does not wait for work queued on the range (work that runs after
- * it faults, CUDA_ERROR_ILLEGAL_ADDRESS, sticky for its context): the caller
- * has made sure none is (vmmb_free_stream() waits for a stream first). When unmapping fails the broker is
- * not told: the memory may still be reachable in this process, so it must not
- * be scrubbed and handed out again; the broker reclaims it when the process
- * exits. Frees the lease object in every case.
+ * Unmaps a lease and frees its address range (only the range, for a parked one); returns 0 or a negative errno
+ * with the message set. cuMemUnmap does not wait for work queued on the range (work that runs after it faults,
+ * CUDA_ERROR_ILLEGAL_ADDRESS, sticky for its context): the caller has made sure none is.
+ */
+static int lease_unmap(const vmmb_lease *l) {
+        CudaDriver *cu = NULL;
+        int k;
+
+        k = driver_get(&cu);            /* loaded already: the lease was mapped with it */
+        if (k < 0)
+                return k;
+        if (l->parked)                  /* nothing is mapped: only the reservation is left */
+                k = cuda_result_to_errno(cu->cuMemAddressFree(l->va, l->size));
+        else
+                k = cuda_unmap(cu, l->va, l->sizes, l->n_slabs);
+        if (k < 0)
+                return set_error(k, "Cannot unmap lease %s at 0x%llx: %s.", l->id, (unsigned long long)l->va,
+                                 strerror(-k));
+        return 0;
+}
+
+/*
+ * Unmaps a lease (lease_unmap()) and, once nothing of it is mapped here, tells the broker: waits for its
+ * answer, or only sends the Free when `oneway` (vmmb_free_oneway()). The caller has made sure no work uses it
+ * (vmmb_free_stream() waits for a stream first). When unmapping fails the broker is not told: the memory may
+ * still be reachable in this process, so it must not be scrubbed and handed out again; the broker reclaims it
+ * when the process exits. Frees the lease object in every case.
  */
 static int lease_release(vmmb_lease *l, bool oneway) {
         _cleanup_(lease_destroyp) vmmb_lease *lease = l;
-        CudaDriver *cu = NULL;
         int k;
 
         if (lease->reclaimed)
                 return 0;               /* given back already: only the object was left */
-        k = driver_get(&cu);            /* loaded already: the lease was mapped with it */
+        k = lease_unmap(lease);
         if (k < 0)
                 return k;
-        if (lease->parked)              /* nothing is mapped: only the reservation is left */
-                k = cuda_result_to_errno(cu->cuMemAddressFree(lease->va, lease->size));
-        else
-                k = cuda_unmap(cu, lease->va, lease->sizes, lease->n_slabs);
-        if (k < 0)
-                return set_error(k, "Cannot unmap lease %s at 0x%llx: %s.", lease->id,
-                                 (unsigned long long)lease->va, strerror(-k));
         return client_free_id(lease->client, lease->id, oneway);
 }
 
@@ -736,7 +748,8 @@ static struct {
         uint64_t next_serial;           /* the next keeping's serial, from 1 */
         List watches;                   /* Watch.link: one per broker socket */
         pthread_cond_t handled;         /* with lock: a watch thread is done with a client's lease */
-        pthread_mutex_t watch_lock;     /* serialises making and ending watches; taken before lock */
+        pthread_mutex_t watch_lock;     /* serialises making and ending watches (joining one that runs needs only
+                                           lock); taken before lock */
 } process = {
         .lock = PTHREAD_MUTEX_INITIALIZER,
         .kept = LIST_INIT(process.kept),
@@ -791,6 +804,26 @@ static Released *released_find(const char *id) {
         return NULL;
 }
 
+/*
+ * Links `r` as the released record of `id`: dropped (unmapped as stale, not freed), or given back, its Free
+ * under way. Lock held.
+ */
+static void released_add(Released *r, const char *id, bool dropped) {
+        *r = (Released){ .dropped = dropped, .until = dropped ? 0 : UINT64_MAX };
+        memcpy(r->id, id, strlen(id) + 1);
+        list_link_tail(&process.released, &r->link);
+        if (dropped)
+                process.n_dropped++;
+}
+
+/* Unlinks and frees a released record. Lock held. */
+static void released_remove(Released *r) {
+        if (r->dropped)
+                process.n_dropped--;
+        list_unlink(&r->link);
+        free(r);
+}
+
 /* Forgets what no Alloc under way can bring back any more, and the oldest dropped ids past DROPPED_MAX. Lock
  * held. */
 static void released_prune(void) {
@@ -798,14 +831,9 @@ static void released_prune(void) {
         uint64_t horizon = oldest ? oldest->seq : process.next_seq;
         Released *r, *tmp;
 
-        list_for_each_entry_safe(r, tmp, &process.released, link) {
-                if (r->dropped ? process.n_dropped <= DROPPED_MAX : r->until > horizon)
-                        continue;
-                if (r->dropped)
-                        process.n_dropped--;
-                list_unlink(&r->link);
-                free(r);
-        }
+        list_for_each_entry_safe(r, tmp, &process.released, link)
+                if (r->dropped ? process.n_dropped > DROPPED_MAX : r->until <= horizon)
+                        released_remove(r);
 }
 
 /* Takes a ticket for an Alloc about to be sent. */
@@ -867,29 +895,23 @@ static void kept_sent(vmmb_lease *l, uint64_t serial, uint64_t generation) {
         process_unlock();
 }
 
-/* Unmaps a kept lease taken out of the table; returns 0 or a negative errno (message set). */
-static int kept_unmap(vmmb_lease *l) {
-        CudaDriver *cu = NULL;
-        int k;
-
-        k = driver_get(&cu);            /* loaded already: the lease was mapped with it */
-        if (k < 0)
-                return k;
-        k = cuda_unmap(cu, l->va, l->sizes, l->n_slabs);
-        if (k < 0)
-                return set_error(k, "Cannot unmap kept lease %s at 0x%llx: %s. It stays mapped until the process "
-                                 "exits.", l->id, (unsigned long long)l->va, strerror(-k));
-        return 0;
+/*
+ * Whether `l`, a kept lease whose keep-Free was written, is one to give back on `via`: kept through it, or,
+ * with `same_broker`, through any client of the broker at its socket (a Free on `via` reaches no other
+ * broker). Lock held: the client that kept a lease is not closed while the lease is in the table.
+ */
+static bool kept_for(const vmmb_lease *l, const vmmb_client *via, bool same_broker) {
+        return l->kept_seq != 0 && (l->client == via || (same_broker && strcmp(l->client->path, via->path) == 0));
 }
 
-/* Whether the process keeps any lease whose keep-Free was written. */
-static bool kept_any(void) {
+/* Whether the process keeps any lease whose keep-Free was written, through a client of `via`'s broker. */
+static bool kept_any(const vmmb_client *via) {
         const vmmb_lease *l;
         bool any = false;
 
         process_lock();
         list_for_each_entry(l, &process.kept, link)
-                if (l->kept_seq != 0) {
+                if (kept_for(l, via, true)) {
                         any = true;
                         break;
                 }
@@ -898,23 +920,21 @@ static bool kept_any(void) {
 }
 
 /*
- * Takes the oldest kept lease whose keep-Free was written, kept through `kept_by` (NULL: any client), out of
- * the table, and links `r` as its released record while it is given back. NULL when there is none.
+ * Takes the oldest kept lease to give back on `via` (kept_for()) out of the table, and links `r` as its
+ * released record while it is given back. NULL when there is none.
  */
-static vmmb_lease *kept_take_next(const vmmb_client *kept_by, Released *r) {
+static vmmb_lease *kept_take_next(const vmmb_client *via, bool same_broker, Released *r) {
         vmmb_lease *l, *found = NULL;
 
         process_lock();
         list_for_each_entry(l, &process.kept, link)
-                if (l->kept_seq != 0 && (!kept_by || l->client == kept_by)) {
+                if (kept_for(l, via, same_broker)) {
                         found = l;
                         break;
                 }
         if (found) {
                 list_unlink(&found->link);
-                *r = (Released){ .until = UINT64_MAX };
-                memcpy(r->id, found->id, strlen(found->id) + 1);
-                list_link_tail(&process.released, &r->link);
+                released_add(r, found->id, false);
         }
         process_unlock();
         return found;
@@ -933,7 +953,7 @@ static int kept_give_back(vmmb_client *via, vmmb_lease *l, Released *r) {
         int k = 0;
 
         if (l)
-                k = kept_unmap(l);
+                k = lease_unmap(l);
         if (k >= 0) {
                 sent = true;            /* whatever comes back, the broker may have carried it out */
                 k = client_free_id(via, r->id, false);
@@ -942,20 +962,18 @@ static int kept_give_back(vmmb_client *via, vmmb_lease *l, Released *r) {
         if (sent) {
                 r->until = process.next_seq;
                 released_prune();
-        } else {
-                list_unlink(&r->link);
-                free(r);
-        }
+        } else
+                released_remove(r);
         process_unlock();
         lease_destroy(l);
         return k;
 }
 
 /*
- * Gives back every kept lease kept through `kept_by` (NULL: any), freeing them on `via`. Returns how many, or
- * the first error (message set) once it has tried them all.
+ * Gives back every kept lease kept through `via`, or with `same_broker` through any client of its broker,
+ * freeing them on `via`. Returns how many, or the first error (message set) once it has tried them all.
  */
-static int kept_give_back_all(vmmb_client *via, const vmmb_client *kept_by) {
+static int kept_give_back_all(vmmb_client *via, bool same_broker) {
         int n = 0, ret = 0, k;
 
         for (;;) {
@@ -964,7 +982,7 @@ static int kept_give_back_all(vmmb_client *via, const vmmb_client *kept_by) {
 
                 if (!r)
                         return set_error(-ENOMEM, "Out of memory.");
-                l = kept_take_next(kept_by, r);
+                l = kept_take_next(via, same_broker, r);
                 if (!l) {
                         free(r);
                         break;
@@ -992,22 +1010,14 @@ static void kept_asked(vmmb_client *via, const char *id) {
                 return;
         process_lock();
         l = kept_find(id);
-        d = released_find(id);
-        if (l) {
+        d = l ? NULL : released_find(id);
+        found = l || (d && d->dropped);
+        if (l)
                 list_unlink(&l->link);
-                *r = (Released){ .until = UINT64_MAX };
-                memcpy(r->id, l->id, strlen(l->id) + 1);
-                list_link_tail(&process.released, &r->link);
-                found = true;
-        } else if (d && d->dropped) {
-                /* now a record of a lease being given back */
-                d->dropped = false;
-                d->until = UINT64_MAX;
-                process.n_dropped--;
-                free(r);
-                r = d;
-                found = true;
-        }
+        else if (found)
+                released_remove(d);     /* its record becomes one of a lease being given back */
+        if (found)
+                released_add(r, id, false);
         process_unlock();
         if (!found) {
                 free(r);
@@ -1034,6 +1044,7 @@ static bool kept_fits(const vmmb_lease *l, const WireLease *w) {
  *   mapping is the lease's;
  * - 0 with *ret NULL: map it. A kept lease of its id whose layout differs is unmapped; when the reply is a
  *   new lease, the leases it shows the broker did not keep (above) are unmapped and dropped.
+ * The caller holds the ticket: alloc_ticket_return() prunes the released records afterwards.
  */
 static int kept_reuse(vmmb_client *c, const WireLease *w, const AllocTicket *t, uint64_t generation,
                       vmmb_lease **ret) {
@@ -1048,12 +1059,9 @@ static int kept_reuse(vmmb_client *c, const WireLease *w, const AllocTicket *t, 
                 process_unlock();
                 return 1;
         }
-        if (r) {
+        if (r)
                 /* the broker kept it after all, and hands it back: a hold of this process's, to map again */
-                process.n_dropped--;
-                list_unlink(&r->link);
-                free(r);
-        }
+                released_remove(r);
         l = kept_find(w->id);
         if (l)
                 list_unlink(&l->link);
@@ -1068,25 +1076,21 @@ static int kept_reuse(vmmb_client *c, const WireLease *w, const AllocTicket *t, 
                         d = calloc(1, sizeof(*d));
                         if (!d)
                                 continue;       /* left kept, then: vmmb_close() gives it back */
-                        *d = (Released){ .dropped = true };
-                        memcpy(d->id, i->id, strlen(i->id) + 1);
-                        list_link_tail(&process.released, &d->link);
-                        process.n_dropped++;
+                        released_add(d, i->id, true);
                         list_unlink(&i->link);
                         list_link_tail(&stale, &i->link);
                 }
-        released_prune();
-        process_unlock();
+        process_unlock();       /* the dropped ids past DROPPED_MAX go when the Alloc's ticket does */
 
         while ((i = list_first_entry(&stale, vmmb_lease, link))) {
                 list_unlink(&i->link);
-                (void)kept_unmap(i);            /* our own mapping: always safe to unmap */
+                (void)lease_unmap(i);           /* our own mapping: always safe to unmap */
                 lease_destroy(i);
         }
         if (!l)
                 return 0;
         if (!kept_fits(l, w)) {
-                (void)kept_unmap(l);
+                (void)lease_unmap(l);
                 lease_destroy(l);
                 return 0;
         }
@@ -1180,7 +1184,7 @@ static int lease_map_reply(vmmb_client *client, const char *method, json_object 
                         goto out;
                 }
                 if (l && l->size < min_size) {
-                        (void)kept_unmap(l);
+                        (void)lease_unmap(l);
                         k = set_error(-EPROTO, "The broker's reply to %s is not valid: it handed back lease %s of "
                                       "%" PRIu64 " bytes, less than was asked for.", method, l->id, l->size);
                         client_give_back(client, ar.lease.id);
@@ -1190,12 +1194,7 @@ static int lease_map_reply(vmmb_client *client, const char *method, json_object 
                         /* the same lease, slabs and device, still mapped here: only the object changes hands */
                         l->client = client;
                         l->owner = ar.lease.owner == JSON_ABSENT ? (uid_t)-1 : (uid_t)ar.lease.owner;
-                        (void)pthread_mutex_lock(&client->leases_lock);
-                        list_link_tail(&client->leases, &l->link);
-                        (void)pthread_mutex_unlock(&client->leases_lock);
-                        *ret = TAKE_PTR(l);
-                        k = 0;
-                        goto out;
+                        goto listed;
                 }
         }
 
@@ -1245,6 +1244,7 @@ static int lease_map_reply(vmmb_client *client, const char *method, json_object 
                 goto out;
         }
 
+listed:
         (void)pthread_mutex_lock(&client->leases_lock);
         list_link_tail(&client->leases, &l->link);
         (void)pthread_mutex_unlock(&client->leases_lock);
@@ -1672,6 +1672,22 @@ static Watch *watch_free(Watch *w) {
         return NULL;
 }
 
+/* Joins the client to the running watch of its broker socket, unless it has one already; false when the process
+ * has none. process.lock held. */
+static bool watch_join_running(vmmb_client *c) {
+        Watch *w;
+
+        if (c->watch)
+                return true;
+        list_for_each_entry(w, &process.watches, link)
+                if (strcmp(w->path, c->path) == 0) {
+                        list_link_tail(&w->clients, &c->watch_link);
+                        c->watch = w;
+                        return true;
+                }
+        return false;
+}
+
 /*
  * Makes a client's process watch for reclaim requests of the broker at its socket: it joins the watch of
  * another client of the same socket, or makes one (a connection with WatchReclaim on, one for the answers,
@@ -1679,34 +1695,24 @@ static Watch *watch_free(Watch *w) {
  * reclaiming.
  */
 static int watch_join(vmmb_client *c) {
-        Watch *w = NULL, *i;
+        Watch *w = NULL;
         bool joined;
         int k = 0;
 
+        /* Joining a watch that runs needs no watch_lock: a reclaim callback on its thread may join while a
+         * vmmb_close() holds watch_lock and waits for that callback (watch_leave()). */
         process_lock();
-        joined = c->watch;
+        joined = watch_join_running(c);
         process_unlock();
         if (joined)
                 return 0;
 
         (void)pthread_mutex_lock(&process.watch_lock);
         process_lock();
-        if (c->watch) {
-                process_unlock();
-                goto out;
-        }
-        list_for_each_entry(i, &process.watches, link)
-                if (strcmp(i->path, c->path) == 0) {
-                        w = i;
-                        break;
-                }
-        if (w) {
-                list_link_tail(&w->clients, &c->watch_link);
-                c->watch = w;
-                process_unlock();
-                goto out;
-        }
+        joined = watch_join_running(c);
         process_unlock();
+        if (joined)
+                goto out;
 
         w = calloc(1, sizeof(*w));
         if (!w) {
@@ -1737,16 +1743,14 @@ static int watch_join(vmmb_client *c) {
                 k = set_error(k, "Cannot watch for reclaim requests at %s: %s.", w->path, strerror(-k));
         if (k < 0)
                 goto fail;
-        /* in the lists before the thread runs: a request for the client's leases finds them */
+        /* the client among its clients before the thread runs: a request for the client's leases finds them */
         process_lock();
-        list_link_tail(&process.watches, &w->link);
         list_link_tail(&w->clients, &c->watch_link);
         c->watch = w;
         process_unlock();
         k = -pthread_create(&w->thread, NULL, watch_thread, w);
         if (k < 0) {
                 process_lock();
-                list_unlink(&w->link);
                 list_unlink(&c->watch_link);
                 c->watch = NULL;
                 process_unlock();
@@ -1754,6 +1758,10 @@ static int watch_join(vmmb_client *c) {
                 goto fail;
         }
         w->running = true;
+        /* the process's once it runs: other clients join it from here on */
+        process_lock();
+        list_link_tail(&process.watches, &w->link);
+        process_unlock();
         goto out;
 fail:
         w = watch_free(w);
@@ -1841,6 +1849,13 @@ static bool lease_flag(const vmmb_lease *lease, const bool *flag) {
         return v;
 }
 
+/* Sets a flag of the lease's that client->leases_lock guards (parked, shared, published) under the lock. */
+static void lease_set_flag(vmmb_lease *lease, bool *flag, bool value) {
+        (void)pthread_mutex_lock(&lease->client->leases_lock);
+        *flag = value;
+        (void)pthread_mutex_unlock(&lease->client->leases_lock);
+}
+
 VMMB_EXPORT int vmmb_lease_reclaimed(const vmmb_lease *lease) {
         return lease && lease_flag(lease, &lease->reclaimed);
 }
@@ -1854,7 +1869,7 @@ VMMB_EXPORT void vmmb_close(vmmb_client *client) {
          * broker that is gone is not waited for: this process's holds end when it exits. */
         client->closing = true;
         memcpy(saved, error_message, sizeof(saved));
-        (void)kept_give_back_all(client, client);      /* and those the broker did not keep: stale */
+        (void)kept_give_back_all(client, false);       /* and those the broker did not keep: stale */
         watch_leave(client);
         for (;;) {
                 vmmb_lease *l;
@@ -1878,7 +1893,7 @@ VMMB_EXPORT void vmmb_close(vmmb_client *client) {
 /*
  * Alloc, waiting up to wait_usec for room (0: not at all); `function` names the caller in messages. A reply
  * that hands back a kept lease reuses its mapping (lease_map_reply()). Refused for room or a limit while the
- * process keeps leases, it gives them all back and asks once more, with the same wait.
+ * process keeps leases of this broker, it gives them all back and asks once more, with the same wait.
  */
 static int client_alloc(vmmb_client *client, uint64_t size, int device, const uint64_t *devices, size_t n_devices,
                         const char *label, uint64_t wait_usec, const char *function, vmmb_lease **ret) {
@@ -1918,13 +1933,13 @@ static int client_alloc(vmmb_client *client, uint64_t size, int device, const ui
                 uint64_t generation = 0;
 
                 k = client_call_full(client, VMMB_METHOD_ALLOC, params, false, &reply, &fds, &generation);
-                if ((k == -ENOMEM || k == -EDQUOT) && !gave_back && kept_any()) {
+                if ((k == -ENOMEM || k == -EDQUOT) && !gave_back && kept_any(client)) {
                         char saved[ERROR_MESSAGE_MAX];
 
                         /* kept leases are still charged and leased: give them back, and ask again */
                         gave_back = true;
                         memcpy(saved, error_message, sizeof(saved));
-                        (void)kept_give_back_all(client, NULL);
+                        (void)kept_give_back_all(client, true);
                         memcpy(error_message, saved, sizeof(saved));
                         continue;
                 }
@@ -2025,13 +2040,6 @@ static int flags_check(unsigned flags, const char *function) {
         return 0;
 }
 
-/* Sets a flag of the lease's that client->leases_lock guards. */
-static void lease_set_flag(vmmb_lease *lease, bool *flag) {
-        (void)pthread_mutex_lock(&lease->client->leases_lock);
-        *flag = true;
-        (void)pthread_mutex_unlock(&lease->client->leases_lock);
-}
-
 /* A call that returns nothing: sends it and drops the empty reply. */
 static int client_call_empty(vmmb_client *c, const char *method, json_object *params) {
         VarlinkReply reply = {};
@@ -2115,7 +2123,7 @@ VMMB_EXPORT int vmmb_share(vmmb_lease *lease, uid_t uid, unsigned flags, char to
         if (k < 0)
                 return k;
         p.id = lease->id;
-        lease_set_flag(lease, &lease->shared);          /* a token may exist from here on, whatever comes back */
+        lease_set_flag(lease, &lease->shared, true);    /* a token may exist from here on, whatever comes back */
         k = share_params_encode(&p, &params);
         if (k < 0)
                 return set_error(k, "Cannot encode the request: %s.", strerror(-k));
@@ -2186,7 +2194,7 @@ VMMB_EXPORT int vmmb_publish(vmmb_lease *lease, const char *name, const uid_t *u
         }
         p.id = lease->id;
         p.uids = wire_uids;
-        lease_set_flag(lease, &lease->published);       /* it may be published from here on */
+        lease_set_flag(lease, &lease->published, true); /* it may be published from here on */
         k = publish_params_encode(&p, &params);
         if (k < 0)
                 return set_error(k, "Cannot encode the request: %s.", strerror(-k));
@@ -2277,13 +2285,13 @@ VMMB_EXPORT void vmmb_tokens_free(vmmb_token *tokens, size_t n) {
  * Takes a lease off its client's list to free it, once no reclaim callback decides on it; `function` names the
  * caller in messages. *ret_keepable (when given) says whether the broker can be expected to keep it
  * (vmmb_free_keep()): it came from this library's Alloc, was never shared, published, parked or given to
- * other devices, is mapped read-write, is not marked reclaimable nor given back, and no other lease object of
- * the client is the same lease (an Attach of it).
+ * other devices, is mapped read-write, and is not marked reclaimable nor given back. (So no other lease object
+ * of the process is the same lease: an Attach needs a token or a name, which only vmmb_share() or
+ * vmmb_publish() of this object can have made, and the broker hands a lease back to an Alloc only while it is
+ * kept, off every client's list.)
  */
 static int lease_unlist(vmmb_lease *lease, const char *function, bool *ret_keepable) {
         vmmb_client *c = lease->client;
-        const vmmb_lease *i;
-        bool keepable;
 
         (void)pthread_mutex_lock(&c->leases_lock);
         if (lease->reclaiming && reclaim_running == lease) {
@@ -2294,17 +2302,9 @@ static int lease_unlist(vmmb_lease *lease, const char *function, bool *ret_keepa
         while (lease->reclaiming)       /* its reclaim callback runs: it decides first */
                 (void)pthread_cond_wait(&c->reclaim_done, &c->leases_lock);
         list_unlink(&lease->link);
-        if (ret_keepable) {
-                keepable = lease->from_alloc && !lease->shared && !lease->published && !lease->was_parked &&
-                           !lease->parked && lease->n_peers == 0 && !lease->readonly && !lease->reclaimable &&
-                           !lease->reclaimed;
-                list_for_each_entry(i, &c->leases, link)
-                        if (strcmp(i->id, lease->id) == 0) {
-                                keepable = false;
-                                break;
-                        }
-                *ret_keepable = keepable;
-        }
+        if (ret_keepable)
+                *ret_keepable = lease->from_alloc && !lease->shared && !lease->published && !lease->was_parked &&
+                                lease->n_peers == 0 && !lease->readonly && !lease->reclaimable && !lease->reclaimed;
         (void)pthread_mutex_unlock(&c->leases_lock);
         return 0;
 }
@@ -2372,10 +2372,7 @@ static int kept_undo(vmmb_lease *l, uint64_t serial, int error, bool free_plainl
         if (taken) {
                 list_unlink(&l->link);
                 if (d) {
-                        *d = (Released){ .dropped = true };
-                        memcpy(d->id, l->id, strlen(l->id) + 1);
-                        list_link_tail(&process.released, &d->link);
-                        process.n_dropped++;
+                        released_add(d, l->id, true);
                         d = NULL;
                         released_prune();
                 }
@@ -2387,7 +2384,7 @@ static int kept_undo(vmmb_lease *l, uint64_t serial, int error, bool free_plainl
         if (free_plainly)
                 k = lease_release(l, true);
         else {
-                k = kept_unmap(l);
+                k = lease_unmap(l);
                 lease_destroy(l);
         }
         if (error < 0) {
@@ -2425,6 +2422,12 @@ VMMB_EXPORT int vmmb_free_keep(vmmb_lease *lease) {
         memcpy(saved, error_message, sizeof(saved));
         k = watch_join(c);
         memcpy(error_message, saved, sizeof(saved));
+        if (k == -EOPNOTSUPP) {
+                /* older than reclaiming, so older than keeping: no watch is tried again on this connection */
+                (void)pthread_mutex_lock(&c->call_lock);
+                c->keeps_not = c->generation;
+                (void)pthread_mutex_unlock(&c->call_lock);
+        }
         if (k < 0)
                 return lease_release(lease, true);
 
@@ -2486,7 +2489,7 @@ VMMB_EXPORT int vmmb_free_keep(vmmb_lease *lease) {
 VMMB_EXPORT int vmmb_give_back_kept(vmmb_client *client) {
         if (!client)
                 return set_error(-EINVAL, "vmmb_give_back_kept() needs a client.");
-        return kept_give_back_all(client, client);
+        return kept_give_back_all(client, false);
 }
 
 /*
@@ -2657,8 +2660,8 @@ static int client_parks(vmmb_client *c) {
 }
 
 /*
- * Marks a lease parked here, once no reclaim callback of it runs; fails for one given back, or parked already.
- * Returns 0 or a negative errno with the message set.
+ * Marks a lease parked here (and parked once, for vmmb_free_keep()), once no reclaim callback of it runs; fails
+ * for one given back, or parked already. Returns 0 or a negative errno with the message set.
  */
 static int lease_begin_park(vmmb_lease *l) {
         vmmb_client *c = l->client;
@@ -2674,15 +2677,9 @@ static int lease_begin_park(vmmb_lease *l) {
         else if (k == 0 && l->parked)
                 k = set_error(-EALREADY, "Lease %s is parked already.", l->id);
         else if (k == 0)
-                l->parked = true;
+                l->parked = l->was_parked = true;
         (void)pthread_mutex_unlock(&c->leases_lock);
         return k;
-}
-
-static void lease_set_parked(vmmb_lease *l, bool parked) {
-        (void)pthread_mutex_lock(&l->client->leases_lock);
-        l->parked = parked;
-        (void)pthread_mutex_unlock(&l->client->leases_lock);
 }
 
 VMMB_EXPORT int vmmb_lease_park(vmmb_lease *lease, void *stream) {
@@ -2714,11 +2711,10 @@ VMMB_EXPORT int vmmb_lease_park(vmmb_lease *lease, void *stream) {
         k = lease_begin_park(lease);
         if (k < 0)
                 return k;
-        lease_set_flag(lease, &lease->was_parked);
 
         r = wait_queued(cu, lease->device, stream, !stream);
         if (r != CUDA_SUCCESS) {
-                lease_set_parked(lease, false);
+                lease_set_flag(lease, &lease->parked, false);
                 return set_error(cuda_result_to_errno(r), "Cannot wait for the work queued %s%p before parking "
                                  "lease %s: %s. The lease is left as it was, mapped.", stream ? "on stream " :
                                  "in the context, stream ", stream, lease->id, cuda_result_name(cu, r));

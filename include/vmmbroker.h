@@ -153,8 +153,9 @@ void vmmb_close(vmmb_client *client);
  * no driver call is made. (A lease kept through another client of the
  * process comes back too: the process holds it.) When the broker refuses for
  * room (-ENOMEM) or a limit of the user (-EDQUOT) while the process keeps
- * leases, which are still leased and charged to the user, the library gives
- * them all back (vmmb_give_back_kept(), for every client) and asks once more.
+ * leases of it, which are still leased and charged to the user, the library
+ * gives them all back (vmmb_give_back_kept(), for every client of the
+ * process connected to the same socket) and asks once more.
  * When the device has no room but other processes keep leases there, the
  * broker asks them back and the call waits for them, at most the broker's
  * ReclaimTimeout= (5 s by default), before it fails with -ENOMEM.
@@ -311,8 +312,8 @@ int vmmb_free_oneway(vmmb_lease *lease);
  * back on its own (unmaps and frees it, with no callback), so the library
  * watches for the broker's requests (as vmmb_lease_set_reclaimable() does)
  * before it keeps anything. vmmb_close() and vmmb_give_back_kept() give back
- * what a client kept, and vmmb_alloc() gives every kept lease back and asks
- * again when the broker refuses for room or a limit.
+ * what a client kept, and vmmb_alloc() gives every lease kept with its
+ * broker back and asks again when the broker refuses for room or a limit.
  *
  * The broker keeps a lease only when this process holds it once,
  * read-write, and of the owner's user, and it is neither published nor
