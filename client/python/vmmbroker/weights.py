@@ -19,29 +19,38 @@ lease is published under the name (vmmbroker's Lease.publish()), so it
 outlives the producer; vmmbroker's Client.unpublish(name) ends it once no
 process holds it.
 
-Layout of the lease (version 2; little-endian):
+Layout of the lease (version 3; little-endian):
 
     offset 0   magic          8 bytes  b"VMMBWTS\\0"
-           8   version        u32      2 (this version also reads 1)
+           8   version        u32      3 (this version also reads 1 and 2)
           12   prefix size    u32      64 (bytes before the JSON)
           16   json size      u64      bytes of the JSON that follows the prefix
           24   data offset    u64      where the tensor data starts (aligned)
           32   data size      u64      bytes of tensor data after the data offset
           40   json crc32     u32      zlib.crc32 of the JSON bytes
           44   zero padding to 64
-          64   JSON (UTF-8), one array per field, the i-th tensor at index i of each:
-                              {"names": [...], "dtypes": [...], "shapes": [[...], ...],
-                               "offsets": [...], "nbytes": [...], "metadata": {...}}
-                offset is relative to the data offset; dtype is PyTorch's name
-                ("bfloat16", "float32", ...); every tensor is stored contiguous;
-                tensors that shared memory in the producer's state dict (tied
-                weights) share it here too.
+          64   JSON (UTF-8):  {"names": [...], "groups": [[...], ...], "metadata": {...}}
+                names: every tensor's name, in the state dict's order.
+                groups: every tensor in exactly one group; a group is
+                    [dtype, shape, offset, step, count, first, index step]:
+                    COUNT tensors of one dtype and shape, the k-th at byte
+                    OFFSET + k * STEP of the data, named names[FIRST + k * INDEX STEP].
+                offsets are relative to the data offset and, like the steps,
+                multiples of the dtype's size; dtype is PyTorch's name
+                ("bfloat16", "float32", ...); every tensor is stored
+                contiguous; tensors that shared memory in the producer's
+                state dict (tied weights) share it here too.
 
-Version 1 kept one array per tensor, [name, dtype, shape, stride, offset,
-nbytes], under "tensors"; parsing it made twice the Python objects (0.16 ms
-against 0.08 ms for GPT-2 medium's 293 tensors on the development machine),
-and its strides were always the contiguous ones. Stores published by earlier
-versions are still read.
+A model repeats its layers, so a state dict's tensors fall into few groups
+(GPT-2 medium's 293 into 17: one per parameter of a block, 24 blocks each,
+and five of their own): attach makes one strided view per group and splits it
+with one unbind(), instead of one view per tensor made from Python, and
+parses a JSON of 17 small arrays and the names.
+
+Version 2 kept one array per field ("names", "dtypes", "shapes", "offsets",
+"nbytes"), version 1 one array per tensor ([name, dtype, shape, stride,
+offset, nbytes]) under "tensors"; stores published by them are still read
+(each tensor a group of one).
 
 The layout functions (plan_layout, encode_layout, decode_prefix, decode_layout)
 are plain Python, usable and tested without PyTorch.
@@ -73,12 +82,12 @@ __all__ = [
 ]
 
 MAGIC = b"VMMBWTS\0"
-FORMAT_VERSION = 2
-READ_VERSIONS = (1, 2)
+FORMAT_VERSION = 3
+READ_VERSIONS = (1, 2, 3)
 PREFIX_SIZE = 64
 ALIGN = 256
 _PREFIX = struct.Struct("<8sIIQQQI")     # magic, version, prefix size, json size, data offset, data size, crc
-FIRST_READ = 64 * 1024                  # bytes read back at attach before parsing: most headers fit
+FIRST_READ = 16 * 1024                  # bytes read back at attach before parsing: most headers fit
 
 # Element sizes of the dtypes a header may name (PyTorch's names), for checking without PyTorch.
 ITEMSIZE = {
@@ -157,6 +166,47 @@ def plan_layout(specs: Iterable[Tuple[str, str, Sequence[int], Optional[str]]],
     return entries, end
 
 
+def _template(name: str) -> str:
+    """NAME with its all-digit components (a ModuleList's indices) replaced: the key that finds a layer's peers."""
+    return ".".join("#" if part.isdigit() else part for part in name.split("."))
+
+
+def group_entries(entries: Sequence[Sequence[Any]]) -> List[list]:
+    """Groups of plan_layout()'s entries, as the version 3 header keeps them (see the module's docstring).
+
+    Tensors of one dtype and shape whose names differ only in all-digit
+    components ("h.0.attn.weight", "h.1.attn.weight", ...) are taken in the
+    state dict's order and cut into runs where both the index and the offset
+    advance by the same steps; every other tensor is a group of one. Any
+    grouping is a valid layout: this one only makes the groups few.
+    """
+    peers: Dict[tuple, List[int]] = {}
+    for i, e in enumerate(entries):
+        peers.setdefault((e[1], tuple(e[2]), _template(e[0])), []).append(i)
+    groups: List[list] = []
+    for (dtype, shape, _), idx in peers.items():
+        size = ITEMSIZE[dtype]
+        k = 0
+        while k < len(idx):
+            first = idx[k]
+            offset = entries[first][4]
+            count, istep, step = 1, 1, 0
+            if k + 1 < len(idx):
+                istep = idx[k + 1] - first
+                step = entries[idx[k + 1]][4] - offset
+                if step >= 0 and step % size == 0:
+                    count = 2
+                    while (k + count < len(idx) and idx[k + count] == first + count * istep and
+                           entries[idx[k + count]][4] == offset + count * step):
+                        count += 1
+            if count == 1:
+                istep, step = 1, 0
+            groups.append([dtype, list(shape), offset, step, count, first, istep])
+            k += count
+    groups.sort(key=operator.itemgetter(5))
+    return groups
+
+
 def encode_layout(entries: List[list], data_size: int, metadata: Optional[Mapping[str, Any]] = None,
                   align: int = ALIGN) -> Tuple[bytes, int]:
     """The header bytes (prefix + JSON) and the data offset they imply (the header's end, aligned).
@@ -167,9 +217,7 @@ def encode_layout(entries: List[list], data_size: int, metadata: Optional[Mappin
     for e in entries:
         if list(e[3]) != contiguous_stride(e[2]):
             raise ValueError(f"{e[0]}: strides {list(e[3])} are not the contiguous ones of shape {list(e[2])}")
-    doc = {"names": [e[0] for e in entries], "dtypes": [e[1] for e in entries],
-           "shapes": [list(e[2]) for e in entries], "offsets": [e[4] for e in entries],
-           "nbytes": [e[5] for e in entries], "metadata": dict(metadata or {})}
+    doc = {"names": [e[0] for e in entries], "groups": group_entries(entries), "metadata": dict(metadata or {})}
     js = json.dumps(doc, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode("ascii")
     data_offset = _align(PREFIX_SIZE + len(js), align)
     prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, PREFIX_SIZE, len(js), data_offset, data_size,
@@ -197,59 +245,107 @@ def decode_prefix(buf: bytes) -> Tuple[int, int, int, int]:
     return _prefix(buf)[1:]
 
 
-def _columns(buf: bytes, lease_size: Optional[int]) -> Tuple[list, list, list, list, list, int, Dict[str, Any]]:
-    """(names, dtypes, shapes, offsets, nbytes, data offset, metadata) of a header of either version, checked:
-    every dtype known, every tensor inside the data, the data inside the lease."""
+def _is_count(x: Any) -> bool:
+    """A JSON integer >= 0 (not a bool, not a float)."""
+    return type(x) is int and x >= 0
+
+
+def _older_groups(doc: Dict[str, Any], version: int) -> Tuple[list, list]:
+    """(names, groups) of a version 1 or 2 header: each tensor a group of one."""
+    if version == 1:
+        t = doc["tensors"]
+        names, dtypes, shapes = [e[0] for e in t], [e[1] for e in t], [e[2] for e in t]
+        offsets = [e[4] for e in t]
+    else:
+        names, dtypes, shapes, offsets = doc["names"], doc["dtypes"], doc["shapes"], doc["offsets"]
+    if not (len(dtypes) == len(shapes) == len(offsets) == len(names)):
+        raise LayoutError("corrupt weight-store header (arrays of different lengths)")
+    return names, [[d, s, o, 0, 1, i, 1] for i, (d, s, o) in enumerate(zip(dtypes, shapes, offsets))]
+
+
+def _parse(buf: bytes, lease_size: Optional[int]) -> Tuple[list, list, int, Dict[str, Any]]:
+    """(names, groups, data offset, metadata) of a header of any version read, checked: every group's
+    fields of the right types, every dtype known, every tensor inside the data and aligned to its element
+    size, every name in exactly one group, the data inside the lease."""
     version, js, data_offset, data_size, crc = _prefix(buf)
     if len(buf) < PREFIX_SIZE + js:
         raise LayoutError(f"header needs {PREFIX_SIZE + js} bytes, {len(buf)} given")
     if lease_size is not None and data_offset + data_size > lease_size:
         raise LayoutError(f"layout needs {data_offset + data_size} bytes, the lease has {lease_size}")
-    raw = bytes(buf[PREFIX_SIZE:PREFIX_SIZE + js])
+    raw = memoryview(buf)[PREFIX_SIZE:PREFIX_SIZE + js]
     if zlib.crc32(raw) & 0xFFFFFFFF != crc:
         raise LayoutError("corrupt weight-store header (checksum)")
     try:
-        doc = json.loads(raw)
-        if version == 1:
-            t = doc["tensors"]
-            names, dtypes, shapes = [e[0] for e in t], [e[1] for e in t], [e[2] for e in t]
-            offsets, nbytes = [e[4] for e in t], [e[5] for e in t]
+        doc = json.loads(str(raw, "utf-8"))
+        if version < 3:
+            names, groups = _older_groups(doc, version)
         else:
-            names, dtypes, shapes = doc["names"], doc["dtypes"], doc["shapes"]
-            offsets, nbytes = doc["offsets"], doc["nbytes"]
+            names, groups = doc["names"], doc["groups"]
         metadata = doc.get("metadata", {})
         if not isinstance(metadata, dict):
             raise LayoutError("corrupt weight-store header (metadata is not an object)")
+        if not isinstance(names, list) or not isinstance(groups, list):
+            raise LayoutError("corrupt weight-store header (names or groups not an array)")
         n = len(names)
-        if not (len(dtypes) == len(shapes) == len(offsets) == len(nbytes) == n):
-            raise LayoutError("corrupt weight-store header (arrays of different lengths)")
-        unknown = set(dtypes) - ITEMSIZE.keys()
-        if unknown:
-            i = dtypes.index(next(iter(unknown)))
-            raise LayoutError(f"{names[i]}: unknown dtype {dtypes[i]!r}")
-        # C-level passes over the arrays; a loop only to name the tensor at fault
-        if n and (min(offsets) < 0 or min(nbytes) < 0 or max(map(operator.add, offsets, nbytes)) > data_size):
-            for name, o, b in zip(names, offsets, nbytes):
-                if o < 0 or b < 0 or o + b > data_size:
-                    raise LayoutError(f"{name}: bytes {o}..{o + b} outside the data")
+        seen = bytearray(n)
+        for g in groups:
+            if not isinstance(g, list) or len(g) != 7:
+                raise LayoutError(f"corrupt weight-store header (a group is not 7 fields: {g!r:.80})")
+            dtype, shape, offset, step, count, first, istep = g
+            size = ITEMSIZE.get(dtype) if isinstance(dtype, str) else None
+            label = names[first] if _is_count(first) and first < n else f"group at {first!r:.20}"
+            if size is None:
+                raise LayoutError(f"{label}: unknown dtype {dtype!r}")
+            if not (isinstance(shape, list) and all(map(_is_count, shape))):
+                raise LayoutError(f"{label}: shape {shape!r:.80} is not a list of sizes")
+            if not (_is_count(offset) and _is_count(step) and _is_count(count) and count > 0 and
+                    _is_count(first) and _is_count(istep) and istep > 0):
+                raise LayoutError(f"{label}: a group's offset, step, count or indices are not sizes "
+                                  f"({[offset, step, count, first, istep]!r:.80})")
+            if first + (count - 1) * istep >= n:
+                raise LayoutError(f"{label}: a group of {count} from index {first} by {istep} "
+                                  f"past the {n} names")
+            nbytes = size
+            for s in shape:
+                nbytes *= s
+            end = offset + (count - 1) * step + nbytes
+            if end > data_size:
+                raise LayoutError(f"{label}: bytes {offset}..{end} outside the data ({data_size})")
+            if (data_offset + offset) % size or step % size:
+                raise LayoutError(f"{label}: offset {offset} (step {step}) is not a multiple of "
+                                  f"{dtype}'s {size} bytes")
+            stop = first + (count - 1) * istep + 1
+            if any(seen[first:stop:istep]):
+                i = next(i for i in range(first, stop, istep) if seen[i])
+                raise LayoutError(f"{names[i]}: in two groups")
+            seen[first:stop:istep] = b"\1" * count
+        if n and min(seen) == 0:
+            raise LayoutError(f"{names[seen.index(0)]}: in no group")
+        if len(set(names)) != n or set(map(type, names)) - {str}:
+            raise LayoutError("corrupt weight-store header (names not distinct strings)")
     except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
         if isinstance(e, LayoutError):
             raise
         raise LayoutError(f"corrupt weight-store header (JSON: {type(e).__name__}: {e})") from None
-    return names, dtypes, shapes, offsets, nbytes, data_offset, metadata
+    return names, groups, data_offset, metadata
 
 
 def decode_layout(buf: bytes, lease_size: Optional[int] = None) -> Tuple[List[list], int, Dict[str, Any]]:
-    """(entries, data offset, metadata) from the header bytes (at least prefix + JSON), of either version.
+    """(entries, data offset, metadata) from the header bytes (at least prefix + JSON), of any version read.
 
-    entries are [name, dtype, shape, stride, offset, nbytes], as plan_layout() makes them.
+    entries are [name, dtype, shape, stride, offset, nbytes] in the state
+    dict's order, as plan_layout() makes them.
     """
-    names, dtypes, shapes, offsets, nbytes, data_offset, metadata = _columns(buf, lease_size)
-    try:
-        entries = [[n, d, s, contiguous_stride(s), o, b]
-                   for n, d, s, o, b in zip(names, dtypes, shapes, offsets, nbytes)]
-    except (TypeError, ValueError) as e:
-        raise LayoutError(f"corrupt weight-store header (shapes: {e})") from None
+    names, groups, data_offset, metadata = _parse(buf, lease_size)
+    entries: List[Any] = [None] * len(names)
+    for dtype, shape, offset, step, count, first, istep in groups:
+        nbytes = ITEMSIZE[dtype]
+        for s in shape:
+            nbytes *= s
+        stride = contiguous_stride(shape)
+        for k in range(count):
+            i = first + k * istep
+            entries[i] = [names[i], dtype, list(shape), list(stride), offset + k * step, nbytes]
     return entries, data_offset, metadata
 
 
@@ -354,8 +450,19 @@ def _device_bytes(base, start: int, n: int) -> bytes:
     A tensor's .cpu() goes through PyTorch's copy machinery and a temporary tensor (about 0.5 ms each
     time, measured on an H100); the driver's synchronous copy of a few KiB takes microseconds. The host
     buffer is kept for the next call: a fresh 64 KiB one cost 47 us on the H100 machine (its pages are
-    touched anew), the copy out of it 2 us. Falls back to .cpu() when libcuda cannot be loaded.
+    touched anew). Falls back to .cpu() when libcuda cannot be loaded.
     """
+    with _copy_lock:
+        view = _device_view(base, start, n)
+        try:
+            return bytes(view)
+        finally:
+            view.release()
+
+
+def _device_view(base, start: int, n: int) -> memoryview:
+    """_device_bytes() without the copy out: a view of the kept host buffer, which the caller must hold
+    _copy_lock for and release() before the buffer is used again."""
     global _cuda, _copy_buf
     import ctypes
 
@@ -367,29 +474,37 @@ def _device_bytes(base, start: int, n: int) -> bytes:
         except (OSError, AttributeError):
             _cuda = False
     if _cuda:
-        with _copy_lock:
-            if len(_copy_buf) < n:
-                _copy_buf = bytearray(max(n, FIRST_READ))
-            dst = (ctypes.c_char * len(_copy_buf)).from_buffer(_copy_buf)
-            ok = _cuda.cuMemcpyDtoH_v2(dst, base.data_ptr() + start, n) == 0
-            del dst                 # the buffer may be resized only once no ctypes view holds it
-            if ok:
-                return bytes(memoryview(_copy_buf)[:n])
-    return base[start:start + n].cpu().numpy().tobytes()
+        if len(_copy_buf) < n:
+            _copy_buf = bytearray(max(n, FIRST_READ))
+        dst = (ctypes.c_char * len(_copy_buf)).from_buffer(_copy_buf)
+        ok = _cuda.cuMemcpyDtoH_v2(dst, base.data_ptr() + start, n) == 0
+        del dst                 # the buffer may be resized only once no ctypes view holds it
+        if ok:
+            return memoryview(_copy_buf)[:n]
+    return memoryview(base[start:start + n].cpu().numpy().tobytes())
 
 
 def _read_header(base) -> bytes:
-    """The header bytes of BASE, a 1-D uint8 CUDA tensor over a whole lease (one small copy, two if large)."""
+    """The header bytes of BASE (prefix and JSON, no more), a 1-D uint8 CUDA tensor over a whole lease: one
+    small copy, two if the header is larger than FIRST_READ."""
     size = base.shape[0]
     first = min(size, FIRST_READ)
-    buf = _device_bytes(base, 0, first)
-    js = _prefix(buf)[1]
-    need = PREFIX_SIZE + js
-    if need > first:
+    with _copy_lock:
+        view = _device_view(base, 0, first)
+        try:
+            need = PREFIX_SIZE + _prefix(view)[1]
+            if need <= first:
+                return bytes(view[:need])
+            head = bytes(view)
+        finally:
+            view.release()
         if need > size:
             raise LayoutError(f"header of {need} bytes in a lease of {size}")
-        buf += _device_bytes(base, first, need - first)
-    return buf
+        view = _device_view(base, first, need - first)
+        try:
+            return head + bytes(view)
+        finally:
+            view.release()
 
 
 def read_layout(base) -> Tuple[List[list], int, Dict[str, Any]]:
@@ -432,9 +547,9 @@ def attach_state_dict(client, name: str, readonly: bool = True) -> StateDict:
             base = torch.as_tensor(mem)
             mem.torch_device = base.device
             t2 = clock()
-            names, dtypes, shapes, offsets, _, data_offset, metadata = _columns(_read_header(base), base.shape[0])
+            names, groups, data_offset, metadata = _parse(_read_header(base), base.shape[0])
             t3 = clock()
-            out = _views(torch, base, names, dtypes, shapes, offsets, data_offset)
+            out = _views(torch, base, names, groups, data_offset)
         except BaseException:
             mem.close()
             raise
@@ -450,25 +565,26 @@ def attach_state_dict(client, name: str, readonly: bool = True) -> StateDict:
     return out
 
 
-def _views(torch, base, names, dtypes, shapes, offsets, data_offset: int) -> StateDict:
-    """One as_strided view of BASE per tensor, contiguous; LayoutError for one the lease cannot hold."""
-    out = StateDict()
-    typed: Dict[str, Any] = {}          # dtype name -> (BASE viewed as it, element size)
-    strides: Dict[tuple, list] = {}     # shape -> its contiguous strides (a model repeats its shapes)
-    for name, dtype, shape, offset in zip(names, dtypes, shapes, offsets):
+def _views(torch, base, names: list, groups: list, data_offset: int) -> StateDict:
+    """The tensors of a checked layout as views of BASE, in the names' order: one as_strided view per group,
+    split by unbind() when it holds more than one tensor (one call into PyTorch per group, not per tensor)."""
+    tensors: List[Any] = [None] * len(names)
+    typed: Dict[str, Any] = {}          # dtype name -> BASE viewed as it
+    for dtype, shape, offset, step, count, first, istep in groups:
         t = typed.get(dtype)
         if t is None:
-            t = typed[dtype] = (base.view(getattr(torch, dtype)), ITEMSIZE[dtype])
-        key = tuple(shape)
-        stride = strides.get(key)
-        if stride is None:
-            stride = strides[key] = contiguous_stride(shape)
-        start, rest = divmod(data_offset + offset, t[1])
-        if rest:
-            raise LayoutError(f"{name}: offset {offset} is not a multiple of {dtype}'s {t[1]} bytes")
+            t = typed[dtype] = base.view(getattr(torch, dtype))
+        size = ITEMSIZE[dtype]
+        stride = contiguous_stride(shape)
+        start = (data_offset + offset) // size
         try:
-            out[name] = t[0].as_strided(shape, stride, start)
+            if count == 1:
+                tensors[first] = t.as_strided(shape, stride, start)
+            else:
+                stacked = t.as_strided([count] + shape, [step // size] + stride, start)
+                tensors[first:first + (count - 1) * istep + 1:istep] = stacked.unbind(0)
         except (RuntimeError, TypeError, ValueError) as e:
-            raise LayoutError(f"{name}: {dtype}{list(shape)} at offset {offset} does not fit the lease: {e}") \
-                from None
+            raise LayoutError(f"{names[first]}: {count} x {dtype}{list(shape)} at offset {offset} does not fit "
+                              f"the lease: {e}") from None
+    out = StateDict(zip(names, tensors))
     return out

@@ -96,38 +96,87 @@ raises(w.LayoutError, lambda: w.decode_layout(bytes(bad)), "a later version")
 
 
 def header_of(doc, version, data_size):
-    """A header as a producer of VERSION wrote it, for DOC (the JSON document)."""
+    """A header as a producer of VERSION wrote it, for DOC (the JSON document); and its data offset."""
     js = json.dumps(doc, separators=(",", ":")).encode()
+    return header_of_raw(js, version, data_size), w._align(w.PREFIX_SIZE + len(js), w.ALIGN)
+
+
+def header_of_raw(js, version, data_size):
+    """A header of VERSION around the JSON bytes JS, with their right checksum."""
     data_off = w._align(w.PREFIX_SIZE + len(js), w.ALIGN)
     pre = struct.pack("<8sIIQQQI", w.MAGIC, version, w.PREFIX_SIZE, len(js), data_off, data_size,
                       zlib.crc32(js) & 0xFFFFFFFF)
-    return pre + b"\0" * (w.PREFIX_SIZE - len(pre)) + js, data_off
+    return pre + b"\0" * (w.PREFIX_SIZE - len(pre)) + js
 
 
 # a store published by version 1 (one array per tensor, strides kept) reads the same
 h1, o1 = header_of({"tensors": entries, "metadata": meta}, 1, data_size)
 got1, off1, m1 = w.decode_layout(h1, None)
 check(got1 == entries and off1 == o1 and m1 == meta, "a version 1 header decodes to the same entries")
-# version 2 writes one array per field, no strides
-doc2 = json.loads(header[w.PREFIX_SIZE:])
-check(sorted(doc2) == ["dtypes", "metadata", "names", "nbytes", "offsets", "shapes"] and
-      doc2["names"] == [e[0] for e in entries], "version 2 keeps one array per field")
+# a store published by version 2 (one array per field, no strides) reads the same
+doc2 = {"names": [e[0] for e in entries], "dtypes": [e[1] for e in entries], "shapes": [e[2] for e in entries],
+        "offsets": [e[4] for e in entries], "nbytes": [e[5] for e in entries], "metadata": meta}
+h2v, o2v = header_of(doc2, 2, data_size)
+got2, off2, m2 = w.decode_layout(h2v, None)
+check(got2 == entries and off2 == o2v and m2 == meta, "a version 2 header decodes to the same entries")
 raises(ValueError, lambda: w.encode_layout([["t", "float32", [2, 3], [1, 2], 0, 24]], 24),
        "strides that are not contiguous cannot be stored")
 bad_doc = dict(doc2, offsets=doc2["offsets"][:-1])
-raises(w.LayoutError, lambda: w.decode_layout(header_of(bad_doc, 2, data_size)[0]), "arrays of different lengths")
-raises(w.LayoutError, lambda: w.decode_layout(header_of({"names": []}, 2, data_size)[0]), "a field missing")
+raises(w.LayoutError, lambda: w.decode_layout(header_of(bad_doc, 2, data_size)[0]), "v2: arrays of different lengths")
+raises(w.LayoutError, lambda: w.decode_layout(header_of({"names": []}, 2, data_size)[0]), "v2: a field missing")
 raises(w.LayoutError, lambda: w.decode_layout(header_of(dict(doc2, dtypes=["qint8"] * len(entries)), 2,
-                                                        data_size)[0]), "an unknown dtype")
-raises(w.LayoutError, lambda: w.decode_layout(header_of([1, 2], 2, data_size)[0]), "JSON that is not an object")
-raises(w.LayoutError, lambda: w.decode_layout(header_of(dict(doc2, names=7), 2, data_size)[0]), "names not an array")
+                                                        data_size)[0]), "v2: an unknown dtype")
 raises(w.LayoutError, lambda: w.decode_layout(header_of(dict(doc2, offsets=["0"] * len(entries)), 2,
-                                                        data_size)[0]), "offsets that are not numbers")
+                                                        data_size)[0]), "v2: offsets that are not numbers")
 raises(w.LayoutError, lambda: w.decode_layout(header_of(dict(doc2, shapes=[["x"]] * len(entries)), 2,
-                                                        data_size)[0]), "shapes that are not numbers")
-raises(w.LayoutError, lambda: w.decode_layout(header_of(dict(doc2, metadata=[]), 2, data_size)[0]),
+                                                        data_size)[0]), "v2: shapes that are not numbers")
+
+# version 3: names, and groups [dtype, shape, offset, step, count, first, index step]
+doc3 = json.loads(header[w.PREFIX_SIZE:])
+check(sorted(doc3) == ["groups", "metadata", "names"] and doc3["names"] == [e[0] for e in entries],
+      "version 3 keeps the names and the groups")
+check(sorted(g[5] for g in doc3["groups"]) == list(range(len(entries))),
+      "no two of these tensors share a template, dtype and shape: a group each")
+raises(w.LayoutError, lambda: w.decode_layout(header_of([1, 2], 3, data_size)[0]), "JSON that is not an object")
+raises(w.LayoutError, lambda: w.decode_layout(header_of(dict(doc3, names=7), 3, data_size)[0]), "names not an array")
+raises(w.LayoutError, lambda: w.decode_layout(header_of(dict(doc3, metadata=[]), 3, data_size)[0]),
        "metadata that is not an object")
+raises(w.LayoutError, lambda: w.decode_layout(header_of({"names": doc3["names"]}, 3, data_size)[0]),
+       "groups missing")
+
+
+def with_group(i, field, value):
+    """doc3 with field FIELD of group I set to VALUE."""
+    groups = [list(g) for g in doc3["groups"]]
+    groups[i][field] = value
+    return header_of(dict(doc3, groups=groups), 3, data_size)[0]
+
+
+g0 = doc3["groups"][0]          # wte.weight, bf16
+for field, value, what in [
+        (0, "qint8", "an unknown dtype"), (0, 5, "a dtype that is not a string"),
+        (1, ["x"], "a shape that is not numbers"), (1, [-1, 2], "a negative dimension"), (1, 7, "a shape not a list"),
+        (2, -256, "a negative offset"), (2, "0", "an offset that is a string"), (2, 0.5, "an offset that is a float"),
+        (2, True, "an offset that is a bool"), (2, data_size, "a tensor past the data"),
+        (2, 1, "an offset not a multiple of the element size"),
+        (3, -2, "a negative step"), (3, 1, "a step not a multiple of the element size"),
+        (4, 0, "a count of 0"), (4, 2, "a count past the names"),
+        (5, len(entries), "a first index past the names"), (5, -1, "a negative index"),
+        (6, 0, "an index step of 0")]:
+    raises(w.LayoutError, lambda: w.decode_layout(with_group(0, field, value)), f"v3: {what}")
+groups = [list(g) for g in doc3["groups"]]
+groups[1][5] = groups[0][5]
+raises(w.LayoutError, lambda: w.decode_layout(header_of(dict(doc3, groups=groups), 3, data_size)[0]),
+       "v3: a tensor in two groups (and another in none)")
+raises(w.LayoutError, lambda: w.decode_layout(header_of(dict(doc3, groups=doc3["groups"][1:]), 3, data_size)[0]),
+       "v3: a tensor in no group")
+raises(w.LayoutError, lambda: w.decode_layout(header_of(dict(doc3, groups=doc3["groups"] + [[1, 2]]), 3,
+                                                        data_size)[0]), "v3: a group of 2 fields")
+raises(w.LayoutError, lambda: w.decode_layout(header_of(dict(doc3, names=doc3["names"][:-1] + [doc3["names"][0]]),
+                                                        3, data_size)[0]), "v3: a name twice")
 raises(w.LayoutError, lambda: w.decode_layout(header[:-10]), "a truncated JSON")
+bad_utf8 = header[w.PREFIX_SIZE:].replace(b'"metadata"', b'"metad\xffta"')
+raises(w.LayoutError, lambda: w.decode_layout(header_of_raw(bad_utf8, 3, data_size)), "JSON that is not UTF-8")
 raises(w.LayoutError, lambda: w.decode_layout(header, data_offset + data_size - 1), "a lease too small for the layout")
 raises(ValueError, lambda: w.plan_layout([("a", "float32", (2,), None), ("a", "float32", (2,), None)]), "a duplicate name")
 raises(ValueError, lambda: w.plan_layout([("a", "qint8", (2,), None)]), "a dtype that cannot be stored")
@@ -149,8 +198,22 @@ for i in range(n_layer):
               "attn.c_proj.bias", "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias",
               "mlp.c_proj.weight", "mlp.c_proj.bias"):
         names.append((f"transformer.h.{i}.{p}", "bfloat16", (1024, 3072), None))
+names = [("transformer.wte.weight", "bfloat16", (50257, 1024), None),
+         ("transformer.wpe.weight", "bfloat16", (1024, 1024), None)] + names + [
+        ("transformer.ln_f.weight", "bfloat16", (1024,), None), ("transformer.ln_f.bias", "bfloat16", (1024,), None),
+        ("lm_head.weight", "bfloat16", (50257, 1024), "transformer.wte.weight")]
 e3, s3 = w.plan_layout(names)
-h3, _ = w.encode_layout(e3, s3)
+h3, o3 = w.encode_layout(e3, s3)
+g3 = json.loads(h3[w.PREFIX_SIZE:])["groups"]
+check(len(g3) == 12 + 5 and sorted(g[4] for g in g3) == [1] * 5 + [24] * 12,
+      f"a 24-layer model's {len(e3)} tensors make 17 groups: 12 of 24 and 5 of one ({len(g3)})")
+check(w.decode_layout(h3)[0] == e3, "the 24-layer layout decodes to its entries")
+# a layer whose tensors are not where the run expects them ends the run, and the layout still decodes
+e4 = [list(e) for e in e3]
+e4[2 + 12 * 5][4], e4[2 + 12 * 6][4] = e4[2 + 12 * 6][4], e4[2 + 12 * 5][4]
+h4, _ = w.encode_layout(e4, s3)
+g4 = json.loads(h4[w.PREFIX_SIZE:])["groups"]
+check(len(g4) > len(g3) and w.decode_layout(h4)[0] == e4, f"a broken run is cut in more groups ({len(g4)})")
 check(len(h3) <= w.FIRST_READ, f"a 24-layer header ({len(h3)} bytes) fits the first read ({w.FIRST_READ})")
 check(zlib.crc32(h3[w.PREFIX_SIZE:]) & 0xFFFFFFFF == struct.unpack_from("<I", h3, 40)[0], "crc32 at byte 40")
 

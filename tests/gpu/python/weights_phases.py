@@ -8,7 +8,8 @@
 A producer process publishes GPT-2 medium's state dict (bf16, random weights) and exits; a consumer process
 then, 20 times (after one untimed round), times: the broker's attach (read-write and read-only) and free,
 wrapping the lease in a tensor, reading 64 bytes and 64 KiB of the header back, decoding the layout, and
-making the 293 views four ways (as_strided on a typed view, Tensor.set_, slicing and view, split_with_sizes),
+making the 293 views five ways (as_strided on a typed view, Tensor.set_, slicing and view, split_with_sizes, and
+one strided view per group split by unbind(), as attach_state_dict() does),
 then attach_state_dict() whole. It prints one JSON line of medians in microseconds. A measurement program
 for docs/performance.md, not a test: it checks only that split_with_sizes gives the same views.
 """
@@ -93,6 +94,11 @@ def consumer(name):
         for n_, dt, shape, stride, off, _ in entries:
             out5[n_] = ast(typed[dt], tuple(shape), tuple(stride), (doff + off) // 2)
         t11 = clk()
+        t12 = clk(); names3, groups3, doff3, _ = w._parse(buf, base.shape[0]); t13 = clk()
+        out6 = w._views(torch, base, names3, groups3, doff3); t14 = clk()
+        same6 = list(out6) == list(out) and all(out6[k].data_ptr() == out[k].data_ptr() and out6[k].shape == out[k].shape and out6[k].stride() == out[k].stride() for k in out)
+        if i: r.setdefault("parse_groups", []).append(t13 - t12); r.setdefault("views_grouped", []).append(t14 - t13); r["grouped_same"] = [1000 * same6]; r["groups"] = [1000 * len(groups3)]
+        del out6
         if i: r.setdefault("views_split", []).append(t9 - t8); r.setdefault("views_fn_tuple", []).append(t11 - t10); r["split_same"] = [1000 * ok]
         if i:
             r["wrap"].append(t1 - t0); r["hdr64"].append(t2 - t1); r["hdr64k"].append(t3 - t2); r["decode"].append(t5 - t4)
