@@ -476,8 +476,9 @@ def _device_view(base, start: int, n: int) -> memoryview:
     if _cuda:
         if len(_copy_buf) < n:
             _copy_buf = bytearray(max(n, FIRST_READ))
-        dst = (ctypes.c_char * len(_copy_buf)).from_buffer(_copy_buf)
-        ok = _cuda.cuMemcpyDtoH_v2(dst, base.data_ptr() + start, n) == 0
+        # a c_char over the first byte, not a (c_char * n) array: making an array type costs tens of us
+        dst = ctypes.c_char.from_buffer(_copy_buf)
+        ok = _cuda.cuMemcpyDtoH_v2(ctypes.addressof(dst), base.data_ptr() + start, n) == 0
         del dst                 # the buffer may be resized only once no ctypes view holds it
         if ok:
             return memoryview(_copy_buf)[:n]
