@@ -1221,20 +1221,28 @@ static int write_string(Writer *w, const char *s, size_t len) {
         return 0;
 }
 
-static int write_integer(Writer *w, json_object *o) {
-        int64_t i = json_object_get_int64(o);
+/* The magnitude u, after a '-' when `negative`: as json-c prints an int64 or a uint64. */
+static int write_digits(Writer *w, bool negative, uint64_t u) {
         char d[21];
         size_t n = sizeof(d);
-        uint64_t u;
 
-        /* an int64 prints as itself; a uint64 (above INT64_MAX) reads as INT64_MAX there, itself here */
-        u = i < 0 ? -(uint64_t)i : json_object_get_uint64(o);
         do
                 d[--n] = (char)('0' + u % 10);
         while ((u /= 10) > 0);
-        if (i < 0)
+        if (negative)
                 d[--n] = '-';
         return write_bytes(w, d + n, sizeof(d) - n);
+}
+
+static int write_int64(Writer *w, int64_t i) {
+        return write_digits(w, i < 0, i < 0 ? -(uint64_t)i : (uint64_t)i);
+}
+
+static int write_integer(Writer *w, json_object *o) {
+        int64_t i = json_object_get_int64(o);
+
+        /* an int64 prints as itself; a uint64 (above INT64_MAX) reads as INT64_MAX there, itself here */
+        return write_digits(w, i < 0, i < 0 ? -(uint64_t)i : json_object_get_uint64(o));
 }
 
 static int write_value(Writer *w, json_object *o) {
@@ -1301,6 +1309,167 @@ ssize_t json_write(json_object *o, char **buf, size_t *alloc, size_t at) {
         int r;
 
         r = write_value(&w, o);
+        if (r >= 0)
+                r = write_reserve(&w, 1);
+        /* the buffer may have moved even when writing failed */
+        *buf = w.buf;
+        *alloc = w.alloc;
+        return r < 0 ? r : (ssize_t)w.len;
+}
+
+/* ---- Building as text ---- */
+
+/*
+ * json_build_write() writes what json_write() of json_build()'s object writes, field by field from the
+ * table, without making the object: building it and freeing it was most of what a Status reply cost the
+ * daemon (an object, a hash table and a copy of every key and string per field, each malloc'd and freed).
+ * Every choice below is json_build()'s, in its order, so that the two give the same bytes and the same
+ * errors; test-json.c compares them.
+ */
+
+/* A table's string as build_string() makes it: as it is when it is printable and short enough, else made so. */
+static int write_field_string(Writer *w, const JsonField *f, const char *s) {
+        _cleanup_free_ char *d = NULL;
+        size_t len = strlen(s);
+
+        if ((f->max_len == 0 || len <= f->max_len) && json_string_is_printable(s, len, f->multiline))
+                return write_string(w, s, len);
+        d = printable_dup(s, len, f->max_len, f->multiline, &len);
+        if (!d)
+                return -ENOMEM;
+        return write_string(w, d, len);
+}
+
+/* As build_uint64(): 0..INT64_MAX. */
+static int write_uint64(Writer *w, uint64_t u) {
+        if (u > INT64_MAX)
+                return -ERANGE;
+        return write_digits(w, false, u);
+}
+
+/* `"name":`, after a comma unless it is the object's first member. */
+static int write_key(Writer *w, const char *name, bool *first) {
+        int r = 0;
+
+        if (!*first)
+                r = write_char(w, ',');
+        *first = false;
+        if (r >= 0)
+                r = write_string(w, name, strlen(name));
+        return r < 0 ? r : write_char(w, ':');
+}
+
+static int build_write(Writer *w, const JsonField *fields, const void *in) {
+        bool first = true;
+        int r;
+
+        r = write_char(w, '{');
+        for (const JsonField *f = fields; r >= 0 && f->name; f++) {
+                switch (f->type) {
+                case JSON_INT64: {
+                        int64_t i = *MEMBER(in, f, int64_t);
+
+                        if (f->nonnegative && i < 0) {
+                                if (f->required)
+                                        return -ERANGE;
+                                continue;
+                        }
+                        r = write_key(w, f->name, &first);
+                        if (r >= 0)
+                                r = write_int64(w, i);
+                        break;
+                }
+                case JSON_UINT64:
+                        if (*MEMBER(in, f, uint64_t) > INT64_MAX)
+                                return -ERANGE;
+                        r = write_key(w, f->name, &first);
+                        if (r >= 0)
+                                r = write_uint64(w, *MEMBER(in, f, uint64_t));
+                        break;
+                case JSON_BOOL: {
+                        bool b = *MEMBER(in, f, bool);
+
+                        if (!f->required && !b)
+                                continue;
+                        r = write_key(w, f->name, &first);
+                        if (r >= 0)
+                                r = b ? write_bytes(w, "true", 4) : write_bytes(w, "false", 5);
+                        break;
+                }
+                case JSON_VARIANT: {
+                        json_object *v = *MEMBER(in, f, json_object *);
+
+                        if (!v) {
+                                if (f->required)
+                                        return -EINVAL;
+                                continue;
+                        }
+                        r = write_key(w, f->name, &first);
+                        if (r >= 0)
+                                r = write_value(w, v);
+                        break;
+                }
+                case JSON_STRING: {
+                        const char *s = *MEMBER(in, f, char *);
+
+                        if (!s) {
+                                if (f->required)
+                                        return -EINVAL;
+                                continue;
+                        }
+                        r = write_key(w, f->name, &first);
+                        if (r >= 0)
+                                r = write_field_string(w, f, s);
+                        break;
+                }
+                case JSON_OBJECT:
+                        r = write_key(w, f->name, &first);
+                        if (r >= 0)
+                                r = build_write(w, f->fields, MEMBER(in, f, char));
+                        break;
+                case JSON_ARRAY:
+                case JSON_STRV:
+                case JSON_UINT64V: {
+                        const char *items = *MEMBER(in, f, char *);
+                        size_t n = *COUNT(in, f);
+
+                        if (!items) {
+                                if (n > 0)
+                                        return -EINVAL;
+                                if (!f->required)
+                                        continue;
+                        }
+                        r = write_key(w, f->name, &first);
+                        if (r >= 0)
+                                r = write_char(w, '[');
+                        for (size_t k = 0; r >= 0 && k < n; k++) {
+                                if (k > 0)
+                                        r = write_char(w, ',');
+                                if (r < 0)
+                                        break;
+                                if (f->type == JSON_ARRAY)
+                                        r = build_write(w, f->fields, items + k * f->elem_size);
+                                else if (f->type == JSON_UINT64V)
+                                        r = write_uint64(w, ((const uint64_t *)items)[k]);
+                                else if (((char *const *)items)[k])
+                                        r = write_field_string(w, f, ((char *const *)items)[k]);
+                                else
+                                        r = -EINVAL;
+                        }
+                        if (r >= 0)
+                                r = write_char(w, ']');
+                        break;
+                }
+                }
+        }
+        return r < 0 ? r : write_char(w, '}');
+}
+
+ssize_t json_build_write(const JsonField *fields, const void *in, char **buf, size_t *alloc, size_t at) {
+        Writer w = { .buf = *buf, .alloc = *alloc, .len = at };
+        int r;
+
+        r = build_write(&w, fields, in);
         if (r >= 0)
                 r = write_reserve(&w, 1);
         /* the buffer may have moved even when writing failed */
