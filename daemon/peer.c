@@ -152,9 +152,9 @@ static int peer_dispatch(Peer *p, json_object *msg) {
                 }
                 metrics_request_done(call.method, r.msg, k, start);
         }
-        if (k == 0 && r.msg && !call.oneway)
-                k = varlink_conn_send(p->conn, r.msg, r.fds, r.n_fds);
-        json_object_put(r.msg);
+        if (k == 0 && method_reply_is_set(&r) && !call.oneway)
+                k = method_reply_send(&r, p->conn);
+        method_reply_done(&r);
         varlink_call_done(&call);
         return k;
 }
@@ -268,7 +268,7 @@ bool peer_wait_try(Peer *p, AllocTry how) {
                 }
         }
         k = method_alloc_again(b, &p->caller, p->wait, how, start - p->wait_since, &r);
-        if (k == 0 && !r.msg)
+        if (k == 0 && !method_reply_is_set(&r))
                 return true;
         metrics_request_done(VMMB_METHOD_ALLOC, r.msg, k, start);
         served = k == 0 && r.n_fds > 0;
@@ -277,8 +277,8 @@ bool peer_wait_try(Peer *p, AllocTry how) {
                           how == ALLOC_TRY_EXPIRED ? METRICS_WAIT_EXPIRED : METRICS_WAIT_REFUSED);
         peer_unpark(p, served);
         if (k == 0 && !p->wait_oneway)
-                k = varlink_conn_send(p->conn, r.msg, r.fds, r.n_fds);
-        json_object_put(r.msg);
+                k = method_reply_send(&r, p->conn);
+        method_reply_done(&r);
         peer_flush_or_free(p, k);
         return false;
 }
