@@ -1221,14 +1221,27 @@ static int write_string(Writer *w, const char *s, size_t len) {
         return 0;
 }
 
+/* "00" to "99": two digits per division when printing integers. */
+static const char digit_pairs[] =
+        "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+        "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+        "8081828384858687888990919293949596979899";
+
 /* The magnitude u, after a '-' when `negative`: as json-c prints an int64 or a uint64. */
 static int write_digits(Writer *w, bool negative, uint64_t u) {
         char d[21];
         size_t n = sizeof(d);
 
-        do
-                d[--n] = (char)('0' + u % 10);
-        while ((u /= 10) > 0);
+        while (u >= 100) {
+                n -= 2;
+                memcpy(d + n, digit_pairs + 2 * (u % 100), 2);
+                u /= 100;
+        }
+        if (u >= 10) {
+                n -= 2;
+                memcpy(d + n, digit_pairs + 2 * u, 2);
+        } else
+                d[--n] = (char)('0' + u);
         if (negative)
                 d[--n] = '-';
         return write_bytes(w, d + n, sizeof(d) - n);
@@ -1327,11 +1340,33 @@ ssize_t json_write(json_object *o, char **buf, size_t *alloc, size_t at) {
  * errors; test-json.c compares them.
  */
 
+/* Printable ASCII that json-c writes as it is: all but the quote and the backslash. */
+static const bool plain_ascii[256] = {
+        [0x20 ... '"' - 1] = true,
+        ['"' + 1 ... '\\' - 1] = true,
+        ['\\' + 1 ... 0x7e] = true,
+};
+
 /* A table's string as build_string() makes it: as it is when it is printable and short enough, else made so. */
 static int write_field_string(Writer *w, const JsonField *f, const char *s) {
         _cleanup_free_ char *d = NULL;
-        size_t len = strlen(s);
+        size_t len = 0;
+        int r;
 
+        /* most strings are plain ASCII: one look at each byte, then copied whole */
+        while (plain_ascii[(uint8_t)s[len]])
+                len++;
+        if (!s[len] && (f->max_len == 0 || len <= f->max_len)) {
+                r = write_reserve(w, len + 2);
+                if (r < 0)
+                        return r;
+                w->buf[w->len++] = '"';
+                memcpy(w->buf + w->len, s, len);
+                w->len += len;
+                w->buf[w->len++] = '"';
+                return 0;
+        }
+        len += strlen(s + len);
         if ((f->max_len == 0 || len <= f->max_len) && json_string_is_printable(s, len, f->multiline))
                 return write_string(w, s, len);
         d = printable_dup(s, len, f->max_len, f->multiline, &len);
@@ -1347,16 +1382,38 @@ static int write_uint64(Writer *w, uint64_t u) {
         return write_digits(w, false, u);
 }
 
-/* `"name":`, after a comma unless it is the object's first member. */
+/*
+ * `"name":`, after a comma unless it is the object's first member. A table's names are the program's own and
+ * need no escape: those are copied whole, with one reservation; any other goes through write_string().
+ */
 static int write_key(Writer *w, const char *name, bool *first) {
-        int r = 0;
+        size_t len = 0;
+        char *p;
+        int r;
 
+        while (name[len] && !needs_escape[(uint8_t)name[len]])
+                len++;
+        if (name[len]) {
+                r = *first ? 0 : write_char(w, ',');
+                if (r >= 0)
+                        r = write_string(w, name, strlen(name));
+                *first = false;
+                return r < 0 ? r : write_char(w, ':');
+        }
+        r = write_reserve(w, len + 4);
+        if (r < 0)
+                return r;
+        p = w->buf + w->len;
         if (!*first)
-                r = write_char(w, ',');
+                *p++ = ',';
         *first = false;
-        if (r >= 0)
-                r = write_string(w, name, strlen(name));
-        return r < 0 ? r : write_char(w, ':');
+        *p++ = '"';
+        memcpy(p, name, len);
+        p += len;
+        *p++ = '"';
+        *p++ = ':';
+        w->len = (size_t)(p - w->buf);
+        return 0;
 }
 
 static int build_write(Writer *w, const JsonField *fields, const void *in) {

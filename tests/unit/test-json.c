@@ -597,6 +597,40 @@ START_TEST(test_build_write) {
                 free(t);
         }
 
+        /* every number of digits, on both sides of each power of ten */
+        {
+                int64_t v = 1;
+
+                for (int k = 0; k < 19; k++) {
+                        for (int64_t d = -1; d <= 1; d++) {
+                                in = (Every){ .i = v + d, .opt = v + d, .u = (uint64_t)(v + d), .name = (char *)"" };
+                                free(assert_build_write_same(every_fields, &in));
+                                in.i = -(v + d);
+                                free(assert_build_write_same(every_fields, &in));
+                        }
+                        if (k < 18)
+                                v *= 10;        /* up to 10^18: INT64_MAX is 9.2 x 10^18 */
+                }
+        }
+
+        /* a key that needs escaping (no table has one) is escaped as json-c escapes it */
+        {
+                static const JsonField odd_key_fields[] = {
+                        JSON_FIELD_BOOL("plain", Every, on, true),
+                        JSON_FIELD_BOOL("k\"e\\y/\n\x01", Every, flag, true),
+                        JSON_FIELD_INT64("", Every, i, true, false),
+                        JSON_FIELD_END,
+                };
+
+                in = (Every){ .on = true, .i = 5 };
+                t = assert_build_write_same(odd_key_fields, &in);
+                ck_assert_str_eq(t, "{\"plain\":true,\"k\\\"e\\\\y/\\n\\u0001\":false,\"\":5}");
+                free(t);
+                t = assert_build_write_same(odd_key_fields + 1, &in);  /* first in its object */
+                ck_assert_str_eq(t, "{\"k\\\"e\\\\y/\\n\\u0001\":false,\"\":5}");
+                free(t);
+        }
+
         /* the errors json_build() gives, in its order */
         in = (Every){ .opt = JSON_ABSENT, .name = NULL };
         ck_assert_ptr_null(assert_build_write_same(every_fields, &in));                 /* required string */
