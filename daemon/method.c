@@ -771,11 +771,18 @@ static int method_list(Broker *b, const Caller *c, json_object *params, MethodRe
         return k;
 }
 
+/* Devices whose Status is built on the stack; a larger pool's is allocated. */
+#define STATUS_STACK_DEVICES 8
+
 static int method_status(Broker *b, const Caller *c, json_object *params, MethodReply *r) {
         _cleanup_free_ char *message = NULL;
         size_t n = pool_n_devices(b->pool);
-        _cleanup_free_ WireDevice *devices = calloc(n ?: 1, sizeof(WireDevice));
-        _cleanup_free_ PoolDeviceStats *stats = calloc(n ?: 1, sizeof(PoolDeviceStats));
+        WireDevice devices_stack[STATUS_STACK_DEVICES];
+        PoolDeviceStats stats_stack[STATUS_STACK_DEVICES];
+        _cleanup_free_ WireDevice *devices_heap = NULL;
+        _cleanup_free_ PoolDeviceStats *stats_heap = NULL;
+        WireDevice *devices = devices_stack;
+        PoolDeviceStats *stats = stats_stack;
         const char *bad = NULL;
         StatusReply reply = {};
         int k;
@@ -783,8 +790,12 @@ static int method_status(Broker *b, const Caller *c, json_object *params, Method
         k = empty_params_decode(params, &bad, &message);
         if (k < 0)
                 return reply_decode_failed(r, k, bad, message);
-        if (!devices || !stats)
-                return -ENOMEM;
+        if (n > STATUS_STACK_DEVICES) {
+                devices = devices_heap = calloc(n, sizeof(WireDevice));
+                stats = stats_heap = calloc(n, sizeof(PoolDeviceStats));
+                if (!devices || !stats)
+                        return -ENOMEM;
+        }
         for (size_t i = 0; i < n; i++) {
                 pool_device_stats(b->pool, i, &stats[i]);
                 devices[i] = (WireDevice){
@@ -894,8 +905,13 @@ int method_reply_send(const MethodReply *r, VarlinkConn *conn) {
         return varlink_conn_send_text(conn, &r->text, r->fds, r->n_fds);
 }
 
-void method_reply_done(MethodReply *r) {
+void method_reply_done(MethodReply *r, VarlinkText *spare) {
         json_object_put(TAKE_PTR(r->msg));
+        if (spare && !spare->data && r->text.alloc <= METHOD_REPLY_SPARE_MAX) {
+                *spare = r->text;
+                spare->len = 0;
+                r->text = (VarlinkText){};
+        }
         varlink_text_done(&r->text);
 }
 

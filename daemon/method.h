@@ -44,8 +44,31 @@ static inline bool method_reply_is_set(const MethodReply *r) {
 /* Queues the answer in *r on `conn` with its fds (varlink_conn_send() or varlink_conn_send_text()). */
 int method_reply_send(const MethodReply *r, VarlinkConn *conn);
 
-/* Frees what *r holds (msg, text); not its wait, which the caller takes. */
-void method_reply_done(MethodReply *r);
+/* The largest text buffer method_reply_done() keeps for the next reply. */
+#define METHOD_REPLY_SPARE_MAX (64U * 1024U)
+
+/*
+ * A MethodReply to fill whose text is written into *spare's buffer (taken;
+ * NULL or an empty one is fine): a daemon answers one call at a time, so one
+ * buffer serves every reply and a reply written as text needs no allocation.
+ */
+static inline MethodReply method_reply_init(VarlinkText *spare) {
+        MethodReply r = {};
+
+        if (spare) {
+                r.text = *spare;
+                r.text.len = 0;
+                *spare = (VarlinkText){};
+        }
+        return r;
+}
+
+/*
+ * Frees what *r holds (msg, text); not its wait, which the caller takes. Its
+ * text buffer goes back to *spare (may be NULL) when that holds none and it
+ * is at most METHOD_REPLY_SPARE_MAX bytes.
+ */
+void method_reply_done(MethodReply *r, VarlinkText *spare);
 
 /* Which try of an Alloc: as it came, again while it waits, when its wait ran out, or as the daemon stops. */
 typedef enum AllocTry {
