@@ -92,7 +92,8 @@ int method_call(Broker *b, const Caller *c, const VarlinkCall *call, MethodReply
  * call is answered: a lease, or the error that ends its wait (OutOfMemory
  * when it expired or the daemon stops, QuotaExceeded when its user's limits
  * no longer allow it, ...). With ALLOC_TRY_AGAIN and still no room, it leaves
- * *r unset (method_reply_is_set()): the call goes on waiting. Returns 0 or a negative errno.
+ * *r unset (method_reply_is_set()): the call goes on waiting. Returns 0 or a
+ * negative errno.
  */
 int method_alloc_again(Broker *b, const Caller *c, AllocWait *w, AllocTry how, uint64_t waited_usec,
                        MethodReply *r);

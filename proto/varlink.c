@@ -294,9 +294,9 @@ int varlink_conn_receive(VarlinkConn *c, json_object **ret, int **ret_fds, size_
 }
 
 /*
- * Writes a message and its NUL into o's buffer after its o->len bytes: text[0..len) as it is, or with text
- * NULL msg serialised. Returns the bytes added, or an error (nothing is added): json_write()'s for msg (-EBADMSG for a
- * NUL in the text, -ENOMEM), -ENOMEM for text.
+ * Writes a message and its NUL into o's buffer after its o->len bytes: text[0..len) as it is, or, with text
+ * NULL, msg serialised. Returns the bytes added, or an error (nothing is added): json_write()'s for msg
+ * (-EBADMSG for a NUL in the text, -ENOMEM), -ENOMEM for text.
  */
 static ssize_t out_buf_write(OutBuf *o, json_object *msg, const char *text, size_t len) {
         ssize_t end;
@@ -325,7 +325,8 @@ static ssize_t out_buf_write(OutBuf *o, json_object *msg, const char *text, size
 }
 
 /* Queues text[0..len), or with text NULL msg, as varlink_conn_send() says. */
-static int conn_send(VarlinkConn *c, json_object *msg, const char *text, size_t len, const int *fds, size_t n_fds) {
+static int conn_send(VarlinkConn *c, json_object *msg, const char *text, size_t len,
+                     const int *fds, size_t n_fds) {
         OutBuf *o, *tail;
         ssize_t n;
 
