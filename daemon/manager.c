@@ -448,6 +448,7 @@ Manager *manager_free(Manager *m) {
         sd_event_source_disable_unref(m->waiters_source);
         sd_event_source_disable_unref(m->reclaim_timer);
         free(m->waiters_in_use);
+        varlink_text_done(&m->reply_text);
         if (m->bound_path) {
                 (void)unlink(m->bound_path);
                 free(m->bound_path);

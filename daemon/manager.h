@@ -23,6 +23,7 @@
 #include "list.h"
 #include "pool.h"
 #include "user.h"
+#include "varlink.h"
 
 #define MANAGER_DEFAULT_SOCKET "/run/vmmbroker/io.vmmbroker"
 #define MANAGER_DEFAULT_REPLY_TIMEOUT_USEC (UINT64_C(30) * 1000000)
@@ -77,6 +78,8 @@ typedef struct Manager {
         unsigned busy_ticks;            /* ticks in a row with requests served */
         bool has_admin_group;           /* members of admin_gid are administrators, as root is */
         gid_t admin_gid;
+        VarlinkText reply_text;         /* the buffer replies are written in as text, kept between requests
+                                           (method_reply_init()) */
 } Manager;
 
 /* Opens the driver, builds the pool, takes or binds the socket. Messages for a person go to *ret_message. */

@@ -32,11 +32,9 @@ static int reply_decode_failed(MethodReply *r, int k, const char *bad, const cha
         return k == -EINVAL ? reply_invalid(r, bad, message) : k;
 }
 
+/* {"parameters": {}}, written as text. */
 static int reply_empty(MethodReply *r) {
-        json_object *out = NULL;
-        int k = empty_params_encode(&out);
-
-        return k < 0 ? k : reply_params(r, out);
+        return empty_reply_write(&r->text);
 }
 
 /* OWNER of OWNER/NAME: a decimal uid, or a user name looked up. Returns 0, or -ESRCH for no such user. */
@@ -92,16 +90,13 @@ static int reply_lease(MethodReply *r, const Lease *l, bool readonly) {
                            .owner_name = (char *)user_name(l->charge_lease.user, VMMB_USER_NAME_MAX),
                            .readonly = readonly },
         };
-        json_object *out = NULL;
         int k;
 
         for (size_t j = 0; j < l->n_slabs; j++) {
                 slabs[j] = (WireSlab){ .size = l->slabs[j]->size, .fd = j };
                 r->fds[j] = l->slabs[j]->fd;
         }
-        k = alloc_reply_encode(&reply, &out);
-        if (k == 0)
-                k = reply_params(r, out);
+        k = alloc_reply_write(&reply, &r->text);
         if (k == 0)
                 r->n_fds = l->n_slabs;
         return k;
@@ -175,7 +170,7 @@ static int64_t unknown_device(Broker *b, const uint64_t *devices, size_t n) {
 /*
  * One try of an Alloc: `how` says whether it is the call as it came (ALLOC_TRY_FIRST), a waiting call tried
  * again, or one whose wait ended (`waited_usec` into its wait). Answers it in *r, or, when the device has no
- * room, leaves r->msg NULL and sets r->wait (a first try that may wait, see AllocWait) or nothing (a waiting
+ * room, leaves *r unset and sets r->wait (a first try that may wait, see AllocWait) or nothing (a waiting
  * call tried again: it goes on waiting).
  */
 static int alloc_try(Broker *b, const Caller *c, AllocParams *a, AllocTry how, uint64_t waited_usec,
@@ -295,16 +290,13 @@ static int method_free(Broker *b, const Caller *c, json_object *params, MethodRe
                 k = reply_decode_failed(r, k, bad, message);
         else {
                 FreeReply reply = {};
-                json_object *out = NULL;
 
                 k = broker_free(b, c, a.id, a.keep, &reply.kept);
                 if (k == 0 && !a.keep)
                         k = reply_empty(r);     /* as it always was: `kept` answers a keep */
-                else if (k == 0) {
-                        k = free_reply_encode(&reply, &out);
-                        if (k == 0)
-                                k = reply_params(r, out);
-                } else
+                else if (k == 0)
+                        k = free_reply_write(&reply, &r->text);
+                else
                         k = reply_outcome(b, r, k, a.id);
         }
         free_params_done(&a);
@@ -779,21 +771,31 @@ static int method_list(Broker *b, const Caller *c, json_object *params, MethodRe
         return k;
 }
 
+/* Devices whose Status is built on the stack; a larger pool's is allocated. */
+#define STATUS_STACK_DEVICES 8
+
 static int method_status(Broker *b, const Caller *c, json_object *params, MethodReply *r) {
         _cleanup_free_ char *message = NULL;
         size_t n = pool_n_devices(b->pool);
-        _cleanup_free_ WireDevice *devices = calloc(n ?: 1, sizeof(WireDevice));
-        _cleanup_free_ PoolDeviceStats *stats = calloc(n ?: 1, sizeof(PoolDeviceStats));
+        WireDevice devices_stack[STATUS_STACK_DEVICES];
+        PoolDeviceStats stats_stack[STATUS_STACK_DEVICES];
+        _cleanup_free_ WireDevice *devices_heap = NULL;
+        _cleanup_free_ PoolDeviceStats *stats_heap = NULL;
+        WireDevice *devices = devices_stack;
+        PoolDeviceStats *stats = stats_stack;
         const char *bad = NULL;
         StatusReply reply = {};
-        json_object *out = NULL;
         int k;
 
         k = empty_params_decode(params, &bad, &message);
         if (k < 0)
                 return reply_decode_failed(r, k, bad, message);
-        if (!devices || !stats)
-                return -ENOMEM;
+        if (n > STATUS_STACK_DEVICES) {
+                devices = devices_heap = calloc(n, sizeof(WireDevice));
+                stats = stats_heap = calloc(n, sizeof(PoolDeviceStats));
+                if (!devices || !stats)
+                        return -ENOMEM;
+        }
         for (size_t i = 0; i < n; i++) {
                 pool_device_stats(b->pool, i, &stats[i]);
                 devices[i] = (WireDevice){
@@ -817,8 +819,7 @@ static int method_status(Broker *b, const Caller *c, json_object *params, Method
         reply.devices = devices;
         reply.n_devices = n;
         reply.placement = (char *)placement_name(b->placement);
-        k = status_reply_encode(&reply, &out);
-        return k < 0 ? k : reply_params(r, out);
+        return status_reply_write(&reply, &r->text);
 }
 
 /* Every user's use is in it: for administrators only. Costs O(devices + users x devices), no lease walk. */
@@ -897,6 +898,22 @@ static const struct {
         { VARLINK_METHOD_GET_INFO, method_get_info },
         { VARLINK_METHOD_GET_INTERFACE_DESCRIPTION, method_get_interface_description },
 };
+
+int method_reply_send(const MethodReply *r, VarlinkConn *conn) {
+        if (r->msg)
+                return varlink_conn_send(conn, r->msg, r->fds, r->n_fds);
+        return varlink_conn_send_text(conn, &r->text, r->fds, r->n_fds);
+}
+
+void method_reply_done(MethodReply *r, VarlinkText *spare) {
+        json_object_put(TAKE_PTR(r->msg));
+        if (spare && !spare->data && r->text.alloc <= METHOD_REPLY_SPARE_MAX) {
+                *spare = r->text;
+                spare->len = 0;
+                r->text = (VarlinkText){};
+        }
+        varlink_text_done(&r->text);
+}
 
 int method_call(Broker *b, const Caller *c, const VarlinkCall *call, MethodReply *r) {
         for (size_t i = 0; i < ELEMENTSOF(methods); i++)

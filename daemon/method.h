@@ -29,10 +29,46 @@ AllocWait *alloc_wait_free(AllocWait *w);
 
 typedef struct MethodReply {
         json_object *msg;               /* a whole envelope: a reply or an error */
+        VarlinkText text;               /* or, instead of msg, a whole reply written as text (Alloc, Free,
+                                           Status: *_reply_write()), sent as it is */
         int fds[POOL_MAX_SLABS];        /* sent with it (borrowed from the slabs) */
         size_t n_fds;
         AllocWait *wait;                /* instead of msg: the call waits for room; the caller takes it */
 } MethodReply;
+
+/* Whether *r holds an answer to send: msg or text. */
+static inline bool method_reply_is_set(const MethodReply *r) {
+        return r->msg || r->text.len > 0;
+}
+
+/* Queues the answer in *r on `conn` with its fds (varlink_conn_send() or varlink_conn_send_text()). */
+int method_reply_send(const MethodReply *r, VarlinkConn *conn);
+
+/* The largest text buffer method_reply_done() keeps for the next reply. */
+#define METHOD_REPLY_SPARE_MAX (64U * 1024U)
+
+/*
+ * A MethodReply to fill whose text is written into *spare's buffer (taken;
+ * NULL or an empty one is fine): a daemon answers one call at a time, so one
+ * buffer serves every reply and a reply written as text needs no allocation.
+ */
+static inline MethodReply method_reply_init(VarlinkText *spare) {
+        MethodReply r = {};
+
+        if (spare) {
+                r.text = *spare;
+                r.text.len = 0;
+                *spare = (VarlinkText){};
+        }
+        return r;
+}
+
+/*
+ * Frees what *r holds (msg, text); not its wait, which the caller takes. Its
+ * text buffer goes back to *spare (may be NULL) when that holds none and it
+ * is at most METHOD_REPLY_SPARE_MAX bytes.
+ */
+void method_reply_done(MethodReply *r, VarlinkText *spare);
 
 /* Which try of an Alloc: as it came, again while it waits, when its wait ran out, or as the daemon stops. */
 typedef enum AllocTry {
@@ -43,7 +79,7 @@ typedef enum AllocTry {
 } AllocTry;
 
 /*
- * Answers one call of `c`: fills *r (free r->msg with json_object_put()) and
+ * Answers one call of `c`: fills *r (free it with method_reply_done()) and
  * returns 0, or returns a negative errno for a failure of the daemon (the
  * caller closes the connection). An unknown method is answered
  * MethodNotFound.
@@ -56,7 +92,8 @@ int method_call(Broker *b, const Caller *c, const VarlinkCall *call, MethodReply
  * call is answered: a lease, or the error that ends its wait (OutOfMemory
  * when it expired or the daemon stops, QuotaExceeded when its user's limits
  * no longer allow it, ...). With ALLOC_TRY_AGAIN and still no room, it leaves
- * r->msg NULL: the call goes on waiting. Returns 0 or a negative errno.
+ * *r unset (method_reply_is_set()): the call goes on waiting. Returns 0 or a
+ * negative errno.
  */
 int method_alloc_again(Broker *b, const Caller *c, AllocWait *w, AllocTry how, uint64_t waited_usec,
                        MethodReply *r);

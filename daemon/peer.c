@@ -120,7 +120,7 @@ void peer_reclaim_send(Peer *p, const Lease *l, uint64_t timeout_usec) {
 static int peer_dispatch(Peer *p, json_object *msg) {
         Broker *b = &p->manager->broker;
         VarlinkCall call = {};
-        MethodReply r = {};
+        MethodReply r;
         int k;
 
         k = varlink_call_parse(msg, &call);
@@ -133,6 +133,7 @@ static int peer_dispatch(Peer *p, json_object *msg) {
                 varlink_call_done(&call);
                 return -ECONNRESET;
         }
+        r = method_reply_init(&p->manager->reply_text);
         if (p->refused)
                 k = peer_refusal(p, &r.msg);    /* the answer to its first call says why; then it closes */
         else if (strcmp(call.method, VMMB_METHOD_WATCH_RECLAIM) == 0) {
@@ -147,14 +148,15 @@ static int peer_dispatch(Peer *p, json_object *msg) {
                 if (r.wait) {
                         /* No room, and it may wait: counted when it is answered (peer_wait_try()). */
                         k = peer_park(p, TAKE_PTR(r.wait), call.oneway, start);
+                        method_reply_done(&r, &p->manager->reply_text);
                         varlink_call_done(&call);
                         return k;
                 }
                 metrics_request_done(call.method, r.msg, k, start);
         }
-        if (k == 0 && r.msg && !call.oneway)
-                k = varlink_conn_send(p->conn, r.msg, r.fds, r.n_fds);
-        json_object_put(r.msg);
+        if (k == 0 && method_reply_is_set(&r) && !call.oneway)
+                k = method_reply_send(&r, p->conn);
+        method_reply_done(&r, &p->manager->reply_text);
         varlink_call_done(&call);
         return k;
 }
@@ -256,7 +258,7 @@ void peer_serve(Peer *p) {
 bool peer_wait_try(Peer *p, AllocTry how) {
         Broker *b = &p->manager->broker;
         uint64_t start = metrics_clock();
-        MethodReply r = {};
+        MethodReply r;
         bool served;
         int k;
 
@@ -267,9 +269,12 @@ bool peer_wait_try(Peer *p, AllocTry how) {
                         return false;
                 }
         }
+        r = method_reply_init(&p->manager->reply_text);
         k = method_alloc_again(b, &p->caller, p->wait, how, start - p->wait_since, &r);
-        if (k == 0 && !r.msg)
+        if (k == 0 && !method_reply_is_set(&r)) {
+                method_reply_done(&r, &p->manager->reply_text);
                 return true;
+        }
         metrics_request_done(VMMB_METHOD_ALLOC, r.msg, k, start);
         served = k == 0 && r.n_fds > 0;
         metrics_wait_done(served ? METRICS_WAIT_SERVED :
@@ -277,8 +282,8 @@ bool peer_wait_try(Peer *p, AllocTry how) {
                           how == ALLOC_TRY_EXPIRED ? METRICS_WAIT_EXPIRED : METRICS_WAIT_REFUSED);
         peer_unpark(p, served);
         if (k == 0 && !p->wait_oneway)
-                k = varlink_conn_send(p->conn, r.msg, r.fds, r.n_fds);
-        json_object_put(r.msg);
+                k = method_reply_send(&r, p->conn);
+        method_reply_done(&r, &p->manager->reply_text);
         peer_flush_or_free(p, k);
         return false;
 }

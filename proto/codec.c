@@ -384,6 +384,11 @@ static const struct {
         int name##_encode(const type *in, json_object **ret) {                 \
                 return json_build(fields, in, ret);                            \
         }
+/* A whole reply message as text, from the table the encoder uses: the bytes the encoder's object makes. */
+#define DEFINE_WRITE(name, type, fields)                                       \
+        int name##_write(const type *in, VarlinkText *t) {                     \
+                return varlink_reply_write(t, fields, in);                     \
+        }
 #define DEFINE_DONE(name, type, fields)                                        \
         void name##_done(type *p) {                                            \
                 json_dispatch_free(fields, p);                                 \
@@ -447,6 +452,7 @@ int free_reply_decode(json_object *params, FreeReply *ret, char **ret_message) {
         return json_dispatch(params, free_reply_fields, ret, NULL, ret_message);
 }
 DEFINE_ENCODE(free_reply, FreeReply, free_reply_fields)
+DEFINE_WRITE(free_reply, FreeReply, free_reply_fields)
 DEFINE_DONE(free_reply, FreeReply, free_reply_fields)
 
 int set_reclaimable_params_decode(json_object *params, SetReclaimableParams *ret, const char **ret_bad_field,
@@ -580,6 +586,12 @@ int empty_params_encode(json_object **ret) {
         return json_build(empty_fields, &p, ret);
 }
 
+int empty_reply_write(VarlinkText *t) {
+        EmptyParams p = {};
+
+        return varlink_reply_write(t, empty_fields, &p);
+}
+
 int alloc_reply_decode(json_object *params, size_t n_fds, AllocReply *ret, char **ret_message) {
         _cleanup_free_ bool *seen = NULL;
         int r;
@@ -616,10 +628,12 @@ fail:
         return r;
 }
 DEFINE_ENCODE(alloc_reply, AllocReply, alloc_reply_fields)
+DEFINE_WRITE(alloc_reply, AllocReply, alloc_reply_fields)
 DEFINE_DONE(alloc_reply, AllocReply, alloc_reply_fields)
 
 DEFINE_REPLY_CODEC(list_reply, ListReply, list_reply_fields)
 DEFINE_REPLY_CODEC(status_reply, StatusReply, status_reply_fields)
+DEFINE_WRITE(status_reply, StatusReply, status_reply_fields)
 DEFINE_REPLY_CODEC(users_reply, UsersReply, users_reply_fields)
 DEFINE_REPLY_CODEC(tokens_reply, TokensReply, tokens_reply_fields)
 DEFINE_REPLY_CODEC(metrics_reply, MetricsReply, metrics_reply_fields)

@@ -13,6 +13,10 @@
  *   - NAME_encode(in, ret): a new parameters object for the envelope
  *     (varlink_call_new(), varlink_reply_new());
  *   - NAME_done(p): frees the strings and arrays of a decoded struct.
+ * The replies the daemon sends most (Alloc, Free, Status) also have
+ * NAME_write(in, t): the whole reply message as text, written from the same
+ * table without json-c objects (varlink_reply_write()), for
+ * varlink_conn_send_text().
  * Optional members hold their absent value (json.h): NULL strings, -1 for an
  * absent device, false.
  */
@@ -21,6 +25,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "varlink.h"
 
 #define VMMB_INTERFACE "io.vmmbroker"
 #define VMMB_METHOD_ALLOC VMMB_INTERFACE ".Alloc"
@@ -386,6 +392,8 @@ void reclaim_request_done(ReclaimRequest *p);
 int free_reply_decode(json_object *params, FreeReply *ret, char **ret_message);
 /* Encodes Free's reply to a keep, `kept` always present. */
 int free_reply_encode(const FreeReply *in, json_object **ret);
+/* Writes the whole reply message {"parameters": {"kept": ...}} as text: the bytes of free_reply_encode()'s. */
+int free_reply_write(const FreeReply *in, VarlinkText *t);
 void free_reply_done(FreeReply *p);
 
 /* Park's reply. */
@@ -469,6 +477,8 @@ int list_params_encode(const ListParams *in, json_object **ret);
 int empty_params_decode(json_object *params, const char **ret_bad_field, char **ret_message);
 /* Makes an empty parameters object. */
 int empty_params_encode(json_object **ret);
+/* Writes the reply message {"parameters": {}} as text (varlink_reply_write()). */
+int empty_reply_write(VarlinkText *t);
 
 /*
  * Decodes Alloc's reply and checks it against the `n_fds` fds that came with
@@ -477,6 +487,11 @@ int empty_params_encode(json_object **ret);
 int alloc_reply_decode(json_object *params, size_t n_fds, AllocReply *ret, char **ret_message);
 /* Encodes Alloc's reply. */
 int alloc_reply_encode(const AllocReply *in, json_object **ret);
+/*
+ * Writes the whole reply message {"parameters": {"lease": ...}} as text (varlink_reply_write()): the bytes
+ * that json_write() makes of varlink_reply_new() of alloc_reply_encode()'s object, without making it.
+ */
+int alloc_reply_write(const AllocReply *in, VarlinkText *t);
 /* Frees AllocReply's strings and slabs. */
 void alloc_reply_done(AllocReply *p);
 
@@ -498,6 +513,8 @@ void users_reply_done(UsersReply *p);
 int status_reply_decode(json_object *params, StatusReply *ret, char **ret_message);
 /* Encodes Status's reply. */
 int status_reply_encode(const StatusReply *in, json_object **ret);
+/* Writes the whole reply message {"parameters": {"devices": ...}} as text, as alloc_reply_write() does. */
+int status_reply_write(const StatusReply *in, VarlinkText *t);
 
 /* Tokens' reply. */
 int tokens_reply_decode(json_object *params, TokensReply *ret, char **ret_message);

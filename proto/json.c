@@ -1221,20 +1221,41 @@ static int write_string(Writer *w, const char *s, size_t len) {
         return 0;
 }
 
-static int write_integer(Writer *w, json_object *o) {
-        int64_t i = json_object_get_int64(o);
+/* "00" to "99": two digits per division when printing integers. */
+static const char digit_pairs[] =
+        "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+        "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+        "8081828384858687888990919293949596979899";
+
+/* The magnitude u, after a '-' when `negative`: as json-c prints an int64 or a uint64. */
+static int write_digits(Writer *w, bool negative, uint64_t u) {
         char d[21];
         size_t n = sizeof(d);
-        uint64_t u;
 
-        /* an int64 prints as itself; a uint64 (above INT64_MAX) reads as INT64_MAX there, itself here */
-        u = i < 0 ? -(uint64_t)i : json_object_get_uint64(o);
-        do
-                d[--n] = (char)('0' + u % 10);
-        while ((u /= 10) > 0);
-        if (i < 0)
+        while (u >= 100) {
+                n -= 2;
+                memcpy(d + n, digit_pairs + 2 * (u % 100), 2);
+                u /= 100;
+        }
+        if (u >= 10) {
+                n -= 2;
+                memcpy(d + n, digit_pairs + 2 * u, 2);
+        } else
+                d[--n] = (char)('0' + u);
+        if (negative)
                 d[--n] = '-';
         return write_bytes(w, d + n, sizeof(d) - n);
+}
+
+static int write_int64(Writer *w, int64_t i) {
+        return write_digits(w, i < 0, i < 0 ? -(uint64_t)i : (uint64_t)i);
+}
+
+static int write_integer(Writer *w, json_object *o) {
+        int64_t i = json_object_get_int64(o);
+
+        /* an int64 prints as itself; a uint64 (above INT64_MAX) reads as INT64_MAX there, itself here */
+        return write_digits(w, i < 0, i < 0 ? -(uint64_t)i : json_object_get_uint64(o));
 }
 
 static int write_value(Writer *w, json_object *o) {
@@ -1301,6 +1322,211 @@ ssize_t json_write(json_object *o, char **buf, size_t *alloc, size_t at) {
         int r;
 
         r = write_value(&w, o);
+        if (r >= 0)
+                r = write_reserve(&w, 1);
+        /* the buffer may have moved even when writing failed */
+        *buf = w.buf;
+        *alloc = w.alloc;
+        return r < 0 ? r : (ssize_t)w.len;
+}
+
+/* ---- Building as text ---- */
+
+/*
+ * json_build_write() writes what json_write() of json_build()'s object writes, field by field from the
+ * table, without making the object: building it and freeing it was most of what a Status reply cost the
+ * daemon (an object, a hash table and a copy of every key and string per field, each malloc'd and freed).
+ * Every choice below is json_build()'s, in its order, so that the two give the same bytes and the same
+ * errors; test-json.c compares them.
+ */
+
+/* Printable ASCII that json-c writes as it is: all but the quote and the backslash. */
+static const bool plain_ascii[256] = {
+        [0x20 ... '"' - 1] = true,
+        ['"' + 1 ... '\\' - 1] = true,
+        ['\\' + 1 ... 0x7e] = true,
+};
+
+/* A table's string as build_string() makes it: as it is when it is printable and short enough, else made so. */
+static int write_field_string(Writer *w, const JsonField *f, const char *s) {
+        _cleanup_free_ char *d = NULL;
+        size_t len = 0;
+        int r;
+
+        /* most strings are plain ASCII: one look at each byte, then copied whole */
+        while (plain_ascii[(uint8_t)s[len]])
+                len++;
+        if (!s[len] && (f->max_len == 0 || len <= f->max_len)) {
+                r = write_reserve(w, len + 2);
+                if (r < 0)
+                        return r;
+                w->buf[w->len++] = '"';
+                memcpy(w->buf + w->len, s, len);
+                w->len += len;
+                w->buf[w->len++] = '"';
+                return 0;
+        }
+        len += strlen(s + len);
+        if ((f->max_len == 0 || len <= f->max_len) && json_string_is_printable(s, len, f->multiline))
+                return write_string(w, s, len);
+        d = printable_dup(s, len, f->max_len, f->multiline, &len);
+        if (!d)
+                return -ENOMEM;
+        return write_string(w, d, len);
+}
+
+/* As build_uint64(): 0..INT64_MAX. */
+static int write_uint64(Writer *w, uint64_t u) {
+        if (u > INT64_MAX)
+                return -ERANGE;
+        return write_digits(w, false, u);
+}
+
+/*
+ * `"name":`, after a comma unless it is the object's first member. A table's names are the program's own and
+ * need no escape: those are copied whole, with one reservation; any other goes through write_string().
+ */
+static int write_key(Writer *w, const char *name, bool *first) {
+        size_t len = 0;
+        char *p;
+        int r;
+
+        while (name[len] && !needs_escape[(uint8_t)name[len]])
+                len++;
+        if (name[len]) {
+                r = *first ? 0 : write_char(w, ',');
+                if (r >= 0)
+                        r = write_string(w, name, strlen(name));
+                *first = false;
+                return r < 0 ? r : write_char(w, ':');
+        }
+        r = write_reserve(w, len + 4);
+        if (r < 0)
+                return r;
+        p = w->buf + w->len;
+        if (!*first)
+                *p++ = ',';
+        *first = false;
+        *p++ = '"';
+        memcpy(p, name, len);
+        p += len;
+        *p++ = '"';
+        *p++ = ':';
+        w->len = (size_t)(p - w->buf);
+        return 0;
+}
+
+static int build_write(Writer *w, const JsonField *fields, const void *in) {
+        bool first = true;
+        int r;
+
+        r = write_char(w, '{');
+        for (const JsonField *f = fields; r >= 0 && f->name; f++) {
+                switch (f->type) {
+                case JSON_INT64: {
+                        int64_t i = *MEMBER(in, f, int64_t);
+
+                        if (f->nonnegative && i < 0) {
+                                if (f->required)
+                                        return -ERANGE;
+                                continue;
+                        }
+                        r = write_key(w, f->name, &first);
+                        if (r >= 0)
+                                r = write_int64(w, i);
+                        break;
+                }
+                case JSON_UINT64:
+                        if (*MEMBER(in, f, uint64_t) > INT64_MAX)
+                                return -ERANGE;
+                        r = write_key(w, f->name, &first);
+                        if (r >= 0)
+                                r = write_uint64(w, *MEMBER(in, f, uint64_t));
+                        break;
+                case JSON_BOOL: {
+                        bool b = *MEMBER(in, f, bool);
+
+                        if (!f->required && !b)
+                                continue;
+                        r = write_key(w, f->name, &first);
+                        if (r >= 0)
+                                r = b ? write_bytes(w, "true", 4) : write_bytes(w, "false", 5);
+                        break;
+                }
+                case JSON_VARIANT: {
+                        json_object *v = *MEMBER(in, f, json_object *);
+
+                        if (!v) {
+                                if (f->required)
+                                        return -EINVAL;
+                                continue;
+                        }
+                        r = write_key(w, f->name, &first);
+                        if (r >= 0)
+                                r = write_value(w, v);
+                        break;
+                }
+                case JSON_STRING: {
+                        const char *s = *MEMBER(in, f, char *);
+
+                        if (!s) {
+                                if (f->required)
+                                        return -EINVAL;
+                                continue;
+                        }
+                        r = write_key(w, f->name, &first);
+                        if (r >= 0)
+                                r = write_field_string(w, f, s);
+                        break;
+                }
+                case JSON_OBJECT:
+                        r = write_key(w, f->name, &first);
+                        if (r >= 0)
+                                r = build_write(w, f->fields, MEMBER(in, f, char));
+                        break;
+                case JSON_ARRAY:
+                case JSON_STRV:
+                case JSON_UINT64V: {
+                        const char *items = *MEMBER(in, f, char *);
+                        size_t n = *COUNT(in, f);
+
+                        if (!items) {
+                                if (n > 0)
+                                        return -EINVAL;
+                                if (!f->required)
+                                        continue;
+                        }
+                        r = write_key(w, f->name, &first);
+                        if (r >= 0)
+                                r = write_char(w, '[');
+                        for (size_t k = 0; r >= 0 && k < n; k++) {
+                                if (k > 0)
+                                        r = write_char(w, ',');
+                                if (r < 0)
+                                        break;
+                                if (f->type == JSON_ARRAY)
+                                        r = build_write(w, f->fields, items + k * f->elem_size);
+                                else if (f->type == JSON_UINT64V)
+                                        r = write_uint64(w, ((const uint64_t *)items)[k]);
+                                else if (((char *const *)items)[k])
+                                        r = write_field_string(w, f, ((char *const *)items)[k]);
+                                else
+                                        r = -EINVAL;
+                        }
+                        if (r >= 0)
+                                r = write_char(w, ']');
+                        break;
+                }
+                }
+        }
+        return r < 0 ? r : write_char(w, '}');
+}
+
+ssize_t json_build_write(const JsonField *fields, const void *in, char **buf, size_t *alloc, size_t at) {
+        Writer w = { .buf = *buf, .alloc = *alloc, .len = at };
+        int r;
+
+        r = build_write(&w, fields, in);
         if (r >= 0)
                 r = write_reserve(&w, 1);
         /* the buffer may have moved even when writing failed */

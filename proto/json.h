@@ -13,8 +13,9 @@
  *
  * Parameters are read through a table of JsonField, in the style of systemd's
  * json_dispatch(): each field names a member of a C struct, its type and its
- * limits. The same table serialises the struct (json_build()), so a codec is
- * one table and the two sides cannot disagree.
+ * limits. The same table serialises the struct (json_build(), or straight
+ * to text with json_build_write()), so a codec is one table and the two sides
+ * cannot disagree.
  *
  * Optional fields have an "absent" value instead of a presence flag; dispatch
  * always writes every member of the table, so the struct needs no set-up:
@@ -167,6 +168,19 @@ int json_build(const JsonField *fields, const void *in, json_object **ret);
  * bytes before `at` kept.
  */
 ssize_t json_write(json_object *o, char **buf, size_t *alloc, size_t at);
+
+/*
+ * Writes the struct `in` as the table `fields` says into *buf from offset
+ * `at` on, as json_write() does: the same bytes as json_write() of the object
+ * json_build() makes of it (the same fields in the same order, strings made
+ * printable the same way, optional fields holding their absent value left
+ * out), without making that object. Returns the offset after the text, with
+ * room left for one byte more; json_build()'s errors (-EINVAL, -ERANGE,
+ * -ENOMEM) or json_write()'s for a JSON_VARIANT member. *buf and *alloc are
+ * updated either way, and the bytes before `at` kept; after an error the bytes
+ * from `at` on are garbage.
+ */
+ssize_t json_build_write(const JsonField *fields, const void *in, char **buf, size_t *alloc, size_t at);
 
 /*
  * Tells whether s[0..len) is valid UTF-8 (no overlong forms, surrogates or

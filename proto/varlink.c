@@ -294,22 +294,39 @@ int varlink_conn_receive(VarlinkConn *c, json_object **ret, int **ret_fds, size_
 }
 
 /*
- * Writes msg and its NUL into o's buffer after its o->len bytes. Returns the bytes added, or json_write()'s
- * error (nothing is added): -EBADMSG for a NUL in the text, -ENOMEM.
+ * Writes a message and its NUL into o's buffer after its o->len bytes: text[0..len) as it is, or, with text
+ * NULL, msg serialised. Returns the bytes added, or an error (nothing is added): json_write()'s for msg
+ * (-EBADMSG for a NUL in the text, -ENOMEM), -ENOMEM for text.
  */
-static ssize_t out_buf_write(OutBuf *o, json_object *msg) {
+static ssize_t out_buf_write(OutBuf *o, json_object *msg, const char *text, size_t len) {
         ssize_t end;
 
-        end = json_write(msg, &o->data, &o->alloc, o->len);
-        if (end < 0)
-                return end;
-        o->data[end] = 0;       /* json_write() left room for it, and wrote no NUL before it */
+        if (!text) {
+                end = json_write(msg, &o->data, &o->alloc, o->len);
+                if (end < 0)
+                        return end;
+        } else {
+                if (o->alloc - o->len < len + 1) {
+                        size_t alloc = MAX(MAX(o->alloc * 2, o->len + len + 1), (size_t)256);
+                        char *d = realloc(o->data, alloc);
+
+                        if (!d)
+                                return -ENOMEM;
+                        o->data = d;
+                        o->alloc = alloc;
+                }
+                memcpy(o->data + o->len, text, len);
+                end = (ssize_t)(o->len + len);
+        }
+        o->data[end] = 0;       /* there is room for it, and no NUL before it */
         end = end + 1 - (ssize_t)o->len;
         o->len += (size_t)end;
         return end;
 }
 
-int varlink_conn_send(VarlinkConn *c, json_object *msg, const int *fds, size_t n_fds) {
+/* Queues text[0..len), or with text NULL msg, as varlink_conn_send() says. */
+static int conn_send(VarlinkConn *c, json_object *msg, const char *text, size_t len,
+                     const int *fds, size_t n_fds) {
         OutBuf *o, *tail;
         ssize_t n;
 
@@ -319,7 +336,7 @@ int varlink_conn_send(VarlinkConn *c, json_object *msg, const int *fds, size_t n
         tail = list_last_entry(&c->out, OutBuf, link);
         if (n_fds == 0 && tail && tail->n_fds == 0) {
                 /* no fds: join the bytes queued before */
-                n = out_buf_write(tail, msg);
+                n = out_buf_write(tail, msg, text, len);
                 if (n < 0)
                         return (int)n;
                 c->out_pending += (size_t)n;
@@ -330,7 +347,7 @@ int varlink_conn_send(VarlinkConn *c, json_object *msg, const int *fds, size_t n
         if (!o)
                 return -ENOMEM;
         list_init(&o->link);
-        n = out_buf_write(o, msg);
+        n = out_buf_write(o, msg, text, len);
         if (n < 0) {
                 out_buf_free(o);
                 return (int)n;
@@ -356,6 +373,18 @@ int varlink_conn_send(VarlinkConn *c, json_object *msg, const int *fds, size_t n
         list_link_tail(&c->out, &o->link);
         c->out_pending += o->len;
         return 0;
+}
+
+int varlink_conn_send(VarlinkConn *c, json_object *msg, const int *fds, size_t n_fds) {
+        return conn_send(c, msg, NULL, 0, fds, n_fds);
+}
+
+int varlink_conn_send_text(VarlinkConn *c, const VarlinkText *t, const int *fds, size_t n_fds) {
+        if (!t->data || t->len == 0)
+                return -EINVAL;
+        if (memchr(t->data, 0, t->len))
+                return -EBADMSG;
+        return conn_send(c, NULL, t->data, t->len, fds, n_fds);
 }
 
 /* A sent OutBuf: kept as the connection's spare when it has none and the buffer is small, else freed. */
@@ -529,4 +558,29 @@ int varlink_error_new(const char *error, json_object *parameters, json_object **
         if (!varlink_name_is_valid(error))
                 return -EINVAL;
         return envelope_build(reply_fields, &reply, &reply.parameters, ret);
+}
+
+/* ---- Messages as text ---- */
+
+void varlink_text_done(VarlinkText *t) {
+        free(t->data);
+        *t = (VarlinkText){};
+}
+
+int varlink_reply_write(VarlinkText *t, const JsonField *fields, const void *in) {
+        /* reply_fields with no error and no continues, the parameters written from their own table */
+        const JsonField envelope[] = {
+                { .name = "parameters", .type = JSON_OBJECT, .required = true, .offset = 0, .fields = fields },
+                JSON_FIELD_END,
+        };
+        ssize_t end;
+
+        end = json_build_write(envelope, in, &t->data, &t->alloc, 0);
+        if (end < 0) {
+                t->len = 0;
+                return (int)end;
+        }
+        t->data[end] = 0;       /* json_build_write() left room for it */
+        t->len = (size_t)end;
+        return 0;
 }

@@ -23,6 +23,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "json.h"
+
 /* Limits on one message, NUL included. */
 #define VARLINK_MAX_REQUEST (64U * 1024U)          /* the daemon's, for calls */
 #define VARLINK_MAX_REPLY (64U * 1024U * 1024U)    /* the client's, for replies */
@@ -107,6 +109,35 @@ int varlink_conn_receive(VarlinkConn *c, json_object **ret, int **ret_fds, size_
  * or the error of dup().
  */
 int varlink_conn_send(VarlinkConn *c, json_object *msg, const int *fds, size_t n_fds);
+
+/*
+ * A message written as text by varlink_reply_write(), for
+ * varlink_conn_send_text(): a reply sent without building json-c objects.
+ */
+typedef struct VarlinkText {
+        char *data;             /* malloc'd, NULL until written; reused by the next write */
+        size_t len;             /* bytes of the message (0: nothing written); data[len] is a NUL */
+        size_t alloc;
+} VarlinkText;
+
+/* Frees the text and zeroes *t. */
+void varlink_text_done(VarlinkText *t);
+
+/*
+ * Writes into *t (replacing what it held) the reply {"parameters": {...}}
+ * whose parameters are the struct `in` as the table `fields` says
+ * (json_build_write()): the same bytes as json_write() of varlink_reply_new()
+ * of json_build(fields, in). Returns 0, or json_build_write()'s error (then
+ * t->len is 0).
+ */
+int varlink_reply_write(VarlinkText *t, const JsonField *fields, const void *in);
+
+/*
+ * Queues the message t->data[0..t->len), ended by a NUL, as
+ * varlink_conn_send() queues a json-c one. Returns 0; -EINVAL for an empty
+ * text; -EBADMSG when it holds a NUL; or varlink_conn_send()'s errors.
+ */
+int varlink_conn_send_text(VarlinkConn *c, const VarlinkText *t, const int *fds, size_t n_fds);
 
 /*
  * Writes queued messages until the queue is empty (0), or the socket is full

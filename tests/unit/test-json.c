@@ -443,6 +443,264 @@ START_TEST(test_uint64_array) {
 }
 END_TEST
 
+/* ---- json_build_write(): the bytes of json_write(json_build()), without the object ---- */
+
+typedef struct Every {
+        int64_t i;              /* required, any sign */
+        int64_t opt;            /* optional, non-negative: -1 is absent */
+        uint64_t u;
+        bool on;                /* required */
+        bool flag;              /* optional: false is absent */
+        char *name;             /* required, at most 8 bytes */
+        char *label;            /* optional, no limit */
+        char *text;             /* optional, newline and tab allowed */
+        Inner inner;
+        Inner *items;           /* required: NULL with no items is [] */
+        size_t n_items;
+        Inner *more;            /* optional: NULL is absent */
+        size_t n_more;
+        char **names;
+        size_t n_names;
+        uint64_t *ids;
+        size_t n_ids;
+        json_object *extra;
+} Every;
+
+static const JsonField every_fields[] = {
+        JSON_FIELD_INT64("i", Every, i, true, false),
+        JSON_FIELD_INT64("opt", Every, opt, false, true),
+        JSON_FIELD_UINT64("u", Every, u),
+        JSON_FIELD_BOOL("on", Every, on, true),
+        JSON_FIELD_BOOL("flag", Every, flag, false),
+        JSON_FIELD_STRING("name", Every, name, true, 8),
+        JSON_FIELD_STRING("label", Every, label, false, 0),
+        JSON_FIELD_TEXT("text", Every, text, false, 0),
+        JSON_FIELD_OBJECT("inner", Every, inner, Inner, inner_fields),
+        JSON_FIELD_ARRAY("items", Every, items, n_items, Inner, inner_fields, true, 0),
+        JSON_FIELD_ARRAY("more", Every, more, n_more, Inner, inner_fields, false, 0),
+        JSON_FIELD_STRV("names", Every, names, n_names, false, 4),
+        JSON_FIELD_UINT64V("ids", Every, ids, n_ids, false, 0),
+        JSON_FIELD_VARIANT("extra", Every, extra, false),
+        JSON_FIELD_END,
+};
+
+/*
+ * json_build_write() of `in` after "head" in a buffer of 4 bytes: the same result as json_build() then
+ * json_write(), bytes or error. Returns the text (malloc'd) or NULL for an error.
+ */
+static char *assert_build_write_same(const JsonField *fields, const void *in) {
+        _cleanup_(json_object_putp) json_object *o = NULL;
+        _cleanup_free_ char *want = strdup("head"), *got = strdup("head");
+        size_t want_alloc = 4, got_alloc = 4;
+        ssize_t want_end, got_end;
+        int r;
+
+        ck_assert_ptr_nonnull(want);
+        ck_assert_ptr_nonnull(got);
+        r = json_build(fields, in, &o);
+        want_end = r < 0 ? r : json_write(o, &want, &want_alloc, 4);
+        got_end = json_build_write(fields, in, &got, &got_alloc, 4);
+        ck_assert_int_eq(got_end, want_end);
+        if (got_end < 0)
+                return NULL;
+        ck_assert_uint_gt(got_alloc, (size_t)got_end);         /* room for varlink's NUL */
+        ck_assert_mem_eq(got, "head", 4);                       /* what was before `at` is kept */
+        ck_assert_msg(memcmp(got + 4, want + 4, (size_t)want_end - 4) == 0, "wrote %.*s\njson_build: %.*s",
+                      (int)got_end - 4, got + 4, (int)want_end - 4, want + 4);
+        ck_assert_ptr_null(memchr(got, 0, (size_t)got_end));
+        return strndup(got + 4, (size_t)got_end - 4);
+}
+
+/* Strings that need escaping or making printable: quotes, backslashes, every control character, DEL, C1,
+ * non-ASCII (2, 3 and 4 bytes), bytes that are not UTF-8, and what JSON allows unescaped ('/', U+2028). */
+static const char *const hostile[] = {
+        "",
+        "plain",
+        "\"",
+        "\\",
+        "\"quoted\" and \\back\\slashed\\",
+        "\x01\x02\x03\x04\x05\x06\x07\x08\t\n\x0b\x0c\r\x0e\x0f\x10\x11\x12\x13\x14\x15\x16\x17\x18\x19\x1a\x1b"
+        "\x1c\x1d\x1e\x1f",
+        "a\x7f" "b",
+        "c1 \xc2\x85 \xc2\x9f",
+        "h\xc3\xa9llo \xe6\x97\xa5\xe6\x9c\xac \xf0\x9f\x98\x80",
+        "bad \xff \xc0\xaf \xed\xa0\x80 \xe2\x82 \xf4\x90\x80\x80",
+        "</script> \xe2\x80\xa8 \xe2\x80\xa9 /",
+        "\x1b[2J\x1b]0;title\x07",
+        "tab\tnew\nline",
+        "123456789",            /* over name's 8 bytes: cut */
+        "1234567\xc3\xa9",      /* cut before a character that would not fit */
+};
+
+START_TEST(test_build_write) {
+        _cleanup_(json_object_putp) json_object *extra = NULL;
+        Inner items[] = { { .n = 0 }, { .n = INT64_MAX } };
+        uint64_t ids[] = { 0, 1, INT64_MAX };
+        char *names[] = { (char *)"a\"b", (char *)"\xff", (char *)"", NULL };
+        static const char extra_text[] = "{\"d\":[1.50,-0.0,1e400],\"s\":\"\\u00e9/\\\"\",\"n\":null,\"b\":false}";
+        Every in = {
+                .i = INT64_MIN, .opt = INT64_MAX, .u = INT64_MAX, .on = true, .flag = true,
+                .name = (char *)"dev\"0", .label = (char *)"l", .text = (char *)"t",
+                .inner = { .n = 42 }, .items = items, .n_items = 2, .more = items, .n_more = 1,
+                .names = names, .n_names = 3, .ids = ids, .n_ids = 3,
+        };
+        char *t;
+
+        ck_assert_int_eq(json_parse_message(extra_text, strlen(extra_text), &extra), 0);
+        in.extra = extra;
+
+        /* every type, every member present, integers at their extremes */
+        t = assert_build_write_same(every_fields, &in);
+        ck_assert_ptr_nonnull(t);
+        ck_assert_str_eq(t, "{\"i\":-9223372036854775808,\"opt\":9223372036854775807,\"u\":9223372036854775807,"
+                         "\"on\":true,\"flag\":true,\"name\":\"dev\\\"0\",\"label\":\"l\",\"text\":\"t\","
+                         "\"inner\":{\"n\":42},\"items\":[{\"n\":0},{\"n\":9223372036854775807}],"
+                         "\"more\":[{\"n\":0}],\"names\":[\"a\\\"b\",\"?\",\"\"],"
+                         "\"ids\":[0,1,9223372036854775807],"
+                         "\"extra\":{\"d\":[1.50,-0.0,1e400],\"s\":\"\xc3\xa9/\\\"\",\"n\":null,\"b\":false}}");
+        free(t);
+
+        /* every optional member absent, the required array empty: present as [], the others left out */
+        in = (Every){ .i = INT64_MAX, .opt = JSON_ABSENT, .u = 0, .on = false, .name = (char *)"" };
+        t = assert_build_write_same(every_fields, &in);
+        ck_assert_ptr_nonnull(t);
+        ck_assert_str_eq(t, "{\"i\":9223372036854775807,\"u\":0,\"on\":false,\"name\":\"\",\"inner\":{\"n\":0},"
+                         "\"items\":[]}");
+        free(t);
+        in.opt = INT64_MIN;     /* any negative value is absent */
+        in.i = -1;
+        t = assert_build_write_same(every_fields, &in);
+        ck_assert_str_eq(t, "{\"i\":-1,\"u\":0,\"on\":false,\"name\":\"\",\"inner\":{\"n\":0},\"items\":[]}");
+        free(t);
+        in.items = items;       /* an empty array that is there */
+        in.more = items;
+        in.ids = ids;
+        in.names = names;
+        in.names[0] = NULL;
+        t = assert_build_write_same(every_fields, &in);
+        ck_assert_str_eq(t, "{\"i\":-1,\"u\":0,\"on\":false,\"name\":\"\",\"inner\":{\"n\":0},\"items\":[],"
+                         "\"more\":[],\"names\":[],\"ids\":[]}");
+        free(t);
+        names[0] = (char *)"a\"b";
+
+        /* hostile strings in every string member, each made printable and escaped as json_build() does, and
+         * read back as valid JSON */
+        for (size_t i = 0; i < ELEMENTSOF(hostile); i++) {
+                _cleanup_(json_object_putp) json_object *back = NULL;
+                char *strv[] = { (char *)hostile[i], NULL };
+
+                in = (Every){ .opt = JSON_ABSENT, .name = (char *)hostile[i], .label = (char *)hostile[i],
+                              .text = (char *)hostile[i], .names = strv, .n_names = 1 };
+                t = assert_build_write_same(every_fields, &in);
+                ck_assert_ptr_nonnull(t);
+                ck_assert_msg(json_parse_message(t, strlen(t), &back) == 0, "not strict JSON: %s", t);
+                free(t);
+        }
+
+        /* every number of digits, on both sides of each power of ten */
+        {
+                int64_t v = 1;
+
+                for (int k = 0; k < 19; k++) {
+                        for (int64_t d = -1; d <= 1; d++) {
+                                in = (Every){ .i = v + d, .opt = v + d, .u = (uint64_t)(v + d), .name = (char *)"" };
+                                free(assert_build_write_same(every_fields, &in));
+                                in.i = -(v + d);
+                                free(assert_build_write_same(every_fields, &in));
+                        }
+                        if (k < 18)
+                                v *= 10;        /* up to 10^18: INT64_MAX is 9.2 x 10^18 */
+                }
+        }
+
+        /* a key that needs escaping (no table has one) is escaped as json-c escapes it */
+        {
+                static const JsonField odd_key_fields[] = {
+                        JSON_FIELD_BOOL("plain", Every, on, true),
+                        JSON_FIELD_BOOL("k\"e\\y/\n\x01", Every, flag, true),
+                        JSON_FIELD_INT64("", Every, i, true, false),
+                        JSON_FIELD_END,
+                };
+
+                in = (Every){ .on = true, .i = 5 };
+                t = assert_build_write_same(odd_key_fields, &in);
+                ck_assert_str_eq(t, "{\"plain\":true,\"k\\\"e\\\\y/\\n\\u0001\":false,\"\":5}");
+                free(t);
+                t = assert_build_write_same(odd_key_fields + 1, &in);  /* first in its object */
+                ck_assert_str_eq(t, "{\"k\\\"e\\\\y/\\n\\u0001\":false,\"\":5}");
+                free(t);
+        }
+
+        /* the errors json_build() gives, in its order */
+        in = (Every){ .opt = JSON_ABSENT, .name = NULL };
+        ck_assert_ptr_null(assert_build_write_same(every_fields, &in));                 /* required string */
+        in.name = (char *)"n";
+        in.u = (uint64_t)INT64_MAX + 1;
+        ck_assert_ptr_null(assert_build_write_same(every_fields, &in));                 /* -ERANGE */
+        in.u = 0;
+        in.n_items = 1;
+        ck_assert_ptr_null(assert_build_write_same(every_fields, &in));                 /* NULL with a count */
+        in.n_items = 0;
+        in.ids = ids;
+        in.n_ids = 1;
+        ids[0] = UINT64_MAX;
+        ck_assert_ptr_null(assert_build_write_same(every_fields, &in));                 /* in an array */
+        ids[0] = 0;
+        in.names = names;
+        in.n_names = 4;                                                                 /* names[3] is NULL */
+        ck_assert_ptr_null(assert_build_write_same(every_fields, &in));
+        in.n_names = 0;
+        in.names = NULL;
+        ck_assert_ptr_nonnull((t = assert_build_write_same(every_fields, &in)));
+        free(t);
+        {
+                _cleanup_free_ char *buf = NULL;
+                size_t alloc = 0;
+
+                in.i = 0;
+                ck_assert_int_eq(json_build_write((const JsonField[]){
+                                         JSON_FIELD_INT64("i", Every, i, true, true), JSON_FIELD_END },
+                                                  &(Every){ .i = -1 }, &buf, &alloc, 0), -ERANGE);
+                ck_assert_int_eq(json_build_write((const JsonField[]){
+                                         JSON_FIELD_VARIANT("extra", Every, extra, true), JSON_FIELD_END },
+                                                  &in, &buf, &alloc, 0), -EINVAL);
+        }
+}
+END_TEST
+
+/* A message far larger than the buffer it starts in (none, then a few bytes): it grows, and nothing is lost. */
+START_TEST(test_build_write_large) {
+        _cleanup_free_ char *big = malloc(100001), *buf = NULL;
+        _cleanup_free_ Inner *items = calloc(5000, sizeof(Inner));
+        Every in = { .opt = JSON_ABSENT, .name = (char *)"n", .items = items, .n_items = 5000 };
+        size_t alloc = 0;
+        ssize_t end;
+        char *t;
+
+        ck_assert_ptr_nonnull(big);
+        ck_assert_ptr_nonnull(items);
+        /* escapes all the way: 1.5 bytes a byte in label (the control characters become '?'), 1.75 in text */
+        for (size_t i = 0; i < 100000; i++)
+                big[i] = "\"\\\x01\n"[i % 4];
+        big[100000] = 0;
+        for (size_t i = 0; i < 5000; i++)
+                items[i].n = i * 1000003;
+        in.label = big;
+        in.text = big;
+        t = assert_build_write_same(every_fields, &in);
+        ck_assert_ptr_nonnull(t);
+        ck_assert_uint_gt(strlen(t), 325000);
+        free(t);
+
+        end = json_build_write(every_fields, &in, &buf, &alloc, 0);
+        ck_assert_int_gt(end, 325000);
+        ck_assert_uint_gt(alloc, (size_t)end);
+        /* again into the same buffer, after what it holds */
+        ck_assert_int_eq(json_build_write(every_fields, &in, &buf, &alloc, (size_t)end), 2 * end);
+        ck_assert_mem_eq(buf, buf + end, (size_t)end);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("json");
         TCase *tc = tcase_create("json");
@@ -454,6 +712,8 @@ int main(void) {
         tcase_add_test(tc, test_dispatch);
         tcase_add_test(tc, test_build);
         tcase_add_test(tc, test_uint64_array);
+        tcase_add_test(tc, test_build_write);
+        tcase_add_test(tc, test_build_write_large);
         suite_add_tcase(s, tc);
         failed = run_suite(s);
         return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;

@@ -757,6 +757,265 @@ START_TEST(test_codec_errors) {
 }
 END_TEST
 
+/* ---- Replies written as text (varlink_reply_write(), *_reply_write()) ---- */
+
+/* t holds exactly what json_write() makes of the reply envelope around `params` (taken), and is strict JSON. */
+static void assert_text_is_reply(const VarlinkText *t, json_object *params) {
+        _cleanup_(json_object_putp) json_object *env = NULL, *back = NULL;
+        _cleanup_free_ char *want = NULL;
+        size_t alloc = 0;
+        ssize_t end;
+
+        ck_assert_ptr_nonnull(params);
+        ck_assert_int_eq(varlink_reply_new(params, &env), 0);
+        json_object_put(params);
+        end = json_write(env, &want, &alloc, 0);
+        ck_assert_int_gt(end, 0);
+        ck_assert_uint_eq(t->len, (size_t)end);
+        ck_assert_uint_gt(t->alloc, t->len);
+        ck_assert_msg(memcmp(t->data, want, t->len) == 0, "wrote %.*s\nvia json-c: %.*s", (int)t->len, t->data,
+                      (int)end, want);
+        ck_assert_int_eq(json_parse_message(t->data, t->len, &back), 0);
+}
+
+/* Names that need escaping or making printable, as a device or user name could hold. */
+static const char *const odd_names[] = {
+        "",
+        "Simulated GPU",
+        "\"quoted\" \\back\\",
+        "ctl \x01\x08\t\n\x0c\r\x1b\x1f\x7f \xc2\x85",
+        "NVIDIA H100 80GB HBM3 \xe2\x80\x94 \xc3\xa9\xe6\x97\xa5\xf0\x9f\x98\x80",
+        "bad \xff\xc0\xaf\xed\xa0\x80\xe2\x82",
+        "a very long name that is longer than any limit on names here, repeated: a very long name that is "
+        "longer than any limit on names here, repeated: a very long name that is longer than any limit",
+};
+
+START_TEST(test_reply_text) {
+        VarlinkText t = {};
+        json_object *p = NULL;
+
+        /* Alloc: with and without the optional members, names that need escaping */
+        for (size_t i = 0; i < ELEMENTSOF(odd_names); i++) {
+                WireSlab slabs[] = { { .size = 1 << 21, .fd = 0 }, { .size = INT64_MAX, .fd = 1 } };
+                AllocReply in = { .lease = { .id = (char *)odd_names[i], .device = INT64_MAX, .size = 0,
+                                             .slabs = slabs, .n_slabs = 2, .owner = 4294967294,
+                                             .owner_name = (char *)odd_names[i], .readonly = true } };
+
+                ck_assert_int_eq(alloc_reply_write(&in, &t), 0);
+                ck_assert_int_eq(alloc_reply_encode(&in, &p), 0);
+                assert_text_is_reply(&t, p);
+
+                in.lease.owner = JSON_ABSENT;
+                in.lease.owner_name = NULL;
+                in.lease.readonly = false;
+                in.lease.n_slabs = 0;   /* an empty slab array is still there */
+                ck_assert_int_eq(alloc_reply_write(&in, &t), 0);
+                ck_assert_int_eq(alloc_reply_encode(&in, &p), 0);
+                assert_text_is_reply(&t, p);
+                ck_assert_ptr_null(strstr(t.data, "owner"));
+                ck_assert_ptr_null(strstr(t.data, "readonly"));
+        }
+        {
+                /* a required member missing or out of range: the encoder's error, and nothing to send */
+                AllocReply in = { .lease = { .id = NULL, .owner = JSON_ABSENT } };
+
+                ck_assert_int_eq(alloc_reply_write(&in, &t), -EINVAL);
+                ck_assert_uint_eq(t.len, 0);
+                in.lease.id = (char *)"L1";
+                in.lease.size = UINT64_MAX;
+                ck_assert_int_eq(alloc_reply_write(&in, &t), -ERANGE);
+                ck_assert_int_eq(alloc_reply_encode(&in, &p), -ERANGE);
+                ck_assert_uint_eq(t.len, 0);
+        }
+
+        /* Free: kept either way, and the empty reply */
+        for (int kept = 0; kept < 2; kept++) {
+                ck_assert_int_eq(free_reply_write(&(FreeReply){ .kept = kept }, &t), 0);
+                ck_assert_int_eq(free_reply_encode(&(FreeReply){ .kept = kept }, &p), 0);
+                assert_text_is_reply(&t, p);
+        }
+        ck_assert_int_eq(empty_reply_write(&t), 0);
+        ck_assert_int_eq(empty_params_encode(&p), 0);
+        assert_text_is_reply(&t, p);
+        ck_assert_str_eq(t.data, "{\"parameters\":{}}");        /* the writer left room for the NUL */
+
+        /* Status: no device; devices with odd names, every optional member absent or at its extreme */
+        {
+                StatusReply in = { .devices = NULL, .n_devices = 0 };
+                WireDevice devices[ELEMENTSOF(odd_names)];
+
+                ck_assert_int_eq(status_reply_write(&in, &t), 0);
+                ck_assert_int_eq(status_reply_encode(&in, &p), 0);
+                assert_text_is_reply(&t, p);
+                ck_assert_str_eq(t.data, "{\"parameters\":{\"devices\":[]}}");
+
+                for (size_t i = 0; i < ELEMENTSOF(odd_names); i++) {
+                        bool absent = i % 2 == 0;
+
+                        devices[i] = (WireDevice){
+                                .index = (int64_t)i, .name = (char *)odd_names[i], .total = INT64_MAX,
+                                .granularity = 1 << 21, .capacity = 0, .leased = 1, .scrubbing = 2, .cached = 3,
+                                .leases = 4,
+                                .waiters = absent ? JSON_ABSENT : 0,
+                                .numa_node = absent ? JSON_ABSENT : INT64_MAX,
+                                .host_capacity = absent ? INT64_MIN : 5,
+                                .parked = absent ? JSON_ABSENT : 6,
+                                .host_cached = absent ? JSON_ABSENT : 7,
+                                .kept = absent ? JSON_ABSENT : 8,
+                        };
+                }
+                in = (StatusReply){ .devices = devices, .n_devices = ELEMENTSOF(devices),
+                                    .placement = (char *)"spread \"x\"\n" };
+                ck_assert_int_eq(status_reply_write(&in, &t), 0);
+                ck_assert_int_eq(status_reply_encode(&in, &p), 0);
+                assert_text_is_reply(&t, p);
+                in.placement = NULL;
+                ck_assert_int_eq(status_reply_write(&in, &t), 0);
+                ck_assert_int_eq(status_reply_encode(&in, &p), 0);
+                assert_text_is_reply(&t, p);
+                ck_assert_ptr_null(strstr(t.data, "placement"));
+
+                devices[1].total = (uint64_t)INT64_MAX + 1;
+                ck_assert_int_eq(status_reply_write(&in, &t), -ERANGE);
+                devices[1].total = 0;
+                devices[1].name = NULL;
+                ck_assert_int_eq(status_reply_write(&in, &t), -EINVAL);
+        }
+        {
+                /* many devices: a reply far larger than any buffer's first size */
+                _cleanup_free_ WireDevice *many = calloc(2000, sizeof(WireDevice));
+                StatusReply in = { .devices = many, .n_devices = 2000, .placement = (char *)"pack" };
+
+                ck_assert_ptr_nonnull(many);
+                for (size_t i = 0; i < 2000; i++)
+                        many[i] = (WireDevice){ .index = (int64_t)i, .name = (char *)odd_names[i % ELEMENTSOF(odd_names)],
+                                                .total = i << 30, .waiters = JSON_ABSENT, .numa_node = (int64_t)i % 4,
+                                                .host_capacity = JSON_ABSENT, .parked = JSON_ABSENT,
+                                                .host_cached = JSON_ABSENT, .kept = (int64_t)i };
+                ck_assert_int_eq(status_reply_write(&in, &t), 0);
+                ck_assert_uint_gt(t.len, 2000 * 100);
+                ck_assert_int_eq(status_reply_encode(&in, &p), 0);
+                assert_text_is_reply(&t, p);
+        }
+        varlink_text_done(&t);
+        ck_assert_ptr_null(t.data);
+        ck_assert_uint_eq(t.len, 0);
+}
+END_TEST
+
+/* Text replies queue like json-c ones: joined to fd-less output, alone with fds, large ones whole. */
+START_TEST(test_send_text) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *rx = NULL, *tx = NULL;
+        _cleanup_(json_object_putp) json_object *first = NULL;
+        _cleanup_close_ int peer = -EBADF;
+        _cleanup_free_ WireDevice *many = calloc(1000, sizeof(WireDevice));
+        VarlinkText t = {}, big = {};
+        int pipes[2], before, too_many[FDPASS_MAX_FDS + 1];
+        StatusReply status = { .devices = many, .n_devices = 1000 };
+        WireSlab slabs[] = { { .size = 1 << 21, .fd = 0 }, { .size = 1 << 21, .fd = 1 } };
+        AllocReply lease = { .lease = { .id = (char *)"L\"1", .slabs = slabs, .n_slabs = 2, .owner = JSON_ABSENT } };
+
+        ck_assert_ptr_nonnull(many);
+        for (size_t i = 0; i < 1000; i++)
+                many[i] = (WireDevice){ .index = (int64_t)i, .name = (char *)"GPU \"\\\x01", .waiters = JSON_ABSENT,
+                                        .numa_node = JSON_ABSENT, .host_capacity = JSON_ABSENT,
+                                        .parked = JSON_ABSENT, .host_cached = JSON_ABSENT, .kept = JSON_ABSENT };
+        ck_assert_int_eq(status_reply_write(&status, &big), 0);
+        ck_assert_uint_gt(big.len, 64 * 1024);
+
+        ck_assert_int_eq(pipe2(pipes, O_CLOEXEC), 0);
+        conn_pair(VARLINK_MAX_REPLY, true, &rx, &peer);
+        ck_assert_int_eq(varlink_conn_new(&tx, TAKE_FD(peer), VARLINK_MAX_REQUEST, false), 0);
+        before = count_fds();
+
+        /* a json-c message, an empty reply joined to it, a lease with fds alone, then the large Status */
+        first = parse_str("{\"parameters\":{\"n\":1}}");
+        ck_assert_int_eq(varlink_conn_send(tx, first, NULL, 0), 0);
+        ck_assert_int_eq(empty_reply_write(&t), 0);
+        ck_assert_int_eq(varlink_conn_send_text(tx, &t, NULL, 0), 0);
+        ck_assert_int_eq(alloc_reply_write(&lease, &t), 0);
+        ck_assert_int_eq(varlink_conn_send_text(tx, &t, pipes, 2), 0);
+        ck_assert_int_eq(varlink_conn_send_text(tx, &big, NULL, 0), 0);
+        ck_assert_int_eq(count_fds(), before + 2);              /* the queue's duplicates */
+        ck_assert_uint_eq(varlink_conn_pending(tx), strlen("{\"parameters\":{\"n\":1}}") + 1 +
+                          strlen("{\"parameters\":{}}") + 1 + t.len + 1 + big.len + 1);
+
+        /* what cannot be sent is refused, and nothing is queued for it */
+        {
+                size_t pending = varlink_conn_pending(tx);
+                VarlinkText nul = { .data = (char *)"{\"a\":\"\0\"}", .len = 9 }, none = {};
+
+                for (size_t i = 0; i < ELEMENTSOF(too_many); i++)
+                        too_many[i] = pipes[0];
+                ck_assert_int_eq(varlink_conn_send_text(tx, &nul, NULL, 0), -EBADMSG);
+                ck_assert_int_eq(varlink_conn_send_text(tx, &none, NULL, 0), -EINVAL);
+                ck_assert_int_eq(varlink_conn_send_text(tx, &t, too_many, ELEMENTSOF(too_many)), -E2BIG);
+                ck_assert_uint_eq(varlink_conn_pending(tx), pending);
+        }
+
+        /* the peer reads while the writer flushes: the large reply does not fit the socket at once */
+        {
+                json_object *o[4] = {};
+                _cleanup_free_ int *got = NULL;
+                size_t n = 0, n_got = 0, n_fds[4] = {};
+                int r;
+
+                ck_assert_int_eq(fcntl(varlink_conn_get_fd(tx), F_SETFL, O_NONBLOCK), 0);
+                ck_assert_int_eq(fcntl(varlink_conn_get_fd(rx), F_SETFL, O_NONBLOCK), 0);
+                while (n < 4) {
+                        int *f = NULL;
+
+                        r = varlink_conn_flush(tx);
+                        ck_assert(r == 0 || r == -EAGAIN);
+                        r = varlink_conn_next_json(rx, &o[n], &f, &n_fds[n]);
+                        ck_assert_int_ge(r, 0);
+                        if (r == 1) {
+                                if (f) {
+                                        free(got);
+                                        got = f;
+                                        n_got = n_fds[n];
+                                }
+                                n++;
+                                continue;
+                        }
+                        r = varlink_conn_read(rx);
+                        ck_assert(r > 0 || r == -EAGAIN);
+                }
+                ck_assert_uint_eq(varlink_conn_pending(tx), 0);
+                ck_assert_str_eq(json_object_to_json_string_ext(o[1], JSON_C_TO_STRING_PLAIN), "{\"parameters\":{}}");
+                ck_assert_uint_eq(n_fds[0] + n_fds[1] + n_fds[3], 0);
+                ck_assert_uint_eq(n_fds[2], 2);
+                assert_same_file(pipes[0], got[0]);
+                assert_same_file(pipes[1], got[1]);
+                close_many(got, n_got);
+                {
+                        VarlinkReply reply;
+                        AllocReply a;
+                        StatusReply st;
+                        _cleanup_free_ char *msg = NULL;
+
+                        ck_assert_int_eq(varlink_reply_parse(o[2], &reply), 0);
+                        ck_assert_int_eq(alloc_reply_decode(reply.parameters, 2, &a, &msg), 0);
+                        ck_assert_str_eq(a.lease.id, "L\"1");
+                        alloc_reply_done(&a);
+                        varlink_reply_done(&reply);
+                        ck_assert_int_eq(varlink_reply_parse(o[3], &reply), 0);
+                        ck_assert_int_eq(status_reply_decode(reply.parameters, &st, &msg), 0);
+                        ck_assert_uint_eq(st.n_devices, 1000);
+                        ck_assert_str_eq(st.devices[999].name, "GPU \"\\?");
+                        status_reply_done(&st);
+                        varlink_reply_done(&reply);
+                }
+                for (size_t i = 0; i < ELEMENTSOF(o); i++)
+                        json_object_put(o[i]);
+        }
+        ck_assert_int_eq(count_fds(), before);
+        close_many(pipes, 2);
+        varlink_text_done(&t);
+        varlink_text_done(&big);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("varlink");
         TCase *tc = tcase_create("varlink");
@@ -775,6 +1034,8 @@ int main(void) {
         tcase_add_test(tc, test_codec_calls);
         tcase_add_test(tc, test_codec_replies);
         tcase_add_test(tc, test_codec_errors);
+        tcase_add_test(tc, test_reply_text);
+        tcase_add_test(tc, test_send_text);
         suite_add_tcase(s, tc);
         failed = run_suite(s);
         return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
