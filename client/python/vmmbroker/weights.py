@@ -517,8 +517,8 @@ def read_layout(base) -> Tuple[List[list], int, Dict[str, Any]]:
 def attach_state_dict(client, name: str, readonly: bool = True) -> StateDict:
     """Attach the weight store published as NAME ("NAME" or "OWNER/NAME") and return its tensors, no copy.
 
-    One attach, one small device-to-host copy of the header, then one view per
-    tensor. The tensors live on the lease's device; with readonly (the
+    One attach, one small device-to-host copy of the header, then one strided
+    view per group of the layout, split into its tensors. The tensors live on the lease's device; with readonly (the
     default) the memory is mapped read-only: fine for inference and
     load_state_dict(..., assign=True), a fault if written. They keep the lease
     (see StateDict). Raises vmmbroker.Error from the broker, LayoutError when
