@@ -668,6 +668,14 @@ int alloc_reply_decode(json_object *params, size_t n_fds, AllocReply *ret, char 
                                  ret_message);
 }
 
+int alloc_reply_check_fds(AllocReply *r, size_t n_fds, char **ret_message) {
+        return alloc_reply_check(0, n_fds, r, ret_message);
+}
+
+int alloc_reply_parse_text(const char *text, size_t len, VarlinkReply *ret_reply, AllocReply *ret, bool *ret_decoded) {
+        return varlink_reply_parse_text_into(text, len, ret_reply, alloc_reply_fields, ret, ret_decoded);
+}
+
 int alloc_reply_decode_text(const char *text, size_t len, size_t n_fds, AllocReply *ret, char **ret_message) {
         return alloc_reply_check(json_dispatch_text(text, len, alloc_reply_fields, ret, NULL, ret_message), n_fds,
                                  ret, ret_message);
@@ -679,6 +687,11 @@ DEFINE_DONE(alloc_reply, AllocReply, alloc_reply_fields)
 DEFINE_REPLY_CODEC(list_reply, ListReply, list_reply_fields)
 DEFINE_REPLY_CODEC(status_reply, StatusReply, status_reply_fields)
 DEFINE_WRITE(status_reply, StatusReply, status_reply_fields)
+int status_reply_parse_text(const char *text, size_t len, VarlinkReply *ret_reply, StatusReply *ret,
+                            bool *ret_decoded) {
+        return varlink_reply_parse_text_into(text, len, ret_reply, status_reply_fields, ret, ret_decoded);
+}
+
 int status_reply_decode_text(const char *text, size_t len, StatusReply *ret, char **ret_message) {
         return json_dispatch_text(text, len, status_reply_fields, ret, NULL, ret_message);
 }

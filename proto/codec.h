@@ -497,6 +497,14 @@ int empty_reply_write(VarlinkText *t);
  */
 int alloc_reply_decode(json_object *params, size_t n_fds, AllocReply *ret, char **ret_message);
 int alloc_reply_decode_text(const char *text, size_t len, size_t n_fds, AllocReply *ret, char **ret_message);
+/*
+ * A whole reply message read with its parameters in one pass, for Alloc
+ * (varlink_reply_parse_text_into() with Alloc's reply table): when
+ * *ret_decoded, *ret holds them as alloc_reply_decode() reads them, before its
+ * check of the fds (alloc_reply_check_fds(), which frees *ret when it fails).
+ */
+int alloc_reply_parse_text(const char *text, size_t len, VarlinkReply *ret_reply, AllocReply *ret, bool *ret_decoded);
+int alloc_reply_check_fds(AllocReply *r, size_t n_fds, char **ret_message);
 /* Encodes Alloc's reply. */
 int alloc_reply_encode(const AllocReply *in, json_object **ret);
 /*
@@ -524,6 +532,9 @@ void users_reply_done(UsersReply *p);
 /* Decodes Status's reply. */
 int status_reply_decode(json_object *params, StatusReply *ret, char **ret_message);
 int status_reply_decode_text(const char *text, size_t len, StatusReply *ret, char **ret_message);
+/* A whole reply message read with its parameters in one pass, for Status, as alloc_reply_parse_text() is. */
+int status_reply_parse_text(const char *text, size_t len, VarlinkReply *ret_reply, StatusReply *ret,
+                            bool *ret_decoded);
 /* Encodes Status's reply. */
 int status_reply_encode(const StatusReply *in, json_object **ret);
 /* Writes the whole reply message {"parameters": {"devices": ...}} as text, as alloc_reply_write() does. */

@@ -143,6 +143,8 @@ typedef struct Parse {
         size_t buf_size;
         char stack[256];        /* buf, until it needs more: then malloc'd */
         const struct JsonField *raw;    /* json_dispatch_text_raw(): the field kept as text, not parsed */
+        const struct JsonField *raw_fields; /* json_dispatch_text_nested(): or read with this table */
+        void *raw_out;                  /* into this struct */
         const uint8_t *raw_begin;       /* and where its text is */
         const uint8_t *raw_end;
 } Parse;
@@ -1253,10 +1255,10 @@ static int text_field(Parse *s, const JsonField *f, void *out) {
                 if (s->p >= s->end || *s->p != '{')
                         return TEXT_UNSURE;
                 if (f == s->raw) {
-                        /* kept as text: checked as json_parse_message() would read it */
+                        /* kept as text: checked as json_parse_message() would read it, or read with its table */
                         const uint8_t *start = s->p;
 
-                        r = text_skip(s);
+                        r = s->raw_fields ? text_object(s, s->raw_fields, s->raw_out) : text_skip(s);
                         if (r != 0)
                                 return r;
                         s->raw_begin = start;
@@ -1394,11 +1396,13 @@ static int text_object(Parse *s, const JsonField *fields, void *out) {
 
 /* The fast path over the whole message: 0 with `out` filled, or TEXT_UNSURE or -ENOMEM with nothing held. */
 static int text_dispatch(const char *text, size_t len, const JsonField *fields, void *out, const JsonField *raw,
-                         const char **ret_raw, size_t *ret_raw_len) {
+                         const JsonField *raw_fields, void *raw_out, const char **ret_raw, size_t *ret_raw_len) {
         Parse s;
         int r;
 
         dispatch_reset(fields, out);
+        if (raw_fields)
+                dispatch_reset(raw_fields, raw_out);
         if (len > INT_MAX)
                 return TEXT_UNSURE;
         s.p = (const uint8_t *)text;
@@ -1407,6 +1411,8 @@ static int text_dispatch(const char *text, size_t len, const JsonField *fields, 
         s.buf = s.stack;
         s.buf_size = sizeof(s.stack);
         s.raw = raw;
+        s.raw_fields = raw_fields;
+        s.raw_out = raw_out;
         s.raw_begin = s.raw_end = NULL;
         parse_ws(&s);
         r = text_object(&s, fields, out);
@@ -1419,6 +1425,8 @@ static int text_dispatch(const char *text, size_t len, const JsonField *fields, 
                 free(s.buf);
         if (r != 0) {
                 json_dispatch_free(fields, out);
+                if (raw_fields)
+                        json_dispatch_free(raw_fields, raw_out);
                 return r;
         }
         if (ret_raw) {
@@ -1446,7 +1454,7 @@ int json_dispatch_text(const char *text, size_t len, const JsonField *fields, vo
                 *ret_bad_field = NULL;
         if (!text)
                 return json_dispatch(NULL, fields, out, ret_bad_field, ret_message);
-        r = text_dispatch(text, len, fields, out, NULL, NULL, NULL);
+        r = text_dispatch(text, len, fields, out, NULL, NULL, NULL, NULL, NULL);
         if (r <= 0)
                 return r;
 
@@ -1478,7 +1486,21 @@ int json_dispatch_text_raw(const char *text, size_t len, const JsonField *fields
         *ret_raw_len = 0;
         if (!text)
                 return TEXT_UNSURE;
-        return text_dispatch(text, len, fields, out, raw, ret_raw, ret_raw_len);
+        return text_dispatch(text, len, fields, out, raw, NULL, NULL, ret_raw, ret_raw_len);
+}
+
+int json_dispatch_text_nested(const char *text, size_t len, const JsonField *fields, void *out, const JsonField *raw,
+                              const JsonField *raw_fields, void *raw_out, const char **ret_raw, size_t *ret_raw_len) {
+        int r;
+
+        *ret_raw = NULL;
+        *ret_raw_len = 0;
+        if (!text)
+                return TEXT_UNSURE;
+        r = text_dispatch(text, len, fields, out, raw, raw_fields, raw_out, ret_raw, ret_raw_len);
+        if (r == 0 && !*ret_raw)
+                json_dispatch_free(raw_fields, raw_out);       /* absent: nothing was read into it */
+        return r;
 }
 
 /* ---- Building ---- */

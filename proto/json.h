@@ -168,6 +168,18 @@ int json_dispatch_text(const char *text, size_t len, const JsonField *fields, vo
 int json_dispatch_text_raw(const char *text, size_t len, const JsonField *fields, void *out, const JsonField *raw,
                            const char **ret_raw, size_t *ret_raw_len);
 
+/*
+ * json_dispatch_text_raw() that also reads the raw field's object, in the same
+ * pass, into the struct `raw_out` as the table `raw_fields` says. Returns 0
+ * only when, besides what json_dispatch_text_raw() says, json_dispatch() of
+ * that object with raw_fields would succeed: then `raw_out` holds what it would
+ * (free it with json_dispatch_free()) when *ret_raw is not NULL; with the field
+ * absent or null (*ret_raw NULL) `raw_out` holds nothing. Returns 1 (nothing
+ * held in either struct) or -ENOMEM otherwise.
+ */
+int json_dispatch_text_nested(const char *text, size_t len, const JsonField *fields, void *out, const JsonField *raw,
+                              const JsonField *raw_fields, void *raw_out, const char **ret_raw, size_t *ret_raw_len);
+
 /* Frees the strings and arrays that json_dispatch() put in `out`, recursively, and sets them to NULL. */
 void json_dispatch_free(const JsonField *fields, void *out);
 

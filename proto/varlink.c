@@ -557,25 +557,41 @@ int varlink_call_parameters(VarlinkCall *call) {
         return 0;
 }
 
-int varlink_reply_parse_text(const char *text, size_t len, VarlinkReply *ret) {
+int varlink_reply_parse_text_into(const char *text, size_t len, VarlinkReply *ret, const JsonField *fields, void *out,
+                                  bool *ret_decoded) {
         _cleanup_(json_object_putp) json_object *msg = NULL;
         VarlinkReply reply = {};
         const char *params;
         size_t params_len;
+        bool decoded;
         int r;
 
-        r = json_dispatch_text_raw(text, len, reply_fields, &reply, REPLY_PARAMETERS, &params, &params_len);
+        if (ret_decoded)
+                *ret_decoded = false;
+        if (fields)
+                r = json_dispatch_text_nested(text, len, reply_fields, &reply, REPLY_PARAMETERS, fields, out, &params,
+                                              &params_len);
+        else
+                r = json_dispatch_text_raw(text, len, reply_fields, &reply, REPLY_PARAMETERS, &params, &params_len);
         if (r < 0)
                 return r;
         if (r > 0) {
                 r = json_parse_message(text, len, &msg);
                 return r < 0 ? r : varlink_reply_parse(msg, ret);
         }
+        decoded = fields && params;
+        if (decoded && reply.error) {
+                /* read as a successful reply's, but they are an error's: given as text, as they are */
+                json_dispatch_free(fields, out);
+                decoded = false;
+        }
         if (reply.error && !varlink_name_is_valid(reply.error)) {
+                if (decoded)
+                        json_dispatch_free(fields, out);
                 json_dispatch_free(reply_fields, &reply);
                 return -EBADMSG;
         }
-        if (params) {
+        if (params && !decoded) {
                 reply.parameters_text = strndup(params, params_len);
                 if (!reply.parameters_text) {
                         json_dispatch_free(reply_fields, &reply);
@@ -583,8 +599,14 @@ int varlink_reply_parse_text(const char *text, size_t len, VarlinkReply *ret) {
                 }
                 reply.parameters_len = params_len;
         }
+        if (ret_decoded)
+                *ret_decoded = decoded;
         *ret = reply;
         return 0;
+}
+
+int varlink_reply_parse_text(const char *text, size_t len, VarlinkReply *ret) {
+        return varlink_reply_parse_text_into(text, len, ret, NULL, NULL, NULL);
 }
 
 int varlink_reply_parameters(VarlinkReply *reply) {

@@ -221,6 +221,19 @@ int varlink_reply_parse(json_object *msg, VarlinkReply *ret);
 /* json_parse_message() and varlink_reply_parse() in one, as varlink_call_parse_text() is for calls. */
 int varlink_reply_parse_text(const char *text, size_t len, VarlinkReply *ret);
 
+/*
+ * varlink_reply_parse_text() that also reads a successful reply's parameters
+ * into the struct `out` as the table `fields` says, in the same pass, where it
+ * can: then *ret_decoded is true, `out` holds what json_dispatch() of the
+ * parameters would put there (free it with json_dispatch_free()), and the
+ * reply holds no parameters. Otherwise *ret_decoded is false, `out` holds
+ * nothing, and the reply is as varlink_reply_parse_text() gives it: an error
+ * reply, absent parameters, or parameters the table does not take without an
+ * error (decode them as before, to get that error).
+ */
+int varlink_reply_parse_text_into(const char *text, size_t len, VarlinkReply *ret, const JsonField *fields, void *out,
+                                  bool *ret_decoded);
+
 /* Makes reply->parameters from reply->parameters_text, as varlink_call_parameters() does. */
 int varlink_reply_parameters(VarlinkReply *reply);
 

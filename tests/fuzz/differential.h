@@ -13,6 +13,8 @@
  *   - a call envelope: varlink_call_parse_text() against json_parse_message()
  *     and varlink_call_parse(), the method, flags and parameters;
  *   - a reply envelope: varlink_reply_parse_text() against varlink_reply_parse();
+ *     and read with its parameters in one pass (status_reply_parse_text(),
+ *     alloc_reply_parse_text()) against varlink_reply_parse() then the decoder;
  *   - a parameters object, for Alloc, Free and Status calls
  *     (*_params_decode_text()) and Alloc, Free and Status replies
  *     (*_reply_decode_text()): the whole text, and the parameters of the
@@ -199,6 +201,67 @@ static bool differential_same_parameters(json_object *o, json_object *obj, const
         return json_object_equal(o, obj);
 }
 
+/* A reply read with its Status or Alloc parameters in one pass, against varlink_reply_parse() and the decoder. */
+static const char *differential_reply_into(const char *text, size_t len, json_object *msg, int r, bool alloc) {
+        _cleanup_free_ char *t1 = NULL, *t2 = NULL, *m1 = NULL, *m2 = NULL;
+        _cleanup_(differential_putp) json_object *e1 = NULL, *e2 = NULL;
+        VarlinkReply a = {}, b = {};
+        StatusReply sa = {}, sb = {};
+        AllocReply aa = {}, ab = {};
+        const char *why = NULL;
+        bool decoded = false;
+        int r1, r2, d1 = -1, d2;
+
+        r1 = r == 0 ? varlink_reply_parse(msg, &a) : r;
+        r2 = alloc ? alloc_reply_parse_text(text, len, &b, &ab, &decoded)
+                   : status_reply_parse_text(text, len, &b, &sb, &decoded);
+        if (r1 != r2)
+                why = "reply read with its parameters";
+        else if (r1 == 0 && (!differential_same_str(a.error, b.error) || a.continues != b.continues))
+                why = "reply read with its parameters: envelope";
+        else if (r1 == 0 && decoded && (b.error || b.parameters || b.parameters_text))
+                why = "reply read with its parameters: decoded and kept";
+        else if (r1 == 0 && !decoded &&
+                 !differential_same_parameters(a.parameters, b.parameters, b.parameters_text, b.parameters_len))
+                why = "reply read with its parameters: parameters";
+        else if (r1 == 0 && decoded) {
+                /* what the decoder makes of the json-c reading */
+                if (alloc) {
+                        d1 = alloc_reply_decode(a.parameters, 1, &aa, &m1);
+                        d2 = alloc_reply_check_fds(&ab, 1, &m2);
+                        decoded = false;        /* ab is freed by a failed check, else below */
+                        if (d1 == 0)
+                                t1 = differential_text(alloc_reply_encode(&aa, &e1), &e1);
+                        if (d2 == 0)
+                                t2 = differential_text(alloc_reply_encode(&ab, &e2), &e2);
+                        why = differential_outcome("reply read with Alloc's parameters", d1, d2, NULL, NULL, m1, m2,
+                                                   t1, t2);
+                        if (d1 == 0)
+                                alloc_reply_done(&aa);
+                        if (d2 == 0)
+                                alloc_reply_done(&ab);
+                } else {
+                        d1 = status_reply_decode(a.parameters, &sa, &m1);
+                        if (d1 == 0) {
+                                t1 = differential_text(status_reply_encode(&sa, &e1), &e1);
+                                t2 = differential_text(status_reply_encode(&sb, &e2), &e2);
+                                status_reply_done(&sa);
+                        }
+                        why = differential_outcome("reply read with Status's parameters", d1, 0, NULL, NULL, m1,
+                                                   NULL, t1, t2);
+                }
+        }
+        if (decoded) {
+                if (alloc)
+                        alloc_reply_done(&ab);
+                else
+                        status_reply_done(&sb);
+        }
+        varlink_reply_done(&a);
+        varlink_reply_done(&b);
+        return why;
+}
+
 static const char *differential_check(const char *text, size_t len) {
         _cleanup_(differential_putp) json_object *msg = NULL;
         const char *why;
@@ -276,5 +339,9 @@ static const char *differential_check(const char *text, size_t len) {
                 varlink_reply_done(&a);
                 varlink_reply_done(&b);
         }
+        if (!why)
+                why = differential_reply_into(text, len, msg, r, false);
+        if (!why)
+                why = differential_reply_into(text, len, msg, r, true);
         return why;
 }
