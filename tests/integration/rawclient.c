@@ -139,6 +139,7 @@ int call_text(VarlinkConn *c, const char *method, const char *params, Reply *ret
 
 int status_call(VarlinkConn *c, StatusReply *ret) {
         VarlinkReply vr = {};
+        bool decoded = false;
         const char *text;
         size_t len;
         int k;
@@ -156,11 +157,15 @@ int status_call(VarlinkConn *c, StatusReply *ret) {
         }
         if (k < 0)
                 return k;
-        k = varlink_reply_parse_text(text, len, &vr);
+        k = status_reply_parse_text(text, len, &vr, ret, &decoded);
         if (k < 0)
                 return k;
-        if (vr.error || vr.continues)
+        if (vr.error || vr.continues) {
+                if (decoded)
+                        status_reply_done(ret);
                 k = vr.error ? -EREMOTEIO : -EPROTO;
+        } else if (decoded)
+                k = 0;
         else if (vr.parameters_text)
                 k = status_reply_decode_text(vr.parameters_text, vr.parameters_len, ret, NULL);
         else
