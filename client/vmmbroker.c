@@ -335,9 +335,53 @@ typedef enum CallLoss {
 } CallLoss;
 
 /*
+ * Where a call's successful reply has its parameters read, in the same pass as its envelope
+ * (alloc_reply_parse_text() and the like): client_call_full() fills it, and the caller frees `out` with
+ * done() when `decoded`.
+ */
+typedef struct ReplyInto {
+        int (*parse)(const char *text, size_t len, VarlinkReply *ret, void *out, bool *ret_decoded);
+        void (*done)(void *out);
+        void *out;
+        bool decoded;           /* out holds the parameters; the reply, none */
+} ReplyInto;
+
+/* Frees what `into` holds, if anything. Accepts NULL. */
+static void reply_into_done(ReplyInto *into) {
+        if (into && into->decoded) {
+                into->done(into->out);
+                into->decoded = false;
+        }
+}
+
+/*
+ * The next reply buffered, read as text (varlink_reply_parse_text(): no json-c objects for a reply that
+ * decodes from its text; with `into`, its parameters read in the same pass where they can be): 1 with it in
+ * *ret and its fds in *fds; 0 when no whole message is buffered; or a negative errno: -EBADMSG for a message
+ * that is not strict JSON (*ret_not_json set) or not a reply.
+ */
+static int next_reply(VarlinkConn *conn, VarlinkReply *ret, ReceivedFds *fds, bool *ret_not_json, ReplyInto *into) {
+        _cleanup_(json_putp) json_object *o = NULL;
+        const char *text;
+        size_t len;
+        int k;
+
+        *ret_not_json = false;
+        k = varlink_conn_next(conn, &text, &len, &fds->fds, &fds->n);
+        if (k <= 0)
+                return k;
+        k = into ? into->parse(text, len, ret, into->out, &into->decoded) : varlink_reply_parse_text(text, len, ret);
+        if (k == -EBADMSG)
+                /* rarely: which of the two it was, for the message (reading the text, or the reply in it) */
+                *ret_not_json = json_parse_message(text, len, &o) < 0;
+        return k < 0 ? k : 1;
+}
+
+/*
  * Waits for the reply to the call just sent and returns it as
- * varlink_conn_receive() does, or a negative errno and *ret_loss saying what
- * a lost connection means for the call.
+ * varlink_conn_receive() does, read by next_reply(), or a negative errno and
+ * *ret_loss saying what a lost connection means for the call (*ret_not_json:
+ * as next_reply() says).
  *
  * Before reading, it peeks at the reply's first byte, to tell two ways the
  * broker can close the connection apart: Linux resets a stream socket's peer
@@ -348,14 +392,15 @@ typedef enum CallLoss {
  * call was not read whole, so not carried out; an end of stream means the
  * broker read it and may have carried it out; a reply begun means it did.
  */
-static int conn_receive(VarlinkConn *conn, json_object **ret, ReceivedFds *fds, CallLoss *ret_loss) {
+static int conn_receive(VarlinkConn *conn, VarlinkReply *ret, ReceivedFds *fds, CallLoss *ret_loss,
+                        bool *ret_not_json, ReplyInto *into) {
         ssize_t n;
         char byte;
         int k;
 
         *ret_loss = CALL_NOT_LOST;
         /* A message already buffered would be read first (the broker sends one reply per call: never so far). */
-        k = varlink_conn_next_json(conn, ret, &fds->fds, &fds->n);
+        k = next_reply(conn, ret, fds, ret_not_json, into);
         if (k != 0)
                 return MIN(k, 0);
 
@@ -375,10 +420,19 @@ static int conn_receive(VarlinkConn *conn, json_object **ret, ReceivedFds *fds, 
                 return k;
         }
 
-        k = varlink_conn_receive(conn, ret, &fds->fds, &fds->n);
+        for (;;) {
+                k = next_reply(conn, ret, fds, ret_not_json, into);
+                if (k != 0)
+                        break;
+                k = varlink_conn_read(conn);
+                if (k == 0)
+                        k = -ECONNRESET;
+                if (k < 0)
+                        break;
+        }
         if (k < 0 && conn_error_is_lost(k))
                 *ret_loss = CALL_MAYBE_DONE;            /* the reply had begun */
-        return k;
+        return MIN(k, 0);
 }
 
 /*
@@ -434,6 +488,14 @@ static int reply_error(const VarlinkReply *reply, const char *method) {
  * connection. With `error_replies`, an error reply is returned in *ret as well
  * (reply.error set, the message not), for the caller to read its parameters.
  *
+ * The reply is read as text: a successful reply's parameters are in
+ * reply.parameters_text (decode them with NAME_decode_text()), unless the
+ * reader left them to json-c (reply.parameters); an error reply's are always
+ * in reply.parameters. client_call() makes them reply.parameters in any case.
+ * With `into`, a successful reply's parameters are read into into->out in the
+ * same pass where they can be (into->decoded; the reply then has none); on
+ * failure into->out holds nothing.
+ *
  * A lost connection (the broker stopped, crashed or restarted) is closed and
  * connected again (client_reconnect(), which may wait for the broker), and the
  * call is sent once more when that is safe: when the broker cannot have
@@ -447,11 +509,11 @@ static int reply_error(const VarlinkReply *reply, const char *method) {
  * is out of step (a reply that is not one) is closed as well.
  */
 static int client_call_full(vmmb_client *c, const char *method, json_object *params, bool error_replies,
-                            VarlinkReply *ret, ReceivedFds *ret_fds, uint64_t *ret_generation) {
-        _cleanup_(json_putp) json_object *call = NULL, *msg = NULL;
+                            VarlinkReply *ret, ReceivedFds *ret_fds, uint64_t *ret_generation, ReplyInto *into) {
+        _cleanup_(json_putp) json_object *call = NULL;
         _cleanup_(received_fds_done) ReceivedFds fds = {};
         VarlinkReply reply = {};
-        bool repeated = false, maybe_done = false;
+        bool repeated = false, maybe_done = false, not_json = false;
         uint64_t generation = 0;
         int k;
 
@@ -481,13 +543,14 @@ static int client_call_full(vmmb_client *c, const char *method, json_object *par
                         }
                         loss = CALL_UNREAD;     /* the broker has no whole call to act on */
                 } else {
-                        k = conn_receive(c->conn, &msg, &fds, &loss);
+                        k = conn_receive(c->conn, &reply, &fds, &loss, &not_json, into);
                         if (k >= 0) {
                                 generation = c->generation;
                                 break;
                         }
                         if (loss == CALL_NOT_LOST) {
-                                k = client_out_of_step(c, k, "receiving the reply");
+                                k = client_out_of_step(c, k, k == -EBADMSG && !not_json ? "reading the reply"
+                                                                                        : "receiving the reply");
                                 goto unlock;
                         }
                 }
@@ -509,16 +572,19 @@ static int client_call_full(vmmb_client *c, const char *method, json_object *par
                                       method_short(method));
                 goto unlock;
         }
-        k = varlink_reply_parse(msg, &reply);
-        if (k < 0 || reply.continues) {
+        if (reply.continues) {
                 /* a reply with "continues" means more are coming for a call that asked for one */
-                k = client_out_of_step(c, k < 0 ? k : -EBADMSG, "reading the reply");
+                k = client_out_of_step(c, -EBADMSG, "reading the reply");
                 goto unlock;
         }
-        k = 0;
+        /* an error's parameters are read as json-c: vmmb_error_decode(), vmmb_error_describe() */
+        k = reply.error ? varlink_reply_parameters(&reply) : 0;
+        if (k < 0)
+                k = client_out_of_step(c, k, "reading the reply");
 unlock:
         (void)pthread_mutex_unlock(&c->call_lock);
         if (k < 0) {
+                reply_into_done(into);
                 varlink_reply_done(&reply);
                 return k;
         }
@@ -529,6 +595,7 @@ unlock:
                 return k;
         }
         if (fds.n > 0 && (!ret_fds || reply.error)) {
+                reply_into_done(into);
                 varlink_reply_done(&reply);
                 return set_error(-EPROTO, "The broker sent %zu file descriptors with its reply to %s.", fds.n,
                                  method);
@@ -543,10 +610,22 @@ unlock:
         return 0;
 }
 
-/* client_call_full() for a call whose error replies are the caller's errors, whatever the connection. */
+/*
+ * client_call_full() for a call whose error replies are the caller's errors, whatever the connection, and
+ * whose reply's parameters are read as json-c (reply.parameters).
+ */
 static int client_call(vmmb_client *c, const char *method, json_object *params, VarlinkReply *ret,
                        ReceivedFds *ret_fds) {
-        return client_call_full(c, method, params, false, ret, ret_fds, NULL);
+        int k = client_call_full(c, method, params, false, ret, ret_fds, NULL, NULL);
+
+        if (k >= 0) {
+                k = varlink_reply_parameters(ret);
+                if (k < 0) {
+                        varlink_reply_done(ret);
+                        return set_error(k, "Cannot read the reply to %s: %s.", method_short(method), strerror(-k));
+                }
+        }
+        return k;
 }
 
 /*
@@ -622,7 +701,7 @@ static int client_free_id(vmmb_client *c, const char *id, bool oneway) {
                 return set_error(k, "Cannot encode the call to free lease %s: %s.", id, strerror(-k));
         if (oneway)
                 return client_call_oneway(c, VMMB_METHOD_FREE, params, false, NULL);
-        k = client_call(c, VMMB_METHOD_FREE, params, &reply, NULL);
+        k = client_call_full(c, VMMB_METHOD_FREE, params, false, &reply, NULL, NULL, NULL);
         if (k < 0)
                 return k;
         varlink_reply_done(&reply);
@@ -1098,10 +1177,22 @@ static int kept_reuse(vmmb_client *c, const WireLease *w, const AllocTicket *t, 
         return 0;
 }
 
-/* The identifier of a lease in an Alloc reply that failed to decode, or NULL. */
-static const char *reply_lease_id(json_object *params) {
-        json_object *lease, *id;
+/* ReplyInto's functions for Alloc's reply. */
+static int alloc_reply_parse(const char *text, size_t len, VarlinkReply *ret, void *out, bool *ret_decoded) {
+        return alloc_reply_parse_text(text, len, ret, out, ret_decoded);
+}
 
+static void alloc_reply_free(void *out) {
+        alloc_reply_done(out);
+}
+
+/* The identifier of a lease in an Alloc reply that failed to decode, or NULL. */
+static const char *reply_lease_id(VarlinkReply *reply) {
+        json_object *params, *lease, *id;
+
+        if (varlink_reply_parameters(reply) < 0)
+                return NULL;
+        params = reply->parameters;
         if (!json_object_object_get_ex(params, "lease", &lease) || !json_object_is_type(lease, json_type_object) ||
             !json_object_object_get_ex(lease, "id", &id) || !json_object_is_type(id, json_type_string))
                 return NULL;
@@ -1135,11 +1226,11 @@ static void client_give_back(vmmb_client *c, const char *id) {
  * reply that brings back a lease the library was giving back meanwhile: that
  * hold ends with the library's Free, and the Alloc is to be made again.
  */
-static int lease_map_reply(vmmb_client *client, const char *method, json_object *params, const ReceivedFds *fds,
-                           int device, uint64_t min_size, bool readonly, const AllocTicket *ticket,
-                           uint64_t generation, vmmb_lease **ret) {
+static int lease_map_reply(vmmb_client *client, const char *method, VarlinkReply *reply, AllocReply *decoded,
+                           const ReceivedFds *fds, int device, uint64_t min_size, bool readonly,
+                           const AllocTicket *ticket, uint64_t generation, vmmb_lease **ret) {
         _cleanup_(lease_destroyp) vmmb_lease *l = NULL;
-        _cleanup_free_ char *message = NULL;
+        _cleanup_free_ char *message = NULL, *decoded_id = NULL;
         _cleanup_free_ int *ordered = NULL;
         AllocReply ar = {};
         CudaDriver *cu = NULL;
@@ -1147,20 +1238,34 @@ static int lease_map_reply(vmmb_client *client, const char *method, json_object 
         CUresult r;
         int k;
 
+        if (decoded) {
+                /* read with the reply (ReplyInto): taken, its id kept apart until the fds are checked */
+                ar = *decoded;
+                *decoded = (AllocReply){};
+                decoded_id = TAKE_PTR(ar.lease.id);
+        }
         k = driver_get(&cu);
         if (k < 0) {
-                client_give_back(client, reply_lease_id(params));
+                client_give_back(client, decoded ? decoded_id : reply_lease_id(reply));
+                alloc_reply_done(&ar);
                 return k;
         }
-        k = alloc_reply_decode(params, fds->n, &ar, &message);
+        if (decoded)
+                k = alloc_reply_check_fds(&ar, fds->n, &message);
+        else if (reply->parameters_text)
+                k = alloc_reply_decode_text(reply->parameters_text, reply->parameters_len, fds->n, &ar, &message);
+        else
+                k = alloc_reply_decode(reply->parameters, fds->n, &ar, &message);
         if (k < 0) {
                 char what[64];
 
                 (void)snprintf(what, sizeof(what), "The broker's reply to %s is not valid", method);
                 k = set_error_from(k == -ENOMEM ? k : -EPROTO, what, message);
-                client_give_back(client, reply_lease_id(params));
+                client_give_back(client, decoded ? decoded_id : reply_lease_id(reply));
                 return k;
         }
+        if (decoded)
+                ar.lease.id = TAKE_PTR(decoded_id);
         if (ar.lease.n_slabs == 0 || ar.lease.device < 0 || ar.lease.device > INT32_MAX ||
             (device != VMMB_ANY_DEVICE && ar.lease.device != device)) {
                 k = set_error(-EPROTO, "The broker's reply to %s is not valid: lease %s has %zu slabs on "
@@ -1932,7 +2037,10 @@ static int client_alloc(vmmb_client *client, uint64_t size, int device, const ui
                 VarlinkReply reply = {};
                 uint64_t generation = 0;
 
-                k = client_call_full(client, VMMB_METHOD_ALLOC, params, false, &reply, &fds, &generation);
+                AllocReply ar;
+                ReplyInto into = { .parse = alloc_reply_parse, .done = alloc_reply_free, .out = &ar };
+
+                k = client_call_full(client, VMMB_METHOD_ALLOC, params, false, &reply, &fds, &generation, &into);
                 if ((k == -ENOMEM || k == -EDQUOT) && !gave_back && kept_any(client)) {
                         char saved[ERROR_MESSAGE_MAX];
 
@@ -1945,8 +2053,8 @@ static int client_alloc(vmmb_client *client, uint64_t size, int device, const ui
                 }
                 if (k < 0)
                         break;
-                k = lease_map_reply(client, "Alloc", reply.parameters, &fds, device, size, false, &t, generation,
-                                    ret);
+                k = lease_map_reply(client, "Alloc", &reply, into.decoded ? &ar : NULL, &fds, device, size, false, &t,
+                                    generation, ret);
                 varlink_reply_done(&reply);
                 if (k > 0 && ++stale < ALLOC_STALE_TRIES)
                         continue;
@@ -2074,7 +2182,7 @@ static int client_attach(vmmb_client *client, const char *token, const char *nam
         k = client_call(client, VMMB_METHOD_ATTACH, params, &reply, &fds);
         if (k < 0)
                 return k;
-        k = lease_map_reply(client, "Attach", reply.parameters, &fds, VMMB_ANY_DEVICE, 0, flags & VMMB_READONLY,
+        k = lease_map_reply(client, "Attach", &reply, NULL, &fds, VMMB_ANY_DEVICE, 0, flags & VMMB_READONLY,
                             NULL, 0, ret);
         varlink_reply_done(&reply);
         return k;
@@ -2445,7 +2553,7 @@ VMMB_EXPORT int vmmb_free_keep(vmmb_lease *lease) {
         }
 
         /* Asked with an answer, the first time on each connection: does this broker keep? */
-        k = client_call_full(c, VMMB_METHOD_FREE, params, true, &reply, NULL, &generation);
+        k = client_call_full(c, VMMB_METHOD_FREE, params, true, &reply, NULL, &generation, NULL);
         if (k < 0)
                 return kept_undo(lease, serial, k, false, k == -ECONNRESET);
         if (reply.error) {
@@ -2466,7 +2574,8 @@ VMMB_EXPORT int vmmb_free_keep(vmmb_lease *lease) {
                 varlink_reply_done(&reply);
                 return kept_undo(lease, serial, k, false, false);
         }
-        k = free_reply_decode(reply.parameters, &fr, &message);
+        k = reply.parameters_text ? free_reply_decode_text(reply.parameters_text, reply.parameters_len, &fr, &message)
+                                  : free_reply_decode(reply.parameters, &fr, &message);
         varlink_reply_done(&reply);
         kept = fr.kept;
         free_reply_done(&fr);

@@ -530,7 +530,9 @@ int manager_new(Manager **ret, const ManagerConfig *config, char **ret_message) 
         m->max_connections_total = config->max_connections_total ?: default_max_connections_total();
         m->reclaim_timeout_usec = config->reclaim_timeout_usec ?: RECLAIM_DEFAULT_TIMEOUT_USEC;
 
-        k = sd_event_default(&m->event);
+        /* A loop of its own, not the thread's default: sd_event_prepare() checks the default loop's thread
+         * with a gettid() on every iteration, two system calls per request. */
+        k = sd_event_new(&m->event);
         if (k < 0)
                 return k;
         /* Whatever started us may have left these ignored, and an ignored signal never reaches the signalfd. */

@@ -252,13 +252,22 @@ static int alloc_try(Broker *b, const Caller *c, AllocParams *a, AllocTry how, u
         }
 }
 
-static int method_alloc(Broker *b, const Caller *c, json_object *params, MethodReply *r) {
+/*
+ * NAME_decode_text() of the call's parameters when they were read as text (varlink_call_parse_text()), else
+ * NAME_decode() of their json-c object: the same results either way.
+ */
+#define CALL_DECODE(name, call, ...)                                                                  \
+        ((call)->parameters_text                                                                       \
+                 ? name##_decode_text((call)->parameters_text, (call)->parameters_len, __VA_ARGS__)    \
+                 : name##_decode((call)->parameters, __VA_ARGS__))
+
+static int method_alloc(Broker *b, const Caller *c, const VarlinkCall *call, MethodReply *r) {
         _cleanup_free_ char *message = NULL;
         const char *bad = NULL;
         AllocParams a = {};
         int k;
 
-        k = alloc_params_decode(params, &a, &bad, &message);
+        k = CALL_DECODE(alloc_params, call, &a, &bad, &message);
         if (k < 0)
                 return reply_decode_failed(r, k, bad, message);
         k = alloc_try(b, c, &a, ALLOC_TRY_FIRST, 0, r);
@@ -279,13 +288,13 @@ AllocWait *alloc_wait_free(AllocWait *w) {
         return NULL;
 }
 
-static int method_free(Broker *b, const Caller *c, json_object *params, MethodReply *r) {
+static int method_free(Broker *b, const Caller *c, const VarlinkCall *call, MethodReply *r) {
         _cleanup_free_ char *message = NULL;
         const char *bad = NULL;
         FreeParams a = {};
         int k;
 
-        k = free_params_decode(params, &a, &bad, &message);
+        k = CALL_DECODE(free_params, call, &a, &bad, &message);
         if (k < 0)
                 k = reply_decode_failed(r, k, bad, message);
         else {
@@ -774,7 +783,7 @@ static int method_list(Broker *b, const Caller *c, json_object *params, MethodRe
 /* Devices whose Status is built on the stack; a larger pool's is allocated. */
 #define STATUS_STACK_DEVICES 8
 
-static int method_status(Broker *b, const Caller *c, json_object *params, MethodReply *r) {
+static int method_status(Broker *b, const Caller *c, const VarlinkCall *call, MethodReply *r) {
         _cleanup_free_ char *message = NULL;
         size_t n = pool_n_devices(b->pool);
         WireDevice devices_stack[STATUS_STACK_DEVICES];
@@ -787,7 +796,7 @@ static int method_status(Broker *b, const Caller *c, json_object *params, Method
         StatusReply reply = {};
         int k;
 
-        k = empty_params_decode(params, &bad, &message);
+        k = CALL_DECODE(empty_params, call, &bad, &message);
         if (k < 0)
                 return reply_decode_failed(r, k, bad, message);
         if (n > STATUS_STACK_DEVICES) {
@@ -876,12 +885,14 @@ static int method_get_interface_description(Broker *b, const Caller *c, json_obj
         return k;
 }
 
+/* Methods whose parameters are read from their text take the call (call_handler); the others, json-c. */
 static const struct {
         const char *name;
         int (*handler)(Broker *b, const Caller *c, json_object *params, MethodReply *r);
+        int (*call_handler)(Broker *b, const Caller *c, const VarlinkCall *call, MethodReply *r);
 } methods[] = {
-        { VMMB_METHOD_ALLOC, method_alloc },
-        { VMMB_METHOD_FREE, method_free },
+        { VMMB_METHOD_ALLOC, .call_handler = method_alloc },
+        { VMMB_METHOD_FREE, .call_handler = method_free },
         { VMMB_METHOD_SET_RECLAIMABLE, method_set_reclaimable },
         { VMMB_METHOD_PARK, method_park },
         { VMMB_METHOD_UNPARK, method_unpark },
@@ -891,7 +902,7 @@ static const struct {
         { VMMB_METHOD_ATTACH, method_attach },
         { VMMB_METHOD_PUBLISH, method_publish },
         { VMMB_METHOD_UNPUBLISH, method_unpublish },
-        { VMMB_METHOD_STATUS, method_status },
+        { VMMB_METHOD_STATUS, .call_handler = method_status },
         { VMMB_METHOD_USERS, method_users },
         { VMMB_METHOD_TOKENS, method_tokens },
         { VMMB_METHOD_METRICS, method_metrics },
@@ -915,9 +926,16 @@ void method_reply_done(MethodReply *r, VarlinkText *spare) {
         varlink_text_done(&r->text);
 }
 
-int method_call(Broker *b, const Caller *c, const VarlinkCall *call, MethodReply *r) {
-        for (size_t i = 0; i < ELEMENTSOF(methods); i++)
-                if (strcmp(call->method, methods[i].name) == 0)
-                        return methods[i].handler(b, c, call->parameters, r);
+int method_call(Broker *b, const Caller *c, VarlinkCall *call, MethodReply *r) {
+        int k;
+
+        for (size_t i = 0; i < ELEMENTSOF(methods); i++) {
+                if (strcmp(call->method, methods[i].name) != 0)
+                        continue;
+                if (methods[i].call_handler)
+                        return methods[i].call_handler(b, c, call, r);
+                k = varlink_call_parameters(call);
+                return k < 0 ? k : methods[i].handler(b, c, call->parameters, r);
+        }
         return varlink_error_method_not_found(call->method, &r->msg);
 }

@@ -82,9 +82,11 @@ typedef enum AllocTry {
  * Answers one call of `c`: fills *r (free it with method_reply_done()) and
  * returns 0, or returns a negative errno for a failure of the daemon (the
  * caller closes the connection). An unknown method is answered
- * MethodNotFound.
+ * MethodNotFound. Parameters read as text (call->parameters_text) are decoded
+ * from it by Alloc, Free and Status; for the others they are made into
+ * call->parameters first.
  */
-int method_call(Broker *b, const Caller *c, const VarlinkCall *call, MethodReply *r);
+int method_call(Broker *b, const Caller *c, VarlinkCall *call, MethodReply *r);
 
 /*
  * Tries a waiting Alloc again (`how`, `waited_usec` into its wait, for the

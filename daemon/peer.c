@@ -62,7 +62,7 @@ static void peer_update(Peer *p);
  * with a first reply (continues, no id) that says the watch is on, then one
  * reply per reclaim request. Returns 0 or a negative errno.
  */
-static int peer_watch(Peer *p, const VarlinkCall *call, MethodReply *r) {
+static int peer_watch(Peer *p, VarlinkCall *call, MethodReply *r) {
         _cleanup_(json_object_putp) json_object *params = NULL;
         ReclaimRequest first = { .device = JSON_ABSENT, .size = JSON_ABSENT, .timeout_usec = JSON_ABSENT };
         Holder *h = p->caller.holder;
@@ -70,6 +70,9 @@ static int peer_watch(Peer *p, const VarlinkCall *call, MethodReply *r) {
 
         if (!call->more || call->oneway)
                 return vmmb_error_invalid_parameter("more", "Call WatchReclaim with \"more\": true.", &r->msg);
+        k = varlink_call_parameters(call);
+        if (k < 0)
+                return k;
         if (call->parameters && json_object_object_length(call->parameters) > 0)
                 return vmmb_error_invalid_parameter("parameters", "WatchReclaim takes no parameters.", &r->msg);
         if (h->watch)
@@ -116,14 +119,17 @@ void peer_reclaim_send(Peer *p, const Lease *l, uint64_t timeout_usec) {
         peer_flush_or_free(p, k);
 }
 
-/* Answers one call. Returns 0, or a negative errno that ends the connection. */
-static int peer_dispatch(Peer *p, json_object *msg) {
+/*
+ * Answers one call, the message text[0..len) (read as text: varlink_call_parse_text()). Returns 0, or a
+ * negative errno that ends the connection.
+ */
+static int peer_dispatch(Peer *p, const char *text, size_t len) {
         Broker *b = &p->manager->broker;
         VarlinkCall call = {};
         MethodReply r;
         int k;
 
-        k = varlink_call_parse(msg, &call);
+        k = varlink_call_parse_text(text, len, &call);
         if (k < 0)
                 return k;
         /* Whoever exited before this request was read is gone for it. */
@@ -231,14 +237,13 @@ static void peer_update(Peer *p) {
 }
 
 void peer_serve(Peer *p) {
-        json_object *msg = NULL;
+        const char *text;
+        size_t len;
         int k;
 
-        k = varlink_conn_next_json(p->conn, &msg, NULL, NULL);
-        if (k > 0) {
-                k = peer_dispatch(p, msg);
-                json_object_put(msg);
-        }
+        k = varlink_conn_next(p->conn, &text, &len, NULL, NULL);
+        if (k > 0)
+                k = peer_dispatch(p, text, len);
         if (k >= 0) {
                 k = varlink_conn_flush(p->conn);
                 if (k == -EAGAIN)

@@ -408,10 +408,8 @@ static const struct {
         DEFINE_ENCODE(name, type, fields)                                      \
         DEFINE_DONE(name, type, fields)
 
-int alloc_params_decode(json_object *params, AllocParams *ret, const char **ret_bad_field, char **ret_message) {
-        int r;
-
-        r = json_dispatch(params, alloc_params_fields, ret, ret_bad_field, ret_message);
+/* What alloc_params_decode() refuses beyond the table, in a struct json_dispatch() filled (r its result). */
+static int alloc_params_check(int r, AllocParams *ret, const char **ret_bad_field, char **ret_message) {
         if (r < 0)
                 return r;
         if (ret->size == 0) {
@@ -430,6 +428,18 @@ int alloc_params_decode(json_object *params, AllocParams *ret, const char **ret_
         }
         return 0;
 }
+
+int alloc_params_decode(json_object *params, AllocParams *ret, const char **ret_bad_field, char **ret_message) {
+        return alloc_params_check(json_dispatch(params, alloc_params_fields, ret, ret_bad_field, ret_message), ret,
+                                  ret_bad_field, ret_message);
+}
+
+int alloc_params_decode_text(const char *text, size_t len, AllocParams *ret, const char **ret_bad_field,
+                             char **ret_message) {
+        return alloc_params_check(json_dispatch_text(text, len, alloc_params_fields, ret, ret_bad_field,
+                                                     ret_message), ret, ret_bad_field, ret_message);
+}
+
 int alloc_params_encode(const AllocParams *in, json_object **ret) {
         AllocParams a = *in;
 
@@ -440,6 +450,10 @@ int alloc_params_encode(const AllocParams *in, json_object **ret) {
 DEFINE_DONE(alloc_params, AllocParams, alloc_params_fields)
 
 DEFINE_PARAMS_CODEC(free_params, FreeParams, free_params_fields)
+int free_params_decode_text(const char *text, size_t len, FreeParams *ret, const char **ret_bad_field,
+                            char **ret_message) {
+        return json_dispatch_text(text, len, free_params_fields, ret, ret_bad_field, ret_message);
+}
 DEFINE_DONE(free_params, FreeParams, free_params_fields)
 DEFINE_PARAMS_CODEC(id_params, FreeParams, id_params_fields)
 
@@ -450,6 +464,22 @@ int free_reply_decode(json_object *params, FreeReply *ret, char **ret_message) {
                 return -ENODATA;
         }
         return json_dispatch(params, free_reply_fields, ret, NULL, ret_message);
+}
+int free_reply_decode_text(const char *text, size_t len, FreeReply *ret, char **ret_message) {
+        _cleanup_(json_object_putp) json_object *params = NULL;
+        int r;
+
+        /* `kept` is required in the table: read without error, it was there */
+        r = text ? json_dispatch_text(text, len, free_reply_fields, ret, NULL, NULL) : -ENODATA;
+        if (r == 0 || r == -ENOMEM)
+                return r;
+        /* else it is missing (-ENODATA) or the reply is bad: as free_reply_decode() says */
+        if (text) {
+                r = json_parse_message(text, len, &params);
+                if (r < 0)
+                        return r;
+        }
+        return free_reply_decode(params, ret, ret_message);
 }
 DEFINE_ENCODE(free_reply, FreeReply, free_reply_fields)
 DEFINE_WRITE(free_reply, FreeReply, free_reply_fields)
@@ -580,6 +610,12 @@ int empty_params_decode(json_object *params, const char **ret_bad_field, char **
         return json_dispatch(params, empty_fields, &p, ret_bad_field, ret_message);
 }
 
+int empty_params_decode_text(const char *text, size_t len, const char **ret_bad_field, char **ret_message) {
+        EmptyParams p;
+
+        return json_dispatch_text(text, len, empty_fields, &p, ret_bad_field, ret_message);
+}
+
 int empty_params_encode(json_object **ret) {
         EmptyParams p = {};
 
@@ -592,11 +628,10 @@ int empty_reply_write(VarlinkText *t) {
         return varlink_reply_write(t, empty_fields, &p);
 }
 
-int alloc_reply_decode(json_object *params, size_t n_fds, AllocReply *ret, char **ret_message) {
+/* What alloc_reply_decode() refuses beyond the table, in a struct json_dispatch() filled (r its result). */
+static int alloc_reply_check(int r, size_t n_fds, AllocReply *ret, char **ret_message) {
         _cleanup_free_ bool *seen = NULL;
-        int r;
 
-        r = json_dispatch(params, alloc_reply_fields, ret, NULL, ret_message);
         if (r < 0)
                 return r;
         if (ret->lease.n_slabs != n_fds) {
@@ -627,6 +662,24 @@ fail:
         alloc_reply_done(ret);
         return r;
 }
+
+int alloc_reply_decode(json_object *params, size_t n_fds, AllocReply *ret, char **ret_message) {
+        return alloc_reply_check(json_dispatch(params, alloc_reply_fields, ret, NULL, ret_message), n_fds, ret,
+                                 ret_message);
+}
+
+int alloc_reply_check_fds(AllocReply *r, size_t n_fds, char **ret_message) {
+        return alloc_reply_check(0, n_fds, r, ret_message);
+}
+
+int alloc_reply_parse_text(const char *text, size_t len, VarlinkReply *ret_reply, AllocReply *ret, bool *ret_decoded) {
+        return varlink_reply_parse_text_into(text, len, ret_reply, alloc_reply_fields, ret, ret_decoded);
+}
+
+int alloc_reply_decode_text(const char *text, size_t len, size_t n_fds, AllocReply *ret, char **ret_message) {
+        return alloc_reply_check(json_dispatch_text(text, len, alloc_reply_fields, ret, NULL, ret_message), n_fds,
+                                 ret, ret_message);
+}
 DEFINE_ENCODE(alloc_reply, AllocReply, alloc_reply_fields)
 DEFINE_WRITE(alloc_reply, AllocReply, alloc_reply_fields)
 DEFINE_DONE(alloc_reply, AllocReply, alloc_reply_fields)
@@ -634,6 +687,14 @@ DEFINE_DONE(alloc_reply, AllocReply, alloc_reply_fields)
 DEFINE_REPLY_CODEC(list_reply, ListReply, list_reply_fields)
 DEFINE_REPLY_CODEC(status_reply, StatusReply, status_reply_fields)
 DEFINE_WRITE(status_reply, StatusReply, status_reply_fields)
+int status_reply_parse_text(const char *text, size_t len, VarlinkReply *ret_reply, StatusReply *ret,
+                            bool *ret_decoded) {
+        return varlink_reply_parse_text_into(text, len, ret_reply, status_reply_fields, ret, ret_decoded);
+}
+
+int status_reply_decode_text(const char *text, size_t len, StatusReply *ret, char **ret_message) {
+        return json_dispatch_text(text, len, status_reply_fields, ret, NULL, ret_message);
+}
 DEFINE_REPLY_CODEC(users_reply, UsersReply, users_reply_fields)
 DEFINE_REPLY_CODEC(tokens_reply, TokensReply, tokens_reply_fields)
 DEFINE_REPLY_CODEC(metrics_reply, MetricsReply, metrics_reply_fields)

@@ -13,6 +13,11 @@
  *   - NAME_encode(in, ret): a new parameters object for the envelope
  *     (varlink_call_new(), varlink_reply_new());
  *   - NAME_done(p): frees the strings and arrays of a decoded struct.
+ * Those the daemon reads most (Alloc's, Free's and Status's parameters) and
+ * the client (Alloc's, Free's and Status's replies) also have
+ * NAME_decode_text(text, len, ...): the same from the parameters' text
+ * (json_dispatch_text(), VarlinkCall.parameters_text), NULL text for absent
+ * parameters, without json-c objects.
  * The replies the daemon sends most (Alloc, Free, Status) also have
  * NAME_write(in, t): the whole reply message as text, written from the same
  * table without json-c objects (varlink_reply_write()), for
@@ -358,6 +363,8 @@ typedef struct VmmbError {
 
 /* Decodes Alloc's parameters; a size of 0 is refused as well (-EINVAL naming "size"). */
 int alloc_params_decode(json_object *params, AllocParams *ret, const char **ret_bad_field, char **ret_message);
+int alloc_params_decode_text(const char *text, size_t len, AllocParams *ret, const char **ret_bad_field,
+                             char **ret_message);
 /* Encodes Alloc's parameters (a wait_usec of 0 is left out, as absent). Returns 0, -EINVAL, -ERANGE or -ENOMEM (json_build()). */
 int alloc_params_encode(const AllocParams *in, json_object **ret);
 /* Frees AllocParams' strings. */
@@ -365,6 +372,8 @@ void alloc_params_done(AllocParams *p);
 
 /* Decodes Free's parameters. */
 int free_params_decode(json_object *params, FreeParams *ret, const char **ret_bad_field, char **ret_message);
+int free_params_decode_text(const char *text, size_t len, FreeParams *ret, const char **ret_bad_field,
+                            char **ret_message);
 /* Encodes Free's parameters. */
 int free_params_encode(const FreeParams *in, json_object **ret);
 /* Frees FreeParams' strings. */
@@ -390,6 +399,7 @@ void reclaim_request_done(ReclaimRequest *p);
 /* Decodes Free's reply to a keep; a reply without `kept` (a Free without keep, or a daemon older than keeping)
  * is -ENODATA. */
 int free_reply_decode(json_object *params, FreeReply *ret, char **ret_message);
+int free_reply_decode_text(const char *text, size_t len, FreeReply *ret, char **ret_message);
 /* Encodes Free's reply to a keep, `kept` always present. */
 int free_reply_encode(const FreeReply *in, json_object **ret);
 /* Writes the whole reply message {"parameters": {"kept": ...}} as text: the bytes of free_reply_encode()'s. */
@@ -475,6 +485,7 @@ int list_params_encode(const ListParams *in, json_object **ret);
 
 /* Decodes an empty parameter object (Status's call, Free's reply): any key is unknown. */
 int empty_params_decode(json_object *params, const char **ret_bad_field, char **ret_message);
+int empty_params_decode_text(const char *text, size_t len, const char **ret_bad_field, char **ret_message);
 /* Makes an empty parameters object. */
 int empty_params_encode(json_object **ret);
 /* Writes the reply message {"parameters": {}} as text (varlink_reply_write()). */
@@ -485,6 +496,15 @@ int empty_reply_write(VarlinkText *t);
  * it: one fd per slab, each index used once (-EINVAL otherwise).
  */
 int alloc_reply_decode(json_object *params, size_t n_fds, AllocReply *ret, char **ret_message);
+int alloc_reply_decode_text(const char *text, size_t len, size_t n_fds, AllocReply *ret, char **ret_message);
+/*
+ * A whole reply message read with its parameters in one pass, for Alloc
+ * (varlink_reply_parse_text_into() with Alloc's reply table): when
+ * *ret_decoded, *ret holds them as alloc_reply_decode() reads them, before its
+ * check of the fds (alloc_reply_check_fds(), which frees *ret when it fails).
+ */
+int alloc_reply_parse_text(const char *text, size_t len, VarlinkReply *ret_reply, AllocReply *ret, bool *ret_decoded);
+int alloc_reply_check_fds(AllocReply *r, size_t n_fds, char **ret_message);
 /* Encodes Alloc's reply. */
 int alloc_reply_encode(const AllocReply *in, json_object **ret);
 /*
@@ -511,6 +531,10 @@ void users_reply_done(UsersReply *p);
 
 /* Decodes Status's reply. */
 int status_reply_decode(json_object *params, StatusReply *ret, char **ret_message);
+int status_reply_decode_text(const char *text, size_t len, StatusReply *ret, char **ret_message);
+/* A whole reply message read with its parameters in one pass, for Status, as alloc_reply_parse_text() is. */
+int status_reply_parse_text(const char *text, size_t len, VarlinkReply *ret_reply, StatusReply *ret,
+                            bool *ret_decoded);
 /* Encodes Status's reply. */
 int status_reply_encode(const StatusReply *in, json_object **ret);
 /* Writes the whole reply message {"parameters": {"devices": ...}} as text, as alloc_reply_write() does. */

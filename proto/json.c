@@ -142,6 +142,11 @@ typedef struct Parse {
         char *buf;              /* an unescaped string, a key, a number's text; NUL-terminated */
         size_t buf_size;
         char stack[256];        /* buf, until it needs more: then malloc'd */
+        const struct JsonField *raw;    /* json_dispatch_text_raw(): the field kept as text, not parsed */
+        const struct JsonField *raw_fields; /* json_dispatch_text_nested(): or read with this table */
+        void *raw_out;                  /* into this struct */
+        const uint8_t *raw_begin;       /* and where its text is */
+        const uint8_t *raw_end;
 } Parse;
 
 /* Makes room for n more bytes and a NUL after buf[0..len). */
@@ -368,13 +373,20 @@ static double strtod_c(const char *text, char **end) {
         return strtod_l(text, end, l);
 }
 
-static int parse_number(Parse *s, json_object **ret) {
-        const uint8_t *start = s->p, *digits;
-        bool negative, integer = true;
+/* A number's text as scan_number() found it. */
+typedef struct Number {
+        const uint8_t *start;   /* its first byte, '-' included */
+        const uint8_t *digits;  /* the integer part's digits */
         size_t n_digits;
+        bool negative;
+        bool integer;           /* no fraction, no exponent */
+} Number;
 
-        negative = parse_char(s, '-');
-        digits = s->p;
+/* Reads a number's text against the grammar (s->p at its first byte). Returns 0 or -EBADMSG. */
+static int scan_number(Parse *s, Number *ret) {
+        *ret = (Number){ .start = s->p, .integer = true };
+        ret->negative = parse_char(s, '-');
+        ret->digits = s->p;
         if (parse_char(s, '0'))
                 ;
         else if (is_digit(s) && *s->p != '0')
@@ -382,16 +394,16 @@ static int parse_number(Parse *s, json_object **ret) {
                         s->p++;
         else
                 return -EBADMSG;
-        n_digits = (size_t)(s->p - digits);
+        ret->n_digits = (size_t)(s->p - ret->digits);
         if (parse_char(s, '.')) {
-                integer = false;
+                ret->integer = false;
                 if (!is_digit(s))
                         return -EBADMSG;
                 while (is_digit(s))
                         s->p++;
         }
         if (s->p < s->end && (*s->p == 'e' || *s->p == 'E')) {
-                integer = false;
+                ret->integer = false;
                 s->p++;
                 if (!parse_char(s, '+'))
                         (void)parse_char(s, '-');
@@ -400,31 +412,51 @@ static int parse_number(Parse *s, json_object **ret) {
                 while (is_digit(s))
                         s->p++;
         }
+        return 0;
+}
 
-        if (integer) {
-                uint64_t u = 0;
+/*
+ * An integer's magnitude in *ret; false for one json-c would silently clamp (outside
+ * INT64_MIN..UINT64_MAX): refused rather than a value changed.
+ */
+static bool number_magnitude(const Number *n, uint64_t *ret) {
+        uint64_t u = 0;
 
-                /* json-c would silently clamp these; refuse rather than change a value */
-                if (digits_cmp(digits, n_digits, negative ? "9223372036854775808" : "18446744073709551615") > 0)
+        if (digits_cmp(n->digits, n->n_digits, n->negative ? "9223372036854775808" : "18446744073709551615") > 0)
+                return false;
+        for (size_t i = 0; i < n->n_digits; i++)
+                u = u * 10 + (uint64_t)(n->digits[i] - '0');
+        *ret = u;
+        return true;
+}
+
+static int parse_number(Parse *s, json_object **ret) {
+        Number num;
+        int r;
+
+        r = scan_number(s, &num);
+        if (r < 0)
+                return r;
+        if (num.integer) {
+                uint64_t u;
+
+                if (!number_magnitude(&num, &u))
                         return -EBADMSG;
-                for (size_t i = 0; i < n_digits; i++)
-                        u = u * 10 + (uint64_t)(digits[i] - '0');
-                if (negative)
+                if (num.negative)
                         *ret = json_object_new_int64(u == 0 ? 0 : -(int64_t)(u - 1) - 1);  /* down to INT64_MIN */
                 else if (u <= INT64_MAX)
                         *ret = json_object_new_int64((int64_t)u);
                 else
                         *ret = json_object_new_uint64(u);
         } else {
-                size_t len = (size_t)(s->p - start);
+                size_t len = (size_t)(s->p - num.start);
                 double d;
-                int r;
 
                 /* json-c's double keeps its text, which it writes back as it was */
                 r = buf_reserve(s, 0, len);
                 if (r < 0)
                         return r;
-                memcpy(s->buf, start, len);
+                memcpy(s->buf, num.start, len);
                 s->buf[len] = 0;
                 d = strtod_c(s->buf, NULL);
                 *ret = json_object_new_double_s(d, s->buf);
@@ -576,6 +608,7 @@ int json_parse_message(const char *buf, size_t len, json_object **ret) {
         s.depth = 0;
         s.buf = s.stack;        /* not zeroed: only what is written is read */
         s.buf_size = sizeof(s.stack);
+        s.raw = NULL;
         parse_ws(&s);
         r = s.p < s.end && *s.p == '{' ? parse_value(&s, &o) : -EBADMSG;
         if (r >= 0) {
@@ -972,6 +1005,501 @@ fail_field:
                 *ret_bad_field = f->name;
 fail:
         json_dispatch_free(fields, out);
+        return r;
+}
+
+/* ---- Dispatch from text ---- */
+
+/*
+ * json_dispatch_text() reads a message straight into the struct, as json_parse_message() and then
+ * json_dispatch() would, without making the json-c objects in between: making them and freeing them again
+ * was most of what the daemon paid to read a request, and a client to read a reply (issue 14).
+ *
+ * It is a fast path that only ever says yes: it reads text that is sure to give no error (every key a field
+ * of the table, at most once, every value of the field's type and in its limits, the grammar kept
+ * throughout) and fills the struct as json_dispatch() does. Anything else, an error of any kind or a case it
+ * does not take (a number that is not a plain integer where one is wanted, a table of more than 64 fields,
+ * a duplicate key it cannot rule out cheaply), makes it give up, free what it read and leave the whole
+ * decision to the json-c path on the same text. So its errors are the json-c path's by construction, and
+ * what it accepts is what the differential tests in test-json.c and test-varlink.c and the fuzz target check
+ * against that path. Rejected text costs two reads; the daemon's messages are at most 64 KiB.
+ */
+
+#define TEXT_UNSURE 1           /* the fast path gives up: the json-c path decides */
+
+/* The field named key[0..len) (no NUL in it), searched as find_field() does. */
+static const JsonField *find_field_len(const JsonField *fields, const JsonField *start, const char *key,
+                                       size_t len) {
+        for (const JsonField *f = start; f->name; f++)
+                if (strncmp(f->name, key, len) == 0 && f->name[len] == 0)
+                        return f;
+        for (const JsonField *f = fields; f < start; f++)
+                if (strncmp(f->name, key, len) == 0 && f->name[len] == 0)
+                        return f;
+        return NULL;
+}
+
+/* Turns the parser's -EBADMSG into giving up; 0 and -ENOMEM stay. */
+static int text_unsure(int r) {
+        return r == 0 || r == -ENOMEM ? r : TEXT_UNSURE;
+}
+
+/* Keys of one object compared for duplicates by text_skip(); an object with more is left to json-c. */
+#define SKIP_KEYS_MAX 16
+
+static int text_skip(Parse *s);
+
+/* Checks an object's members or an array's elements, s->p after its opening bracket, as parse_container(). */
+static int text_skip_container(Parse *s, bool object) {
+        struct { const char *key; size_t len; } keys[SKIP_KEYS_MAX];
+        uint8_t close = object ? '}' : ']';
+        size_t n_keys = 0;
+        int r;
+
+        parse_ws(s);
+        if (parse_char(s, close))
+                return 0;
+        for (;;) {
+                if (object) {
+                        const char *k;
+                        size_t len;
+
+                        r = parse_string(s, &k, &len);
+                        if (r < 0)
+                                return text_unsure(r);
+                        /* an escaped key is in s->buf, which the value reuses: not kept, so not compared */
+                        if (k == s->buf || n_keys == SKIP_KEYS_MAX)
+                                return TEXT_UNSURE;
+                        for (size_t i = 0; i < n_keys; i++)
+                                if (keys[i].len == len && memcmp(keys[i].key, k, len) == 0)
+                                        return TEXT_UNSURE;     /* a duplicate key */
+                        keys[n_keys].key = k;
+                        keys[n_keys++].len = len;
+                        parse_ws(s);
+                        if (!parse_char(s, ':'))
+                                return TEXT_UNSURE;
+                        parse_ws(s);
+                }
+                r = text_skip(s);
+                if (r != 0)
+                        return r;
+                parse_ws(s);
+                if (parse_char(s, close))
+                        return 0;
+                if (!parse_char(s, ','))
+                        return TEXT_UNSURE;
+                parse_ws(s);
+        }
+}
+
+/* Checks one value as parse_value() reads it, without building it: 0 when it would take it, else TEXT_UNSURE. */
+static int text_skip(Parse *s) {
+        const char *str;
+        Number num;
+        uint64_t u;
+        size_t len;
+        int r;
+
+        if (s->p >= s->end)
+                return TEXT_UNSURE;
+        switch (*s->p) {
+        case '{':
+        case '[':
+                if (s->depth >= VARLINK_MAX_DEPTH)
+                        return TEXT_UNSURE;
+                s->depth++;
+                r = text_skip_container(s, *s->p++ == '{');
+                s->depth--;
+                return r;
+        case '"':
+                return text_unsure(parse_string(s, &str, &len));
+        case 't':
+                return text_unsure(parse_literal(s, "true"));
+        case 'f':
+                return text_unsure(parse_literal(s, "false"));
+        case 'n':
+                return text_unsure(parse_literal(s, "null"));
+        default:
+                if (scan_number(s, &num) < 0 || (num.integer && !number_magnitude(&num, &u)))
+                        return TEXT_UNSURE;
+                return 0;
+        }
+}
+
+/* An integer json_dispatch() takes for a field (dispatch_integer()), or TEXT_UNSURE. */
+static int text_integer(Parse *s, bool nonnegative, int64_t *ret) {
+        Number num;
+        uint64_t u;
+
+        if (s->p >= s->end || !(*s->p == '-' || (*s->p >= '0' && *s->p <= '9')))
+                return TEXT_UNSURE;
+        if (scan_number(s, &num) < 0 || !num.integer || !number_magnitude(&num, &u))
+                return TEXT_UNSURE;
+        if (!num.negative) {
+                if (u > INT64_MAX)
+                        return TEXT_UNSURE;
+                *ret = (int64_t)u;
+        } else if (u == 0)
+                *ret = 0;               /* -0 is the integer 0, as json-c reads it */
+        else if (nonnegative)
+                return TEXT_UNSURE;
+        else
+                *ret = -(int64_t)(u - 1) - 1;
+        return 0;
+}
+
+/* A string json_dispatch() takes for a field (dispatch_string()), copied, or TEXT_UNSURE. */
+static int text_string(Parse *s, const JsonField *f, char **ret) {
+        const char *str;
+        size_t len;
+        int r;
+
+        if (s->p >= s->end || *s->p != '"')
+                return TEXT_UNSURE;
+        r = parse_string(s, &str, &len);
+        if (r < 0)
+                return text_unsure(r);
+        if ((f->max_len > 0 && len > f->max_len) || !json_string_is_printable(str, len, f->multiline))
+                return TEXT_UNSURE;
+        *ret = strndup(str, len);
+        return *ret ? 0 : -ENOMEM;
+}
+
+/* Enters an array, s->p at its '[': as parse_value() counts its depth. Returns whether it is empty. */
+static int text_array_open(Parse *s, bool *ret_empty) {
+        if (s->p >= s->end || *s->p != '[' || s->depth >= VARLINK_MAX_DEPTH)
+                return TEXT_UNSURE;
+        s->depth++;
+        s->p++;
+        parse_ws(s);
+        *ret_empty = parse_char(s, ']');
+        if (*ret_empty)
+                s->depth--;
+        return 0;
+}
+
+/* After an array's element: 0 and *ret_done at its end, 0 after a comma, else TEXT_UNSURE. */
+static int text_array_next(Parse *s, bool *ret_done) {
+        parse_ws(s);
+        *ret_done = parse_char(s, ']');
+        if (*ret_done) {
+                s->depth--;
+                return 0;
+        }
+        if (!parse_char(s, ','))
+                return TEXT_UNSURE;
+        parse_ws(s);
+        return 0;
+}
+
+/* a[0..*alloc) of `size`-byte items grown to hold n (n > 0), the new room zeroed; NULL (a kept) without memory. */
+static void *grow(void *a, size_t *alloc, size_t n, size_t size) {
+        size_t m;
+        char *p;
+
+        if (n <= *alloc)
+                return a;
+        m = MAX(n, *alloc * 2);
+        p = realloc(a, m * size);
+        if (!p)
+                return NULL;
+        memset(p + *alloc * size, 0, (m - *alloc) * size);
+        *alloc = m;
+        return p;
+}
+
+static int text_object(Parse *s, const JsonField *fields, void *out);
+
+/* Reads one member's value into its field, as dispatch_field() does; s->p at the value. */
+static int text_field(Parse *s, const JsonField *f, void *out) {
+        bool done;
+        int64_t i;
+        int r;
+
+        if (s->p < s->end && *s->p == 'n') {
+                /* null: absent, which the member is already */
+                if (f->required)
+                        return TEXT_UNSURE;
+                return text_unsure(parse_literal(s, "null"));
+        }
+        switch (f->type) {
+        case JSON_INT64:
+        case JSON_UINT64:
+                r = text_integer(s, f->type == JSON_UINT64 || f->nonnegative, &i);
+                if (r != 0)
+                        return r;
+                if (f->type == JSON_INT64)
+                        *MEMBER(out, f, int64_t) = i;
+                else
+                        *MEMBER(out, f, uint64_t) = (uint64_t)i;
+                return 0;
+
+        case JSON_BOOL: {
+                bool b = s->p < s->end && *s->p == 't';
+
+                if (parse_literal(s, b ? "true" : "false") < 0)
+                        return TEXT_UNSURE;
+                *MEMBER(out, f, bool) = b;
+                return 0;
+        }
+
+        case JSON_STRING:
+                return text_string(s, f, MEMBER(out, f, char *));
+
+        case JSON_OBJECT:
+                return text_object(s, f->fields, MEMBER(out, f, char));
+
+        case JSON_VARIANT: {
+                json_object *v = NULL;
+
+                if (s->p >= s->end || *s->p != '{')
+                        return TEXT_UNSURE;
+                if (f == s->raw) {
+                        /* kept as text: checked as json_parse_message() would read it, or read with its table */
+                        const uint8_t *start = s->p;
+
+                        r = s->raw_fields ? text_object(s, s->raw_fields, s->raw_out) : text_skip(s);
+                        if (r != 0)
+                                return r;
+                        s->raw_begin = start;
+                        s->raw_end = s->p;
+                        return 0;
+                }
+                r = parse_value(s, &v);
+                if (r < 0)
+                        return text_unsure(r);
+                *MEMBER(out, f, json_object *) = v;
+                return 0;
+        }
+
+        case JSON_ARRAY: {
+                char *items = NULL;
+                size_t alloc = 0;
+
+                r = text_array_open(s, &done);
+                for (size_t k = 0; r == 0 && !done; k++) {
+                        if (f->max_len > 0 && k == f->max_len)
+                                return TEXT_UNSURE;
+                        items = grow(items, &alloc, k + 1, f->elem_size);
+                        if (!items)
+                                return -ENOMEM;
+                        /* counted before it is read, so that whatever it holds is freed on the way out */
+                        *MEMBER(out, f, char *) = items;
+                        *COUNT(out, f) = k + 1;
+                        r = text_object(s, f->fields, items + k * f->elem_size);
+                        if (r == 0)
+                                r = text_array_next(s, &done);
+                }
+                return r;
+        }
+
+        case JSON_STRV: {
+                char **l = calloc(1, sizeof(char *));
+                size_t alloc = 1;
+
+                if (!l)
+                        return -ENOMEM;
+                *MEMBER(out, f, char **) = l;           /* an empty list is an empty list, not NULL */
+                r = text_array_open(s, &done);
+                for (size_t k = 0; r == 0 && !done; k++) {
+                        l = grow(l, &alloc, k + 2, sizeof(char *));
+                        if (!l)
+                                return -ENOMEM;
+                        *MEMBER(out, f, char **) = l;
+                        r = text_string(s, f, &l[k]);
+                        if (r != 0)
+                                return r;
+                        *COUNT(out, f) = k + 1;
+                        r = text_array_next(s, &done);
+                }
+                return r;
+        }
+
+        case JSON_UINT64V: {
+                uint64_t *l = NULL;
+                size_t alloc = 0;
+
+                r = text_array_open(s, &done);
+                for (size_t k = 0; r == 0 && !done; k++) {
+                        if (f->max_len > 0 && k == f->max_len)
+                                return TEXT_UNSURE;
+                        l = grow(l, &alloc, k + 1, sizeof(uint64_t));
+                        if (!l)
+                                return -ENOMEM;
+                        *MEMBER(out, f, uint64_t *) = l;
+                        *COUNT(out, f) = k + 1;
+                        r = text_integer(s, true, &i);
+                        if (r == 0) {
+                                l[k] = (uint64_t)i;
+                                r = text_array_next(s, &done);
+                        }
+                }
+                return r;
+        }
+        }
+        return TEXT_UNSURE;
+}
+
+/* Reads an object (s->p at its '{') into the struct `out` as the table says, as json_dispatch() does. */
+static int text_object(Parse *s, const JsonField *fields, void *out) {
+        const JsonField *f, *next = fields;
+        uint64_t seen = 0, required = 0;
+        size_t n = 0;
+        int r;
+
+        for (f = fields; f->name; f++, n++) {
+                if (n >= 64 || (!f->required && !field_may_be_optional(f)))
+                        return TEXT_UNSURE;
+                if (f->required)
+                        required |= UINT64_C(1) << n;
+        }
+        dispatch_reset(fields, out);
+        if (s->p >= s->end || *s->p != '{' || s->depth >= VARLINK_MAX_DEPTH)
+                return TEXT_UNSURE;
+        s->depth++;
+        s->p++;
+        parse_ws(s);
+        if (!parse_char(s, '}'))
+                for (;;) {
+                        uint64_t bit;
+                        const char *k;
+                        size_t len;
+
+                        r = parse_string(s, &k, &len);
+                        if (r < 0)
+                                return text_unsure(r);
+                        f = find_field_len(fields, next, k, len);
+                        if (!f)
+                                return TEXT_UNSURE;     /* an unknown key */
+                        bit = UINT64_C(1) << (f - fields);
+                        if (seen & bit)
+                                return TEXT_UNSURE;     /* a duplicate key */
+                        seen |= bit;
+                        next = f + 1;
+                        parse_ws(s);
+                        if (!parse_char(s, ':'))
+                                return TEXT_UNSURE;
+                        parse_ws(s);
+                        r = text_field(s, f, out);
+                        if (r != 0)
+                                return r;
+                        parse_ws(s);
+                        if (parse_char(s, '}'))
+                                break;
+                        if (!parse_char(s, ','))
+                                return TEXT_UNSURE;
+                        parse_ws(s);
+                }
+        s->depth--;
+        return (seen & required) == required ? 0 : TEXT_UNSURE;
+}
+
+/* The fast path over the whole message: 0 with `out` filled, or TEXT_UNSURE or -ENOMEM with nothing held. */
+static int text_dispatch(const char *text, size_t len, const JsonField *fields, void *out, const JsonField *raw,
+                         const JsonField *raw_fields, void *raw_out, const char **ret_raw, size_t *ret_raw_len) {
+        Parse s;
+        int r;
+
+        dispatch_reset(fields, out);
+        if (raw_fields)
+                dispatch_reset(raw_fields, raw_out);
+        if (len > INT_MAX)
+                return TEXT_UNSURE;
+        s.p = (const uint8_t *)text;
+        s.end = (const uint8_t *)text + len;
+        s.depth = 0;
+        s.buf = s.stack;
+        s.buf_size = sizeof(s.stack);
+        s.raw = raw;
+        s.raw_fields = raw_fields;
+        s.raw_out = raw_out;
+        s.raw_begin = s.raw_end = NULL;
+        parse_ws(&s);
+        r = text_object(&s, fields, out);
+        if (r == 0) {
+                parse_ws(&s);
+                if (s.p != s.end)
+                        r = TEXT_UNSURE;        /* trailing text */
+        }
+        if (s.buf != s.stack)
+                free(s.buf);
+        if (r != 0) {
+                json_dispatch_free(fields, out);
+                if (raw_fields)
+                        json_dispatch_free(raw_fields, raw_out);
+                return r;
+        }
+        if (ret_raw) {
+                *ret_raw = (const char *)s.raw_begin;
+                *ret_raw_len = (size_t)(s.raw_end - s.raw_begin);
+        }
+        return 0;
+}
+
+/* Whether `name` is one of the table's own strings (a bad field json_dispatch() named from the table). */
+static bool field_name_in(const JsonField *fields, const char *name) {
+        for (const JsonField *f = fields; f->name; f++)
+                if (f->name == name)
+                        return true;
+        return false;
+}
+
+int json_dispatch_text(const char *text, size_t len, const JsonField *fields, void *out,
+                       const char **ret_bad_field, char **ret_message) {
+        _cleanup_(json_object_putp) json_object *o = NULL;
+        const char *bad = NULL;
+        int r;
+
+        if (ret_bad_field)
+                *ret_bad_field = NULL;
+        if (!text)
+                return json_dispatch(NULL, fields, out, ret_bad_field, ret_message);
+        r = text_dispatch(text, len, fields, out, NULL, NULL, NULL, NULL, NULL);
+        if (r <= 0)
+                return r;
+
+        /* Not sure: the json-c path decides, on the same text. */
+        r = json_parse_message(text, len, &o);
+        if (r < 0)
+                return r;
+        r = json_dispatch(o, fields, out, &bad, ret_message);
+        if (r == -EINVAL && bad && !field_name_in(fields, bad) && ret_message && *ret_message) {
+                /* an unknown key names a key of `o`, which goes now: kept after the message, in its allocation */
+                size_t m = strlen(*ret_message), k = strlen(bad);
+                char *p = realloc(*ret_message, m + 1 + k + 1);
+
+                if (!p)
+                        return -ENOMEM;
+                memcpy(p + m + 1, bad, k + 1);
+                *ret_message = p;
+                bad = p + m + 1;
+        } else if (r == -EINVAL && bad && !field_name_in(fields, bad))
+                bad = NULL;             /* nowhere to keep it */
+        if (ret_bad_field)
+                *ret_bad_field = bad;
+        return r;
+}
+
+int json_dispatch_text_raw(const char *text, size_t len, const JsonField *fields, void *out, const JsonField *raw,
+                           const char **ret_raw, size_t *ret_raw_len) {
+        *ret_raw = NULL;
+        *ret_raw_len = 0;
+        if (!text)
+                return TEXT_UNSURE;
+        return text_dispatch(text, len, fields, out, raw, NULL, NULL, ret_raw, ret_raw_len);
+}
+
+int json_dispatch_text_nested(const char *text, size_t len, const JsonField *fields, void *out, const JsonField *raw,
+                              const JsonField *raw_fields, void *raw_out, const char **ret_raw, size_t *ret_raw_len) {
+        int r;
+
+        *ret_raw = NULL;
+        *ret_raw_len = 0;
+        if (!text)
+                return TEXT_UNSURE;
+        r = text_dispatch(text, len, fields, out, raw, raw_fields, raw_out, ret_raw, ret_raw_len);
+        if (r == 0 && !*ret_raw)
+                json_dispatch_free(raw_fields, raw_out);       /* absent: nothing was read into it */
         return r;
 }
 

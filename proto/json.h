@@ -141,6 +141,45 @@ int json_parse_message(const char *buf, size_t len, json_object **ret);
 int json_dispatch(json_object *params, const JsonField *fields, void *out,
                   const char **ret_bad_field, char **ret_message);
 
+/*
+ * json_parse_message() of text[0..len) and json_dispatch() of the object in
+ * one, without making the object: the same struct contents, or the same error,
+ * *ret_bad_field and *ret_message (-EBADMSG, with no bad field and no message,
+ * for text json_parse_message() refuses). NULL text is an absent (empty)
+ * object. For an unknown key, *ret_bad_field points into *ret_message's
+ * allocation, after the sentence's NUL (valid while that lives; NULL when
+ * ret_message is NULL). It reads what it is sure of straight into `out` and
+ * leaves everything else, errors included, to the json-c path (json.c says
+ * how).
+ */
+int json_dispatch_text(const char *text, size_t len, const JsonField *fields, void *out,
+                       const char **ret_bad_field, char **ret_message);
+
+/*
+ * The fast path of json_dispatch_text() for a message whose top-level
+ * JSON_VARIANT field `raw` is not parsed but kept as text. Returns 0 when
+ * json_parse_message() would take the whole text and json_dispatch() read it
+ * without error: `out` filled as json_dispatch() fills it, except that the raw
+ * field's member is NULL and its value's text (an object) is
+ * *ret_raw[0..*ret_raw_len), inside `text` (NULL when absent or null).
+ * Returns 1 when it cannot be sure (an error, or text it does not take: use
+ * the json-c path), nothing held; or -ENOMEM.
+ */
+int json_dispatch_text_raw(const char *text, size_t len, const JsonField *fields, void *out, const JsonField *raw,
+                           const char **ret_raw, size_t *ret_raw_len);
+
+/*
+ * json_dispatch_text_raw() that also reads the raw field's object, in the same
+ * pass, into the struct `raw_out` as the table `raw_fields` says. Returns 0
+ * only when, besides what json_dispatch_text_raw() says, json_dispatch() of
+ * that object with raw_fields would succeed: then `raw_out` holds what it would
+ * (free it with json_dispatch_free()) when *ret_raw is not NULL; with the field
+ * absent or null (*ret_raw NULL) `raw_out` holds nothing. Returns 1 (nothing
+ * held in either struct) or -ENOMEM otherwise.
+ */
+int json_dispatch_text_nested(const char *text, size_t len, const JsonField *fields, void *out, const JsonField *raw,
+                              const JsonField *raw_fields, void *raw_out, const char **ret_raw, size_t *ret_raw_len);
+
 /* Frees the strings and arrays that json_dispatch() put in `out`, recursively, and sets them to NULL. */
 void json_dispatch_free(const JsonField *fields, void *out);
 

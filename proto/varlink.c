@@ -471,7 +471,7 @@ static const JsonField reply_fields[] = {
 };
 
 int varlink_call_parse(json_object *msg, VarlinkCall *ret) {
-        VarlinkCall call;
+        VarlinkCall call = {};
         int r;
 
         r = json_dispatch(msg, call_fields, &call, NULL, NULL);
@@ -493,7 +493,7 @@ void varlink_call_done(VarlinkCall *call) {
 }
 
 int varlink_reply_parse(json_object *msg, VarlinkReply *ret) {
-        VarlinkReply reply;
+        VarlinkReply reply = {};
         int r;
 
         r = json_dispatch(msg, reply_fields, &reply, NULL, NULL);
@@ -511,7 +511,116 @@ int varlink_reply_parse(json_object *msg, VarlinkReply *ret) {
 
 void varlink_reply_done(VarlinkReply *reply) {
         json_dispatch_free(reply_fields, reply);
+        free(reply->parameters_text);
         *reply = (VarlinkReply){};
+}
+
+/* The envelope's fields that are kept as text by the *_parse_text() functions. */
+#define CALL_PARAMETERS (&call_fields[1])
+#define REPLY_PARAMETERS (&reply_fields[1])
+
+int varlink_call_parse_text(const char *text, size_t len, VarlinkCall *ret) {
+        _cleanup_(json_object_putp) json_object *msg = NULL;
+        VarlinkCall call = {};
+        const char *params;
+        size_t params_len;
+        int r;
+
+        r = json_dispatch_text_raw(text, len, call_fields, &call, CALL_PARAMETERS, &params, &params_len);
+        if (r < 0)
+                return r;
+        if (r > 0) {
+                /* not sure of it: as it was read before */
+                r = json_parse_message(text, len, &msg);
+                return r < 0 ? r : varlink_call_parse(msg, ret);
+        }
+        if (!varlink_name_is_valid(call.method)) {
+                json_dispatch_free(call_fields, &call);
+                return -EBADMSG;
+        }
+        call.parameters_text = params;
+        call.parameters_len = params_len;
+        *ret = call;
+        return 0;
+}
+
+int varlink_call_parameters(VarlinkCall *call) {
+        int r;
+
+        if (!call->parameters_text)
+                return 0;
+        r = json_parse_message(call->parameters_text, call->parameters_len, &call->parameters);
+        if (r < 0)
+                return r;
+        call->parameters_text = NULL;
+        call->parameters_len = 0;
+        return 0;
+}
+
+int varlink_reply_parse_text_into(const char *text, size_t len, VarlinkReply *ret, const JsonField *fields, void *out,
+                                  bool *ret_decoded) {
+        _cleanup_(json_object_putp) json_object *msg = NULL;
+        VarlinkReply reply = {};
+        const char *params;
+        size_t params_len;
+        bool decoded;
+        int r;
+
+        if (ret_decoded)
+                *ret_decoded = false;
+        if (fields)
+                r = json_dispatch_text_nested(text, len, reply_fields, &reply, REPLY_PARAMETERS, fields, out, &params,
+                                              &params_len);
+        else
+                r = json_dispatch_text_raw(text, len, reply_fields, &reply, REPLY_PARAMETERS, &params, &params_len);
+        if (r < 0)
+                return r;
+        if (r > 0) {
+                r = json_parse_message(text, len, &msg);
+                return r < 0 ? r : varlink_reply_parse(msg, ret);
+        }
+        decoded = fields && params;
+        if (decoded && reply.error) {
+                /* read as a successful reply's, but they are an error's: given as text, as they are */
+                json_dispatch_free(fields, out);
+                decoded = false;
+        }
+        if (reply.error && !varlink_name_is_valid(reply.error)) {
+                if (decoded)
+                        json_dispatch_free(fields, out);
+                json_dispatch_free(reply_fields, &reply);
+                return -EBADMSG;
+        }
+        if (params && !decoded) {
+                reply.parameters_text = strndup(params, params_len);
+                if (!reply.parameters_text) {
+                        json_dispatch_free(reply_fields, &reply);
+                        return -ENOMEM;
+                }
+                reply.parameters_len = params_len;
+        }
+        if (ret_decoded)
+                *ret_decoded = decoded;
+        *ret = reply;
+        return 0;
+}
+
+int varlink_reply_parse_text(const char *text, size_t len, VarlinkReply *ret) {
+        return varlink_reply_parse_text_into(text, len, ret, NULL, NULL, NULL);
+}
+
+int varlink_reply_parameters(VarlinkReply *reply) {
+        int r;
+
+        if (!reply->parameters_text)
+                return 0;
+        r = json_parse_message(reply->parameters_text, reply->parameters_len, &reply->parameters);
+        if (r < 0)
+                return r;
+        free(reply->parameters_text);
+        reply->parameters_text = NULL;
+        reply->parameters_len = 0;
+        return 0;
 }
 
 /* Builds an envelope from `fields`, with {} standing in for NULL parameters. */

@@ -161,6 +161,11 @@ typedef struct VarlinkCall {
         json_object *parameters;
         bool oneway;
         bool more;
+        /* varlink_call_parse_text(), when it read the envelope as text: the parameters' text (an object,
+           checked as json_parse_message() checks it) inside the message, not NUL-terminated and borrowed
+           (valid while the message is), parameters then NULL; NULL when absent or read into parameters */
+        const char *parameters_text;
+        size_t parameters_len;
 } VarlinkCall;
 
 /*
@@ -171,6 +176,22 @@ typedef struct VarlinkCall {
  * Release with varlink_call_done().
  */
 int varlink_call_parse(json_object *msg, VarlinkCall *ret);
+
+/*
+ * json_parse_message() of text[0..len) and varlink_call_parse() of it in one:
+ * the same results, without making json-c objects for the envelope or the
+ * parameters (json_dispatch_text_raw(); whatever it is not sure of goes the
+ * json-c way, and then parameters holds the object). Returns 0, -EBADMSG or
+ * -ENOMEM.
+ */
+int varlink_call_parse_text(const char *text, size_t len, VarlinkCall *ret);
+
+/*
+ * Makes call->parameters from call->parameters_text when the call was read as
+ * text, for code that reads the parameters as json-c. Returns 0, -ENOMEM (or
+ * -EBADMSG, which cannot happen for text varlink_call_parse_text() checked).
+ */
+int varlink_call_parameters(VarlinkCall *call);
 
 /* Frees what a VarlinkCall holds and zeroes it. */
 void varlink_call_done(VarlinkCall *call);
@@ -184,6 +205,11 @@ typedef struct VarlinkReply {
         char *error;            /* NULL for a successful reply */
         json_object *parameters;
         bool continues;
+        /* varlink_reply_parse_text(), when it read the envelope as text: a copy of the parameters' text (an
+           object, checked as json_parse_message() checks it; malloc'd, NUL-terminated), parameters then
+           NULL; NULL when absent or read into parameters */
+        char *parameters_text;
+        size_t parameters_len;
 } VarlinkReply;
 
 /*
@@ -191,6 +217,25 @@ typedef struct VarlinkReply {
  * Returns 0, -EBADMSG for anything else, -ENOMEM. Release with varlink_reply_done().
  */
 int varlink_reply_parse(json_object *msg, VarlinkReply *ret);
+
+/* json_parse_message() and varlink_reply_parse() in one, as varlink_call_parse_text() is for calls. */
+int varlink_reply_parse_text(const char *text, size_t len, VarlinkReply *ret);
+
+/*
+ * varlink_reply_parse_text() that also reads a successful reply's parameters
+ * into the struct `out` as the table `fields` says, in the same pass, where it
+ * can: then *ret_decoded is true, `out` holds what json_dispatch() of the
+ * parameters would put there (free it with json_dispatch_free()), and the
+ * reply holds no parameters. Otherwise *ret_decoded is false, `out` holds
+ * nothing, and the reply is as varlink_reply_parse_text() gives it: an error
+ * reply, absent parameters, or parameters the table does not take without an
+ * error (decode them as before, to get that error).
+ */
+int varlink_reply_parse_text_into(const char *text, size_t len, VarlinkReply *ret, const JsonField *fields, void *out,
+                                  bool *ret_decoded);
+
+/* Makes reply->parameters from reply->parameters_text, as varlink_call_parameters() does. */
+int varlink_reply_parameters(VarlinkReply *reply);
 
 /* Frees what a VarlinkReply holds and zeroes it. */
 void varlink_reply_done(VarlinkReply *reply);

@@ -11,7 +11,7 @@
  *   free         the N leases freed
  *   pairs        N Alloc+Free pairs of 2 MiB             (vmmb_alloc() in measured_alloc(), vmmb_free() in
  *                                                         measured_free())
- *   status       N Status on a raw connection           (call() and status_reply_decode() in measured_status())
+ *   status       N Status on a raw connection           (status_call(): as the library calls and reads)
  *
  * The script counts the client's instructions inside the measured_*() functions only (--toggle-collect):
  * its pairs and Status, one lease mapped at a time (the simulated driver's work grows with the mappings a
@@ -56,16 +56,11 @@ __attribute__((noinline)) static int measured_free(vmmb_lease *l) {
  * so that measured_status() is the same code as before and no tail call hides it from --toggle-collect.
  */
 __attribute__((always_inline)) static inline int status(VarlinkConn *c) {
-        StatusReply s = {};
-        Reply r;
+        StatusReply s;
         int k;
 
-        k = call(c, VMMB_METHOD_STATUS, NULL, &r);
-        if (k < 0)
-                return k;
-        k = r.error ? -EREMOTEIO : status_reply_decode(r.params, &s, NULL);
+        k = status_call(c, &s);         /* as the client library calls and reads */
         status_reply_done(&s);
-        reply_done(&r);
         return k;
 }
 

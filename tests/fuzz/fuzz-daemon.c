@@ -27,6 +27,9 @@
  *
  * Checked after every input (abort() on failure, which libFuzzer reports as a
  * crash):
+ *   - the text readers (json_dispatch_text(), varlink_*_parse_text(), the
+ *     codec's *_decode_text()) read every message sent and every reply as the
+ *     json-c path does (differential.h): the same contents or the same error;
  *   - every reply is a strict JSON object and a varlink reply envelope, its
  *     error (if any) is named in io.vmmbroker or org.varlink.service, and its
  *     parameters decode with the client's own decoders (proto/codec.c); fds
@@ -55,6 +58,7 @@
 
 #include "codec.h"
 #include "config.h"
+#include "differential.h"
 #include "fdpass.h"
 #include "json.h"
 #include "macro.h"
@@ -284,11 +288,19 @@ static size_t client_drain(Client *cl) {
         for (;;) {
                 json_object *msg = NULL;
                 _cleanup_free_ int *fds = NULL;
-                size_t n_fds = 0;
+                const char *text, *why;
+                size_t n_fds = 0, len;
                 int k;
 
-                k = varlink_conn_next_json(cl->conn, &msg, &fds, &n_fds);
+                k = varlink_conn_next(cl->conn, &text, &len, &fds, &n_fds);
                 if (k > 0) {
+                        /* the client's text readers read the reply as its json-c readers do */
+                        why = differential_check(text, len);
+                        if (why)
+                                die("the text and json-c readers differ (%s) on the reply: %.*s", why,
+                                    (int)MIN(len, (size_t)400), text);
+                        if (json_parse_message(text, len, &msg) < 0)
+                                die("the daemon sent a bad message: %s", strerror(EBADMSG));
                         check_reply(cl, msg, fds, n_fds);
                         close_many(fds, n_fds);
                         json_object_put(msg);
@@ -558,6 +570,20 @@ static int connect_peer(bool admin) {
         return sv[1];
 }
 
+/* The text readers against the json-c path on every message of the payload, as sent (differential.h). */
+static void check_differential(const uint8_t *payload, size_t len) {
+        for (size_t at = 0; at < len;) {
+                const uint8_t *nul = memchr(payload + at, 0, len - at);
+                size_t n = nul ? (size_t)(nul - (payload + at)) : len - at;
+                const char *why = differential_check((const char *)payload + at, n);
+
+                if (why)
+                        die("the text and json-c readers differ (%s) on a message of %zu bytes: %.*s", why, n,
+                            (int)MIN(n, (size_t)400), (const char *)payload + at);
+                at += n + 1;
+        }
+}
+
 /* Sends one input and lets the connection go; the daemon's state is reset afterwards. */
 static void run_input(const uint8_t *data, size_t size) {
         uint8_t header[HEADER_SIZE] = {};
@@ -570,6 +596,7 @@ static void run_input(const uint8_t *data, size_t size) {
         payload = data + MIN(size, sizeof(header));
         len = size - MIN(size, sizeof(header));
         cl.reading = !(header[0] & FLAG_NO_READ);
+        check_differential(payload, len);
 
         for (size_t i = 0; i < CROWD; i++)
                 crowd[i] = header[0] & FLAG_CROWD ? connect_peer(false) : -EBADF;

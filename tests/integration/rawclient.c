@@ -137,6 +137,43 @@ int call_text(VarlinkConn *c, const char *method, const char *params, Reply *ret
         return call(c, method, p, ret);
 }
 
+int status_call(VarlinkConn *c, StatusReply *ret) {
+        VarlinkReply vr = {};
+        bool decoded = false;
+        const char *text;
+        size_t len;
+        int k;
+
+        *ret = (StatusReply){};
+        k = call_send(c, VMMB_METHOD_STATUS, NULL, false);
+        if (k < 0)
+                return k;
+        while ((k = varlink_conn_next(c, &text, &len, NULL, NULL)) == 0) {
+                k = varlink_conn_read(c);
+                if (k == 0)
+                        k = -ECONNRESET;
+                if (k < 0)
+                        return k;
+        }
+        if (k < 0)
+                return k;
+        k = status_reply_parse_text(text, len, &vr, ret, &decoded);
+        if (k < 0)
+                return k;
+        if (vr.error || vr.continues) {
+                if (decoded)
+                        status_reply_done(ret);
+                k = vr.error ? -EREMOTEIO : -EPROTO;
+        } else if (decoded)
+                k = 0;
+        else if (vr.parameters_text)
+                k = status_reply_decode_text(vr.parameters_text, vr.parameters_len, ret, NULL);
+        else
+                k = status_reply_decode(vr.parameters, ret, NULL);
+        varlink_reply_done(&vr);
+        return k;
+}
+
 /* Closes the lease's fds (a mapping keeps the memory); the rest stays for cuda_unmap(). */
 void test_lease_close(TestLease *l) {
         close_many(l->fds, l->n);

@@ -3,6 +3,7 @@
 #include <check.h>
 #include <errno.h>
 #include <json-c/printbuf.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -358,6 +359,342 @@ START_TEST(test_dispatch) {
 }
 END_TEST
 
+/* ---- json_dispatch_text() against json_parse_message() + json_dispatch() ---- */
+
+/* Every field type, with limits, optional and required, nested. */
+typedef struct All {
+        int64_t i;
+        int64_t opt;
+        uint64_t u;
+        bool req_flag;
+        bool flag;
+        char *name;
+        char *text;
+        Inner inner;
+        Inner *items;
+        size_t n_items;
+        char **words;
+        size_t n_words;
+        uint64_t *numbers;
+        size_t n_numbers;
+        json_object *any;
+} All;
+
+static const JsonField all_fields[] = {
+        JSON_FIELD_INT64("i", All, i, true, false),
+        JSON_FIELD_INT64("opt", All, opt, false, true),
+        JSON_FIELD_UINT64("u", All, u),
+        JSON_FIELD_BOOL("req_flag", All, req_flag, true),
+        JSON_FIELD_BOOL("flag", All, flag, false),
+        JSON_FIELD_STRING("name", All, name, false, 8),
+        JSON_FIELD_TEXT("text", All, text, false, 0),
+        JSON_FIELD_OBJECT("inner", All, inner, Inner, inner_fields),
+        JSON_FIELD_ARRAY("items", All, items, n_items, Inner, inner_fields, false, 3),
+        JSON_FIELD_STRV("words", All, words, n_words, false, 4),
+        JSON_FIELD_UINT64V("numbers", All, numbers, n_numbers, false, 3),
+        JSON_FIELD_VARIANT("any", All, any, false),
+        JSON_FIELD_END,
+};
+
+/* `i` is not in the table above: a table whose only member is a required INT64 that is not marked required. */
+typedef struct Bad {
+        int64_t i;
+} Bad;
+
+static const JsonField bad_table_fields[] = {
+        { .name = "i", .type = JSON_INT64, .required = false, .offset = offsetof(Bad, i) },
+        JSON_FIELD_END,
+};
+
+/* What a struct holds, as text: json_build_write() of it (every member, arrays' NULL and empty told apart). */
+static char *contents(const JsonField *fields, const void *in) {
+        char *buf = NULL;
+        size_t alloc = 0;
+        ssize_t n;
+
+        n = json_build_write(fields, in, &buf, &alloc, 0);
+        ck_assert_int_ge(n, 0);
+        buf[n] = 0;
+        return buf;
+}
+
+static size_t n_fast;           /* inputs the fast path took alone, of those compared */
+
+/*
+ * Reads text[0..len) into `fields`' struct both ways and checks they agree: the same result, and the same
+ * contents, or the same bad field and message. The struct is `size` bytes.
+ */
+static void ck_same_dispatch(const JsonField *fields, size_t size, const char *text, size_t len) {
+        _cleanup_(json_object_putp) json_object *o = NULL;
+        _cleanup_free_ char *m1 = NULL, *m2 = NULL, *c1 = NULL, *c2 = NULL, *bad1_copy = NULL;
+        _cleanup_free_ void *a = calloc(1, size), *b = calloc(1, size), *c = calloc(1, size);
+        const char *bad1 = NULL, *bad2 = NULL, *raw = NULL;
+        size_t raw_len = 0;
+        int r1, r2, r3;
+
+        ck_assert(a && b && c);
+        r1 = json_parse_message(text, len, &o);
+        if (r1 == 0)
+                r1 = json_dispatch(o, fields, a, &bad1, &m1);
+        bad1_copy = bad1 ? strdup(bad1) : NULL;
+        r2 = json_dispatch_text(text, len, fields, b, &bad2, &m2);
+        ck_assert_msg(r1 == r2, "json-c path %d, text path %d for: %.*s", r1, r2, (int)MIN(len, (size_t)300), text);
+        if (r1 == 0) {
+                c1 = contents(fields, a);
+                c2 = contents(fields, b);
+                ck_assert_str_eq(c1, c2);
+                json_dispatch_free(fields, a);
+                json_dispatch_free(fields, b);
+        } else {
+                ck_assert_msg((bad1_copy == NULL) == (bad2 == NULL), "bad field %s against %s", bad1_copy ?: "(none)",
+                              bad2 ?: "(none)");
+                if (bad1_copy)
+                        ck_assert_str_eq(bad1_copy, bad2);
+                ck_assert_msg((m1 == NULL) == (m2 == NULL), "message %s against %s", m1 ?: "(none)", m2 ?: "(none)");
+                if (m1)
+                        ck_assert_str_eq(m1, m2);
+        }
+        /* the fast path alone: only ever a yes the json-c path gives too */
+        r3 = json_dispatch_text_raw(text, len, fields, c, NULL, &raw, &raw_len);
+        ck_assert_msg(r3 == 1 || (r3 == 0 && r1 == 0), "fast path %d, json-c path %d for: %.*s", r3, r1,
+                      (int)MIN(len, (size_t)300), text);
+        if (r3 == 0) {
+                _cleanup_free_ char *c3 = contents(fields, c);
+
+                ck_assert_str_eq(c1, c3);
+                json_dispatch_free(fields, c);
+                n_fast++;
+        }
+}
+
+/* ck_same_dispatch() of text, of every prefix of it, and of it with every byte in turn changed. */
+static void ck_same_dispatch_mutated(const JsonField *fields, size_t size, const char *text) {
+        static const char subst[] = { 0, '"', '\\', '}', ']', ',', ':', '1', '-', '.', 'e', 'n', ' ', '\x80',
+                                      '\xff', '{', '[' };
+        size_t len = strlen(text);
+        _cleanup_free_ char *m = malloc(len + 1);
+
+        ck_assert_ptr_nonnull(m);
+        ck_same_dispatch(fields, size, text, len);
+        for (size_t n = 0; n < len; n++)
+                ck_same_dispatch(fields, size, text, n);
+        for (size_t i = 0; i < len; i++)
+                for (size_t k = 0; k < sizeof(subst); k++) {
+                        memcpy(m, text, len);
+                        m[i] = subst[k];
+                        ck_same_dispatch(fields, size, m, len);
+                }
+}
+
+/* Whole messages and hostile ones, for the table `all_fields`. */
+static const char *const all_inputs[] = {
+        /* accepted */
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2}}",
+        " \t\r\n{\"i\":7, \"u\" : 0 , \"req_flag\" : false , \"inner\" : { \"n\" : 0 } } \n",
+        "{\"i\":-9223372036854775808,\"opt\":9223372036854775807,\"u\":9223372036854775807,\"req_flag\":true,"
+        "\"flag\":true,\"name\":\"h\\u00e9llo\",\"text\":\"a\\nb\\tc\",\"inner\":{\"n\":1},"
+        "\"items\":[{\"n\":1},{\"n\":2},{\"n\":3}],\"words\":[\"ab\",\"\",\"\\ud83d\\ude00\"],"
+        "\"numbers\":[0,1,9223372036854775807],\"any\":{\"x\":[1,2.5,\"s\",null,true,{\"y\":{}}]}}",
+        "{\"i\":7,\"inner\":{\"n\":1},\"req_flag\":true,\"u\":5,\"opt\":null,\"name\":null,\"items\":null,\"words\":null,"
+        "\"numbers\":null,\"any\":null,\"flag\":null,\"text\":null}",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"items\":[],\"words\":[],\"numbers\":[]}",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"name\":\"12345678\"}",
+        "{\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"i\":-0,\"opt\":-0}",
+        "{\"i\":7,\"\\u0075\":1,\"req_flag\":true,\"inner\":{\"n\":2}}",                  /* an escaped key */
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"any\":{}}",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"text\":\"\\\"\\\\\\/\"}",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"text\":\"\\b\"}",
+        /* duplicate keys, at every level */
+        "{\"i\":7,\"u\":1,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2}}",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2,\"n\":2}}",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"items\":[{\"n\":1,\"n\":1}]}",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"any\":{\"a\":1,\"a\":2}}",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"any\":{\"a\":{\"b\":1,\"b\":1}}}",
+        "{\"i\":7,\"u\":1,\"\\u0075\":1,\"req_flag\":true,\"inner\":{\"n\":2}}",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"x\":1,\"x\":1}",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"opt\":null,\"opt\":3}",
+        /* numbers at and past the limits, and what is not an integer */
+        "{\"i\":7,\"u\":9223372036854775808,\"req_flag\":true,\"inner\":{\"n\":2}}",
+        "{\"i\":7,\"u\":18446744073709551615,\"req_flag\":true,\"inner\":{\"n\":2}}",
+        "{\"i\":7,\"u\":18446744073709551616,\"req_flag\":true,\"inner\":{\"n\":2}}",
+        "{\"u\":1,\"i\":-9223372036854775809,\"req_flag\":true,\"inner\":{\"n\":2}}",
+        "{\"u\":1,\"i\":9223372036854775808,\"req_flag\":true,\"inner\":{\"n\":2}}",
+        "{\"u\":1,\"i\":99999999999999999999999999,\"req_flag\":true,\"inner\":{\"n\":2}}",
+        "{\"i\":7,\"u\":-1,\"req_flag\":true,\"inner\":{\"n\":2}}",
+        "{\"i\":7,\"u\":-0,\"req_flag\":true,\"inner\":{\"n\":2}}",
+        "{\"i\":7,\"u\":1.0,\"req_flag\":true,\"inner\":{\"n\":2}}",
+        "{\"i\":7,\"u\":1e3,\"req_flag\":true,\"inner\":{\"n\":2}}",
+        "{\"i\":7,\"u\":1E+3,\"req_flag\":true,\"inner\":{\"n\":2}}",
+        "{\"i\":7,\"u\":-0.0,\"req_flag\":true,\"inner\":{\"n\":2}}",
+        "{\"i\":7,\"u\":01,\"req_flag\":true,\"inner\":{\"n\":2}}",
+        "{\"i\":7,\"u\":+1,\"req_flag\":true,\"inner\":{\"n\":2}}",
+        "{\"i\":7,\"u\":1,\"opt\":-1,\"req_flag\":true,\"inner\":{\"n\":2}}",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"numbers\":[1,-1]}",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"numbers\":[1,1.5]}",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"numbers\":[1,2,3,4]}",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"numbers\":[9223372036854775808]}",
+        "{\"i\":7,\"u\":NaN,\"req_flag\":true,\"inner\":{\"n\":2}}",
+        "{\"i\":7,\"u\":Infinity,\"req_flag\":true,\"inner\":{\"n\":2}}",
+        /* escapes, NUL, surrogates, UTF-8 */
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"name\":\"a\\u0000b\"}",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"name\":\"\\ud83d\"}",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"name\":\"\\ude00\"}",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"name\":\"\\ud83d\\u0041\"}",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"name\":\"\\u00\"}",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"name\":\"\\x41\"}",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"name\":\"\xc0\xaf\"}",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"name\":\"\xed\xa0\x80\"}",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"name\":\"\xf4\x90\x80\x80\"}",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"name\":\"\xe2\x82\"}",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"name\":\"a\tb\"}",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"name\":\"a\\tb\"}",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"name\":\"\\u007f\"}",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"name\":\"\\u0085\"}",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"name\":\"123456789\"}",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"name\":\"\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\"}",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"words\":[\"\\u0001\"]}",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"words\":[\"12345\"]}",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"words\":[\"a\",1]}",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"words\":[\"a\",null]}",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"any\":{\"\\u0000\":1}}",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"any\":{\"k\":\"\xff\"}}",
+        /* wrong types, unknown and missing fields */
+        "{\"i\":7,\"u\":\"1\",\"req_flag\":true,\"inner\":{\"n\":2}}",
+        "{\"i\":7,\"u\":true,\"req_flag\":true,\"inner\":{\"n\":2}}",
+        "{\"i\":7,\"u\":1,\"req_flag\":1,\"inner\":{\"n\":2}}",
+        "{\"i\":7,\"u\":1,\"req_flag\":null,\"inner\":{\"n\":2}}",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":null}",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":[]}",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{}}",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2,\"m\":1}}",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"items\":{}}",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"items\":[1]}",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"items\":[{\"n\":1},{}]}",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"items\":[{\"n\":1},{\"n\":1},{\"n\":1},{\"n\":1}]}",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"any\":[]}",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"any\":1}",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"words\":\"a\"}",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"color\":1}",
+        "{\"color\":1}",
+        "{\"req_flag\":true,\"inner\":{\"n\":2}}",
+        "{\"i\":7,\"u\":1,\"inner\":{\"n\":2}}",
+        "{}",
+        /* the grammar: truncated text, trailing garbage, not an object */
+        "",
+        " ",
+        "[]",
+        "\"x\"",
+        "1",
+        "null",
+        "{",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2}} x",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2}}{}",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},}",
+        "{\"i\":7,\"u\":1,,\"req_flag\":true,\"inner\":{\"n\":2}}",
+        "{\"i\":7,\"u\" 1,\"req_flag\":true,\"inner\":{\"n\":2}}",
+        "{'u':1}",
+        "{\"i\":7,\"u\":1 /* c */,\"req_flag\":true,\"inner\":{\"n\":2}}",
+        "{\"i\":7,\"u\":1,\"req_flag\":tru,\"inner\":{\"n\":2}}",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"any\":{\"a\":[1,]}}",
+        "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"any\":{\"a\":nul}}",
+};
+
+START_TEST(test_dispatch_text_same) {
+        for (size_t i = 0; i < ELEMENTSOF(all_inputs); i++)
+                ck_same_dispatch_mutated(all_fields, sizeof(All), all_inputs[i]);
+        ck_assert_uint_gt(n_fast, 10);          /* the fast path did take the good ones */
+        /* the earlier table too, and a table that is not valid */
+        ck_same_dispatch_mutated(params_fields, sizeof(Params),
+                                 "{\"size\":1,\"delta\":-2,\"device\":3,\"flag\":true,\"label\":\"ok\","
+                                 "\"items\":[{\"n\":1}]}");
+        ck_same_dispatch(bad_table_fields, sizeof(Bad), "{\"i\":1}", 7);
+        ck_same_dispatch(bad_table_fields, sizeof(Bad), "{\"i\":1", 6);
+}
+END_TEST
+
+START_TEST(test_dispatch_text_fast_path) {
+        _cleanup_free_ char *m = NULL;
+        const char *bad = NULL;
+        All a;
+
+        /* what the fast path is for: it takes these without the json-c path */
+        for (size_t i = 0; i < 10; i++) {
+                const char *raw;
+                size_t raw_len;
+
+                ck_assert_msg(json_dispatch_text_raw(all_inputs[i], strlen(all_inputs[i]), all_fields, &a, NULL,
+                                                     &raw, &raw_len) == 0, "not taken: %s", all_inputs[i]);
+                json_dispatch_free(all_fields, &a);
+        }
+        /* an unknown key names itself, kept after the message */
+        ck_assert_int_eq(json_dispatch_text("{\"u\":1,\"colour\":1}", 18, all_fields, &a, &bad, &m), -EINVAL);
+        ck_assert_str_eq(bad, "colour");
+        ck_assert_str_eq(m, "Unknown parameter 'colour'.");
+        /* NULL text is an absent object */
+        ck_assert_int_eq(json_dispatch_text(NULL, 0, inner_fields, &(Inner){}, &bad, NULL), -EINVAL);
+        ck_assert_str_eq(bad, "n");
+        ck_assert_int_eq(json_dispatch_text(NULL, 0, (const JsonField[]){ JSON_FIELD_END }, &(Inner){}, NULL, NULL),
+                         0);
+}
+END_TEST
+
+/* Nesting at and past VARLINK_MAX_DEPTH, in each kind of field, and arrays and strings past their limits. */
+START_TEST(test_dispatch_text_limits) {
+        _cleanup_free_ char *big = malloc(200000);
+        size_t n;
+
+        ck_assert_ptr_nonnull(big);
+        for (int depth = 12; depth <= 18; depth++) {
+                static const char *const heads[] = { "\"any\":{\"a\":", "\"items\":[{\"n\":1}],\"any\":" };
+
+                for (size_t h = 0; h < ELEMENTSOF(heads); h++) {
+                        n = (size_t)sprintf(big, "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},%s", heads[h]);
+                        for (int i = 0; i < depth; i++)
+                                n += (size_t)sprintf(big + n, "[");
+                        n += (size_t)sprintf(big + n, "1");
+                        for (int i = 0; i < depth; i++)
+                                n += (size_t)sprintf(big + n, "]");
+                        n += (size_t)sprintf(big + n, h == 0 ? "}}" : "}");
+                        ck_same_dispatch(all_fields, sizeof(All), big, n);
+                }
+        }
+        /* 1,000 nested arrays */
+        n = (size_t)sprintf(big, "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"any\":{\"a\":");
+        for (int i = 0; i < 1000; i++)
+                big[n++] = '[';
+        ck_same_dispatch(all_fields, sizeof(All), big, n);
+        /* a string of 100,000 bytes, where 8 are allowed and where there is no limit */
+        for (int f = 0; f < 2; f++) {
+                n = (size_t)sprintf(big, "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"%s\":\"", f ? "text" : "name");
+                memset(big + n, 'x', 100000);
+                n += 100000;
+                n += (size_t)sprintf(big + n, "\"}");
+                ck_same_dispatch(all_fields, sizeof(All), big, n);
+        }
+        /* arrays of 10,000 elements past the limit of 3, and words without a count limit */
+        for (int f = 0; f < 3; f++) {
+                static const char *const fmt[] = { "{\"n\":1},", "1,", "\"w\"," };
+                static const char *const name[] = { "items", "numbers", "words" };
+
+                n = (size_t)sprintf(big, "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"%s\":[", name[f]);
+                for (int i = 0; i < 10000; i++)
+                        n += (size_t)sprintf(big + n, "%s", fmt[f]);
+                n--;
+                n += (size_t)sprintf(big + n, "]}");
+                ck_same_dispatch(all_fields, sizeof(All), big, n);
+        }
+        /* a variant of 100 keys (past what the fast path compares for duplicates), with and without one twice */
+        for (int dup = 0; dup < 2; dup++) {
+                n = (size_t)sprintf(big, "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"any\":{");
+                for (int i = 0; i < 100; i++)
+                        n += (size_t)sprintf(big + n, "\"k%d\":%d,", dup && i == 99 ? 0 : i, i);
+                n--;
+                n += (size_t)sprintf(big + n, "}}");
+                ck_same_dispatch(all_fields, sizeof(All), big, n);
+        }
+}
+END_TEST
+
 START_TEST(test_build) {
         _cleanup_(json_object_putp) json_object *o = NULL;
         _cleanup_free_ char *f = NULL, *m = NULL;
@@ -710,6 +1047,9 @@ int main(void) {
         tcase_add_test(tc, test_parse_builds_tokeners_tree);
         tcase_add_test(tc, test_write_is_json_c);
         tcase_add_test(tc, test_dispatch);
+        tcase_add_test(tc, test_dispatch_text_same);
+        tcase_add_test(tc, test_dispatch_text_fast_path);
+        tcase_add_test(tc, test_dispatch_text_limits);
         tcase_add_test(tc, test_build);
         tcase_add_test(tc, test_uint64_array);
         tcase_add_test(tc, test_build_write);

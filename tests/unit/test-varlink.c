@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -11,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../fuzz/differential.h"
 #include "codec.h"
 #include "fdpass.h"
 #include "json.h"
@@ -1016,6 +1018,168 @@ START_TEST(test_send_text) {
 }
 END_TEST
 
+/* ---- the text readers against the json-c path (differential.h) ---- */
+
+static void ck_differential(const char *text, size_t len) {
+        const char *why = differential_check(text, len);
+
+        ck_assert_msg(!why, "text and json-c paths differ (%s) on: %.*s", why ?: "", (int)MIN(len, (size_t)400),
+                      text);
+}
+
+/* ck_differential() of text, of every prefix of it, and of it with every byte in turn changed. */
+static void ck_differential_mutated(const char *text) {
+        static const char subst[] = { 0, '"', '\\', '}', ']', ',', ':', '1', '-', '.', 'e', 'n', ' ', '\x80', '{' };
+        size_t len = strlen(text);
+        _cleanup_free_ char *m = malloc(len + 1);
+
+        ck_assert_ptr_nonnull(m);
+        for (size_t n = 0; n <= len; n++)
+                ck_differential(text, n);
+        for (size_t i = 0; i < len; i++)
+                for (size_t k = 0; k < sizeof(subst); k++) {
+                        memcpy(m, text, len);
+                        m[i] = subst[k];
+                        ck_differential(m, len);
+                }
+}
+
+/* Every message of every seed of the fuzz corpus: the bytes after the 4-byte header, cut at each NUL. */
+START_TEST(test_text_corpus) {
+        DIR *d = opendir(FUZZ_CORPUS);
+        struct dirent *e;
+        size_t n_messages = 0;
+
+        ck_assert_ptr_nonnull(d);
+        while ((e = readdir(d))) {
+                _cleanup_free_ char *path = NULL, *data = NULL;
+                size_t size = 0, alloc = 0;
+                FILE *f;
+
+                if (e->d_name[0] == '.')
+                        continue;
+                ck_assert_int_ge(asprintf(&path, "%s/%s", FUZZ_CORPUS, e->d_name), 0);
+                f = fopen(path, "re");
+                ck_assert_ptr_nonnull(f);
+                for (;;) {
+                        size_t n;
+
+                        if (alloc - size < 4096) {
+                                alloc = alloc * 2 + 4096;
+                                data = realloc(data, alloc);
+                                ck_assert_ptr_nonnull(data);
+                        }
+                        n = fread(data + size, 1, alloc - size, f);
+                        if (n == 0)
+                                break;
+                        size += n;
+                }
+                fclose(f);
+                for (size_t at = MIN(size, (size_t)4); at < size;) {
+                        const char *nul = memchr(data + at, 0, size - at);
+                        size_t len = nul ? (size_t)(nul - (data + at)) : size - at;
+
+                        ck_differential(data + at, len);
+                        n_messages++;
+                        at += len + 1;
+                }
+        }
+        closedir(d);
+        ck_assert_uint_gt(n_messages, 100);
+}
+END_TEST
+
+static const char *const text_messages[] = {
+        /* calls as clients send them, and replies as the daemon does */
+        "{\"method\":\"io.vmmbroker.Status\",\"parameters\":{}}",
+        "{\"method\":\"io.vmmbroker.Status\"}",
+        "{\"parameters\":{},\"method\":\"io.vmmbroker.Status\",\"oneway\":false,\"more\":false}",
+        "{\"method\":\"io.vmmbroker.Alloc\",\"parameters\":{\"size\":2097152,\"device\":0,\"label\":\"w\",\"wait_usec\":5}}",
+        "{\"method\":\"io.vmmbroker.Alloc\",\"parameters\":{\"size\":1,\"devices\":[0,1]},\"oneway\":true}",
+        "{\"method\":\"io.vmmbroker.Free\",\"parameters\":{\"id\":\"0123456789abcdef\",\"keep\":true}}",
+        "{\"method\":\"io.vmmbroker.Free\",\"parameters\":null}",
+        "{\"parameters\":{\"devices\":[{\"index\":0,\"name\":\"sim\",\"total\":1,\"granularity\":2,\"capacity\":3,"
+        "\"leased\":0,\"scrubbing\":0,\"cached\":0,\"leases\":0,\"waiters\":0}],\"placement\":\"spread\"}}",
+        "{\"parameters\":{\"lease\":{\"id\":\"ab\",\"device\":0,\"size\":2,\"slabs\":[{\"size\":2,\"fd\":0}]}}}",
+        "{\"parameters\":{\"kept\":true}}",
+        "{\"error\":\"io.vmmbroker.InvalidParameter\",\"parameters\":{\"parameter\":\"size\",\"message\":\"x\"}}",
+        "{\"parameters\":{},\"continues\":true}",
+        /* envelopes that json-c reads differently or refuses */
+        "{\"method\":\"io.vmmbroker.Status\",\"method\":\"io.vmmbroker.Status\"}",
+        "{\"method\":\"io.vmmbroker.Status\",\"parameters\":{},\"parameters\":{}}",
+        "{\"method\":\"io.vmmbroker.Status\",\"parameters\":{\"a\":1,\"a\":1}}",
+        "{\"method\":\"io.vmmbroker.Status\",\"parameters\":{\"a\":{\"b\":[{\"c\":1,\"c\":2}]}}}",
+        "{\"method\":\"io.vmmbroker.Status\",\"parameters\":{\"\\u0061\":1,\"a\":1}}",
+        "{\"method\":\"io.vmmbroker.Status\",\"parameters\":{\"k1\":1,\"k2\":1,\"k3\":1,\"k4\":1,\"k5\":1,\"k6\":1,"
+        "\"k7\":1,\"k8\":1,\"k9\":1,\"k10\":1,\"k11\":1,\"k12\":1,\"k13\":1,\"k14\":1,\"k15\":1,\"k16\":1,\"k17\":1}}",
+        "{\"method\":\"io.vmmbroker.Status\",\"parameters\":{\"k1\":1,\"k2\":1,\"k3\":1,\"k4\":1,\"k5\":1,\"k6\":1,"
+        "\"k7\":1,\"k8\":1,\"k9\":1,\"k10\":1,\"k11\":1,\"k12\":1,\"k13\":1,\"k14\":1,\"k15\":1,\"k1\":1}}",
+        "{\"method\":\"io.vmmbroker.Status\",\"parameters\":[]}",
+        "{\"method\":\"io.vmmbroker.Status\",\"parameters\":\"x\"}",
+        "{\"method\":\"io.vmmbroker.Status\",\"oneway\":1}",
+        "{\"method\":\"io.vmmbroker.Status\",\"more\":null}",
+        "{\"method\":\"io.vmmbroker.Status\",\"color\":1}",
+        "{\"method\":\"io.vmmbroker..Status\"}",
+        "{\"method\":\"Status\"}",
+        "{\"method\":\"io.vmmbroker.Stat\\u0075s\"}",
+        "{\"method\":\"io.vmmbroker.Status\\u0000\"}",
+        "{\"method\":null}",
+        "{\"method\":1}",
+        "{}",
+        "{\"method\":\"io.vmmbroker.Alloc\",\"parameters\":{\"size\":1.5}}",
+        "{\"method\":\"io.vmmbroker.Alloc\",\"parameters\":{\"size\":-0}}",
+        "{\"method\":\"io.vmmbroker.Alloc\",\"parameters\":{\"size\":9223372036854775808}}",
+        "{\"method\":\"io.vmmbroker.Alloc\",\"parameters\":{\"size\":18446744073709551616}}",
+        "{\"method\":\"io.vmmbroker.Alloc\",\"parameters\":{\"size\":1,\"device\":-1}}",
+        "{\"method\":\"io.vmmbroker.Alloc\",\"parameters\":{\"size\":1,\"device\":0,\"devices\":[0]}}",
+        "{\"method\":\"io.vmmbroker.Alloc\",\"parameters\":{\"size\":1,\"label\":\"\\ud800\"}}",
+        "{\"method\":\"io.vmmbroker.Alloc\",\"parameters\":{\"size\":1,\"label\":\"\xff\"}}",
+        "{\"method\":\"io.vmmbroker.Alloc\",\"parameters\":{\"size\":1,\"label\":\"a\\u001bb\"}}",
+        "{\"method\":\"io.vmmbroker.Alloc\",\"parameters\":{\"size\":1,\"color\":1}}",
+        "{\"method\":\"io.vmmbroker.Free\",\"parameters\":{\"id\":\"\"}}",
+        "{\"method\":\"io.vmmbroker.Free\",\"parameters\":{\"keep\":true}}",
+        "{\"parameters\":{\"lease\":{\"id\":\"ab\",\"device\":0,\"size\":2,\"slabs\":[{\"size\":2,\"fd\":1}]}}}",
+        "{\"parameters\":{\"lease\":{\"id\":\"ab\",\"device\":0,\"size\":2,\"slabs\":[{\"size\":2,\"fd\":0},"
+        "{\"size\":2,\"fd\":0}]}}}",
+        "{\"parameters\":{\"kept\":1}}",
+        "{\"parameters\":{\"devices\":[]}}",
+        "{\"error\":\"nope\",\"parameters\":{}}",
+        "{\"parameters\":{}} ",
+        "{\"parameters\":{}}x",
+};
+
+START_TEST(test_text_hostile) {
+        _cleanup_free_ char *big = malloc(70000);
+        size_t n;
+
+        ck_assert_ptr_nonnull(big);
+        for (size_t i = 0; i < ELEMENTSOF(text_messages); i++)
+                ck_differential_mutated(text_messages[i]);
+
+        /* nesting in the parameters at and past the limit (the envelope counts as one) */
+        for (int depth = 13; depth <= 17; depth++) {
+                n = (size_t)sprintf(big, "{\"method\":\"io.vmmbroker.Status\",\"parameters\":{\"a\":");
+                for (int i = 0; i < depth; i++)
+                        big[n++] = '[';
+                for (int i = 0; i < depth; i++)
+                        big[n++] = ']';
+                n += (size_t)sprintf(big + n, "}}");
+                ck_differential(big, n);
+        }
+        /* a label of 60,000 bytes; 5,000 devices */
+        n = (size_t)sprintf(big, "{\"method\":\"io.vmmbroker.Alloc\",\"parameters\":{\"size\":1,\"label\":\"");
+        memset(big + n, 'x', 60000);
+        n += 60000;
+        n += (size_t)sprintf(big + n, "\"}}");
+        ck_differential(big, n);
+        n = (size_t)sprintf(big, "{\"method\":\"io.vmmbroker.Alloc\",\"parameters\":{\"size\":1,\"devices\":[");
+        for (int i = 0; i < 5000; i++)
+                n += (size_t)sprintf(big + n, "%d,", i % 10);
+        n += (size_t)sprintf(big + n, "0]}}");
+        ck_differential(big, n);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("varlink");
         TCase *tc = tcase_create("varlink");
@@ -1036,6 +1200,8 @@ int main(void) {
         tcase_add_test(tc, test_codec_errors);
         tcase_add_test(tc, test_reply_text);
         tcase_add_test(tc, test_send_text);
+        tcase_add_test(tc, test_text_corpus);
+        tcase_add_test(tc, test_text_hostile);
         suite_add_tcase(s, tc);
         failed = run_suite(s);
         return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;

@@ -1,0 +1,347 @@
+/* SPDX-License-Identifier: MIT */
+#pragma once
+
+/*
+ * The text readers against the json-c path, on any bytes: what test-varlink.c
+ * runs over the fuzz corpus and hostile messages, and what fuzz-daemon.c runs
+ * on every message of every input.
+ *
+ * differential_check(text, len) reads the bytes as each kind of message the
+ * text readers take, both ways, and returns NULL when the two agree (the same
+ * result; the same contents, or the same bad field and message), else a
+ * sentence saying where they differ:
+ *   - a call envelope: varlink_call_parse_text() against json_parse_message()
+ *     and varlink_call_parse(), the method, flags and parameters;
+ *   - a reply envelope: varlink_reply_parse_text() against varlink_reply_parse();
+ *     and read with its parameters in one pass (status_reply_parse_text(),
+ *     alloc_reply_parse_text()) against varlink_reply_parse() then the decoder;
+ *   - a parameters object, for Alloc, Free and Status calls
+ *     (*_params_decode_text()) and Alloc, Free and Status replies
+ *     (*_reply_decode_text()): the whole text, and the parameters of the
+ *     envelope when it is one.
+ * Contents are compared as the text their encoder makes of them.
+ */
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codec.h"
+#include "json.h"
+#include "macro.h"
+#include "varlink.h"
+
+static void differential_putp(json_object **o) {
+        json_object_put(*o);
+}
+
+/* The text of the object an encoder made in *o, k its result (NULL for a failed encode: a difference). */
+static char *differential_text(int k, json_object **o) {
+        char *buf = NULL;
+        size_t alloc = 0;
+        ssize_t n;
+
+        if (k < 0 || !*o)
+                return NULL;
+        n = json_write(*o, &buf, &alloc, 0);
+        if (n < 0) {
+                free(buf);
+                return NULL;
+        }
+        buf[n] = 0;
+        return buf;
+}
+
+static bool differential_same_str(const char *a, const char *b) {
+        return (!a && !b) || (a && b && strcmp(a, b) == 0);
+}
+
+/* Compares two decodes' results, bad fields and messages; on both succeeding, the encoded texts. */
+static const char *differential_outcome(const char *what, int r1, int r2, const char *bad1, const char *bad2,
+                                        const char *m1, const char *m2, const char *t1, const char *t2) {
+        if (r1 != r2)
+                return what;
+        if (r1 < 0)
+                return differential_same_str(bad1, bad2) && differential_same_str(m1, m2) ? NULL : what;
+        return differential_same_str(t1, t2) && t1 ? NULL : what;
+}
+
+/* One parameters object (NULL text: absent), text[0..len) against `o` (its json-c reading, NULL: absent). */
+static const char *differential_params(const char *text, size_t len, json_object *o) {
+        const char *why = NULL;
+
+        {       /* Alloc's parameters */
+                _cleanup_free_ char *m1 = NULL, *m2 = NULL, *t1 = NULL, *t2 = NULL, *b1 = NULL;
+                _cleanup_(differential_putp) json_object *e1 = NULL, *e2 = NULL;
+                AllocParams a = {}, b = {};
+                const char *bad1 = NULL, *bad2 = NULL;
+                int r1, r2;
+
+                r1 = alloc_params_decode(o, &a, &bad1, &m1);
+                b1 = bad1 ? strdup(bad1) : NULL;
+                r2 = alloc_params_decode_text(text, len, &b, &bad2, &m2);
+                if (r1 == 0)
+                        t1 = differential_text(alloc_params_encode(&a, &e1), &e1);
+                if (r2 == 0)
+                        t2 = differential_text(alloc_params_encode(&b, &e2), &e2);
+                why = differential_outcome("Alloc parameters", r1, r2, b1, bad2, m1, m2, t1, t2);
+                if (!why && r1 == 0 && a.wait_usec != b.wait_usec)
+                        why = "Alloc parameters (wait_usec)";
+                if (r1 == 0)
+                        alloc_params_done(&a);
+                if (r2 == 0)
+                        alloc_params_done(&b);
+                if (why)
+                        return why;
+        }
+        {       /* Free's parameters */
+                _cleanup_free_ char *m1 = NULL, *m2 = NULL, *t1 = NULL, *t2 = NULL, *b1 = NULL;
+                _cleanup_(differential_putp) json_object *e1 = NULL, *e2 = NULL;
+                FreeParams a = {}, b = {};
+                const char *bad1 = NULL, *bad2 = NULL;
+                int r1, r2;
+
+                r1 = free_params_decode(o, &a, &bad1, &m1);
+                b1 = bad1 ? strdup(bad1) : NULL;
+                r2 = free_params_decode_text(text, len, &b, &bad2, &m2);
+                if (r1 == 0)
+                        t1 = differential_text(free_params_encode(&a, &e1), &e1);
+                if (r2 == 0)
+                        t2 = differential_text(free_params_encode(&b, &e2), &e2);
+                why = differential_outcome("Free parameters", r1, r2, b1, bad2, m1, m2, t1, t2);
+                if (r1 == 0)
+                        free_params_done(&a);
+                if (r2 == 0)
+                        free_params_done(&b);
+                if (why)
+                        return why;
+        }
+        {       /* Status's parameters: none */
+                _cleanup_free_ char *m1 = NULL, *m2 = NULL, *b1 = NULL;
+                const char *bad1 = NULL, *bad2 = NULL;
+                int r1, r2;
+
+                r1 = empty_params_decode(o, &bad1, &m1);
+                b1 = bad1 ? strdup(bad1) : NULL;
+                r2 = empty_params_decode_text(text, len, &bad2, &m2);
+                why = differential_outcome("Status parameters", r1, r2, b1, bad2, m1, m2, "{}", "{}");
+                if (why)
+                        return why;
+        }
+        {       /* Status's reply */
+                _cleanup_free_ char *m1 = NULL, *m2 = NULL, *t1 = NULL, *t2 = NULL;
+                _cleanup_(differential_putp) json_object *e1 = NULL, *e2 = NULL;
+                StatusReply a = {}, b = {};
+                int r1, r2;
+
+                r1 = status_reply_decode(o, &a, &m1);
+                r2 = status_reply_decode_text(text, len, &b, &m2);
+                if (r1 == 0)
+                        t1 = differential_text(status_reply_encode(&a, &e1), &e1);
+                if (r2 == 0)
+                        t2 = differential_text(status_reply_encode(&b, &e2), &e2);
+                why = differential_outcome("Status reply", r1, r2, NULL, NULL, m1, m2, t1, t2);
+                if (r1 == 0)
+                        status_reply_done(&a);
+                if (r2 == 0)
+                        status_reply_done(&b);
+                if (why)
+                        return why;
+        }
+        for (size_t n_fds = 0; n_fds <= 2; n_fds++) {   /* Alloc's reply, with as many fds */
+                _cleanup_free_ char *m1 = NULL, *m2 = NULL, *t1 = NULL, *t2 = NULL;
+                _cleanup_(differential_putp) json_object *e1 = NULL, *e2 = NULL;
+                AllocReply a = {}, b = {};
+                int r1, r2;
+
+                r1 = alloc_reply_decode(o, n_fds, &a, &m1);
+                r2 = alloc_reply_decode_text(text, len, n_fds, &b, &m2);
+                if (r1 == 0)
+                        t1 = differential_text(alloc_reply_encode(&a, &e1), &e1);
+                if (r2 == 0)
+                        t2 = differential_text(alloc_reply_encode(&b, &e2), &e2);
+                why = differential_outcome("Alloc reply", r1, r2, NULL, NULL, m1, m2, t1, t2);
+                if (r1 == 0)
+                        alloc_reply_done(&a);
+                if (r2 == 0)
+                        alloc_reply_done(&b);
+                if (why)
+                        return why;
+        }
+        {       /* Free's reply */
+                _cleanup_free_ char *m1 = NULL, *m2 = NULL;
+                FreeReply a = {}, b = {};
+                int r1, r2;
+
+                r1 = free_reply_decode(o, &a, &m1);
+                r2 = free_reply_decode_text(text, len, &b, &m2);
+                why = differential_outcome("Free reply", r1, r2, NULL, NULL, m1, m2, a.kept ? "true" : "false",
+                                           b.kept ? "true" : "false");
+                if (r1 == 0)
+                        free_reply_done(&a);
+                if (r2 == 0)
+                        free_reply_done(&b);
+                if (why)
+                        return why;
+        }
+        return NULL;
+}
+
+/* Whether a text reader's parameters (object, or text to read) are the json-c reading's `o`. */
+static bool differential_same_parameters(json_object *o, json_object *obj, const char *text, size_t len) {
+        _cleanup_(differential_putp) json_object *parsed = NULL;
+
+        if (text) {
+                if (obj || json_parse_message(text, len, &parsed) < 0)
+                        return false;
+                obj = parsed;
+        }
+        if (!o || !obj)
+                return !o && !obj;
+        return json_object_equal(o, obj);
+}
+
+/* A reply read with its Status or Alloc parameters in one pass, against varlink_reply_parse() and the decoder. */
+static const char *differential_reply_into(const char *text, size_t len, json_object *msg, int r, bool alloc) {
+        _cleanup_free_ char *t1 = NULL, *t2 = NULL, *m1 = NULL, *m2 = NULL;
+        _cleanup_(differential_putp) json_object *e1 = NULL, *e2 = NULL;
+        VarlinkReply a = {}, b = {};
+        StatusReply sa = {}, sb = {};
+        AllocReply aa = {}, ab = {};
+        const char *why = NULL;
+        bool decoded = false;
+        int r1, r2, d1 = -1, d2;
+
+        r1 = r == 0 ? varlink_reply_parse(msg, &a) : r;
+        r2 = alloc ? alloc_reply_parse_text(text, len, &b, &ab, &decoded)
+                   : status_reply_parse_text(text, len, &b, &sb, &decoded);
+        if (r1 != r2)
+                why = "reply read with its parameters";
+        else if (r1 == 0 && (!differential_same_str(a.error, b.error) || a.continues != b.continues))
+                why = "reply read with its parameters: envelope";
+        else if (r1 == 0 && decoded && (b.error || b.parameters || b.parameters_text))
+                why = "reply read with its parameters: decoded and kept";
+        else if (r1 == 0 && !decoded &&
+                 !differential_same_parameters(a.parameters, b.parameters, b.parameters_text, b.parameters_len))
+                why = "reply read with its parameters: parameters";
+        else if (r1 == 0 && decoded) {
+                /* what the decoder makes of the json-c reading */
+                if (alloc) {
+                        d1 = alloc_reply_decode(a.parameters, 1, &aa, &m1);
+                        d2 = alloc_reply_check_fds(&ab, 1, &m2);
+                        decoded = false;        /* ab is freed by a failed check, else below */
+                        if (d1 == 0)
+                                t1 = differential_text(alloc_reply_encode(&aa, &e1), &e1);
+                        if (d2 == 0)
+                                t2 = differential_text(alloc_reply_encode(&ab, &e2), &e2);
+                        why = differential_outcome("reply read with Alloc's parameters", d1, d2, NULL, NULL, m1, m2,
+                                                   t1, t2);
+                        if (d1 == 0)
+                                alloc_reply_done(&aa);
+                        if (d2 == 0)
+                                alloc_reply_done(&ab);
+                } else {
+                        d1 = status_reply_decode(a.parameters, &sa, &m1);
+                        if (d1 == 0) {
+                                t1 = differential_text(status_reply_encode(&sa, &e1), &e1);
+                                t2 = differential_text(status_reply_encode(&sb, &e2), &e2);
+                                status_reply_done(&sa);
+                        }
+                        why = differential_outcome("reply read with Status's parameters", d1, 0, NULL, NULL, m1,
+                                                   NULL, t1, t2);
+                }
+        }
+        if (decoded) {
+                if (alloc)
+                        alloc_reply_done(&ab);
+                else
+                        status_reply_done(&sb);
+        }
+        varlink_reply_done(&a);
+        varlink_reply_done(&b);
+        return why;
+}
+
+static const char *differential_check(const char *text, size_t len) {
+        _cleanup_(differential_putp) json_object *msg = NULL;
+        const char *why;
+        int r;
+
+        r = json_parse_message(text, len, &msg);
+
+        /* the whole text as a parameters object */
+        if (r == 0)
+                why = differential_params(text, len, msg);
+        else {
+                /* every text reader refuses it as the json-c path does: -EBADMSG, nothing named */
+                why = NULL;
+                for (int i = 0; i < 3 && !why; i++) {
+                        _cleanup_free_ char *m = NULL;
+                        const char *bad = NULL;
+                        AllocParams a = {};
+                        FreeParams f = {};
+                        int k = i == 0 ? alloc_params_decode_text(text, len, &a, &bad, &m)
+                              : i == 1 ? free_params_decode_text(text, len, &f, &bad, &m)
+                                       : empty_params_decode_text(text, len, &bad, &m);
+
+                        if (k != r || bad || m)
+                                why = "parameters that json-c refuses";
+                }
+                if (!why) {
+                        StatusReply s = {};
+                        AllocReply a = {};
+                        FreeReply f = {};
+
+                        if (status_reply_decode_text(text, len, &s, NULL) != r ||
+                            alloc_reply_decode_text(text, len, 0, &a, NULL) != r ||
+                            free_reply_decode_text(text, len, &f, NULL) != r)
+                                why = "a reply that json-c refuses";
+                }
+        }
+        if (why)
+                return why;
+
+        {       /* a call envelope, then its parameters */
+                VarlinkCall a = {}, b = {};
+                int r1, r2;
+
+                r1 = r == 0 ? varlink_call_parse(msg, &a) : r;
+                r2 = varlink_call_parse_text(text, len, &b);
+                if (r1 != r2)
+                        why = "call envelope";
+                else if (r1 == 0 && (strcmp(a.method, b.method) != 0 || a.oneway != b.oneway || a.more != b.more ||
+                                     !differential_same_parameters(a.parameters, b.parameters, b.parameters_text,
+                                                                   b.parameters_len)))
+                        why = "call envelope contents";
+                else if (r1 == 0 && b.parameters_text)
+                        why = differential_params(b.parameters_text, b.parameters_len, a.parameters);
+                else if (r1 == 0 && !b.parameters && !b.parameters_text)
+                        why = differential_params(NULL, 0, NULL);
+                varlink_call_done(&a);
+                varlink_call_done(&b);
+                if (why)
+                        return why;
+        }
+        {       /* a reply envelope */
+                VarlinkReply a = {}, b = {};
+                int r1, r2;
+
+                r1 = r == 0 ? varlink_reply_parse(msg, &a) : r;
+                r2 = varlink_reply_parse_text(text, len, &b);
+                if (r1 != r2)
+                        why = "reply envelope";
+                else if (r1 == 0 && (!differential_same_str(a.error, b.error) || a.continues != b.continues ||
+                                     !differential_same_parameters(a.parameters, b.parameters, b.parameters_text,
+                                                                   b.parameters_len)))
+                        why = "reply envelope contents";
+                else if (r1 == 0 && b.parameters_text && varlink_reply_parameters(&b) < 0)
+                        why = "reply parameters read again";
+                varlink_reply_done(&a);
+                varlink_reply_done(&b);
+        }
+        if (!why)
+                why = differential_reply_into(text, len, msg, r, false);
+        if (!why)
+                why = differential_reply_into(text, len, msg, r, true);
+        return why;
+}
