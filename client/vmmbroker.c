@@ -480,8 +480,9 @@ static int reply_error(const VarlinkReply *reply, const char *method) {
 }
 
 /*
- * Sends one call, written whole as text (`call`: varlink_call_write() and the
- * NAME_params_write() that use it, or call_write()), and waits for its reply. Returns 0 with a successful reply in
+ * Sends one call, written whole as text (`call`: NAME_params_write(), which
+ * use varlink_call_write(), or call_write()), and waits for its reply.
+ * Returns 0 with a successful reply in
  * *ret (and, when ret_fds is given, the fds that came with it; when
  * ret_generation is given, the number of the connection that carried it); or a
  * negative errno with the thread's message set: the errno of the broker's
@@ -649,10 +650,11 @@ static int client_call(vmmb_client *c, const char *method, json_object *params, 
 }
 
 /*
- * Sends one call written with varlink's "oneway" set (`call`: free_params_write() with oneway), so that the broker sends no reply, and returns once it is
- * written: the broker acts on it before it reads this client's next call. A connection lost while sending
- * (the broker has no whole call to act on) is connected again and the call sent once more, as client_call()
- * does; after it is written, nothing of the call's outcome comes back.
+ * Sends one call written with varlink's "oneway" set (`call`: free_params_write() with oneway), so that the
+ * broker sends no reply, and returns once it is written: the broker acts on it before it reads this client's
+ * next call. A connection lost while sending (the broker has no whole call to act on) is connected again and
+ * the call sent once more, as client_call() does; after it is written, nothing of the call's outcome comes
+ * back.
  *
  * With `keeping` (a Free with keep), the call goes only on a connection whose broker said it keeps leases:
  * when there is none now (never asked on this connection, or it is lost, or lost while sending), it returns 1
