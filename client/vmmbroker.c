@@ -480,7 +480,9 @@ static int reply_error(const VarlinkReply *reply, const char *method) {
 }
 
 /*
- * Sends one call and waits for its reply. Returns 0 with a successful reply in
+ * Sends one call, written whole as text (`call`: NAME_params_write(), which
+ * use varlink_call_write(), or call_write()), and waits for its reply.
+ * Returns 0 with a successful reply in
  * *ret (and, when ret_fds is given, the fds that came with it; when
  * ret_generation is given, the number of the connection that carried it); or a
  * negative errno with the thread's message set: the errno of the broker's
@@ -508,18 +510,13 @@ static int reply_error(const VarlinkReply *reply, const char *method) {
  * (-ECONNREFUSED: no broker came back in time). A connection that
  * is out of step (a reply that is not one) is closed as well.
  */
-static int client_call_full(vmmb_client *c, const char *method, json_object *params, bool error_replies,
+static int client_call_full(vmmb_client *c, const char *method, const VarlinkText *call, bool error_replies,
                             VarlinkReply *ret, ReceivedFds *ret_fds, uint64_t *ret_generation, ReplyInto *into) {
-        _cleanup_(json_putp) json_object *call = NULL;
         _cleanup_(received_fds_done) ReceivedFds fds = {};
         VarlinkReply reply = {};
         bool repeated = false, maybe_done = false, not_json = false;
         uint64_t generation = 0;
         int k;
-
-        k = varlink_call_new(method, params, false, false, &call);
-        if (k < 0)
-                return set_error(k, "Cannot build the call %s: %s.", method, strerror(-k));
 
         (void)pthread_mutex_lock(&c->call_lock);
         for (;;) {
@@ -530,7 +527,7 @@ static int client_call_full(vmmb_client *c, const char *method, json_object *par
                         if (k < 0)
                                 goto unlock;
                 }
-                k = varlink_conn_send(c->conn, call, NULL, 0);
+                k = varlink_conn_send_text(c->conn, call, NULL, 0);
                 if (k < 0) {
                         k = set_error(k, "Cannot queue the call %s: %s.", method, strerror(-k));
                         goto unlock;
@@ -611,13 +608,37 @@ unlock:
 }
 
 /*
+ * Writes the call of `method` with the json-c parameters `params` (NULL: {}) as text for client_call_full(),
+ * for the calls whose parameters have no writer of their own. Returns 0 or a negative errno with the message set.
+ */
+static int call_write(const char *method, json_object *params, VarlinkText *ret) {
+        _cleanup_(json_putp) json_object *call = NULL;
+        ssize_t end;
+        int k;
+
+        k = varlink_call_new(method, params, false, false, &call);
+        if (k < 0)
+                return set_error(k, "Cannot build the call %s: %s.", method, strerror(-k));
+        end = json_write(call, &ret->data, &ret->alloc, 0);
+        if (end < 0)
+                return set_error((int)end, "Cannot build the call %s: %s.", method, strerror((int)-end));
+        ret->data[end] = 0;     /* json_write() left room for it */
+        ret->len = (size_t)end;
+        return 0;
+}
+
+/*
  * client_call_full() for a call whose error replies are the caller's errors, whatever the connection, and
  * whose reply's parameters are read as json-c (reply.parameters).
  */
 static int client_call(vmmb_client *c, const char *method, json_object *params, VarlinkReply *ret,
                        ReceivedFds *ret_fds) {
-        int k = client_call_full(c, method, params, false, ret, ret_fds, NULL, NULL);
+        _cleanup_(varlink_text_done) VarlinkText call = {};
+        int k;
 
+        k = call_write(method, params, &call);
+        if (k >= 0)
+                k = client_call_full(c, method, &call, false, ret, ret_fds, NULL, NULL);
         if (k >= 0) {
                 k = varlink_reply_parameters(ret);
                 if (k < 0) {
@@ -629,24 +650,20 @@ static int client_call(vmmb_client *c, const char *method, json_object *params, 
 }
 
 /*
- * Sends one call with varlink's "oneway" set, so that the broker sends no reply, and returns once it is
- * written: the broker acts on it before it reads this client's next call. A connection lost while sending
- * (the broker has no whole call to act on) is connected again and the call sent once more, as client_call()
- * does; after it is written, nothing of the call's outcome comes back.
+ * Sends one call written with varlink's "oneway" set (`call`: free_params_write() with oneway), so that the
+ * broker sends no reply, and returns once it is written: the broker acts on it before it reads this client's
+ * next call. A connection lost while sending (the broker has no whole call to act on) is connected again and
+ * the call sent once more, as client_call() does; after it is written, nothing of the call's outcome comes
+ * back.
  *
  * With `keeping` (a Free with keep), the call goes only on a connection whose broker said it keeps leases:
  * when there is none now (never asked on this connection, or it is lost, or lost while sending), it returns 1
  * with nothing carried out, for the caller to ask with a call that is answered. *ret_generation (when given)
  * is the number of the connection that carried it.
  */
-static int client_call_oneway(vmmb_client *c, const char *method, json_object *params, bool keeping,
+static int client_call_oneway(vmmb_client *c, const char *method, const VarlinkText *call, bool keeping,
                               uint64_t *ret_generation) {
-        _cleanup_(json_putp) json_object *call = NULL;
         int k;
-
-        k = varlink_call_new(method, params, true, false, &call);
-        if (k < 0)
-                return set_error(k, "Cannot build the call %s: %s.", method, strerror(-k));
 
         (void)pthread_mutex_lock(&c->call_lock);
         for (unsigned attempt = 0;; attempt++) {
@@ -659,7 +676,7 @@ static int client_call_oneway(vmmb_client *c, const char *method, json_object *p
                         if (k < 0)
                                 break;
                 }
-                k = varlink_conn_send(c->conn, call, NULL, 0);
+                k = varlink_conn_send_text(c->conn, call, NULL, 0);
                 if (k < 0) {
                         k = set_error(k, "Cannot queue the call %s: %s.", method, strerror(-k));
                         break;
@@ -691,17 +708,17 @@ static int client_call_oneway(vmmb_client *c, const char *method, json_object *p
 
 /* Tells the broker that lease `id` is done with: waits for its answer, or only sends the call when `oneway`. */
 static int client_free_id(vmmb_client *c, const char *id, bool oneway) {
-        _cleanup_(json_putp) json_object *params = NULL;
+        _cleanup_(varlink_text_done) VarlinkText call = {};
         FreeParams p = { .id = (char *)id };
         VarlinkReply reply = {};
         int k;
 
-        k = free_params_encode(&p, &params);
+        k = free_params_write(&p, oneway, &call);
         if (k < 0)
                 return set_error(k, "Cannot encode the call to free lease %s: %s.", id, strerror(-k));
         if (oneway)
-                return client_call_oneway(c, VMMB_METHOD_FREE, params, false, NULL);
-        k = client_call_full(c, VMMB_METHOD_FREE, params, false, &reply, NULL, NULL, NULL);
+                return client_call_oneway(c, VMMB_METHOD_FREE, &call, false, NULL);
+        k = client_call_full(c, VMMB_METHOD_FREE, &call, false, &reply, NULL, NULL, NULL);
         if (k < 0)
                 return k;
         varlink_reply_done(&reply);
@@ -2002,7 +2019,7 @@ VMMB_EXPORT void vmmb_close(vmmb_client *client) {
  */
 static int client_alloc(vmmb_client *client, uint64_t size, int device, const uint64_t *devices, size_t n_devices,
                         const char *label, uint64_t wait_usec, const char *function, vmmb_lease **ret) {
-        _cleanup_(json_putp) json_object *params = NULL;
+        _cleanup_(varlink_text_done) VarlinkText call = {};
         AllocParams a = { .size = size, .device = device, .label = (char *)label,
                           .wait_usec = (int64_t)MIN(wait_usec, (uint64_t)INT64_MAX),
                           .devices = (uint64_t *)devices, .n_devices = n_devices };
@@ -2024,7 +2041,7 @@ static int client_alloc(vmmb_client *client, uint64_t size, int device, const ui
         if (k < 0)
                 return k;
 
-        k = alloc_params_encode(&a, &params);
+        k = alloc_params_write(&a, &call);
         if (k == -ERANGE || k == -EINVAL)
                 /* a varlink int is an int64: larger sizes cannot even be asked for */
                 return set_error(-EINVAL, "Cannot lease %" PRIu64 " bytes: the size is out of range.", size);
@@ -2040,7 +2057,7 @@ static int client_alloc(vmmb_client *client, uint64_t size, int device, const ui
                 AllocReply ar;
                 ReplyInto into = { .parse = alloc_reply_parse, .done = alloc_reply_free, .out = &ar };
 
-                k = client_call_full(client, VMMB_METHOD_ALLOC, params, false, &reply, &fds, &generation, &into);
+                k = client_call_full(client, VMMB_METHOD_ALLOC, &call, false, &reply, &fds, &generation, &into);
                 if ((k == -ENOMEM || k == -EDQUOT) && !gave_back && kept_any(client)) {
                         char saved[ERROR_MESSAGE_MAX];
 
@@ -2503,7 +2520,8 @@ static int kept_undo(vmmb_lease *l, uint64_t serial, int error, bool free_plainl
 }
 
 VMMB_EXPORT int vmmb_free_keep(vmmb_lease *lease) {
-        _cleanup_(json_putp) json_object *params = NULL;
+        _cleanup_(varlink_text_done) VarlinkText call = {};
+        FreeParams p;
         _cleanup_free_ char *message = NULL;
         char saved[ERROR_MESSAGE_MAX];
         uint64_t serial, generation = 0;
@@ -2524,7 +2542,9 @@ VMMB_EXPORT int vmmb_free_keep(vmmb_lease *lease) {
         keeps = client_keeps(c);
         if (keeps == 0)
                 return lease_release(lease, true);
-        if (free_params_encode(&(FreeParams){ .id = lease->id, .keep = true }, &params) < 0)
+        p = (FreeParams){ .id = lease->id, .keep = true };
+        /* one-way when this connection's broker said it keeps (the call is written again if not sent) */
+        if (free_params_write(&p, keeps > 0, &call) < 0)
                 return lease_release(lease, true);
         /* The broker asks for kept leases back through the process's watch: no watch, no keeping. */
         memcpy(saved, error_message, sizeof(saved));
@@ -2542,7 +2562,7 @@ VMMB_EXPORT int vmmb_free_keep(vmmb_lease *lease) {
         /* In the table before the call: an Alloc that the broker hands it back to, on any client, finds it. */
         serial = kept_add(lease);
         if (keeps > 0) {
-                k = client_call_oneway(c, VMMB_METHOD_FREE, params, true, &generation);
+                k = client_call_oneway(c, VMMB_METHOD_FREE, &call, true, &generation);
                 if (k == 0) {
                         kept_sent(lease, serial, generation);
                         return 0;
@@ -2553,7 +2573,9 @@ VMMB_EXPORT int vmmb_free_keep(vmmb_lease *lease) {
         }
 
         /* Asked with an answer, the first time on each connection: does this broker keep? */
-        k = client_call_full(c, VMMB_METHOD_FREE, params, true, &reply, NULL, &generation, NULL);
+        if (keeps > 0 && free_params_write(&p, false, &call) < 0)
+                return kept_undo(lease, serial, 0, true, false);        /* freed plainly, as above */
+        k = client_call_full(c, VMMB_METHOD_FREE, &call, true, &reply, NULL, &generation, NULL);
         if (k < 0)
                 return kept_undo(lease, serial, k, false, k == -ECONNRESET);
         if (reply.error) {

@@ -367,6 +367,12 @@ int alloc_params_decode_text(const char *text, size_t len, AllocParams *ret, con
                              char **ret_message);
 /* Encodes Alloc's parameters (a wait_usec of 0 is left out, as absent). Returns 0, -EINVAL, -ERANGE or -ENOMEM (json_build()). */
 int alloc_params_encode(const AllocParams *in, json_object **ret);
+/*
+ * Writes the whole call message {"method": "io.vmmbroker.Alloc", "parameters": ...} as text
+ * (varlink_call_write()): the bytes json_write() makes of varlink_call_new() of alloc_params_encode()'s
+ * object, without making either. Returns alloc_params_encode()'s errors.
+ */
+int alloc_params_write(const AllocParams *in, VarlinkText *t);
 /* Frees AllocParams' strings. */
 void alloc_params_done(AllocParams *p);
 
@@ -376,6 +382,8 @@ int free_params_decode_text(const char *text, size_t len, FreeParams *ret, const
                             char **ret_message);
 /* Encodes Free's parameters. */
 int free_params_encode(const FreeParams *in, json_object **ret);
+/* Writes the whole Free call as text, "oneway" when asked (varlink_call_write(), as alloc_params_write()). */
+int free_params_write(const FreeParams *in, bool oneway, VarlinkText *t);
 /* Frees FreeParams' strings. */
 void free_params_done(FreeParams *p);
 /* Park's, Unpark's and Tokens' parameters: the id alone (a `keep` is an unknown parameter there); freed by

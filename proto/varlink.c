@@ -676,6 +676,59 @@ void varlink_text_done(VarlinkText *t) {
         *t = (VarlinkText){};
 }
 
+/* Writes s[0..n) at t->data[*at], growing the buffer (room for a NUL after it is kept). */
+static int text_put(VarlinkText *t, size_t *at, const char *s, size_t n) {
+        if (t->alloc - *at <= n) {
+                size_t alloc = MAX(MAX(t->alloc * 2, *at + n + 1), (size_t)256);
+                char *b = realloc(t->data, alloc);
+
+                if (!b)
+                        return -ENOMEM;
+                t->data = b;
+                t->alloc = alloc;
+        }
+        memcpy(t->data + *at, s, n);
+        *at += n;
+        return 0;
+}
+
+int varlink_call_write(VarlinkText *t, const char *method, const JsonField *fields, const void *in, bool oneway,
+                       bool more) {
+        static const JsonField no_fields[] = { JSON_FIELD_END };
+        static const char head[] = "{\"method\":\"", mid[] = "\",\"parameters\":", ow[] = ",\"oneway\":true",
+                          mo[] = ",\"more\":true";
+        size_t at = 0;
+        ssize_t end;
+        int r;
+
+        /* call_fields' order and choices, as json_build() of varlink_call_new()'s VarlinkCall makes them */
+        t->len = 0;
+        if (!varlink_name_is_valid(method))
+                return -EINVAL;
+        /* a valid name is words of [A-Za-z0-9_] joined by dots: written as it is, and never over max_len */
+        r = text_put(t, &at, head, sizeof(head) - 1);
+        if (r >= 0)
+                r = text_put(t, &at, method, strlen(method));
+        if (r >= 0)
+                r = text_put(t, &at, mid, sizeof(mid) - 1);
+        if (r < 0)
+                return r;
+        end = json_build_write(fields ?: no_fields, in, &t->data, &t->alloc, at);
+        if (end < 0)
+                return (int)end;
+        at = (size_t)end;
+        r = oneway ? text_put(t, &at, ow, sizeof(ow) - 1) : 0;
+        if (r >= 0 && more)
+                r = text_put(t, &at, mo, sizeof(mo) - 1);
+        if (r >= 0)
+                r = text_put(t, &at, "}", 1);
+        if (r < 0)
+                return r;
+        t->data[at] = 0;        /* text_put() left room for it */
+        t->len = at;
+        return 0;
+}
+
 int varlink_reply_write(VarlinkText *t, const JsonField *fields, const void *in) {
         /* reply_fields with no error and no continues, the parameters written from their own table */
         const JsonField envelope[] = {

@@ -111,8 +111,8 @@ int varlink_conn_receive(VarlinkConn *c, json_object **ret, int **ret_fds, size_
 int varlink_conn_send(VarlinkConn *c, json_object *msg, const int *fds, size_t n_fds);
 
 /*
- * A message written as text by varlink_reply_write(), for
- * varlink_conn_send_text(): a reply sent without building json-c objects.
+ * A message written as text by varlink_reply_write() or varlink_call_write(),
+ * for varlink_conn_send_text(): sent without building json-c objects.
  */
 typedef struct VarlinkText {
         char *data;             /* malloc'd, NULL until written; reused by the next write */
@@ -131,6 +131,17 @@ void varlink_text_done(VarlinkText *t);
  * t->len is 0).
  */
 int varlink_reply_write(VarlinkText *t, const JsonField *fields, const void *in);
+
+/*
+ * Writes into *t (replacing what it held) the call {"method": method,
+ * "parameters": {...}} ("oneway": true and "more": true when set) whose
+ * parameters are the struct `in` as the table `fields` says (NULL: {}):
+ * the same bytes as json_write() of varlink_call_new() of json_build(fields,
+ * in), without making either object. Returns 0; -EINVAL for an invalid method
+ * name; or json_build_write()'s error. On failure t->len is 0.
+ */
+int varlink_call_write(VarlinkText *t, const char *method, const JsonField *fields, const void *in, bool oneway,
+                       bool more);
 
 /*
  * Queues the message t->data[0..t->len), ended by a NUL, as

@@ -236,7 +236,7 @@ int main(int argc, char *argv[]) {
         printf("bench-requests: %s %s, %ld CPUs, driver %s\n", u.sysname, u.release, cpus,
                getenv("VMMBROKER_LIBCUDA") ?: "libcuda.so.1");
         printf("method: medians of %d interleaved blocks of %d round trips; Status as the client library calls "
-               "and reads it (the call built with json-c, the reply read as text and decoded into a StatusReply); "
+               "and reads it (the call written as text, the reply read as text and decoded into a StatusReply); "
                "pairs/s: 2 MiB Alloc+Free pairs from N processes for %.1f s each, one connection each\n", BLOCKS,
                PER_BLOCK, seconds);
         k = harness_start(&h, NULL);

@@ -138,6 +138,7 @@ int call_text(VarlinkConn *c, const char *method, const char *params, Reply *ret
 }
 
 int status_call(VarlinkConn *c, StatusReply *ret) {
+        _cleanup_(varlink_text_done) VarlinkText call = {};
         VarlinkReply vr = {};
         bool decoded = false;
         const char *text;
@@ -145,7 +146,12 @@ int status_call(VarlinkConn *c, StatusReply *ret) {
         int k;
 
         *ret = (StatusReply){};
-        k = call_send(c, VMMB_METHOD_STATUS, NULL, false);
+        /* written as text, as the client library writes its Alloc and Free calls */
+        k = varlink_call_write(&call, VMMB_METHOD_STATUS, NULL, NULL, false, false);
+        if (k >= 0)
+                k = varlink_conn_send_text(c, &call, NULL, 0);
+        if (k >= 0)
+                k = varlink_conn_flush(c);
         if (k < 0)
                 return k;
         while ((k = varlink_conn_next(c, &text, &len, NULL, NULL)) == 0) {

@@ -94,8 +94,8 @@ int alloc_wait_send(VarlinkConn *c, uint64_t size, uint64_t wait_usec);
 int call_text(VarlinkConn *c, const char *method, const char *params, Reply *ret);
 
 /*
- * A Status as the client library makes a call and reads its reply (client_call_full()): the call built with
- * json-c and sent (call_send()), the reply read as text with its parameters in the same pass
+ * A Status as the client library makes a call and reads its reply (client_call_full()): the call written as
+ * text (varlink_call_write(), as alloc_params_write() writes Alloc's) and sent, the reply read as text with its parameters in the same pass
  * (status_reply_parse_text(), as the library reads Alloc's with alloc_reply_parse_text()), or decoded after
  * it where that pass cannot (status_reply_decode_text()). Returns 0 with the reply in *ret (free it with
  * status_reply_done()), -EREMOTEIO for an error reply, -EPROTO for a reply with "continues", or a negative

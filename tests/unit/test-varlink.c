@@ -905,6 +905,147 @@ START_TEST(test_reply_text) {
 }
 END_TEST
 
+/* ---- Calls written as text (varlink_call_write(), *_params_write()) ---- */
+
+/*
+ * t holds exactly what json_write() makes of varlink_call_new(method, params (taken), oneway, more), is strict
+ * JSON, and reads back as that call (varlink_call_parse_text()).
+ */
+static void assert_text_is_call(const VarlinkText *t, const char *method, json_object *params, bool oneway,
+                                bool more) {
+        _cleanup_(json_object_putp) json_object *env = NULL, *back = NULL;
+        _cleanup_free_ char *want = NULL;
+        VarlinkCall call = {};
+        size_t alloc = 0;
+        ssize_t end;
+
+        ck_assert_int_eq(varlink_call_new(method, params, oneway, more, &env), 0);
+        json_object_put(params);
+        end = json_write(env, &want, &alloc, 0);
+        ck_assert_int_gt(end, 0);
+        ck_assert_uint_eq(t->len, (size_t)end);
+        ck_assert_uint_gt(t->alloc, t->len);
+        ck_assert_int_eq(t->data[t->len], 0);
+        ck_assert_msg(memcmp(t->data, want, t->len) == 0, "wrote %.*s\nvia json-c: %.*s", (int)t->len, t->data,
+                      (int)end, want);
+        ck_assert_int_eq(json_parse_message(t->data, t->len, &back), 0);
+        ck_assert_int_eq(varlink_call_parse_text(t->data, t->len, &call), 0);
+        ck_assert_str_eq(call.method, method);
+        ck_assert(call.oneway == oneway && call.more == more);
+        varlink_call_done(&call);
+}
+
+START_TEST(test_call_text) {
+        VarlinkText t = {};
+        json_object *p = NULL;
+
+        /* Free: ids that need escaping or making printable (and one over VMMB_ID_MAX), keep and oneway or not */
+        for (size_t i = 0; i < ELEMENTSOF(odd_names); i++)
+                for (unsigned bits = 0; bits < 4; bits++) {
+                        FreeParams in = { .id = (char *)odd_names[i], .keep = bits & 1 };
+                        bool oneway = bits & 2;
+
+                        ck_assert_int_eq(free_params_write(&in, oneway, &t), 0);
+                        ck_assert_int_eq(free_params_encode(&in, &p), 0);
+                        assert_text_is_call(&t, VMMB_METHOD_FREE, p, oneway, false);
+                        ck_assert(!strstr(t.data, "\"keep\"") == !in.keep);
+                        ck_assert(!strstr(t.data, "\"oneway\"") == !oneway);
+                }
+        {
+                /* the id is required: the encoder's error, and nothing to send */
+                FreeParams in = {};
+
+                ck_assert_int_eq(free_params_write(&in, true, &t), -EINVAL);
+                ck_assert_int_eq(free_params_encode(&in, &p), -EINVAL);
+                ck_assert_uint_eq(t.len, 0);
+        }
+
+        /* Alloc: labels as odd as the names, each optional member absent and present */
+        for (size_t i = 0; i < ELEMENTSOF(odd_names); i++) {
+                uint64_t devices[] = { 0, 7, INT64_MAX };
+                AllocParams in = { .size = 1, .device = VMMB_DEVICE_ANY, .label = (char *)odd_names[i],
+                                   .wait_usec = 0 };
+                AllocParams out = {};
+
+                ck_assert_int_eq(alloc_params_write(&in, &t), 0);
+                ck_assert_int_eq(alloc_params_encode(&in, &p), 0);
+                assert_text_is_call(&t, VMMB_METHOD_ALLOC, p, false, false);
+                ck_assert_ptr_null(strstr(t.data, "wait_usec"));        /* 0 is left out, as absent */
+                ck_assert_ptr_null(strstr(t.data, "device"));
+
+                in = (AllocParams){ .size = INT64_MAX, .device = 3, .label = NULL, .wait_usec = INT64_MAX };
+                ck_assert_int_eq(alloc_params_write(&in, &t), 0);
+                ck_assert_int_eq(alloc_params_encode(&in, &p), 0);
+                assert_text_is_call(&t, VMMB_METHOD_ALLOC, p, false, false);
+                ck_assert_ptr_null(strstr(t.data, "label"));
+
+                in = (AllocParams){ .size = 1 << 21, .device = VMMB_DEVICE_ANY, .label = (char *)odd_names[i],
+                                    .wait_usec = JSON_ABSENT, .devices = devices, .n_devices = ELEMENTSOF(devices) };
+                ck_assert_int_eq(alloc_params_write(&in, &t), 0);
+                ck_assert_int_eq(alloc_params_encode(&in, &p), 0);
+                assert_text_is_call(&t, VMMB_METHOD_ALLOC, p, false, false);
+
+                /* and the daemon reads back what was asked */
+                {
+                        VarlinkCall call = {};
+
+                        ck_assert_int_eq(varlink_call_parse_text(t.data, t.len, &call), 0);
+                        ck_assert_ptr_nonnull(call.parameters_text);
+                        ck_assert_int_eq(alloc_params_decode_text(call.parameters_text, call.parameters_len, &out,
+                                                                  NULL, NULL), 0);
+                        ck_assert_uint_eq(out.size, 1 << 21);
+                        ck_assert_uint_eq(out.n_devices, 3);
+                        ck_assert_uint_eq(out.devices[2], INT64_MAX);
+                        ck_assert_int_eq(out.wait_usec, JSON_ABSENT);
+                        ck_assert_ptr_nonnull(out.label);
+                        alloc_params_done(&out);
+                        varlink_call_done(&call);
+                }
+        }
+        {
+                /* out of range: the encoder's errors, and nothing to send */
+                uint64_t devices[] = { (uint64_t)INT64_MAX + 1 };
+                AllocParams in = { .size = UINT64_MAX, .device = VMMB_DEVICE_ANY, .wait_usec = JSON_ABSENT };
+
+                ck_assert_int_eq(alloc_params_write(&in, &t), -ERANGE);
+                ck_assert_int_eq(alloc_params_encode(&in, &p), -ERANGE);
+                ck_assert_uint_eq(t.len, 0);
+                in.size = 1;
+                in.devices = devices;
+                in.n_devices = 1;
+                ck_assert_int_eq(alloc_params_write(&in, &t), alloc_params_encode(&in, &p));
+                ck_assert_int_lt(alloc_params_encode(&in, &p), 0);
+                ck_assert_uint_eq(t.len, 0);
+        }
+
+        /* no parameters (Status), with each of oneway and more; a valid name of the longest length */
+        for (unsigned bits = 0; bits < 4; bits++) {
+                ck_assert_int_eq(varlink_call_write(&t, VMMB_METHOD_STATUS, NULL, NULL, bits & 1, bits & 2), 0);
+                assert_text_is_call(&t, VMMB_METHOD_STATUS, NULL, bits & 1, bits & 2);
+        }
+        {
+                char name[VARLINK_MAX_NAME + 2];
+
+                memset(name, 'a', sizeof(name) - 1);
+                name[sizeof(name) - 1] = 0;
+                name[1] = '.';
+                ck_assert_int_eq(varlink_call_write(&t, name, NULL, NULL, false, false), -EINVAL);
+                ck_assert_uint_eq(t.len, 0);
+                name[VARLINK_MAX_NAME] = 0;
+                ck_assert_int_eq(varlink_call_write(&t, name, NULL, NULL, false, true), 0);
+                assert_text_is_call(&t, name, NULL, false, true);
+        }
+
+        /* what json-c and the writer both refuse */
+        ck_assert_int_eq(varlink_call_write(&t, "Status", NULL, NULL, false, false), -EINVAL);
+        ck_assert_int_eq(varlink_call_new("Status", NULL, false, false, &p), -EINVAL);
+        ck_assert_int_eq(varlink_call_write(&t, "io.vmmbroker.\"Status", NULL, NULL, false, false), -EINVAL);
+        ck_assert_uint_eq(t.len, 0);
+        varlink_text_done(&t);
+        ck_assert_ptr_null(t.data);
+}
+END_TEST
+
 /* Text replies queue like json-c ones: joined to fd-less output, alone with fds, large ones whole. */
 START_TEST(test_send_text) {
         _cleanup_(varlink_conn_freep) VarlinkConn *rx = NULL, *tx = NULL;
@@ -1199,6 +1340,7 @@ int main(void) {
         tcase_add_test(tc, test_codec_replies);
         tcase_add_test(tc, test_codec_errors);
         tcase_add_test(tc, test_reply_text);
+        tcase_add_test(tc, test_call_text);
         tcase_add_test(tc, test_send_text);
         tcase_add_test(tc, test_text_corpus);
         tcase_add_test(tc, test_text_hostile);
