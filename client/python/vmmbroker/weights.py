@@ -123,6 +123,14 @@ def contiguous_stride(shape: Sequence[int]) -> List[int]:
     return stride
 
 
+def _nbytes(dtype: str, shape: Sequence[int]) -> int:
+    """Bytes of a contiguous tensor of DTYPE (a key of ITEMSIZE) and SHAPE."""
+    n = ITEMSIZE[dtype]
+    for s in shape:
+        n *= s
+    return n
+
+
 def plan_layout(specs: Iterable[Tuple[str, str, Sequence[int], Optional[str]]],
                 align: int = ALIGN) -> Tuple[List[list], int]:
     """Offsets for tensors laid out back to back, each aligned to ALIGN bytes.
@@ -145,12 +153,9 @@ def plan_layout(specs: Iterable[Tuple[str, str, Sequence[int], Optional[str]]],
         if dtype not in ITEMSIZE:
             raise ValueError(f"{name}: dtype {dtype!r} cannot be stored")
         shape = [int(s) for s in shape]
-        n = 1
-        for s in shape:
-            if s < 0:
-                raise ValueError(f"{name}: negative dimension in {shape}")
-            n *= s
-        nbytes = n * ITEMSIZE[dtype]
+        if any(s < 0 for s in shape):
+            raise ValueError(f"{name}: negative dimension in {shape}")
+        nbytes = _nbytes(dtype, shape)
         if alias is not None:
             src = by_name.get(alias)
             if src is None or src[4] < 0:
@@ -303,19 +308,16 @@ def _parse(buf: bytes, lease_size: Optional[int]) -> Tuple[list, list, int, Dict
                     _is_count(first) and _is_count(istep) and istep > 0):
                 raise LayoutError(f"{label}: a group's offset, step, count or indices are not sizes "
                                   f"({[offset, step, count, first, istep]!r:.80})")
-            if first + (count - 1) * istep >= n:
+            stop = first + (count - 1) * istep + 1
+            if stop > n:
                 raise LayoutError(f"{label}: a group of {count} from index {first} by {istep} "
                                   f"past the {n} names")
-            nbytes = size
-            for s in shape:
-                nbytes *= s
-            end = offset + (count - 1) * step + nbytes
+            end = offset + (count - 1) * step + _nbytes(dtype, shape)
             if end > data_size:
                 raise LayoutError(f"{label}: bytes {offset}..{end} outside the data ({data_size})")
             if (data_offset + offset) % size or step % size:
                 raise LayoutError(f"{label}: offset {offset} (step {step}) is not a multiple of "
                                   f"{dtype}'s {size} bytes")
-            stop = first + (count - 1) * istep + 1
             if any(seen[first:stop:istep]):
                 i = next(i for i in range(first, stop, istep) if seen[i])
                 raise LayoutError(f"{names[i]}: in two groups")
@@ -340,9 +342,7 @@ def decode_layout(buf: bytes, lease_size: Optional[int] = None) -> Tuple[List[li
     names, groups, data_offset, metadata = _parse(buf, lease_size)
     entries: List[Any] = [None] * len(names)
     for dtype, shape, offset, step, count, first, istep in groups:
-        nbytes = ITEMSIZE[dtype]
-        for s in shape:
-            nbytes *= s
+        nbytes = _nbytes(dtype, shape)
         stride = contiguous_stride(shape)
         for k in range(count):
             i = first + k * istep
@@ -518,9 +518,10 @@ def attach_state_dict(client, name: str, readonly: bool = True) -> StateDict:
     """Attach the weight store published as NAME ("NAME" or "OWNER/NAME") and return its tensors, no copy.
 
     One attach, one small device-to-host copy of the header, then one strided
-    view per group of the layout, split into its tensors. The tensors live on the lease's device; with readonly (the
-    default) the memory is mapped read-only: fine for inference and
-    load_state_dict(..., assign=True), a fault if written. They keep the lease
+    view per group of the layout, split into its tensors. The tensors live on
+    the lease's device; with readonly (the default) the memory is mapped
+    read-only: fine for inference and load_state_dict(..., assign=True), a
+    fault if written. They keep the lease
     (see StateDict). Raises vmmbroker.Error from the broker, LayoutError when
     the lease holds no weight store (or a corrupt one); on any error the hold
     taken is freed. Python's cyclic garbage collector is paused for the call

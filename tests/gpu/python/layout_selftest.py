@@ -160,7 +160,7 @@ for field, value, what in [
         (2, True, "an offset that is a bool"), (2, data_size, "a tensor past the data"),
         (2, 1, "an offset not a multiple of the element size"),
         (3, -2, "a negative step"), (3, 1, "a step not a multiple of the element size"),
-        (4, 0, "a count of 0"), (4, 2, "a count past the names"),
+        (4, 0, "a count of 0"), (4, len(entries) + 1, "a count past the names"),
         (5, len(entries), "a first index past the names"), (5, -1, "a negative index"),
         (6, 0, "an index step of 0")]:
     raises(w.LayoutError, lambda: w.decode_layout(with_group(0, field, value)), f"v3: {what}")
