@@ -1540,6 +1540,25 @@ static int build_uint64(uint64_t u, json_object **ret) {
         return *ret ? 0 : -ENOMEM;
 }
 
+/*
+ * An array member's items and count, for json_build() and json_build_write() alike: 1 when it is written
+ * (NULL items with no count is []), 0 when it is left out (optional, NULL), -EINVAL for NULL items with a count.
+ */
+static int build_items(const JsonField *f, const void *in, const char **ret_items, size_t *ret_n) {
+        const char *items = *MEMBER(in, f, char *);
+        size_t n = *COUNT(in, f);
+
+        if (!items) {
+                if (n > 0)
+                        return -EINVAL;
+                if (!f->required)
+                        return 0;
+        }
+        *ret_items = items;
+        *ret_n = n;
+        return 1;
+}
+
 int json_build(const JsonField *fields, const void *in, json_object **ret) {
         _cleanup_(json_object_putp) json_object *o = NULL;
         int r;
@@ -1602,15 +1621,14 @@ int json_build(const JsonField *fields, const void *in, json_object **ret) {
                 case JSON_ARRAY:
                 case JSON_STRV:
                 case JSON_UINT64V: {
-                        const char *items = *MEMBER(in, f, char *);
-                        size_t n = *COUNT(in, f);
+                        const char *items;
+                        size_t n;
 
-                        if (!items) {
-                                if (n > 0)
-                                        return -EINVAL;
-                                if (!f->required)
-                                        continue;
-                        }
+                        r = build_items(f, in, &items, &n);
+                        if (r < 0)
+                                return r;
+                        if (r == 0)
+                                continue;
                         v = json_object_new_array_ext((int)n);
                         if (!v)
                                 return -ENOMEM;
@@ -2015,15 +2033,14 @@ static int build_write(Writer *w, const JsonField *fields, const void *in) {
                 case JSON_ARRAY:
                 case JSON_STRV:
                 case JSON_UINT64V: {
-                        const char *items = *MEMBER(in, f, char *);
-                        size_t n = *COUNT(in, f);
+                        const char *items;
+                        size_t n;
 
-                        if (!items) {
-                                if (n > 0)
-                                        return -EINVAL;
-                                if (!f->required)
-                                        continue;
-                        }
+                        r = build_items(f, in, &items, &n);
+                        if (r < 0)
+                                return r;
+                        if (r == 0)
+                                continue;
                         r = write_key(w, f->name, &first);
                         if (r >= 0)
                                 r = write_char(w, '[');

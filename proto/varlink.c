@@ -586,8 +586,7 @@ int varlink_reply_parse_text_into(const char *text, size_t len, VarlinkReply *re
                 decoded = false;
         }
         if (reply.error && !varlink_name_is_valid(reply.error)) {
-                if (decoded)
-                        json_dispatch_free(fields, out);
+                /* decoded is false here: an error reply's parameters were given back above */
                 json_dispatch_free(reply_fields, &reply);
                 return -EBADMSG;
         }

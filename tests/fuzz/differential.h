@@ -31,10 +31,6 @@
 #include "macro.h"
 #include "varlink.h"
 
-static void differential_putp(json_object **o) {
-        json_object_put(*o);
-}
-
 /* The text of the object an encoder made in *o, k its result (NULL for a failed encode: a difference). */
 static char *differential_text(int k, json_object **o) {
         char *buf = NULL;
@@ -72,7 +68,7 @@ static const char *differential_params(const char *text, size_t len, json_object
 
         {       /* Alloc's parameters */
                 _cleanup_free_ char *m1 = NULL, *m2 = NULL, *t1 = NULL, *t2 = NULL, *b1 = NULL;
-                _cleanup_(differential_putp) json_object *e1 = NULL, *e2 = NULL;
+                _cleanup_(json_object_putp) json_object *e1 = NULL, *e2 = NULL;
                 AllocParams a = {}, b = {};
                 const char *bad1 = NULL, *bad2 = NULL;
                 int r1, r2;
@@ -96,7 +92,7 @@ static const char *differential_params(const char *text, size_t len, json_object
         }
         {       /* Free's parameters */
                 _cleanup_free_ char *m1 = NULL, *m2 = NULL, *t1 = NULL, *t2 = NULL, *b1 = NULL;
-                _cleanup_(differential_putp) json_object *e1 = NULL, *e2 = NULL;
+                _cleanup_(json_object_putp) json_object *e1 = NULL, *e2 = NULL;
                 FreeParams a = {}, b = {};
                 const char *bad1 = NULL, *bad2 = NULL;
                 int r1, r2;
@@ -130,7 +126,7 @@ static const char *differential_params(const char *text, size_t len, json_object
         }
         {       /* Status's reply */
                 _cleanup_free_ char *m1 = NULL, *m2 = NULL, *t1 = NULL, *t2 = NULL;
-                _cleanup_(differential_putp) json_object *e1 = NULL, *e2 = NULL;
+                _cleanup_(json_object_putp) json_object *e1 = NULL, *e2 = NULL;
                 StatusReply a = {}, b = {};
                 int r1, r2;
 
@@ -150,7 +146,7 @@ static const char *differential_params(const char *text, size_t len, json_object
         }
         for (size_t n_fds = 0; n_fds <= 2; n_fds++) {   /* Alloc's reply, with as many fds */
                 _cleanup_free_ char *m1 = NULL, *m2 = NULL, *t1 = NULL, *t2 = NULL;
-                _cleanup_(differential_putp) json_object *e1 = NULL, *e2 = NULL;
+                _cleanup_(json_object_putp) json_object *e1 = NULL, *e2 = NULL;
                 AllocReply a = {}, b = {};
                 int r1, r2;
 
@@ -189,7 +185,7 @@ static const char *differential_params(const char *text, size_t len, json_object
 
 /* Whether a text reader's parameters (object, or text to read) are the json-c reading's `o`. */
 static bool differential_same_parameters(json_object *o, json_object *obj, const char *text, size_t len) {
-        _cleanup_(differential_putp) json_object *parsed = NULL;
+        _cleanup_(json_object_putp) json_object *parsed = NULL;
 
         if (text) {
                 if (obj || json_parse_message(text, len, &parsed) < 0)
@@ -204,7 +200,7 @@ static bool differential_same_parameters(json_object *o, json_object *obj, const
 /* A reply read with its Status or Alloc parameters in one pass, against varlink_reply_parse() and the decoder. */
 static const char *differential_reply_into(const char *text, size_t len, json_object *msg, int r, bool alloc) {
         _cleanup_free_ char *t1 = NULL, *t2 = NULL, *m1 = NULL, *m2 = NULL;
-        _cleanup_(differential_putp) json_object *e1 = NULL, *e2 = NULL;
+        _cleanup_(json_object_putp) json_object *e1 = NULL, *e2 = NULL;
         VarlinkReply a = {}, b = {};
         StatusReply sa = {}, sb = {};
         AllocReply aa = {}, ab = {};
@@ -263,7 +259,7 @@ static const char *differential_reply_into(const char *text, size_t len, json_ob
 }
 
 static const char *differential_check(const char *text, size_t len) {
-        _cleanup_(differential_putp) json_object *msg = NULL;
+        _cleanup_(json_object_putp) json_object *msg = NULL;
         const char *why;
         int r;
 
