@@ -1269,10 +1269,8 @@ static int lease_map_reply(vmmb_client *client, const char *method, VarlinkReply
         }
         if (decoded)
                 k = alloc_reply_check_fds(&ar, fds->n, &message);
-        else if (reply->parameters_text)
-                k = alloc_reply_decode_text(reply->parameters_text, reply->parameters_len, fds->n, &ar, &message);
         else
-                k = alloc_reply_decode(reply->parameters, fds->n, &ar, &message);
+                k = VARLINK_PARAMETERS_DECODE(alloc_reply, reply, fds->n, &ar, &message);
         if (k < 0) {
                 char what[64];
 
@@ -2596,8 +2594,7 @@ VMMB_EXPORT int vmmb_free_keep(vmmb_lease *lease) {
                 varlink_reply_done(&reply);
                 return kept_undo(lease, serial, k, false, false);
         }
-        k = reply.parameters_text ? free_reply_decode_text(reply.parameters_text, reply.parameters_len, &fr, &message)
-                                  : free_reply_decode(reply.parameters, &fr, &message);
+        k = VARLINK_PARAMETERS_DECODE(free_reply, &reply, &fr, &message);
         varlink_reply_done(&reply);
         kept = fr.kept;
         free_reply_done(&fr);

@@ -252,22 +252,13 @@ static int alloc_try(Broker *b, const Caller *c, AllocParams *a, AllocTry how, u
         }
 }
 
-/*
- * NAME_decode_text() of the call's parameters when they were read as text (varlink_call_parse_text()), else
- * NAME_decode() of their json-c object: the same results either way.
- */
-#define CALL_DECODE(name, call, ...)                                                                  \
-        ((call)->parameters_text                                                                       \
-                 ? name##_decode_text((call)->parameters_text, (call)->parameters_len, __VA_ARGS__)    \
-                 : name##_decode((call)->parameters, __VA_ARGS__))
-
 static int method_alloc(Broker *b, const Caller *c, const VarlinkCall *call, MethodReply *r) {
         _cleanup_free_ char *message = NULL;
         const char *bad = NULL;
         AllocParams a = {};
         int k;
 
-        k = CALL_DECODE(alloc_params, call, &a, &bad, &message);
+        k = VARLINK_PARAMETERS_DECODE(alloc_params, call, &a, &bad, &message);
         if (k < 0)
                 return reply_decode_failed(r, k, bad, message);
         k = alloc_try(b, c, &a, ALLOC_TRY_FIRST, 0, r);
@@ -294,7 +285,7 @@ static int method_free(Broker *b, const Caller *c, const VarlinkCall *call, Meth
         FreeParams a = {};
         int k;
 
-        k = CALL_DECODE(free_params, call, &a, &bad, &message);
+        k = VARLINK_PARAMETERS_DECODE(free_params, call, &a, &bad, &message);
         if (k < 0)
                 k = reply_decode_failed(r, k, bad, message);
         else {
@@ -796,7 +787,7 @@ static int method_status(Broker *b, const Caller *c, const VarlinkCall *call, Me
         StatusReply reply = {};
         int k;
 
-        k = CALL_DECODE(empty_params, call, &bad, &message);
+        k = VARLINK_PARAMETERS_DECODE(empty_params, call, &bad, &message);
         if (k < 0)
                 return reply_decode_failed(r, k, bad, message);
         if (n > STATUS_STACK_DEVICES) {

@@ -252,6 +252,16 @@ int varlink_reply_parameters(VarlinkReply *reply);
 void varlink_reply_done(VarlinkReply *reply);
 
 /*
+ * NAME_decode_text() of the parameters of `m` (a VarlinkCall or a VarlinkReply) when they were read as text
+ * (parameters_text), else NAME_decode() of their json-c object: the same results either way. The arguments
+ * after `m` follow the parameters in both.
+ */
+#define VARLINK_PARAMETERS_DECODE(name, m, ...)                                                       \
+        ((m)->parameters_text                                                                          \
+                 ? name##_decode_text((m)->parameters_text, (m)->parameters_len, __VA_ARGS__)          \
+                 : name##_decode((m)->parameters, __VA_ARGS__))
+
+/*
  * Tells whether `name` is a qualified varlink name (interface.Member): words of
  * [A-Za-z0-9_] joined by single dots, at least two words, at most VARLINK_MAX_NAME bytes.
  */

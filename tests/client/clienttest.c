@@ -115,28 +115,28 @@ void fill(vmmb_lease *l, uint32_t value) {
         ck_assert_int_eq(cu->cuCtxSynchronize(), CUDA_SUCCESS);
 }
 
-bool lease_reads(vmmb_lease *l, uint32_t value) {
-        size_t n = vmmb_lease_size(l) / sizeof(uint32_t);
-        _cleanup_free_ uint32_t *buf = malloc(n * sizeof(uint32_t));
-
-        ck_assert_ptr_nonnull(buf);
-        ck_assert_int_eq(cu->cuMemcpyDtoH(buf, vmmb_lease_ptr(l), n * sizeof(uint32_t)), CUDA_SUCCESS);
+/* Whether buf[0..n) are all `value`. */
+static bool all_words(const uint32_t *buf, size_t n, uint32_t value) {
         for (size_t i = 0; i < n; i++)
                 if (buf[i] != value)
                         return false;
         return true;
 }
 
+bool lease_reads(vmmb_lease *l, uint32_t value) {
+        size_t n = vmmb_lease_size(l) / sizeof(uint32_t);
+        _cleanup_free_ uint32_t *buf = malloc(n * sizeof(uint32_t));
+
+        ck_assert_ptr_nonnull(buf);
+        ck_assert_int_eq(cu->cuMemcpyDtoH(buf, vmmb_lease_ptr(l), n * sizeof(uint32_t)), CUDA_SUCCESS);
+        return all_words(buf, n, value);
+}
+
 bool words_are(uint64_t ptr, uint64_t size, uint32_t value) {
         size_t n = size / sizeof(uint32_t);
         _cleanup_free_ uint32_t *buf = malloc(n * sizeof(uint32_t));
 
-        if (!buf || cu->cuMemcpyDtoH(buf, ptr, n * sizeof(uint32_t)) != CUDA_SUCCESS)
-                return false;
-        for (size_t i = 0; i < n; i++)
-                if (buf[i] != value)
-                        return false;
-        return true;
+        return buf && cu->cuMemcpyDtoH(buf, ptr, n * sizeof(uint32_t)) == CUDA_SUCCESS && all_words(buf, n, value);
 }
 
 WireDevice daemon_device(const char *socket) {

@@ -172,10 +172,8 @@ int status_call(VarlinkConn *c, StatusReply *ret) {
                 k = vr.error ? -EREMOTEIO : -EPROTO;
         } else if (decoded)
                 k = 0;
-        else if (vr.parameters_text)
-                k = status_reply_decode_text(vr.parameters_text, vr.parameters_len, ret, NULL);
         else
-                k = status_reply_decode(vr.parameters, ret, NULL);
+                k = VARLINK_PARAMETERS_DECODE(status_reply, &vr, ret, NULL);
         varlink_reply_done(&vr);
         return k;
 }
