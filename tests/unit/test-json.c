@@ -638,6 +638,82 @@ START_TEST(test_dispatch_text_fast_path) {
 }
 END_TEST
 
+/*
+ * The reader's shortcuts at their edges, both ways: strings are scanned eight bytes at a time, so a byte that
+ * must be looked at by itself ('"', '\\', control, DEL, the bytes of UTF-8, good and bad) is put at every
+ * offset of strings of 0 to 24 bytes, behind keys of three lengths (every alignment of the words); integers
+ * of up to 18 digits are read in one pass, so every length from 1 to 21 digits is read, with a sign, a leading
+ * zero, and a fraction or exponent after it, into a signed and an unsigned field.
+ */
+START_TEST(test_dispatch_text_edges) {
+        /* each byte sequence, and what it reads as inside a string (NULL: the text is not JSON) */
+        static const struct {
+                const char *text, *value;
+        } specials[] = {
+                { "\"", NULL }, { "\\\"", "\"" }, { "\\n", "\n" }, { "\\u00e9", "\xc3\xa9" }, { "\x01", NULL },
+                { "\x1f", NULL }, { "\x7f", "\x7f" }, { "\x80", NULL }, { "\xc3\xa9", "\xc3\xa9" },
+                { "\xe2\x82\xac", "\xe2\x82\xac" }, { "\xf0\x9f\x98\x80", "\xf0\x9f\x98\x80" }, { "\xc3", NULL },
+                { "\xff", NULL }, { " ", " " }, { "~", "~" },
+        };
+        static const char *const keys[] = { "text", "name", "words" };
+        static const char *const tails[] = { "", ".5", "e2", "E2", "x", "-" };
+        char buf[256], str[128], value[128], digits[32];
+        size_t n;
+
+        for (size_t k = 0; k < ELEMENTSOF(keys); k++)
+                for (size_t len = 0; len <= 24; len++)
+                        for (size_t at = 0; at <= len; at++)
+                                for (size_t c = 0; c < ELEMENTSOF(specials); c++) {
+                                        _cleanup_(json_object_putp) json_object *o = NULL;
+                                        size_t m = 0, v = 0;
+                                        int r;
+
+                                        for (size_t i = 0; i <= len; i++)
+                                                if (i == at) {
+                                                        m += (size_t)sprintf(str + m, "%s", specials[c].text);
+                                                        v += (size_t)sprintf(value + v, "%s", specials[c].value ?: "");
+                                                } else if (i < len) {
+                                                        str[m++] = 'a';
+                                                        value[v++] = 'a';
+                                                }
+                                        str[m] = value[v] = 0;
+                                        /* the grammar, against what it must say (both ways share the string reader) */
+                                        n = (size_t)snprintf(buf, sizeof(buf), "{\"k\":\"%s\"}", str);
+                                        r = json_parse_message(buf, n, &o);
+                                        ck_assert_msg((r == 0) == (specials[c].value != NULL), "%d for %s", r, buf);
+                                        if (r == 0)
+                                                ck_assert_str_eq(json_object_get_string(
+                                                                         json_object_object_get(o, "k")), value);
+                                        n = (size_t)snprintf(buf, sizeof(buf),
+                                                             k == 2 ? "{\"i\":1,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},"
+                                                                      "\"%s\":[\"%s\"]}"
+                                                                    : "{\"i\":1,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},"
+                                                                      "\"%s\":\"%s\"}",
+                                                             keys[k], str);
+                                        ck_same_dispatch(all_fields, sizeof(All), buf, n);
+                                }
+        for (size_t len = 1; len <= 21; len++)
+                for (int lead = 0; lead < 3; lead++)            /* 9..., 1..., 0... */
+                        for (size_t t = 0; t < ELEMENTSOF(tails); t++)
+                                for (int neg = 0; neg < 2; neg++)
+                                        for (int field = 0; field < 3; field++) {
+                                                char number[40];
+                                                const char *v[3] = { "1", "1", "1" };   /* i, u, opt */
+
+                                                memset(digits, lead == 0 ? '9' : '0', len);
+                                                digits[0] = lead == 1 ? '1' : digits[0];
+                                                digits[len] = 0;
+                                                (void)snprintf(number, sizeof(number), "%s%s%s", neg ? "-" : "",
+                                                               digits, tails[t]);
+                                                v[field] = number;
+                                                n = (size_t)snprintf(buf, sizeof(buf),
+                                                                     "{\"i\":%s,\"u\":%s,\"opt\":%s,\"req_flag\":true,"
+                                                                     "\"inner\":{\"n\":2}}", v[0], v[1], v[2]);
+                                                ck_same_dispatch(all_fields, sizeof(All), buf, n);
+                                        }
+}
+END_TEST
+
 /* Nesting at and past VARLINK_MAX_DEPTH, in each kind of field, and arrays and strings past their limits. */
 START_TEST(test_dispatch_text_limits) {
         _cleanup_free_ char *big = malloc(200000);
@@ -1048,6 +1124,7 @@ int main(void) {
         tcase_add_test(tc, test_write_is_json_c);
         tcase_add_test(tc, test_dispatch);
         tcase_add_test(tc, test_dispatch_text_same);
+        tcase_add_test(tc, test_dispatch_text_edges);
         tcase_add_test(tc, test_dispatch_text_fast_path);
         tcase_add_test(tc, test_dispatch_text_limits);
         tcase_add_test(tc, test_build);
