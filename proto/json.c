@@ -1192,15 +1192,21 @@ static int text_array_next(Parse *s, bool *ret_done) {
         return 0;
 }
 
-/* a[0..*alloc) of `size`-byte items grown to hold n (n > 0), the new room zeroed; NULL (a kept) without memory. */
+/*
+ * a[0..*alloc) of `size`-byte items grown to hold n (n > 0), the new room zeroed; NULL (a kept) without memory,
+ * which includes room whose size in bytes does not fit a size_t.
+ */
 static void *grow(void *a, size_t *alloc, size_t n, size_t size) {
-        size_t m;
+        size_t m, bytes;
         char *p;
 
         if (n <= *alloc)
                 return a;
         m = MAX(n, *alloc * 2);
-        p = realloc(a, m * size);
+        /* doubling cannot wrap (*alloc * size bytes exist), but m * size could: a buffer too small for m items */
+        if (__builtin_mul_overflow(m, size, &bytes))
+                return NULL;
+        p = realloc(a, bytes);
         if (!p)
                 return NULL;
         memset(p + *alloc * size, 0, (m - *alloc) * size);
