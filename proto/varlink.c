@@ -258,6 +258,26 @@ bool varlink_conn_has_message(VarlinkConn *c) {
         return avail >= c->max_message || (c->in_eof && avail > 0);
 }
 
+/*
+ * A message just taken, m[0..len) with the fds (*fds)[0..n_fds), parsed into *ret: 1 with the fds handed over
+ * (or closed, without ret_fds), or json_parse_message()'s error with them closed.
+ */
+static int message_json(const char *m, size_t len, int **fds, size_t n_fds, json_object **ret, int **ret_fds,
+                        size_t *ret_n_fds) {
+        int r;
+
+        r = json_parse_message(m, len, ret);
+        if (r < 0 || !ret_fds) {
+                close_many(*fds, n_fds);
+                if (r < 0)
+                        return r;
+                return 1;
+        }
+        *ret_fds = TAKE_PTR(*fds);
+        *ret_n_fds = n_fds;
+        return 1;
+}
+
 int varlink_conn_next_json(VarlinkConn *c, json_object **ret, int **ret_fds, size_t *ret_n_fds) {
         _cleanup_free_ int *fds = NULL;
         const char *m;
@@ -267,23 +287,15 @@ int varlink_conn_next_json(VarlinkConn *c, json_object **ret, int **ret_fds, siz
         r = varlink_conn_next(c, &m, &len, &fds, &n_fds);
         if (r <= 0)
                 return r;
-        r = json_parse_message(m, len, ret);
-        if (r < 0 || !ret_fds) {
-                close_many(fds, n_fds);
-                if (r < 0)
-                        return r;
-                return 1;
-        }
-        *ret_fds = TAKE_PTR(fds);
-        *ret_n_fds = n_fds;
-        return 1;
+        return message_json(m, len, &fds, n_fds, ret, ret_fds, ret_n_fds);
 }
 
-int varlink_conn_receive(VarlinkConn *c, json_object **ret, int **ret_fds, size_t *ret_n_fds) {
+int varlink_conn_receive_text(VarlinkConn *c, const char **ret_message, size_t *ret_len, int **ret_fds,
+                              size_t *ret_n_fds) {
         for (;;) {
                 int r;
 
-                r = varlink_conn_next_json(c, ret, ret_fds, ret_n_fds);
+                r = varlink_conn_next(c, ret_message, ret_len, ret_fds, ret_n_fds);
                 if (r != 0)
                         return r;
                 r = varlink_conn_read(c);
@@ -292,6 +304,18 @@ int varlink_conn_receive(VarlinkConn *c, json_object **ret, int **ret_fds, size_
                 if (r < 0)
                         return r;
         }
+}
+
+int varlink_conn_receive(VarlinkConn *c, json_object **ret, int **ret_fds, size_t *ret_n_fds) {
+        _cleanup_free_ int *fds = NULL;
+        const char *m;
+        size_t len, n_fds = 0;
+        int r;
+
+        r = varlink_conn_receive_text(c, &m, &len, &fds, &n_fds);
+        if (r < 0)
+                return r;
+        return message_json(m, len, &fds, n_fds, ret, ret_fds, ret_n_fds);
 }
 
 /*

@@ -93,10 +93,19 @@ bool varlink_conn_has_message(VarlinkConn *c);
 int varlink_conn_next_json(VarlinkConn *c, json_object **ret, int **ret_fds, size_t *ret_n_fds);
 
 /*
- * Reads until a whole message is there and returns it as
- * varlink_conn_next_json() does. For a blocking socket (the client); on a
- * non-blocking one it returns -EAGAIN when the socket runs dry. The end of the
- * stream between messages is -ECONNRESET here too (a reply was expected).
+ * Reads until a whole message is buffered and takes it as varlink_conn_next()
+ * does: returns 1 with the message (valid until the next read), its length
+ * and its fds. For a blocking socket (the client); on a non-blocking one it
+ * returns -EAGAIN when the socket runs dry. The end of the stream between
+ * messages is -ECONNRESET here too (a reply was expected); otherwise the
+ * errors of varlink_conn_next() and varlink_conn_read().
+ */
+int varlink_conn_receive_text(VarlinkConn *c, const char **ret_message, size_t *ret_len, int **ret_fds,
+                              size_t *ret_n_fds);
+
+/*
+ * varlink_conn_receive_text(), the message parsed as varlink_conn_next_json()
+ * parses it.
  */
 int varlink_conn_receive(VarlinkConn *c, json_object **ret, int **ret_fds, size_t *ret_n_fds);
 

@@ -171,6 +171,65 @@ static void assert_same_file(int a, int b) {
         ck_assert_int_eq(fcntl(b, F_GETFD) & FD_CLOEXEC, FD_CLOEXEC);
 }
 
+/*
+ * varlink_conn_receive_text(): reads until a whole message is there (one larger than the first buffer takes
+ * several reads), hands a message's fds over or closes them, and the end of the stream is -ECONNRESET inside
+ * a message and between messages alike.
+ */
+START_TEST(test_receive_text) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
+        _cleanup_close_ int peer = -EBADF;
+        _cleanup_free_ char *big = malloc(10000);
+        _cleanup_free_ int *got = NULL;
+        int pipes[2], before;
+        size_t len, n = 99;
+        const char *m;
+
+        ck_assert_ptr_nonnull(big);
+        memset(big, ' ', 10000);
+        big[0] = '{';
+        big[9998] = '}';
+        big[9999] = 0;
+        ck_assert_int_eq(pipe2(pipes, O_CLOEXEC), 0);
+        conn_pair(VARLINK_MAX_REQUEST, true, &c, &peer);
+
+        /* a message with fds goes alone (varlink_conn_send()) */
+        send_raw(peer, big, 10000);
+        ck_assert_int_eq(fd_send(peer, "{\"a\":1}", 8, pipes, 1), 8);
+        send_raw(peer, "{\"b\":2}", 8);
+        ck_assert_int_eq(fd_send(peer, "{}", 3, pipes + 1, 1), 3);
+        send_raw(peer, "{\"c\":", 5);
+        peer = safe_close(peer);
+        before = count_fds();                                   /* the fds sent are in the socket, not here */
+
+        ck_assert_int_eq(varlink_conn_receive_text(c, &m, &len, &got, &n), 1);
+        ck_assert_uint_eq(len, 9999);
+        ck_assert_mem_eq(m, big, 10000);
+        ck_assert_ptr_null(got);
+        ck_assert_uint_eq(n, 0);
+        ck_assert_int_eq(varlink_conn_receive_text(c, &m, &len, &got, &n), 1);
+        ck_assert_str_eq(m, "{\"a\":1}");
+        ck_assert_uint_eq(len, 7);
+        ck_assert_uint_eq(n, 1);
+        assert_same_file(pipes[0], got[0]);
+        close_many(got, n);
+        ck_assert_int_eq(varlink_conn_receive_text(c, &m, &len, NULL, NULL), 1);
+        ck_assert_str_eq(m, "{\"b\":2}");
+        ck_assert_int_eq(varlink_conn_receive_text(c, &m, &len, NULL, NULL), 1);    /* its fd closed */
+        ck_assert_str_eq(m, "{}");
+        ck_assert_int_eq(count_fds(), before);
+        ck_assert_int_eq(varlink_conn_receive_text(c, &m, &len, NULL, NULL), -ECONNRESET);
+        c = varlink_conn_free(c);
+
+        conn_pair(VARLINK_MAX_REQUEST, true, &c, &peer);
+        send_raw(peer, "{}", 3);
+        peer = safe_close(peer);
+        ck_assert_int_eq(varlink_conn_receive_text(c, &m, &len, NULL, NULL), 1);
+        ck_assert_int_eq(varlink_conn_receive_text(c, &m, &len, NULL, NULL), -ECONNRESET);
+        close_many(pipes, 2);
+}
+END_TEST
+
 START_TEST(test_fds_on_their_message) {
         _cleanup_(varlink_conn_freep) VarlinkConn *rx = NULL, *tx = NULL;
         _cleanup_close_ int peer = -EBADF;
@@ -1370,6 +1429,7 @@ int main(void) {
         tcase_add_test(tc, test_many_in_one_read);
         tcase_add_test(tc, test_oversized);
         tcase_add_test(tc, test_unterminated_eof);
+        tcase_add_test(tc, test_receive_text);
         tcase_add_test(tc, test_fds_on_their_message);
         tcase_add_test(tc, test_fds_merged_read);
         tcase_add_test(tc, test_fds_mid_message);
