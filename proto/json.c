@@ -1684,19 +1684,29 @@ typedef struct Writer {
         size_t len;
 } Writer;
 
-static int write_reserve(Writer *w, size_t n) {
-        size_t alloc;
+int json_buf_reserve(char **buf, size_t *alloc, size_t at, size_t n) {
+        size_t a;
         char *b;
 
-        if (w->alloc - w->len >= n)
+        if (*alloc - at >= n)
                 return 0;
-        alloc = MAX(MAX(w->alloc * 2, w->len + n), (size_t)256);
-        b = realloc(w->buf, alloc);
+        if (__builtin_add_overflow(at, n, &a))
+                return -ENOMEM;
+        /* doubled, so that a message written a piece at a time costs few copies */
+        a = MAX(MAX(*alloc * 2, a), (size_t)256);
+        b = realloc(*buf, a);
         if (!b)
                 return -ENOMEM;
-        w->buf = b;
-        w->alloc = alloc;
+        *buf = b;
+        *alloc = a;
         return 0;
+}
+
+static int write_reserve(Writer *w, size_t n) {
+        /* most calls are for a byte or a few, with room left: no call for those */
+        if (w->alloc - w->len >= n)
+                return 0;
+        return json_buf_reserve(&w->buf, &w->alloc, w->len, n);
 }
 
 static int write_bytes(Writer *w, const char *s, size_t n) {

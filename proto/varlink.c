@@ -331,15 +331,10 @@ static ssize_t out_buf_write(OutBuf *o, json_object *msg, const char *text, size
                 if (end < 0)
                         return end;
         } else {
-                if (o->alloc - o->len < len + 1) {
-                        size_t alloc = MAX(MAX(o->alloc * 2, o->len + len + 1), (size_t)256);
-                        char *d = realloc(o->data, alloc);
+                int r = json_buf_reserve(&o->data, &o->alloc, o->len, len + 1);
 
-                        if (!d)
-                                return -ENOMEM;
-                        o->data = d;
-                        o->alloc = alloc;
-                }
+                if (r < 0)
+                        return r;
                 memcpy(o->data + o->len, text, len);
                 end = (ssize_t)(o->len + len);
         }
@@ -701,17 +696,12 @@ void varlink_text_done(VarlinkText *t) {
         *t = (VarlinkText){};
 }
 
-/* Writes s[0..n) at t->data[*at], growing the buffer (room for a NUL after it is kept). */
+/* Writes s[0..n) at t->data[*at], growing the buffer as json_build_write() does (room for a NUL after it is kept). */
 static int text_put(VarlinkText *t, size_t *at, const char *s, size_t n) {
-        if (t->alloc - *at <= n) {
-                size_t alloc = MAX(MAX(t->alloc * 2, *at + n + 1), (size_t)256);
-                char *b = realloc(t->data, alloc);
+        int r = json_buf_reserve(&t->data, &t->alloc, *at, n + 1);
 
-                if (!b)
-                        return -ENOMEM;
-                t->data = b;
-                t->alloc = alloc;
-        }
+        if (r < 0)
+                return r;
         memcpy(t->data + *at, s, n);
         *at += n;
         return 0;

@@ -1044,6 +1044,34 @@ START_TEST(test_build_write_large) {
 }
 END_TEST
 
+/* json_buf_reserve(): room for n bytes from `at`, doubled or what is needed, 256 at the least; what was kept. */
+START_TEST(test_buf_reserve) {
+        _cleanup_free_ char *buf = NULL;
+        size_t alloc = 0;
+        char *was;
+
+        ck_assert_int_eq(json_buf_reserve(&buf, &alloc, 0, 1), 0);
+        ck_assert_ptr_nonnull(buf);
+        ck_assert_uint_eq(alloc, 256);
+        memcpy(buf, "head", 4);
+        was = buf;
+        ck_assert_int_eq(json_buf_reserve(&buf, &alloc, 4, 252), 0);          /* it fits: nothing moves */
+        ck_assert_ptr_eq(buf, was);
+        ck_assert_uint_eq(alloc, 256);
+        ck_assert_int_eq(json_buf_reserve(&buf, &alloc, 4, 253), 0);
+        ck_assert_uint_eq(alloc, 512);
+        ck_assert_mem_eq(buf, "head", 4);
+        ck_assert_int_eq(json_buf_reserve(&buf, &alloc, 4, 5000), 0);
+        ck_assert_uint_eq(alloc, 5004);
+        ck_assert_mem_eq(buf, "head", 4);
+        /* at + n past SIZE_MAX: no memory, and the buffer as it was */
+        was = buf;
+        ck_assert_int_eq(json_buf_reserve(&buf, &alloc, 4, SIZE_MAX), -ENOMEM);
+        ck_assert_ptr_eq(buf, was);
+        ck_assert_uint_eq(alloc, 5004);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("json");
         TCase *tc = tcase_create("json");
@@ -1060,6 +1088,7 @@ int main(void) {
         tcase_add_test(tc, test_uint64_array);
         tcase_add_test(tc, test_build_write);
         tcase_add_test(tc, test_build_write_large);
+        tcase_add_test(tc, test_buf_reserve);
         suite_add_tcase(s, tc);
         failed = run_suite(s);
         return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
