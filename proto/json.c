@@ -1243,15 +1243,21 @@ static int text_array_next(Parse *s, bool *ret_done) {
         return 0;
 }
 
-/* a[0..*alloc) of `size`-byte items grown to hold n (n > 0), the new room zeroed; NULL (a kept) without memory. */
+/*
+ * a[0..*alloc) of `size`-byte items grown to hold n (n > 0), the new room zeroed; NULL (a kept) without memory,
+ * which includes room whose size in bytes does not fit a size_t.
+ */
 static void *grow(void *a, size_t *alloc, size_t n, size_t size) {
-        size_t m;
+        size_t m, bytes;
         char *p;
 
         if (n <= *alloc)
                 return a;
         m = MAX(n, *alloc * 2);
-        p = realloc(a, m * size);
+        /* doubling cannot wrap (*alloc * size bytes exist), but m * size could: a buffer too small for m items */
+        if (__builtin_mul_overflow(m, size, &bytes))
+                return NULL;
+        p = realloc(a, bytes);
         if (!p)
                 return NULL;
         memset(p + *alloc * size, 0, (m - *alloc) * size);
@@ -1729,19 +1735,29 @@ typedef struct Writer {
         size_t len;
 } Writer;
 
-static int write_reserve(Writer *w, size_t n) {
-        size_t alloc;
+int json_buf_reserve(char **buf, size_t *alloc, size_t at, size_t n) {
+        size_t a;
         char *b;
 
-        if (w->alloc - w->len >= n)
+        if (*alloc - at >= n)
                 return 0;
-        alloc = MAX(MAX(w->alloc * 2, w->len + n), (size_t)256);
-        b = realloc(w->buf, alloc);
+        if (__builtin_add_overflow(at, n, &a))
+                return -ENOMEM;
+        /* doubled, so that a message written a piece at a time costs few copies */
+        a = MAX(MAX(*alloc * 2, a), (size_t)256);
+        b = realloc(*buf, a);
         if (!b)
                 return -ENOMEM;
-        w->buf = b;
-        w->alloc = alloc;
+        *buf = b;
+        *alloc = a;
         return 0;
+}
+
+static int write_reserve(Writer *w, size_t n) {
+        /* most calls are for a byte or a few, with room left: no call for those */
+        if (w->alloc - w->len >= n)
+                return 0;
+        return json_buf_reserve(&w->buf, &w->alloc, w->len, n);
 }
 
 static int write_bytes(Writer *w, const char *s, size_t n) {
