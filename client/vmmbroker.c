@@ -355,33 +355,26 @@ static void reply_into_done(ReplyInto *into) {
 }
 
 /*
- * The next reply buffered, read as text (varlink_reply_parse_text(): no json-c objects for a reply that
- * decodes from its text; with `into`, its parameters read in the same pass where they can be): 1 with it in
- * *ret and its fds in *fds; 0 when no whole message is buffered; or a negative errno: -EBADMSG for a message
- * that is not strict JSON (*ret_not_json set) or not a reply.
+ * A reply's message text[0..len) read as text (varlink_reply_parse_text(): no json-c objects for a reply that
+ * decodes from its text; with `into`, its parameters read in the same pass where they can be) into *ret: 0, or
+ * a negative errno: -EBADMSG for a message that is not strict JSON (*ret_not_json set) or not a reply.
  */
-static int next_reply(VarlinkConn *conn, VarlinkReply *ret, ReceivedFds *fds, bool *ret_not_json, ReplyInto *into) {
+static int reply_from_text(const char *text, size_t len, VarlinkReply *ret, bool *ret_not_json, ReplyInto *into) {
         _cleanup_(json_putp) json_object *o = NULL;
-        const char *text;
-        size_t len;
         int k;
 
-        *ret_not_json = false;
-        k = varlink_conn_next(conn, &text, &len, &fds->fds, &fds->n);
-        if (k <= 0)
-                return k;
         k = into ? into->parse(text, len, ret, into->out, &into->decoded) : varlink_reply_parse_text(text, len, ret);
         if (k == -EBADMSG)
                 /* rarely: which of the two it was, for the message (reading the text, or the reply in it) */
                 *ret_not_json = json_parse_message(text, len, &o) < 0;
-        return k < 0 ? k : 1;
+        return MIN(k, 0);
 }
 
 /*
  * Waits for the reply to the call just sent and returns it as
- * varlink_conn_receive() does, read by next_reply(), or a negative errno and
- * *ret_loss saying what a lost connection means for the call (*ret_not_json:
- * as next_reply() says).
+ * varlink_conn_receive() does, read by reply_from_text() with its fds in
+ * *fds, or a negative errno and *ret_loss saying what a lost connection means
+ * for the call (*ret_not_json: as reply_from_text() says).
  *
  * Before reading, it peeks at the reply's first byte, to tell two ways the
  * broker can close the connection apart: Linux resets a stream socket's peer
@@ -394,43 +387,40 @@ static int next_reply(VarlinkConn *conn, VarlinkReply *ret, ReceivedFds *fds, bo
  */
 static int conn_receive(VarlinkConn *conn, VarlinkReply *ret, ReceivedFds *fds, CallLoss *ret_loss,
                         bool *ret_not_json, ReplyInto *into) {
+        const char *text;
+        bool buffered;
+        size_t len;
         ssize_t n;
         char byte;
         int k;
 
         *ret_loss = CALL_NOT_LOST;
-        /* A message already buffered would be read first (the broker sends one reply per call: never so far). */
-        k = next_reply(conn, ret, fds, ret_not_json, into);
-        if (k != 0)
-                return MIN(k, 0);
-
-        do
-                n = recv(varlink_conn_get_fd(conn), &byte, 1, MSG_PEEK);
-        while (n < 0 && errno == EINTR);
-        if (n == 0) {
-                *ret_loss = CALL_MAYBE_DONE;
-                return -ECONNRESET;
-        }
-        if (n < 0) {
-                k = -errno;
-                if (k == -ECONNRESET)
-                        *ret_loss = CALL_UNREAD;
-                else if (conn_error_is_lost(k))
+        *ret_not_json = false;
+        /* A message already buffered is read first, with nothing to peek at (the broker sends one reply per
+         * call: never so far); so is what is buffered when it is already an error. */
+        buffered = varlink_conn_has_message(conn);
+        if (!buffered) {
+                do
+                        n = recv(varlink_conn_get_fd(conn), &byte, 1, MSG_PEEK);
+                while (n < 0 && errno == EINTR);
+                if (n == 0) {
                         *ret_loss = CALL_MAYBE_DONE;
-                return k;
+                        return -ECONNRESET;
+                }
+                if (n < 0) {
+                        k = -errno;
+                        if (k == -ECONNRESET)
+                                *ret_loss = CALL_UNREAD;
+                        else if (conn_error_is_lost(k))
+                                *ret_loss = CALL_MAYBE_DONE;
+                        return k;
+                }
         }
 
-        for (;;) {
-                k = next_reply(conn, ret, fds, ret_not_json, into);
-                if (k != 0)
-                        break;
-                k = varlink_conn_read(conn);
-                if (k == 0)
-                        k = -ECONNRESET;
-                if (k < 0)
-                        break;
-        }
-        if (k < 0 && conn_error_is_lost(k))
+        k = varlink_conn_receive_text(conn, &text, &len, &fds->fds, &fds->n);
+        if (k >= 0)
+                k = reply_from_text(text, len, ret, ret_not_json, into);
+        if (k < 0 && !buffered && conn_error_is_lost(k))
                 *ret_loss = CALL_MAYBE_DONE;            /* the reply had begun */
         return MIN(k, 0);
 }

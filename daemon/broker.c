@@ -1001,12 +1001,20 @@ bool broker_has_unreaped(const Broker *b) {
 
 /* --- the store ------------------------------------------------------------------------------------ */
 
+static bool snapshot_wanted(const Broker *b) {
+        return b->store && (!store_is_open(b->store) || store_wants_snapshot(b->store));
+}
+
+bool broker_has_idle_work(const Broker *b) {
+        return snapshot_wanted(b) || b->store_error < 0 || broker_has_unreaped(b);
+}
+
 int broker_store_snapshot(Broker *b, bool force) {
         int k;
 
         if (!b->store)
                 return 0;
-        if (!force && store_is_open(b->store) && !store_wants_snapshot(b->store))
+        if (!force && !snapshot_wanted(b))
                 return 0;
         k = store_snapshot(b->store, &b->leases);
         event_store_health(b->store_error, MIN(k, 0));

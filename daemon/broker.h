@@ -287,6 +287,13 @@ unsigned broker_reap_holders(Broker *b);
 bool broker_has_unreaped(const Broker *b);
 
 /*
+ * Whether the broker has work for when the daemon is idle: a snapshot the store wants
+ * (broker_store_snapshot() without force would write one), storing that failed and is tried again, or
+ * exited holders not yet reaped.
+ */
+bool broker_has_idle_work(const Broker *b);
+
+/*
  * Writes the whole table to a new store generation when the store asks for
  * it (its log has grown), or when no table is stored yet. Returns 0, or a
  * negative errno when storing failed (then Broker.store_error says so).

@@ -98,6 +98,21 @@ static void schedule_idle(Manager *m) {
         (void)sd_event_source_set_enabled(m->idle_source, SD_EVENT_ONESHOT);
 }
 
+/* Whether STATUS= says what it should (with table_too, the lease table's counts as well). */
+static bool status_is_current(const Manager *m, bool table_too) {
+        return m->status_sent && m->status_store_error == m->broker.store_error &&
+               (!table_too || m->status_generation == m->broker.leases.generation);
+}
+
+/*
+ * Whether on_idle() would do anything. After a request that changed nothing (a Status, a List) it would
+ * not, and scheduling it anyway cost every such request another turn of the loop: a poll of its own and
+ * sd-event's bookkeeping around it.
+ */
+static bool idle_has_work(const Manager *m) {
+        return pool_has_idle_work(m->pool) || broker_has_idle_work(&m->broker) || !status_is_current(m, false);
+}
+
 /*
  * Waiting Allocs served per device per wake-up: a loop that serves a burst of waiters still polls between
  * bursts (each serve is an Alloc and a reply). When the burst is used up the source runs again.
@@ -273,7 +288,8 @@ static void served(Manager *m) {
         serve_waiters(m, false);
         /* A round has been served: new connections may come in again (on_accept()). */
         (void)sd_event_source_set_enabled(m->listen_source, SD_EVENT_ON);
-        schedule_idle(m);               /* released slabs' fds are closed there, STATUS= sent */
+        if (idle_has_work(m))
+                schedule_idle(m);       /* released slabs' fds are closed there, STATUS= sent */
 }
 
 /*
@@ -355,8 +371,7 @@ static void send_status(Manager *m, bool table_too) {
         uint64_t leased = 0, cached = 0;
         char b1[FORMAT_SIZE_MAX], b2[FORMAT_SIZE_MAX];
 
-        if (m->status_sent && m->status_store_error == m->broker.store_error &&
-            (!table_too || m->status_generation == t->generation))
+        if (status_is_current(m, table_too))
                 return;
         for (size_t i = 0; i < pool_n_devices(m->pool); i++) {
                 PoolDeviceStats s;

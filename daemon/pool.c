@@ -1169,6 +1169,10 @@ bool pool_idle(Pool *p) {
         return true;
 }
 
+bool pool_has_idle_work(const Pool *p) {
+        return p->n_closing > 0 || p->prime;
+}
+
 unsigned pool_trim(Pool *p) {
         unsigned n = 0;
 

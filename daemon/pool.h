@@ -236,6 +236,9 @@ int pool_drain(Pool *p);
  */
 bool pool_idle(Pool *p);
 
+/* Whether pool_idle() has anything to do: fds of released slabs to close, or a slab to prime. */
+bool pool_has_idle_work(const Pool *p);
+
 /* Releases every cached slab on every device back to the driver. Returns how many. */
 unsigned pool_trim(Pool *p);
 

@@ -276,6 +276,37 @@ static int parse_escape(Parse *s, size_t *len) {
         return 0;
 }
 
+/* Bytes of an eight-byte word, each: 0x01 and 0x80. */
+#define BYTES_01 UINT64_C(0x0101010101010101)
+#define BYTES_80 UINT64_C(0x8080808080808080)
+
+/*
+ * The first byte from p that parse_string() must look at by itself ('"', '\\', a control character, or any
+ * byte of a multi-byte UTF-8 sequence), found eight bytes at a time; or where fewer than eight are left,
+ * which the caller reads one by one. In a word, a byte is flagged when it is below 0x20, equal to '"' or
+ * '\\' (the classic has-zero-byte test on the word xor'd with it), or has its high bit set. A subtraction's
+ * borrow can flag a byte only above a byte flagged for itself, so the lowest flag is a byte to stop at.
+ * Keys and values are mostly plain runs: read byte by byte they were a third of reading a Status reply.
+ */
+static const uint8_t *plain_run_end(const uint8_t *p, const uint8_t *end) {
+        while (end - p >= 8) {
+                uint64_t x, q, b, m;
+
+                memcpy(&x, p, sizeof(x));
+                q = x ^ (BYTES_01 * '"');
+                b = x ^ (BYTES_01 * '\\');
+                m = (((x - BYTES_01 * 0x20) & ~x) | ((q - BYTES_01) & ~q) | ((b - BYTES_01) & ~b) | x) & BYTES_80;
+                if (m) {
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+                        p += (unsigned)__builtin_ctzll(m) / 8;
+#endif
+                        break;
+                }
+                p += 8;
+        }
+        return p;
+}
+
 /*
  * Reads a string (s->p at its opening quote): valid UTF-8 with no raw control
  * character and valid escapes. Returns 0 with the string in *ret and its
@@ -297,6 +328,7 @@ static int parse_string(Parse *s, const char **ret, size_t *ret_len) {
                 size_t n;
                 uint8_t c;
 
+                s->p = plain_run_end(s->p, s->end);
                 if (s->p >= s->end)
                         return -EBADMSG;
                 c = *s->p;
@@ -422,7 +454,9 @@ static int scan_number(Parse *s, Number *ret) {
 static bool number_magnitude(const Number *n, uint64_t *ret) {
         uint64_t u = 0;
 
-        if (digits_cmp(n->digits, n->n_digits, n->negative ? "9223372036854775808" : "18446744073709551615") > 0)
+        /* under 19 digits it is below 10^18 and fits either way */
+        if (n->n_digits >= 19 &&
+            digits_cmp(n->digits, n->n_digits, n->negative ? "9223372036854775808" : "18446744073709551615") > 0)
                 return false;
         for (size_t i = 0; i < n->n_digits; i++)
                 u = u * 10 + (uint64_t)(n->digits[i] - '0');
@@ -1128,8 +1162,25 @@ static int text_skip(Parse *s) {
 
 /* An integer json_dispatch() takes for a field (dispatch_integer()), or TEXT_UNSURE. */
 static int text_integer(Parse *s, bool nonnegative, int64_t *ret) {
+        const uint8_t *p = s->p, *digits;
+        bool negative;
         Number num;
-        uint64_t u;
+        uint64_t u = 0;
+
+        /* The common case in one pass: at most 18 digits (no overflow), no leading zero, no fraction or
+         * exponent after them. Anything else is scanned by the grammar's own reader below. */
+        negative = p < s->end && *p == '-';
+        digits = p += negative;
+        for (; p < s->end && (unsigned)(*p - '0') < 10; p++)
+                u = u * 10 + (unsigned)(*p - '0');
+        if (p > digits && p - digits < 19 && (*digits != '0' || p - digits == 1) &&
+            (p == s->end || (*p != '.' && *p != 'e' && *p != 'E'))) {
+                if (negative && u != 0 && nonnegative)
+                        return TEXT_UNSURE;
+                s->p = p;
+                *ret = negative ? -(int64_t)u : (int64_t)u;
+                return 0;
+        }
 
         if (s->p >= s->end || !(*s->p == '-' || (*s->p >= '0' && *s->p <= '9')))
                 return TEXT_UNSURE;
@@ -1192,15 +1243,21 @@ static int text_array_next(Parse *s, bool *ret_done) {
         return 0;
 }
 
-/* a[0..*alloc) of `size`-byte items grown to hold n (n > 0), the new room zeroed; NULL (a kept) without memory. */
+/*
+ * a[0..*alloc) of `size`-byte items grown to hold n (n > 0), the new room zeroed; NULL (a kept) without memory,
+ * which includes room whose size in bytes does not fit a size_t.
+ */
 static void *grow(void *a, size_t *alloc, size_t n, size_t size) {
-        size_t m;
+        size_t m, bytes;
         char *p;
 
         if (n <= *alloc)
                 return a;
         m = MAX(n, *alloc * 2);
-        p = realloc(a, m * size);
+        /* doubling cannot wrap (*alloc * size bytes exist), but m * size could: a buffer too small for m items */
+        if (__builtin_mul_overflow(m, size, &bytes))
+                return NULL;
+        p = realloc(a, bytes);
         if (!p)
                 return NULL;
         memset(p + *alloc * size, 0, (m - *alloc) * size);
@@ -1678,19 +1735,29 @@ typedef struct Writer {
         size_t len;
 } Writer;
 
-static int write_reserve(Writer *w, size_t n) {
-        size_t alloc;
+int json_buf_reserve(char **buf, size_t *alloc, size_t at, size_t n) {
+        size_t a;
         char *b;
 
-        if (w->alloc - w->len >= n)
+        if (*alloc - at >= n)
                 return 0;
-        alloc = MAX(MAX(w->alloc * 2, w->len + n), (size_t)256);
-        b = realloc(w->buf, alloc);
+        if (__builtin_add_overflow(at, n, &a))
+                return -ENOMEM;
+        /* doubled, so that a message written a piece at a time costs few copies */
+        a = MAX(MAX(*alloc * 2, a), (size_t)256);
+        b = realloc(*buf, a);
         if (!b)
                 return -ENOMEM;
-        w->buf = b;
-        w->alloc = alloc;
+        *buf = b;
+        *alloc = a;
         return 0;
+}
+
+static int write_reserve(Writer *w, size_t n) {
+        /* most calls are for a byte or a few, with room left: no call for those */
+        if (w->alloc - w->len >= n)
+                return 0;
+        return json_buf_reserve(&w->buf, &w->alloc, w->len, n);
 }
 
 static int write_bytes(Writer *w, const char *s, size_t n) {

@@ -196,6 +196,15 @@ void json_dispatch_free(const JsonField *fields, void *out);
 int json_build(const JsonField *fields, const void *in, json_object **ret);
 
 /*
+ * Makes room in *buf (malloc'd, *alloc bytes; NULL and 0 are fine) for n
+ * bytes from offset `at` on, as json_write() grows its buffer: to twice its
+ * size or what is needed, whichever is more, and 256 bytes at the least. For
+ * the code that writes messages into such a buffer piece by piece (varlink.c).
+ * Returns 0, or -ENOMEM with *buf and *alloc as they were.
+ */
+int json_buf_reserve(char **buf, size_t *alloc, size_t at, size_t n);
+
+/*
  * Writes `o` into *buf (malloc'd, *alloc bytes; NULL and 0 are fine) from
  * offset `at` on, growing it as needed: the same bytes as
  * json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN |

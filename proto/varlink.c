@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
@@ -257,6 +258,26 @@ bool varlink_conn_has_message(VarlinkConn *c) {
         return avail >= c->max_message || (c->in_eof && avail > 0);
 }
 
+/*
+ * A message just taken, m[0..len) with the fds (*fds)[0..n_fds), parsed into *ret: 1 with the fds handed over
+ * (or closed, without ret_fds), or json_parse_message()'s error with them closed.
+ */
+static int message_json(const char *m, size_t len, int **fds, size_t n_fds, json_object **ret, int **ret_fds,
+                        size_t *ret_n_fds) {
+        int r;
+
+        r = json_parse_message(m, len, ret);
+        if (r < 0 || !ret_fds) {
+                close_many(*fds, n_fds);
+                if (r < 0)
+                        return r;
+                return 1;
+        }
+        *ret_fds = TAKE_PTR(*fds);
+        *ret_n_fds = n_fds;
+        return 1;
+}
+
 int varlink_conn_next_json(VarlinkConn *c, json_object **ret, int **ret_fds, size_t *ret_n_fds) {
         _cleanup_free_ int *fds = NULL;
         const char *m;
@@ -266,23 +287,15 @@ int varlink_conn_next_json(VarlinkConn *c, json_object **ret, int **ret_fds, siz
         r = varlink_conn_next(c, &m, &len, &fds, &n_fds);
         if (r <= 0)
                 return r;
-        r = json_parse_message(m, len, ret);
-        if (r < 0 || !ret_fds) {
-                close_many(fds, n_fds);
-                if (r < 0)
-                        return r;
-                return 1;
-        }
-        *ret_fds = TAKE_PTR(fds);
-        *ret_n_fds = n_fds;
-        return 1;
+        return message_json(m, len, &fds, n_fds, ret, ret_fds, ret_n_fds);
 }
 
-int varlink_conn_receive(VarlinkConn *c, json_object **ret, int **ret_fds, size_t *ret_n_fds) {
+int varlink_conn_receive_text(VarlinkConn *c, const char **ret_message, size_t *ret_len, int **ret_fds,
+                              size_t *ret_n_fds) {
         for (;;) {
                 int r;
 
-                r = varlink_conn_next_json(c, ret, ret_fds, ret_n_fds);
+                r = varlink_conn_next(c, ret_message, ret_len, ret_fds, ret_n_fds);
                 if (r != 0)
                         return r;
                 r = varlink_conn_read(c);
@@ -291,6 +304,18 @@ int varlink_conn_receive(VarlinkConn *c, json_object **ret, int **ret_fds, size_
                 if (r < 0)
                         return r;
         }
+}
+
+int varlink_conn_receive(VarlinkConn *c, json_object **ret, int **ret_fds, size_t *ret_n_fds) {
+        _cleanup_free_ int *fds = NULL;
+        const char *m;
+        size_t len, n_fds = 0;
+        int r;
+
+        r = varlink_conn_receive_text(c, &m, &len, &fds, &n_fds);
+        if (r < 0)
+                return r;
+        return message_json(m, len, &fds, n_fds, ret, ret_fds, ret_n_fds);
 }
 
 /*
@@ -306,15 +331,10 @@ static ssize_t out_buf_write(OutBuf *o, json_object *msg, const char *text, size
                 if (end < 0)
                         return end;
         } else {
-                if (o->alloc - o->len < len + 1) {
-                        size_t alloc = MAX(MAX(o->alloc * 2, o->len + len + 1), (size_t)256);
-                        char *d = realloc(o->data, alloc);
+                int r = json_buf_reserve(&o->data, &o->alloc, o->len, len + 1);
 
-                        if (!d)
-                                return -ENOMEM;
-                        o->data = d;
-                        o->alloc = alloc;
-                }
+                if (r < 0)
+                        return r;
                 memcpy(o->data + o->len, text, len);
                 end = (ssize_t)(o->len + len);
         }
@@ -382,8 +402,9 @@ int varlink_conn_send(VarlinkConn *c, json_object *msg, const int *fds, size_t n
 int varlink_conn_send_text(VarlinkConn *c, const VarlinkText *t, const int *fds, size_t n_fds) {
         if (!t->data || t->len == 0)
                 return -EINVAL;
-        if (memchr(t->data, 0, t->len))
-                return -EBADMSG;
+        /* Made sure of where the text was written (VarlinkText), not looked for in every message sent: the
+         * daemon's replies and the client's calls all go this way. A NUL would end the message early. */
+        assert(!memchr(t->data, 0, t->len));
         return conn_send(c, NULL, t->data, t->len, fds, n_fds);
 }
 
@@ -675,17 +696,12 @@ void varlink_text_done(VarlinkText *t) {
         *t = (VarlinkText){};
 }
 
-/* Writes s[0..n) at t->data[*at], growing the buffer (room for a NUL after it is kept). */
+/* Writes s[0..n) at t->data[*at], growing the buffer as json_build_write() does (room for a NUL after it is kept). */
 static int text_put(VarlinkText *t, size_t *at, const char *s, size_t n) {
-        if (t->alloc - *at <= n) {
-                size_t alloc = MAX(MAX(t->alloc * 2, *at + n + 1), (size_t)256);
-                char *b = realloc(t->data, alloc);
+        int r = json_buf_reserve(&t->data, &t->alloc, *at, n + 1);
 
-                if (!b)
-                        return -ENOMEM;
-                t->data = b;
-                t->alloc = alloc;
-        }
+        if (r < 0)
+                return r;
         memcpy(t->data + *at, s, n);
         *at += n;
         return 0;

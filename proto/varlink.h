@@ -93,10 +93,19 @@ bool varlink_conn_has_message(VarlinkConn *c);
 int varlink_conn_next_json(VarlinkConn *c, json_object **ret, int **ret_fds, size_t *ret_n_fds);
 
 /*
- * Reads until a whole message is there and returns it as
- * varlink_conn_next_json() does. For a blocking socket (the client); on a
- * non-blocking one it returns -EAGAIN when the socket runs dry. The end of the
- * stream between messages is -ECONNRESET here too (a reply was expected).
+ * Reads until a whole message is buffered and takes it as varlink_conn_next()
+ * does: returns 1 with the message (valid until the next read), its length
+ * and its fds. For a blocking socket (the client); on a non-blocking one it
+ * returns -EAGAIN when the socket runs dry. The end of the stream between
+ * messages is -ECONNRESET here too (a reply was expected); otherwise the
+ * errors of varlink_conn_next() and varlink_conn_read().
+ */
+int varlink_conn_receive_text(VarlinkConn *c, const char **ret_message, size_t *ret_len, int **ret_fds,
+                              size_t *ret_n_fds);
+
+/*
+ * varlink_conn_receive_text(), the message parsed as varlink_conn_next_json()
+ * parses it.
  */
 int varlink_conn_receive(VarlinkConn *c, json_object **ret, int **ret_fds, size_t *ret_n_fds);
 
@@ -111,8 +120,12 @@ int varlink_conn_receive(VarlinkConn *c, json_object **ret, int **ret_fds, size_
 int varlink_conn_send(VarlinkConn *c, json_object *msg, const int *fds, size_t n_fds);
 
 /*
- * A message written as text by varlink_reply_write() or varlink_call_write(),
- * for varlink_conn_send_text(): sent without building json-c objects.
+ * A message written as text by varlink_reply_write() or varlink_call_write()
+ * (or json_write() into data, with len and the NUL after it set), for
+ * varlink_conn_send_text(): sent without building json-c objects. The text
+ * holds no NUL, which would end the message early: the writers escape every
+ * string (a NUL as \u0000) and refuse json-c's text for a double when it
+ * holds one (-EBADMSG), so that the send path need not look for one.
  */
 typedef struct VarlinkText {
         char *data;             /* malloc'd, NULL until written; reused by the next write */
@@ -145,8 +158,10 @@ int varlink_call_write(VarlinkText *t, const char *method, const JsonField *fiel
 
 /*
  * Queues the message t->data[0..t->len), ended by a NUL, as
- * varlink_conn_send() queues a json-c one. Returns 0; -EINVAL for an empty
- * text; -EBADMSG when it holds a NUL; or varlink_conn_send()'s errors.
+ * varlink_conn_send() queues a json-c one. The text must come from the
+ * writers above: that it holds no NUL is asserted, not checked. Returns 0;
+ * -EINVAL for an empty text; or varlink_conn_send()'s errors (-E2BIG, -ENOMEM,
+ * dup()'s).
  */
 int varlink_conn_send_text(VarlinkConn *c, const VarlinkText *t, const int *fds, size_t n_fds);
 

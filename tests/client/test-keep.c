@@ -22,10 +22,12 @@
 
 #include <check.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "checked.h"
@@ -84,6 +86,51 @@ static void keep_or_fail(vmmb_lease *l) {
 /* A call answered on `c`: the broker has carried out every call the client sent before, one-way Frees too. */
 static void barrier(vmmb_client *c) {
         ck_assert_int_eq(vmmb_revoke(c, "0123456789abcdef0123456789abcdef"), -ENOKEY);
+}
+
+/* vmmb_free_keep() of leases[0..n) on a thread of its own, so that the test can go on while one waits. */
+typedef struct KeepOp {
+        pthread_t thread;
+        vmmb_lease **leases;
+        size_t n;
+        int result;
+        char message[1024];             /* vmmb_error_message() of the thread */
+} KeepOp;
+
+static void *keep_op_run(void *arg) {
+        KeepOp *o = arg;
+
+        for (size_t i = 0; i < o->n && o->result == 0; i++)
+                o->result = vmmb_free_keep(o->leases[i]);
+        snprintf(o->message, sizeof(o->message), "%s", vmmb_error_message());
+        return NULL;
+}
+
+/*
+ * Keeps leases[0..n) while the daemon is stopped (harness_freeze()): true when every vmmb_free_keep() returned
+ * while it was, so that none waited for an answer; false when they still waited after WAIT_USEC, a failure
+ * guard (one-way keeps return at once). Either way the daemon goes on before anything is asserted, and the
+ * keeps have all returned 0 when this returns.
+ */
+static bool keep_while_frozen(vmmb_lease **leases, size_t n) {
+        KeepOp o = { .leases = leases, .n = n };
+        struct timespec deadline;
+        bool returned = false;
+        int k;
+
+        ck_assert_int_eq(harness_freeze(&h), 0);
+        k = pthread_create(&o.thread, NULL, keep_op_run, &o);
+        if (k == 0) {
+                (void)clock_gettime(CLOCK_REALTIME, &deadline);
+                deadline.tv_sec += WAIT_USEC / 1000000;
+                returned = pthread_timedjoin_np(o.thread, NULL, &deadline) == 0;
+        }
+        ck_assert_int_eq(harness_thaw(&h), 0);
+        ck_assert_int_eq(k, 0);
+        if (!returned)
+                ck_assert_int_eq(pthread_join(o.thread, NULL), 0);     /* answered, now that the daemon goes on */
+        ck_assert_msg(o.result == 0, "vmmb_free_keep: %s: %s", strerror(-o.result), o.message);
+        return returned;
 }
 
 /* Fills the lease with words that are never 0 (each differs, so a slab mapped elsewhere would show). */
@@ -200,8 +247,9 @@ END_TEST
 
 /*
  * The first keep on a connection is answered, so the daemon lists the lease kept at once; later keeps are
- * one-way: the daemon lists them kept once a later call on the client was answered. A client of the same
- * process gets a lease another one kept: the process holds it.
+ * one-way: they return while the daemon is stopped, when no answer can come, and the daemon lists them kept
+ * once a later call on the client was answered. A client of the same process gets a lease another one kept:
+ * the process holds it.
  */
 START_TEST(test_keep_answered_then_oneway) {
         vmmb_client *c, *other;
@@ -218,8 +266,8 @@ START_TEST(test_keep_answered_then_oneway) {
         ptr2 = vmmb_lease_ptr(l[2]);
         keep_or_fail(l[0]);
         ck_assert(daemon_list(h.socket, id[0]).kept);
-        keep_or_fail(l[1]);
-        keep_or_fail(l[2]);
+        ck_assert_msg(keep_while_frozen(&l[1], 2), "a keep after the first on the connection waited for the "
+                      "daemon's answer: it was not sent one-way");
         barrier(c);
         ck_assert(daemon_list(h.socket, id[1]).kept);
         ck_assert(daemon_list(h.socket, id[2]).kept);

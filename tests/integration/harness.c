@@ -261,6 +261,25 @@ int harness_stop(Harness *h) {
         return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+int harness_freeze(Harness *h) {
+        int status = 0;
+        pid_t k;
+
+        if (kill(h->pid, SIGSTOP) < 0)
+                return -errno;
+        /* SIGSTOP cannot be blocked or handled: the daemon is stopped once waitpid() says so */
+        do
+                k = waitpid(h->pid, &status, WUNTRACED);
+        while (k < 0 && errno == EINTR);
+        if (k < 0)
+                return -errno;
+        return WIFSTOPPED(status) ? 0 : -ECHILD;
+}
+
+int harness_thaw(Harness *h) {
+        return kill(h->pid, SIGCONT) < 0 ? -errno : 0;
+}
+
 int harness_fd_count(pid_t pid) {
         char path[64];
         struct dirent *de;

@@ -67,6 +67,17 @@ int harness_start_full(Harness *h, const char *const *args, unsigned n_listen);
  */
 int harness_stop(Harness *h);
 
+/*
+ * Stops the daemon (SIGSTOP) and waits until it is stopped: it reads and answers nothing until harness_thaw()
+ * (SIGCONT), so that a call that waits for its answer cannot return meanwhile, and one that does not wait
+ * can. Returns 0 or a negative errno (-ECHILD: it exited instead). Thaw it before anything can fail the test:
+ * a stopped daemon does not act on harness_stop()'s SIGTERM or the one it gets when the test exits.
+ */
+int harness_freeze(Harness *h);
+
+/* Lets a daemon stopped by harness_freeze() go on. Returns 0 or a negative errno. */
+int harness_thaw(Harness *h);
+
 /* Binds a datagram socket at `path` for sd_notify() messages, passing the sender's credentials. */
 int harness_notify_socket(const char *path);
 

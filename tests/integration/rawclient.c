@@ -152,15 +152,8 @@ int status_call(VarlinkConn *c, StatusReply *ret) {
                 k = varlink_conn_send_text(c, &call, NULL, 0);
         if (k >= 0)
                 k = varlink_conn_flush(c);
-        if (k < 0)
-                return k;
-        while ((k = varlink_conn_next(c, &text, &len, NULL, NULL)) == 0) {
-                k = varlink_conn_read(c);
-                if (k == 0)
-                        k = -ECONNRESET;
-                if (k < 0)
-                        return k;
-        }
+        if (k >= 0)
+                k = varlink_conn_receive_text(c, &text, &len, NULL, NULL);
         if (k < 0)
                 return k;
         k = status_reply_parse_text(text, len, &vr, ret, &decoded);

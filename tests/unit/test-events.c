@@ -178,6 +178,7 @@ START_TEST(test_made_without_command_name) {
 
         setup();
         event_lease_made(&l, &h);
+        ck_assert_uint_eq(got_n, 1);
         expect("MESSAGE=Lease 5f0c6d7e8f9a0b1c2d3e4f5a6b7c8d9e of user 1000 (2097152 bytes on device 1) made, "
                "pid 99 (?)\n"
                "MESSAGE_ID=0de65dd031a748d68ab8a21db492ba9f\n"

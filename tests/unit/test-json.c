@@ -418,13 +418,12 @@ static char *contents(const JsonField *fields, const void *in) {
         return buf;
 }
 
-static size_t n_fast;           /* inputs the fast path took alone, of those compared */
-
 /*
  * Reads text[0..len) into `fields`' struct both ways and checks they agree: the same result, and the same
- * contents, or the same bad field and message. The struct is `size` bytes.
+ * contents, or the same bad field and message. The struct is `size` bytes. Returns whether the fast path took
+ * it alone (json_dispatch_text_raw()).
  */
-static void ck_same_dispatch(const JsonField *fields, size_t size, const char *text, size_t len) {
+static bool ck_same_dispatch(const JsonField *fields, size_t size, const char *text, size_t len) {
         _cleanup_(json_object_putp) json_object *o = NULL;
         _cleanup_free_ char *m1 = NULL, *m2 = NULL, *c1 = NULL, *c2 = NULL, *bad1_copy = NULL;
         _cleanup_free_ void *a = calloc(1, size), *b = calloc(1, size), *c = calloc(1, size);
@@ -463,27 +462,32 @@ static void ck_same_dispatch(const JsonField *fields, size_t size, const char *t
 
                 ck_assert_str_eq(c1, c3);
                 json_dispatch_free(fields, c);
-                n_fast++;
         }
+        return r3 == 0;
 }
 
-/* ck_same_dispatch() of text, of every prefix of it, and of it with every byte in turn changed. */
-static void ck_same_dispatch_mutated(const JsonField *fields, size_t size, const char *text) {
+/*
+ * ck_same_dispatch() of text, of every prefix of it, and of it with every byte in turn changed. Returns how
+ * many of those the fast path took alone.
+ */
+static size_t ck_same_dispatch_mutated(const JsonField *fields, size_t size, const char *text) {
         static const char subst[] = { 0, '"', '\\', '}', ']', ',', ':', '1', '-', '.', 'e', 'n', ' ', '\x80',
                                       '\xff', '{', '[' };
         size_t len = strlen(text);
         _cleanup_free_ char *m = malloc(len + 1);
+        size_t n_fast;
 
         ck_assert_ptr_nonnull(m);
-        ck_same_dispatch(fields, size, text, len);
+        n_fast = ck_same_dispatch(fields, size, text, len);
         for (size_t n = 0; n < len; n++)
-                ck_same_dispatch(fields, size, text, n);
+                n_fast += ck_same_dispatch(fields, size, text, n);
         for (size_t i = 0; i < len; i++)
                 for (size_t k = 0; k < sizeof(subst); k++) {
                         memcpy(m, text, len);
                         m[i] = subst[k];
-                        ck_same_dispatch(fields, size, m, len);
+                        n_fast += ck_same_dispatch(fields, size, m, len);
                 }
+        return n_fast;
 }
 
 /* Whole messages and hostile ones, for the table `all_fields`. */
@@ -600,8 +604,10 @@ static const char *const all_inputs[] = {
 };
 
 START_TEST(test_dispatch_text_same) {
+        size_t n_fast = 0;      /* counted here, not left by whichever test ran before in the same process */
+
         for (size_t i = 0; i < ELEMENTSOF(all_inputs); i++)
-                ck_same_dispatch_mutated(all_fields, sizeof(All), all_inputs[i]);
+                n_fast += ck_same_dispatch_mutated(all_fields, sizeof(All), all_inputs[i]);
         ck_assert_uint_gt(n_fast, 10);          /* the fast path did take the good ones */
         /* the earlier table too, and a table that is not valid */
         ck_same_dispatch_mutated(params_fields, sizeof(Params),
@@ -635,6 +641,82 @@ START_TEST(test_dispatch_text_fast_path) {
         ck_assert_str_eq(bad, "n");
         ck_assert_int_eq(json_dispatch_text(NULL, 0, (const JsonField[]){ JSON_FIELD_END }, &(Inner){}, NULL, NULL),
                          0);
+}
+END_TEST
+
+/*
+ * The reader's shortcuts at their edges, both ways: strings are scanned eight bytes at a time, so a byte that
+ * must be looked at by itself ('"', '\\', control, DEL, the bytes of UTF-8, good and bad) is put at every
+ * offset of strings of 0 to 24 bytes, behind keys of three lengths (every alignment of the words); integers
+ * of up to 18 digits are read in one pass, so every length from 1 to 21 digits is read, with a sign, a leading
+ * zero, and a fraction or exponent after it, into a signed and an unsigned field.
+ */
+START_TEST(test_dispatch_text_edges) {
+        /* each byte sequence, and what it reads as inside a string (NULL: the text is not JSON) */
+        static const struct {
+                const char *text, *value;
+        } specials[] = {
+                { "\"", NULL }, { "\\\"", "\"" }, { "\\n", "\n" }, { "\\u00e9", "\xc3\xa9" }, { "\x01", NULL },
+                { "\x1f", NULL }, { "\x7f", "\x7f" }, { "\x80", NULL }, { "\xc3\xa9", "\xc3\xa9" },
+                { "\xe2\x82\xac", "\xe2\x82\xac" }, { "\xf0\x9f\x98\x80", "\xf0\x9f\x98\x80" }, { "\xc3", NULL },
+                { "\xff", NULL }, { " ", " " }, { "~", "~" },
+        };
+        static const char *const keys[] = { "text", "name", "words" };
+        static const char *const tails[] = { "", ".5", "e2", "E2", "x", "-" };
+        char buf[256], str[128], value[128], digits[32];
+        size_t n;
+
+        for (size_t k = 0; k < ELEMENTSOF(keys); k++)
+                for (size_t len = 0; len <= 24; len++)
+                        for (size_t at = 0; at <= len; at++)
+                                for (size_t c = 0; c < ELEMENTSOF(specials); c++) {
+                                        _cleanup_(json_object_putp) json_object *o = NULL;
+                                        size_t m = 0, v = 0;
+                                        int r;
+
+                                        for (size_t i = 0; i <= len; i++)
+                                                if (i == at) {
+                                                        m += (size_t)sprintf(str + m, "%s", specials[c].text);
+                                                        v += (size_t)sprintf(value + v, "%s", specials[c].value ?: "");
+                                                } else if (i < len) {
+                                                        str[m++] = 'a';
+                                                        value[v++] = 'a';
+                                                }
+                                        str[m] = value[v] = 0;
+                                        /* the grammar, against what it must say (both ways share the string reader) */
+                                        n = (size_t)snprintf(buf, sizeof(buf), "{\"k\":\"%s\"}", str);
+                                        r = json_parse_message(buf, n, &o);
+                                        ck_assert_msg((r == 0) == (specials[c].value != NULL), "%d for %s", r, buf);
+                                        if (r == 0)
+                                                ck_assert_str_eq(json_object_get_string(
+                                                                         json_object_object_get(o, "k")), value);
+                                        n = (size_t)snprintf(buf, sizeof(buf),
+                                                             k == 2 ? "{\"i\":1,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},"
+                                                                      "\"%s\":[\"%s\"]}"
+                                                                    : "{\"i\":1,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},"
+                                                                      "\"%s\":\"%s\"}",
+                                                             keys[k], str);
+                                        ck_same_dispatch(all_fields, sizeof(All), buf, n);
+                                }
+        for (size_t len = 1; len <= 21; len++)
+                for (int lead = 0; lead < 3; lead++)            /* 9..., 1..., 0... */
+                        for (size_t t = 0; t < ELEMENTSOF(tails); t++)
+                                for (int neg = 0; neg < 2; neg++)
+                                        for (int field = 0; field < 3; field++) {
+                                                char number[40];
+                                                const char *v[3] = { "1", "1", "1" };   /* i, u, opt */
+
+                                                memset(digits, lead == 0 ? '9' : '0', len);
+                                                digits[0] = lead == 1 ? '1' : digits[0];
+                                                digits[len] = 0;
+                                                (void)snprintf(number, sizeof(number), "%s%s%s", neg ? "-" : "",
+                                                               digits, tails[t]);
+                                                v[field] = number;
+                                                n = (size_t)snprintf(buf, sizeof(buf),
+                                                                     "{\"i\":%s,\"u\":%s,\"opt\":%s,\"req_flag\":true,"
+                                                                     "\"inner\":{\"n\":2}}", v[0], v[1], v[2]);
+                                                ck_same_dispatch(all_fields, sizeof(All), buf, n);
+                                        }
 }
 END_TEST
 
@@ -1038,6 +1120,34 @@ START_TEST(test_build_write_large) {
 }
 END_TEST
 
+/* json_buf_reserve(): room for n bytes from `at`, doubled or what is needed, 256 at the least; what was kept. */
+START_TEST(test_buf_reserve) {
+        _cleanup_free_ char *buf = NULL;
+        size_t alloc = 0;
+        char *was;
+
+        ck_assert_int_eq(json_buf_reserve(&buf, &alloc, 0, 1), 0);
+        ck_assert_ptr_nonnull(buf);
+        ck_assert_uint_eq(alloc, 256);
+        memcpy(buf, "head", 4);
+        was = buf;
+        ck_assert_int_eq(json_buf_reserve(&buf, &alloc, 4, 252), 0);          /* it fits: nothing moves */
+        ck_assert_ptr_eq(buf, was);
+        ck_assert_uint_eq(alloc, 256);
+        ck_assert_int_eq(json_buf_reserve(&buf, &alloc, 4, 253), 0);
+        ck_assert_uint_eq(alloc, 512);
+        ck_assert_mem_eq(buf, "head", 4);
+        ck_assert_int_eq(json_buf_reserve(&buf, &alloc, 4, 5000), 0);
+        ck_assert_uint_eq(alloc, 5004);
+        ck_assert_mem_eq(buf, "head", 4);
+        /* at + n past SIZE_MAX: no memory, and the buffer as it was */
+        was = buf;
+        ck_assert_int_eq(json_buf_reserve(&buf, &alloc, 4, SIZE_MAX), -ENOMEM);
+        ck_assert_ptr_eq(buf, was);
+        ck_assert_uint_eq(alloc, 5004);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("json");
         TCase *tc = tcase_create("json");
@@ -1048,12 +1158,14 @@ int main(void) {
         tcase_add_test(tc, test_write_is_json_c);
         tcase_add_test(tc, test_dispatch);
         tcase_add_test(tc, test_dispatch_text_same);
+        tcase_add_test(tc, test_dispatch_text_edges);
         tcase_add_test(tc, test_dispatch_text_fast_path);
         tcase_add_test(tc, test_dispatch_text_limits);
         tcase_add_test(tc, test_build);
         tcase_add_test(tc, test_uint64_array);
         tcase_add_test(tc, test_build_write);
         tcase_add_test(tc, test_build_write_large);
+        tcase_add_test(tc, test_buf_reserve);
         suite_add_tcase(s, tc);
         failed = run_suite(s);
         return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
