@@ -668,8 +668,56 @@ START_TEST(test_nearest) {
 }
 END_TEST
 
+/*
+ * A Status of more devices than method_status() builds on its stack (8): 12 simulated devices, one lease on
+ * device 10, read both ways the library and vmmctl read it (the text reader, status_call(); json-c,
+ * status_reply_decode()): every device once, in order, the lease where it is, the two reads the same.
+ */
+START_TEST(test_status_many_devices) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
+        _cleanup_free_ char *message = NULL;
+        StatusReply text = {}, tree = {};
+        Daemon d;
+        Reply r;
+        int k;
+
+        if (!four_devices("test_status_many_devices"))
+                return;
+        ck_assert_int_eq(setenv("SIMCUDA_DEVICES", "12", 1), 0);
+        k = harness_start_config(&d.h, "[Broker]\nCapacity=64M\n[Limits]\nMaxBytes=100%\n", NULL);
+        ck_assert_int_eq(unsetenv("SIMCUDA_DEVICES"), 0);
+        ck_assert_msg(k == 0, "harness_start: %s", strerror(-k));
+        ck_assert_int_eq(conn_open(d.h.socket, &c), 0);
+        ck_assert_int_eq(alloc_ok(c, "{\"size\": 4194304, \"device\": 10}"), 10);
+
+        ck_assert_int_eq(status_call(c, &text), 0);
+        ck_assert_int_eq(call_text(c, VMMB_METHOD_STATUS, NULL, &r), 0);
+        ck_assert_ptr_null(r.error);
+        ck_assert_msg(status_reply_decode(r.params, &tree, &message) == 0, "Status reply: %s", message);
+        reply_done(&r);
+        ck_assert_uint_eq(text.n_devices, 12);
+        ck_assert_uint_eq(tree.n_devices, 12);
+        for (size_t i = 0; i < 12; i++) {
+                WireDevice *a = &text.devices[i], *b = &tree.devices[i];
+
+                ck_assert_int_eq(a->index, (int64_t)i);
+                ck_assert_uint_eq(a->capacity, 64 * MiB);
+                ck_assert_uint_eq(a->leased, i == 10 ? 4 * MiB : 0);
+                ck_assert_uint_eq(a->leases, i == 10 ? 1 : 0);
+                ck_assert_int_eq(b->index, a->index);
+                ck_assert_str_eq(b->name, a->name);
+                ck_assert_uint_eq(b->capacity, a->capacity);
+                ck_assert_uint_eq(b->leased, a->leased);
+                ck_assert_uint_eq(b->leases, a->leases);
+        }
+        status_reply_done(&text);
+        status_reply_done(&tree);
+        ck_assert_int_eq(harness_stop(&d.h), 0);
+}
+END_TEST
+
 int main(void) {
-        return run_suite(UNIT_SUITE("devices", NULL, test_most_free_spreads, test_first_keeps_device_0,
+        return run_suite(UNIT_SUITE("devices", NULL, test_status_many_devices, test_most_free_spreads, test_first_keeps_device_0,
                                     test_set_restricts, test_set_refusals, test_quota_per_device, test_placed_wait_stays,
                                     test_client_alloc_among, test_client_grant_access,
                                     test_client_grant_access_refused, test_nearest)) == 0
