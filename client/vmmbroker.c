@@ -2169,8 +2169,10 @@ static int client_call_empty(vmmb_client *c, const char *method, json_object *pa
 static int client_attach(vmmb_client *client, const char *token, const char *name, unsigned flags,
                          vmmb_lease **ret) {
         _cleanup_(received_fds_done) ReceivedFds fds = {};
-        _cleanup_(json_putp) json_object *params = NULL;
+        _cleanup_(varlink_text_done) VarlinkText call = {};
         AttachParams a = { .token = (char *)token, .name = (char *)name, .readonly = flags & VMMB_READONLY };
+        AllocReply ar;
+        ReplyInto into = { .parse = alloc_reply_parse, .done = alloc_reply_free, .out = &ar };
         VarlinkReply reply = {};
         CudaDriver *cu = NULL;
         int k;
@@ -2178,17 +2180,18 @@ static int client_attach(vmmb_client *client, const char *token, const char *nam
         k = driver_get(&cu);
         if (k < 0)
                 return k;
-        k = attach_params_encode(&a, &params);
+        k = attach_params_write(&a, &call);
         if (k == -EINVAL)
                 /* the encoder takes printable UTF-8 only */
                 return set_error(-EINVAL, "The %s has characters that cannot be sent.", token ? "token" : "name");
         if (k < 0)
                 return set_error(k, "Cannot encode the request: %s.", strerror(-k));
-        k = client_call(client, VMMB_METHOD_ATTACH, params, &reply, &fds);
+        /* its reply is an Alloc's, read in the envelope's pass as Alloc's is */
+        k = client_call_full(client, VMMB_METHOD_ATTACH, &call, false, &reply, &fds, NULL, &into);
         if (k < 0)
                 return k;
-        k = lease_map_reply(client, "Attach", &reply, NULL, &fds, VMMB_ANY_DEVICE, 0, flags & VMMB_READONLY,
-                            NULL, 0, ret);
+        k = lease_map_reply(client, "Attach", &reply, into.decoded ? &ar : NULL, &fds, VMMB_ANY_DEVICE, 0,
+                            flags & VMMB_READONLY, NULL, 0, ret);
         varlink_reply_done(&reply);
         return k;
 }

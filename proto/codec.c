@@ -555,6 +555,9 @@ int attach_params_decode(json_object *params, AttachParams *ret, const char **re
         return 0;
 }
 DEFINE_ENCODE(attach_params, AttachParams, attach_params_fields)
+int attach_params_write(const AttachParams *in, VarlinkText *t) {
+        return varlink_call_write(t, VMMB_METHOD_ATTACH, attach_params_fields, in, false, false);
+}
 DEFINE_DONE(attach_params, AttachParams, attach_params_fields)
 
 static bool name_is_valid(const char *name, const char *chars) {

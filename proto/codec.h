@@ -444,6 +444,9 @@ void revoke_params_done(RevokeParams *p);
 int attach_params_decode(json_object *params, AttachParams *ret, const char **ret_bad_field, char **ret_message);
 /* Encodes Attach's parameters. */
 int attach_params_encode(const AttachParams *in, json_object **ret);
+/* Writes the whole Attach call as text (varlink_call_write(), as alloc_params_write()): the bytes of
+ * varlink_call_new() of attach_params_encode()'s object, or its error. */
+int attach_params_write(const AttachParams *in, VarlinkText *t);
 /* Frees AttachParams' strings. */
 void attach_params_done(AttachParams *p);
 

@@ -1118,6 +1118,23 @@ START_TEST(test_call_text) {
                 ck_assert_uint_eq(t.len, 0);
         }
 
+        /* Attach: tokens and names as odd as the others, by either, read-only or not; what the encoder refuses,
+         * refused the same */
+        for (size_t i = 0; i < ELEMENTSOF(odd_names); i++)
+                for (unsigned bits = 0; bits < 4; bits++) {
+                        AttachParams in = { .token = bits & 1 ? (char *)odd_names[i] : NULL,
+                                            .name = bits & 1 ? NULL : (char *)odd_names[i], .readonly = bits & 2 };
+                        int k = attach_params_encode(&in, &p);
+
+                        ck_assert_int_eq(attach_params_write(&in, &t), k);
+                        if (k < 0) {
+                                ck_assert_uint_eq(t.len, 0);
+                                continue;
+                        }
+                        assert_text_is_call(&t, VMMB_METHOD_ATTACH, p, false, false);
+                        ck_assert(!strstr(t.data, "\"readonly\"") == !in.readonly);
+                }
+
         /* no parameters (Status), with each of oneway and more; a valid name of the longest length */
         for (unsigned bits = 0; bits < 4; bits++) {
                 ck_assert_int_eq(varlink_call_write(&t, VMMB_METHOD_STATUS, NULL, NULL, bits & 1, bits & 2), 0);
