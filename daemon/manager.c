@@ -107,7 +107,8 @@ static bool status_is_current(const Manager *m, bool table_too) {
 /*
  * Whether on_idle() would do anything. After a request that changed nothing (a Status, a List) it would
  * not, and scheduling it anyway cost every such request another turn of the loop: a poll of its own and
- * sd-event's bookkeeping around it.
+ * sd-event's bookkeeping around it. A new kind of idle work goes in on_idle() and here, through its owner's
+ * predicate, or it waits for the next request that has other idle work, or for on_tick().
  */
 static bool idle_has_work(const Manager *m) {
         return pool_has_idle_work(m->pool) || broker_has_idle_work(&m->broker) || !status_is_current(m, false);
