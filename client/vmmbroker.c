@@ -335,21 +335,19 @@ typedef enum CallLoss {
 } CallLoss;
 
 /*
- * Where a call's successful reply has its parameters read, in the same pass as its envelope
- * (alloc_reply_parse_text() and the like): client_call_full() fills it, and the caller frees `out` with
- * done() when `decoded`.
+ * A reply that carries a lease (Alloc's and Attach's: an AllocReply), its parameters read in the same pass
+ * as its envelope (alloc_reply_parse_text()): client_call_full() fills it, and the caller frees `lease`
+ * with alloc_reply_done() when `decoded`.
  */
 typedef struct ReplyInto {
-        int (*parse)(const char *text, size_t len, VarlinkReply *ret, void *out, bool *ret_decoded);
-        void (*done)(void *out);
-        void *out;
-        bool decoded;           /* out holds the parameters; the reply, none */
+        AllocReply lease;
+        bool decoded;           /* `lease` holds the parameters; the reply, none */
 } ReplyInto;
 
 /* Frees what `into` holds, if anything. Accepts NULL. */
 static void reply_into_done(ReplyInto *into) {
         if (into && into->decoded) {
-                into->done(into->out);
+                alloc_reply_done(&into->lease);
                 into->decoded = false;
         }
 }
@@ -363,7 +361,8 @@ static int reply_from_text(const char *text, size_t len, VarlinkReply *ret, bool
         _cleanup_(json_putp) json_object *o = NULL;
         int k;
 
-        k = into ? into->parse(text, len, ret, into->out, &into->decoded) : varlink_reply_parse_text(text, len, ret);
+        k = into ? alloc_reply_parse_text(text, len, ret, &into->lease, &into->decoded)
+                 : varlink_reply_parse_text(text, len, ret);
         if (k == -EBADMSG)
                 /* rarely: which of the two it was, for the message (reading the text, or the reply in it) */
                 *ret_not_json = json_parse_message(text, len, &o) < 0;
@@ -484,9 +483,9 @@ static int reply_error(const VarlinkReply *reply, const char *method) {
  * reply.parameters_text (decode them with NAME_decode_text()), unless the
  * reader left them to json-c (reply.parameters); an error reply's are always
  * in reply.parameters. client_call() makes them reply.parameters in any case.
- * With `into`, a successful reply's parameters are read into into->out in the
- * same pass where they can be (into->decoded; the reply then has none); on
- * failure into->out holds nothing.
+ * With `into` (a call answered with a lease), a successful reply's parameters
+ * are read into into->lease in the same pass where they can be
+ * (into->decoded; the reply then has none); on failure it holds nothing.
  *
  * A lost connection (the broker stopped, crashed or restarted) is closed and
  * connected again (client_reconnect(), which may wait for the broker), and the
@@ -1182,15 +1181,6 @@ static int kept_reuse(vmmb_client *c, const WireLease *w, const AllocTicket *t, 
         }
         *ret = l;
         return 0;
-}
-
-/* ReplyInto's functions for Alloc's reply. */
-static int alloc_reply_parse(const char *text, size_t len, VarlinkReply *ret, void *out, bool *ret_decoded) {
-        return alloc_reply_parse_text(text, len, ret, out, ret_decoded);
-}
-
-static void alloc_reply_free(void *out) {
-        alloc_reply_done(out);
 }
 
 /* The identifier of a lease in an Alloc reply that failed to decode, or NULL. */
@@ -2042,8 +2032,7 @@ static int client_alloc(vmmb_client *client, uint64_t size, int device, const ui
                 VarlinkReply reply = {};
                 uint64_t generation = 0;
 
-                AllocReply ar;
-                ReplyInto into = { .parse = alloc_reply_parse, .done = alloc_reply_free, .out = &ar };
+                ReplyInto into = {};
 
                 k = client_call_full(client, VMMB_METHOD_ALLOC, &call, false, &reply, &fds, &generation, &into);
                 if ((k == -ENOMEM || k == -EDQUOT) && !gave_back && kept_any(client)) {
@@ -2058,8 +2047,8 @@ static int client_alloc(vmmb_client *client, uint64_t size, int device, const ui
                 }
                 if (k < 0)
                         break;
-                k = lease_map_reply(client, "Alloc", &reply, into.decoded ? &ar : NULL, &fds, device, size, false, &t,
-                                    generation, ret);
+                k = lease_map_reply(client, "Alloc", &reply, into.decoded ? &into.lease : NULL, &fds, device, size,
+                                    false, &t, generation, ret);
                 varlink_reply_done(&reply);
                 if (k > 0 && ++stale < ALLOC_STALE_TRIES)
                         continue;
@@ -2171,8 +2160,7 @@ static int client_attach(vmmb_client *client, const char *token, const char *nam
         _cleanup_(received_fds_done) ReceivedFds fds = {};
         _cleanup_(varlink_text_done) VarlinkText call = {};
         AttachParams a = { .token = (char *)token, .name = (char *)name, .readonly = flags & VMMB_READONLY };
-        AllocReply ar;
-        ReplyInto into = { .parse = alloc_reply_parse, .done = alloc_reply_free, .out = &ar };
+        ReplyInto into = {};
         VarlinkReply reply = {};
         CudaDriver *cu = NULL;
         int k;
@@ -2190,7 +2178,7 @@ static int client_attach(vmmb_client *client, const char *token, const char *nam
         k = client_call_full(client, VMMB_METHOD_ATTACH, &call, false, &reply, &fds, NULL, &into);
         if (k < 0)
                 return k;
-        k = lease_map_reply(client, "Attach", &reply, into.decoded ? &ar : NULL, &fds, VMMB_ANY_DEVICE, 0,
+        k = lease_map_reply(client, "Attach", &reply, into.decoded ? &into.lease : NULL, &fds, VMMB_ANY_DEVICE, 0,
                             flags & VMMB_READONLY, NULL, 0, ret);
         varlink_reply_done(&reply);
         return k;
