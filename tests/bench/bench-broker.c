@@ -13,10 +13,11 @@
  *   request      vmmb_alloc() with a warm pool: from the request to a usable
  *                pointer (the daemon's reply, import, reserve, map, access)
  *   floor        the driver floor for the same slab layout: the very slabs the
- *                daemon handed out (the fds of that raw Alloc, exported by the
- *                daemon as for any client) imported, reserved, mapped and given
- *                access in this process: cuda_map_fds(), what the client does,
- *                less the round trip
+ *                daemon hands out (the fds of a raw Alloc, just received, as a
+ *                request has them) imported, reserved, mapped and given access
+ *                in this process: cuda_map_fds(), what the client does, less
+ *                the round trip; a raw Alloc per repetition, so no repetition
+ *                maps fds mapped before (that costs less: see the phases)
  *   bare         a bare AF_UNIX round trip of a Status request's and reply's
  *                size to a forked process that only answers, measured between
  *                this size's requests: what any request pays for the socket
@@ -32,10 +33,11 @@
  *   back to back the same, the next vmmb_alloc() right after the keep: the
  *                broker waits for the zeroing when it still runs
  *   keep         vmmb_free_keep() itself: no unmap, the Free sent one-way
- *   unmap        the unmap floor: cuda_unmap() of the floor's mapping (cuMemUnmap
- *                of each slab, cuMemAddressFree), which is what vmmb_free()
- *                does in the process (the client releases its imported handles
- *                right after mapping, so there is nothing more to release)
+ *   unmap        the unmap floor: cuda_unmap() of the floor's mapping, its fds
+ *                closed first as a client's are (cuMemUnmap of each slab,
+ *                cuMemAddressFree), which is what vmmb_free() does in the
+ *                process (the client releases its imported handles right after
+ *                mapping, so there is nothing more to release)
  *   cuMemAlloc   cuMemAlloc of the same size, for comparison
  *   reclaim      from SIGKILL of a process holding the lease to the daemon
  *                reporting it reclaimed (leased drops), and to it being cached
@@ -46,6 +48,11 @@
  * floor and that round trip, the daemon's own time per method (from its
  * request-latency metric), and the floor's driver calls one by one, with the
  * fds just received and with the same fds mapped a second time.
+ *
+ * Requests and floors are interleaved repetition by repetition (which goes
+ * first alternating): on the lent VM the same step's median moves by half
+ * between loops a second apart, and a ratio of two loops run one after the
+ * other measured that drift as much as the request.
  *
  * Placement: nothing is pinned. This process, the daemon and the echo process
  * run wherever the scheduler puts them, as a daemon and its clients do; the
@@ -297,7 +304,7 @@ typedef struct Row {
         double fresh[5], again[5];      /* import, reserve, map, access, close: fds just received / mapped once */
         double send;                    /* a one-way Free written on a raw connection (the daemon answers nothing) */
         double kept, kept_b2b, keep;    /* vmmb_alloc() of a kept lease (zeroing done / back to back), vmmb_free_keep() */
-        double unmap_closed;            /* the unmap of a mapping whose fds were closed, as a client's are */
+        double unmap_again;             /* the unmap of a mapping of fds mapped twice before, closed first */
 } Row;
 
 /* vmmb_alloc() of `size` on device 0 into *ret; returns the microseconds it took. */
@@ -322,35 +329,6 @@ static double timed_free(int (*fn)(vmmb_lease *), const char *name, vmmb_lease *
         if (k < 0)
                 die(name, k);
         return t;
-}
-
-/* Request to usable pointer and vmmb_free(), each request on a warm pool; a bare round trip before each. */
-static void bench_request(vmmb_client *client, const char *path, unsigned reps, Row *row) {
-        double t[MAX_REPS], tf[MAX_REPS], tb[MAX_REPS];
-        vmmb_lease *l;
-
-        /* Warm the pool: the slabs this size needs, scrubbed and cached for this uid. */
-        (void)timed_alloc(client, row->size, &l);
-        (void)timed_free(vmmb_free, "vmmb_free", l);
-        wait_scrubbed(path);
-
-        for (unsigned i = 0; i < reps; i++) {
-                tb[i] = bare_round_trip();
-                t[i] = timed_alloc(client, row->size, &l);
-                tf[i] = timed_free(vmmb_free, "vmmb_free", l);
-                wait_scrubbed(path);
-        }
-        row->request = median(t, reps);
-        row->free = median(tf, reps);
-        row->bare = median(tb, reps);
-
-        /* vmmb_free_oneway(): the Free sent, not waited for. */
-        for (unsigned i = 0; i < reps; i++) {
-                (void)timed_alloc(client, row->size, &l);
-                tf[i] = timed_free(vmmb_free_oneway, "vmmb_free_oneway", l);
-                wait_idle(path);
-        }
-        row->free_oneway = median(tf, reps);
 }
 
 /* Lets the broker's zeroing of a kept lease of `size` finish: longer than it takes at 1 TB/s, plus 200 us. */
@@ -412,44 +390,100 @@ static void raw_alloc(VarlinkConn *c, uint64_t size, TestLease *ret) {
 }
 
 /*
- * The driver floor for the broker's own slab layout: one raw Alloc of the size (from the warm pool, so the same
- * slabs vmmb_alloc() got), then its fds imported, mapped and given access as the client does, and unmapped
- * as vmmb_free() does, reps times. The layout stays in the row.
+ * One repetition of the driver floor for the broker's own slab layout, as a request meets it: one raw Alloc of
+ * the size on `c` (from the warm pool: the same slabs vmmb_alloc() gets, just scrubbed), its fds, just
+ * received, imported, reserved, mapped and given access as the client does (*ret_map, us), the fds closed as
+ * the client closes them, the mapping unmapped as vmmb_free() does (*ret_unmap), the lease freed and its scrub
+ * waited for; its layout in *ret_layout. A request always maps fds it has just received, and mapping such fds
+ * costs more than mapping the same fds a second time (the phases table prints both), so the floor is never
+ * measured on fds this process mapped before.
  */
-static void bench_floor(const char *path, unsigned reps, Row *row) {
+static void floor_once(VarlinkConn *c, const char *path, uint64_t size, double *ret_map, double *ret_unmap,
+                       TestLease *ret_layout) {
+        _cleanup_free_ char *message = NULL;
+        CUdeviceptr va;
+        double t0;
+        int k;
+
+        raw_alloc(c, size, ret_layout);
+        t0 = now_us();
+        k = cuda_map_fds(cu, dev0, ret_layout->fds, ret_layout->sizes, ret_layout->n, ret_layout->readonly, &va,
+                         &message);
+        *ret_map = now_us() - t0;
+        if (k < 0) {
+                fprintf(stderr, "bench-broker: %s\n", message);
+                exit(EXIT_FAILURE);
+        }
+        test_lease_close(ret_layout);
+        t0 = now_us();
+        k = cuda_unmap(cu, va, ret_layout->sizes, ret_layout->n);
+        *ret_unmap = now_us() - t0;
+        if (k < 0)
+                die("cuda_unmap", k);
+        k = lease_free(c, ret_layout->id);
+        if (k < 0)
+                die("Free", k);
+        wait_scrubbed(path);
+}
+
+/* One request to usable pointer (*ret_request, us) and its vmmb_free() (*ret_free), then the scrub waited for. */
+static void request_once(vmmb_client *client, const char *path, uint64_t size, double *ret_request,
+                         double *ret_free) {
+        vmmb_lease *l;
+
+        *ret_request = timed_alloc(client, size, &l);
+        *ret_free = timed_free(vmmb_free, "vmmb_free", l);
+        wait_scrubbed(path);
+}
+
+/*
+ * Request to usable pointer and vmmb_free() on a warm pool, and the floor and unmap floor (floor_once()),
+ * interleaved repetition by repetition, which of the two goes first alternating: the machine's drift (on the
+ * lent VM a phase's median moves by half between loops a second apart) then weighs on both sides of a ratio
+ * alike. A bare round trip before each pair. Then one-way frees, and the raw round trips alone. The first
+ * floor's layout stays in the row.
+ */
+static void bench_request(vmmb_client *client, const char *path, unsigned reps, Row *row) {
         _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
-        double t[MAX_REPS], tu[MAX_REPS];
-        TestLease *l = &row->layout;
+        double t[MAX_REPS], tf[MAX_REPS], tb[MAX_REPS], tm[MAX_REPS], tu[MAX_REPS];
+        vmmb_lease *l;
         int k;
 
         k = conn_open(path, &c);
         if (k < 0)
                 die("connect", k);
-        raw_alloc(c, row->size, l);
-        for (unsigned i = 0; i < reps; i++) {
-                _cleanup_free_ char *message = NULL;
-                CUdeviceptr va;
-                double t0 = now_us();
-
-                k = cuda_map_fds(cu, dev0, l->fds, l->sizes, l->n, l->readonly, &va, &message);
-                t[i] = now_us() - t0;
-                if (k < 0) {
-                        fprintf(stderr, "bench-broker: %s\n", message);
-                        exit(EXIT_FAILURE);
-                }
-                t0 = now_us();
-                k = cuda_unmap(cu, va, l->sizes, l->n);
-                tu[i] = now_us() - t0;
-                if (k < 0)
-                        die("cuda_unmap", k);
-        }
-        test_lease_close(l);
-        k = lease_free(c, l->id);
-        if (k < 0)
-                die("Free", k);
+        /* Warm the pool: the slabs this size needs, scrubbed and cached for this uid. */
+        (void)timed_alloc(client, row->size, &l);
+        (void)timed_free(vmmb_free, "vmmb_free", l);
         wait_scrubbed(path);
-        row->floor = median(t, reps);
+
+        for (unsigned i = 0; i < reps; i++) {
+                TestLease x;
+
+                tb[i] = bare_round_trip();
+                if (i % 2 == 0) {
+                        request_once(client, path, row->size, &t[i], &tf[i]);
+                        floor_once(c, path, row->size, &tm[i], &tu[i], &x);
+                } else {
+                        floor_once(c, path, row->size, &tm[i], &tu[i], &x);
+                        request_once(client, path, row->size, &t[i], &tf[i]);
+                }
+                if (i == 0)
+                        row->layout = x;
+        }
+        row->request = median(t, reps);
+        row->free = median(tf, reps);
+        row->bare = median(tb, reps);
+        row->floor = median(tm, reps);
         row->unmap = median(tu, reps);
+
+        /* vmmb_free_oneway(): the Free sent, not waited for. */
+        for (unsigned i = 0; i < reps; i++) {
+                (void)timed_alloc(client, row->size, &l);
+                tf[i] = timed_free(vmmb_free_oneway, "vmmb_free_oneway", l);
+                wait_idle(path);
+        }
+        row->free_oneway = median(tf, reps);
 
         /* The same request's round trips alone: what the wire and the daemon add to the floor. */
         for (unsigned i = 0; i < reps; i++) {
@@ -565,7 +599,7 @@ static void bench_phases(const char *path, unsigned reps, Row *row) {
                 row->again[j] = median(a[j], reps);
         }
         row->send = median(sent, reps);
-        row->unmap_closed = median(uc, reps);
+        row->unmap_again = median(uc, reps);
 }
 
 /*
@@ -753,7 +787,8 @@ int main(int argc, char *argv[]) {
         machine_print("bench-broker", cu);
         printf("method: %u repetitions per size (reclaim: %u), medians in us, CLOCK_MONOTONIC around each call; "
                "one daemon started for the run, its pool warm for this uid before each size; the floor maps the "
-               "slabs of one raw Alloc of the size (the layout below); nothing pinned (placement is the "
+               "slabs of a raw Alloc of the size, its fds just received, one raw Alloc per repetition (the layout "
+               "below), requests and floors interleaved, which goes first alternating; nothing pinned (placement is the "
                "scheduler's, the same for requests and bare round trips); bare = %zu-byte call, %zu-byte reply "
                "(Status's) through an AF_UNIX stream socket to a forked echo process\n",
                reps, reclaim_reps, request_len, reply_len);
@@ -763,7 +798,6 @@ int main(int argc, char *argv[]) {
                 rows[i].size = SIZES[i].size;
                 bench_request(client, h.socket, reps, &rows[i]);
                 bench_kept(client, reps, &rows[i]);
-                bench_floor(h.socket, reps, &rows[i]);
                 bench_phases(h.socket, reps, &rows[i]);
                 rows[i].alloc = bench_cumemalloc(rows[i].size, reps);
                 bench_reclaim(h.socket, reclaim_reps, &rows[i]);
@@ -807,17 +841,17 @@ int main(int argc, char *argv[]) {
 
         printf("where a request's time goes (medians, us): alloc RT = raw Alloc call to reply and fds received, "
                "no driver call; client = request - floor - alloc RT; free RT = raw Free round trip; send = a one-way "
-               "Free built and written, not answered; unmap/cl = the unmap of a mapping whose fds were closed "
-               "first, as a client's are (the unmap floor keeps them open)\n");
+               "Free built and written, not answered; unmap = the unmap floor (fds just received, closed first, as a "
+               "client's are); unmap/ag = the same for a mapping of fds mapped twice before\n");
         printf("%-8s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n", "size", "request", "floor", "alloc RT", "client",
-               "free RT", "send", "unmap", "unmap/cl", "bare");
+               "free RT", "send", "unmap", "unmap/ag", "bare");
         for (size_t i = 0; i < ELEMENTSOF(rows); i++) {
                 const Row *r = &rows[i];
                 char b[FORMAT_SIZE_MAX];
 
                 printf("%-8s %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f\n",
                        format_size(r->size, b, sizeof(b)), r->request, r->floor, r->alloc_rt,
-                       r->request - r->floor - r->alloc_rt, r->free_rt, r->send, r->unmap, r->unmap_closed, r->bare);
+                       r->request - r->floor - r->alloc_rt, r->free_rt, r->send, r->unmap, r->unmap_again, r->bare);
         }
 
         printf("the floor's phases (medians, us), fds just received / the same fds mapped a second time:\n");
