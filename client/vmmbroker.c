@@ -335,13 +335,52 @@ typedef enum CallLoss {
 } CallLoss;
 
 /*
+ * The device address range an Alloc's lease will most likely need, reserved while the reply is on the way
+ * (the round trip hides it) and mapped into by lease_map_reply() when the lease fits it: a lease of `size`
+ * bytes whose first slab's alignment divides `va`. Its size is the request rounded up to LIKELY_GRANULARITY,
+ * aligned for the largest slab such a lease can have. A lease that does not fit (another granularity, a kept
+ * lease handed back) is mapped as always and the range freed (alloc_ahead_done()): a miss costs one
+ * reservation and its free, never a wrong mapping.
+ */
+typedef struct AllocAhead {
+        uint64_t size;          /* 0: nothing to reserve */
+        CUdeviceptr va;         /* 0: not reserved, or taken by the lease */
+        bool tried;             /* reserved once per Alloc, not again when the call is sent again */
+} AllocAhead;
+
+#define LIKELY_GRANULARITY (UINT64_C(2) << 20)  /* every CUDA device's VMM granularity so far: 2 MiB */
+
+/* Reserves ahead->size bytes, once; a failure leaves nothing reserved (the lease reserves its own range). */
+static void alloc_ahead_reserve(AllocAhead *ahead) {
+        CudaDriver *cu = NULL;
+
+        if (!ahead || ahead->size == 0 || ahead->tried)
+                return;
+        ahead->tried = true;
+        if (driver_get(&cu) < 0 ||
+            cu->cuMemAddressReserve(&ahead->va, ahead->size, cuda_slab_alignment(ahead->size), 0, 0) != CUDA_SUCCESS)
+                ahead->va = 0;
+}
+
+/* Frees the range unless the lease took it. */
+static void alloc_ahead_done(AllocAhead *ahead) {
+        CudaDriver *cu = NULL;
+
+        if (ahead->va != 0 && driver_get(&cu) >= 0)
+                (void)cu->cuMemAddressFree(ahead->va, ahead->size);
+        ahead->va = 0;
+}
+
+/*
  * A reply that carries a lease (Alloc's and Attach's: an AllocReply), its parameters read in the same pass
  * as its envelope (alloc_reply_parse_text()): client_call_full() fills it, and the caller frees `lease`
- * with alloc_reply_done() when `decoded`.
+ * with alloc_reply_done() when `decoded`. With `ahead`, client_call_full() reserves that range between
+ * sending the call and reading the reply.
  */
 typedef struct ReplyInto {
         AllocReply lease;
         bool decoded;           /* `lease` holds the parameters; the reply, none */
+        AllocAhead *ahead;
 } ReplyInto;
 
 /* Frees what `into` holds, if anything. Accepts NULL. */
@@ -529,6 +568,8 @@ static int client_call_full(vmmb_client *c, const char *method, const VarlinkTex
                         }
                         loss = CALL_UNREAD;     /* the broker has no whole call to act on */
                 } else {
+                        if (into)
+                                alloc_ahead_reserve(into->ahead);
                         k = conn_receive(c->conn, &reply, &fds, &loss, &not_json, into);
                         if (k >= 0) {
                                 generation = c->generation;
@@ -1225,7 +1266,7 @@ static void client_give_back(vmmb_client *c, const char *id) {
  */
 static int lease_map_reply(vmmb_client *client, const char *method, VarlinkReply *reply, AllocReply *decoded,
                            const ReceivedFds *fds, int device, uint64_t min_size, bool readonly,
-                           const AllocTicket *ticket, uint64_t generation, vmmb_lease **ret) {
+                           const AllocTicket *ticket, uint64_t generation, AllocAhead *ahead, vmmb_lease **ret) {
         _cleanup_(lease_destroyp) vmmb_lease *l = NULL;
         _cleanup_free_ char *message = NULL, *decoded_id = NULL;
         _cleanup_free_ int *ordered = NULL;
@@ -1337,7 +1378,14 @@ static int lease_map_reply(vmmb_client *client, const char *method, VarlinkReply
                 client_give_back(client, l->id);
                 goto out;
         }
-        k = cuda_map_fds(cu, dev, ordered, l->sizes, l->n_slabs, l->readonly, &l->va, &message);
+        if (ahead && ahead->va != 0 && ahead->size == l->size && ahead->va % cuda_slab_alignment(l->sizes[0]) == 0) {
+                k = cuda_map_fds_at(cu, &dev, 1, ordered, l->sizes, l->n_slabs, l->readonly, ahead->va, &message);
+                if (k >= 0) {
+                        l->va = ahead->va;
+                        ahead->va = 0;  /* the lease's now: lease_unmap() frees it */
+                }
+        } else
+                k = cuda_map_fds(cu, dev, ordered, l->sizes, l->n_slabs, l->readonly, &l->va, &message);
         if (k < 0) {
                 (void)set_error_from(k, "Cannot map the leased memory", message);
                 client_give_back(client, l->id);
@@ -2001,6 +2049,7 @@ static int client_alloc(vmmb_client *client, uint64_t size, int device, const ui
         AllocParams a = { .size = size, .device = device, .label = (char *)label,
                           .wait_usec = (int64_t)MIN(wait_usec, (uint64_t)INT64_MAX),
                           .devices = (uint64_t *)devices, .n_devices = n_devices };
+        AllocAhead ahead = {};
         bool gave_back = false;
         unsigned stale = 0;
         CudaDriver *cu = NULL;
@@ -2026,13 +2075,17 @@ static int client_alloc(vmmb_client *client, uint64_t size, int device, const ui
         if (k < 0)
                 return set_error(k, "Cannot encode the request: %s.", strerror(-k));
 
+        /* a kept lease is likely to come back, mapped already: nothing to reserve for it */
+        if (size <= UINT64_MAX - LIKELY_GRANULARITY && !kept_any(client))
+                ahead.size = (size + LIKELY_GRANULARITY - 1) / LIKELY_GRANULARITY * LIKELY_GRANULARITY;
+
         alloc_ticket_take(&t);
         for (;;) {
                 _cleanup_(received_fds_done) ReceivedFds fds = {};
                 VarlinkReply reply = {};
                 uint64_t generation = 0;
 
-                ReplyInto into = {};
+                ReplyInto into = { .ahead = &ahead };
 
                 k = client_call_full(client, VMMB_METHOD_ALLOC, &call, false, &reply, &fds, &generation, &into);
                 if ((k == -ENOMEM || k == -EDQUOT) && !gave_back && kept_any(client)) {
@@ -2048,7 +2101,7 @@ static int client_alloc(vmmb_client *client, uint64_t size, int device, const ui
                 if (k < 0)
                         break;
                 k = lease_map_reply(client, "Alloc", &reply, into.decoded ? &into.lease : NULL, &fds, device, size,
-                                    false, &t, generation, ret);
+                                    false, &t, generation, &ahead, ret);
                 varlink_reply_done(&reply);
                 if (k > 0 && ++stale < ALLOC_STALE_TRIES)
                         continue;
@@ -2057,6 +2110,7 @@ static int client_alloc(vmmb_client *client, uint64_t size, int device, const ui
                 break;
         }
         alloc_ticket_return(&t);
+        alloc_ahead_done(&ahead);
         return k;
 }
 
@@ -2179,7 +2233,7 @@ static int client_attach(vmmb_client *client, const char *token, const char *nam
         if (k < 0)
                 return k;
         k = lease_map_reply(client, "Attach", &reply, into.decoded ? &into.lease : NULL, &fds, VMMB_ANY_DEVICE, 0,
-                            flags & VMMB_READONLY, NULL, 0, ret);
+                            flags & VMMB_READONLY, NULL, 0, NULL, ret);
         varlink_reply_done(&reply);
         return k;
 }

@@ -37,6 +37,7 @@
 #include "harness.h"
 #include "json.h"
 #include "macro.h"
+#include "simcuda.h"
 #include "varlink.h"
 #include "vmmbroker.h"
 #include "unit.h"
@@ -1013,6 +1014,101 @@ START_TEST(test_free_oneway) {
 }
 END_TEST
 
+/* Address ranges the driver reserved and freed in this process since *since, which it then moves on. */
+static void ranges_since(uint64_t since[2], uint64_t *ret_reserved, uint64_t *ret_freed) {
+        uint64_t r = driver_calls("cuMemAddressReserve"), f = driver_calls("cuMemAddressFree");
+
+        *ret_reserved = r - since[0];
+        *ret_freed = f - since[1];
+        since[0] = r;
+        since[1] = f;
+}
+
+/*
+ * An Alloc reserves its lease's address range while the reply is on the way and maps the lease there: one
+ * reservation per lease, freed with it; and none left behind when the reservation fails, the mapping fails or
+ * the broker refuses, nor made when a kept lease comes back mapped.
+ */
+START_TEST(test_alloc_reserves_ahead) {
+        __typeof__(&simcuda_fail) inject = (__typeof__(inject))driver_hook("simcuda_fail");
+        uint64_t since[2] = {}, reserved, freed;
+        vmmb_client *c;
+        vmmb_lease *l;
+        int k;
+
+        if (!driver_counts() || !inject) {
+                fprintf(stderr, "%s: not run: it counts and fails driver calls, which only the simulated device "
+                        "does\n", __func__);
+                return;
+        }
+        c = connect_or_fail(h.socket);
+        ranges_since(since, &reserved, &freed);
+
+        /* 66 MiB is a 64 and a 2 MiB slab; 3 MiB is leased as 4: one range each, mapped and freed once */
+        for (uint64_t size = 66 * MiB; size != 0; size = size == 66 * MiB ? 3 * MiB : 0) {
+                l = alloc_or_fail(c, size, 0, NULL);
+                ranges_since(since, &reserved, &freed);
+                ck_assert_uint_eq(reserved, 1);
+                ck_assert_uint_eq(freed, 0);
+                ck_assert(lease_reads(l, 0));
+                fill(l, 0xA4EAD);
+                ck_assert(lease_reads(l, 0xA4EAD));
+                ck_assert_int_eq(vmmb_free(l), 0);
+                ranges_since(since, &reserved, &freed);
+                ck_assert_uint_eq(reserved, 0);
+                ck_assert_uint_eq(freed, 1);
+        }
+
+        /* The reservation ahead fails: the lease reserves a range of its own. */
+        ck_assert_int_eq(inject("cuMemAddressReserve:1:CUDA_ERROR_OUT_OF_MEMORY"), 0);
+        l = alloc_or_fail(c, 4 * MiB, 0, NULL);
+        ranges_since(since, &reserved, &freed);
+        ck_assert_uint_eq(reserved, 2);
+        ck_assert(lease_reads(l, 0));
+        ck_assert_int_eq(vmmb_free(l), 0);
+        ranges_since(since, &reserved, &freed);
+        ck_assert_uint_eq(freed, 1);
+
+        /* Mapping into it fails: the Alloc fails and frees the range; the next one works. */
+        ck_assert_int_eq(inject("cuMemMap:1"), 0);
+        l = NULL;
+        k = vmmb_alloc(c, 4 * MiB, 0, NULL, &l);
+        ck_assert_int_eq(k, -EIO);
+        ck_assert_ptr_null(l);
+        ranges_since(since, &reserved, &freed);
+        ck_assert_uint_eq(reserved, 1);
+        ck_assert_uint_eq(freed, 1);
+        ck_assert_uint_eq(daemon_leases(h.socket), 0);
+
+        /* The broker refuses, again and again (4 GiB held; 4 more is over the user's limit): nothing is left
+         * reserved. */
+        l = alloc_or_fail(c, UINT64_C(4) << 30, 0, NULL);
+        ranges_since(since, &reserved, &freed);
+        for (unsigned i = 0; i < 100; i++) {
+                vmmb_lease *more = NULL;
+
+                k = vmmb_alloc(c, UINT64_C(4) << 30, 0, NULL, &more);
+                ck_assert_msg(k == -EDQUOT, "vmmb_alloc: %s: %s", strerror(-k), vmmb_error_message());
+        }
+        ranges_since(since, &reserved, &freed);
+        ck_assert_uint_eq(reserved, 100);
+        ck_assert_uint_eq(freed, 100);
+        ck_assert_int_eq(vmmb_free(l), 0);
+        ranges_since(since, &reserved, &freed);
+
+        /* A kept lease comes back mapped: nothing reserved for it. */
+        l = alloc_or_fail(c, 4 * MiB, 0, NULL);
+        ck_assert_int_eq(vmmb_free_keep(l), 0);
+        ranges_since(since, &reserved, &freed);
+        l = alloc_or_fail(c, 4 * MiB, 0, NULL);
+        ranges_since(since, &reserved, &freed);
+        ck_assert_uint_eq(reserved, 0);
+        ck_assert_uint_eq(freed, 0);
+        ck_assert(lease_reads(l, 0));
+        free_last_and_close(c, l);
+}
+END_TEST
+
 /* The tokens of `l` must be exactly want[0..n): each once, in any order, with its uid, creator and mode. */
 static void check_tokens(vmmb_lease *l, const vmmb_token *want, size_t n) {
         vmmb_token *got = NULL;
@@ -1366,6 +1462,7 @@ int main(void) {
         tcase_add_test(tc, test_park_shared);
         tcase_add_test(tc, test_park_other_user);
         tcase_add_test(tc, test_free_oneway);
+        tcase_add_test(tc, test_alloc_reserves_ahead);
         suite_add_tcase(s, tc);
 
         failed = run_suite(s);

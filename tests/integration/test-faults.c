@@ -459,6 +459,7 @@ typedef struct ClientFault {
         const char *name;
         const char *faults;             /* for simcuda_fail() in the client, once connected */
         int error;                      /* what vmmb_alloc() or vmmb_attach() returns */
+        const char *alloc_faults;       /* for vmmb_alloc() instead of `faults`, where it differs */
 } ClientFault;
 
 static const ClientFault client_faults[] = {
@@ -466,7 +467,9 @@ static const ClientFault client_faults[] = {
         { "2nd import out of memory", "cuMemImportFromShareableHandle:2:CUDA_ERROR_OUT_OF_MEMORY", -ENOMEM },
         { "map invalid value", "cuMemMap:1:CUDA_ERROR_INVALID_VALUE", -EINVAL },
         { "2nd map fails", "cuMemMap:2", -EIO },
-        { "reserve out of memory", "cuMemAddressReserve:1:CUDA_ERROR_OUT_OF_MEMORY", -ENOMEM },
+        /* an Alloc reserves its range while the reply is on the way, and once more when that failed */
+        { "reserve out of memory", "cuMemAddressReserve:1:CUDA_ERROR_OUT_OF_MEMORY", -ENOMEM,
+          "cuMemAddressReserve:1:CUDA_ERROR_OUT_OF_MEMORY,cuMemAddressReserve:2:CUDA_ERROR_OUT_OF_MEMORY" },
         { "set access fails", "cuMemSetAccess:1", -EIO },
         { "set access not permitted", "cuMemSetAccess:1:CUDA_ERROR_NOT_PERMITTED", -EPERM },
         { "device lookup fails", "cuDeviceGet:1:CUDA_ERROR_INVALID_DEVICE", -ENODEV },
@@ -490,7 +493,7 @@ static int child_client_fault(void *userdata) {
         vmmb_client *c = NULL;
         vmmb_lease *l = NULL;
         unsigned long live_before;
-        const char *m;
+        const char *m, *spec;
         char go;
         void *h;
         int fds, k;
@@ -513,7 +516,8 @@ static int child_client_fault(void *userdata) {
 
         fds = harness_fd_count(getpid());
         live_before = live();
-        CHILD_CHECK(inject(a->fault->faults) == 0, "bad fault spec %s", a->fault->faults);
+        spec = !a->token && a->fault->alloc_faults ? a->fault->alloc_faults : a->fault->faults;
+        CHILD_CHECK(inject(spec) == 0, "bad fault spec %s", spec);
         if (a->token)
                 k = vmmb_attach(c, a->token, 0, &l);
         else
