@@ -304,6 +304,7 @@ typedef struct Row {
         double fresh[5], again[5];      /* import, reserve, map, access, close: fds just received / mapped once */
         double send;                    /* a one-way Free written on a raw connection (the daemon answers nothing) */
         double kept, kept_b2b, keep;    /* vmmb_alloc() of a kept lease (zeroing done / back to back), vmmb_free_keep() */
+        double daemon_alloc;            /* the daemon's own time per Alloc over those requests and floors (mean) */
         double unmap_again;             /* the unmap of a mapping of fds mapped twice before, closed first */
 } Row;
 
@@ -389,6 +390,62 @@ static void raw_alloc(VarlinkConn *c, uint64_t size, TestLease *ret) {
                 die("Alloc reply", k);
 }
 
+/* The daemon's time in method_call() for METHOD so far, in seconds, and how many calls: its request-latency
+ * metric's sum and count. */
+typedef struct MethodTotal {
+        double sum, count;
+} MethodTotal;
+
+static MethodTotal method_total(const char *metrics, const char *method) {
+        MethodTotal t = {};
+        char key[128];
+        const char *p;
+
+        snprintf(key, sizeof(key), "vmmbroker_request_duration_seconds_sum{method=\"%s\"} ", method);
+        p = strstr(metrics, key);
+        if (p)
+                t.sum = strtod(p + strlen(key), NULL);
+        snprintf(key, sizeof(key), "vmmbroker_request_duration_seconds_count{method=\"%s\"} ", method);
+        p = strstr(metrics, key);
+        if (p)
+                t.count = strtod(p + strlen(key), NULL);
+        return t;
+}
+
+/* The mean microseconds per call between two totals of one method; 0 when there was none. */
+static double method_mean_us(MethodTotal from, MethodTotal to) {
+        return to.count > from.count ? (to.sum - from.sum) / (to.count - from.count) * 1e6 : 0;
+}
+
+/* The daemon's metrics text (Metrics) into *ret, which the caller frees with reply_done(); the text is
+ * reply_str(ret, "text"). */
+static const char *metrics_get(const char *path, Reply *ret) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
+        _cleanup_(json_object_putp) json_object *params = json_object_new_object();
+        const char *text;
+        int k;
+
+        k = conn_open(path, &c);
+        if (k < 0)
+                die("connect", k);
+        k = call(c, VMMB_METHOD_METRICS, params, ret);
+        if (k < 0 || ret->error)
+                die(ret->error ?: "Metrics", k < 0 ? k : -EREMOTEIO);
+        text = reply_str(ret, "text");
+        if (!text)
+                die("Metrics reply", -EBADMSG);
+        return text;
+}
+
+/* The daemon's total for METHOD now (method_total()). */
+static MethodTotal daemon_total(const char *path, const char *method) {
+        Reply r;
+        MethodTotal t = method_total(metrics_get(path, &r), method);
+
+        reply_done(&r);
+        return t;
+}
+
 /*
  * One repetition of the driver floor for the broker's own slab layout, as a request meets it: one raw Alloc of
  * the size on `c` (from the warm pool: the same slabs vmmb_alloc() gets, just scrubbed), its fds, just
@@ -446,6 +503,7 @@ static void request_once(vmmb_client *client, const char *path, uint64_t size, d
 static void bench_request(vmmb_client *client, const char *path, unsigned reps, Row *row) {
         _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
         double t[MAX_REPS], tf[MAX_REPS], tb[MAX_REPS], tm[MAX_REPS], tu[MAX_REPS];
+        MethodTotal before;
         vmmb_lease *l;
         int k;
 
@@ -457,6 +515,7 @@ static void bench_request(vmmb_client *client, const char *path, unsigned reps, 
         (void)timed_free(vmmb_free, "vmmb_free", l);
         wait_scrubbed(path);
 
+        before = daemon_total(path, "Alloc");
         for (unsigned i = 0; i < reps; i++) {
                 TestLease x;
 
@@ -476,6 +535,7 @@ static void bench_request(vmmb_client *client, const char *path, unsigned reps, 
         row->bare = median(tb, reps);
         row->floor = median(tm, reps);
         row->unmap = median(tu, reps);
+        row->daemon_alloc = method_mean_us(before, daemon_total(path, "Alloc"));
 
         /* vmmb_free_oneway(): the Free sent, not waited for. */
         for (unsigned i = 0; i < reps; i++) {
@@ -602,45 +662,15 @@ static void bench_phases(const char *path, unsigned reps, Row *row) {
         row->unmap_again = median(uc, reps);
 }
 
-/*
- * The daemon's own time per call of METHOD from its request-latency metric (sum / count over the run):
- * method_call() alone, without reading, parsing or sending.
- */
-static double daemon_us(const char *metrics, const char *method) {
-        char key[128];
-        const char *p;
-        double sum = 0, count = 0;
-
-        snprintf(key, sizeof(key), "vmmbroker_request_duration_seconds_sum{method=\"%s\"} ", method);
-        p = strstr(metrics, key);
-        if (p)
-                sum = strtod(p + strlen(key), NULL);
-        snprintf(key, sizeof(key), "vmmbroker_request_duration_seconds_count{method=\"%s\"} ", method);
-        p = strstr(metrics, key);
-        if (p)
-                count = strtod(p + strlen(key), NULL);
-        return count > 0 ? sum / count * 1e6 : 0;
-}
-
+/* The daemon's own time per call over the whole run: method_call() alone, without reading, parsing or sending. */
 static void print_daemon_share(const char *path) {
-        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
-        _cleanup_(json_object_putp) json_object *params = json_object_new_object();
-        const char *text;
         Reply r;
-        int k;
+        const char *text = metrics_get(path, &r);
 
-        k = conn_open(path, &c);
-        if (k < 0)
-                die("connect", k);
-        k = call(c, VMMB_METHOD_METRICS, params, &r);
-        if (k < 0 || r.error)
-                die(r.error ?: "Metrics", k < 0 ? k : -EREMOTEIO);
-        text = reply_str(&r, "text");
-        if (!text)
-                die("Metrics reply", -EBADMSG);
         printf("the daemon's own time per call, all sizes (method_call() alone, mean from its metrics): Alloc %.1f us, "
-               "Free %.1f us, Status %.1f us\n", daemon_us(text, "Alloc"), daemon_us(text, "Free"),
-               daemon_us(text, "Status"));
+               "Free %.1f us, Status %.1f us\n", method_mean_us((MethodTotal){}, method_total(text, "Alloc")),
+               method_mean_us((MethodTotal){}, method_total(text, "Free")),
+               method_mean_us((MethodTotal){}, method_total(text, "Status")));
         reply_done(&r);
 }
 
@@ -842,16 +872,18 @@ int main(int argc, char *argv[]) {
         printf("where a request's time goes (medians, us): alloc RT = raw Alloc call to reply and fds received, "
                "no driver call; client = request - floor - alloc RT; free RT = raw Free round trip; send = a one-way "
                "Free built and written, not answered; unmap = the unmap floor (fds just received, closed first, as a "
-               "client's are); unmap/ag = the same for a mapping of fds mapped twice before\n");
-        printf("%-8s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n", "size", "request", "floor", "alloc RT", "client",
-               "free RT", "send", "unmap", "unmap/ag", "bare");
+               "client's are); unmap/ag = the same for a mapping of fds mapped twice before; daemon = the daemon's own "
+               "time per Alloc over the requests and floors of the size (method_call(), mean from its metrics)\n");
+        printf("%-8s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n", "size", "request", "floor", "alloc RT", "client",
+               "free RT", "send", "unmap", "unmap/ag", "bare", "daemon");
         for (size_t i = 0; i < ELEMENTSOF(rows); i++) {
                 const Row *r = &rows[i];
                 char b[FORMAT_SIZE_MAX];
 
-                printf("%-8s %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f\n",
+                printf("%-8s %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f\n",
                        format_size(r->size, b, sizeof(b)), r->request, r->floor, r->alloc_rt,
-                       r->request - r->floor - r->alloc_rt, r->free_rt, r->send, r->unmap, r->unmap_again, r->bare);
+                       r->request - r->floor - r->alloc_rt, r->free_rt, r->send, r->unmap, r->unmap_again, r->bare,
+                       r->daemon_alloc);
         }
 
         printf("the floor's phases (medians, us), fds just received / the same fds mapped a second time:\n");
