@@ -444,7 +444,6 @@ START_TEST(test_sigkill_reclaim) {
         WireDevice d;
         Holding victim, next;
         Harness h;
-        int status;
 
         start(&h);
         victim = hold_start(&h, (HoldArgs){ .map_and_fill = true });
@@ -460,13 +459,11 @@ START_TEST(test_sigkill_reclaim) {
         ck_assert_int_eq(conn_open(h.socket, &c), 0);
         status_send(c);
         ck_assert_uint_eq(status_receive(c).leased, LEASE_SIZE);
-        ck_assert_int_eq(kill(h.pid, SIGSTOP), 0);
-        ck_assert_int_eq(waitpid(h.pid, &status, WUNTRACED), h.pid);
-        ck_assert(WIFSTOPPED(status));
+        ck_assert_int_eq(harness_freeze(&h), 0);
         ck_assert_int_eq(kill(victim.held.pid, SIGKILL), 0);
         ck_assert_int_eq(hold_finish(&victim), 128 + SIGKILL);
         status_send(c);
-        ck_assert_int_eq(kill(h.pid, SIGCONT), 0);
+        ck_assert_int_eq(harness_thaw(&h), 0);
         d = status_receive(c);
         ck_assert_msg(d.leased == 0 && d.leases == 0, "a request pending with the holder's exit saw its lease: "
                       "leased %" PRIu64 " in %" PRIu64 " leases", d.leased, d.leases);
@@ -526,7 +523,7 @@ static int child_dead_sender(void *arg) {
 }
 
 START_TEST(test_request_after_death) {
-        int ready[2], go[2], status;
+        int ready[2], go[2];
         ListReply list = {};
         WireDevice d;
         DeadArgs a;
@@ -545,11 +542,10 @@ START_TEST(test_request_after_death) {
         ck_assert_int_eq(pipe_get(ready[0], &x, 1), 1);
 
         /* With the daemon stopped, the child sends Alloc and exits; the daemon then finds both at once. */
-        ck_assert_int_eq(kill(h.pid, SIGSTOP), 0);
-        ck_assert_int_eq(waitpid(h.pid, &status, WUNTRACED), h.pid);
+        ck_assert_int_eq(harness_freeze(&h), 0);
         ck_assert_int_eq(pipe_put(go[1], 'g'), 0);
         ck_assert_int_eq(harness_wait(pid), 0);
-        ck_assert_int_eq(kill(h.pid, SIGCONT), 0);
+        ck_assert_int_eq(harness_thaw(&h), 0);
 
         d = status_of(&h);
         ck_assert_int_eq(list_get(h.socket, true, &list), 0);
@@ -1093,7 +1089,6 @@ START_TEST(test_pipelined_requests) {
         static const char text[] = "{\"method\":\"io.vmmbroker.Status\"}";
         _cleanup_free_ char *batch = malloc(PIPELINE_MAX * PIPELINE_MSG);
         Fixture f = {};
-        int status;
 
         ck_assert_ptr_nonnull(batch);
         for (size_t i = 0; i < PIPELINE_MAX; i++) {
@@ -1109,11 +1104,9 @@ START_TEST(test_pipelined_requests) {
                 size_t got;
 
                 ctl_round_trip(&f);             /* the daemon has accepted fd */
-                ck_assert_int_eq(kill(f.h.pid, SIGSTOP), 0);
-                ck_assert_int_eq(waitpid(f.h.pid, &status, WUNTRACED), f.h.pid);
-                ck_assert(WIFSTOPPED(status));
+                ck_assert_int_eq(harness_freeze(&f.h), 0);
                 ck_assert_int_eq(raw_send(fd, batch, n * PIPELINE_MSG), (ssize_t)(n * PIPELINE_MSG));
-                ck_assert_int_eq(kill(f.h.pid, SIGCONT), 0);
+                ck_assert_int_eq(harness_thaw(&f.h), 0);
                 got = read_replies(fd, n, 5000);
                 ck_assert_msg(got == n, "DAEMON BUG: %zu requests sent at once, %zu answered; the rest wait "
                               "forever (see the comment above this test)", n, got);

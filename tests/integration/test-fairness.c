@@ -286,18 +286,6 @@ static void read_flood(Flood *f) {
 
 /* ---- the test ------------------------------------------------------------------------------------------ */
 
-/* Stops the daemon and waits until it is stopped: SIGSTOP cannot be blocked or handled. */
-static void daemon_freeze(Harness *h) {
-        int status = 0;
-        pid_t k;
-
-        ck_assert_int_eq(kill(h->pid, SIGSTOP), 0);
-        do
-                k = waitpid(h->pid, &status, WUNTRACED);
-        while (k < 0 && errno == EINTR);
-        ck_assert_int_eq(k, h->pid);
-        ck_assert_msg(WIFSTOPPED(status), "the daemon did not stop (status %#x)", (unsigned)status);
-}
 
 static void run_attack(Attack attack) {
         const char *name = attack == ATTACK_READ ? "List/Status" : "Alloc/Free";
@@ -353,7 +341,7 @@ static void run_attack(Attack attack) {
         }
 
         /* The backlog goes into the daemon's sockets while it is stopped; then it goes on. */
-        daemon_freeze(&h);
+        ck_assert_int_eq(harness_freeze(&h), 0);
         for (size_t i = 0; i < N_CONN; i++) {
                 for (size_t j = 0; j < per_conn; j++) {
                         if (attack == ATTACK_READ)
@@ -365,7 +353,7 @@ static void run_attack(Attack attack) {
                 write_now(f.a[i]);
                 f.to_come[i] = 2 * per_conn;
         }
-        ck_assert_int_eq(kill(h.pid, SIGCONT), 0);
+        ck_assert_int_eq(harness_thaw(&h), 0);
         read_flood(&f);
 
         fprintf(stderr,
