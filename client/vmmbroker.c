@@ -46,6 +46,10 @@
 /* How long a lost connection waits for a broker to come back, unless $VMMBROKER_RECONNECT_TIMEOUT says. */
 #define RECONNECT_TIMEOUT_DEFAULT_USEC (UINT64_C(30) * 1000000)
 #define RECONNECT_TIMEOUT_ENV "VMMBROKER_RECONNECT_TIMEOUT"
+#define REPLY_SPIN_ENV "VMMBROKER_REPLY_SPIN_USEC"
+#define REPLY_SPIN_DEFAULT_USEC 100
+#define REPLY_SPIN_MAX_USEC 100000
+#define REPLY_SPIN_MIN_CPUS 4
 /* The pause between two refused connects: doubling from the first to the most. */
 #define RECONNECT_BACKOFF_FIRST_USEC UINT64_C(10000)
 #define RECONNECT_BACKOFF_MAX_USEC UINT64_C(250000)
@@ -55,6 +59,7 @@ struct vmmb_client {
         VarlinkConn *conn;              /* NULL once lost (or out of step): the next call connects again */
         char *path;                     /* the broker's socket, to connect to again */
         uint64_t reconnect_usec;        /* how long connecting again waits for a broker to listen */
+        uint64_t spin_usec;             /* how long a call polls for its reply before it sleeps (reply_spin()) */
         bool closing;                   /* in vmmb_close(): connecting again does not wait */
         int parks;                      /* whether the broker serves Park and Unpark: 1, 0, or -1 not asked yet
                                            (since the last connect); atomic */
@@ -249,6 +254,33 @@ invalid:
                          RECONNECT_TIMEOUT_ENV, e, strlen(e) > 32 ? "..." : "");
 }
 
+/*
+ * $VMMBROKER_REPLY_SPIN_USEC: how long a call polls its connection for the reply before it sleeps in the
+ * kernel, in microseconds, at most REPLY_SPIN_MAX_USEC; "0" never polls. Unset or empty: REPLY_SPIN_DEFAULT_USEC
+ * on a machine with REPLY_SPIN_MIN_CPUS or more online CPUs, else 0, as the CUDA driver spins on work only
+ * while a CPU is free for it. A reply usually comes within tens of microseconds, and waking a sleeping
+ * thread for it costs as much again on a virtual machine. -EINVAL for anything else, with the message set.
+ */
+static int reply_spin(uint64_t *ret) {
+        const char *e = getenv(REPLY_SPIN_ENV), *p;
+        uint64_t usec = 0;
+
+        if (!e || !*e) {
+                *ret = sysconf(_SC_NPROCESSORS_ONLN) >= REPLY_SPIN_MIN_CPUS ? REPLY_SPIN_DEFAULT_USEC : 0;
+                return 0;
+        }
+        for (p = e; *p >= '0' && *p <= '9'; p++) {
+                usec = usec * 10 + (uint64_t)(*p - '0');
+                if (usec > REPLY_SPIN_MAX_USEC)
+                        break;
+        }
+        if (p == e || *p || usec > REPLY_SPIN_MAX_USEC)
+                return set_error(-EINVAL, "$%s is '%.32s%s', not a number of microseconds from 0 to %d such as "
+                                 "100.", REPLY_SPIN_ENV, e, strlen(e) > 32 ? "..." : "", REPLY_SPIN_MAX_USEC);
+        *ret = usec;
+        return 0;
+}
+
 /* A new blocking socket connected to `path` in *ret_fd, or the negative errno of socket() or connect(). */
 static int socket_connect(const char *path, int *ret_fd) {
         struct sockaddr_un sa = { .sun_family = AF_UNIX };
@@ -423,8 +455,8 @@ static int reply_from_text(const char *text, size_t len, VarlinkReply *ret, bool
  * call was not read whole, so not carried out; an end of stream means the
  * broker read it and may have carried it out; a reply begun means it did.
  */
-static int conn_receive(VarlinkConn *conn, VarlinkReply *ret, ReceivedFds *fds, CallLoss *ret_loss,
-                        bool *ret_not_json, ReplyInto *into) {
+static int conn_receive(VarlinkConn *conn, uint64_t spin_usec, VarlinkReply *ret, ReceivedFds *fds,
+                        CallLoss *ret_loss, bool *ret_not_json, ReplyInto *into) {
         const char *text;
         bool buffered;
         size_t len;
@@ -438,9 +470,20 @@ static int conn_receive(VarlinkConn *conn, VarlinkReply *ret, ReceivedFds *fds, 
          * call: never so far); so is what is buffered when it is already an error. */
         buffered = varlink_conn_has_message(conn);
         if (!buffered) {
-                do
-                        n = recv(varlink_conn_get_fd(conn), &byte, 1, MSG_PEEK);
-                while (n < 0 && errno == EINTR);
+                /* polled for up to spin_usec (reply_spin()), then waited for in the kernel */
+                uint64_t until = spin_usec > 0 ? now_usec() + spin_usec : 0;
+
+                for (;;) {
+                        n = recv(varlink_conn_get_fd(conn), &byte, 1, MSG_PEEK | (until ? MSG_DONTWAIT : 0));
+                        if (n < 0 && errno == EINTR)
+                                continue;
+                        if (n < 0 && errno == EAGAIN && until) {
+                                if (now_usec() >= until)
+                                        until = 0;
+                                continue;
+                        }
+                        break;
+                }
                 if (n == 0) {
                         *ret_loss = CALL_MAYBE_DONE;
                         return -ECONNRESET;
@@ -570,7 +613,7 @@ static int client_call_full(vmmb_client *c, const char *method, const VarlinkTex
                 } else {
                         if (into)
                                 alloc_ahead_reserve(into->ahead);
-                        k = conn_receive(c->conn, &reply, &fds, &loss, &not_json, into);
+                        k = conn_receive(c->conn, c->spin_usec, &reply, &fds, &loss, &not_json, into);
                         if (k >= 0) {
                                 generation = c->generation;
                                 break;
@@ -1424,7 +1467,7 @@ VMMB_EXPORT int vmmb_connect(const char *socket_path, vmmb_client **ret) {
         _cleanup_close_ int fd = -EBADF;
         const char *path = socket_path;
         CudaDriver *cu = NULL;
-        uint64_t reconnect_usec = 0;
+        uint64_t reconnect_usec = 0, spin_usec = 0;
         int k;
 
         if (!ret)
@@ -1440,6 +1483,9 @@ VMMB_EXPORT int vmmb_connect(const char *socket_path, vmmb_client **ret) {
                 return set_error(-ENAMETOOLONG, "The broker's socket path is longer than %zu bytes: %s",
                                  sizeof(((struct sockaddr_un *)NULL)->sun_path) - 1, path);
         k = reconnect_timeout(&reconnect_usec);
+        if (k < 0)
+                return k;
+        k = reply_spin(&spin_usec);
         if (k < 0)
                 return k;
 
@@ -1470,6 +1516,7 @@ VMMB_EXPORT int vmmb_connect(const char *socket_path, vmmb_client **ret) {
         list_init(&c->leases);
         list_init(&c->watch_link);
         c->reconnect_usec = reconnect_usec;
+        c->spin_usec = spin_usec;
         c->path = strdup(path);
         if (!c->path)
                 return set_error(-ENOMEM, "Out of memory.");

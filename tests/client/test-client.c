@@ -18,6 +18,7 @@
 #include <check.h>
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <pwd.h>
 #include <signal.h>
@@ -1109,6 +1110,97 @@ START_TEST(test_alloc_reserves_ahead) {
 }
 END_TEST
 
+/* A call made in a thread of its own while the daemon is stopped, for test_reply_spin(). */
+typedef struct SpinCall {
+        vmmb_client *c;
+        _Atomic pid_t tid;
+        int result;
+} SpinCall;
+
+static void *spin_call(void *arg) {
+        SpinCall *a = arg;
+
+        a->tid = gettid();
+        a->result = vmmb_unpublish(a->c, "test-client-no-such-name");
+        return NULL;
+}
+
+/* The state letter of this process's thread `tid` (/proc/self/task/TID/stat), or 0. */
+static char thread_state(pid_t tid) {
+        char path[64], buf[512], *p;
+        _cleanup_close_ int fd = -EBADF;
+        ssize_t n;
+
+        (void)snprintf(path, sizeof(path), "/proc/self/task/%d/stat", (int)tid);
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+                return 0;
+        n = read(fd, buf, sizeof(buf) - 1);
+        if (n <= 0)
+                return 0;
+        buf[n] = 0;
+        p = strrchr(buf, ')');          /* the name may hold anything; the state follows its ')' */
+        return p && p[1] == ' ' ? p[2] : 0;
+}
+
+/* Sets $VMMBROKER_REPLY_SPIN_USEC to `value` (NULL: unset) and connects; returns vmmb_connect()'s result. */
+static int connect_spinning(const char *value, vmmb_client **ret) {
+        if (value)
+                ck_assert_int_eq(setenv("VMMBROKER_REPLY_SPIN_USEC", value, 1), 0);
+        else
+                ck_assert_int_eq(unsetenv("VMMBROKER_REPLY_SPIN_USEC"), 0);
+        *ret = NULL;
+        return vmmb_connect(h.socket, ret);
+}
+
+/*
+ * $VMMBROKER_REPLY_SPIN_USEC: a call polls for its reply that long, then sleeps for it. Bad values are
+ * refused by vmmb_connect(), naming the variable; a reply that comes after the polling ended is still read,
+ * as is one that comes while polling.
+ */
+START_TEST(test_reply_spin) {
+        const char *saved = getenv("VMMBROKER_REPLY_SPIN_USEC");
+        _cleanup_free_ char *restore = saved ? strdup(saved) : NULL;
+        SpinCall a = {};
+        pthread_t thread;
+        vmmb_client *c;
+        vmmb_lease *l;
+
+        for (const char *const *bad = (const char *const[]){ "abc", "-1", "1.5", "100001", "99999999999999999999",
+                                                             " 10", NULL }; *bad; bad++) {
+                ck_assert_int_eq(connect_spinning(*bad, &c), -EINVAL);
+                ck_assert_ptr_null(c);
+                ck_assert_msg(strstr(vmmb_error_message(), "VMMBROKER_REPLY_SPIN_USEC"), "%s: %s", *bad,
+                              vmmb_error_message());
+        }
+        for (const char *const *good = (const char *const[]){ "", "0", "100000", NULL }; *good; good++) {
+                ck_assert_int_eq(connect_spinning(*good, &c), 0);
+                l = alloc_or_fail(c, 2 * MiB, 0, NULL);
+                ck_assert(lease_reads(l, 0));
+                ck_assert_int_eq(vmmb_free(l), 0);
+                vmmb_close(c);
+        }
+
+        /* Polling for 2 ms while the daemon is stopped: the call then sleeps, and is answered once it goes on. */
+        ck_assert_int_eq(connect_spinning("2000", &c), 0);
+        ck_assert_int_eq(vmmb_unpublish(c, "test-client-no-such-name"), -ENOENT);   /* connected, answered */
+        ck_assert_int_eq(harness_freeze(&h), 0);
+        a.c = c;
+        ck_assert_int_eq(pthread_create(&thread, NULL, spin_call, &a), 0);
+        while (a.tid == 0 || thread_state(a.tid) != 'S')
+                ;                       /* polling, then asleep in recv(): Check's timeout bounds the wait */
+        ck_assert_int_eq(harness_thaw(&h), 0);
+        ck_assert_int_eq(pthread_join(thread, NULL), 0);
+        ck_assert_int_eq(a.result, -ENOENT);
+        vmmb_close(c);
+
+        if (restore)
+                ck_assert_int_eq(setenv("VMMBROKER_REPLY_SPIN_USEC", restore, 1), 0);
+        else
+                ck_assert_int_eq(unsetenv("VMMBROKER_REPLY_SPIN_USEC"), 0);
+}
+END_TEST
+
 /* The tokens of `l` must be exactly want[0..n): each once, in any order, with its uid, creator and mode. */
 static void check_tokens(vmmb_lease *l, const vmmb_token *want, size_t n) {
         vmmb_token *got = NULL;
@@ -1463,6 +1555,7 @@ int main(void) {
         tcase_add_test(tc, test_park_other_user);
         tcase_add_test(tc, test_free_oneway);
         tcase_add_test(tc, test_alloc_reserves_ahead);
+        tcase_add_test(tc, test_reply_spin);
         suite_add_tcase(s, tc);
 
         failed = run_suite(s);
