@@ -21,7 +21,9 @@ CONNECTING
     $VMMBROKER_SOCKET, else /run/vmmbroker/io.vmmbroker. A Client outlives
     its connection: when the broker restarts, the next call connects again
     (waiting up to $VMMBROKER_RECONNECT_TIMEOUT seconds, 30 by default), and
-    leases stay mapped throughout. The CUDA driver is libcuda.so.1, or the
+    leases stay mapped throughout. A call polls for the broker's reply for up
+    to $VMMBROKER_REPLY_SPIN_USEC microseconds before it sleeps (100 on
+    machines with 4 CPUs or more, else 0). The CUDA driver is libcuda.so.1, or the
     file $VMMBROKER_LIBCUDA names; libvmmbroker is $VMMBROKER_LIBRARY when
     set, else the one the dynamic loader finds (library_path() says which).
 
