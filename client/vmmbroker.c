@@ -18,6 +18,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -257,7 +258,7 @@ invalid:
 /*
  * $VMMBROKER_REPLY_SPIN_USEC: how long a call polls its connection for the reply before it sleeps in the
  * kernel, in microseconds, at most REPLY_SPIN_MAX_USEC; "0" never polls. Unset or empty: REPLY_SPIN_DEFAULT_USEC
- * on a machine with REPLY_SPIN_MIN_CPUS or more online CPUs, else 0, as the CUDA driver spins on work only
+ * where the process may run on REPLY_SPIN_MIN_CPUS or more CPUs, else 0, as the CUDA driver spins on work only
  * while a CPU is free for it. A reply usually comes within tens of microseconds, and waking a sleeping
  * thread for it costs as much again on a virtual machine. -EINVAL for anything else, with the message set.
  */
@@ -266,7 +267,12 @@ static int reply_spin(uint64_t *ret) {
         uint64_t usec = 0;
 
         if (!e || !*e) {
-                *ret = sysconf(_SC_NPROCESSORS_ONLN) >= REPLY_SPIN_MIN_CPUS ? REPLY_SPIN_DEFAULT_USEC : 0;
+                cpu_set_t set;
+                long cpus;
+
+                /* the CPUs this process may run on (a container's cpuset), else those online */
+                cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : sysconf(_SC_NPROCESSORS_ONLN);
+                *ret = cpus >= REPLY_SPIN_MIN_CPUS ? REPLY_SPIN_DEFAULT_USEC : 0;
                 return 0;
         }
         for (p = e; *p >= '0' && *p <= '9'; p++) {
