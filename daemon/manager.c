@@ -403,7 +403,6 @@ static int on_idle(sd_event_source *s, void *userdata) {
         Manager *m = userdata;
         int old = m->broker.store_error;
 
-
         pool_idle(m->pool);
         /* Keep trying what could not be stored: a table to start from, exited holders' holds. */
         if (broker_store_snapshot(&m->broker, false) < 0 && old == 0)

@@ -389,12 +389,6 @@ static const struct {
         int name##_write(const type *in, VarlinkText *t) {                     \
                 return varlink_reply_write(t, fields, in);                     \
         }
-/* A whole call message as text, from the table the encoder uses: the bytes varlink_call_new() of the encoder's
- * object makes. */
-#define DEFINE_CALL_WRITE(name, type, fields, method)                          \
-        int name##_write(const type *in, bool oneway, VarlinkText *t) {        \
-                return varlink_call_write(t, method, fields, in, oneway, false); \
-        }
 #define DEFINE_DONE(name, type, fields)                                        \
         void name##_done(type *p) {                                            \
                 json_dispatch_free(fields, p);                                 \
@@ -446,18 +440,22 @@ int alloc_params_decode_text(const char *text, size_t len, AllocParams *ret, con
                                                      ret_message), ret, ret_bad_field, ret_message);
 }
 
-int alloc_params_encode(const AllocParams *in, json_object **ret) {
+/* Alloc's parameters as they go on the wire, whether built or written: a wait_usec of 0 left out. */
+static AllocParams alloc_params_wire(const AllocParams *in) {
         AllocParams a = *in;
 
         if (a.wait_usec == 0)
                 a.wait_usec = JSON_ABSENT;      /* the same to the daemon, and what a daemon without waiting takes */
+        return a;
+}
+int alloc_params_encode(const AllocParams *in, json_object **ret) {
+        AllocParams a = alloc_params_wire(in);
+
         return json_build(alloc_params_fields, &a, ret);
 }
 int alloc_params_write(const AllocParams *in, VarlinkText *t) {
-        AllocParams a = *in;
+        AllocParams a = alloc_params_wire(in);
 
-        if (a.wait_usec == 0)
-                a.wait_usec = JSON_ABSENT;      /* as alloc_params_encode() leaves it out */
         return varlink_call_write(t, VMMB_METHOD_ALLOC, alloc_params_fields, &a, false, false);
 }
 DEFINE_DONE(alloc_params, AllocParams, alloc_params_fields)
@@ -467,7 +465,9 @@ int free_params_decode_text(const char *text, size_t len, FreeParams *ret, const
                             char **ret_message) {
         return json_dispatch_text(text, len, free_params_fields, ret, ret_bad_field, ret_message);
 }
-DEFINE_CALL_WRITE(free_params, FreeParams, free_params_fields, VMMB_METHOD_FREE)
+int free_params_write(const FreeParams *in, bool oneway, VarlinkText *t) {
+        return varlink_call_write(t, VMMB_METHOD_FREE, free_params_fields, in, oneway, false);
+}
 DEFINE_DONE(free_params, FreeParams, free_params_fields)
 DEFINE_PARAMS_CODEC(id_params, FreeParams, id_params_fields)
 

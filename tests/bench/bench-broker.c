@@ -569,16 +569,15 @@ static void bench_request(vmmb_client *client, const char *path, unsigned reps, 
  * how long building and writing it took: what vmmb_free_oneway() adds to the unmap.
  */
 static double oneway_free_send(VarlinkConn *c, const char *id) {
-        _cleanup_(json_object_putp) json_object *params = NULL, *msg = NULL;
+        _cleanup_(varlink_text_done) VarlinkText call = {};
         FreeParams p = { .id = (char *)id };
         double t0 = now_us();
         int k;
 
-        k = free_params_encode(&p, &params);
+        /* written as text, as vmmb_free_oneway() writes it (client_free_id()) */
+        k = free_params_write(&p, true, &call);
         if (k >= 0)
-                k = varlink_call_new(VMMB_METHOD_FREE, params, true, false, &msg);
-        if (k >= 0)
-                k = varlink_conn_send(c, msg, NULL, 0);
+                k = varlink_conn_send_text(c, &call, NULL, 0);
         if (k >= 0)
                 k = varlink_conn_flush(c);
         if (k < 0)
