@@ -373,28 +373,47 @@ typedef enum CallLoss {
 } CallLoss;
 
 /*
+ * Driver work a call does while its reply is on the way, so that the round trip hides it: client_call_full()
+ * runs it once, as soon as the call is first sent whole (not again when the call is sent again after a lost
+ * connection; not at all when it was never sent). An Alloc reserves the address range its lease will most
+ * likely need (AllocAhead); a Free unmaps the lease it frees (FreeUnmap).
+ */
+typedef struct CallOverlap {
+        void (*run)(struct CallOverlap *o);
+        bool ran;
+} CallOverlap;
+
+/* Runs `o` unless it ran (or is NULL). */
+static void call_overlap_run(CallOverlap *o) {
+        if (!o || o->ran)
+                return;
+        o->ran = true;
+        o->run(o);
+}
+
+/*
  * The device address range an Alloc's lease will most likely need, reserved while the reply is on the way
- * (the round trip hides it) and mapped into by lease_map_reply() when the lease fits it: a lease of `size`
+ * (a CallOverlap) and mapped into by lease_map_reply() when the lease fits it: a lease of `size`
  * bytes whose first slab's alignment divides `va`. Its size is the request rounded up to LIKELY_GRANULARITY,
  * aligned for the largest slab such a lease can have. A lease that does not fit (another granularity, a kept
  * lease handed back) is mapped as always and the range freed (alloc_ahead_done()): a miss costs one
  * reservation and its free, never a wrong mapping.
  */
 typedef struct AllocAhead {
+        CallOverlap overlap;    /* alloc_ahead_reserve(), once per Alloc */
         uint64_t size;          /* 0: nothing to reserve */
         CUdeviceptr va;         /* 0: not reserved, or taken by the lease */
-        bool tried;             /* reserved once per Alloc, not again when the call is sent again */
 } AllocAhead;
 
 #define LIKELY_GRANULARITY (UINT64_C(2) << 20)  /* every CUDA device's VMM granularity so far: 2 MiB */
 
-/* Reserves ahead->size bytes, once; a failure leaves nothing reserved (the lease reserves its own range). */
-static void alloc_ahead_reserve(AllocAhead *ahead) {
+/* Reserves ahead->size bytes; a failure leaves nothing reserved (the lease reserves its own range). */
+static void alloc_ahead_reserve(CallOverlap *o) {
+        AllocAhead *ahead = container_of(o, AllocAhead, overlap);
         CudaDriver *cu = NULL;
 
-        if (!ahead || ahead->size == 0 || ahead->tried)
+        if (ahead->size == 0)
                 return;
-        ahead->tried = true;
         if (driver_get(&cu) < 0 ||
             cu->cuMemAddressReserve(&ahead->va, ahead->size, cuda_slab_alignment(ahead->size), 0, 0) != CUDA_SUCCESS)
                 ahead->va = 0;
@@ -412,13 +431,11 @@ static void alloc_ahead_done(AllocAhead *ahead) {
 /*
  * A reply that carries a lease (Alloc's and Attach's: an AllocReply), its parameters read in the same pass
  * as its envelope (alloc_reply_parse_text()): client_call_full() fills it, and the caller frees `lease`
- * with alloc_reply_done() when `decoded`. With `ahead`, client_call_full() reserves that range between
- * sending the call and reading the reply.
+ * with alloc_reply_done() when `decoded`.
  */
 typedef struct ReplyInto {
         AllocReply lease;
         bool decoded;           /* `lease` holds the parameters; the reply, none */
-        AllocAhead *ahead;
 } ReplyInto;
 
 /* Frees what `into` holds, if anything. Accepts NULL. */
@@ -574,6 +591,8 @@ static int reply_error(const VarlinkReply *reply, const char *method) {
  * With `into` (a call answered with a lease), a successful reply's parameters
  * are read into into->lease in the same pass where they can be
  * (into->decoded; the reply then has none); on failure it holds nothing.
+ * With `overlap`, it runs that work once the call is first sent whole, before
+ * it waits for the reply (CallOverlap).
  *
  * A lost connection (the broker stopped, crashed or restarted) is closed and
  * connected again (client_reconnect(), which may wait for the broker), and the
@@ -588,7 +607,8 @@ static int reply_error(const VarlinkReply *reply, const char *method) {
  * is out of step (a reply that is not one) is closed as well.
  */
 static int client_call_full(vmmb_client *c, const char *method, const VarlinkText *call, bool error_replies,
-                            VarlinkReply *ret, ReceivedFds *ret_fds, uint64_t *ret_generation, ReplyInto *into) {
+                            VarlinkReply *ret, ReceivedFds *ret_fds, uint64_t *ret_generation, ReplyInto *into,
+                            CallOverlap *overlap) {
         _cleanup_(received_fds_done) ReceivedFds fds = {};
         VarlinkReply reply = {};
         bool repeated = false, maybe_done = false, not_json = false;
@@ -617,8 +637,7 @@ static int client_call_full(vmmb_client *c, const char *method, const VarlinkTex
                         }
                         loss = CALL_UNREAD;     /* the broker has no whole call to act on */
                 } else {
-                        if (into)
-                                alloc_ahead_reserve(into->ahead);
+                        call_overlap_run(overlap);
                         k = conn_receive(c->conn, c->spin_usec, &reply, &fds, &loss, &not_json, into);
                         if (k >= 0) {
                                 generation = c->generation;
@@ -717,7 +736,7 @@ static int client_call(vmmb_client *c, const char *method, json_object *params, 
 
         k = call_write(method, params, &call);
         if (k >= 0)
-                k = client_call_full(c, method, &call, false, ret, ret_fds, NULL, NULL);
+                k = client_call_full(c, method, &call, false, ret, ret_fds, NULL, NULL, NULL);
         if (k >= 0) {
                 k = varlink_reply_parameters(ret);
                 if (k < 0) {
@@ -786,7 +805,7 @@ static int client_call_oneway(vmmb_client *c, const char *method, const VarlinkT
 }
 
 /* Tells the broker that lease `id` is done with: waits for its answer, or only sends the call when `oneway`. */
-static int client_free_id(vmmb_client *c, const char *id, bool oneway) {
+static int client_free_id(vmmb_client *c, const char *id, bool oneway, CallOverlap *overlap) {
         _cleanup_(varlink_text_done) VarlinkText call = {};
         FreeParams p = { .id = (char *)id };
         VarlinkReply reply = {};
@@ -797,7 +816,7 @@ static int client_free_id(vmmb_client *c, const char *id, bool oneway) {
                 return set_error(k, "Cannot encode the call to free lease %s: %s.", id, strerror(-k));
         if (oneway)
                 return client_call_oneway(c, VMMB_METHOD_FREE, &call, false, NULL);
-        k = client_call_full(c, VMMB_METHOD_FREE, &call, false, &reply, NULL, NULL, NULL);
+        k = client_call_full(c, VMMB_METHOD_FREE, &call, false, &reply, NULL, NULL, NULL, overlap);
         if (k < 0)
                 return k;
         varlink_reply_done(&reply);
@@ -841,23 +860,56 @@ static int lease_unmap(const vmmb_lease *l) {
         return 0;
 }
 
+/* A Free's unmapping of its lease, done while the broker's answer is on the way (a CallOverlap). */
+typedef struct FreeUnmap {
+        CallOverlap overlap;
+        const vmmb_lease *lease;
+        int result;             /* lease_unmap()'s, once run */
+} FreeUnmap;
+
+static void free_unmap(CallOverlap *o) {
+        FreeUnmap *u = container_of(o, FreeUnmap, overlap);
+
+        u->result = lease_unmap(u->lease);
+}
+
 /*
- * Unmaps a lease (lease_unmap()) and, once nothing of it is mapped here, tells the broker: waits for its
- * answer, or only sends the Free when `oneway` (vmmb_free_oneway()). The caller has made sure no work uses it
- * (vmmb_free_stream() waits for a stream first). When unmapping fails the broker is not told: the memory may
- * still be reachable in this process, so it must not be scrubbed and handed out again; the broker reclaims it
- * when the process exits. Frees the lease object in every case.
+ * Unmaps a lease (lease_unmap()) and tells the broker; frees the lease object in every case. The caller has
+ * made sure no work uses it (vmmb_free_stream() waits for a stream first).
+ *
+ * When `oneway` (vmmb_free_oneway()) it unmaps, then sends the Free and waits for nothing; when unmapping fails
+ * the broker is not told, and reclaims the lease when the process exits.
+ *
+ * Otherwise the Free is sent first and the lease unmapped while the broker's answer is on the way, so that the
+ * round trip costs nothing beyond the unmap (FreeUnmap). The broker hands a slab only to its own user, and
+ * only once scrubbed; the memory is not touched by anything between the Free and its unmapping, by contract.
+ * When unmapping fails after the Free was sent (the driver refused: it is being torn down, say), the broker
+ * has ended the lease all the same: the range stays reserved and is never used again by this library, and the
+ * unmap's error is returned. When the Free could not be sent, the lease is unmapped afterwards, as before.
  */
 static int lease_release(vmmb_lease *l, bool oneway) {
         _cleanup_(lease_destroyp) vmmb_lease *lease = l;
+        FreeUnmap u = { .overlap.run = free_unmap, .lease = l };
         int k;
 
         if (lease->reclaimed)
                 return 0;               /* given back already: only the object was left */
-        k = lease_unmap(lease);
-        if (k < 0)
-                return k;
-        return client_free_id(lease->client, lease->id, oneway);
+        if (oneway) {
+                k = lease_unmap(lease);
+                return k < 0 ? k : client_free_id(lease->client, lease->id, true, NULL);
+        }
+        k = client_free_id(lease->client, lease->id, false, &u.overlap);
+        if (!u.overlap.ran) {
+                /* never sent whole: the broker was not told, and the call's error stands unless unmapping fails */
+                int r = lease_unmap(lease);
+
+                return r < 0 ? r : k;
+        }
+        if (u.result < 0)
+                return set_error(u.result, "Cannot unmap lease %s at 0x%llx, which was freed: %s. The broker has "
+                                 "ended it; its address range stays reserved in this process.", lease->id,
+                                 (unsigned long long)lease->va, strerror(-u.result));
+        return k;
 }
 
 /* --- the process: kept leases ---------------------------------------------------------------------- */
@@ -1131,7 +1183,7 @@ static int kept_give_back(vmmb_client *via, vmmb_lease *l, Released *r) {
                 k = lease_unmap(l);
         if (k >= 0) {
                 sent = true;            /* whatever comes back, the broker may have carried it out */
-                k = client_free_id(via, r->id, false);
+                k = client_free_id(via, r->id, false, NULL);
         }
         process_lock();
         if (sent) {
@@ -1293,7 +1345,7 @@ static void client_give_back(vmmb_client *c, const char *id) {
         if (!id)
                 return;
         memcpy(saved, error_message, sizeof(saved));
-        (void)client_free_id(c, id, false);
+        (void)client_free_id(c, id, false, NULL);
         memcpy(error_message, saved, sizeof(saved));
 }
 
@@ -1673,7 +1725,7 @@ static int lease_give_back(vmmb_lease *l, vmmb_client *via) {
         l->reclaimed = true;
         l->va = 0;
         (void)pthread_mutex_unlock(&c->leases_lock);
-        (void)client_free_id(via, l->id, false);
+        (void)client_free_id(via, l->id, false, NULL);
         return 0;
 }
 
@@ -2102,7 +2154,7 @@ static int client_alloc(vmmb_client *client, uint64_t size, int device, const ui
         AllocParams a = { .size = size, .device = device, .label = (char *)label,
                           .wait_usec = (int64_t)MIN(wait_usec, (uint64_t)INT64_MAX),
                           .devices = (uint64_t *)devices, .n_devices = n_devices };
-        AllocAhead ahead = {};
+        AllocAhead ahead = { .overlap.run = alloc_ahead_reserve };
         bool gave_back = false;
         unsigned stale = 0;
         CudaDriver *cu = NULL;
@@ -2138,9 +2190,10 @@ static int client_alloc(vmmb_client *client, uint64_t size, int device, const ui
                 VarlinkReply reply = {};
                 uint64_t generation = 0;
 
-                ReplyInto into = { .ahead = &ahead };
+                ReplyInto into = {};
 
-                k = client_call_full(client, VMMB_METHOD_ALLOC, &call, false, &reply, &fds, &generation, &into);
+                k = client_call_full(client, VMMB_METHOD_ALLOC, &call, false, &reply, &fds, &generation, &into,
+                                     &ahead.overlap);
                 if ((k == -ENOMEM || k == -EDQUOT) && !gave_back && kept_any(client)) {
                         char saved[ERROR_MESSAGE_MAX];
 
@@ -2282,7 +2335,7 @@ static int client_attach(vmmb_client *client, const char *token, const char *nam
         if (k < 0)
                 return set_error(k, "Cannot encode the request: %s.", strerror(-k));
         /* its reply is an Alloc's, read in the envelope's pass as Alloc's is */
-        k = client_call_full(client, VMMB_METHOD_ATTACH, &call, false, &reply, &fds, NULL, &into);
+        k = client_call_full(client, VMMB_METHOD_ATTACH, &call, false, &reply, &fds, NULL, &into, NULL);
         if (k < 0)
                 return k;
         k = lease_map_reply(client, "Attach", &reply, into.decoded ? &into.lease : NULL, &fds, VMMB_ANY_DEVICE, 0,
@@ -2661,7 +2714,7 @@ VMMB_EXPORT int vmmb_free_keep(vmmb_lease *lease) {
         /* Asked with an answer, the first time on each connection: does this broker keep? */
         if (keeps > 0 && free_params_write(&p, false, &call) < 0)
                 return kept_undo(lease, serial, 0, true, false);        /* freed plainly, as above */
-        k = client_call_full(c, VMMB_METHOD_FREE, &call, true, &reply, NULL, &generation, NULL);
+        k = client_call_full(c, VMMB_METHOD_FREE, &call, true, &reply, NULL, &generation, NULL, NULL);
         if (k < 0)
                 return kept_undo(lease, serial, k, false, k == -ECONNRESET);
         if (reply.error) {

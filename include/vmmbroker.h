@@ -230,8 +230,9 @@ int vmmb_alloc_among(vmmb_client *client, uint64_t size, const int *devices, siz
  * vmmb_free() - end a lease.
  * @lease: the lease, or NULL.
  *
- * Unmaps the memory at once, then tells the broker, which scrubs it and
- * reuses it. Neither the driver nor the library waits for work that the GPU
+ * Tells the broker, which scrubs the memory and reuses it, and unmaps the
+ * memory while the broker's answer is on the way (so the round trip costs
+ * nothing beyond the unmap). Neither the driver nor the library waits for work that the GPU
  * still has queued on the memory: cuMemUnmap returns while a kernel, copy or
  * memset queued on a stream may still use the range, and that work then
  * faults (CUDA_ERROR_ILLEGAL_ADDRESS, a sticky error that ends the CUDA
@@ -243,8 +244,14 @@ int vmmb_alloc_among(vmmb_client *client, uint64_t size, const int *devices, siz
  * process exits: -ECONNREFUSED when no broker came back in time,
  * and -ECONNRESET when the broker went away after it received the call, and
  * may or may not have ended the hold. That Free is not sent again: a process
- * that holds a lease more than once (vmmb_attach()) would lose another hold. When unmapping fails, the broker is not told, as
- * the memory may still be mapped here; it too comes back at exit.
+ * that holds a lease more than once (vmmb_attach()) would lose another hold;
+ * the memory is unmapped all the same. When the call could not be sent at
+ * all, the memory is unmapped afterwards. When unmapping fails after the call
+ * was sent (the driver refused: it is being torn down, say), the broker has
+ * ended the lease all the same; what could not be unmapped stays reserved in
+ * this process, and the broker hands that memory, scrubbed, only to later
+ * leases of this user. vmmb_free_oneway() unmaps first and does not tell the
+ * broker when unmapping fails.
  *
  * For a lease that other processes hold too (vmmb_attach()), or that is
  * published (vmmb_publish()), this ends only this process's hold: the memory
@@ -263,10 +270,10 @@ int vmmb_free(vmmb_lease *lease);
  * vmmb_free_oneway() - end a lease without waiting for the broker's answer.
  * @lease: the lease, or NULL.
  *
- * Unmaps the memory at once, as vmmb_free() does (the caller makes sure no
- * queued work uses it), then sends the broker the Free as a one-way call (the
- * broker sends no answer) and returns as soon as it is written: the round trip
- * that vmmb_free() waits for is left out, which is most of what freeing costs.
+ * Unmaps the memory first (the caller makes sure no queued work uses it, as
+ * for vmmb_free()), then sends the broker the Free as a one-way call (the
+ * broker sends no answer) and returns as soon as it is written: the answer
+ * that vmmb_free() waits for while it unmaps is left out.
  * The broker ends the hold when it reads the call, and it reads it before any
  * later call of this client: a vmmb_alloc() that follows on the same client
  * may use the memory. Other processes may see the lease held for that moment
@@ -283,7 +290,7 @@ int vmmb_free(vmmb_lease *lease);
  * The lease object is freed in every case.
  *
  * Return: 0 once the call is written; or a negative errno: from the unmapping
- * (the broker is not told, as by vmmb_free()), -ECONNREFUSED when no broker came
+ * (unmapped first, the broker is not told then), -ECONNREFUSED when no broker came
  * back in time, -ECONNRESET when the connection was lost twice while sending.
  */
 int vmmb_free_oneway(vmmb_lease *lease);

@@ -294,6 +294,7 @@ END_TEST
 START_TEST(test_daemon_killed) {
         vmmb_client *c;
         vmmb_lease *l, *l2, *l3 = NULL;
+        uint64_t unmaps;
 
         ck_assert_int_eq(setenv("VMMBROKER_RECONNECT_TIMEOUT", "0", 1), 0);
         c = connect_or_fail(h.socket);
@@ -310,7 +311,9 @@ START_TEST(test_daemon_killed) {
         ck_assert_msg(strstr(vmmb_error_message(), "no broker listened at"), "message: %s", vmmb_error_message());
         /* The mapping still works until freed; freeing unmaps, then cannot tell the broker. */
         ck_assert_int_eq(cu->cuMemsetD32(vmmb_lease_ptr(l), 1, vmmb_lease_size(l) / 4), CUDA_SUCCESS);
+        unmaps = driver_calls("cuMemUnmap");
         ck_assert_int_eq(vmmb_free(l), -ECONNREFUSED);
+        ck_assert(!driver_counts() || driver_calls("cuMemUnmap") == unmaps + 1);       /* never sent: unmapped after */
         /* so does a one-way Free: it would connect again to send the call, and no broker listens */
         ck_assert_int_eq(cu->cuMemsetD32(vmmb_lease_ptr(l2), 1, vmmb_lease_size(l2) / 4), CUDA_SUCCESS);
         ck_assert_int_eq(vmmb_free_oneway(l2), -ECONNREFUSED);
@@ -1110,6 +1113,78 @@ START_TEST(test_alloc_reserves_ahead) {
 }
 END_TEST
 
+/* A vmmb_free() made in a thread of its own while the daemon is stopped, for test_free_unmaps_while_answered(). */
+typedef struct FreeCall {
+        vmmb_lease *lease;
+        _Atomic bool done;
+        int result;
+} FreeCall;
+
+static void *free_call(void *arg) {
+        FreeCall *a = arg;
+
+        a->result = vmmb_free(a->lease);
+        a->done = true;
+        return NULL;
+}
+
+/*
+ * vmmb_free() sends the Free first and unmaps while the answer is on the way: with the daemon stopped, the
+ * lease is unmapped (its range freed) before any answer can have come. When unmapping fails after the Free was
+ * sent, the broker has ended the lease all the same and the error says so; a one-way Free unmaps first and
+ * tells the broker nothing when unmapping fails. When the Free cannot be sent (test_daemon_killed()), the lease
+ * is unmapped all the same.
+ */
+START_TEST(test_free_unmaps_while_answered) {
+        __typeof__(&simcuda_fail) inject = (__typeof__(inject))driver_hook("simcuda_fail");
+        FreeCall a = {};
+        pthread_t thread;
+        uint64_t unmaps, freed;
+        vmmb_client *c;
+        vmmb_lease *l;
+        int k;
+
+        if (!driver_counts() || !inject) {
+                fprintf(stderr, "%s: not run: it counts and fails driver calls, which only the simulated device "
+                        "does\n", __func__);
+                return;
+        }
+        c = connect_or_fail(h.socket);
+
+        /* 66 MiB: two slabs, two unmaps, then the range freed, all while the daemon cannot answer */
+        a.lease = alloc_or_fail(c, 66 * MiB, 0, NULL);
+        fill(a.lease, 0xF4EE);
+        unmaps = driver_calls("cuMemUnmap");
+        freed = driver_calls("cuMemAddressFree");
+        ck_assert_int_eq(harness_freeze(&h), 0);
+        ck_assert_int_eq(pthread_create(&thread, NULL, free_call, &a), 0);
+        while (driver_calls("cuMemAddressFree") == freed)
+                ;                       /* the Free sent, the lease being unmapped: Check's timeout bounds it */
+        ck_assert_uint_eq(driver_calls("cuMemUnmap"), unmaps + 2);
+        ck_assert(!a.done);             /* and still waiting for the answer */
+        ck_assert_int_eq(harness_thaw(&h), 0);
+        ck_assert_int_eq(pthread_join(thread, NULL), 0);
+        ck_assert_msg(a.result == 0, "vmmb_free: %s: %s", strerror(-a.result), vmmb_error_message());
+        ck_assert_uint_eq(daemon_leases(h.socket), 0);
+
+        /* Unmapping fails after the Free was sent: the broker has ended the lease, and the error says so. */
+        l = alloc_or_fail(c, 2 * MiB, 0, NULL);
+        ck_assert_int_eq(inject("cuMemUnmap:1"), 0);
+        k = vmmb_free(l);
+        ck_assert_int_eq(k, -EIO);
+        ck_assert_msg(strstr(vmmb_error_message(), "The broker has ended it"), "%s", vmmb_error_message());
+        ck_assert_uint_eq(daemon_leases(h.socket), 0);
+
+        /* A one-way Free unmaps first: when that fails, the broker is not told and keeps the lease. */
+        l = alloc_or_fail(c, 2 * MiB, 0, NULL);
+        ck_assert_int_eq(inject("cuMemUnmap:1"), 0);
+        ck_assert_int_eq(vmmb_free_oneway(l), -EIO);
+        ck_assert_msg(strstr(vmmb_error_message(), "Cannot unmap lease"), "%s", vmmb_error_message());
+        ck_assert_uint_eq(daemon_leases(h.socket), 1);
+        vmmb_close(c);
+}
+END_TEST
+
 /* A call made in a thread of its own while the daemon is stopped, for test_reply_spin(). */
 typedef struct SpinCall {
         vmmb_client *c;
@@ -1556,6 +1631,7 @@ int main(void) {
         tcase_add_test(tc, test_free_oneway);
         tcase_add_test(tc, test_alloc_reserves_ahead);
         tcase_add_test(tc, test_reply_spin);
+        tcase_add_test(tc, test_free_unmaps_while_answered);
         suite_add_tcase(s, tc);
 
         failed = run_suite(s);
