@@ -285,6 +285,8 @@ static int on_accept(sd_event_source *s, int fd, uint32_t revents, void *userdat
 
 /* What follows serving requests, in a round or at once. */
 static void served(Manager *m) {
+        /* The replies are sent: now the scrubs of what they freed, which no answer waits for. */
+        pool_scrub_queued(m->pool);
         /* A Free, an Unpublish, a scrub that failed may have given memory back at once. */
         serve_waiters(m, false);
         /* A round has been served: new connections may come in again (on_accept()). */
@@ -403,13 +405,13 @@ static int on_idle(sd_event_source *s, void *userdata) {
         Manager *m = userdata;
         int old = m->broker.store_error;
 
-        pool_idle(m->pool);
         /* Keep trying what could not be stored: a table to start from, exited holders' holds. */
         if (broker_store_snapshot(&m->broker, false) < 0 && old == 0)
                 fprintf(stderr, "Failed to store the lease table: %s; changes are refused until it works again.\n",
                         strerror(-m->broker.store_error));
         if (broker_has_unreaped(&m->broker))
                 broker_reap_holders(&m->broker);
+        pool_idle(m->pool);     /* after reaping: the scrubs and fds of what it gave back */
         if (old < 0 && m->broker.store_error == 0)
                 fprintf(stderr, "Storing the lease table works again.\n");
         send_status(m, false);

@@ -54,6 +54,8 @@ struct PoolDevice {
         CUstream stream;                /* the scrub and copy stream */
         SlabSpace mem;                  /* the device's memory */
         SlabSpace host;                 /* host memory on its NUMA node, for parked leases */
+        List queued;                    /* Slab of either space reclaimed, its scrub not issued yet: in reclaim
+                                           order, SLAB_SCRUBBING and counted so (pool_scrub_queued()) */
         List scrubbing;                 /* Slab of either space, in stream order */
         uint64_t scrubs_issued;
         _Atomic uint64_t scrubs_done;   /* written by the driver's thread */
@@ -71,6 +73,7 @@ struct Pool {
         int *closing;                   /* exported fds of released slabs, closed by pool_idle() */
         size_t n_closing, n_closing_alloc;
         bool prime;                     /* an exported fd was closed since the last export */
+        unsigned n_queued;              /* slabs on the devices' `queued` lists */
         PoolHooks hooks;
         void *hooks_userdata;
         char last_error[256];
@@ -487,17 +490,36 @@ void pool_reclaim(Pool *p, Slab *slab) {
 
         if (!slab_unlease(slab))
                 return;
-        if (slab_scrub(dev, slab) < 0) {
-                /* Memory we could not zero is never handed out again. */
-                slab_release(slab);
-                return;
-        }
-        if (slab->host)
-                slab->uid = UID_UNBOUND;        /* zeroed, it holds nobody's data: any park may use it */
         slab->state = SLAB_SCRUBBING;
-        list_link_tail(&dev->scrubbing, &slab->link_state);
+        list_link_tail(&dev->queued, &slab->link_state);
         slab->space->scrubbing_bytes += slab->size;
         slab->space->n_scrubbing++;
+        p->n_queued++;
+}
+
+/* Issues the scrubs of the device's queued slabs, in reclaim order. */
+static void device_scrub_queued(PoolDevice *dev) {
+        Slab *slab, *tmp;
+
+        list_for_each_entry_safe(slab, tmp, &dev->queued, link_state) {
+                list_unlink(&slab->link_state);
+                dev->pool->n_queued--;
+                if (slab_scrub(dev, slab) < 0) {
+                        /* Memory we could not zero is never handed out again. */
+                        slab->space->scrubbing_bytes -= slab->size;
+                        slab->space->n_scrubbing--;
+                        slab_release(slab);
+                        continue;
+                }
+                if (slab->host)
+                        slab->uid = UID_UNBOUND;        /* zeroed, it holds nobody's data: any park may use it */
+                list_link_tail(&dev->scrubbing, &slab->link_state);
+        }
+}
+
+void pool_scrub_queued(Pool *p) {
+        for (size_t i = 0; i < p->n_devices && p->n_queued > 0; i++)
+                device_scrub_queued(&p->devices[i]);
 }
 
 void pool_set_hooks(Pool *p, const PoolHooks *hooks, void *userdata) {
@@ -625,6 +647,7 @@ unsigned pool_dispatch(Pool *p) {
 int pool_drain(Pool *p) {
         int ret = 0;
 
+        pool_scrub_queued(p);
         for (size_t i = 0; i < p->n_devices; i++) {
                 PoolDevice *dev = &p->devices[i];
                 CUresult r;
@@ -688,6 +711,7 @@ static Slab *cache_take_or_wait(SlabSpace *space, uint64_t size, uid_t uid) {
 
         if (slab)
                 return slab;
+        device_scrub_queued(dev);       /* the slab freed by the last request may not be scrubbing yet */
         list_for_each_entry(s, &dev->scrubbing, link_state)
                 if (s->space == space && s->size == size && s->uid == uid) {
                         scrubbing = true;
@@ -965,6 +989,7 @@ static int device_init(Pool *p, PoolDevice *dev, int index, const PoolConfig *co
         int k;
 
         dev->pool = p;
+        list_init(&dev->queued);
         list_init(&dev->scrubbing);
         k = space_init(dev, &dev->mem, false);
         if (k < 0)
@@ -1061,6 +1086,11 @@ static void device_done(PoolDevice *dev) {
         }
         if (make_current(dev) == 0 && dev->stream)
                 (void)DRV(dev, cuStreamSynchronize)(dev->stream);
+        list_for_each_entry_safe(slab, tmp, &dev->queued, link_state) {
+                list_unlink(&slab->link_state);
+                dev->pool->n_queued--;
+                slab_release(slab);
+        }
         list_for_each_entry_safe(slab, tmp, &dev->scrubbing, link_state) {
                 list_unlink(&slab->link_state);
                 slab_release(slab);
@@ -1152,11 +1182,13 @@ int pool_new(Pool **ret, CudaDriver *cu, const PoolConfig *config, char **ret_me
 bool pool_idle(Pool *p) {
         PoolDevice *dev = &p->devices[0];
         uint64_t size = dev->info.granularity;
+        bool scrubbed = p->n_queued > 0;
         Slab *slab;
 
+        pool_scrub_queued(p);
         flush_closes(p);
         if (!p->prime)
-                return false;
+                return scrubbed;
         /* One export absorbs the driver's slow path; its slab waits, unbound, for the next request. */
         p->prime = false;
         if (dev->mem.created_bytes + size > dev->mem.capacity || slab_create(&dev->mem, size, UID_UNBOUND, &slab) != 0)
@@ -1170,7 +1202,7 @@ bool pool_idle(Pool *p) {
 }
 
 bool pool_has_idle_work(const Pool *p) {
-        return p->n_closing > 0 || p->prime;
+        return p->n_closing > 0 || p->prime || p->n_queued > 0;
 }
 
 unsigned pool_trim(Pool *p) {

@@ -152,9 +152,19 @@ Pool *pool_free(Pool *p);
  */
 int pool_alloc(Pool *p, int device, uint64_t size, uid_t uid, Slab **ret_slabs, size_t *ret_n);
 
-/* Takes a leased slab back: it is scrubbed, then cached for its uid (or released if the scrub cannot start).
- * A host slab is cached for any uid once scrubbed. */
+/*
+ * Takes a leased slab back: it is queued for scrubbing (counted as scrubbing from now on), scrubbed once
+ * pool_scrub_queued() runs, then cached for its uid (or released if the scrub cannot start). A host slab is
+ * cached for any uid once scrubbed.
+ */
 void pool_reclaim(Pool *p, Slab *slab);
+
+/*
+ * Issues the scrubs of the slabs pool_reclaim() queued. The daemon runs it once a request's reply is sent, so
+ * that a Free's answer does not wait for the scrub it starts; pool_alloc() runs it before it waits for a
+ * scrubbing slab, pool_drain() and pool_idle() before anything else.
+ */
+void pool_scrub_queued(Pool *p);
 
 /*
  * Host slabs to park the content of `slabs` (n device slabs of one device, a lease's) in: one of the same
@@ -223,12 +233,13 @@ int pool_get_fd(Pool *p);
 /* Moves slabs whose scrub has completed into the cache. Returns how many. */
 unsigned pool_dispatch(Pool *p);
 
-/* Blocks until every scrub in flight has completed, then dispatches them. Returns 0 or a negative errno. */
+/* Issues the queued scrubs, blocks until every scrub in flight has completed, then dispatches them. Returns 0
+ * or a negative errno. */
 int pool_drain(Pool *p);
 
 /*
  * Work the pool keeps out of requests; the daemon calls it when it has nothing
- * else to do. It closes the exported fds of released slabs (which frees their
+ * else to do. It issues queued scrubs (pool_scrub_queued()), closes the exported fds of released slabs (which frees their
  * memory) and, when it closed any, creates one unbound slab of the smallest
  * size, the granularity: closing an exported fd makes the driver's next export slow, and that
  * export is better paid here than in a client's request. Returns true if it
@@ -236,7 +247,8 @@ int pool_drain(Pool *p);
  */
 bool pool_idle(Pool *p);
 
-/* Whether pool_idle() has anything to do: fds of released slabs to close, or a slab to prime. */
+/* Whether pool_idle() has anything to do: scrubs to issue, fds of released slabs to close, or a slab to
+ * prime. */
 bool pool_has_idle_work(const Pool *p);
 
 /* Releases every cached slab on every device back to the driver. Returns how many. */

@@ -58,6 +58,7 @@ static double reclaim_and_wait(Pool *pool, Slab *slab) {
         double t0 = now_us();
 
         pool_reclaim(pool, slab);
+        pool_scrub_queued(pool);
         for (;;) {
                 struct pollfd p = { .fd = pool_get_fd(pool), .events = POLLIN };
 

@@ -90,9 +90,11 @@ static int alloc(uint64_t size, uid_t uid, Slab **slabs, size_t *n) {
         return pool_alloc(pool, 0, size, uid, slabs, n);
 }
 
+/* Reclaims the slabs and issues their scrubs, as the daemon does once its reply is sent. */
 static void reclaim_all(Slab **slabs, size_t n) {
         for (size_t i = 0; i < n; i++)
                 pool_reclaim(pool, slabs[i]);
+        pool_scrub_queued(pool);
 }
 
 /* Maps a lease as a client would and either fills it with `fill` or checks it reads `expect`. */
@@ -492,6 +494,67 @@ START_TEST(test_scrub_failure_releases) {
 }
 END_TEST
 
+/*
+ * pool_reclaim() only queues the scrub, with no driver call, so that a Free's answer need not wait for it:
+ * the slab counts as scrubbing and is never handed out unscrubbed. pool_scrub_queued() issues it; a request
+ * of its size and uid issues and waits for it rather than create a slab; another uid's request never gets
+ * it; pool_idle() issues what is left; a scrub that cannot be issued releases the slab; the pool freed with
+ * scrubs still queued leaves nothing behind (teardown()).
+ */
+START_TEST(test_scrub_queued_until_told) {
+        Slab *a[POOL_MAX_SLABS], *b[POOL_MAX_SLABS], *c[POOL_MAX_SLABS];
+        PoolDeviceStats s;
+        uint64_t calls;
+        size_t n, m, k;
+
+        open_pool(64 * MiB, 0);
+        ck_assert_int_eq(alloc(2 * MiB, UID_A, a, &n), 0);
+        lease_io(a, n, 0x5c5c5c5c, 0);
+        calls = stats().driver_calls;
+        pool_reclaim(pool, a[0]);
+        s = stats();
+        ck_assert_uint_eq(s.driver_calls, calls);       /* queued: nothing asked of the driver yet */
+        ck_assert_uint_eq(s.scrubbing, 2 * MiB);
+        ck_assert_uint_eq(s.leased, 0);
+        ck_assert(pool_has_idle_work(pool));
+
+        /* Another uid's request of the size gets a slab of its own; then the owner's takes it back, zeroed. */
+        ck_assert_int_eq(alloc(2 * MiB, UID_B, c, &k), 0);
+        ck_assert_ptr_ne(c[0], a[0]);
+        ck_assert_uint_eq(stats().created, 2);
+        ck_assert_int_eq(alloc(2 * MiB, UID_A, b, &m), 0);
+        ck_assert_ptr_eq(b[0], a[0]);
+        lease_io(b, m, -1, 0);
+        ck_assert_uint_eq(stats().created, 2);
+
+        /* Queued, then issued by pool_scrub_queued(): cached once done. */
+        pool_reclaim(pool, b[0]);
+        pool_scrub_queued(pool);
+        ck_assert_uint_gt(stats().driver_calls, calls);
+        wait_scrubs(1);
+        ck_assert_uint_eq(stats().n_cached, 1);
+
+        /* Queued, then issued by pool_idle(). */
+        pool_reclaim(pool, c[0]);
+        ck_assert(pool_idle(pool));
+        wait_scrubs(1);
+        ck_assert_uint_eq(stats().n_cached, 2);
+
+        /* A scrub that cannot be issued: the slab is released, never cached. */
+        ck_assert_int_eq(alloc(2 * MiB, UID_A, a, &n), 0);
+        ck_assert_int_eq(sim.inject("cuMemsetD8Async:1:CUDA_ERROR_UNKNOWN"), 0);
+        pool_reclaim(pool, a[0]);
+        pool_scrub_queued(pool);
+        s = stats();
+        ck_assert_uint_eq(s.scrubbing, 0);
+        ck_assert_uint_eq(s.released, 1);
+
+        /* One left queued when the pool is freed. */
+        ck_assert_int_eq(alloc(2 * MiB, UID_B, c, &k), 0);
+        pool_reclaim(pool, c[0]);
+}
+END_TEST
+
 START_TEST(test_free_releases_everything) {
         Slab *a[POOL_MAX_SLABS], *b[POOL_MAX_SLABS], *c[POOL_MAX_SLABS];
         size_t n, m, k;
@@ -581,6 +644,7 @@ static Suite *pool_suite(void) {
         tcase_add_test(tc, test_export_failure);
         tcase_add_test(tc, test_failed_request_returns_hits);
         tcase_add_test(tc, test_scrub_failure_releases);
+        tcase_add_test(tc, test_scrub_queued_until_told);
         tcase_add_test(tc, test_free_releases_everything);
         tcase_add_test(tc, test_idle_closes_and_primes);
         suite_add_tcase(s, tc);
