@@ -704,12 +704,24 @@ START_TEST(test_status_many_devices) {
                 ck_assert_uint_eq(a->capacity, 64 * MiB);
                 ck_assert_uint_eq(a->leased, i == 10 ? 4 * MiB : 0);
                 ck_assert_uint_eq(a->leases, i == 10 ? 1 : 0);
+                /* the two reads agree on every field */
                 ck_assert_int_eq(b->index, a->index);
                 ck_assert_str_eq(b->name, a->name);
+                ck_assert_uint_eq(b->total, a->total);
+                ck_assert_uint_eq(b->granularity, a->granularity);
                 ck_assert_uint_eq(b->capacity, a->capacity);
                 ck_assert_uint_eq(b->leased, a->leased);
+                ck_assert_uint_eq(b->scrubbing, a->scrubbing);
+                ck_assert_uint_eq(b->cached, a->cached);
                 ck_assert_uint_eq(b->leases, a->leases);
+                ck_assert_int_eq(b->waiters, a->waiters);
+                ck_assert_int_eq(b->numa_node, a->numa_node);
+                ck_assert_int_eq(b->host_capacity, a->host_capacity);
+                ck_assert_int_eq(b->parked, a->parked);
+                ck_assert_int_eq(b->host_cached, a->host_cached);
+                ck_assert_int_eq(b->kept, a->kept);
         }
+        ck_assert_str_eq(tree.placement, text.placement);
         status_reply_done(&text);
         status_reply_done(&tree);
         ck_assert_int_eq(harness_stop(&d.h), 0);
