@@ -1218,6 +1218,23 @@ static char thread_state(pid_t tid) {
         return p && p[1] == ' ' ? p[2] : 0;
 }
 
+/* The CPU time, in microseconds, that this process's thread `tid` has run (/proc/self/task/TID/schedstat). */
+static uint64_t thread_cpu_usec(pid_t tid) {
+        char path[64], buf[128];
+        _cleanup_close_ int fd = -EBADF;
+        unsigned long long ns;
+        ssize_t n;
+
+        (void)snprintf(path, sizeof(path), "/proc/self/task/%d/schedstat", (int)tid);
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+        ck_assert_int_ge(fd, 0);
+        n = read(fd, buf, sizeof(buf) - 1);
+        ck_assert_int_gt(n, 0);
+        buf[n] = 0;
+        ck_assert_int_eq(sscanf(buf, "%llu", &ns), 1);
+        return ns / 1000;
+}
+
 /* Sets $VMMBROKER_REPLY_SPIN_USEC to `value` (NULL: unset) and connects; returns vmmb_connect()'s result. */
 static int connect_spinning(const char *value, vmmb_client **ret) {
         if (value)
@@ -1256,14 +1273,19 @@ START_TEST(test_reply_spin) {
                 vmmb_close(c);
         }
 
-        /* Polling for 2 ms while the daemon is stopped: the call then sleeps, and is answered once it goes on. */
-        ck_assert_int_eq(connect_spinning("2000", &c), 0);
+        /*
+         * Polling for 100 ms while the daemon is stopped: the call runs on the CPU all that while (10 ms of CPU
+         * time is far below what a thread spinning for 100 ms gets even on a busy machine, and far above what a
+         * call that sleeps at once uses), then sleeps, and is answered once the daemon goes on.
+         */
+        ck_assert_int_eq(connect_spinning("100000", &c), 0);
         ck_assert_int_eq(vmmb_unpublish(c, "test-client-no-such-name"), -ENOENT);   /* connected, answered */
         ck_assert_int_eq(harness_freeze(&h), 0);
         a.c = c;
         ck_assert_int_eq(pthread_create(&thread, NULL, spin_call, &a), 0);
         while (a.tid == 0 || thread_state(a.tid) != 'S')
                 ;                       /* polling, then asleep in recv(): Check's timeout bounds the wait */
+        ck_assert_uint_ge(thread_cpu_usec(a.tid), 10000);
         ck_assert_int_eq(harness_thaw(&h), 0);
         ck_assert_int_eq(pthread_join(thread, NULL), 0);
         ck_assert_int_eq(a.result, -ENOENT);
