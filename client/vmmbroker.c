@@ -218,6 +218,25 @@ static const char *format_seconds(uint64_t usec, char buf[static 32]) {
 }
 
 /*
+ * Reads the decimal digits at `s` into *ret: returns the first byte after them, or NULL when there are none or
+ * they make more than `max`. The environment variables' numbers are read with it.
+ */
+static const char *digits_read(const char *s, uint64_t max, uint64_t *ret) {
+        const char *p;
+        uint64_t v = 0;
+
+        for (p = s; *p >= '0' && *p <= '9'; p++) {
+                v = v * 10 + (uint64_t)(*p - '0');
+                if (v > max)
+                        return NULL;
+        }
+        if (p == s)
+                return NULL;
+        *ret = v;
+        return p;
+}
+
+/*
  * $VMMBROKER_RECONNECT_TIMEOUT in microseconds: seconds as digits, with a
  * fraction after a point ("30", "0.5", "0"; digits past the sixth after the
  * point count for nothing); unset or empty is the default. -EINVAL for
@@ -231,12 +250,8 @@ static int reconnect_timeout(uint64_t *ret) {
                 *ret = RECONNECT_TIMEOUT_DEFAULT_USEC;
                 return 0;
         }
-        for (p = e; *p >= '0' && *p <= '9'; p++) {
-                seconds = seconds * 10 + (uint64_t)(*p - '0');
-                if (seconds > UINT64_C(1000000000))
-                        goto invalid;
-        }
-        if (p == e)
+        p = digits_read(e, UINT64_C(1000000000), &seconds);
+        if (!p)
                 goto invalid;
         if (*p == '.') {
                 if (!(p[1] >= '0' && p[1] <= '9'))
@@ -275,12 +290,8 @@ static int reply_spin(uint64_t *ret) {
                 *ret = cpus >= REPLY_SPIN_MIN_CPUS ? REPLY_SPIN_DEFAULT_USEC : 0;
                 return 0;
         }
-        for (p = e; *p >= '0' && *p <= '9'; p++) {
-                usec = usec * 10 + (uint64_t)(*p - '0');
-                if (usec > REPLY_SPIN_MAX_USEC)
-                        break;
-        }
-        if (p == e || *p || usec > REPLY_SPIN_MAX_USEC)
+        p = digits_read(e, REPLY_SPIN_MAX_USEC, &usec);
+        if (!p || *p)
                 return set_error(-EINVAL, "$%s is '%.32s%s', not a number of microseconds from 0 to %d such as "
                                  "100.", REPLY_SPIN_ENV, e, strlen(e) > 32 ? "..." : "", REPLY_SPIN_MAX_USEC);
         *ret = usec;

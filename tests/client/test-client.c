@@ -1113,6 +1113,35 @@ START_TEST(test_alloc_reserves_ahead) {
 }
 END_TEST
 
+/* $VMMBROKER_RECONNECT_TIMEOUT: seconds, with a fraction; vmmb_connect() refuses anything else, naming it. */
+START_TEST(test_reconnect_timeout_values) {
+        const char *saved = getenv("VMMBROKER_RECONNECT_TIMEOUT");
+        _cleanup_free_ char *restore = saved ? strdup(saved) : NULL;
+        vmmb_client *c;
+
+        for (const char *const *bad = (const char *const[]){ "abc", "-1", ".5", "1.", "1e3", "5s", " 5", "0x10",
+                                                             "1000000001", "99999999999999999999", NULL };
+             *bad; bad++) {
+                ck_assert_int_eq(setenv("VMMBROKER_RECONNECT_TIMEOUT", *bad, 1), 0);
+                c = NULL;
+                ck_assert_int_eq(vmmb_connect(h.socket, &c), -EINVAL);
+                ck_assert_ptr_null(c);
+                ck_assert_msg(strstr(vmmb_error_message(), "VMMBROKER_RECONNECT_TIMEOUT"), "%s: %s", *bad,
+                              vmmb_error_message());
+        }
+        for (const char *const *good = (const char *const[]){ "", "0", "0.5", "30", "1000000000", "2.0000009", NULL };
+             *good; good++) {
+                ck_assert_int_eq(setenv("VMMBROKER_RECONNECT_TIMEOUT", *good, 1), 0);
+                c = connect_or_fail(h.socket);
+                vmmb_close(c);
+        }
+        if (restore)
+                ck_assert_int_eq(setenv("VMMBROKER_RECONNECT_TIMEOUT", restore, 1), 0);
+        else
+                ck_assert_int_eq(unsetenv("VMMBROKER_RECONNECT_TIMEOUT"), 0);
+}
+END_TEST
+
 /* A vmmb_free() made in a thread of its own while the daemon is stopped, for test_free_unmaps_while_answered(). */
 typedef struct FreeCall {
         vmmb_lease *lease;
@@ -1654,6 +1683,7 @@ int main(void) {
         tcase_add_test(tc, test_alloc_reserves_ahead);
         tcase_add_test(tc, test_reply_spin);
         tcase_add_test(tc, test_free_unmaps_while_answered);
+        tcase_add_test(tc, test_reconnect_timeout_values);
         suite_add_tcase(s, tc);
 
         failed = run_suite(s);
