@@ -966,7 +966,7 @@ static int dispatch_field(const JsonField *f, json_object *v, void *out, char **
 }
 
 /*
- * The field named `key`, or NULL. Senders write the fields in the table's order (json_build() does), so the
+ * The field named `key`, or NULL. Senders write the fields in the table's order (json_build_write() does), so the
  * search starts after the field found last and wraps around: one strcmp() per key, mostly.
  */
 static const JsonField *find_field(const JsonField *fields, const JsonField *start, const char *key) {
@@ -1562,43 +1562,8 @@ int json_dispatch_text_nested(const char *text, size_t len, const JsonField *fie
 
 /* ---- Building ---- */
 
-/* `key` is a table's field name: a string of the program's own that outlives the object, so not copied. */
-static int add(json_object *o, const char *key, json_object *v) {
-        if (!v)
-                return -ENOMEM;
-        if (json_object_object_add_ex(o, key, v, JSON_C_OBJECT_KEY_IS_CONSTANT) < 0) {
-                json_object_put(v);
-                return -ENOMEM;
-        }
-        return 0;
-}
-
-static int build_string(const JsonField *f, const char *s, json_object **ret) {
-        _cleanup_free_ char *d = NULL;
-        size_t len = strlen(s);
-
-        /* Most strings are sent as they are: only the others are copied to be made so. */
-        if ((f->max_len == 0 || len <= f->max_len) && json_string_is_printable(s, len, f->multiline))
-                *ret = json_object_new_string_len(s, (int)len);
-        else {
-                d = printable_dup(s, len, f->max_len, f->multiline, &len);
-                if (!d)
-                        return -ENOMEM;
-                *ret = json_object_new_string_len(d, (int)len);
-        }
-        return *ret ? 0 : -ENOMEM;
-}
-
-/* An integer every varlink peer can read: 0..INT64_MAX. */
-static int build_uint64(uint64_t u, json_object **ret) {
-        if (u > INT64_MAX)
-                return -ERANGE;
-        *ret = json_object_new_int64((int64_t)u);
-        return *ret ? 0 : -ENOMEM;
-}
-
 /*
- * An array member's items and count, for json_build() and json_build_write() alike: 1 when it is written
+ * An array member's items and count, for json_build_write(): 1 when it is written
  * (NULL items with no count is []), 0 when it is left out (optional, NULL), -EINVAL for NULL items with a count.
  */
 static int build_items(const JsonField *f, const void *in, const char **ret_items, size_t *ret_n) {
@@ -1614,110 +1579,6 @@ static int build_items(const JsonField *f, const void *in, const char **ret_item
         *ret_items = items;
         *ret_n = n;
         return 1;
-}
-
-int json_build(const JsonField *fields, const void *in, json_object **ret) {
-        _cleanup_(json_object_putp) json_object *o = NULL;
-        int r;
-
-        o = json_object_new_object();
-        if (!o)
-                return -ENOMEM;
-        for (const JsonField *f = fields; f->name; f++) {
-                json_object *v = NULL;
-
-                switch (f->type) {
-                case JSON_INT64: {
-                        int64_t i = *MEMBER(in, f, int64_t);
-
-                        if (f->nonnegative && i < 0) {
-                                if (f->required)
-                                        return -ERANGE;
-                                continue;
-                        }
-                        v = json_object_new_int64(i);
-                        break;
-                }
-                case JSON_UINT64:
-                        r = build_uint64(*MEMBER(in, f, uint64_t), &v);
-                        if (r < 0)
-                                return r;
-                        break;
-                case JSON_BOOL:
-                        if (!f->required && !*MEMBER(in, f, bool))
-                                continue;
-                        v = json_object_new_boolean(*MEMBER(in, f, bool));
-                        break;
-                case JSON_VARIANT:
-                        v = *MEMBER(in, f, json_object *);
-                        if (!v) {
-                                if (f->required)
-                                        return -EINVAL;
-                                continue;
-                        }
-                        json_object_get(v);
-                        break;
-                case JSON_STRING: {
-                        const char *s = *MEMBER(in, f, char *);
-
-                        if (!s) {
-                                if (f->required)
-                                        return -EINVAL;
-                                continue;
-                        }
-                        r = build_string(f, s, &v);
-                        if (r < 0)
-                                return r;
-                        break;
-                }
-                case JSON_OBJECT:
-                        r = json_build(f->fields, MEMBER(in, f, char), &v);
-                        if (r < 0)
-                                return r;
-                        break;
-                case JSON_ARRAY:
-                case JSON_STRV:
-                case JSON_UINT64V: {
-                        const char *items;
-                        size_t n;
-
-                        r = build_items(f, in, &items, &n);
-                        if (r < 0)
-                                return r;
-                        if (r == 0)
-                                continue;
-                        v = json_object_new_array_ext((int)n);
-                        if (!v)
-                                return -ENOMEM;
-                        for (size_t k = 0; k < n; k++) {
-                                json_object *e;
-
-                                if (f->type == JSON_ARRAY)
-                                        r = json_build(f->fields, items + k * f->elem_size, &e);
-                                else if (f->type == JSON_UINT64V)
-                                        r = build_uint64(((const uint64_t *)items)[k], &e);
-                                else if (((char *const *)items)[k])
-                                        r = build_string(f, ((char *const *)items)[k], &e);
-                                else
-                                        r = -EINVAL;
-                                if (r >= 0 && json_object_array_add(v, e) < 0) {
-                                        json_object_put(e);
-                                        r = -ENOMEM;
-                                }
-                                if (r < 0) {
-                                        json_object_put(v);
-                                        return r;
-                                }
-                        }
-                        break;
-                }
-                }
-                r = add(o, f->name, v);
-                if (r < 0)
-                        return r;
-        }
-        *ret = TAKE_PTR(o);
-        return 0;
 }
 
 /* ---- Writing ---- */
@@ -1946,11 +1807,10 @@ ssize_t json_write(json_object *o, char **buf, size_t *alloc, size_t at) {
 /* ---- Building as text ---- */
 
 /*
- * json_build_write() writes what json_write() of json_build()'s object writes, field by field from the
- * table, without making the object: building it and freeing it was most of what a Status reply cost the
- * daemon (an object, a hash table and a copy of every key and string per field, each malloc'd and freed).
- * Every choice below is json_build()'s, in its order, so that the two give the same bytes and the same
- * errors; test-json.c compares them.
+ * json_build_write() writes a struct field by field from its table, without making json-c objects: building
+ * them and freeing them was most of what a Status reply cost the daemon (an object, a hash table and a copy of
+ * every key and string per field, each malloc'd and freed). Its bytes are json_write()'s, so json-c's, so
+ * that nothing on the wire changed; test-json.c reads them back and writes them again.
  */
 
 /* Printable ASCII that json-c writes as it is: all but the quote and the backslash. */
@@ -1960,7 +1820,7 @@ static const bool plain_ascii[256] = {
         ['\\' + 1 ... 0x7e] = true,
 };
 
-/* A table's string as build_string() makes it: as it is when it is printable and short enough, else made so. */
+/* A table's string: as it is when it is printable and short enough, else made so (printable_dup()). */
 static int write_field_string(Writer *w, const JsonField *f, const char *s) {
         _cleanup_free_ char *d = NULL;
         size_t len = 0;
@@ -1988,7 +1848,7 @@ static int write_field_string(Writer *w, const JsonField *f, const char *s) {
         return write_string(w, d, len);
 }
 
-/* As build_uint64(): 0..INT64_MAX. */
+/* An integer every varlink peer can read: 0..INT64_MAX. */
 static int write_uint64(Writer *w, uint64_t u) {
         if (u > INT64_MAX)
                 return -ERANGE;
@@ -2145,4 +2005,22 @@ ssize_t json_build_write(const JsonField *fields, const void *in, char **buf, si
         *buf = w.buf;
         *alloc = w.alloc;
         return r < 0 ? r : (ssize_t)w.len;
+}
+
+/*
+ * The object is json_build_write()'s text read back: one walk of the table owns which members are written and
+ * how, whichever form the caller wants. It costs a parse more than building the objects directly; the
+ * requests and replies where that matters are written as text.
+ */
+int json_build(const JsonField *fields, const void *in, json_object **ret) {
+        _cleanup_free_ char *buf = NULL;
+        size_t alloc = 0;
+        ssize_t n;
+        int r;
+
+        n = json_build_write(fields, in, &buf, &alloc, 0);
+        if (n < 0)
+                return (int)n;
+        r = json_parse_message(buf, (size_t)n, ret);
+        return r == -EBADMSG ? -EINVAL : r;     /* text we wrote that we cannot read: a variant nested too deep */
 }

@@ -184,14 +184,9 @@ int json_dispatch_text_nested(const char *text, size_t len, const JsonField *fie
 void json_dispatch_free(const JsonField *fields, void *out);
 
 /*
- * Serialises the struct `in` as a new JSON object, as the table `fields`
- * says; optional fields holding their absent value are left out. Strings are
- * made acceptable to json_dispatch(): invalid UTF-8 and control characters
- * become '?', and a string longer than .max_len is cut at a character
- * boundary. Returns 0 and a new reference in *ret; -EINVAL when a required
- * string or array is NULL or a table is malformed; -ERANGE for a JSON_UINT64
- * above INT64_MAX or a negative JSON_INT64 marked non-negative and required;
- * -ENOMEM.
+ * Serialises the struct `in` as a new JSON object, as json_build_write()
+ * writes it (below): its text read back. Returns 0 and a new reference in
+ * *ret, or json_build_write()'s errors.
  */
 int json_build(const JsonField *fields, const void *in, json_object **ret);
 
@@ -219,14 +214,17 @@ ssize_t json_write(json_object *o, char **buf, size_t *alloc, size_t at);
 
 /*
  * Writes the struct `in` as the table `fields` says into *buf from offset
- * `at` on, as json_write() does: the same bytes as json_write() of the object
- * json_build() makes of it (the same fields in the same order, strings made
- * printable the same way, optional fields holding their absent value left
- * out), without making that object. Returns the offset after the text, with
- * room left for one byte more; json_build()'s errors (-EINVAL, -ERANGE,
- * -ENOMEM) or json_write()'s for a JSON_VARIANT member. *buf and *alloc are
- * updated either way, and the bytes before `at` kept; after an error the bytes
- * from `at` on are garbage.
+ * `at` on, as json_write() writes JSON: the fields in the table's order,
+ * optional fields holding their absent value left out. Strings are made
+ * acceptable to json_dispatch(): invalid UTF-8 and control characters become
+ * '?', and a string longer than .max_len is cut at a character boundary.
+ * Returns the offset after the text, with room left for one byte more;
+ * -EINVAL when a required string or array is NULL or a table is malformed;
+ * -ERANGE for a JSON_UINT64 above INT64_MAX or a negative JSON_INT64 marked
+ * non-negative and required; -ENOMEM; or json_write()'s errors for a
+ * JSON_VARIANT member. *buf and *alloc are updated either way, and the bytes
+ * before `at` kept; after an error the bytes from `at` on are garbage. It is
+ * the one walk of a table that writes: json_build() reads its text back.
  */
 ssize_t json_build_write(const JsonField *fields, const void *in, char **buf, size_t *alloc, size_t at);
 

@@ -862,7 +862,7 @@ START_TEST(test_uint64_array) {
 }
 END_TEST
 
-/* ---- json_build_write(): the bytes of json_write(json_build()), without the object ---- */
+/* ---- json_build_write(), and json_build(): its text read back into json-c's objects ---- */
 
 typedef struct Every {
         int64_t i;              /* required, any sign */
@@ -904,8 +904,9 @@ static const JsonField every_fields[] = {
 };
 
 /*
- * json_build_write() of `in` after "head" in a buffer of 4 bytes: the same result as json_build() then
- * json_write(), bytes or error. Returns the text (malloc'd) or NULL for an error.
+ * json_build_write() of `in` after "head" in a buffer of 4 bytes, and json_build() of it then json_write(): the
+ * same result, bytes or error (the object read back from the text writes the very text again, which
+ * json_write() writes as json-c does). Returns the text (malloc'd) or NULL for an error.
  */
 static char *assert_build_write_same(const JsonField *fields, const void *in) {
         _cleanup_(json_object_putp) json_object *o = NULL;
