@@ -1028,23 +1028,32 @@ static void ranges_since(uint64_t since[2], uint64_t *ret_reserved, uint64_t *re
         since[1] = f;
 }
 
+/* The simulated device's simcuda_fail(), or NULL, with a line saying `test` was not run, on a driver that
+ * neither counts nor fails calls (the real one). */
+static __typeof__(&simcuda_fail) sim_inject(const char *test) {
+        __typeof__(&simcuda_fail) inject = (__typeof__(inject))driver_hook("simcuda_fail");
+
+        if (driver_counts() && inject)
+                return inject;
+        fprintf(stderr, "%s: not run: it counts and fails driver calls, which only the simulated device does\n",
+                test);
+        return NULL;
+}
+
 /*
  * An Alloc reserves its lease's address range while the reply is on the way and maps the lease there: one
  * reservation per lease, freed with it; and none left behind when the reservation fails, the mapping fails or
  * the broker refuses, nor made when a kept lease comes back mapped.
  */
 START_TEST(test_alloc_reserves_ahead) {
-        __typeof__(&simcuda_fail) inject = (__typeof__(inject))driver_hook("simcuda_fail");
+        __typeof__(&simcuda_fail) inject = sim_inject(__func__);
         uint64_t since[2] = {}, reserved, freed;
         vmmb_client *c;
         vmmb_lease *l;
         int k;
 
-        if (!driver_counts() || !inject) {
-                fprintf(stderr, "%s: not run: it counts and fails driver calls, which only the simulated device "
-                        "does\n", __func__);
+        if (!inject)
                 return;
-        }
         c = connect_or_fail(h.socket);
         ranges_since(since, &reserved, &freed);
 
@@ -1113,46 +1122,76 @@ START_TEST(test_alloc_reserves_ahead) {
 }
 END_TEST
 
-/* $VMMBROKER_RECONNECT_TIMEOUT: seconds, with a fraction; vmmb_connect() refuses anything else, naming it. */
-START_TEST(test_reconnect_timeout_values) {
-        const char *saved = getenv("VMMBROKER_RECONNECT_TIMEOUT");
-        _cleanup_free_ char *restore = saved ? strdup(saved) : NULL;
-        vmmb_client *c;
+/* The value of environment variable `name` (malloc'd), or NULL when it is unset; for env_restore(). */
+static char *env_save(const char *name) {
+        const char *v = getenv(name);
+        char *copy = v ? strdup(v) : NULL;
 
-        for (const char *const *bad = (const char *const[]){ "abc", "-1", ".5", "1.", "1e3", "5s", " 5", "0x10",
-                                                             "1000000001", "99999999999999999999", NULL };
-             *bad; bad++) {
-                ck_assert_int_eq(setenv("VMMBROKER_RECONNECT_TIMEOUT", *bad, 1), 0);
-                c = NULL;
+        ck_assert(!v || copy);
+        return copy;
+}
+
+/* Sets `name` back to `saved` (NULL: unsets it) and frees `saved`. */
+static void env_restore(const char *name, char *saved) {
+        if (saved)
+                ck_assert_int_eq(setenv(name, saved, 1), 0);
+        else
+                ck_assert_int_eq(unsetenv(name), 0);
+        free(saved);
+}
+
+/* vmmb_connect() refuses each of `values` (NULL-terminated) in environment variable `name`, naming it. */
+static void connect_refuses_env(const char *name, const char *const *values) {
+        for (const char *const *v = values; *v; v++) {
+                vmmb_client *c = NULL;
+
+                ck_assert_int_eq(setenv(name, *v, 1), 0);
                 ck_assert_int_eq(vmmb_connect(h.socket, &c), -EINVAL);
                 ck_assert_ptr_null(c);
-                ck_assert_msg(strstr(vmmb_error_message(), "VMMBROKER_RECONNECT_TIMEOUT"), "%s: %s", *bad,
-                              vmmb_error_message());
+                ck_assert_msg(strstr(vmmb_error_message(), name), "%s=%s: %s", name, *v, vmmb_error_message());
         }
+}
+
+/* $VMMBROKER_RECONNECT_TIMEOUT: seconds, with a fraction; vmmb_connect() refuses anything else, naming it. */
+START_TEST(test_reconnect_timeout_values) {
+        char *saved = env_save("VMMBROKER_RECONNECT_TIMEOUT");
+
+        connect_refuses_env("VMMBROKER_RECONNECT_TIMEOUT",
+                            (const char *const[]){ "abc", "-1", ".5", "1.", "1e3", "5s", " 5", "0x10", "1000000001",
+                                                   "99999999999999999999", NULL });
         for (const char *const *good = (const char *const[]){ "", "0", "0.5", "30", "1000000000", "2.0000009", NULL };
              *good; good++) {
                 ck_assert_int_eq(setenv("VMMBROKER_RECONNECT_TIMEOUT", *good, 1), 0);
-                c = connect_or_fail(h.socket);
-                vmmb_close(c);
+                vmmb_close(connect_or_fail(h.socket));
         }
-        if (restore)
-                ck_assert_int_eq(setenv("VMMBROKER_RECONNECT_TIMEOUT", restore, 1), 0);
-        else
-                ck_assert_int_eq(unsetenv("VMMBROKER_RECONNECT_TIMEOUT"), 0);
+        env_restore("VMMBROKER_RECONNECT_TIMEOUT", saved);
 }
 END_TEST
 
-/* A vmmb_free() made in a thread of its own while the daemon is stopped, for test_free_unmaps_while_answered(). */
-typedef struct FreeCall {
+/* A call made in a thread of its own while the daemon is stopped (test_free_unmaps_while_answered(),
+ * test_reply_spin()): what it is given, its thread, and what it returned once `done`. */
+typedef struct ThreadCall {
+        vmmb_client *c;
         vmmb_lease *lease;
+        _Atomic pid_t tid;
         _Atomic bool done;
         int result;
-} FreeCall;
+} ThreadCall;
 
 static void *free_call(void *arg) {
-        FreeCall *a = arg;
+        ThreadCall *a = arg;
 
+        a->tid = gettid();
         a->result = vmmb_free(a->lease);
+        a->done = true;
+        return NULL;
+}
+
+static void *unpublish_call(void *arg) {
+        ThreadCall *a = arg;
+
+        a->tid = gettid();
+        a->result = vmmb_unpublish(a->c, "test-client-no-such-name");
         a->done = true;
         return NULL;
 }
@@ -1165,19 +1204,16 @@ static void *free_call(void *arg) {
  * is unmapped all the same.
  */
 START_TEST(test_free_unmaps_while_answered) {
-        __typeof__(&simcuda_fail) inject = (__typeof__(inject))driver_hook("simcuda_fail");
-        FreeCall a = {};
+        __typeof__(&simcuda_fail) inject = sim_inject(__func__);
+        ThreadCall a = {};
         pthread_t thread;
         uint64_t unmaps, freed;
         vmmb_client *c;
         vmmb_lease *l;
         int k;
 
-        if (!driver_counts() || !inject) {
-                fprintf(stderr, "%s: not run: it counts and fails driver calls, which only the simulated device "
-                        "does\n", __func__);
+        if (!inject)
                 return;
-        }
         c = connect_or_fail(h.socket);
 
         /* 66 MiB: two slabs, two unmaps, then the range freed, all while the daemon cannot answer */
@@ -1213,21 +1249,6 @@ START_TEST(test_free_unmaps_while_answered) {
         vmmb_close(c);
 }
 END_TEST
-
-/* A call made in a thread of its own while the daemon is stopped, for test_reply_spin(). */
-typedef struct SpinCall {
-        vmmb_client *c;
-        _Atomic pid_t tid;
-        int result;
-} SpinCall;
-
-static void *spin_call(void *arg) {
-        SpinCall *a = arg;
-
-        a->tid = gettid();
-        a->result = vmmb_unpublish(a->c, "test-client-no-such-name");
-        return NULL;
-}
 
 /* The state letter of this process's thread `tid` (/proc/self/task/TID/stat), or 0. */
 static char thread_state(pid_t tid) {
@@ -1280,20 +1301,14 @@ static int connect_spinning(const char *value, vmmb_client **ret) {
  * as is one that comes while polling.
  */
 START_TEST(test_reply_spin) {
-        const char *saved = getenv("VMMBROKER_REPLY_SPIN_USEC");
-        _cleanup_free_ char *restore = saved ? strdup(saved) : NULL;
-        SpinCall a = {};
+        char *saved = env_save("VMMBROKER_REPLY_SPIN_USEC");
+        ThreadCall a = {};
         pthread_t thread;
         vmmb_client *c;
         vmmb_lease *l;
 
-        for (const char *const *bad = (const char *const[]){ "abc", "-1", "1.5", "100001", "99999999999999999999",
-                                                             " 10", NULL }; *bad; bad++) {
-                ck_assert_int_eq(connect_spinning(*bad, &c), -EINVAL);
-                ck_assert_ptr_null(c);
-                ck_assert_msg(strstr(vmmb_error_message(), "VMMBROKER_REPLY_SPIN_USEC"), "%s: %s", *bad,
-                              vmmb_error_message());
-        }
+        connect_refuses_env("VMMBROKER_REPLY_SPIN_USEC",
+                            (const char *const[]){ "abc", "-1", "1.5", "100001", "99999999999999999999", " 10", NULL });
         for (const char *const *good = (const char *const[]){ "", "0", "100000", NULL }; *good; good++) {
                 ck_assert_int_eq(connect_spinning(*good, &c), 0);
                 l = alloc_or_fail(c, 2 * MiB, 0, NULL);
@@ -1311,7 +1326,7 @@ START_TEST(test_reply_spin) {
         ck_assert_int_eq(vmmb_unpublish(c, "test-client-no-such-name"), -ENOENT);   /* connected, answered */
         ck_assert_int_eq(harness_freeze(&h), 0);
         a.c = c;
-        ck_assert_int_eq(pthread_create(&thread, NULL, spin_call, &a), 0);
+        ck_assert_int_eq(pthread_create(&thread, NULL, unpublish_call, &a), 0);
         while (a.tid == 0 || thread_state(a.tid) != 'S')
                 ;                       /* polling, then asleep in recv(): Check's timeout bounds the wait */
         ck_assert_uint_ge(thread_cpu_usec(a.tid), 10000);
@@ -1319,11 +1334,7 @@ START_TEST(test_reply_spin) {
         ck_assert_int_eq(pthread_join(thread, NULL), 0);
         ck_assert_int_eq(a.result, -ENOENT);
         vmmb_close(c);
-
-        if (restore)
-                ck_assert_int_eq(setenv("VMMBROKER_REPLY_SPIN_USEC", restore, 1), 0);
-        else
-                ck_assert_int_eq(unsetenv("VMMBROKER_REPLY_SPIN_USEC"), 0);
+        env_restore("VMMBROKER_REPLY_SPIN_USEC", saved);
 }
 END_TEST
 
