@@ -232,8 +232,8 @@ int vmmb_alloc_among(vmmb_client *client, uint64_t size, const int *devices, siz
  *
  * Tells the broker, which scrubs the memory and reuses it, and unmaps the
  * memory while the broker's answer is on the way (so the round trip costs
- * nothing beyond the unmap). Neither the driver nor the library waits for work that the GPU
- * still has queued on the memory: cuMemUnmap returns while a kernel, copy or
+ * nothing beyond the unmap). Neither the driver nor the library waits for
+ * work that the GPU still has queued on the memory: cuMemUnmap returns while a kernel, copy or
  * memset queued on a stream may still use the range, and that work then
  * faults (CUDA_ERROR_ILLEGAL_ADDRESS, a sticky error that ends the CUDA
  * context of the process). The caller must make sure that no queued work
