@@ -896,7 +896,8 @@ static void free_unmap(CallOverlap *o) {
  * only once scrubbed; the memory is not touched by anything between the Free and its unmapping, by contract.
  * When unmapping fails after the Free was sent (the driver refused: it is being torn down, say), the broker
  * has ended the lease all the same: the range stays reserved and is never used again by this library, and the
- * unmap's error is returned. When the Free could not be sent, the lease is unmapped afterwards, as before.
+ * unmap's error is returned. When the Free could not be sent, the lease is unmapped afterwards and the call's
+ * error returned.
  */
 static int lease_release(vmmb_lease *l, bool oneway) {
         _cleanup_(lease_destroyp) vmmb_lease *lease = l;
