@@ -238,12 +238,11 @@ unsigned pool_dispatch(Pool *p);
 int pool_drain(Pool *p);
 
 /*
- * Work the pool keeps out of requests; the daemon calls it when it has nothing
- * else to do. It issues queued scrubs (pool_scrub_queued()), closes the exported fds of released slabs (which frees their
- * memory) and, when it closed any, creates one unbound slab of the smallest
- * size, the granularity: closing an exported fd makes the driver's next export slow, and that
- * export is better paid here than in a client's request. Returns true if it
- * did anything.
+ * Work the pool keeps out of requests; the daemon calls it when it has nothing else to do. It issues queued
+ * scrubs (pool_scrub_queued()), closes the exported fds of released slabs (which frees their memory) and,
+ * when it closed any, creates one unbound slab of the smallest size, the granularity: closing an exported fd
+ * makes the driver's next export slow, and that export is better paid here than in a client's request.
+ * Returns true if it did anything.
  */
 bool pool_idle(Pool *p);
 

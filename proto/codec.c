@@ -448,6 +448,7 @@ static AllocParams alloc_params_wire(const AllocParams *in) {
                 a.wait_usec = JSON_ABSENT;      /* the same to the daemon, and what a daemon without waiting takes */
         return a;
 }
+
 int alloc_params_encode(const AllocParams *in, json_object **ret) {
         AllocParams a = alloc_params_wire(in);
 

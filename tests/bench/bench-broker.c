@@ -817,8 +817,8 @@ int main(int argc, char *argv[]) {
         printf("method: %u repetitions per size (reclaim: %u), medians in us, CLOCK_MONOTONIC around each call; "
                "one daemon started for the run, its pool warm for this uid before each size; the floor maps the "
                "slabs of a raw Alloc of the size, its fds just received, one raw Alloc per repetition (the layout "
-               "below), requests and floors interleaved, which goes first alternating; nothing pinned (placement is the "
-               "scheduler's, the same for requests and bare round trips); bare = %zu-byte call, %zu-byte reply "
+               "below), requests and floors interleaved, which goes first alternating; nothing pinned (placement is "
+               "the scheduler's, the same for requests and bare round trips); bare = %zu-byte call, %zu-byte reply "
                "(Status's) through an AF_UNIX stream socket to a forked echo process\n",
                reps, reclaim_reps, request_len, reply_len);
         fflush(stdout);

@@ -1140,13 +1140,19 @@ static void env_restore(const char *name, char *saved) {
         free(saved);
 }
 
+/* Sets environment variable `name` to `value` and connects; returns vmmb_connect()'s result. */
+static int connect_with_env(const char *name, const char *value, vmmb_client **ret) {
+        ck_assert_int_eq(setenv(name, value, 1), 0);
+        *ret = NULL;
+        return vmmb_connect(h.socket, ret);
+}
+
 /* vmmb_connect() refuses each of `values` (NULL-terminated) in environment variable `name`, naming it. */
 static void connect_refuses_env(const char *name, const char *const *values) {
         for (const char *const *v = values; *v; v++) {
-                vmmb_client *c = NULL;
+                vmmb_client *c;
 
-                ck_assert_int_eq(setenv(name, *v, 1), 0);
-                ck_assert_int_eq(vmmb_connect(h.socket, &c), -EINVAL);
+                ck_assert_int_eq(connect_with_env(name, *v, &c), -EINVAL);
                 ck_assert_ptr_null(c);
                 ck_assert_msg(strstr(vmmb_error_message(), name), "%s=%s: %s", name, *v, vmmb_error_message());
         }
@@ -1161,8 +1167,10 @@ START_TEST(test_reconnect_timeout_values) {
                                                    "99999999999999999999", NULL });
         for (const char *const *good = (const char *const[]){ "", "0", "0.5", "30", "1000000000", "2.0000009", NULL };
              *good; good++) {
-                ck_assert_int_eq(setenv("VMMBROKER_RECONNECT_TIMEOUT", *good, 1), 0);
-                vmmb_close(connect_or_fail(h.socket));
+                vmmb_client *c;
+
+                ck_assert_int_eq(connect_with_env("VMMBROKER_RECONNECT_TIMEOUT", *good, &c), 0);
+                vmmb_close(c);
         }
         env_restore("VMMBROKER_RECONNECT_TIMEOUT", saved);
 }
@@ -1277,16 +1285,6 @@ static char thread_state(pid_t tid) {
         return p && p[1] == ' ' ? p[2] : 0;
 }
 
-/* Sets $VMMBROKER_REPLY_SPIN_USEC to `value` (NULL: unset) and connects; returns vmmb_connect()'s result. */
-static int connect_spinning(const char *value, vmmb_client **ret) {
-        if (value)
-                ck_assert_int_eq(setenv("VMMBROKER_REPLY_SPIN_USEC", value, 1), 0);
-        else
-                ck_assert_int_eq(unsetenv("VMMBROKER_REPLY_SPIN_USEC"), 0);
-        *ret = NULL;
-        return vmmb_connect(h.socket, ret);
-}
-
 /*
  * $VMMBROKER_REPLY_SPIN_USEC: a call polls for its reply that long, then sleeps for it. Bad values are
  * refused by vmmb_connect(), naming the variable; a reply that comes after the polling ended is still read,
@@ -1302,7 +1300,7 @@ START_TEST(test_reply_spin) {
         connect_refuses_env("VMMBROKER_REPLY_SPIN_USEC",
                             (const char *const[]){ "abc", "-1", "1.5", "100001", "99999999999999999999", " 10", NULL });
         for (const char *const *good = (const char *const[]){ "", "0", "100000", NULL }; *good; good++) {
-                ck_assert_int_eq(connect_spinning(*good, &c), 0);
+                ck_assert_int_eq(connect_with_env("VMMBROKER_REPLY_SPIN_USEC", *good, &c), 0);
                 l = alloc_or_fail(c, 2 * MiB, 0, NULL);
                 ck_assert(lease_reads(l, 0));
                 ck_assert_int_eq(vmmb_free(l), 0);
@@ -1314,7 +1312,7 @@ START_TEST(test_reply_spin) {
          * to poll (the polling's deadline is on the clock, so however busy the machine; a call that does not
          * poll sleeps in recv() at once), then sleeps, and is answered once the daemon goes on.
          */
-        ck_assert_int_eq(connect_spinning("100000", &c), 0);
+        ck_assert_int_eq(connect_with_env("VMMBROKER_REPLY_SPIN_USEC", "100000", &c), 0);
         ck_assert_int_eq(vmmb_unpublish(c, "test-client-no-such-name"), -ENOENT);   /* connected, answered */
         ck_assert_int_eq(harness_freeze(&h), 0);
         a.c = c;

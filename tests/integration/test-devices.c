@@ -729,8 +729,8 @@ START_TEST(test_status_many_devices) {
 END_TEST
 
 int main(void) {
-        return run_suite(UNIT_SUITE("devices", NULL, test_status_many_devices, test_most_free_spreads, test_first_keeps_device_0,
-                                    test_set_restricts, test_set_refusals, test_quota_per_device, test_placed_wait_stays,
+        return run_suite(UNIT_SUITE("devices", NULL, test_status_many_devices, test_most_free_spreads,
+                                    test_first_keeps_device_0, test_set_restricts, test_set_refusals, test_quota_per_device, test_placed_wait_stays,
                                     test_client_alloc_among, test_client_grant_access,
                                     test_client_grant_access_refused, test_nearest)) == 0
                        ? EXIT_SUCCESS

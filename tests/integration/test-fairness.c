@@ -286,7 +286,6 @@ static void read_flood(Flood *f) {
 
 /* ---- the test ------------------------------------------------------------------------------------------ */
 
-
 static void run_attack(Attack attack) {
         const char *name = attack == ATTACK_READ ? "List/Status" : "Alloc/Free";
         size_t per_conn = attack == ATTACK_READ ? K_READ : W_ALLOC;

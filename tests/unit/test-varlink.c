@@ -1163,6 +1163,56 @@ START_TEST(test_call_text) {
 }
 END_TEST
 
+/* The writer's text of one message, compared whole with what the wire must carry. */
+static void assert_text_is(int k, VarlinkText *t, const char *want) {
+        ck_assert_int_eq(k, 0);
+        ck_assert_msg(t->len == strlen(want) && memcmp(t->data, want, t->len) == 0, "wrote %.*s\nwant  %s",
+                      (int)t->len, t->data, want);
+}
+
+/*
+ * Each call and reply written as text, spelled out byte for byte: the oracle for the codec tables' wire form
+ * that does not go through json_build(), which reads json_build_write()'s own text back (the tests above
+ * compare the two paths, which now share that walk). A quote escaped, a newline made printable, an absent
+ * wait_usec and numa_node left out.
+ */
+START_TEST(test_text_golden) {
+        uint64_t devices[] = { 1, 3 };
+        WireSlab slabs[] = { { .size = 67108864, .fd = 0 }, { .size = 2097152, .fd = 1 } };
+        WireDevice dev = { .index = 0, .name = (char *)"Sim \"GPU\"", .total = 1, .granularity = 2097152,
+                           .capacity = 3, .leased = 4, .scrubbing = 5, .cached = 6, .leases = 7, .waiters = 0,
+                           .numa_node = JSON_ABSENT, .host_capacity = 8, .parked = 9, .host_cached = 10,
+                           .kept = 11 };
+        VarlinkText t = {};
+
+        assert_text_is(free_params_write(&(FreeParams){ .id = (char *)"ab\"c", .keep = true }, true, &t), &t,
+                       "{\"method\":\"io.vmmbroker.Free\",\"parameters\":{\"id\":\"ab\\\"c\",\"keep\":true},"
+                       "\"oneway\":true}");
+        assert_text_is(alloc_params_write(&(AllocParams){ .size = 69206016, .device = VMMB_DEVICE_ANY,
+                                                          .label = (char *)"l\n1", .wait_usec = 0,
+                                                          .devices = devices, .n_devices = 2 }, &t), &t,
+                       "{\"method\":\"io.vmmbroker.Alloc\",\"parameters\":{\"size\":69206016,\"label\":\"l?1\","
+                       "\"devices\":[1,3]}}");
+        assert_text_is(attach_params_write(&(AttachParams){ .name = (char *)"alice/w", .readonly = true }, &t), &t,
+                       "{\"method\":\"io.vmmbroker.Attach\",\"parameters\":{\"name\":\"alice/w\",\"readonly\":true}}");
+        assert_text_is(alloc_reply_write(&(AllocReply){ .lease = { .id = (char *)"id1", .device = 2, .size = 69206016,
+                                                                   .slabs = slabs, .n_slabs = 2, .owner = 1000,
+                                                                   .owner_name = (char *)"alice", .readonly = true } },
+                                         &t), &t,
+                       "{\"parameters\":{\"lease\":{\"id\":\"id1\",\"device\":2,\"size\":69206016,\"slabs\":"
+                       "[{\"size\":67108864,\"fd\":0},{\"size\":2097152,\"fd\":1}],\"owner\":1000,"
+                       "\"owner_name\":\"alice\",\"readonly\":true}}}");
+        assert_text_is(free_reply_write(&(FreeReply){ .kept = true }, &t), &t, "{\"parameters\":{\"kept\":true}}");
+        assert_text_is(status_reply_write(&(StatusReply){ .devices = &dev, .n_devices = 1,
+                                                          .placement = (char *)"most-free" }, &t), &t,
+                       "{\"parameters\":{\"devices\":[{\"index\":0,\"name\":\"Sim \\\"GPU\\\"\",\"total\":1,"
+                       "\"granularity\":2097152,\"capacity\":3,\"leased\":4,\"scrubbing\":5,\"cached\":6,"
+                       "\"leases\":7,\"waiters\":0,\"host_capacity\":8,\"parked\":9,\"host_cached\":10,"
+                       "\"kept\":11}],\"placement\":\"most-free\"}}");
+        varlink_text_done(&t);
+}
+END_TEST
+
 /* Text replies queue like json-c ones: joined to fd-less output, alone with fds, large ones whole. */
 START_TEST(test_send_text) {
         _cleanup_(varlink_conn_freep) VarlinkConn *rx = NULL, *tx = NULL;
@@ -1458,6 +1508,7 @@ int main(void) {
         tcase_add_test(tc, test_codec_errors);
         tcase_add_test(tc, test_reply_text);
         tcase_add_test(tc, test_call_text);
+        tcase_add_test(tc, test_text_golden);
         tcase_add_test(tc, test_text_nul);
         tcase_add_test(tc, test_send_text);
         tcase_add_test(tc, test_text_corpus);
