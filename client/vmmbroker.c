@@ -585,25 +585,34 @@ static int reply_error(const VarlinkReply *reply, const char *method) {
 }
 
 /*
- * Sends one call, written whole as text (`call`: NAME_params_write(), which
- * use varlink_call_write(), or call_write()), and waits for its reply.
- * Returns 0 with a successful reply in
+ * One call for client_call_full(): what is sent, and how its reply is read.
+ */
+typedef struct Call {
+        const char *method;             /* for messages and for method_is_repeatable() */
+        const VarlinkText *text;        /* the call written whole: NAME_params_write() or call_write() */
+        bool error_replies;             /* an error reply is returned in *ret (reply.error set, the message not)
+                                         * for the caller to read its parameters, rather than made the error */
+        ReplyInto *into;                /* a call answered with a lease: its parameters read here (NULL: none) */
+        CallOverlap *overlap;           /* work done while the reply is on the way (NULL: none) */
+} Call;
+
+/*
+ * Sends `call` and waits for its reply. Returns 0 with a successful reply in
  * *ret (and, when ret_fds is given, the fds that came with it; when
  * ret_generation is given, the number of the connection that carried it); or a
  * negative errno with the thread's message set: the errno of the broker's
  * named error, -EPROTO for a reply that makes no sense, or one of a lost
- * connection. With `error_replies`, an error reply is returned in *ret as well
- * (reply.error set, the message not), for the caller to read its parameters.
+ * connection. With call->error_replies, an error reply is returned in *ret as
+ * well.
  *
  * The reply is read as text: a successful reply's parameters are in
  * reply.parameters_text (decode them with NAME_decode_text()), unless the
  * reader left them to json-c (reply.parameters); an error reply's are always
  * in reply.parameters. client_call() makes them reply.parameters in any case.
- * With `into` (a call answered with a lease), a successful reply's parameters
- * are read into into->lease in the same pass where they can be
- * (into->decoded; the reply then has none); on failure it holds nothing.
- * With `overlap`, it runs that work once the call is first sent whole, before
- * it waits for the reply (CallOverlap).
+ * With call->into, a successful reply's parameters are read into
+ * into->lease in the same pass where they can be (into->decoded; the reply
+ * then has none); on failure it holds nothing. With call->overlap, it runs
+ * that work once the call is first sent whole, before it waits for the reply.
  *
  * A lost connection (the broker stopped, crashed or restarted) is closed and
  * connected again (client_reconnect(), which may wait for the broker), and the
@@ -617,9 +626,10 @@ static int reply_error(const VarlinkReply *reply, const char *method) {
  * (-ECONNREFUSED: no broker came back in time). A connection that
  * is out of step (a reply that is not one) is closed as well.
  */
-static int client_call_full(vmmb_client *c, const char *method, const VarlinkText *call, bool error_replies,
-                            VarlinkReply *ret, ReceivedFds *ret_fds, uint64_t *ret_generation, ReplyInto *into,
-                            CallOverlap *overlap) {
+static int client_call_full(vmmb_client *c, const Call *call, VarlinkReply *ret, ReceivedFds *ret_fds,
+                            uint64_t *ret_generation) {
+        const char *method = call->method;
+        ReplyInto *into = call->into;
         _cleanup_(received_fds_done) ReceivedFds fds = {};
         VarlinkReply reply = {};
         bool repeated = false, maybe_done = false, not_json = false;
@@ -635,7 +645,7 @@ static int client_call_full(vmmb_client *c, const char *method, const VarlinkTex
                         if (k < 0)
                                 goto unlock;
                 }
-                k = varlink_conn_send_text(c->conn, call, NULL, 0);
+                k = varlink_conn_send_text(c->conn, call->text, NULL, 0);
                 if (k < 0) {
                         k = set_error(k, "Cannot queue the call %s: %s.", method, strerror(-k));
                         goto unlock;
@@ -648,7 +658,7 @@ static int client_call_full(vmmb_client *c, const char *method, const VarlinkTex
                         }
                         loss = CALL_UNREAD;     /* the broker has no whole call to act on */
                 } else {
-                        call_overlap_run(overlap);
+                        call_overlap_run(call->overlap);
                         k = conn_receive(c->conn, c->spin_usec, &reply, &fds, &loss, &not_json, into);
                         if (k >= 0) {
                                 generation = c->generation;
@@ -695,7 +705,7 @@ unlock:
                 return k;
         }
 
-        if (reply.error && !error_replies) {
+        if (reply.error && !call->error_replies) {
                 k = reply_error(&reply, method);
                 varlink_reply_done(&reply);
                 return k;
@@ -747,7 +757,7 @@ static int client_call(vmmb_client *c, const char *method, json_object *params, 
 
         k = call_write(method, params, &call);
         if (k >= 0)
-                k = client_call_full(c, method, &call, false, ret, ret_fds, NULL, NULL, NULL);
+                k = client_call_full(c, &(Call){ .method = method, .text = &call }, ret, ret_fds, NULL);
         if (k >= 0) {
                 k = varlink_reply_parameters(ret);
                 if (k < 0) {
@@ -827,7 +837,8 @@ static int client_free_id(vmmb_client *c, const char *id, bool oneway, CallOverl
                 return set_error(k, "Cannot encode the call to free lease %s: %s.", id, strerror(-k));
         if (oneway)
                 return client_call_oneway(c, VMMB_METHOD_FREE, &call, false, NULL);
-        k = client_call_full(c, VMMB_METHOD_FREE, &call, false, &reply, NULL, NULL, NULL, overlap);
+        k = client_call_full(c, &(Call){ .method = VMMB_METHOD_FREE, .text = &call, .overlap = overlap }, &reply,
+                             NULL, NULL);
         if (k < 0)
                 return k;
         varlink_reply_done(&reply);
@@ -901,7 +912,7 @@ static void free_unmap(CallOverlap *o) {
  */
 static int lease_release(vmmb_lease *l, bool oneway) {
         _cleanup_(lease_destroyp) vmmb_lease *lease = l;
-        FreeUnmap u = { .overlap.run = free_unmap, .lease = l };
+        FreeUnmap u;
         int k;
 
         if (lease->reclaimed)
@@ -910,6 +921,7 @@ static int lease_release(vmmb_lease *l, bool oneway) {
                 k = lease_unmap(lease);
                 return k < 0 ? k : client_free_id(lease->client, lease->id, true, NULL);
         }
+        u = (FreeUnmap){ .overlap.run = free_unmap, .lease = lease };
         k = client_free_id(lease->client, lease->id, false, &u.overlap);
         if (!u.overlap.ran) {
                 /* never sent whole: the broker was not told, and the call's error stands unless unmapping fails */
@@ -2204,8 +2216,9 @@ static int client_alloc(vmmb_client *client, uint64_t size, int device, const ui
 
                 ReplyInto into = {};
 
-                k = client_call_full(client, VMMB_METHOD_ALLOC, &call, false, &reply, &fds, &generation, &into,
-                                     &ahead.overlap);
+                k = client_call_full(client, &(Call){ .method = VMMB_METHOD_ALLOC, .text = &call, .into = &into,
+                                                      .overlap = &ahead.overlap },
+                                     &reply, &fds, &generation);
                 if ((k == -ENOMEM || k == -EDQUOT) && !gave_back && kept_any(client)) {
                         char saved[ERROR_MESSAGE_MAX];
 
@@ -2347,7 +2360,8 @@ static int client_attach(vmmb_client *client, const char *token, const char *nam
         if (k < 0)
                 return set_error(k, "Cannot encode the request: %s.", strerror(-k));
         /* its reply is an Alloc's, read in the envelope's pass as Alloc's is */
-        k = client_call_full(client, VMMB_METHOD_ATTACH, &call, false, &reply, &fds, NULL, &into, NULL);
+        k = client_call_full(client, &(Call){ .method = VMMB_METHOD_ATTACH, .text = &call, .into = &into }, &reply,
+                             &fds, NULL);
         if (k < 0)
                 return k;
         k = lease_map_reply(client, "Attach", &reply, into.decoded ? &into.lease : NULL, &fds, VMMB_ANY_DEVICE, 0,
@@ -2726,7 +2740,8 @@ VMMB_EXPORT int vmmb_free_keep(vmmb_lease *lease) {
         /* Asked with an answer, the first time on each connection: does this broker keep? */
         if (keeps > 0 && free_params_write(&p, false, &call) < 0)
                 return kept_undo(lease, serial, 0, true, false);        /* freed plainly, as above */
-        k = client_call_full(c, VMMB_METHOD_FREE, &call, true, &reply, NULL, &generation, NULL, NULL);
+        k = client_call_full(c, &(Call){ .method = VMMB_METHOD_FREE, .text = &call, .error_replies = true }, &reply,
+                             NULL, &generation);
         if (k < 0)
                 return kept_undo(lease, serial, k, false, k == -ECONNRESET);
         if (reply.error) {
