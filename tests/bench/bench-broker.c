@@ -663,13 +663,15 @@ static void bench_phases(const char *path, unsigned reps, Row *row) {
 
 /* The daemon's own time per call over the whole run: method_call() alone, without reading, parsing or sending. */
 static void print_daemon_share(const char *path) {
+        static const char *const methods[] = { "Alloc", "Free", "Status" };
         Reply r;
         const char *text = metrics_get(path, &r);
 
-        printf("the daemon's own time per call, all sizes (method_call() alone, mean from its metrics): Alloc %.1f us, "
-               "Free %.1f us, Status %.1f us\n", method_mean_us((MethodTotal){}, method_total(text, "Alloc")),
-               method_mean_us((MethodTotal){}, method_total(text, "Free")),
-               method_mean_us((MethodTotal){}, method_total(text, "Status")));
+        printf("the daemon's own time per call, all sizes (method_call() alone, mean from its metrics):");
+        for (size_t i = 0; i < ELEMENTSOF(methods); i++)
+                printf("%s %s %.1f us", i > 0 ? "," : "", methods[i],
+                       method_mean_us((MethodTotal){}, method_total(text, methods[i])));
+        printf("\n");
         reply_done(&r);
 }
 
