@@ -817,6 +817,23 @@ static int dispatch_integer(json_object *v, bool nonnegative, const char *what, 
         return 0;
 }
 
+/* The number of elements of `v`, which must be an array of at most `max` of them (0: any), into *ret. */
+static int dispatch_array_length(const JsonField *f, json_object *v, size_t max, size_t *ret, char **ret_message) {
+        size_t n;
+
+        if (!json_object_is_type(v, json_type_array)) {
+                set_message(ret_message, "Parameter '%s' must be an array.", f->name);
+                return -EINVAL;
+        }
+        n = json_object_array_length(v);
+        if (max > 0 && n > max) {
+                set_message(ret_message, "Parameter '%s' has more than %zu elements.", f->name, max);
+                return -EINVAL;
+        }
+        *ret = n;
+        return 0;
+}
+
 /* Reads one present, non-null value into its member. */
 static int dispatch_field(const JsonField *f, json_object *v, void *out, char **ret_message) {
         int64_t i;
@@ -865,15 +882,9 @@ static int dispatch_field(const JsonField *f, json_object *v, void *out, char **
                 size_t n;
                 char *items;
 
-                if (!json_object_is_type(v, json_type_array)) {
-                        set_message(ret_message, "Parameter '%s' must be an array.", f->name);
-                        return -EINVAL;
-                }
-                n = json_object_array_length(v);
-                if (f->max_len > 0 && n > f->max_len) {
-                        set_message(ret_message, "Parameter '%s' has more than %zu elements.", f->name, f->max_len);
-                        return -EINVAL;
-                }
+                r = dispatch_array_length(f, v, f->max_len, &n, ret_message);
+                if (r < 0)
+                        return r;
                 if (n == 0)
                         return 0;
                 items = calloc(n, f->elem_size);
@@ -913,11 +924,9 @@ static int dispatch_field(const JsonField *f, json_object *v, void *out, char **
                 size_t n;
                 char **l;
 
-                if (!json_object_is_type(v, json_type_array)) {
-                        set_message(ret_message, "Parameter '%s' must be an array.", f->name);
-                        return -EINVAL;
-                }
-                n = json_object_array_length(v);
+                r = dispatch_array_length(f, v, 0, &n, ret_message);     /* .max_len is a string's */
+                if (r < 0)
+                        return r;
                 l = calloc(n + 1, sizeof(char *));
                 if (!l)
                         return -ENOMEM;
@@ -936,15 +945,9 @@ static int dispatch_field(const JsonField *f, json_object *v, void *out, char **
                 uint64_t *l;
                 size_t n;
 
-                if (!json_object_is_type(v, json_type_array)) {
-                        set_message(ret_message, "Parameter '%s' must be an array.", f->name);
-                        return -EINVAL;
-                }
-                n = json_object_array_length(v);
-                if (f->max_len > 0 && n > f->max_len) {
-                        set_message(ret_message, "Parameter '%s' has more than %zu elements.", f->name, f->max_len);
-                        return -EINVAL;
-                }
+                r = dispatch_array_length(f, v, f->max_len, &n, ret_message);
+                if (r < 0)
+                        return r;
                 if (n == 0)
                         return 0;
                 l = calloc(n, sizeof(uint64_t));
