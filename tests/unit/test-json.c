@@ -356,6 +356,15 @@ START_TEST(test_dispatch) {
         /* the message names the field */
         ck_assert_int_eq(dispatch("{\"size\":1,\"delta\":0,\"label\":\"123456789\"}", &p, &f, &m), -EINVAL);
         ck_assert_ptr_nonnull(strstr(m, "'label'"));
+        free(f);
+        free(m);
+        ck_assert_int_eq(dispatch("{\"size\":1,\"delta\":0,\"items\":{}}", &p, &f, &m), -EINVAL);
+        ck_assert_str_eq(m, "Parameter 'items' must be an array.");
+        free(f);
+        free(m);
+        ck_assert_int_eq(dispatch("{\"size\":1,\"delta\":0,\"items\":[{\"n\":1},{\"n\":1},{\"n\":1},{\"n\":1}]}",
+                                  &p, &f, &m), -EINVAL);
+        ck_assert_str_eq(m, "Parameter 'items' has more than 3 elements.");
 }
 END_TEST
 
