@@ -549,9 +549,7 @@ START_TEST(test_attach_readonly) {
         ck_assert(lease_reads(l2, 0xC0FFEE00));
         ck_assert_int_eq(vmmb_free(l2), 0);
 
-        ck_assert_int_eq(vmmb_free(l), 0);
-        ck_assert_uint_eq(daemon_leases(h.socket), 0);
-        vmmb_close(c);
+        free_last_and_close(c, l);
 }
 END_TEST
 
@@ -892,20 +890,31 @@ static int child_nobody(void *arg) {
         return 0;
 }
 
+/*
+ * Whether `test`, which runs a child as user nobody, can run here: the child is forked, which only the simulated
+ * device survives, and drops to nobody, which takes root. When not, a line says the test was not run.
+ */
+static bool other_user_runs(const char *test) {
+        if (skip_fork_on_real_driver(test))
+                return false;
+        if (geteuid() != 0) {
+                fprintf(stderr, "%s: not run: it runs a child as another user, which takes root\n", test);
+                return false;
+        }
+        return true;
+}
+
 START_TEST(test_other_user) {
-        vmmb_client *c = connect_or_fail(h.socket);
-        vmmb_lease *l = alloc_or_fail(c, 4 * MiB, 0, NULL);
         char any[VMMB_TOKEN_SIZE], nobody[VMMB_TOKEN_SIZE], root[VMMB_TOKEN_SIZE];
         uid_t user = NOBODY;
         NobodyArgs a;
+        vmmb_client *c;
+        vmmb_lease *l;
 
-        if (skip_fork_on_real_driver(__func__))
+        if (!other_user_runs(__func__))
                 return;
-        if (geteuid() != 0) {
-                fprintf(stderr, "test_other_user: not root, another user's view not checked\n");
-                vmmb_close(c);
-                return;
-        }
+        c = connect_or_fail(h.socket);
+        l = alloc_or_fail(c, 4 * MiB, 0, NULL);
         fill(l, 0x0BAD0000);
         share_or_fail(l, VMMB_ANY_UID, 0, any);
         share_or_fail(l, NOBODY, 0, nobody);
@@ -931,9 +940,7 @@ START_TEST(test_other_user) {
         ck_assert_int_eq(vmmb_revoke(c, root), 0);
         ck_assert_int_eq(vmmb_unpublish(c, "for-root"), 0);
         ck_assert_int_eq(vmmb_unpublish(c, "for-nobody"), 0);
-        ck_assert_int_eq(vmmb_free(l), 0);
-        ck_assert_uint_eq(daemon_leases(h.socket), 0);
-        vmmb_close(c);
+        free_last_and_close(c, l);
 }
 END_TEST
 
@@ -1047,7 +1054,8 @@ static __typeof__(&simcuda_fail) sim_inject(const char *test) {
  */
 START_TEST(test_alloc_reserves_ahead) {
         __typeof__(&simcuda_fail) inject = sim_inject(__func__);
-        uint64_t since[2] = {}, reserved, freed;
+        uint64_t since[2] = {}, reserved, freed, ptr;
+        char id[VMMB_ID_MAX + 1];
         vmmb_client *c;
         vmmb_lease *l;
         int k;
@@ -1109,16 +1117,29 @@ START_TEST(test_alloc_reserves_ahead) {
         ck_assert_int_eq(vmmb_free(l), 0);
         ranges_since(since, &reserved, &freed);
 
-        /* A kept lease comes back mapped: nothing reserved for it. */
+        /*
+         * A kept lease comes back mapped: nothing reserved for it. The keep leaves the lease mapped in the range
+         * its Alloc reserved ahead (none freed), and the Alloc that is handed it back reserves none; that one
+         * range goes with the lease when it is freed at last.
+         */
         l = alloc_or_fail(c, 4 * MiB, 0, NULL);
+        snprintf(id, sizeof(id), "%s", vmmb_lease_id(l));
+        ptr = vmmb_lease_ptr(l);
         ck_assert_int_eq(vmmb_free_keep(l), 0);
         ranges_since(since, &reserved, &freed);
+        ck_assert_uint_eq(reserved, 1);
+        ck_assert_uint_eq(freed, 0);
         l = alloc_or_fail(c, 4 * MiB, 0, NULL);
+        ck_assert_str_eq(vmmb_lease_id(l), id);
+        ck_assert_uint_eq(vmmb_lease_ptr(l), ptr);
         ranges_since(since, &reserved, &freed);
         ck_assert_uint_eq(reserved, 0);
         ck_assert_uint_eq(freed, 0);
         ck_assert(lease_reads(l, 0));
         free_last_and_close(c, l);
+        ranges_since(since, &reserved, &freed);
+        ck_assert_uint_eq(reserved, 0);
+        ck_assert_uint_eq(freed, 1);
 }
 END_TEST
 
@@ -1183,34 +1204,49 @@ static uint64_t monotonic_usec(void) {
         return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
 }
 
-/* A call made in a thread of its own while the daemon is stopped (test_free_unmaps_while_answered(),
- * test_reply_spin()): what it is given, its thread, and what it returned once `done`. */
+/*
+ * A call made in a thread of its own, to watch while the daemon is stopped (test_free_unmaps_while_answered(),
+ * test_reply_spin()): what it calls, and what the test sees of it: its thread, when it began, whether it has
+ * returned and what.
+ */
 typedef struct ThreadCall {
-        vmmb_client *c;
-        vmmb_lease *lease;
-        _Atomic pid_t tid;
+        int (*fn)(void *arg);
+        void *arg;
+        pthread_t thread;
+        _Atomic pid_t tid;              /* 0 until the thread runs */
         _Atomic uint64_t started_usec;  /* CLOCK_MONOTONIC, set before the call */
         _Atomic bool done;
-        int result;
+        int result;                     /* once `done`, or joined */
 } ThreadCall;
 
-static void *free_call(void *arg) {
-        ThreadCall *a = arg;
-
-        a->tid = gettid();
-        a->result = vmmb_free(a->lease);
-        a->done = true;
-        return NULL;
-}
-
-static void *unpublish_call(void *arg) {
+static void *thread_call_run(void *arg) {
         ThreadCall *a = arg;
 
         a->started_usec = monotonic_usec();
         a->tid = gettid();
-        a->result = vmmb_unpublish(a->c, "test-client-no-such-name");
+        a->result = a->fn(a->arg);
         a->done = true;
         return NULL;
+}
+
+/* Starts fn(arg) in a thread of its own, watched through `a`. */
+static void thread_call_start(ThreadCall *a, int (*fn)(void *arg), void *arg) {
+        *a = (ThreadCall){ .fn = fn, .arg = arg };
+        ck_assert_int_eq(pthread_create(&a->thread, NULL, thread_call_run, a), 0);
+}
+
+/* Waits for the call's thread to end; returns what the call returned. */
+static int thread_call_join(ThreadCall *a) {
+        ck_assert_int_eq(pthread_join(a->thread, NULL), 0);
+        return a->result;
+}
+
+static int free_lease(void *lease) {
+        return vmmb_free(lease);
+}
+
+static int unpublish_no_such_name(void *client) {
+        return vmmb_unpublish(client, "test-client-no-such-name");
 }
 
 /*
@@ -1222,8 +1258,7 @@ static void *unpublish_call(void *arg) {
  */
 START_TEST(test_free_unmaps_while_answered) {
         __typeof__(&simcuda_fail) inject = sim_inject(__func__);
-        ThreadCall a = {};
-        pthread_t thread;
+        ThreadCall a;
         uint64_t unmaps, freed;
         vmmb_client *c;
         vmmb_lease *l;
@@ -1234,19 +1269,19 @@ START_TEST(test_free_unmaps_while_answered) {
         c = connect_or_fail(h.socket);
 
         /* 66 MiB: two slabs, two unmaps, then the range freed, all while the daemon cannot answer */
-        a.lease = alloc_or_fail(c, 66 * MiB, 0, NULL);
-        fill(a.lease, 0xF4EE);
+        l = alloc_or_fail(c, 66 * MiB, 0, NULL);
+        fill(l, 0xF4EE);
         unmaps = driver_calls("cuMemUnmap");
         freed = driver_calls("cuMemAddressFree");
         ck_assert_int_eq(harness_freeze(&h), 0);
-        ck_assert_int_eq(pthread_create(&thread, NULL, free_call, &a), 0);
+        thread_call_start(&a, free_lease, l);
         while (driver_calls("cuMemAddressFree") == freed)
                 ;                       /* the Free sent, the lease being unmapped: Check's timeout bounds it */
         ck_assert_uint_eq(driver_calls("cuMemUnmap"), unmaps + 2);
         ck_assert(!a.done);             /* and still waiting for the answer */
         ck_assert_int_eq(harness_thaw(&h), 0);
-        ck_assert_int_eq(pthread_join(thread, NULL), 0);
-        ck_assert_msg(a.result == 0, "vmmb_free: %s: %s", strerror(-a.result), vmmb_error_message());
+        k = thread_call_join(&a);
+        ck_assert_msg(k == 0, "vmmb_free: %s: %s", strerror(-k), vmmb_error_message());
         ck_assert_uint_eq(daemon_leases(h.socket), 0);
 
         /* Unmapping fails after the Free was sent: the broker has ended the lease, and the error says so. */
@@ -1292,8 +1327,7 @@ static char thread_state(pid_t tid) {
  */
 START_TEST(test_reply_spin) {
         char *saved = env_save("VMMBROKER_REPLY_SPIN_USEC");
-        ThreadCall a = {};
-        pthread_t thread;
+        ThreadCall a;
         vmmb_client *c;
         vmmb_lease *l;
 
@@ -1315,14 +1349,12 @@ START_TEST(test_reply_spin) {
         ck_assert_int_eq(connect_with_env("VMMBROKER_REPLY_SPIN_USEC", "100000", &c), 0);
         ck_assert_int_eq(vmmb_unpublish(c, "test-client-no-such-name"), -ENOENT);   /* connected, answered */
         ck_assert_int_eq(harness_freeze(&h), 0);
-        a.c = c;
-        ck_assert_int_eq(pthread_create(&thread, NULL, unpublish_call, &a), 0);
+        thread_call_start(&a, unpublish_no_such_name, c);
         while (a.tid == 0 || thread_state(a.tid) != 'S')
                 ;                       /* polling, then asleep in recv(): Check's timeout bounds the wait */
         ck_assert_uint_ge(monotonic_usec() - a.started_usec, 100000);
         ck_assert_int_eq(harness_thaw(&h), 0);
-        ck_assert_int_eq(pthread_join(thread, NULL), 0);
-        ck_assert_int_eq(a.result, -ENOENT);
+        ck_assert_int_eq(thread_call_join(&a), -ENOENT);
         vmmb_close(c);
         env_restore("VMMBROKER_REPLY_SPIN_USEC", saved);
 }
@@ -1388,9 +1420,7 @@ START_TEST(test_tokens) {
         vmmb_tokens_free(NULL, 0);
 
         ck_assert_int_eq(vmmb_free(l2), 0);
-        ck_assert_int_eq(vmmb_free(l), 0);
-        ck_assert_uint_eq(daemon_leases(h.socket), 0);
-        vmmb_close(c);
+        free_last_and_close(c, l);
 }
 END_TEST
 
@@ -1627,18 +1657,15 @@ static int child_park_nobody(void *arg) {
 }
 
 START_TEST(test_park_other_user) {
-        vmmb_client *c = connect_or_fail(h.socket);
-        vmmb_lease *l = alloc_or_fail(c, 4 * MiB, 0, NULL);
         char token[VMMB_TOKEN_SIZE];
+        vmmb_client *c;
+        vmmb_lease *l;
         ParkArgs a;
 
-        if (skip_fork_on_real_driver(__func__))
+        if (!other_user_runs(__func__))
                 return;
-        if (geteuid() != 0) {
-                fprintf(stderr, "test_park_other_user: not root, another user's park not checked\n");
-                vmmb_close(c);
-                return;
-        }
+        c = connect_or_fail(h.socket);
+        l = alloc_or_fail(c, 4 * MiB, 0, NULL);
         ck_assert(write_pattern(vmmb_lease_ptr(l), 4 * MiB, 0xEE0000));
         share_or_fail(l, VMMB_ANY_UID, 0, token);
         ck_assert_int_eq(chmod(h.dir, 0711), 0);
