@@ -10,14 +10,20 @@ weights (torch.manual_seed(0)), batch 8 x 512 random tokens, AdamW. The broker
 run allocates everything (the model, the optimizer's state, activations and
 the backward pass's tensors, on every thread) in vmmbroker.torch.use(pool).
 Both runs use deterministic algorithms, no TF32, and CUBLAS_WORKSPACE_CONFIG
-:4096:8. Prints both loss sequences, the median step time of each (steps after
-the first 3), whether the losses are bit-identical (float32 bits compared), and
-a table last. Target: bit-identical; broker step time within 2% of PyTorch's.
-Exit status 0 only when the losses are bit-identical.
+:4096:8. The runs go torch, broker, torch, broker, then one process trains both
+models with their steps alternating (--child paired), each with its own RNG
+states: a step of one allocator beside a step of the other sees the same clocks
+and neighbours, which separate processes on a shared VM do not. Prints both
+loss sequences, the median step time of each (steps after the first 3) over
+the separate processes, the paired process's median ratio of a broker step to
+the torch step beside it, whether every run's losses are bit-identical (float32
+bits compared), and a table last. Target: bit-identical; broker step time
+within 2% of PyTorch's. Exit status 0 only when the losses are bit-identical.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import struct
@@ -69,6 +75,9 @@ def child(mode: str, steps: int) -> None:
         return losses, times
 
     pool_bytes = reserved = attn = None
+    if mode == "paired":
+        paired(build, steps)
+        return
     if mode == "broker":
         import vmmbroker.torch as vt
         pool = vt.pool()
@@ -93,6 +102,48 @@ def child(mode: str, steps: int) -> None:
                       "pool_bytes": pool_bytes, "reserved": reserved, "attn": attn}))
 
 
+def paired(build, steps: int) -> None:
+    """Both models in one process, their steps alternating (torch first on even steps, the broker's on odd):
+    each pair of steps sees the same clocks, heat and neighbours, which separate processes do not. Each model
+    keeps its own RNG states, swapped in before its step, so its losses are those of a process of its own."""
+    import torch
+    import vmmbroker.torch as vt
+
+    pool = vt.pool()
+    runs = {}
+    for mode in ("broker", "torch"):
+        if mode == "broker":
+            with vt.use(pool):
+                parts = build()
+        else:
+            parts = build()
+        runs[mode] = {"parts": parts, "rng": (torch.get_rng_state(), torch.cuda.get_rng_state()),
+                      "losses": [], "times": []}
+    for i in range(steps):
+        for mode in (("torch", "broker") if i % 2 == 0 else ("broker", "torch")):
+            r = runs[mode]
+            model, batch, opt = r["parts"]
+            torch.set_rng_state(r["rng"][0])
+            torch.cuda.set_rng_state(r["rng"][1])
+            ctx = vt.use(pool) if mode == "broker" else contextlib.nullcontext()
+            with ctx:
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                loss = model(input_ids=batch, labels=batch).loss
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                v = loss.detach().float().item()        # synchronizes
+                r["times"].append(time.perf_counter() - t0)
+            r["losses"].append(v)
+            r["rng"] = (torch.get_rng_state(), torch.cuda.get_rng_state())
+    out = {m: {"losses": r["losses"], "times": r["times"],
+               "bits": [struct.unpack("<I", struct.pack("<f", v))[0] for v in r["losses"]]}
+           for m, r in runs.items()}
+    del runs
+    print(json.dumps({"mode": "paired", **out}))
+
+
 def main() -> int:
     steps = int(sys.argv[1]) if len(sys.argv) > 1 else 20
     h.setup_paths()
@@ -103,9 +154,16 @@ def main() -> int:
         # A B A B: the second pair evens out drift (clocks, heat) between the first two runs.
         runs = [(mode, h.last_json(h.run_self(me, ["--child", mode, str(steps)], env=env)))
                 for mode in ("torch", "broker", "torch", "broker")]
+        both = h.last_json(h.run_self(me, ["--child", "paired", str(steps)], env=env))
     a, b = runs[0][1], runs[1][1]
-    identical = all(r["bits"] == a["bits"] for _, r in runs)
+    identical = (all(r["bits"] == a["bits"] for _, r in runs) and
+                 both["torch"]["bits"] == a["bits"] and both["broker"]["bits"] == a["bits"])
     times = {m: [t for mm, r in runs if mm == m for t in r["times"][WARMUP:]] for m in ("torch", "broker")}
+    # the paired process: each broker step against the torch step next to it
+    ratios = [y / x for x, y in zip(both["torch"]["times"][WARMUP:], both["broker"]["times"][WARMUP:])]
+    pa = h.median(both["torch"]["times"][WARMUP:]) * 1e3
+    pb = h.median(both["broker"]["times"][WARMUP:]) * 1e3
+    pdiff = (h.median(ratios) - 1.0) * 100.0
     print(f"{'step':>4}  {'PyTorch allocator':>18}  {'broker pool':>18}  same bits")
     for i, (x, y) in enumerate(zip(a["losses"], b["losses"])):
         print(f"{i:>4}  {x:>18.9g}  {y:>18.9g}  {'yes' if a['bits'][i] == b['bits'][i] else 'NO'}")
@@ -120,8 +178,14 @@ def main() -> int:
              ["vmmbroker.torch pool", f"{b['losses'][0]:.5f}", f"{b['losses'][-1]:.5f}", f"{tb:.2f}",
               f"{b['reserved'] / gib:.2f}",
               "-" if b["pool_bytes"] is None else f"{b['pool_bytes'] / gib:.2f}"],
-             ["result", "bit-identical" if identical else "DIFFERENT", "", f"{diff:+.2f}%"
-              + (" (within 2%)" if abs(diff) <= 2.0 else " (OVER 2%)"), "", ""]])
+             ["result, separate processes", "bit-identical" if identical else "DIFFERENT", "", f"{diff:+.2f}%"
+              + (" (within 2%)" if abs(diff) <= 2.0 else " (OVER 2%)"), "", ""],
+             ["paired, one process: PyTorch", f"{both['torch']['losses'][0]:.5f}",
+              f"{both['torch']['losses'][-1]:.5f}", f"{pa:.2f}", "", ""],
+             ["paired, one process: broker", f"{both['broker']['losses'][0]:.5f}",
+              f"{both['broker']['losses'][-1]:.5f}", f"{pb:.2f}", "", ""],
+             ["result, paired (median of step ratios)", "", "", f"{pdiff:+.2f}%"
+              + (" (within 2%)" if abs(pdiff) <= 2.0 else " (OVER 2%)"), "", ""]])
     return 0 if identical else 1
 
 
