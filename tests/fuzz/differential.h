@@ -62,125 +62,94 @@ static const char *differential_outcome(const char *what, int r1, int r2, const 
         return differential_same_str(t1, t2) && t1 ? NULL : what;
 }
 
-/* One parameters object (NULL text: absent), text[0..len) against `o` (its json-c reading, NULL: absent). */
+/*
+ * DIFFERENTIAL_DECODER() defines, for one codec with a text decoder,
+ *
+ *         static const char *differential_NAME(const char *text, size_t len, json_object *o, size_t n_fds);
+ *
+ * which reads the parameters both ways, `o` (their json-c reading, NULL: absent) with the json-c decoder and
+ * text[0..len) (NULL text: absent) with the text decoder, and returns NULL when the two agree by
+ * differential_outcome(), else `what`. The two calls are given whole, as the codecs' decoders take different
+ * arguments: they read into `a` and `b` (of `type`), the bad field into bad1 and bad2 where the codec names
+ * one, the message into m1 and m2; n_fds is for Alloc's reply, the others ignore it. `also`, a function of
+ * `a` and `b` or NULL, is the codec's own further check, once both succeeded with the same text, of what its
+ * encoder leaves out; it returns NULL or its own sentence.
+ */
+#define DIFFERENTIAL_DECODER(name, type, what, decode, decode_text, encode, done, also)                        \
+        static const char *differential_##name(const char *text, size_t len, json_object *o, size_t n_fds) {   \
+                _cleanup_free_ char *m1 = NULL, *m2 = NULL, *t1 = NULL, *t2 = NULL, *b1 = NULL;               \
+                _cleanup_(json_object_putp) json_object *e1 = NULL, *e2 = NULL;                                \
+                const char *(*also_check)(const type *, const type *) = also;                                  \
+                const char *bad1 = NULL, *bad2 = NULL, *why;                                                   \
+                type a = {}, b = {};                                                                           \
+                int r1, r2;                                                                                    \
+                                                                                                               \
+                r1 = decode;                                                                                   \
+                b1 = bad1 ? strdup(bad1) : NULL;                                                               \
+                r2 = decode_text;                                                                              \
+                if (r1 == 0)                                                                                   \
+                        t1 = differential_text(encode(&a, &e1), &e1);                                          \
+                if (r2 == 0)                                                                                   \
+                        t2 = differential_text(encode(&b, &e2), &e2);                                          \
+                why = differential_outcome(what, r1, r2, b1, bad2, m1, m2, t1, t2);                            \
+                if (!why && r1 == 0 && also_check)                                                             \
+                        why = also_check(&a, &b);                                                              \
+                if (r1 == 0)                                                                                   \
+                        done(&a);                                                                              \
+                if (r2 == 0)                                                                                   \
+                        done(&b);                                                                              \
+                return why;                                                                                    \
+        }
+
+/* Alloc's encoder leaves a wait_usec of 0 out, as it does an absent one (-1): told apart here. */
+static const char *differential_alloc_params_wait(const AllocParams *a, const AllocParams *b) {
+        return a->wait_usec == b->wait_usec ? NULL : "Alloc parameters (wait_usec)";
+}
+
+/* Status's parameters are none: the EmptyParams is only there to fit DIFFERENTIAL_DECODER(); a success is {}. */
+static int differential_empty_params_encode(const EmptyParams *p, json_object **ret) {
+        return empty_params_encode(ret);
+}
+
+static void differential_empty_params_done(EmptyParams *p) {
+}
+
+DIFFERENTIAL_DECODER(alloc_params, AllocParams, "Alloc parameters",
+                     alloc_params_decode(o, &a, &bad1, &m1),
+                     alloc_params_decode_text(text, len, &b, &bad2, &m2),
+                     alloc_params_encode, alloc_params_done, differential_alloc_params_wait);
+DIFFERENTIAL_DECODER(free_params, FreeParams, "Free parameters",
+                     free_params_decode(o, &a, &bad1, &m1),
+                     free_params_decode_text(text, len, &b, &bad2, &m2),
+                     free_params_encode, free_params_done, NULL);
+DIFFERENTIAL_DECODER(empty_params, EmptyParams, "Status parameters",
+                     empty_params_decode(o, &bad1, &m1),
+                     empty_params_decode_text(text, len, &bad2, &m2),
+                     differential_empty_params_encode, differential_empty_params_done, NULL);
+DIFFERENTIAL_DECODER(status_reply, StatusReply, "Status reply",
+                     status_reply_decode(o, &a, &m1),
+                     status_reply_decode_text(text, len, &b, &m2),
+                     status_reply_encode, status_reply_done, NULL);
+DIFFERENTIAL_DECODER(alloc_reply, AllocReply, "Alloc reply",
+                     alloc_reply_decode(o, n_fds, &a, &m1),
+                     alloc_reply_decode_text(text, len, n_fds, &b, &m2),
+                     alloc_reply_encode, alloc_reply_done, NULL);
+DIFFERENTIAL_DECODER(free_reply, FreeReply, "Free reply",
+                     free_reply_decode(o, &a, &m1),
+                     free_reply_decode_text(text, len, &b, &m2),
+                     free_reply_encode, free_reply_done, NULL);
+
+/* One parameters object (NULL text: absent), text[0..len) against `o` (its json-c reading, NULL: absent), as
+ * the parameters of each call and reply that has a text decoder. */
 static const char *differential_params(const char *text, size_t len, json_object *o) {
-        const char *why = NULL;
+        const char *why;
 
-        {       /* Alloc's parameters */
-                _cleanup_free_ char *m1 = NULL, *m2 = NULL, *t1 = NULL, *t2 = NULL, *b1 = NULL;
-                _cleanup_(json_object_putp) json_object *e1 = NULL, *e2 = NULL;
-                AllocParams a = {}, b = {};
-                const char *bad1 = NULL, *bad2 = NULL;
-                int r1, r2;
-
-                r1 = alloc_params_decode(o, &a, &bad1, &m1);
-                b1 = bad1 ? strdup(bad1) : NULL;
-                r2 = alloc_params_decode_text(text, len, &b, &bad2, &m2);
-                if (r1 == 0)
-                        t1 = differential_text(alloc_params_encode(&a, &e1), &e1);
-                if (r2 == 0)
-                        t2 = differential_text(alloc_params_encode(&b, &e2), &e2);
-                why = differential_outcome("Alloc parameters", r1, r2, b1, bad2, m1, m2, t1, t2);
-                if (!why && r1 == 0 && a.wait_usec != b.wait_usec)
-                        why = "Alloc parameters (wait_usec)";
-                if (r1 == 0)
-                        alloc_params_done(&a);
-                if (r2 == 0)
-                        alloc_params_done(&b);
-                if (why)
-                        return why;
-        }
-        {       /* Free's parameters */
-                _cleanup_free_ char *m1 = NULL, *m2 = NULL, *t1 = NULL, *t2 = NULL, *b1 = NULL;
-                _cleanup_(json_object_putp) json_object *e1 = NULL, *e2 = NULL;
-                FreeParams a = {}, b = {};
-                const char *bad1 = NULL, *bad2 = NULL;
-                int r1, r2;
-
-                r1 = free_params_decode(o, &a, &bad1, &m1);
-                b1 = bad1 ? strdup(bad1) : NULL;
-                r2 = free_params_decode_text(text, len, &b, &bad2, &m2);
-                if (r1 == 0)
-                        t1 = differential_text(free_params_encode(&a, &e1), &e1);
-                if (r2 == 0)
-                        t2 = differential_text(free_params_encode(&b, &e2), &e2);
-                why = differential_outcome("Free parameters", r1, r2, b1, bad2, m1, m2, t1, t2);
-                if (r1 == 0)
-                        free_params_done(&a);
-                if (r2 == 0)
-                        free_params_done(&b);
-                if (why)
-                        return why;
-        }
-        {       /* Status's parameters: none */
-                _cleanup_free_ char *m1 = NULL, *m2 = NULL, *b1 = NULL;
-                const char *bad1 = NULL, *bad2 = NULL;
-                int r1, r2;
-
-                r1 = empty_params_decode(o, &bad1, &m1);
-                b1 = bad1 ? strdup(bad1) : NULL;
-                r2 = empty_params_decode_text(text, len, &bad2, &m2);
-                why = differential_outcome("Status parameters", r1, r2, b1, bad2, m1, m2, "{}", "{}");
-                if (why)
-                        return why;
-        }
-        {       /* Status's reply */
-                _cleanup_free_ char *m1 = NULL, *m2 = NULL, *t1 = NULL, *t2 = NULL;
-                _cleanup_(json_object_putp) json_object *e1 = NULL, *e2 = NULL;
-                StatusReply a = {}, b = {};
-                int r1, r2;
-
-                r1 = status_reply_decode(o, &a, &m1);
-                r2 = status_reply_decode_text(text, len, &b, &m2);
-                if (r1 == 0)
-                        t1 = differential_text(status_reply_encode(&a, &e1), &e1);
-                if (r2 == 0)
-                        t2 = differential_text(status_reply_encode(&b, &e2), &e2);
-                why = differential_outcome("Status reply", r1, r2, NULL, NULL, m1, m2, t1, t2);
-                if (r1 == 0)
-                        status_reply_done(&a);
-                if (r2 == 0)
-                        status_reply_done(&b);
-                if (why)
-                        return why;
-        }
-        for (size_t n_fds = 0; n_fds <= 2; n_fds++) {   /* Alloc's reply, with as many fds */
-                _cleanup_free_ char *m1 = NULL, *m2 = NULL, *t1 = NULL, *t2 = NULL;
-                _cleanup_(json_object_putp) json_object *e1 = NULL, *e2 = NULL;
-                AllocReply a = {}, b = {};
-                int r1, r2;
-
-                r1 = alloc_reply_decode(o, n_fds, &a, &m1);
-                r2 = alloc_reply_decode_text(text, len, n_fds, &b, &m2);
-                if (r1 == 0)
-                        t1 = differential_text(alloc_reply_encode(&a, &e1), &e1);
-                if (r2 == 0)
-                        t2 = differential_text(alloc_reply_encode(&b, &e2), &e2);
-                why = differential_outcome("Alloc reply", r1, r2, NULL, NULL, m1, m2, t1, t2);
-                if (r1 == 0)
-                        alloc_reply_done(&a);
-                if (r2 == 0)
-                        alloc_reply_done(&b);
-                if (why)
-                        return why;
-        }
-        {       /* Free's reply */
-                _cleanup_free_ char *m1 = NULL, *m2 = NULL;
-                FreeReply a = {}, b = {};
-                int r1, r2;
-
-                r1 = free_reply_decode(o, &a, &m1);
-                r2 = free_reply_decode_text(text, len, &b, &m2);
-                why = differential_outcome("Free reply", r1, r2, NULL, NULL, m1, m2, a.kept ? "true" : "false",
-                                           b.kept ? "true" : "false");
-                if (r1 == 0)
-                        free_reply_done(&a);
-                if (r2 == 0)
-                        free_reply_done(&b);
-                if (why)
-                        return why;
-        }
-        return NULL;
+        why = differential_alloc_params(text, len, o, 0) ?: differential_free_params(text, len, o, 0) ?:
+              differential_empty_params(text, len, o, 0) ?: differential_status_reply(text, len, o, 0);
+        /* Alloc's reply, as if 0, 1 or 2 fds came with it */
+        for (size_t n_fds = 0; !why && n_fds <= 2; n_fds++)
+                why = differential_alloc_reply(text, len, o, n_fds);
+        return why ?: differential_free_reply(text, len, o, 0);
 }
 
 /* Whether a text reader's parameters (object, or text to read) are the json-c reading's `o`. */

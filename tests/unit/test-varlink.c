@@ -1409,6 +1409,7 @@ static const char *const text_messages[] = {
         "\"leased\":0,\"scrubbing\":0,\"cached\":0,\"leases\":0,\"waiters\":0}],\"placement\":\"spread\"}}",
         "{\"parameters\":{\"lease\":{\"id\":\"ab\",\"device\":0,\"size\":2,\"slabs\":[{\"size\":2,\"fd\":0}]}}}",
         "{\"parameters\":{\"kept\":true}}",
+        "{\"kept\":true}", "{\"kept\":false}",       /* a Free reply's parameters, read as such */
         "{\"error\":\"io.vmmbroker.InvalidParameter\",\"parameters\":{\"parameter\":\"size\",\"message\":\"x\"}}",
         "{\"parameters\":{},\"continues\":true}",
         /* envelopes that json-c reads differently or refuses */
