@@ -24,6 +24,9 @@
  *   free         vmmb_free() of such a lease: unmap in the client, then Free
  *   oneway       vmmb_free_oneway() of such a lease: unmap, then the Free sent
  *                as a one-way call, its answer not waited for
+ *   again        vmmb_alloc() of the size right after a vmmb_free() of it: the
+ *                slab just freed is the one it gets, once its scrub is issued
+ *                and done (the daemon issues it at once for such a request)
  *   kept         vmmb_alloc() of a size this process kept with vmmb_free_keep():
  *                the broker hands the same lease back, zeroed, and the client
  *                reuses its mapping (no import, map or access); measured after
@@ -46,8 +49,11 @@
  * Then where a request's time goes: the raw Alloc and Free round trips alone
  * (reply and fds received, no driver call), the rest of vmmb_alloc() beyond the
  * floor and that round trip, the daemon's own time per method (from its
- * request-latency metric), and the floor's driver calls one by one, with the
- * fds just received and with the same fds mapped a second time.
+ * request-latency metric), how many of the request-and-free repetitions found
+ * this process and the daemon last on one CPU right after the free (the
+ * scheduler's placement: a free's unmap overlaps the daemon's work only on two
+ * CPUs), and the floor's driver calls one by one, with the fds just received
+ * and with the same fds mapped a second time.
  *
  * Requests and floors are interleaved repetition by repetition (which goes
  * first alternating): on the lent VM the same step's median moves by half
@@ -63,8 +69,10 @@
  */
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -306,7 +314,35 @@ typedef struct Row {
         double kept, kept_b2b, keep;    /* vmmb_alloc() of a kept lease (zeroing done / back to back), vmmb_free_keep() */
         double daemon_alloc;            /* the daemon's own time per Alloc over those requests and floors (mean) */
         double unmap_again;             /* the unmap of a mapping of fds mapped twice before, closed first */
+        unsigned one_cpu;               /* request-and-free repetitions with this process and the daemon on one CPU */
+        double realloc;                 /* vmmb_alloc() of the size right after its vmmb_free() */
 } Row;
+
+static pid_t daemon_pid;
+
+/* The CPU process `pid` last ran on (/proc/PID/stat's 39th field), or -1. */
+static int last_cpu(pid_t pid) {
+        char path[64], buf[1024];
+        const char *p;
+        ssize_t n;
+        int fd, field = 2;
+
+        snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+                return -1;
+        n = read(fd, buf, sizeof(buf) - 1);
+        close(fd);
+        if (n <= 0)
+                return -1;
+        buf[n] = 0;
+        p = strrchr(buf, ')');          /* the command name may hold anything but ends there */
+        while (p && field < 39) {
+                p = strchr(p + 1, ' ');
+                field++;
+        }
+        return p ? atoi(p + 1) : -1;
+}
 
 /* vmmb_alloc() of `size` on device 0 into *ret; returns the microseconds it took. */
 static double timed_alloc(vmmb_client *client, uint64_t size, vmmb_lease **ret) {
@@ -483,13 +519,17 @@ static void floor_once(VarlinkConn *c, const char *path, uint64_t size, double *
         wait_scrubbed(path);
 }
 
-/* One request to usable pointer (*ret_request, us) and its vmmb_free() (*ret_free), then the scrub waited for. */
+/*
+ * One request to usable pointer (*ret_request, us) and its vmmb_free() (*ret_free), then the scrub waited for;
+ * whether this process and the daemon were last on one CPU right after the free (*ret_one_cpu).
+ */
 static void request_once(vmmb_client *client, const char *path, uint64_t size, double *ret_request,
-                         double *ret_free) {
+                         double *ret_free, bool *ret_one_cpu) {
         vmmb_lease *l;
 
         *ret_request = timed_alloc(client, size, &l);
         *ret_free = timed_free(vmmb_free, "vmmb_free", l);
+        *ret_one_cpu = sched_getcpu() == last_cpu(daemon_pid);
         wait_scrubbed(path);
 }
 
@@ -518,15 +558,17 @@ static void bench_request(vmmb_client *client, const char *path, unsigned reps, 
         before = daemon_total(path, "Alloc");
         for (unsigned i = 0; i < reps; i++) {
                 TestLease x;
+                bool one_cpu;
 
                 tb[i] = bare_round_trip();
                 if (i % 2 == 0) {
-                        request_once(client, path, row->size, &t[i], &tf[i]);
+                        request_once(client, path, row->size, &t[i], &tf[i], &one_cpu);
                         floor_once(c, path, row->size, &tm[i], &tu[i], &x);
                 } else {
                         floor_once(c, path, row->size, &tm[i], &tu[i], &x);
-                        request_once(client, path, row->size, &t[i], &tf[i]);
+                        request_once(client, path, row->size, &t[i], &tf[i], &one_cpu);
                 }
+                row->one_cpu += one_cpu;
                 if (i == 0)
                         row->layout = x;
         }
@@ -544,6 +586,16 @@ static void bench_request(vmmb_client *client, const char *path, unsigned reps, 
                 wait_idle(path);
         }
         row->free_oneway = median(tf, reps);
+
+        /* A request of the size right after its vmmb_free(): the daemon issues and waits for the scrub. */
+        for (unsigned i = 0; i < reps; i++) {
+                (void)timed_alloc(client, row->size, &l);
+                (void)timed_free(vmmb_free, "vmmb_free", l);
+                t[i] = timed_alloc(client, row->size, &l);
+                (void)timed_free(vmmb_free, "vmmb_free", l);
+                wait_scrubbed(path);
+        }
+        row->realloc = median(t, reps);
 
         /* The same request's round trips alone: what the wire and the daemon add to the floor. */
         for (unsigned i = 0; i < reps; i++) {
@@ -808,6 +860,7 @@ int main(int argc, char *argv[]) {
         k = harness_start(&h, NULL);
         if (k < 0)
                 die("starting vmmbrokerd (is VMMBROKER_DAEMON set?)", k);
+        daemon_pid = h.pid;
         measure_status_sizes(h.socket);
         echo_start();                   /* before this process loads the driver */
         machine_open_device("bench-broker", &cu, &dev0, &ctx);
@@ -874,17 +927,21 @@ int main(int argc, char *argv[]) {
                "no driver call; client = request - floor - alloc RT; free RT = raw Free round trip; send = a one-way "
                "Free built and written, not answered; unmap = the unmap floor (fds just received, closed first, as a "
                "client's are); unmap/ag = the same for a mapping of fds mapped twice before; daemon = the daemon's own "
-               "time per Alloc over the requests and floors of the size (method_call(), mean from its metrics)\n");
-        printf("%-8s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n", "size", "request", "floor", "alloc RT", "client",
-               "free RT", "send", "unmap", "unmap/ag", "bare", "daemon");
+               "time per Alloc over the requests and floors of the size (method_call(), mean from its metrics); 1 CPU = of "
+               "the %u requests and frees, those after which this process and the daemon were last on one CPU; again = "
+               "vmmb_alloc() of the size right after its vmmb_free() (the daemon issues and waits for the freed slab's "
+               "scrub)\n",
+               reps);
+        printf("%-8s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %6s %9s\n", "size", "request", "floor", "alloc RT",
+               "client", "free RT", "send", "unmap", "unmap/ag", "bare", "daemon", "1 CPU", "again");
         for (size_t i = 0; i < ELEMENTSOF(rows); i++) {
                 const Row *r = &rows[i];
                 char b[FORMAT_SIZE_MAX];
 
-                printf("%-8s %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f\n",
+                printf("%-8s %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %6u %9.1f\n",
                        format_size(r->size, b, sizeof(b)), r->request, r->floor, r->alloc_rt,
                        r->request - r->floor - r->alloc_rt, r->free_rt, r->send, r->unmap, r->unmap_again, r->bare,
-                       r->daemon_alloc);
+                       r->daemon_alloc, r->one_cpu, r->realloc);
         }
 
         printf("the floor's phases (medians, us), fds just received / the same fds mapped a second time:\n");
