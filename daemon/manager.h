@@ -59,6 +59,7 @@ typedef struct Manager {
         sd_event_source *idle_source;   /* pool_idle(), snapshots, STATUS=, when nothing else is pending */
         sd_event_source *waiters_source; /* tries waiting Allocs when memory came back (Broker.waits) */
         sd_event_source *reclaim_timer; /* the earliest deadline of a lease asked back (reclaim.h) */
+        sd_event_source *scrub_timer;   /* issues the pool's queued scrubs, SCRUB_DELAY_USEC after the first */
         uint64_t reclaim_timeout_usec;  /* ReclaimTimeout= */
         uint64_t *waiters_in_use;       /* per device: leased + scrubbing bytes when its first waiter last
                                            found no room (a request served since then tries it again only

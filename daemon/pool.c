@@ -446,7 +446,33 @@ static int slab_zero(PoolDevice *dev, Slab *slab) {
         return 0;
 }
 
-/* Queues the zeroing of a slab on the device's stream, followed by a completion callback. */
+/*
+ * Records the slab's event (Slab.zeroed, created at its first use) on the device's stream, after the zeroing
+ * queued last: it says when that zeroing is done without waiting for anything queued after it. 0 or -EIO.
+ */
+static int slab_record_zeroed(PoolDevice *dev, Slab *slab) {
+        CUresult r;
+
+        if (!slab->zeroed) {
+                r = DRV(dev, cuEventCreate)(&slab->zeroed, CU_EVENT_DISABLE_TIMING);
+                if (r != CUDA_SUCCESS) {
+                        slab->zeroed = NULL;
+                        driver_error(dev, "cuEventCreate", r);
+                        return -EIO;
+                }
+        }
+        r = DRV(dev, cuEventRecord)(slab->zeroed, dev->stream);
+        if (r != CUDA_SUCCESS) {
+                driver_error(dev, "cuEventRecord", r);
+                return -EIO;
+        }
+        return 0;
+}
+
+/*
+ * Queues the zeroing of a slab on the device's stream, then its event (so that a request of its size and uid
+ * can wait for this one zeroing: cache_take_or_wait()), then a completion callback.
+ */
 static int slab_scrub(PoolDevice *dev, Slab *slab) {
         CUresult r;
         int k;
@@ -454,6 +480,11 @@ static int slab_scrub(PoolDevice *dev, Slab *slab) {
         k = slab_zero(dev, slab);
         if (k < 0)
                 return k;
+        if (slab_record_zeroed(dev, slab) < 0) {
+                /* Queued, but its event says nothing: wait for it, and give up the slab. */
+                (void)DRV(dev, cuStreamSynchronize)(dev->stream);
+                return -EIO;
+        }
         r = DRV(dev, cuLaunchHostFunc)(dev->stream, scrub_done, dev);
         if (r != CUDA_SUCCESS) {
                 /* The memset is queued but nothing will tell us when it is done: wait for it, then give up the
@@ -522,6 +553,10 @@ void pool_scrub_queued(Pool *p) {
                 device_scrub_queued(&p->devices[i]);
 }
 
+bool pool_has_queued(const Pool *p) {
+        return p->n_queued > 0;
+}
+
 void pool_set_hooks(Pool *p, const PoolHooks *hooks, void *userdata) {
         p->hooks = hooks ? *hooks : (PoolHooks){};
         p->hooks_userdata = userdata;
@@ -566,26 +601,13 @@ void pool_release(Pool *p, Slab *slab) {
 
 int pool_scrub_leased(Pool *p, Slab *slab) {
         PoolDevice *dev = slab->device;
-        CUresult r;
 
         if (slab->state != SLAB_LEASED || slab->host)
                 return -EINVAL;
-        if (make_current(dev) < 0)              /* the event is the device's context's */
+        if (slab_zero(dev, slab) < 0)           /* makes the device's context current: the event's */
                 return POOL_E_DRIVER;
-        if (!slab->zeroed) {
-                r = DRV(dev, cuEventCreate)(&slab->zeroed, CU_EVENT_DISABLE_TIMING);
-                if (r != CUDA_SUCCESS) {
-                        slab->zeroed = NULL;
-                        driver_error(dev, "cuEventCreate", r);
-                        return POOL_E_DRIVER;
-                }
-        }
-        if (slab_zero(dev, slab) < 0)
-                return POOL_E_DRIVER;
-        r = DRV(dev, cuEventRecord)(slab->zeroed, dev->stream);
-        if (r != CUDA_SUCCESS) {
+        if (slab_record_zeroed(dev, slab) < 0) {
                 /* Queued, but nothing would say when it is done: wait for it, and do not vouch for it. */
-                driver_error(dev, "cuEventRecord", r);
                 (void)DRV(dev, cuStreamSynchronize)(dev->stream);
                 return POOL_E_DRIVER;
         }
@@ -615,6 +637,21 @@ int pool_scrub_wait(Pool *p, Slab *slab) {
         return 0;
 }
 
+/* Caches a scrubbing slab whose zeroing is done: at its completion callback (pool_dispatch()), or ahead of it
+ * (cache_take_or_wait()). */
+static void scrub_finish(Slab *slab) {
+        PoolDevice *dev = slab->device;
+
+        list_unlink(&slab->link_state);
+        slab->space->scrubbing_bytes -= slab->size;
+        slab->space->n_scrubbing--;
+        dev->stats.scrubs++;
+        dev->stats.scrubbed_bytes += slab->size;
+        slab->last_used = ++dev->pool->clock;
+        if (cache_insert(slab) < 0)
+                slab_release(slab);
+}
+
 unsigned pool_dispatch(Pool *p) {
         unsigned n = 0;
         uint64_t counter;
@@ -630,14 +667,7 @@ unsigned pool_dispatch(Pool *p) {
                 list_for_each_entry_safe(slab, tmp, &dev->scrubbing, link_state) {
                         if (slab->scrub_seq > done)
                                 break;
-                        list_unlink(&slab->link_state);
-                        slab->space->scrubbing_bytes -= slab->size;
-                        slab->space->n_scrubbing--;
-                        dev->stats.scrubs++;
-                        dev->stats.scrubbed_bytes += slab->size;
-                        slab->last_used = ++p->clock;
-                        if (cache_insert(slab) < 0)
-                                slab_release(slab);
+                        scrub_finish(slab);
                         n++;
                 }
         }
@@ -699,30 +729,32 @@ static Slab *cache_take(SlabSpace *space, uint64_t size, uid_t uid) {
 }
 
 /*
- * A cached slab of `size` for `uid`; else, when one of that size and uid is being scrubbed, waits for
- * the scrubs queued so far and takes it. Under fast alloc/free of one size the slab just freed is usually
- * still being scrubbed when the next request comes: waiting for it (the device zeroes at TB/s: microseconds
- * for small slabs) is cheaper than creating and exporting a new one, and the pool does not grow with churn.
+ * A cached slab of `size` for `uid`; else, when one of that size and uid is being scrubbed, waits for its
+ * zeroing (its event: not for the rest of the stream, nor for the completion callback, whose trip through
+ * the driver's thread and the event loop takes longer than zeroing a small slab) and takes it. Under fast
+ * alloc/free of one size the slab just freed is usually still queued or being scrubbed when the next request
+ * comes: waiting for it (the device zeroes at TB/s: microseconds for small slabs) is cheaper than creating
+ * and exporting a new one, and the pool does not grow with churn.
  */
 static Slab *cache_take_or_wait(SlabSpace *space, uint64_t size, uid_t uid) {
-        Slab *slab = cache_take(space, size, uid), *s;
+        Slab *slab = cache_take(space, size, uid), *s, *found = NULL;
         PoolDevice *dev = space->device;
-        bool scrubbing = false;
 
         if (slab)
                 return slab;
         device_scrub_queued(dev);       /* the slab freed by the last request may not be scrubbing yet */
         list_for_each_entry(s, &dev->scrubbing, link_state)
                 if (s->space == space && s->size == size && s->uid == uid) {
-                        scrubbing = true;
+                        found = s;
                         break;
                 }
-        if (!scrubbing || make_current(dev) < 0)
+        if (!found || make_current(dev) < 0)
                 return NULL;
-        if (DRV(dev, cuStreamSynchronize)(dev->stream) != CUDA_SUCCESS)
+        /* Every issued scrub has its event (slab_scrub()); the slab is zero once it has completed. */
+        if (DRV(dev, cuEventSynchronize)(found->zeroed) != CUDA_SUCCESS)
                 return NULL;    /* the scrub will be seen as failed when its completion is dispatched */
         dev->stats.scrub_waits++;
-        (void)pool_dispatch(dev->pool);
+        scrub_finish(found);
         return cache_take(space, size, uid);
 }
 
@@ -1182,13 +1214,11 @@ int pool_new(Pool **ret, CudaDriver *cu, const PoolConfig *config, char **ret_me
 bool pool_idle(Pool *p) {
         PoolDevice *dev = &p->devices[0];
         uint64_t size = dev->info.granularity;
-        bool scrubbed = p->n_queued > 0;
+        bool closed = flush_closes(p) > 0;
         Slab *slab;
 
-        pool_scrub_queued(p);
-        flush_closes(p);
         if (!p->prime)
-                return scrubbed;
+                return closed;
         /* One export absorbs the driver's slow path; its slab waits, unbound, for the next request. */
         p->prime = false;
         if (dev->mem.created_bytes + size > dev->mem.capacity || slab_create(&dev->mem, size, UID_UNBOUND, &slab) != 0)
@@ -1202,7 +1232,7 @@ bool pool_idle(Pool *p) {
 }
 
 bool pool_has_idle_work(const Pool *p) {
-        return p->n_closing > 0 || p->prime || p->n_queued > 0;
+        return p->n_closing > 0 || p->prime;
 }
 
 unsigned pool_trim(Pool *p) {

@@ -93,8 +93,8 @@ typedef struct Slab {
         CUmemGenericAllocationHandle handle;
         int fd;                         /* exported once, at creation */
         CUdeviceptr scrub_va;           /* the pool's own mapping, made at the first scrub; 0 if none */
-        CUevent zeroed;                 /* recorded after its last zeroing in place (pool_scrub_leased()); NULL
-                                           until the first */
+        CUevent zeroed;                 /* recorded after its last zeroing (a scrub, or in place:
+                                           pool_scrub_leased()); NULL until the first */
         uint64_t scrub_seq;             /* which completion of the device's stream ends its scrub */
         uint64_t last_used;             /* pool clock when it was last cached */
         CacheBucket *bucket;            /* while cached */
@@ -160,11 +160,15 @@ int pool_alloc(Pool *p, int device, uint64_t size, uid_t uid, Slab **ret_slabs, 
 void pool_reclaim(Pool *p, Slab *slab);
 
 /*
- * Issues the scrubs of the slabs pool_reclaim() queued. The daemon runs it once a request's reply is sent, so
- * that a Free's answer does not wait for the scrub it starts; pool_alloc() runs it before it waits for a
- * scrubbing slab, pool_drain() and pool_idle() before anything else.
+ * Issues the scrubs of the slabs pool_reclaim() queued. The daemon runs it a little after the reply that
+ * freed them (manager.c, SCRUB_DELAY_USEC), so that a Free's answer does not wait for the scrub it starts and
+ * the scrub does not run during the client's unmap; pool_alloc() runs it for its device before it waits for
+ * a scrubbing slab or creates one, and pool_drain() before anything else.
  */
 void pool_scrub_queued(Pool *p);
+
+/* Whether any slab waits in the queue for pool_scrub_queued(). */
+bool pool_has_queued(const Pool *p);
 
 /*
  * Host slabs to park the content of `slabs` (n device slabs of one device, a lease's) in: one of the same
@@ -238,16 +242,15 @@ unsigned pool_dispatch(Pool *p);
 int pool_drain(Pool *p);
 
 /*
- * Work the pool keeps out of requests; the daemon calls it when it has nothing else to do. It issues queued
- * scrubs (pool_scrub_queued()), closes the exported fds of released slabs (which frees their memory) and,
- * when it closed any, creates one unbound slab of the smallest size, the granularity: closing an exported fd
- * makes the driver's next export slow, and that export is better paid here than in a client's request.
- * Returns true if it did anything.
+ * Work the pool keeps out of requests; the daemon calls it when it has nothing else to do. It closes the
+ * exported fds of released slabs (which frees their memory) and, when it closed any, creates one unbound slab
+ * of the smallest size, the granularity: closing an exported fd makes the driver's next export slow, and that
+ * export is better paid here than in a client's request. Queued scrubs are not its work: their time is the
+ * daemon's (pool_scrub_queued()). Returns true if it did anything.
  */
 bool pool_idle(Pool *p);
 
-/* Whether pool_idle() has anything to do: scrubs to issue, fds of released slabs to close, or a slab to
- * prime. */
+/* Whether pool_idle() has anything to do: fds of released slabs to close, or a slab to prime. */
 bool pool_has_idle_work(const Pool *p);
 
 /* Releases every cached slab on every device back to the driver. Returns how many. */

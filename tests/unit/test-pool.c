@@ -33,6 +33,7 @@ static struct {
         void (*hold_streams)(int);
         unsigned long (*live_allocations)(void);
         int (*inject)(const char *);
+        uint64_t (*calls)(const char *entry);
 } sim;
 
 static void open_driver(void) {
@@ -45,7 +46,8 @@ static void open_driver(void) {
         sim.hold_streams = (void (*)(int))dlsym(lib, "simcuda_hold_streams");
         sim.live_allocations = (unsigned long (*)(void))dlsym(lib, "simcuda_live_allocations");
         sim.inject = (int (*)(const char *))dlsym(lib, "simcuda_fail");
-        ck_assert(sim.hold_streams && sim.live_allocations && sim.inject);
+        sim.calls = (uint64_t (*)(const char *))dlsym(lib, "simcuda_calls");
+        ck_assert(sim.hold_streams && sim.live_allocations && sim.inject && sim.calls);
         dlclose(lib);
 }
 
@@ -498,13 +500,14 @@ END_TEST
  * pool_reclaim() only queues the scrub, with no driver call, so that a Free's answer need not wait for it:
  * the slab counts as scrubbing and is never handed out unscrubbed. pool_scrub_queued() issues it; a request
  * of its size and uid issues and waits for it rather than create a slab; another uid's request never gets
- * it; pool_idle() issues what is left; a scrub that cannot be issued releases the slab; the pool freed with
- * scrubs still queued leaves nothing behind (teardown()).
+ * it; pool_idle() leaves it queued (when to issue it is the daemon's choice: manager.c, SCRUB_DELAY_USEC); a
+ * scrub that cannot be issued releases the slab; the pool freed with scrubs still queued leaves nothing
+ * behind (teardown()).
  */
 START_TEST(test_scrub_queued_until_told) {
         Slab *a[POOL_MAX_SLABS], *b[POOL_MAX_SLABS], *c[POOL_MAX_SLABS];
+        uint64_t calls, syncs, waits;
         PoolDeviceStats s;
-        uint64_t calls;
         size_t n, m, k;
 
         open_pool(64 * MiB, 0);
@@ -516,14 +519,22 @@ START_TEST(test_scrub_queued_until_told) {
         ck_assert_uint_eq(s.driver_calls, calls);       /* queued: nothing asked of the driver yet */
         ck_assert_uint_eq(s.scrubbing, 2 * MiB);
         ck_assert_uint_eq(s.leased, 0);
-        ck_assert(pool_has_idle_work(pool));
+        ck_assert(pool_has_queued(pool));
+        ck_assert(!pool_has_idle_work(pool));
 
-        /* Another uid's request of the size gets a slab of its own; then the owner's takes it back, zeroed. */
+        /*
+         * Another uid's request of the size gets a slab of its own; then the owner's takes it back, zeroed,
+         * having waited for that slab's event alone: not for the stream, nor for the completion callback.
+         */
         ck_assert_int_eq(alloc(2 * MiB, UID_B, c, &k), 0);
         ck_assert_ptr_ne(c[0], a[0]);
         ck_assert_uint_eq(stats().created, 2);
+        syncs = sim.calls("cuStreamSynchronize");
+        waits = sim.calls("cuEventSynchronize");
         ck_assert_int_eq(alloc(2 * MiB, UID_A, b, &m), 0);
         ck_assert_ptr_eq(b[0], a[0]);
+        ck_assert_uint_eq(sim.calls("cuStreamSynchronize"), syncs);
+        ck_assert_uint_eq(sim.calls("cuEventSynchronize"), waits + 1);
         lease_io(b, m, -1, 0);
         ck_assert_uint_eq(stats().created, 2);
 
@@ -534,9 +545,15 @@ START_TEST(test_scrub_queued_until_told) {
         wait_scrubs(1);
         ck_assert_uint_eq(stats().n_cached, 1);
 
-        /* Queued, then issued by pool_idle(). */
+        ck_assert(!pool_has_queued(pool));
+
+        /* Queued, and left so by pool_idle(), until pool_scrub_queued(). */
         pool_reclaim(pool, c[0]);
-        ck_assert(pool_idle(pool));
+        calls = stats().driver_calls;
+        ck_assert(!pool_idle(pool));
+        ck_assert_uint_eq(stats().driver_calls, calls);
+        ck_assert(pool_has_queued(pool));
+        pool_scrub_queued(pool);
         wait_scrubs(1);
         ck_assert_uint_eq(stats().n_cached, 2);
 
@@ -548,6 +565,15 @@ START_TEST(test_scrub_queued_until_told) {
         s = stats();
         ck_assert_uint_eq(s.scrubbing, 0);
         ck_assert_uint_eq(s.released, 1);
+
+        /* Nor one whose event cannot be recorded: nothing could say when its zeroing is done. */
+        ck_assert_int_eq(alloc(2 * MiB, UID_A, a, &n), 0);
+        ck_assert_int_eq(sim.inject("cuEventRecord:1:CUDA_ERROR_UNKNOWN"), 0);
+        pool_reclaim(pool, a[0]);
+        pool_scrub_queued(pool);
+        s = stats();
+        ck_assert_uint_eq(s.scrubbing, 0);
+        ck_assert_uint_eq(s.released, 2);
 
         /* One left queued when the pool is freed. */
         ck_assert_int_eq(alloc(2 * MiB, UID_B, c, &k), 0);
