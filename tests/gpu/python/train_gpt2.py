@@ -60,23 +60,28 @@ def child(mode: str, steps: int) -> None:
         opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
         return model, batch, opt
 
+    def step(model, batch, opt):
+        """One training step, timed from a synchronized device to its loss on the host: (loss, seconds)."""
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        loss = model(input_ids=batch, labels=batch).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        v = loss.detach().float().item()        # synchronizes
+        return v, time.perf_counter() - t0
+
     def train(model, batch, opt):
         losses, times = [], []
         for _ in range(steps):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            loss = model(input_ids=batch, labels=batch).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            v = loss.detach().float().item()        # synchronizes
-            times.append(time.perf_counter() - t0)
+            v, t = step(model, batch, opt)
+            times.append(t)
             losses.append(v)
         return losses, times
 
     pool_bytes = reserved = attn = None
     if mode == "paired":
-        paired(build, steps)
+        paired(build, step, steps)
         return
     if mode == "broker":
         import vmmbroker.torch as vt
@@ -102,7 +107,7 @@ def child(mode: str, steps: int) -> None:
                       "pool_bytes": pool_bytes, "reserved": reserved, "attn": attn}))
 
 
-def paired(build, steps: int) -> None:
+def paired(build, step, steps: int) -> None:
     """Both models in one process, their steps alternating (torch first on even steps, the broker's on odd):
     each pair of steps sees the same clocks, heat and neighbours, which separate processes do not. Each model
     keeps its own RNG states, swapped in before its step, so its losses are those of a process of its own."""
@@ -125,16 +130,9 @@ def paired(build, steps: int) -> None:
             model, batch, opt = r["parts"]
             torch.set_rng_state(r["rng"][0])
             torch.cuda.set_rng_state(r["rng"][1])
-            ctx = vt.use(pool) if mode == "broker" else contextlib.nullcontext()
-            with ctx:
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                loss = model(input_ids=batch, labels=batch).loss
-                loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                v = loss.detach().float().item()        # synchronizes
-                r["times"].append(time.perf_counter() - t0)
+            with vt.use(pool) if mode == "broker" else contextlib.nullcontext():
+                v, t = step(model, batch, opt)
+            r["times"].append(t)
             r["losses"].append(v)
             r["rng"] = (torch.get_rng_state(), torch.cuda.get_rng_state())
     out = {m: {"losses": r["losses"], "times": r["times"],
