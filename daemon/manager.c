@@ -108,7 +108,7 @@ static void schedule_idle(Manager *m) {
         (void)sd_event_source_set_enabled(m->idle_source, SD_EVENT_ONESHOT);
 }
 
-/* Issues the scrubs queued since the timer was armed (schedule_scrubs()). */
+/* Issues the scrubs queued since the timer was armed (manager_schedule_scrubs()). */
 static int on_scrub_timer(sd_event_source *s, uint64_t usec, void *userdata) {
         Manager *m = userdata;
 
@@ -116,13 +116,7 @@ static int on_scrub_timer(sd_event_source *s, uint64_t usec, void *userdata) {
         return 0;
 }
 
-/*
- * Arms the scrub timer when slabs were queued and it is not armed: every queued scrub is issued at most
- * SCRUB_DELAY_USEC after the turn that queued it. Called after every turn that can reclaim (a request served,
- * a holder's exit, a lease's reclaim deadline, the idle turn's reaping) and by on_tick(), in case one was
- * missed. When the timer cannot be armed, they are issued at once.
- */
-static void schedule_scrubs(Manager *m) {
+void manager_schedule_scrubs(Manager *m) {
         int enabled = SD_EVENT_OFF;
 
         if (!pool_has_queued(m->pool))
@@ -198,6 +192,7 @@ static void serve_waiters(Manager *m, bool all) {
         /* Whose call still waits at the head may get room from reclaimable leases. */
         for (size_t i = 0; i < pool_n_devices(m->pool); i++)
                 reclaim_for_head(m, i);
+        manager_schedule_scrubs(m);     /* trying waiters reaps exited holders, and a failed try gives back */
 }
 
 /* Leases asked back per device per try: enough for any request, a bound on one wake-up's work. */
@@ -267,7 +262,7 @@ static int on_reclaim_timer(sd_event_source *s, uint64_t usec, void *userdata) {
                 for (size_t i = 0; i < pool_n_devices(m->pool); i++)
                         reclaim_for_head(m, i);
         reclaim_arm(m);
-        schedule_scrubs(m);
+        manager_schedule_scrubs(m);
         return 0;
 }
 
@@ -323,7 +318,7 @@ static int on_accept(sd_event_source *s, int fd, uint32_t revents, void *userdat
 /* What follows serving requests, in a round or at once. */
 static void served(Manager *m) {
         /* The replies are sent: the scrubs of what they freed come once the clients have unmapped it. */
-        schedule_scrubs(m);
+        manager_schedule_scrubs(m);
         /* A Free, an Unpublish, a scrub that failed may have given memory back at once. */
         serve_waiters(m, false);
         /* A round has been served: new connections may come in again (on_accept()). */
@@ -391,7 +386,7 @@ static int on_holder_exit(sd_event_source *s, int fd, uint32_t revents, void *us
         Manager *m = userdata;
 
         broker_reap_holders(&m->broker);
-        schedule_scrubs(m);
+        manager_schedule_scrubs(m);
         /* A waiting call of an exited process leaves its queue unanswered; its memory came back too. */
         for (size_t i = 0; i < pool_n_devices(m->pool); i++)
                 wait_queue_for_each(&m->broker.waits[i], check_waiter_exited, NULL);
@@ -449,7 +444,7 @@ static int on_idle(sd_event_source *s, void *userdata) {
                         strerror(-m->broker.store_error));
         if (broker_has_unreaped(&m->broker))
                 broker_reap_holders(&m->broker);
-        schedule_scrubs(m);
+        manager_schedule_scrubs(m);
         pool_idle(m->pool);     /* after reaping: the fds of what it gave back */
         if (old < 0 && m->broker.store_error == 0)
                 fprintf(stderr, "Storing the lease table works again.\n");
@@ -482,7 +477,7 @@ static int on_tick(sd_event_source *s, uint64_t usec, void *userdata) {
         /* Released slabs' fds are closed (their memory given back to the driver) when the loop is idle; a loop
          * that requests keep busy is never idle, so also here, at least once a second. */
         (void)pool_idle(m->pool);
-        schedule_scrubs(m);
+        manager_schedule_scrubs(m);
         wake_waiters(m);                /* the driver's memory may have come back from outside the pool */
         (void)sd_event_source_set_time_relative(s, 1000000);
         return 0;

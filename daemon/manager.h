@@ -95,5 +95,14 @@ Manager *manager_free(Manager *m);
 struct Peer;
 bool manager_serve_at_once(Manager *m, struct Peer *p);
 
+/*
+ * Arms the scrub timer when slabs were queued and it is not armed: every queued scrub is issued at most
+ * SCRUB_DELAY_USEC (manager.c) after the turn that queued it. Called after every turn that can reclaim (a
+ * request served, waiting calls tried, a holder's exit, a lease's reclaim deadline, the idle turn's reaping)
+ * and by the loop's one-second tick, in case one was missed. When the timer cannot be armed, they are issued
+ * at once.
+ */
+void manager_schedule_scrubs(Manager *m);
+
 /* Announces readiness to the service manager and runs until SIGTERM or SIGINT. */
 int manager_run(Manager *m);

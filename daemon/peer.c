@@ -171,8 +171,11 @@ static int on_reply_timeout(sd_event_source *s, uint64_t usec, void *userdata) {
         Peer *p = userdata;
 
         if (p->wait) {
+                Manager *m = p->manager;
+
                 /* The waiting call's deadline: one last try, then OutOfMemory saying how long it waited. */
                 (void)peer_wait_try(p, ALLOC_TRY_EXPIRED);
+                manager_schedule_scrubs(m);     /* the try reaps exited holders; a failed one gives back */
                 return 0;
         }
 
@@ -232,8 +235,9 @@ static void peer_update(Peer *p) {
         /* A parked connection is woken only by a hangup (always reported), which ends its wait. */
         /* A watch reads nothing more after its call either: it is woken to write, or by its client shutting
          * down (EPOLLRDHUP: its end of the stream, which a hangup alone does not report for a half-close). */
-        (void)sd_event_source_set_io_events(p->io, (pending ? EPOLLOUT : ready || p->wait || p->watching ? 0 : EPOLLIN) |
-                                                   (p->watching ? EPOLLRDHUP : 0));
+        (void)sd_event_source_set_io_events(p->io,
+                                            (pending ? EPOLLOUT : ready || p->wait || p->watching ? 0 : EPOLLIN) |
+                                            (p->watching ? EPOLLRDHUP : 0));
 }
 
 void peer_serve(Peer *p) {
