@@ -124,7 +124,7 @@ static const struct {
 static CudaDriver *cu;
 static CUdevice dev0;
 
-static void die(const char *what, int k) {
+static _Noreturn void die(const char *what, int k) {
         fprintf(stderr, "bench-broker: %s: %s (%s)\n", what, strerror(k < 0 ? -k : k), vmmb_error_message());
         exit(EXIT_FAILURE);
 }

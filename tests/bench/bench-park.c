@@ -41,7 +41,7 @@
 
 static CudaDriver *cu;
 
-static void die(const char *what, int k) {
+static _Noreturn void die(const char *what, int k) {
         fprintf(stderr, "bench-park: %s: %s\n", what, strerror(k < 0 ? -k : k));
         exit(EXIT_FAILURE);
 }

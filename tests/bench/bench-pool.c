@@ -41,7 +41,7 @@
 #define MiB (UINT64_C(1) << 20)
 #define MAX_REPS 100
 
-static void die(const char *what, int k, Pool *pool) {
+static _Noreturn void die(const char *what, int k, Pool *pool) {
         fprintf(stderr, "bench-pool: %s failed: %s (%s)\n", what, pool_strerror(k), pool ? pool_last_error(pool) : "");
         exit(EXIT_FAILURE);
 }

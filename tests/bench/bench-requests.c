@@ -43,7 +43,7 @@
 #define BLOCKS 20
 #define PER_BLOCK 100
 
-static void die(const char *what, int k) {
+static _Noreturn void die(const char *what, int k) {
         fprintf(stderr, "bench-requests: %s: %s\n", what, strerror(k < 0 ? -k : k));
         exit(EXIT_FAILURE);
 }

@@ -143,7 +143,7 @@ static void cleanup(void) {
         }
 }
 
-static _Noreturn void die(const char *fmt, ...) {
+static _Noreturn _printf_(1, 2) void die(const char *fmt, ...) {
         va_list ap;
 
         fputs("bench-scale: ", stderr);
@@ -154,7 +154,7 @@ static _Noreturn void die(const char *fmt, ...) {
         exit(EXIT_FAILURE);
 }
 
-static void progress(const char *fmt, ...) {
+static _printf_(1, 2) void progress(const char *fmt, ...) {
         va_list ap;
 
         fputs("bench-scale: ", stderr);

@@ -58,7 +58,7 @@
 #define PHASE_S 60.0                    /* bound on each phase */
 #define TARGET_RATIO 10.0
 
-static void die(const char *what, int k) {
+static _Noreturn void die(const char *what, int k) {
         fprintf(stderr, "bench-tenant: %s: %s\n", what, strerror(k < 0 ? -k : k));
         exit(EXIT_FAILURE);
 }

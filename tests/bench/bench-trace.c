@@ -78,7 +78,7 @@ static CudaDriver *cu;
 static CUdevice dev0;
 static uint64_t granularity;
 
-static void die(const char *what, int k) {
+static _Noreturn void die(const char *what, int k) {
         fprintf(stderr, "bench-trace: %s: %s (%s)\n", what, strerror(k < 0 ? -k : k), vmmb_error_message());
         exit(EXIT_FAILURE);
 }

@@ -40,7 +40,7 @@
 #define N_UNITS 4
 #define TARGET_US 1000.0
 
-static void die(const char *what, int k) {
+static _Noreturn void die(const char *what, int k) {
         fprintf(stderr, "bench-wait: %s: %s\n", what, strerror(k < 0 ? -k : k));
         exit(EXIT_FAILURE);
 }

@@ -37,7 +37,7 @@
 
 #define MiB (UINT64_C(1) << 20)
 
-static void die(const char *what, int k) {
+static _Noreturn void die(const char *what, int k) {
         fprintf(stderr, "callgrind-client: %s: %s (%s)\n", what, strerror(k < 0 ? -k : k), vmmb_error_message());
         exit(EXIT_FAILURE);
 }

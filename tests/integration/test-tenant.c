@@ -1165,8 +1165,8 @@ END_TEST
  */
 START_TEST(test_token_exhaustion) {
         static const char *const b_shares[] = {
-                "", ", \"readonly\": true", ", \"uid\": " STR(UID_B) ", \"readonly\": true",
-                ", \"uid\": " STR(UID_A) ", \"readonly\": true", ", \"uid\": " STR(UID_B),
+                "", ", \"readonly\": true", (", \"uid\": " STR(UID_B) ", \"readonly\": true"),
+                (", \"uid\": " STR(UID_A) ", \"readonly\": true"), (", \"uid\": " STR(UID_B)),
         };
         char id[VMMB_ID_MAX + 1], tokens[LEASE_TOKENS_MAX][VMMB_TOKEN_MAX + 1];
         unsigned made = 0, listed = 0;

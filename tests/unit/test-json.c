@@ -504,12 +504,12 @@ static const char *const all_inputs[] = {
         /* accepted */
         "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2}}",
         " \t\r\n{\"i\":7, \"u\" : 0 , \"req_flag\" : false , \"inner\" : { \"n\" : 0 } } \n",
-        "{\"i\":-9223372036854775808,\"opt\":9223372036854775807,\"u\":9223372036854775807,\"req_flag\":true,"
-        "\"flag\":true,\"name\":\"h\\u00e9llo\",\"text\":\"a\\nb\\tc\",\"inner\":{\"n\":1},"
-        "\"items\":[{\"n\":1},{\"n\":2},{\"n\":3}],\"words\":[\"ab\",\"\",\"\\ud83d\\ude00\"],"
-        "\"numbers\":[0,1,9223372036854775807],\"any\":{\"x\":[1,2.5,\"s\",null,true,{\"y\":{}}]}}",
-        "{\"i\":7,\"inner\":{\"n\":1},\"req_flag\":true,\"u\":5,\"opt\":null,\"name\":null,\"items\":null,\"words\":null,"
-        "\"numbers\":null,\"any\":null,\"flag\":null,\"text\":null}",
+        ("{\"i\":-9223372036854775808,\"opt\":9223372036854775807,\"u\":9223372036854775807,\"req_flag\":true,"
+         "\"flag\":true,\"name\":\"h\\u00e9llo\",\"text\":\"a\\nb\\tc\",\"inner\":{\"n\":1},"
+         "\"items\":[{\"n\":1},{\"n\":2},{\"n\":3}],\"words\":[\"ab\",\"\",\"\\ud83d\\ude00\"],"
+         "\"numbers\":[0,1,9223372036854775807],\"any\":{\"x\":[1,2.5,\"s\",null,true,{\"y\":{}}]}}"),
+        ("{\"i\":7,\"inner\":{\"n\":1},\"req_flag\":true,\"u\":5,\"opt\":null,\"name\":null,\"items\":null,"
+         "\"words\":null,\"numbers\":null,\"any\":null,\"flag\":null,\"text\":null}"),
         "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"items\":[],\"words\":[],\"numbers\":[]}",
         "{\"i\":7,\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"name\":\"12345678\"}",
         "{\"u\":1,\"req_flag\":true,\"inner\":{\"n\":2},\"i\":-0,\"opt\":-0}",

@@ -847,8 +847,8 @@ static const char *const odd_names[] = {
         "ctl \x01\x08\t\n\x0c\r\x1b\x1f\x7f \xc2\x85",
         "NVIDIA H100 80GB HBM3 \xe2\x80\x94 \xc3\xa9\xe6\x97\xa5\xf0\x9f\x98\x80",
         "bad \xff\xc0\xaf\xed\xa0\x80\xe2\x82",
-        "a very long name that is longer than any limit on names here, repeated: a very long name that is "
-        "longer than any limit on names here, repeated: a very long name that is longer than any limit",
+        ("a very long name that is longer than any limit on names here, repeated: a very long name that is "
+         "longer than any limit on names here, repeated: a very long name that is longer than any limit"),
 };
 
 START_TEST(test_reply_text) {
