@@ -108,7 +108,7 @@ static void schedule_idle(Manager *m) {
         (void)sd_event_source_set_enabled(m->idle_source, SD_EVENT_ONESHOT);
 }
 
-/* Issues the scrubs queued since the timer was armed (manager_schedule_scrubs()). */
+/* Issues the scrubs queued since the timer was armed (scrubs_queued()). */
 static int on_scrub_timer(sd_event_source *s, uint64_t usec, void *userdata) {
         Manager *m = userdata;
 
@@ -116,13 +116,14 @@ static int on_scrub_timer(sd_event_source *s, uint64_t usec, void *userdata) {
         return 0;
 }
 
-void manager_schedule_scrubs(Manager *m) {
-        int enabled = SD_EVENT_OFF;
+/*
+ * The pool's scrub queue was empty and is not (pool_set_queued_hook()), whatever queued it: a Free, an exited
+ * holder, a reclaim, a failed request giving back. Every queued scrub is so issued at most SCRUB_DELAY_USEC
+ * after it was queued. When the timer cannot be armed, at once.
+ */
+static void scrubs_queued(void *userdata) {
+        Manager *m = userdata;
 
-        if (!pool_has_queued(m->pool))
-                return;
-        if (sd_event_source_get_enabled(m->scrub_timer, &enabled) >= 0 && enabled != SD_EVENT_OFF)
-                return;
         if (sd_event_source_set_time_relative(m->scrub_timer, SCRUB_DELAY_USEC) < 0 ||
             sd_event_source_set_enabled(m->scrub_timer, SD_EVENT_ONESHOT) < 0)
                 pool_scrub_queued(m->pool);
@@ -192,7 +193,6 @@ static void serve_waiters(Manager *m, bool all) {
         /* Whose call still waits at the head may get room from reclaimable leases. */
         for (size_t i = 0; i < pool_n_devices(m->pool); i++)
                 reclaim_for_head(m, i);
-        manager_schedule_scrubs(m);     /* trying waiters reaps exited holders, and a failed try gives back */
 }
 
 /* Leases asked back per device per try: enough for any request, a bound on one wake-up's work. */
@@ -262,7 +262,6 @@ static int on_reclaim_timer(sd_event_source *s, uint64_t usec, void *userdata) {
                 for (size_t i = 0; i < pool_n_devices(m->pool); i++)
                         reclaim_for_head(m, i);
         reclaim_arm(m);
-        manager_schedule_scrubs(m);
         return 0;
 }
 
@@ -317,8 +316,6 @@ static int on_accept(sd_event_source *s, int fd, uint32_t revents, void *userdat
 
 /* What follows serving requests, in a round or at once. */
 static void served(Manager *m) {
-        /* The replies are sent: the scrubs of what they freed come once the clients have unmapped it. */
-        manager_schedule_scrubs(m);
         /* A Free, an Unpublish, a scrub that failed may have given memory back at once. */
         serve_waiters(m, false);
         /* A round has been served: new connections may come in again (on_accept()). */
@@ -386,7 +383,6 @@ static int on_holder_exit(sd_event_source *s, int fd, uint32_t revents, void *us
         Manager *m = userdata;
 
         broker_reap_holders(&m->broker);
-        manager_schedule_scrubs(m);
         /* A waiting call of an exited process leaves its queue unanswered; its memory came back too. */
         for (size_t i = 0; i < pool_n_devices(m->pool); i++)
                 wait_queue_for_each(&m->broker.waits[i], check_waiter_exited, NULL);
@@ -444,7 +440,6 @@ static int on_idle(sd_event_source *s, void *userdata) {
                         strerror(-m->broker.store_error));
         if (broker_has_unreaped(&m->broker))
                 broker_reap_holders(&m->broker);
-        manager_schedule_scrubs(m);
         pool_idle(m->pool);     /* after reaping: the fds of what it gave back */
         if (old < 0 && m->broker.store_error == 0)
                 fprintf(stderr, "Storing the lease table works again.\n");
@@ -477,7 +472,6 @@ static int on_tick(sd_event_source *s, uint64_t usec, void *userdata) {
         /* Released slabs' fds are closed (their memory given back to the driver) when the loop is idle; a loop
          * that requests keep busy is never idle, so also here, at least once a second. */
         (void)pool_idle(m->pool);
-        manager_schedule_scrubs(m);
         wake_waiters(m);                /* the driver's memory may have come back from outside the pool */
         (void)sd_event_source_set_time_relative(s, 1000000);
         return 0;
@@ -488,6 +482,8 @@ Manager *manager_free(Manager *m) {
 
         if (!m)
                 return NULL;
+        if (m->pool)
+                pool_set_queued_hook(m->pool, NULL, NULL);      /* the scrub timer goes below */
         list_for_each_entry_safe(p, tmp, &m->peers, link)
                 peer_free(p);
         if (m->pool)
@@ -560,6 +556,8 @@ static int manager_add_sources(Manager *m) {
                 k = sd_event_source_set_priority(m->scrub_timer, PRIORITY_SCRUB);
         if (k >= 0)
                 k = sd_event_source_set_enabled(m->scrub_timer, SD_EVENT_OFF);
+        if (k >= 0)     /* from here on; what restoring queued is told at once */
+                pool_set_queued_hook(m->pool, scrubs_queued, m);
         if (k >= 0)
                 k = sd_event_add_time_relative(m->event, &tick, CLOCK_MONOTONIC, 1000000, 0, on_tick, m);
         if (k >= 0)

@@ -59,7 +59,8 @@ typedef struct Manager {
         sd_event_source *idle_source;   /* pool_idle(), snapshots, STATUS=, when nothing else is pending */
         sd_event_source *waiters_source; /* tries waiting Allocs when memory came back (Broker.waits) */
         sd_event_source *reclaim_timer; /* the earliest deadline of a lease asked back (reclaim.h) */
-        sd_event_source *scrub_timer;   /* issues the pool's queued scrubs, SCRUB_DELAY_USEC after the first */
+        sd_event_source *scrub_timer;   /* issues the pool's queued scrubs, SCRUB_DELAY_USEC after the first
+                                           (scrubs_queued()) */
         uint64_t reclaim_timeout_usec;  /* ReclaimTimeout= */
         uint64_t *waiters_in_use;       /* per device: leased + scrubbing bytes when its first waiter last
                                            found no room (a request served since then tries it again only
@@ -94,15 +95,6 @@ Manager *manager_free(Manager *m);
  */
 struct Peer;
 bool manager_serve_at_once(Manager *m, struct Peer *p);
-
-/*
- * Arms the scrub timer when slabs were queued and it is not armed: every queued scrub is issued at most
- * SCRUB_DELAY_USEC (manager.c) after the turn that queued it. Called after every turn that can reclaim (a
- * request served, waiting calls tried, a holder's exit, a lease's reclaim deadline, the idle turn's reaping)
- * and by the loop's one-second tick, in case one was missed. When the timer cannot be armed, they are issued
- * at once.
- */
-void manager_schedule_scrubs(Manager *m);
 
 /* Announces readiness to the service manager and runs until SIGTERM or SIGINT. */
 int manager_run(Manager *m);

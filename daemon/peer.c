@@ -171,11 +171,8 @@ static int on_reply_timeout(sd_event_source *s, uint64_t usec, void *userdata) {
         Peer *p = userdata;
 
         if (p->wait) {
-                Manager *m = p->manager;
-
                 /* The waiting call's deadline: one last try, then OutOfMemory saying how long it waited. */
                 (void)peer_wait_try(p, ALLOC_TRY_EXPIRED);
-                manager_schedule_scrubs(m);     /* the try reaps exited holders; a failed one gives back */
                 return 0;
         }
 

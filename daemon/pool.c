@@ -74,6 +74,8 @@ struct Pool {
         size_t n_closing, n_closing_alloc;
         bool prime;                     /* an exported fd was closed since the last export */
         unsigned n_queued;              /* slabs on the devices' `queued` lists */
+        void (*queued)(void *userdata); /* told when n_queued leaves 0 (pool_set_queued_hook()) */
+        void *queued_userdata;
         PoolHooks hooks;
         void *hooks_userdata;
         char last_error[256];
@@ -525,7 +527,8 @@ void pool_reclaim(Pool *p, Slab *slab) {
         list_link_tail(&dev->queued, &slab->link_state);
         slab->space->scrubbing_bytes += slab->size;
         slab->space->n_scrubbing++;
-        p->n_queued++;
+        if (p->n_queued++ == 0 && p->queued)
+                p->queued(p->queued_userdata);
 }
 
 /* Issues the scrubs of the device's queued slabs, in reclaim order. */
@@ -555,6 +558,13 @@ void pool_scrub_queued(Pool *p) {
 
 bool pool_has_queued(const Pool *p) {
         return p->n_queued > 0;
+}
+
+void pool_set_queued_hook(Pool *p, void (*queued)(void *userdata), void *userdata) {
+        p->queued = queued;
+        p->queued_userdata = userdata;
+        if (queued && p->n_queued > 0)
+                queued(userdata);
 }
 
 void pool_set_hooks(Pool *p, const PoolHooks *hooks, void *userdata) {

@@ -171,6 +171,13 @@ void pool_scrub_queued(Pool *p);
 bool pool_has_queued(const Pool *p);
 
 /*
+ * `queued` is called whenever pool_reclaim() queues a slab into an empty queue, and at once when the queue is
+ * not empty already: the daemon arms its scrub timer there (manager.c, SCRUB_DELAY_USEC). NULL: nobody is
+ * told. It may call pool_scrub_queued().
+ */
+void pool_set_queued_hook(Pool *p, void (*queued)(void *userdata), void *userdata);
+
+/*
  * Host slabs to park the content of `slabs` (n device slabs of one device, a lease's) in: one of the same
  * size per device slab, zeroed cached ones first, the rest created on the device's NUMA node (within the
  * device's host capacity, releasing cached host slabs to make room). Fills ret_host[n], leased to `uid`.

@@ -580,6 +580,44 @@ START_TEST(test_scrub_queued_until_told) {
 }
 END_TEST
 
+static void count_told(void *userdata) {
+        (*(unsigned *)userdata)++;
+}
+
+/*
+ * pool_set_queued_hook(), which the daemon's scrub timer hangs on: told when a reclaim queues into an empty
+ * queue (not for each slab queued behind it), again once the queue was emptied, and at once when set over a
+ * queue that is not empty (what restoring queued before the daemon's timer existed).
+ */
+START_TEST(test_queued_hook) {
+        Slab *a[POOL_MAX_SLABS], *b[POOL_MAX_SLABS];
+        unsigned told = 0;
+        size_t n, m;
+
+        open_pool(64 * MiB, 0);
+        ck_assert_int_eq(alloc(2 * MiB, UID_A, a, &n), 0);
+        ck_assert_int_eq(alloc(4 * MiB, UID_A, b, &m), 0);
+        ck_assert_uint_eq(n + m, 2);
+        pool_set_queued_hook(pool, count_told, &told);
+        ck_assert_uint_eq(told, 0);             /* nothing queued */
+        pool_reclaim(pool, a[0]);
+        pool_reclaim(pool, b[0]);
+        ck_assert_uint_eq(told, 1);             /* once, for the queue it began */
+        pool_scrub_queued(pool);
+        wait_scrubs(2);
+
+        ck_assert_int_eq(alloc(2 * MiB, UID_A, a, &n), 0);
+        pool_reclaim(pool, a[0]);
+        ck_assert_uint_eq(told, 2);             /* the queue was emptied: told again */
+        pool_set_queued_hook(pool, NULL, NULL);
+        pool_set_queued_hook(pool, count_told, &told);
+        ck_assert_uint_eq(told, 3);             /* set over a queue that is not empty: told at once */
+        pool_set_queued_hook(pool, NULL, NULL);
+        pool_scrub_queued(pool);
+        wait_scrubs(1);
+}
+END_TEST
+
 START_TEST(test_free_releases_everything) {
         Slab *a[POOL_MAX_SLABS], *b[POOL_MAX_SLABS], *c[POOL_MAX_SLABS];
         size_t n, m, k;
@@ -670,6 +708,7 @@ static Suite *pool_suite(void) {
         tcase_add_test(tc, test_failed_request_returns_hits);
         tcase_add_test(tc, test_scrub_failure_releases);
         tcase_add_test(tc, test_scrub_queued_until_told);
+        tcase_add_test(tc, test_queued_hook);
         tcase_add_test(tc, test_free_releases_everything);
         tcase_add_test(tc, test_idle_closes_and_primes);
         suite_add_tcase(s, tc);
