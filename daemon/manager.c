@@ -151,14 +151,17 @@ static bool idle_has_work(const Manager *m) {
  */
 #define WAITERS_PER_WAKEUP 16
 
-/* Has device i's memory in use gone down since its first waiter last found no room? */
+/*
+ * Has device i's memory leased gone down since its first waiter last found no room? (Memory being scrubbed
+ * is room: an Alloc waits for the scrubs it needs, pool.h.)
+ */
 static bool waiters_may_fit(Manager *m, size_t i) {
         PoolDeviceStats s;
 
         if (!wait_queue_first(&m->broker.waits[i]))
                 return false;
         pool_device_stats(m->pool, i, &s);
-        return m->waiters_in_use[i] == 0 || s.leased + s.scrubbing < m->waiters_in_use[i];
+        return m->waiters_in_use[i] == 0 || s.leased < m->waiters_in_use[i];
 }
 
 static void reclaim_for_head(Manager *m, size_t i);
@@ -186,7 +189,7 @@ static void serve_waiters(Manager *m, bool all) {
                         if (!peer_wait_try(container_of(w, Peer, waiter), ALLOC_TRY_AGAIN))
                                 continue;
                         pool_device_stats(m->pool, i, &s);
-                        m->waiters_in_use[i] = s.leased + s.scrubbing;
+                        m->waiters_in_use[i] = s.leased;
                         break;
                 }
         }

@@ -62,8 +62,8 @@ typedef struct Manager {
         sd_event_source *scrub_timer;   /* issues the pool's queued scrubs, SCRUB_DELAY_USEC after the first
                                            (scrubs_queued()) */
         uint64_t reclaim_timeout_usec;  /* ReclaimTimeout= */
-        uint64_t *waiters_in_use;       /* per device: leased + scrubbing bytes when its first waiter last
-                                           found no room (a request served since then tries it again only
+        uint64_t *waiters_in_use;       /* per device: leased bytes when its first waiter last found no
+                                           room (a request served since then tries it again only
                                            if that went down) */
         List peers;
         unsigned n_peers;               /* connections served (refused ones are not counted) */

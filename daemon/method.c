@@ -212,8 +212,7 @@ static int alloc_try(Broker *b, const Caller *c, AllocParams *a, AllocTry how, u
                 return vmmb_error_invalid_parameter("size", message ?: "too large", &r->msg);
         case BROKER_E_NO_MEMORY: {
                 uint64_t requested = ALIGN_UP(a->size, s.granularity ?: 1);
-                uint64_t in_use = s.leased + s.scrubbing;
-                uint64_t available = s.capacity > in_use ? s.capacity - in_use : 0;
+                uint64_t available = s.capacity > s.leased ? s.capacity - s.leased : 0;        /* scrubbing: room */
                 uint64_t wait_usec = broker_alloc_wait_usec(b, a->wait_usec, i >= 0 ? (size_t)i : SIZE_MAX);
 
                 if (how == ALLOC_TRY_AGAIN)
@@ -334,7 +333,7 @@ static int reply_no_room(Broker *b, MethodReply *r, int k, const Lease *l, const
         _cleanup_free_ char *message = NULL;
         char b1[FORMAT_SIZE_MAX];
         PoolDeviceStats s;
-        uint64_t in_use, available;
+        uint64_t available;
 
         pool_device_stats(b->pool, l->pool_device, &s);
         switch (k) {
@@ -347,15 +346,13 @@ static int reply_no_room(Broker *b, MethodReply *r, int k, const Lease *l, const
         }
         case BROKER_E_NO_MEMORY:
         case BROKER_E_TOO_LARGE:
-                in_use = s.leased + s.scrubbing;
-                available = s.capacity > in_use ? s.capacity - in_use : 0;
+                available = s.capacity > s.leased ? s.capacity - s.leased : 0;
                 set_message(&message, "Device %d has no room to bring lease %s (%s) back from host memory now: %s. "
                             "It stays parked; unpark it later.", l->device, l->id,
                             format_size(l->size, b1, sizeof(b1)), pool_last_error(b->pool));
                 return vmmb_error_out_of_memory(l->device, l->size, available, message ?: "out of memory", &r->msg);
         case BROKER_E_NO_HOST_MEMORY:
-                in_use = s.parked + s.host_scrubbing;
-                available = s.host_capacity > in_use ? s.host_capacity - in_use : 0;
+                available = s.host_capacity > s.parked ? s.host_capacity - s.parked : 0;
                 set_message(&message, "Lease %s (%s) cannot be parked: %s. HostCapacity= in vmmbroker.conf sets the "
                             "host memory each device may use for parked leases.", l->id,
                             format_size(l->size, b1, sizeof(b1)), pool_last_error(b->pool));

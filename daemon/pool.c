@@ -768,6 +768,43 @@ static Slab *cache_take_or_wait(SlabSpace *space, uint64_t size, uid_t uid) {
         return cache_take(space, size, uid);
 }
 
+/*
+ * Waits until the scrubs of the space's slabs (queued ones issued first) have given back at least `bytes`,
+ * and caches them, where they count as room: a request that finds the device full only because memory just
+ * freed is still being zeroed gets that memory rather than OutOfMemory. The device's stream runs its scrubs
+ * in the order issued, so the event of the last slab needed says that every one before it is done too: one
+ * wait, for those slabs' zeroing alone (microseconds per GiB; what is queued after them is not waited for).
+ * False when they would not give back enough, or the driver failed.
+ */
+static bool space_wait_scrubbed(SlabSpace *space, uint64_t bytes) {
+        PoolDevice *dev = space->device;
+        Slab *s, *tmp, *last = NULL;
+        uint64_t covered = 0;
+
+        device_scrub_queued(dev);
+        list_for_each_entry(s, &dev->scrubbing, link_state) {
+                if (s->space != space)
+                        continue;
+                covered += s->size;
+                last = s;
+                if (covered >= bytes)
+                        break;
+        }
+        if (covered < bytes || make_current(dev) < 0)
+                return false;
+        if (DRV(dev, cuEventSynchronize)(last->zeroed) != CUDA_SUCCESS)
+                return false;   /* the scrubs will be seen as failed when their completions are dispatched */
+        dev->stats.scrub_waits++;
+        list_for_each_entry_safe(s, tmp, &dev->scrubbing, link_state) {
+                bool done = s == last;
+
+                scrub_finish(s);        /* issued before `last` (any space's): zeroed too */
+                if (done)
+                        break;
+        }
+        return true;
+}
+
 /* Undoes a request that failed: created slabs go back to the driver, cached ones back to the cache. */
 static void alloc_rollback(Slab **slabs, size_t n) {
         for (size_t i = n; i-- > 0;) {
@@ -803,10 +840,14 @@ static int space_alloc(SlabSpace *space, const uint64_t *sizes, size_t n, uid_t 
         }
 
         /*
-         * Will the fresh slabs fit once every other cached slab is released? If not, fail before releasing
-         * anything. (The hits are out of the cache now but still alive, so they count as in use.)
+         * Will the fresh slabs fit once every other cached slab is released, and what is being scrubbed is
+         * done (waited for only when it is needed)? If not, fail before releasing anything. (The hits are out
+         * of the cache now but still alive, so they count as in use.)
          */
         in_use = space->created_bytes - space->cached_bytes;
+        if (in_use + fresh > space->capacity && in_use - space->scrubbing_bytes + fresh <= space->capacity &&
+            space_wait_scrubbed(space, in_use + fresh - space->capacity))
+                in_use = space->created_bytes - space->cached_bytes;
         if (in_use + fresh > space->capacity) {
                 set_error(dev->pool, "device %d has %" PRIu64 " of its %scapacity of %" PRIu64 " bytes in use",
                           dev->info.index, in_use, space->host ? "host " : "", space->capacity);

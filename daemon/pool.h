@@ -121,7 +121,7 @@ typedef struct PoolDeviceStats {
         uint64_t scrubs;                /* scrubs completed */
         uint64_t scrubbed_bytes;
         uint64_t primed;                /* unbound slabs created by pool_idle() */
-        uint64_t scrub_waits;           /* requests that waited for a scrub rather than create a slab */
+        uint64_t scrub_waits;           /* requests that waited for scrubs: to reuse a slab, or for room */
         uint64_t driver_calls;          /* Driver API calls the pool made for this device */
         /* host memory for parked leases */
         uint64_t host_granularity;      /* 0: the device cannot park */
@@ -147,7 +147,9 @@ Pool *pool_free(Pool *p);
 /*
  * Leases `size` bytes on `device` to `uid`: fills ret_slabs (room for
  * POOL_MAX_SLABS) in mapping order, largest first, and sets *ret_n. Cached
- * slabs of that uid are used first; the rest are created. Returns 0, a
+ * slabs of that uid are used first (one being scrubbed is waited for); the
+ * rest are created. Slabs being scrubbed are room: when the device is full
+ * only because of them, it waits for as many scrubs as it needs. Returns 0, a
  * POOL_E_* code, or a negative errno.
  */
 int pool_alloc(Pool *p, int device, uint64_t size, uid_t uid, Slab **ret_slabs, size_t *ret_n);

@@ -541,6 +541,32 @@ START_TEST(test_keep_quota_retry) {
 }
 END_TEST
 
+/*
+ * The same at a full device: the kept lease holds the room an Alloc of another size needs, so the library
+ * gives it back and asks again at once, while the broker is still scrubbing it; the Alloc gets that room.
+ */
+START_TEST(test_keep_capacity_retry) {
+        char id[VMMB_ID_MAX + 1];
+        vmmb_client *c;
+        vmmb_lease *a, *b;
+
+        start_capped("8M");
+        c = connect_or_fail(h.socket);
+        a = alloc_or_fail(c, 6 * MiB, 0, NULL);
+        snprintf(id, sizeof(id), "%s", vmmb_lease_id(a));
+        fill_nonzero(a);
+        keep_or_fail(a);
+        ck_assert(daemon_list(h.socket, id).kept);
+
+        b = alloc_or_fail(c, 4 * MiB, 0, NULL);
+        ck_assert(words_are(vmmb_lease_ptr(b), 4 * MiB, 0));
+        ck_assert(!daemon_list(h.socket, id).found);
+        ck_assert_uint_eq(daemon_leases(h.socket), 1);
+        ck_assert_int_eq(vmmb_free(b), 0);
+        vmmb_close(c);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("keep");
         TCase *tc = tcase_create("keep");
@@ -555,6 +581,7 @@ int main(void) {
         tcase_add_test(tc, test_kept_given_back_when_asked);
         tcase_add_test(tc, test_close_and_give_back);
         tcase_add_test(tc, test_keep_quota_retry);
+        tcase_add_test(tc, test_keep_capacity_retry);
         suite_add_tcase(s, tc);
 
         failed = run_suite(s);

@@ -3,7 +3,8 @@
 /*
  * Alloc that waits (wait_usec): on a daemon whose device holds 4 slabs of 2 MiB (--capacity 8M), filled by
  * the test's own leases, calls wait in the device's queue and are served, in turn between users, as the
- * test frees the filling leases one at a time.
+ * test frees the filling leases one at a time. And what needs no wait: memory just freed, still being
+ * scrubbed, is room for a call that does not wait.
  *
  * Nothing here sleeps: the test sees a call queued by polling Status (its `waiters`) in a bounded loop, and
  * sees which waiting call was served by poll() on the waiting connections with IO_TIMEOUT_S as a failure
@@ -443,11 +444,66 @@ START_TEST(test_wait_daemon_stops) {
 }
 END_TEST
 
+/*
+ * Memory just freed is room for anyone. On a full device, another user's Alloc that does not wait, sent as
+ * soon as the Frees are answered (their memory still queued for scrubbing, or being scrubbed), gets all of it,
+ * zeroed, rather than OutOfMemory; then the first user's calls get it back the same way. A call that would
+ * not fit even once everything freed is scrubbed still fails at once.
+ */
+START_TEST(test_freed_memory_is_room) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *f = NULL;
+        VarlinkConn *conns[1] = {};
+        TestLease filler[N_UNITS], got;
+        CUdeviceptr va;
+        Connector b;
+        Gpu g = {};
+        Reply r;
+
+        NEEDS_ROOT();
+        harness_start_capped_or_fail(&h, "8M", NULL);
+        ck_assert_int_eq(conn_open(h.socket, &f), 0);
+        b = connector_start(h.socket, UID_B, 1, conns);
+        ck_assert_int_eq(gpu_open(&g), 0);              /* after the fork: the connector makes no driver call */
+        for (uint32_t round = 0; round < 8; round++) {
+                for (int i = 0; i < N_UNITS; i++) {
+                        ck_assert_int_eq(lease_alloc(f, UNIT, &filler[i]), 0);
+                        ck_assert_int_eq(gpu_map(&g, &filler[i], &va), 0);
+                        ck_assert_int_eq(g.cu->cuMemsetD32(va, 0x5eed0000u + round, UNIT / 4), CUDA_SUCCESS);
+                        ck_assert_int_eq(cuda_unmap(g.cu, va, filler[i].sizes, filler[i].n), 0);
+                        test_lease_close(&filler[i]);
+                }
+                for (int i = 0; i < N_UNITS; i++)
+                        ck_assert_int_eq(lease_free(f, filler[i].id), 0);
+                ck_assert_int_eq(lease_alloc(conns[0], N_UNITS * UNIT, &got), 0);       /* the whole device */
+                ck_assert_int_eq(gpu_map(&g, &got, &va), 0);
+                ck_assert_int_eq(gpu_verify(&g, va, got.size, 0), 0);
+                ck_assert_int_eq(cuda_unmap(g.cu, va, got.sizes, got.n), 0);
+                test_lease_close(&got);
+                ck_assert_int_eq(lease_free(conns[0], got.id), 0);
+        }
+
+        /* Three slabs leased and one freed: two would not fit even once it is scrubbed. */
+        fill(f, filler);
+        ck_assert_int_eq(lease_free(f, filler[0].id), 0);
+        ck_assert_int_eq(call_text(conns[0], VMMB_METHOD_ALLOC, "{\"size\": 4194304}", &r), 0);
+        ck_assert_str_eq(r.error, VMMB_ERROR_OUT_OF_MEMORY);
+        reply_done(&r);
+        for (int i = 1; i < N_UNITS; i++)
+                ck_assert_int_eq(lease_free(f, filler[i].id), 0);
+        gpu_close(&g);
+        varlink_conn_free(conns[0]);
+        connector_finish(&b);
+        wait_for_leased(0);
+        harness_stop_or_fail(&h);
+}
+END_TEST
+
 int main(void) {
         return run_suite(UNIT_SUITE("wait", NULL, test_wait_served_when_freed, test_wait_expires,
                                     test_wait_never_servable_fails_at_once, test_wait_turned_off,
                                     test_wait_connection_closed, test_wait_process_killed,
                                     test_wait_two_users_in_turn, test_wait_flood_does_not_hold_others,
-                                    test_wait_quota_still_applies, test_wait_daemon_stops)) == 0
+                                    test_wait_quota_still_applies, test_wait_daemon_stops,
+                                    test_freed_memory_is_room)) == 0
                        ? EXIT_SUCCESS : EXIT_FAILURE;
 }

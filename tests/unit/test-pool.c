@@ -237,6 +237,49 @@ START_TEST(test_scrubbing_slab_waited_for) {
 }
 END_TEST
 
+/*
+ * A device full only because memory just freed is still queued or being scrubbed: a request of another size,
+ * or another uid's, waits for as much of that zeroing as it needs instead of failing, and the rest of the
+ * queue is not waited for. Memory that would not make room even once scrubbed is not waited for at all.
+ */
+START_TEST(test_full_device_waits_for_scrubs) {
+        Slab *a[POOL_MAX_SLABS], *b[POOL_MAX_SLABS], *c[POOL_MAX_SLABS], *d[POOL_MAX_SLABS];
+        PoolDeviceStats s;
+        uint64_t syncs;
+        size_t n, m, k, l;
+
+        open_pool(16 * MiB, 0);
+        ck_assert_int_eq(alloc(8 * MiB, UID_A, a, &n), 0);
+        ck_assert_int_eq(alloc(4 * MiB, UID_A, b, &m), 0);
+        ck_assert_int_eq(alloc(4 * MiB, UID_B, c, &k), 0);
+        lease_io(a, n, 0x3c, 0);
+        pool_reclaim(pool, a[0]);                       /* queued: no scrub issued yet */
+        pool_reclaim(pool, b[0]);
+
+        /* 6 MiB for uid B: the 8 MiB slab's scrub is enough; the 4 MiB one behind it is not waited for (nothing
+         * dispatched it: it is still scrubbing), nor is the stream. */
+        syncs = sim.calls("cuStreamSynchronize");
+        ck_assert_int_eq(alloc(6 * MiB, UID_B, d, &l), 0);
+        ck_assert_uint_eq(sim.calls("cuStreamSynchronize"), syncs);
+        lease_io(d, l, -1, 0);
+        s = stats();
+        ck_assert_uint_eq(s.leased, 10 * MiB);
+        ck_assert_uint_eq(s.scrub_waits, 1);
+        ck_assert_uint_eq(s.scrubbing, 4 * MiB);
+        ck_assert_uint_eq(s.created - s.released, 3);
+
+        /* 8 MiB more: even with every scrub done there is no room (18 of 16 MiB). Refused, with no wait and
+         * nothing changed. */
+        ck_assert_int_eq(alloc(8 * MiB, UID_A, a, &n), POOL_E_NOMEM);
+        assert_same_state(stats(), s);
+        ck_assert_uint_eq(stats().scrub_waits, 1);
+
+        reclaim_all(c, k);
+        reclaim_all(d, l);
+        wait_scrubs(stats().n_scrubbing);
+}
+END_TEST
+
 /* Fast alloc/free of one size: the pool does not grow with churn (it grew by a slab per cycle before). */
 START_TEST(test_churn_does_not_grow_the_pool) {
         Slab *a[POOL_MAX_SLABS];
@@ -696,6 +739,7 @@ static Suite *pool_suite(void) {
         tcase_add_checked_fixture(tc, NULL, teardown);
         tcase_add_test(tc, test_fresh_then_cached);
         tcase_add_test(tc, test_scrubbing_slab_waited_for);
+        tcase_add_test(tc, test_full_device_waits_for_scrubs);
         tcase_add_test(tc, test_churn_does_not_grow_the_pool);
         tcase_add_test(tc, test_exact_size_slabs);
         tcase_add_test(tc, test_uid_isolation);
