@@ -469,6 +469,8 @@ START_TEST(test_freed_memory_is_room) {
                         ck_assert_int_eq(lease_alloc(f, UNIT, &filler[i]), 0);
                         ck_assert_int_eq(gpu_map(&g, &filler[i], &va), 0);
                         ck_assert_int_eq(g.cu->cuMemsetD32(va, 0x5eed0000u + round, UNIT / 4), CUDA_SUCCESS);
+                        /* read back: the memset is done before the unmap, which would not wait for it */
+                        ck_assert_int_eq(gpu_verify(&g, va, UNIT, 0x5eed0000u + round), 0);
                         ck_assert_int_eq(cuda_unmap(g.cu, va, filler[i].sizes, filler[i].n), 0);
                         test_lease_close(&filler[i]);
                 }
