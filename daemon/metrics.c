@@ -279,6 +279,9 @@ static int format_devices(FILE *f, Broker *b) {
                        "Cached slabs released to make room for a request.", offsetof(PoolDeviceStats, evicted));
         device_counter(f, rows, n, "vmmbroker_device_scrubbed_bytes", "Bytes scrubbed.",
                        offsetof(PoolDeviceStats, scrubbed_bytes));
+        device_counter(f, rows, n, "vmmbroker_device_scrub_waits",
+                       "Requests that waited for scrubs: to reuse a slab, for room, for a kept lease's zeroing.",
+                       offsetof(PoolDeviceStats, scrub_waits));
         device_counter(f, rows, n, "vmmbroker_device_copied_bytes",
                        "Bytes copied between device and host memory by parks and unparks.",
                        offsetof(PoolDeviceStats, copied_bytes));

@@ -158,6 +158,7 @@ def main():
     for name, typ in [("vmmbroker_device_capacity_bytes", "gauge"), ("vmmbroker_device_leased_bytes", "gauge"),
                       ("vmmbroker_device_cached_bytes", "gauge"), ("vmmbroker_device_scrubbing_bytes", "gauge"),
                       ("vmmbroker_device_leases", "gauge"), ("vmmbroker_device_waiters", "gauge"),
+                      ("vmmbroker_device_scrub_waits", "counter"),
                       ("vmmbroker_user_bytes", "gauge"), ("vmmbroker_user_leases", "gauge"),
                       ("vmmbroker_user_connections", "gauge"), ("vmmbroker_requests", "counter"),
                       ("vmmbroker_request_duration_seconds", "histogram"), ("vmmbroker_restarted", "gauge"),
