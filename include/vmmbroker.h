@@ -158,7 +158,9 @@ void vmmb_close(vmmb_client *client);
  * process connected to the same socket) and asks once more.
  * When the device has no room but other processes keep leases there, the
  * broker asks them back and the call waits for them, at most the broker's
- * ReclaimTimeout= (5 s by default), before it fails with -ENOMEM.
+ * ReclaimTimeout= (5 s by default), before it fails with -ENOMEM. Memory
+ * freed and still being scrubbed by the broker is room: the broker waits for
+ * the scrubs the call needs rather than refuse it.
  *
  * Return: 0, or a negative errno: -ENOMEM when the device has no room,
  * -ENODEV for a device the broker does not serve, -EINVAL for a bad
