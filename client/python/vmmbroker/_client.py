@@ -193,7 +193,8 @@ class Client:
         the broker's queue for the device (users take turns, each user's calls
         first come, first served), at most the broker's MaxAllocWait= (5 min by
         default); None or 0 fails at once. While it waits, other calls on this
-        client wait too.
+        client wait too. Memory freed and still being scrubbed by the broker
+        is room without ``wait``: the broker waits for the scrubs it needs.
 
         Raises Error: EINVAL for a size of 0 or more than the device can
         serve, or a label too long; QuotaExceeded (EDQUOT) over a limit of the
