@@ -274,8 +274,17 @@ START_TEST(test_full_device_waits_for_scrubs) {
         assert_same_state(stats(), s);
         ck_assert_uint_eq(stats().scrub_waits, 1);
 
-        reclaim_all(c, k);
-        reclaim_all(d, l);
+        /* Both leases freed, the first scrub issued fails (its slab is released: room too): 12 MiB for uid A
+         * gets that room and waits for the rest it needs. */
+        pool_reclaim(pool, c[0]);
+        pool_reclaim(pool, d[0]);
+        ck_assert_int_eq(sim.inject("cuMemsetD8Async:1:CUDA_ERROR_UNKNOWN"), 0);
+        ck_assert_int_eq(alloc(12 * MiB, UID_A, a, &n), 0);
+        lease_io(a, n, -1, 0);
+        s = stats();
+        ck_assert_uint_eq(s.leased, 12 * MiB);
+        ck_assert_uint_eq(s.scrub_waits, 2);
+        reclaim_all(a, n);
         wait_scrubs(stats().n_scrubbing);
 }
 END_TEST
