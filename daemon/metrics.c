@@ -280,7 +280,7 @@ static int format_devices(FILE *f, Broker *b) {
         device_counter(f, rows, n, "vmmbroker_device_scrubbed_bytes", "Bytes scrubbed.",
                        offsetof(PoolDeviceStats, scrubbed_bytes));
         device_counter(f, rows, n, "vmmbroker_device_scrub_waits",
-                       "Requests that waited for scrubs: to reuse a slab, for room, for a kept lease's zeroing.",
+                       "Requests that needed memory still being scrubbed: a slab to reuse, room, a kept lease.",
                        offsetof(PoolDeviceStats, scrub_waits));
         device_counter(f, rows, n, "vmmbroker_device_copied_bytes",
                        "Bytes copied between device and host memory by parks and unparks.",

@@ -121,7 +121,7 @@ typedef struct PoolDeviceStats {
         uint64_t scrubs;                /* scrubs completed */
         uint64_t scrubbed_bytes;
         uint64_t primed;                /* unbound slabs created by pool_idle() */
-        uint64_t scrub_waits;           /* requests that waited for scrubs: to reuse a slab, or for room */
+        uint64_t scrub_waits;           /* requests that needed memory still scrubbing (waited if not done) */
         uint64_t driver_calls;          /* Driver API calls the pool made for this device */
         /* host memory for parked leases */
         uint64_t host_granularity;      /* 0: the device cannot park */
