@@ -39,6 +39,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "driver.h"     /* CUDA_DRIVER_ENTRY_POINTS; cuda.h and cudaTypedefs.h */
@@ -268,6 +269,7 @@ static struct {
 
         bool initialized;               /* cuInit() succeeded */
         bool held;                      /* simcuda_hold_streams(1) */
+        char hold_file[PATH_MAX];       /* SIMCUDA_HOLD_FILE: streams are held while a file is there; "": none */
         struct CUctx_st ctx[MAX_DEVICES];
         uint64_t charged[MAX_DEVICES];
         uint64_t host_charged;
@@ -539,6 +541,11 @@ static void setup_once(void) {
         if (env_get("SIMCUDA_NUMA", &v) && !parse_numa(v, sim.numa))
                 env_bad("simcuda: SIMCUDA_NUMA=\"%.64s\" is not a list of host NUMA nodes such as 0,0,1,1 (one per "
                         "device at most, each from -1 to 1023)", v);
+        if (env_get("SIMCUDA_HOLD_FILE", &v) && snprintf(sim.hold_file, sizeof(sim.hold_file), "%s", v) >=
+                                                          (int)sizeof(sim.hold_file)) {
+                sim.hold_file[0] = 0;
+                env_bad("simcuda: SIMCUDA_HOLD_FILE=\"%.64s...\" is longer than a path may be", v);
+        }
         if (env_get("SIMCUDA_FAIL", &v) && faults_parse(v, &sim.faults) < 0)
                 env_bad("simcuda: SIMCUDA_FAIL=\"%.64s\" is not a list of ENTRY:N[:ERROR] such as "
                         "cuMemCreate:3,cuMemMap:1:CUDA_ERROR_INVALID_VALUE", v);
@@ -1004,6 +1011,31 @@ static void op_done(Op *op) {
         free(op);
 }
 
+/*
+ * Whether the streams are held: by simcuda_hold_streams(1) in this process, or while the file SIMCUDA_HOLD_FILE
+ * names is there (another process, a test, holds the daemon's streams so).
+ */
+static bool streams_held(void) {
+        return sim.held || (sim.hold_file[0] && access(sim.hold_file, F_OK) == 0);
+}
+
+/* Waits for work, the hold to be lifted, or the end; a hold file is looked at again every millisecond. */
+static void stream_wait(bool busy) {
+        struct timespec ts;
+
+        if (!busy || !sim.hold_file[0]) {
+                pthread_cond_wait(&sim.work, &sim.lock);
+                return;
+        }
+        (void)clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 1000000;
+        if (ts.tv_nsec >= 1000000000) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000;
+        }
+        (void)pthread_cond_timedwait(&sim.work, &sim.lock, &ts);
+}
+
 static void *stream_worker(void *arg) {
         CUstream s = arg;
 
@@ -1013,8 +1045,8 @@ static void *stream_worker(void *arg) {
                 Op *op;
 
                 /* Idle: wait for work or for the end. Busy: run, unless the streams are held. */
-                while (list_is_empty(&s->ops) ? !s->quit : sim.held)
-                        pthread_cond_wait(&sim.work, &sim.lock);
+                while (list_is_empty(&s->ops) ? !s->quit : streams_held())
+                        stream_wait(!list_is_empty(&s->ops));
                 op = list_first_entry(&s->ops, Op, link);
                 if (!op)
                         break;
