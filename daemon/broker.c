@@ -16,7 +16,7 @@ int broker_init(Broker *b, Pool *pool, const LimitsConfig *limits) {
         int k1, k2, k3;
 
         *b = (Broker){ .pool = pool, .max_alloc_wait_usec = BROKER_DEFAULT_MAX_ALLOC_WAIT_USEC,
-                       .kept_wait_usec = RECLAIM_DEFAULT_TIMEOUT_USEC };
+                       .kept_wait_usec = RECLAIM_DEFAULT_TIMEOUT_USEC, .scrub_wait_bytes = POOL_WAIT_ANY };
         for (size_t i = 0; capacity && i < n; i++) {
                 PoolDeviceStats s;
 
@@ -32,7 +32,9 @@ int broker_init(Broker *b, Pool *pool, const LimitsConfig *limits) {
         b->waits = calloc(n ?: 1, sizeof(WaitQueue));
         for (size_t i = 0; b->waits && i < n; i++)
                 wait_queue_init(&b->waits[i]);
-        return !capacity || !host_capacity || !b->waits ? -ENOMEM : k1 < 0 ? k1 : k2 < 0 ? k2 : k3;
+        b->scrub_waiting = calloc(n ?: 1, sizeof(unsigned));
+        return !capacity || !host_capacity || !b->waits || !b->scrub_waiting ? -ENOMEM :
+               k1 < 0 ? k1 : k2 < 0 ? k2 : k3;
 }
 
 void broker_done(Broker *b) {
@@ -40,6 +42,8 @@ void broker_done(Broker *b) {
                 wait_queue_done(&b->waits[i]);          /* their connections are gone: every waiter with them */
         free(b->waits);
         b->waits = NULL;
+        free(b->scrub_waiting);
+        b->scrub_waiting = NULL;
         lease_table_done(&b->leases);           /* the leases hold charges on users and holds of holders */
         holder_registry_done(&b->holders);      /* the holders hold references on users */
         user_registry_done(&b->users);
@@ -144,6 +148,8 @@ static int pool_outcome(int k) {
         case POOL_E_HOST_NOMEM:
         case POOL_E_NO_HOST:
                 return BROKER_E_NO_HOST_MEMORY;
+        case POOL_E_SCRUBBING:
+                return BROKER_E_SCRUBBING;
         default:
                 return k;
         }
@@ -302,7 +308,7 @@ int broker_alloc(Broker *b, const Caller *c, int64_t device, uint64_t size, cons
                 free(l->label);
                 return BROKER_E_QUOTA;
         }
-        k = pool_alloc(b->pool, s.index, size, h->uid, slabs, &n);
+        k = pool_alloc_bounded(b->pool, s.index, size, h->uid, b->scrub_wait_bytes, slabs, &n);
         if (k == 0) {
                 l->slabs = calloc(n, sizeof(Slab *));
                 if (!l->slabs)

@@ -64,6 +64,8 @@ enum {
         BROKER_E_NOT_STORED,            /* the change could not be stored for a restart: it was not made */
         BROKER_E_NO_HOST_MEMORY,        /* no room in the device's host memory for parked leases, or none at
                                            all (pool_last_error() says which) */
+        BROKER_E_SCRUBBING,             /* an Alloc would wait for more zeroing than scrub_wait_bytes: nothing
+                                           changed; try it again once scrubs have completed */
 };
 
 typedef struct Broker {
@@ -75,7 +77,11 @@ typedef struct Broker {
         int store_error;                /* the last failure to store (negative errno), 0 once storing works */
         uint64_t list_serial;           /* counts List calls, for Lease.listed */
         WaitQueue *waits;               /* per pool device: Alloc calls waiting for room (wait.h) */
+        unsigned *scrub_waiting;        /* per pool device: Alloc calls parked until scrubs complete (outside the
+                                           turns: the manager's scrub_waiters) */
         uint64_t max_alloc_wait_usec;   /* MaxAllocWait=: the longest an Alloc may wait; 0: none may */
+        uint64_t scrub_wait_bytes;      /* the most zeroing an Alloc waits for in the loop (pool_alloc_bounded());
+                                           POOL_WAIT_ANY (the default): any */
         uint64_t kept_wait_usec;        /* how long an Alloc waits for kept leases to come back, whatever its
                                            wait (ReclaimTimeout=, within MaxAllocWait=) */
         PlacementRule placement;        /* Placement=: where an Alloc that names no single device goes */

@@ -66,6 +66,8 @@ typedef struct Manager {
                                            room (a request served since then tries it again only
                                            if that went down) */
         List peers;
+        List scrub_waiters;             /* Peer.link_scrub: Allocs parked until scrubs complete (AllocWait.scrub),
+                                           oldest first */
         unsigned n_peers;               /* connections served (refused ones are not counted) */
         unsigned n_refused;             /* connections waiting to be told they are refused */
         unsigned max_connections_total; /* MaxConnectionsTotal=, resolved */

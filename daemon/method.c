@@ -168,13 +168,34 @@ static int64_t unknown_device(Broker *b, const uint64_t *devices, size_t n) {
 }
 
 /*
+ * Parks a first try of an Alloc (r->wait, which the caller takes): in device i's wait queue for `wait_usec`,
+ * or, with `scrub`, until the scrubs that stand between it and its memory have completed.
+ */
+static int alloc_park(MethodReply *r, AllocParams *a, int index, size_t i, uint64_t wait_usec, bool scrub) {
+        r->wait = calloc(1, sizeof(AllocWait));
+        if (!r->wait)
+                return -ENOMEM;
+        r->wait->params = *a;   /* it takes the label and the devices */
+        *a = (AllocParams){};
+        /* It waits, and is tried again, on the device placement picked (broker.h). */
+        free(r->wait->params.devices);
+        r->wait->params.devices = NULL;
+        r->wait->params.n_devices = 0;
+        r->wait->params.device = index;
+        r->wait->device = i;
+        r->wait->wait_usec = wait_usec;
+        r->wait->scrub = scrub;
+        return 0;
+}
+
+/*
  * One try of an Alloc: `how` says whether it is the call as it came (ALLOC_TRY_FIRST), a waiting call tried
  * again, or one whose wait ended (`waited_usec` into its wait). Answers it in *r, or, when the device has no
  * room, leaves *r unset and sets r->wait (a first try that may wait, see AllocWait) or nothing (a waiting
  * call tried again: it goes on waiting).
  */
-static int alloc_try(Broker *b, const Caller *c, AllocParams *a, AllocTry how, uint64_t waited_usec,
-                     MethodReply *r) {
+static int alloc_try(Broker *b, const Caller *c, AllocParams *a, AllocTry how, bool scrub_wait,
+                     uint64_t waited_usec, MethodReply *r) {
         char b1[FORMAT_SIZE_MAX], b2[FORMAT_SIZE_MAX], w[32];
         _cleanup_free_ char *message = NULL;
         PoolDeviceStats s = {};
@@ -210,28 +231,31 @@ static int alloc_try(Broker *b, const Caller *c, AllocParams *a, AllocTry how, u
                             format_size(a->size, b1, sizeof(b1)), s.index, format_size(s.capacity, b2, sizeof(b2)),
                             POOL_MAX_SLABS);
                 return vmmb_error_invalid_parameter("size", message ?: "too large", &r->msg);
-        case BROKER_E_NO_MEMORY: {
+        case BROKER_E_SCRUBBING:
+                if (how == ALLOC_TRY_AGAIN)
+                        return 0;               /* its scrubs are not done: it goes on waiting */
+                if (how == ALLOC_TRY_FIRST && i >= 0) {
+                        /* parked: in its device's queue if it may wait for room, else for the scrubs */
+                        uint64_t wait_usec = broker_alloc_wait_usec(b, a->wait_usec, (size_t)i);
+
+                        return alloc_park(r, a, s.index, (size_t)i, wait_usec ?: SCRUB_WAIT_USEC, wait_usec == 0);
+                }
+                if (!scrub_wait)
+                        goto no_memory;         /* a call waiting for room, whose time ran out */
+                format_wait(waited_usec, w, sizeof(w));
+                set_message(&message, "Device %d did not finish zeroing the memory this call needs in %s: the "
+                            "device may be stuck. Call again.", s.index, w);
+                return vmmb_error_driver_error(message ?: "scrubs not done", &r->msg);
+        case BROKER_E_NO_MEMORY:
+        no_memory: {
                 uint64_t requested = ALIGN_UP(a->size, s.granularity ?: 1);
                 uint64_t available = s.capacity > s.leased ? s.capacity - s.leased : 0;        /* scrubbing: room */
                 uint64_t wait_usec = broker_alloc_wait_usec(b, a->wait_usec, i >= 0 ? (size_t)i : SIZE_MAX);
 
-                if (how == ALLOC_TRY_AGAIN)
+                if (how == ALLOC_TRY_AGAIN && !scrub_wait)
                         return 0;               /* it goes on waiting */
-                if (how == ALLOC_TRY_FIRST && wait_usec > 0 && i >= 0) {
-                        r->wait = calloc(1, sizeof(AllocWait));
-                        if (!r->wait)
-                                return -ENOMEM;
-                        r->wait->params = *a;   /* it takes the label and the devices */
-                        *a = (AllocParams){};
-                        /* It waits, and is tried again, on the device placement picked (broker.h). */
-                        free(r->wait->params.devices);
-                        r->wait->params.devices = NULL;
-                        r->wait->params.n_devices = 0;
-                        r->wait->params.device = s.index;
-                        r->wait->device = (size_t)i;
-                        r->wait->wait_usec = wait_usec;
-                        return 0;
-                }
+                if (how == ALLOC_TRY_FIRST && wait_usec > 0 && i >= 0)
+                        return alloc_park(r, a, s.index, (size_t)i, wait_usec, false);
                 format_wait(waited_usec, w, sizeof(w));
                 if (how == ALLOC_TRY_STOPPING)
                         set_message(&message, "Device %d had no room for %" PRIu64 " bytes, and the broker is "
@@ -260,14 +284,14 @@ static int method_alloc(Broker *b, const Caller *c, const VarlinkCall *call, Met
         k = VARLINK_PARAMETERS_DECODE(alloc_params, call, &a, &bad, &message);
         if (k < 0)
                 return reply_decode_failed(r, k, bad, message);
-        k = alloc_try(b, c, &a, ALLOC_TRY_FIRST, 0, r);
+        k = alloc_try(b, c, &a, ALLOC_TRY_FIRST, false, 0, r);
         alloc_params_done(&a);
         return k;
 }
 
 int method_alloc_again(Broker *b, const Caller *c, AllocWait *w, AllocTry how, uint64_t waited_usec,
                        MethodReply *r) {
-        return alloc_try(b, c, &w->params, how, waited_usec, r);
+        return alloc_try(b, c, &w->params, how, w->scrub, waited_usec, r);
 }
 
 AllocWait *alloc_wait_free(AllocWait *w) {
@@ -805,7 +829,7 @@ static int method_status(Broker *b, const Caller *c, const VarlinkCall *call, Me
                         .scrubbing = stats[i].scrubbing,
                         .cached = stats[i].cached,
                         .leases = b->leases.device_leases[i],
-                        .waiters = b->waits[i].n_waiters,
+                        .waiters = b->waits[i].n_waiters + b->scrub_waiting[i],
                         .numa_node = stats[i].numa_node >= 0 ? stats[i].numa_node : JSON_ABSENT,
                         .host_capacity = (int64_t)stats[i].host_capacity,
                         .parked = (int64_t)stats[i].parked,

@@ -22,8 +22,15 @@
 typedef struct AllocWait {
         AllocParams params;             /* as decoded */
         size_t device;                  /* the pool index of the device it waits on */
-        uint64_t wait_usec;             /* how long it may wait: its wait_usec, at most MaxAllocWait= */
+        uint64_t wait_usec;             /* how long it may wait: its wait_usec, at most MaxAllocWait=; or, for
+                                           a scrub wait, SCRUB_WAIT_USEC */
+        bool scrub;                     /* it waits for scrubs to complete, not for room: an Alloc that asked
+                                           for no wait, which zeroing longer than the broker's
+                                           scrub_wait_bytes stands between it and its memory */
 } AllocWait;
+
+/* The longest an Alloc waits for scrubs it did not ask to wait for; then it fails with DriverError. */
+#define SCRUB_WAIT_USEC (UINT64_C(30) * 1000000)
 
 AllocWait *alloc_wait_free(AllocWait *w);
 

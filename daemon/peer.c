@@ -35,8 +35,13 @@ static int peer_refusal(Peer *p, json_object **ret) {
 
 /* Parks the connection with its Alloc `w` (taken), waiting since `since`. Returns 0 or -ENOMEM. */
 static int peer_park(Peer *p, AllocWait *w, bool oneway, uint64_t since) {
-        int k = wait_queue_push(&p->manager->broker.waits[w->device], &p->waiter, p->caller.user);
+        int k = 0;
 
+        if (w->scrub) {
+                list_link_tail(&p->manager->scrub_waiters, &p->link_scrub);
+                p->manager->broker.scrub_waiting[w->device]++;
+        } else
+                k = wait_queue_push(&p->manager->broker.waits[w->device], &p->waiter, p->caller.user);
         if (k < 0) {
                 alloc_wait_free(w);
                 return k;
@@ -51,7 +56,11 @@ static int peer_park(Peer *p, AllocWait *w, bool oneway, uint64_t since) {
 static void peer_unpark(Peer *p, bool served) {
         if (!p->wait)
                 return;
-        wait_queue_remove(&p->manager->broker.waits[p->wait->device], &p->waiter, served);
+        if (p->wait->scrub) {
+                list_unlink(&p->link_scrub);
+                p->manager->broker.scrub_waiting[p->wait->device]--;
+        } else
+                wait_queue_remove(&p->manager->broker.waits[p->wait->device], &p->waiter, served);
         p->wait = alloc_wait_free(p->wait);
 }
 
@@ -416,6 +425,7 @@ int peer_new(Manager *m, int fd) {
         p->manager = m;
         list_init(&p->link);
         list_init(&p->link_ready);
+        list_init(&p->link_scrub);
         if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &p->cred, &len) < 0 || p->cred.pid <= 0) {
                 k = -errno ?: -EPROTO;
                 goto fail;

@@ -739,14 +739,36 @@ static Slab *cache_take(SlabSpace *space, uint64_t size, uid_t uid) {
 }
 
 /*
+ * Whether the caller must not wait for `slab`'s zeroing now: it is not done, and the zeroing queued on the
+ * device's stream up to it (its own and the scrubs issued before it) is more than `wait_max` bytes. A wait
+ * that long would hold the daemon's loop (about 0.3 ms per GiB); the request is deferred instead
+ * (POOL_E_SCRUBBING), to be tried again once the scrub's completion is dispatched.
+ */
+static bool scrub_too_long(PoolDevice *dev, Slab *slab, uint64_t wait_max) {
+        uint64_t ahead = 0;
+        Slab *s;
+
+        if (wait_max == POOL_WAIT_ANY || DRV(dev, cuEventQuery)(slab->zeroed) != CUDA_ERROR_NOT_READY)
+                return false;
+        list_for_each_entry(s, &dev->scrubbing, link_state) {
+                ahead += s->size;
+                if (s == slab)
+                        break;
+        }
+        return ahead > wait_max;
+}
+
+/*
  * A cached slab of `size` for `uid`; else, when one of that size and uid is being scrubbed, waits for its
  * zeroing (its event: not for the rest of the stream, nor for the completion callback, whose trip through
  * the driver's thread and the event loop takes longer than zeroing a small slab) and takes it. Under fast
  * alloc/free of one size the slab just freed is usually still queued or being scrubbed when the next request
  * comes: waiting for it (the device zeroes at TB/s: microseconds for small slabs) is cheaper than creating
- * and exporting a new one, and the pool does not grow with churn.
+ * and exporting a new one, and the pool does not grow with churn. A wait longer than `wait_max` is not made:
+ * NULL with *ret_deferred set.
  */
-static Slab *cache_take_or_wait(SlabSpace *space, uint64_t size, uid_t uid) {
+static Slab *cache_take_or_wait(SlabSpace *space, uint64_t size, uid_t uid, uint64_t wait_max,
+                                bool *ret_deferred) {
         Slab *slab = cache_take(space, size, uid), *s, *found = NULL;
         PoolDevice *dev = space->device;
 
@@ -760,6 +782,10 @@ static Slab *cache_take_or_wait(SlabSpace *space, uint64_t size, uid_t uid) {
                 }
         if (!found || make_current(dev) < 0)
                 return NULL;
+        if (scrub_too_long(dev, found, wait_max)) {
+                *ret_deferred = true;
+                return NULL;
+        }
         /* Every issued scrub has its event (slab_scrub()); the slab is zero once it has completed. */
         if (DRV(dev, cuEventSynchronize)(found->zeroed) != CUDA_SUCCESS)
                 return NULL;    /* the scrub will be seen as failed when its completion is dispatched */
@@ -774,9 +800,10 @@ static Slab *cache_take_or_wait(SlabSpace *space, uint64_t size, uid_t uid) {
  * because memory just freed is still being zeroed gets that memory rather than OutOfMemory. The device's
  * stream runs its scrubs in the order issued, so the event of the last slab needed says that every one before
  * it is done too: one wait, for those slabs' zeroing alone (about 0.3 ms per GiB; what is queued after them is
- * not waited for). Waits for nothing when they would not give back enough, or the driver fails.
+ * not waited for). Waits for nothing when they would not give back enough, or the driver fails. Returns
+ * false, having waited for nothing, when the wait would be longer than `wait_max` (scrub_too_long()).
  */
-static void space_wait_scrubbed(SlabSpace *space, uint64_t fresh) {
+static bool space_wait_scrubbed(SlabSpace *space, uint64_t fresh, uint64_t wait_max) {
         PoolDevice *dev = space->device;
         Slab *s, *tmp, *last = NULL;
         uint64_t in_use, need, covered = 0;
@@ -784,7 +811,7 @@ static void space_wait_scrubbed(SlabSpace *space, uint64_t fresh) {
         device_scrub_queued(dev);       /* a scrub that cannot be issued releases its slab: room too */
         in_use = space->created_bytes - space->cached_bytes;
         if (in_use + fresh <= space->capacity)
-                return;
+                return true;
         need = in_use + fresh - space->capacity;
         list_for_each_entry(s, &dev->scrubbing, link_state) {
                 if (s->space != space)
@@ -795,9 +822,11 @@ static void space_wait_scrubbed(SlabSpace *space, uint64_t fresh) {
                         break;
         }
         if (covered < need || make_current(dev) < 0)
-                return;
+                return true;
+        if (scrub_too_long(dev, last, wait_max))
+                return false;
         if (DRV(dev, cuEventSynchronize)(last->zeroed) != CUDA_SUCCESS)
-                return;         /* the scrubs will be seen as failed when their completions are dispatched */
+                return true;    /* the scrubs will be seen as failed when their completions are dispatched */
         dev->stats.scrub_waits++;
         list_for_each_entry_safe(s, tmp, &dev->scrubbing, link_state) {
                 bool done = s == last;
@@ -806,6 +835,7 @@ static void space_wait_scrubbed(SlabSpace *space, uint64_t fresh) {
                 if (done)
                         break;
         }
+        return true;
 }
 
 /* Undoes a request that failed: created slabs go back to the driver, cached ones back to the cache. */
@@ -826,20 +856,27 @@ static void alloc_rollback(Slab **slabs, size_t n) {
 
 /*
  * Slabs of these sizes from one space, leased to `uid`: cached ones first, the rest created, releasing
- * cached slabs (least recently used first) to make room. All or nothing.
+ * cached slabs (least recently used first) to make room. All or nothing; POOL_E_SCRUBBING, nothing changed,
+ * when it would wait for more than `wait_max` bytes of zeroing.
  */
-static int space_alloc(SlabSpace *space, const uint64_t *sizes, size_t n, uid_t uid, Slab **ret_slabs) {
+static int space_alloc(SlabSpace *space, const uint64_t *sizes, size_t n, uid_t uid, uint64_t wait_max,
+                       Slab **ret_slabs) {
         Slab *slabs[POOL_MAX_SLABS] = {};
         uint64_t fresh = 0, in_use;
         PoolDevice *dev = space->device;
+        bool deferred = false;
         int k;
 
         assert(n <= POOL_MAX_SLABS);
         /* Cached slabs first. They stay marked SLAB_CACHED until the request succeeds, for the rollback. */
-        for (size_t j = 0; j < n; j++) {
-                slabs[j] = cache_take_or_wait(space, sizes[j], uid);
+        for (size_t j = 0; j < n && !deferred; j++) {
+                slabs[j] = cache_take_or_wait(space, sizes[j], uid, wait_max, &deferred);
                 if (!slabs[j])
                         fresh += sizes[j];
+        }
+        if (deferred) {
+                alloc_rollback(slabs, n);
+                return POOL_E_SCRUBBING;
         }
 
         /*
@@ -849,7 +886,10 @@ static int space_alloc(SlabSpace *space, const uint64_t *sizes, size_t n, uid_t 
          */
         in_use = space->created_bytes - space->cached_bytes;
         if (in_use + fresh > space->capacity && in_use - space->scrubbing_bytes + fresh <= space->capacity) {
-                space_wait_scrubbed(space, fresh);
+                if (!space_wait_scrubbed(space, fresh, wait_max)) {
+                        alloc_rollback(slabs, n);
+                        return POOL_E_SCRUBBING;
+                }
                 in_use = space->created_bytes - space->cached_bytes;
         }
         if (in_use + fresh > space->capacity) {
@@ -882,6 +922,11 @@ static int space_alloc(SlabSpace *space, const uint64_t *sizes, size_t n, uid_t 
 }
 
 int pool_alloc(Pool *p, int device, uint64_t size, uid_t uid, Slab **ret_slabs, size_t *ret_n) {
+        return pool_alloc_bounded(p, device, size, uid, POOL_WAIT_ANY, ret_slabs, ret_n);
+}
+
+int pool_alloc_bounded(Pool *p, int device, uint64_t size, uid_t uid, uint64_t wait_max, Slab **ret_slabs,
+                       size_t *ret_n) {
         uint64_t sizes[POOL_MAX_SLABS];
         PoolDevice *dev;
         size_t n;
@@ -897,7 +942,7 @@ int pool_alloc(Pool *p, int device, uint64_t size, uid_t uid, Slab **ret_slabs, 
                 return size == 0 ? -EINVAL : POOL_E_TOO_LARGE;
         if (n > POOL_MAX_SLABS || ALIGN_UP(size, dev->info.granularity) > dev->mem.capacity)
                 return POOL_E_TOO_LARGE;
-        k = space_alloc(&dev->mem, sizes, n, uid, ret_slabs);
+        k = space_alloc(&dev->mem, sizes, n, uid, wait_max, ret_slabs);
         if (k == 0)
                 *ret_n = n;
         return k;
@@ -931,7 +976,7 @@ int pool_alloc_host(Pool *p, Slab *const *slabs, size_t n, uid_t uid, Slab **ret
                 }
                 sizes[j] = slabs[j]->size;
         }
-        return space_alloc(&dev->host, sizes, n, uid, ret_host);
+        return space_alloc(&dev->host, sizes, n, uid, POOL_WAIT_ANY, ret_host);
 }
 
 /* Queues the copy of `bytes` from src + src_off to dst + dst_off. */

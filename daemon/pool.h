@@ -56,6 +56,7 @@ enum {
         POOL_E_HOST_NOMEM,      /* no room in the device's host memory for parked leases */
         POOL_E_NO_HOST,         /* the device has no host memory for parking (HostCapacity=0, or the driver
                                    cannot make it: pool_last_error() says why) */
+        POOL_E_SCRUBBING,       /* the request would wait for more zeroing than it may (pool_alloc_bounded()) */
 };
 
 typedef struct PoolConfig {
@@ -153,6 +154,17 @@ Pool *pool_free(Pool *p);
  * POOL_E_* code, or a negative errno.
  */
 int pool_alloc(Pool *p, int device, uint64_t size, uid_t uid, Slab **ret_slabs, size_t *ret_n);
+
+#define POOL_WAIT_ANY UINT64_MAX        /* pool_alloc_bounded(): any wait for scrubs is made */
+
+/*
+ * pool_alloc(), waiting for scrubs only when the zeroing queued on the device's stream up to the last slab
+ * it needs is at most `wait_max` bytes (such a wait holds the caller: about 0.3 ms per GiB); otherwise it
+ * returns POOL_E_SCRUBBING with nothing changed but queued scrubs issued, and the caller tries again once
+ * scrubs have completed (pool_dispatch() returned more than 0). POOL_WAIT_ANY: as pool_alloc().
+ */
+int pool_alloc_bounded(Pool *p, int device, uint64_t size, uid_t uid, uint64_t wait_max, Slab **ret_slabs,
+                       size_t *ret_n);
 
 /*
  * Takes a leased slab back: it is queued for scrubbing (counted as scrubbing from now on), scrubbed once

@@ -160,7 +160,8 @@ void vmmb_close(vmmb_client *client);
  * broker asks them back and the call waits for them, at most the broker's
  * ReclaimTimeout= (5 s by default), before it fails with -ENOMEM. Memory
  * freed and still being scrubbed by the broker is room: the broker waits for
- * the scrubs the call needs rather than refuse it.
+ * the scrubs the call needs rather than refuse it (-EIO if the device has not
+ * finished them in 30 s).
  *
  * Return: 0, or a negative errno: -ENOMEM when the device has no room,
  * -ENODEV for a device the broker does not serve, -EINVAL for a bad

@@ -500,12 +500,135 @@ START_TEST(test_freed_memory_is_room) {
 }
 END_TEST
 
+/* ---- calls parked until scrubs complete ----------------------------------------------------------------- */
+
+#define BIG (UINT64_C(512) << 20)       /* more zeroing than the daemon waits for in its loop (256 MiB) */
+
+/* Whether `c` has a reply to read now (no waiting). */
+static bool readable_now(VarlinkConn *c) {
+        struct pollfd p = { .fd = varlink_conn_get_fd(c), .events = POLLIN };
+
+        return poll(&p, 1, 0) == 1;
+}
+
+/* Holds the simulated device's streams in the daemon (SIMCUDA_HOLD_FILE, read at its start) or lets them run. */
+static void hold_streams(const char *path, bool hold) {
+        if (hold) {
+                int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+
+                ck_assert_int_ge(fd, 0);
+                close(fd);
+        } else
+                ck_assert_int_eq(unlink(path), 0);
+}
+
+/*
+ * Leases BIG on `c` and frees it with the daemon's streams held, so that its scrub cannot be done before the
+ * next call; then sends an Alloc of BIG that does not wait, which needs that slab: it is parked.
+ */
+static void park_on_scrub(VarlinkConn *c, const char *hold) {
+        TestLease l;
+
+        ck_assert_int_eq(lease_alloc(c, BIG, &l), 0);
+        test_lease_close(&l);
+        hold_streams(hold, true);
+        ck_assert_int_eq(lease_free(c, l.id), 0);
+        ck_assert_int_eq(alloc_wait_send(c, BIG, 0), 0);
+}
+
+/*
+ * An Alloc whose memory is behind more zeroing than the daemon waits for in its loop (a 512 MiB slab just
+ * freed) is parked until the scrub completes, and nobody waits for it meanwhile: while the simulated
+ * device's streams are held, the parked call gets no answer and another connection's Status and Alloc are
+ * answered; once they run, it gets its lease. Status counts it among the device's waiters. A parked call
+ * whose connection closes, or whose process is killed, leaves nothing behind; one parked when the daemon
+ * stops is told so.
+ */
+START_TEST(test_scrub_wait_parks) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *a = NULL, *o = NULL;
+        char hold[64];
+        TestLease l, got;
+        const char *message;
+        Reply r;
+
+        if (!strstr(getenv("VMMBROKER_LIBCUDA") ?: "", "simcuda")) {
+                fprintf(stderr, "%s: not run: it holds the simulated device's streams, which a real driver "
+                        "cannot\n", __func__);
+                return;
+        }
+        snprintf(hold, sizeof(hold), "/tmp/vmmb-hold-%d", (int)getpid());
+        (void)unlink(hold);
+        ck_assert_int_eq(setenv("SIMCUDA_HOLD_FILE", hold, 1), 0);
+        harness_start_capped_or_fail(&h, "2G", NULL);
+        ck_assert_int_eq(conn_open(h.socket, &a), 0);
+        ck_assert_int_eq(conn_open(h.socket, &o), 0);
+
+        /* Parked, others served meanwhile; served once the streams run. */
+        park_on_scrub(a, hold);
+        ck_assert_int_eq(lease_alloc(o, UNIT, &l), 0);
+        test_lease_close(&l);
+        ck_assert_int_eq(lease_free(o, l.id), 0);
+        wait_for_waiters(1);                    /* Status answered: the call is parked */
+        ck_assert(!readable_now(a));
+        hold_streams(hold, false);
+        ck_assert_int_eq(reply_read(a, &r, NULL), 0);
+        ck_assert_msg(!r.error, "%s %s", r.error, json_object_to_json_string(r.params));
+        ck_assert_int_eq(lease_take(&r, &got), 0);
+        reply_done(&r);
+        test_lease_close(&got);
+        ck_assert_uint_eq(got.size, BIG);
+        ck_assert_int_eq(status().waiters, 0);
+        ck_assert_int_eq(lease_free(a, got.id), 0);
+
+        /* Its connection closed while parked. */
+        park_on_scrub(a, hold);
+        wait_for_waiters(1);
+        a = varlink_conn_free(a);
+        wait_for_waiters(0);
+        hold_streams(hold, false);
+        wait_for_leased(0);
+
+        /* Its process killed while parked (root: another uid's connector holds the connection). */
+        if (geteuid() == 0) {
+                VarlinkConn *conns[1] = {};
+                Connector x = connector_start(h.socket, UID_A, 1, conns);
+                char byte;
+
+                park_on_scrub(conns[0], hold);
+                wait_for_waiters(1);
+                ck_assert_int_eq(kill(x.pid, SIGKILL), 0);
+                ck_assert_int_eq(harness_wait(x.pid), 128 + SIGKILL);
+                safe_close(x.hold_w);
+                wait_for_waiters(0);
+                ck_assert_int_eq(recv(varlink_conn_get_fd(conns[0]), &byte, 1, 0), 0);      /* closed, unanswered */
+                varlink_conn_free(conns[0]);
+                hold_streams(hold, false);
+                wait_for_leased(0);
+                ck_assert_uint_eq(user_bytes(UID_A), 0);
+        }
+
+        /* Parked when the daemon stops: told so, before the daemon waits for its streams to drain. */
+        ck_assert_int_eq(conn_open(h.socket, &a), 0);
+        park_on_scrub(a, hold);
+        wait_for_waiters(1);
+        ck_assert_int_eq(kill(h.pid, SIGTERM), 0);
+        ck_assert_int_eq(reply_read(a, &r, NULL), 0);
+        ck_assert_str_eq(r.error, VMMB_ERROR_OUT_OF_MEMORY);
+        message = reply_str(&r, "message");
+        ck_assert_msg(message && strstr(message, "stopping"), "not said: %s", message);
+        reply_done(&r);
+        hold_streams(hold, false);
+        harness_stop_or_fail(&h);
+        ck_assert_int_eq(unsetenv("SIMCUDA_HOLD_FILE"), 0);
+}
+END_TEST
+
 int main(void) {
         return run_suite(UNIT_SUITE("wait", NULL, test_wait_served_when_freed, test_wait_expires,
                                     test_wait_never_servable_fails_at_once, test_wait_turned_off,
                                     test_wait_connection_closed, test_wait_process_killed,
                                     test_wait_two_users_in_turn, test_wait_flood_does_not_hold_others,
                                     test_wait_quota_still_applies, test_wait_daemon_stops,
-                                    test_freed_memory_is_room)) == 0
+                                    test_freed_memory_is_room, test_scrub_wait_parks)) == 0
                        ? EXIT_SUCCESS : EXIT_FAILURE;
 }

@@ -289,6 +289,45 @@ START_TEST(test_full_device_waits_for_scrubs) {
 }
 END_TEST
 
+/*
+ * pool_alloc_bounded(): a request whose memory is behind more zeroing than it may wait for gets
+ * POOL_E_SCRUBBING, nothing changed and nothing waited for, whether it needs its size's slab just freed or
+ * room on a full device; once the scrubs are done (dispatched), the same request is served, zeroed. Streams
+ * are held meanwhile, so that the zeroing cannot be done before the request comes.
+ */
+START_TEST(test_scrub_wait_bounded) {
+        Slab *a[POOL_MAX_SLABS], *b[POOL_MAX_SLABS], *c[POOL_MAX_SLABS];
+        PoolDeviceStats s;
+        uint64_t syncs;
+        size_t n, m, k;
+
+        open_pool(16 * MiB, 0);
+        ck_assert_int_eq(alloc(8 * MiB, UID_A, a, &n), 0);
+        ck_assert_int_eq(alloc(8 * MiB, UID_A, b, &m), 0);
+        lease_io(a, n, 0x77, 0);
+        sim.hold_streams(1);
+        reclaim_all(a, n);                      /* issued, not run */
+        s = stats();
+        syncs = sim.calls("cuEventSynchronize") + sim.calls("cuStreamSynchronize");
+
+        /* Its own slab of the size: 8 MiB of zeroing, more than the 4 MiB it may wait for. */
+        ck_assert_int_eq(pool_alloc_bounded(pool, 0, 8 * MiB, UID_A, 4 * MiB, c, &k), POOL_E_SCRUBBING);
+        /* Another uid's 6 MiB on the full device: room only once the 8 MiB are zeroed. */
+        ck_assert_int_eq(pool_alloc_bounded(pool, 0, 6 * MiB, UID_B, 4 * MiB, c, &k), POOL_E_SCRUBBING);
+        assert_same_state(stats(), s);
+        ck_assert_uint_eq(sim.calls("cuEventSynchronize") + sim.calls("cuStreamSynchronize"), syncs);
+
+        sim.hold_streams(0);
+        wait_scrubs(1);
+        ck_assert_int_eq(pool_alloc_bounded(pool, 0, 6 * MiB, UID_B, 4 * MiB, c, &k), 0);
+        lease_io(c, k, -1, 0);
+        ck_assert_uint_eq(stats().leased, 14 * MiB);
+        reclaim_all(b, m);
+        reclaim_all(c, k);
+        wait_scrubs(2);
+}
+END_TEST
+
 /* Fast alloc/free of one size: the pool does not grow with churn (it grew by a slab per cycle before). */
 START_TEST(test_churn_does_not_grow_the_pool) {
         Slab *a[POOL_MAX_SLABS];
@@ -749,6 +788,7 @@ static Suite *pool_suite(void) {
         tcase_add_test(tc, test_fresh_then_cached);
         tcase_add_test(tc, test_scrubbing_slab_waited_for);
         tcase_add_test(tc, test_full_device_waits_for_scrubs);
+        tcase_add_test(tc, test_scrub_wait_bounded);
         tcase_add_test(tc, test_churn_does_not_grow_the_pool);
         tcase_add_test(tc, test_exact_size_slabs);
         tcase_add_test(tc, test_uid_isolation);
