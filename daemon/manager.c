@@ -707,6 +707,7 @@ int manager_new(Manager **ret, const ManagerConfig *config, char **ret_message) 
 }
 
 int manager_run(Manager *m) {
+        Peer *p, *tmp;
         int k;
 
         (void)sd_notify(false, "READY=1");
@@ -721,8 +722,8 @@ int manager_run(Manager *m) {
                 while ((w = wait_queue_first(&m->broker.waits[i])))
                         (void)peer_wait_try(container_of(w, Peer, waiter), ALLOC_TRY_STOPPING);
         }
-        while (!list_is_empty(&m->scrub_waiters))
-                (void)peer_wait_try(list_first_entry(&m->scrub_waiters, Peer, link_scrub), ALLOC_TRY_STOPPING);
+        list_for_each_entry_safe(p, tmp, &m->scrub_waiters, link_scrub)
+                (void)peer_wait_try(p, ALLOC_TRY_STOPPING);     /* answered: it leaves the list */
         /* What the service manager keeps stays there: the next run takes the leases back. */
         restore_stop_storing(m);
         return k;
