@@ -19,6 +19,7 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <sched.h>
+#include <semaphore.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -1629,6 +1630,7 @@ typedef struct Watch {
         vmmb_client *handling;          /* whose lease its thread answers for now; under process.lock */
         pthread_t thread;
         bool running;
+        sem_t started;                  /* posted by the thread once it runs (watch_join() waits for it) */
         int stop;                       /* an eventfd: the last client's vmmb_close() stops the thread */
         VarlinkConn *conn;              /* its WatchReclaim; the thread's own once it runs */
         vmmb_client *answer;            /* its connection for Free and SetReclaimable */
@@ -1890,6 +1892,7 @@ static bool watch_reconnect(Watch *w) {
 static void *watch_thread(void *userdata) {
         Watch *w = userdata;
 
+        (void)sem_post(&w->started);
         for (;;) {
                 _cleanup_(json_putp) json_object *msg = NULL;
                 struct pollfd p[2] = {
@@ -1944,6 +1947,7 @@ static Watch *watch_free(Watch *w) {
         varlink_conn_free(w->conn);
         safe_close(w->stop);
         vmmb_close(w->answer);          /* holds nothing, and watches nothing */
+        (void)sem_destroy(&w->started);
         free(w->path);
         free(w);
         return NULL;
@@ -1998,6 +2002,7 @@ static int watch_join(vmmb_client *c) {
         }
         list_init(&w->link);
         list_init(&w->clients);
+        (void)sem_init(&w->started, 0, 0);
         w->stop = -EBADF;
         w->reconnect_usec = c->reconnect_usec;
         w->path = strdup(c->path);
@@ -2035,6 +2040,14 @@ static int watch_join(vmmb_client *c) {
                 goto fail;
         }
         w->running = true;
+        /*
+         * Returns once the thread runs, past its start-up, which allocates: a process that forks right after
+         * (a keep starts the watch) must not fork it in the middle of an allocation, which leaves the child
+         * an allocator lock that nobody there will release. glibc's malloc takes its locks around fork();
+         * older sanitizers' allocators do not, and a child of test-keep hung so under AddressSanitizer.
+         */
+        while (sem_wait(&w->started) < 0 && errno == EINTR)
+                ;
         /* the process's once it runs: other clients join it from here on */
         process_lock();
         list_link_tail(&process.watches, &w->link);
