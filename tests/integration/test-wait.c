@@ -80,6 +80,21 @@ static void wait_for_leased(uint64_t leased) {
 
 
 
+/* Reads the answer to a waiting Alloc on `c`: a lease of `size` bytes (its fds closed); then no call waits. */
+static TestLease served_or_fail(VarlinkConn *c, uint64_t size) {
+        TestLease got;
+        Reply r;
+
+        ck_assert_int_eq(reply_read(c, &r, NULL), 0);
+        ck_assert_msg(!r.error, "%s %s", r.error, json_object_to_json_string(r.params));
+        ck_assert_int_eq(lease_take(&r, &got), 0);
+        reply_done(&r);
+        test_lease_close(&got);
+        ck_assert_uint_eq(got.size, size);
+        ck_assert_int_eq(status().waiters, 0);
+        return got;
+}
+
 /* Fills the device with N_UNITS leases of one slab on `c`. */
 static void fill(VarlinkConn *c, TestLease *ret) {
         for (unsigned i = 0; i < N_UNITS; i++) {
@@ -156,13 +171,7 @@ START_TEST(test_wait_served_when_freed) {
         ck_assert_int_eq(alloc_wait_send(w, UNIT, 60 * 1000000), 0);
         wait_for_waiters(1);
         ck_assert_int_eq(lease_free(f, filler[0].id), 0);
-        ck_assert_int_eq(reply_read(w, &r, NULL), 0);
-        ck_assert_msg(!r.error, "%s %s", r.error, json_object_to_json_string(r.params));
-        ck_assert_int_eq(lease_take(&r, &got), 0);
-        reply_done(&r);
-        test_lease_close(&got);
-        ck_assert_uint_eq(got.size, UNIT);
-        ck_assert_int_eq(status().waiters, 0);
+        got = served_or_fail(w, UNIT);
 
         /* The connection reads calls again once its waiting call is answered. */
         ck_assert_int_eq(lease_free(w, got.id), 0);
@@ -571,13 +580,7 @@ START_TEST(test_scrub_wait_parks) {
         wait_for_waiters(1);                    /* Status answered: the call is parked */
         ck_assert(!readable_now(a));
         hold_streams(hold, false);
-        ck_assert_int_eq(reply_read(a, &r, NULL), 0);
-        ck_assert_msg(!r.error, "%s %s", r.error, json_object_to_json_string(r.params));
-        ck_assert_int_eq(lease_take(&r, &got), 0);
-        reply_done(&r);
-        test_lease_close(&got);
-        ck_assert_uint_eq(got.size, BIG);
-        ck_assert_int_eq(status().waiters, 0);
+        got = served_or_fail(a, BIG);
         ck_assert_int_eq(lease_free(a, got.id), 0);
 
         /* Its connection closed while parked. */
