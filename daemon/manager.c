@@ -325,10 +325,13 @@ static int on_accept(sd_event_source *s, int fd, uint32_t revents, void *userdat
         return 0;
 }
 
+static void serve_scrub_waiters(Manager *m);
+
 /* What follows serving requests, in a round or at once. */
 static void served(Manager *m) {
         /* A Free, an Unpublish, a scrub that failed may have given memory back at once. */
         serve_waiters(m, false);
+        serve_scrub_waiters(m);         /* a request may have finished scrubs ahead of their dispatch */
         /* A round has been served: new connections may come in again (on_accept()). */
         (void)sd_event_source_set_enabled(m->listen_source, SD_EVENT_ON);
         if (idle_has_work(m))
@@ -381,13 +384,19 @@ bool manager_serve_at_once(Manager *m, struct Peer *p) {
 }
 
 /*
- * Tries every Alloc parked for scrubs, oldest first: each is served, refused, or goes on waiting (its scrubs
- * are not all done). A call that asked for no wait takes whatever room there is when it comes, outside the
- * devices' turns (wait.h), and these are such calls.
+ * Tries every Alloc parked for scrubs, oldest first, when scrubs have finished since they were last tried:
+ * each is served, refused, or goes on waiting (its scrubs are not all done). Finished by any path: the
+ * completions' dispatch (on_pool()), or ahead of it by a request that waited for them, a park's copy, which
+ * dispatch then does not see again (served()). A call that asked for no wait takes whatever room there is
+ * when it comes, outside the devices' turns (wait.h), and these are such calls.
  */
 static void serve_scrub_waiters(Manager *m) {
+        uint64_t finished = pool_scrubs_finished(m->pool);
         Peer *p, *tmp;
 
+        if (list_is_empty(&m->scrub_waiters) || finished == m->scrubs_seen)
+                return;
+        m->scrubs_seen = finished;
         list_for_each_entry_safe(p, tmp, &m->scrub_waiters, link_scrub)
                 (void)peer_wait_try(p, ALLOC_TRY_AGAIN);        /* may free p, no other peer */
 }
@@ -396,10 +405,10 @@ static int on_pool(sd_event_source *s, int fd, uint32_t revents, void *userdata)
         Manager *m = userdata;
 
         if (pool_dispatch(m->pool) > 0) {
-                serve_scrub_waiters(m);
                 wake_waiters(m);        /* scrubbed slabs are cached: room for whoever waits */
                 schedule_idle(m);
         }
+        serve_scrub_waiters(m);
         return 0;
 }
 

@@ -68,6 +68,7 @@ typedef struct Manager {
         List peers;
         List scrub_waiters;             /* Peer.link_scrub: Allocs parked until scrubs complete (AllocWait.scrub),
                                            oldest first */
+        uint64_t scrubs_seen;           /* pool_scrubs_finished() when the scrub waiters were last tried */
         unsigned n_peers;               /* connections served (refused ones are not counted) */
         unsigned n_refused;             /* connections waiting to be told they are refused */
         unsigned max_connections_total; /* MaxConnectionsTotal=, resolved */

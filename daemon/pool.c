@@ -68,6 +68,7 @@ struct Pool {
         PoolDevice *devices;
         size_t n_devices;
         uint64_t clock;                 /* orders cached slabs for LRU */
+        uint64_t scrubs_finished;       /* scrubbed slabs cached (or released), by any path: pool_scrubs_finished() */
         uint64_t last_slab_id;          /* the id of the last slab created */
         int event_fd;
         int *closing;                   /* exported fds of released slabs, closed by pool_idle() */
@@ -542,6 +543,7 @@ static void device_scrub_queued(PoolDevice *dev) {
                         /* Memory we could not zero is never handed out again. */
                         slab->space->scrubbing_bytes -= slab->size;
                         slab->space->n_scrubbing--;
+                        dev->pool->scrubs_finished++;   /* not zeroed, but room all the same */
                         slab_release(slab);
                         continue;
                 }
@@ -558,6 +560,10 @@ void pool_scrub_queued(Pool *p) {
 
 bool pool_has_queued(const Pool *p) {
         return p->n_queued > 0;
+}
+
+uint64_t pool_scrubs_finished(const Pool *p) {
+        return p->scrubs_finished;
 }
 
 void pool_set_queued_hook(Pool *p, void (*queued)(void *userdata), void *userdata) {
@@ -657,6 +663,7 @@ static void scrub_finish(Slab *slab) {
         slab->space->n_scrubbing--;
         dev->stats.scrubs++;
         dev->stats.scrubbed_bytes += slab->size;
+        dev->pool->scrubs_finished++;
         slab->last_used = ++dev->pool->clock;
         if (cache_insert(slab) < 0)
                 slab_release(slab);

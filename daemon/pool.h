@@ -185,6 +185,14 @@ void pool_scrub_queued(Pool *p);
 bool pool_has_queued(const Pool *p);
 
 /*
+ * How many scrubs have finished (their slabs cached, or released when a scrub could not be issued), counted
+ * whichever way they were finished: by
+ * pool_dispatch(), or ahead of it by a request that waited for them, pool_copy() or pool_drain(). A caller
+ * that deferred requests for scrubs (POOL_E_SCRUBBING) tries them again when this has moved.
+ */
+uint64_t pool_scrubs_finished(const Pool *p);
+
+/*
  * `queued` is called whenever pool_reclaim() queues a slab into an empty queue, and at once when the queue is
  * not empty already: the daemon arms its scrub timer there (manager.c, SCRUB_DELAY_USEC). NULL: nobody is
  * told. It may call pool_scrub_queued().
