@@ -161,7 +161,7 @@ int pool_alloc(Pool *p, int device, uint64_t size, uid_t uid, Slab **ret_slabs, 
  * pool_alloc(), waiting for scrubs only when the zeroing queued on the device's stream up to the last slab
  * it needs is at most `wait_max` bytes (such a wait holds the caller: about 0.3 ms per GiB); otherwise it
  * returns POOL_E_SCRUBBING with nothing changed but queued scrubs issued, and the caller tries again once
- * scrubs have completed (pool_dispatch() returned more than 0). POOL_WAIT_ANY: as pool_alloc().
+ * scrubs have finished (pool_scrubs_finished() moved). POOL_WAIT_ANY: as pool_alloc().
  */
 int pool_alloc_bounded(Pool *p, int device, uint64_t size, uid_t uid, uint64_t wait_max, Slab **ret_slabs,
                        size_t *ret_n);
