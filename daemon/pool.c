@@ -745,58 +745,66 @@ static Slab *cache_take(SlabSpace *space, uint64_t size, uid_t uid) {
         return slab;
 }
 
-/*
- * Whether the caller must not wait for `slab`'s zeroing now: it is not done, and the zeroing queued on the
- * device's stream up to it (its own and the scrubs issued before it) is more than `wait_max` bytes. A wait
- * that long would hold the daemon's loop (about 0.3 ms per GiB); the request is deferred instead
- * (POOL_E_SCRUBBING), to be tried again once the scrub's completion is dispatched.
- */
-static bool scrub_too_long(PoolDevice *dev, Slab *slab, uint64_t wait_max) {
-        uint64_t ahead = 0;
-        Slab *s;
+enum {
+        ZEROED_WAITED,          /* the slab's zeroing is done, and every scrub issued before it */
+        ZEROED_FAILED,          /* the driver failed: the scrubs will be seen as failed when their completions
+                                   are dispatched */
+        ZEROED_DEFERRED,        /* not waited for: longer than the caller may wait */
+};
 
-        if (wait_max == POOL_WAIT_ANY || DRV(dev, cuEventQuery)(slab->zeroed) != CUDA_ERROR_NOT_READY)
-                return false;
-        list_for_each_entry(s, &dev->scrubbing, link_state) {
-                ahead += s->size;
-                if (s == slab)
-                        break;
-        }
-        return ahead > wait_max;
+/*
+ * Waits for `slab`'s zeroing: its event, not the rest of the stream nor the completion callback, whose trip
+ * through the driver's thread and the event loop takes longer than zeroing a small slab. The stream runs in
+ * order, so every scrub issued before it is done too. `ahead`: the bytes of zeroing queued on the stream up to
+ * and including the slab's; when the zeroing is not done and that is more than `wait_max`, nothing is waited
+ * for (such a wait holds the daemon's loop, about 0.3 ms per GiB): the request is deferred (POOL_E_SCRUBBING)
+ * and tried again once scrubs have finished.
+ */
+static int slab_wait_zeroed(PoolDevice *dev, Slab *slab, uint64_t ahead, uint64_t wait_max) {
+        if (make_current(dev) < 0)
+                return ZEROED_FAILED;
+        if (wait_max != POOL_WAIT_ANY && ahead > wait_max &&
+            DRV(dev, cuEventQuery)(slab->zeroed) == CUDA_ERROR_NOT_READY)
+                return ZEROED_DEFERRED;
+        /* Every issued scrub has its event (slab_scrub()). */
+        if (DRV(dev, cuEventSynchronize)(slab->zeroed) != CUDA_SUCCESS)
+                return ZEROED_FAILED;
+        dev->stats.scrub_waits++;
+        return ZEROED_WAITED;
 }
 
 /*
  * A cached slab of `size` for `uid`; else, when one of that size and uid is being scrubbed, waits for its
- * zeroing (its event: not for the rest of the stream, nor for the completion callback, whose trip through
- * the driver's thread and the event loop takes longer than zeroing a small slab) and takes it. Under fast
- * alloc/free of one size the slab just freed is usually still queued or being scrubbed when the next request
- * comes: waiting for it (the device zeroes at TB/s: microseconds for small slabs) is cheaper than creating
- * and exporting a new one, and the pool does not grow with churn. A wait longer than `wait_max` is not made:
- * NULL with *ret_deferred set.
+ * zeroing (slab_wait_zeroed()) and takes it. Under fast alloc/free of one size the slab just freed is usually
+ * still queued or being scrubbed when the next request comes: waiting for it (the device zeroes at TB/s:
+ * microseconds for small slabs) is cheaper than creating and exporting a new one, and the pool does not grow
+ * with churn. A wait longer than `wait_max` is not made: NULL with *ret_deferred set.
  */
 static Slab *cache_take_or_wait(SlabSpace *space, uint64_t size, uid_t uid, uint64_t wait_max,
                                 bool *ret_deferred) {
         Slab *slab = cache_take(space, size, uid), *s, *found = NULL;
         PoolDevice *dev = space->device;
+        uint64_t ahead = 0;
 
         if (slab)
                 return slab;
         device_scrub_queued(dev);       /* the slab freed by the last request may not be scrubbing yet */
-        list_for_each_entry(s, &dev->scrubbing, link_state)
+        list_for_each_entry(s, &dev->scrubbing, link_state) {
+                ahead += s->size;
                 if (s->space == space && s->size == size && s->uid == uid) {
                         found = s;
                         break;
                 }
-        if (!found || make_current(dev) < 0)
+        }
+        if (!found)
                 return NULL;
-        if (scrub_too_long(dev, found, wait_max)) {
+        switch (slab_wait_zeroed(dev, found, ahead, wait_max)) {
+        case ZEROED_DEFERRED:
                 *ret_deferred = true;
                 return NULL;
+        case ZEROED_FAILED:
+                return NULL;
         }
-        /* Every issued scrub has its event (slab_scrub()); the slab is zero once it has completed. */
-        if (DRV(dev, cuEventSynchronize)(found->zeroed) != CUDA_SUCCESS)
-                return NULL;    /* the scrub will be seen as failed when its completion is dispatched */
-        dev->stats.scrub_waits++;
         scrub_finish(found);
         return cache_take(space, size, uid);
 }
@@ -804,16 +812,15 @@ static Slab *cache_take_or_wait(SlabSpace *space, uint64_t size, uid_t uid, uint
 /*
  * Waits until the scrubs of the space's slabs (queued ones issued first) have given back the room that `fresh`
  * more bytes need, and caches them, where they count as room: a request that finds the device full only
- * because memory just freed is still being zeroed gets that memory rather than OutOfMemory. The device's
- * stream runs its scrubs in the order issued, so the event of the last slab needed says that every one before
- * it is done too: one wait, for those slabs' zeroing alone (about 0.3 ms per GiB; what is queued after them is
- * not waited for). Waits for nothing when they would not give back enough, or the driver fails. Returns
- * false, having waited for nothing, when the wait would be longer than `wait_max` (scrub_too_long()).
+ * because memory just freed is still being zeroed gets that memory rather than OutOfMemory. One wait, for the
+ * last slab needed (slab_wait_zeroed(): the ones before it are done too, what is queued after it is not waited
+ * for). Waits for nothing when they would not give back enough, or the driver fails. Returns false, having
+ * waited for nothing, when the wait would be longer than `wait_max`.
  */
 static bool space_wait_scrubbed(SlabSpace *space, uint64_t fresh, uint64_t wait_max) {
         PoolDevice *dev = space->device;
         Slab *s, *tmp, *last = NULL;
-        uint64_t in_use, need, covered = 0;
+        uint64_t in_use, need, covered = 0, ahead = 0;
 
         device_scrub_queued(dev);       /* a scrub that cannot be issued releases its slab: room too */
         in_use = space->created_bytes - space->cached_bytes;
@@ -821,6 +828,7 @@ static bool space_wait_scrubbed(SlabSpace *space, uint64_t fresh, uint64_t wait_
                 return true;
         need = in_use + fresh - space->capacity;
         list_for_each_entry(s, &dev->scrubbing, link_state) {
+                ahead += s->size;       /* any space's: the stream zeroes them all in order */
                 if (s->space != space)
                         continue;
                 covered += s->size;
@@ -828,13 +836,14 @@ static bool space_wait_scrubbed(SlabSpace *space, uint64_t fresh, uint64_t wait_
                 if (covered >= need)
                         break;
         }
-        if (covered < need || make_current(dev) < 0)
+        if (covered < need)
                 return true;
-        if (scrub_too_long(dev, last, wait_max))
+        switch (slab_wait_zeroed(dev, last, ahead, wait_max)) {
+        case ZEROED_DEFERRED:
                 return false;
-        if (DRV(dev, cuEventSynchronize)(last->zeroed) != CUDA_SUCCESS)
-                return true;    /* the scrubs will be seen as failed when their completions are dispatched */
-        dev->stats.scrub_waits++;
+        case ZEROED_FAILED:
+                return true;
+        }
         list_for_each_entry_safe(s, tmp, &dev->scrubbing, link_state) {
                 bool done = s == last;
 
