@@ -32,6 +32,7 @@ int broker_init(Broker *b, Pool *pool, const LimitsConfig *limits) {
         b->waits = calloc(n ?: 1, sizeof(WaitQueue));
         for (size_t i = 0; b->waits && i < n; i++)
                 wait_queue_init(&b->waits[i]);
+        list_init(&b->scrub_waiters);
         b->scrub_waiting = calloc(n ?: 1, sizeof(unsigned));
         return !capacity || !host_capacity || !b->waits || !b->scrub_waiting ? -ENOMEM :
                k1 < 0 ? k1 : k2 < 0 ? k2 : k3;

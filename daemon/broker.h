@@ -77,8 +77,9 @@ typedef struct Broker {
         int store_error;                /* the last failure to store (negative errno), 0 once storing works */
         uint64_t list_serial;           /* counts List calls, for Lease.listed */
         WaitQueue *waits;               /* per pool device: Alloc calls waiting for room (wait.h) */
-        unsigned *scrub_waiting;        /* per pool device: Alloc calls parked until scrubs complete (outside the
-                                           turns: the manager's scrub_waiters) */
+        List scrub_waiters;             /* Peer.link_scrub: Allocs parked until scrubs complete (AllocWait.scrub),
+                                           outside the turns, oldest first */
+        unsigned *scrub_waiting;        /* per pool device: how many of scrub_waiters wait on it */
         uint64_t max_alloc_wait_usec;   /* MaxAllocWait=: the longest an Alloc may wait; 0: none may */
         uint64_t scrub_wait_bytes;      /* the most zeroing an Alloc waits for in the loop (pool_alloc_bounded());
                                            POOL_WAIT_ANY (the default): any */

@@ -61,7 +61,7 @@ static unsigned default_max_connections_total(void) {
 /*
  * The most zeroing an Alloc waits for in the loop: 256 MiB, about 80 us on an H100 or H200 (3.3 TB/s), while
  * nobody else is served. An Alloc that needs memory behind more (its size's slab just freed, or room on a full
- * device) is parked until the scrubs' completions reach the loop (Manager.scrub_waiters), which costs it that
+ * device) is parked until the scrubs' completions reach the loop (Broker.scrub_waiters), which costs it that
  * trip through the driver's callback thread and the loop, tens of microseconds more.
  */
 #define SCRUB_WAIT_BYTES (UINT64_C(256) << 20)
@@ -325,13 +325,30 @@ static int on_accept(sd_event_source *s, int fd, uint32_t revents, void *userdat
         return 0;
 }
 
-static void serve_scrub_waiters(Manager *m);
+/*
+ * Scrubs have finished since the waiters last looked (pool_scrubs_finished(): by the completions' dispatch, or
+ * ahead of it by a request that waited for them or a park's copy, which the dispatch then does not see again).
+ * The Allocs parked for scrubs are tried, oldest first: each is served, refused, or goes on waiting (its scrubs
+ * are not all done); a call that asked for no wait takes whatever room there is when it comes, outside the
+ * devices' turns (wait.h), and these are such calls. And the memory scrubbed is cached, room for whoever waits.
+ */
+static void scrubs_finished(Manager *m) {
+        uint64_t finished = pool_scrubs_finished(m->pool);
+        Peer *p, *tmp;
+
+        if (finished == m->scrubs_seen)
+                return;
+        m->scrubs_seen = finished;
+        list_for_each_entry_safe(p, tmp, &m->broker.scrub_waiters, link_scrub)
+                (void)peer_wait_try(p, ALLOC_TRY_AGAIN);        /* may free p, no other peer */
+        wake_waiters(m);
+}
 
 /* What follows serving requests, in a round or at once. */
 static void served(Manager *m) {
         /* A Free, an Unpublish, a scrub that failed may have given memory back at once. */
         serve_waiters(m, false);
-        serve_scrub_waiters(m);         /* a request may have finished scrubs ahead of their dispatch */
+        scrubs_finished(m);             /* a request may have finished scrubs ahead of their dispatch */
         /* A round has been served: new connections may come in again (on_accept()). */
         (void)sd_event_source_set_enabled(m->listen_source, SD_EVENT_ON);
         if (idle_has_work(m))
@@ -383,32 +400,12 @@ bool manager_serve_at_once(Manager *m, struct Peer *p) {
         return true;
 }
 
-/*
- * Tries every Alloc parked for scrubs, oldest first, when scrubs have finished since they were last tried:
- * each is served, refused, or goes on waiting (its scrubs are not all done). Finished by any path: the
- * completions' dispatch (on_pool()), or ahead of it by a request that waited for them, a park's copy, which
- * dispatch then does not see again (served()). A call that asked for no wait takes whatever room there is
- * when it comes, outside the devices' turns (wait.h), and these are such calls.
- */
-static void serve_scrub_waiters(Manager *m) {
-        uint64_t finished = pool_scrubs_finished(m->pool);
-        Peer *p, *tmp;
-
-        if (list_is_empty(&m->scrub_waiters) || finished == m->scrubs_seen)
-                return;
-        m->scrubs_seen = finished;
-        list_for_each_entry_safe(p, tmp, &m->scrub_waiters, link_scrub)
-                (void)peer_wait_try(p, ALLOC_TRY_AGAIN);        /* may free p, no other peer */
-}
-
 static int on_pool(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
         Manager *m = userdata;
 
-        if (pool_dispatch(m->pool) > 0) {
-                wake_waiters(m);        /* scrubbed slabs are cached: room for whoever waits */
+        if (pool_dispatch(m->pool) > 0)
                 schedule_idle(m);
-        }
-        serve_scrub_waiters(m);
+        scrubs_finished(m);
         return 0;
 }
 
@@ -420,7 +417,7 @@ static int on_holder_exit(sd_event_source *s, int fd, uint32_t revents, void *us
         /* A waiting call of an exited process leaves its queue unanswered; its memory came back too. */
         for (size_t i = 0; i < pool_n_devices(m->pool); i++)
                 wait_queue_for_each(&m->broker.waits[i], check_waiter_exited, NULL);
-        list_for_each_entry_safe(p, tmp, &m->scrub_waiters, link_scrub)
+        list_for_each_entry_safe(p, tmp, &m->broker.scrub_waiters, link_scrub)
                 peer_wait_check_exited(p);
         wake_waiters(m);
         schedule_idle(m);
@@ -617,7 +614,6 @@ int manager_new(Manager **ret, const ManagerConfig *config, char **ret_message) 
                 return -ENOMEM;
         m->listen_fd = -EBADF;
         list_init(&m->peers);
-        list_init(&m->scrub_waiters);
         fair_queue_init(&m->fair);
         m->has_admin_group = config->has_admin_group;
         m->admin_gid = config->admin_gid;
@@ -731,7 +727,7 @@ int manager_run(Manager *m) {
                 while ((w = wait_queue_first(&m->broker.waits[i])))
                         (void)peer_wait_try(container_of(w, Peer, waiter), ALLOC_TRY_STOPPING);
         }
-        list_for_each_entry_safe(p, tmp, &m->scrub_waiters, link_scrub)
+        list_for_each_entry_safe(p, tmp, &m->broker.scrub_waiters, link_scrub)
                 (void)peer_wait_try(p, ALLOC_TRY_STOPPING);     /* answered: it leaves the list */
         /* What the service manager keeps stays there: the next run takes the leases back. */
         restore_stop_storing(m);

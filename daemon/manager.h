@@ -66,9 +66,7 @@ typedef struct Manager {
                                            room (a request served since then tries it again only
                                            if that went down) */
         List peers;
-        List scrub_waiters;             /* Peer.link_scrub: Allocs parked until scrubs complete (AllocWait.scrub),
-                                           oldest first */
-        uint64_t scrubs_seen;           /* pool_scrubs_finished() when the scrub waiters were last tried */
+        uint64_t scrubs_seen;           /* pool_scrubs_finished() when the waiters last looked */
         unsigned n_peers;               /* connections served (refused ones are not counted) */
         unsigned n_refused;             /* connections waiting to be told they are refused */
         unsigned max_connections_total; /* MaxConnectionsTotal=, resolved */

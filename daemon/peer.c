@@ -38,7 +38,7 @@ static int peer_park(Peer *p, AllocWait *w, bool oneway, uint64_t since) {
         int k = 0;
 
         if (w->scrub) {
-                list_link_tail(&p->manager->scrub_waiters, &p->link_scrub);
+                list_link_tail(&p->manager->broker.scrub_waiters, &p->link_scrub);
                 p->manager->broker.scrub_waiting[w->device]++;
         } else
                 k = wait_queue_push(&p->manager->broker.waits[w->device], &p->waiter, p->caller.user);

@@ -58,7 +58,7 @@ typedef struct Peer {
         List link_ready;                /* in its user's ready_peers (fair.h) while a request waits */
         AllocWait *wait;                /* an Alloc waiting for room (parked): nothing more is read meanwhile */
         Waiter waiter;                  /* its place in its device's wait queue (Broker.waits) */
-        List link_scrub;                /* or, for a scrub wait (AllocWait.scrub), in Manager.scrub_waiters */
+        List link_scrub;                /* or, for a scrub wait (AllocWait.scrub), in Broker.scrub_waiters */
         uint64_t wait_since;            /* when it began waiting (metrics_clock()) */
         bool wait_oneway;               /* the waiting call asked for no reply */
         bool watching;                  /* its WatchReclaim goes on: it reads nothing more, it is sent requests */
