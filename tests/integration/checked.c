@@ -37,3 +37,15 @@ void connector_finish(Connector *x) {
 void watch_reclaim_or_fail(VarlinkConn *c) {
         ck_assert_int_eq(watch_reclaim(c), 0);
 }
+
+TestLease lease_reply_or_fail(VarlinkConn *c) {
+        TestLease l;
+        Reply r;
+
+        ck_assert_int_eq(reply_read(c, &r, NULL), 0);
+        ck_assert_msg(!r.error, "%s %s", r.error, json_object_to_json_string(r.params));
+        ck_assert_int_eq(lease_take(&r, &l), 0);
+        reply_done(&r);
+        test_lease_close(&l);
+        return l;
+}

@@ -35,3 +35,9 @@ void connector_finish(Connector *x);
 
 /* watch_reclaim(): WatchReclaim on `c`, and its first reply; fails the test unless the watch is on. */
 void watch_reclaim_or_fail(VarlinkConn *c);
+
+/*
+ * reply_read() and lease_take(): the answer to an Alloc sent on `c` (a waiting one, say), which must be a lease;
+ * its fds are closed (test_lease_close()): the lease stays leased. Fails the test otherwise.
+ */
+TestLease lease_reply_or_fail(VarlinkConn *c);

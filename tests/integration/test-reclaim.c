@@ -99,18 +99,6 @@ static Connector holder_fill(VarlinkConn **a, TestLease *leases) {
         return x;
 }
 
-/* Reads the waiting call's reply: a lease, which it keeps. */
-static void served(VarlinkConn *w) {
-        TestLease got;
-        Reply r;
-
-        ck_assert_int_eq(reply_read(w, &r, NULL), 0);
-        ck_assert_msg(!r.error, "%s %s", r.error, json_object_to_json_string(r.params));
-        ck_assert_int_eq(lease_take(&r, &got), 0);
-        reply_done(&r);
-        test_lease_close(&got);         /* kept: the device stays full */
-}
-
 /* ---- the tests ------------------------------------------------------------------------------------------ */
 
 /* A waiting Alloc asks the lowest priority first; the holder's Free serves it; the other stays marked. */
@@ -137,14 +125,14 @@ START_TEST(test_reclaim_lowest_priority_first) {
         check_state(leases[1].id, "asked");
         check_state(leases[0].id, "marked");
         ck_assert_int_eq(lease_free(a[0], leases[1].id), 0);
-        served(w);
+        (void)lease_reply_or_fail(w);   /* kept: the device stays full */
 
         /* Asked in turn: the next waiting call asks the next lease, the earlier marked of priority 5. */
         ck_assert_int_eq(alloc_wait_send(w, UNIT, 60 * 1000000), 0);
         read_request(a[1], id, NULL);
         ck_assert_str_eq(id, leases[0].id);
         ck_assert_int_eq(lease_free(a[0], leases[0].id), 0);
-        served(w);
+        (void)lease_reply_or_fail(w);   /* kept: the device stays full */
         check_state(leases[2].id, "marked");
 
         for (size_t i = 0; i < 2; i++)
@@ -219,7 +207,7 @@ START_TEST(test_reclaim_holder_killed) {
         read_request(a[1], id, NULL);
         ck_assert_str_eq(id, leases[2].id);
         ck_assert_int_eq(kill(x.pid, SIGKILL), 0);
-        served(w);
+        (void)lease_reply_or_fail(w);   /* kept: the device stays full */
         for (size_t i = 0; i < 2; i++)
                 varlink_conn_free(a[i]);
         x.hold_w = safe_close(x.hold_w);

@@ -82,14 +82,8 @@ static void wait_for_leased(uint64_t leased) {
 
 /* Reads the answer to a waiting Alloc on `c`: a lease of `size` bytes (its fds closed); then no call waits. */
 static TestLease served_or_fail(VarlinkConn *c, uint64_t size) {
-        TestLease got;
-        Reply r;
+        TestLease got = lease_reply_or_fail(c);
 
-        ck_assert_int_eq(reply_read(c, &r, NULL), 0);
-        ck_assert_msg(!r.error, "%s %s", r.error, json_object_to_json_string(r.params));
-        ck_assert_int_eq(lease_take(&r, &got), 0);
-        reply_done(&r);
-        test_lease_close(&got);
         ck_assert_uint_eq(got.size, size);
         ck_assert_int_eq(status().waiters, 0);
         return got;
