@@ -210,6 +210,8 @@ static int alloc_try(Broker *b, const Caller *c, AllocParams *a, AllocTry how, b
                 k = broker_alloc_among(b, c, a->devices, a->n_devices, a->size, a->label, &l, &quota, &placed);
         else
                 k = broker_alloc(b, c, a->device, a->size, a->label, &l, &quota);
+        if (k == BROKER_E_SCRUBBING && how == ALLOC_TRY_EXPIRED && !scrub_wait)
+                k = BROKER_E_NO_MEMORY;         /* a call waiting for room, whose time ran out */
         if (a->device == VMMB_DEVICE_ANY)
                 i = k == BROKER_E_NO_DEVICE ? -1 : (int)placed;
         else
@@ -240,14 +242,11 @@ static int alloc_try(Broker *b, const Caller *c, AllocParams *a, AllocTry how, b
 
                         return alloc_park(r, a, s.index, (size_t)i, wait_usec ?: SCRUB_WAIT_USEC, wait_usec == 0);
                 }
-                if (!scrub_wait)
-                        goto no_memory;         /* a call waiting for room, whose time ran out */
                 format_wait(waited_usec, w, sizeof(w));
                 set_message(&message, "Device %d did not finish zeroing the memory this call needs in %s: the "
                             "device may be stuck. Call again.", s.index, w);
                 return vmmb_error_driver_error(message ?: "scrubs not done", &r->msg);
-        case BROKER_E_NO_MEMORY:
-        no_memory: {
+        case BROKER_E_NO_MEMORY: {
                 uint64_t requested = ALIGN_UP(a->size, s.granularity ?: 1);
                 uint64_t available = s.capacity > s.leased ? s.capacity - s.leased : 0;        /* scrubbing: room */
                 uint64_t wait_usec = broker_alloc_wait_usec(b, a->wait_usec, i >= 0 ? (size_t)i : SIZE_MAX);
