@@ -2802,34 +2802,51 @@ VMMB_EXPORT int vmmb_give_back_kept(vmmb_client *client) {
 }
 
 /*
+ * Makes sure the calling thread has a current context: its own, or else `device`'s primary context, retained and
+ * made current until context_drop(); *ret_primary is that context (NULL when the thread had one).
+ */
+static CUresult context_hold(CudaDriver *cu, int device, CUcontext *ret_primary, CUdevice *ret_dev) {
+        CUcontext current = NULL;
+        CUresult r;
+
+        *ret_primary = NULL;
+        r = cu->cuCtxGetCurrent(&current);
+        if (r != CUDA_SUCCESS || current)
+                return r;
+        r = cu->cuDeviceGet(ret_dev, device);
+        if (r == CUDA_SUCCESS)
+                r = cu->cuDevicePrimaryCtxRetain(ret_primary, *ret_dev);
+        if (r != CUDA_SUCCESS)
+                return r;
+        r = cu->cuCtxSetCurrent(*ret_primary);
+        if (r != CUDA_SUCCESS) {
+                (void)cu->cuDevicePrimaryCtxRelease(*ret_dev);
+                *ret_primary = NULL;
+        }
+        return r;
+}
+
+/* Undoes context_hold(). */
+static void context_drop(CudaDriver *cu, CUcontext primary, CUdevice dev) {
+        if (!primary)
+                return;
+        (void)cu->cuCtxSetCurrent(NULL);
+        (void)cu->cuDevicePrimaryCtxRelease(dev);
+}
+
+/*
  * Waits for the work queued on `stream` (cuStreamSynchronize), or for all the work of the context when
- * `whole_context` (cuCtxSynchronize), in the calling thread's current context or, when the thread has none, in
- * the primary context of `device` (retained for the wait only). Returns the driver's result.
+ * `whole_context` (cuCtxSynchronize), in the context context_hold() gives. Returns the driver's result.
  */
 static CUresult wait_queued(CudaDriver *cu, int device, void *stream, bool whole_context) {
-        CUcontext current = NULL, primary = NULL;
+        CUcontext primary = NULL;
         CUdevice dev = 0;
         CUresult r;
 
-        r = cu->cuCtxGetCurrent(&current);
-        if (r == CUDA_SUCCESS && !current) {
-                r = cu->cuDeviceGet(&dev, device);
-                if (r == CUDA_SUCCESS)
-                        r = cu->cuDevicePrimaryCtxRetain(&primary, dev);
-                if (r == CUDA_SUCCESS) {
-                        r = cu->cuCtxSetCurrent(primary);
-                        if (r != CUDA_SUCCESS) {
-                                (void)cu->cuDevicePrimaryCtxRelease(dev);
-                                primary = NULL;
-                        }
-                }
-        }
+        r = context_hold(cu, device, &primary, &dev);
         if (r == CUDA_SUCCESS)
                 r = whole_context ? cu->cuCtxSynchronize() : cu->cuStreamSynchronize((CUstream)stream);
-        if (primary) {
-                (void)cu->cuCtxSetCurrent(NULL);
-                (void)cu->cuDevicePrimaryCtxRelease(dev);
-        }
+        context_drop(cu, primary, dev);
         return r;
 }
 
@@ -3193,6 +3210,52 @@ VMMB_EXPORT int vmmb_lease_grant_access(vmmb_lease *lease, const int *devices, s
 
 VMMB_EXPORT int vmmb_lease_readonly(const vmmb_lease *lease) {
         return lease && lease->readonly ? 1 : 0;
+}
+
+/*
+ * One synchronous cuMemcpyDtoH, in the context context_hold() gives, under leases_lock: the watch thread cannot
+ * give the lease back (unmap it) while the copy reads it, nor can another thread park it.
+ */
+VMMB_EXPORT int vmmb_lease_read(vmmb_lease *lease, uint64_t offset, void *buf, size_t n) {
+        CUcontext primary = NULL;
+        CudaDriver *cu = NULL;
+        CUdevice dev = 0;
+        vmmb_client *c;
+        CUresult r;
+        int k;
+
+        if (!lease)
+                return set_error(-EINVAL, "vmmb_lease_read() needs a lease.");
+        if (n > 0 && !buf)
+                return set_error(-EINVAL, "vmmb_lease_read() needs a buffer for the %zu bytes of lease %s.", n,
+                                 lease->id);
+        if (offset > lease->size || n > lease->size - offset)
+                return set_error(-ERANGE, "Cannot read %zu bytes at offset %llu of lease %s: it has %llu bytes.", n,
+                                 (unsigned long long)offset, lease->id, (unsigned long long)lease->size);
+        if (n == 0)
+                return 0;
+        k = driver_get(&cu);            /* loaded already: the lease was mapped with it */
+        if (k < 0)
+                return k;
+        c = lease->client;
+        (void)pthread_mutex_lock(&c->leases_lock);
+        if (lease->reclaimed || lease->reclaiming)
+                k = set_error(lease->reclaimed ? -ESTALE : -EBUSY, "Lease %s %s on the broker's request.", lease->id,
+                              lease->reclaimed ? "was given back" : "is being given back");
+        else if (lease->parked)
+                k = set_error(-ENXIO, "Lease %s is parked (nothing is mapped here): vmmb_lease_unpark() maps it "
+                              "again.", lease->id);
+        else {
+                r = context_hold(cu, lease->device, &primary, &dev);
+                if (r == CUDA_SUCCESS)
+                        r = cu->cuMemcpyDtoH(buf, lease->va + offset, n);
+                context_drop(cu, primary, dev);
+                if (r != CUDA_SUCCESS)
+                        k = set_error(cuda_result_to_errno(r), "Cannot read %zu bytes of lease %s: %s.", n, lease->id,
+                                      cuda_result_name(cu, r));
+        }
+        (void)pthread_mutex_unlock(&c->leases_lock);
+        return k;
 }
 
 VMMB_EXPORT const char *vmmb_error_message(void) {

@@ -637,6 +637,33 @@ const char *vmmb_lease_owner_name(const vmmb_lease *lease);
  */
 int vmmb_lease_readonly(const vmmb_lease *lease);
 
+/**
+ * vmmb_lease_read() - copy bytes of a lease into host memory.
+ * @lease: a lease mapped in this process (not parked, not given back).
+ * @offset: the first byte to read, from the start of the lease.
+ * @buf: where the bytes go: @n bytes of host memory (may be NULL when @n is 0).
+ * @n: how many bytes.
+ *
+ * One synchronous cuMemcpyDtoH from the lease's mapping, made for small
+ * reads such as a header at the start of a published lease (the weight store
+ * of the Python package reads its layout so). The copy is ordered as
+ * cuMemcpyDtoH orders it: after the work queued on the context's legacy
+ * default stream; work that writes the range on another stream must be
+ * waited for first. It runs in the calling thread's current context or, when
+ * the thread has none, in the primary context of the lease's device. The
+ * lease cannot be given back on the broker's request while the copy runs:
+ * a reclaim waits for it. Works on read-only leases. Like every driver call,
+ * not from a stream's host function.
+ *
+ * Return: 0, or a negative errno with vmmb_error_message() set: -EINVAL for
+ * a NULL lease, or a NULL @buf with @n > 0; -ERANGE when @offset + @n is past
+ * the lease's size (nothing is read); -ENXIO for a parked lease
+ * (vmmb_lease_unpark() maps it again); -ESTALE for a lease given back on
+ * the broker's request, -EBUSY while it is being given back; the driver's
+ * error as an errno when the copy fails.
+ */
+int vmmb_lease_read(vmmb_lease *lease, uint64_t offset, void *buf, size_t n);
+
 /** The most devices vmmb_lease_grant_access() takes in one call. */
 #define VMMB_ACCESS_MAX 64
 

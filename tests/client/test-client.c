@@ -1682,6 +1682,89 @@ START_TEST(test_park_other_user) {
 }
 END_TEST
 
+/* vmmb_lease_read() on a thread with no current context: the library uses the device's primary context. */
+static void *read_without_context(void *arg) {
+        vmmb_lease *l = arg;
+        uint32_t word = 0;
+        CUcontext current = NULL;
+
+        if (vmmb_lease_read(l, 64 * MiB, &word, sizeof(word)) != 0 || word != pattern_word(0x2EAD0001, 16 * MiB))
+                return "the read on a thread without a context failed or read the wrong word";
+        if (cu->cuCtxGetCurrent(&current) != CUDA_SUCCESS || current)
+                return "the read left a context current on the thread";
+        return NULL;
+}
+
+START_TEST(test_lease_read) {
+        vmmb_client *c = connect_or_fail(h.socket);
+        vmmb_lease *l = alloc_or_fail(c, 66 * MiB, 0, "read");      /* two slabs: 64 MiB and 2 MiB */
+        const size_t n = 66 * MiB / sizeof(uint32_t);
+        _cleanup_free_ uint32_t *back = calloc(n, sizeof(uint32_t));
+        char rw[VMMB_TOKEN_SIZE];
+        uint32_t words[4], canary[4];
+        const char *failure = NULL;
+        size_t wrong = 0;
+        pthread_t thread;
+        vmmb_lease *ro;
+
+        ck_assert_ptr_nonnull(back);
+        /* fresh memory reads zero through it */
+        memset(words, 0xAB, sizeof(words));
+        ck_assert_int_eq(vmmb_lease_read(l, 0, words, sizeof(words)), 0);
+        for (size_t i = 0; i < 4; i++)
+                ck_assert_uint_eq(words[i], 0);
+
+        /* all of it, and across the slabs' boundary, at the right offsets */
+        ck_assert(write_pattern(vmmb_lease_ptr(l), 66 * MiB, 0x2EAD0001));
+        ck_assert_int_eq(vmmb_lease_read(l, 0, back, n * sizeof(uint32_t)), 0);
+        for (size_t i = 0; i < n; i++)
+                wrong += back[i] != pattern_word(0x2EAD0001, i);        /* one check: each ck_assert costs */
+        ck_assert_uint_eq(wrong, 0);
+        ck_assert_int_eq(vmmb_lease_read(l, 64 * MiB - 8, words, sizeof(words)), 0);
+        for (size_t i = 0; i < 4; i++)
+                ck_assert_uint_eq(words[i], pattern_word(0x2EAD0001, 16 * MiB - 2 + i));
+
+        /* a thread with no context of its own */
+        ck_assert_int_eq(pthread_create(&thread, NULL, read_without_context, l), 0);
+        ck_assert_int_eq(pthread_join(thread, (void **)&failure), 0);
+        ck_assert_msg(!failure, "%s", failure);
+
+        /* a read-only hold reads too */
+        share_or_fail(l, VMMB_ANY_UID, 0, rw);
+        ro = attach_or_fail(c, rw, NULL, VMMB_READONLY);
+        ck_assert_int_eq(vmmb_lease_readonly(ro), 1);
+        ck_assert_int_eq(vmmb_lease_read(ro, 66 * MiB - sizeof(words), words, sizeof(words)), 0);
+        for (size_t i = 0; i < 4; i++)
+                ck_assert_uint_eq(words[i], pattern_word(0x2EAD0001, n - 4 + i));
+        ck_assert_int_eq(vmmb_free(ro), 0);
+
+        /* Bounds, hostile ones included: refused with nothing written to the buffer. */
+        memset(canary, 0x5A, sizeof(canary));
+        memcpy(words, canary, sizeof(words));
+        ck_assert_int_eq(vmmb_lease_read(l, 66 * MiB, words, 0), 0);
+        ck_assert_int_eq(vmmb_lease_read(l, 66 * MiB, words, 1), -ERANGE);
+        ck_assert_ptr_nonnull(strstr(vmmb_error_message(), vmmb_lease_id(l)));
+        ck_assert_int_eq(vmmb_lease_read(l, 66 * MiB - 4, words, 8), -ERANGE);
+        ck_assert_int_eq(vmmb_lease_read(l, 66 * MiB + 1, words, 0), -ERANGE);
+        ck_assert_int_eq(vmmb_lease_read(l, UINT64_MAX, words, 1), -ERANGE);
+        ck_assert_int_eq(vmmb_lease_read(l, 8, words, SIZE_MAX), -ERANGE);
+        ck_assert_int_eq(vmmb_lease_read(l, 0, NULL, 4), -EINVAL);
+        ck_assert_int_eq(vmmb_lease_read(NULL, 0, words, 4), -EINVAL);
+        ck_assert_int_eq(memcmp(words, canary, sizeof(words)), 0);
+
+        /* parked: nothing is mapped, and the read says so; unparked, it reads what was there */
+        ck_assert_int_eq(park_or_fail(l, NULL), 1);
+        ck_assert_int_eq(vmmb_lease_read(l, 0, words, sizeof(words)), -ENXIO);
+        ck_assert_ptr_nonnull(strstr(vmmb_error_message(), "vmmb_lease_unpark()"));
+        ck_assert_int_eq(memcmp(words, canary, sizeof(words)), 0);
+        unpark_or_fail(l);
+        ck_assert_int_eq(vmmb_lease_read(l, 64 * MiB - 8, words, sizeof(words)), 0);
+        ck_assert_uint_eq(words[3], pattern_word(0x2EAD0001, 16 * MiB + 1));
+
+        free_last_and_close(c, l);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("client");
         TCase *tc = tcase_create("client");
@@ -1707,6 +1790,7 @@ int main(void) {
         tcase_add_test(tc, test_free_parked);
         tcase_add_test(tc, test_park_shared);
         tcase_add_test(tc, test_park_other_user);
+        tcase_add_test(tc, test_lease_read);
         tcase_add_test(tc, test_free_oneway);
         tcase_add_test(tc, test_alloc_reserves_ahead);
         tcase_add_test(tc, test_reply_spin);
