@@ -925,6 +925,63 @@ class TestParking(ClientTestCase):
         self.assertIs(type(_errors.error(errno.EDQUOT)), vmmbroker.QuotaExceeded)
 
 
+class TestReading(ClientTestCase):
+    """Lease.readinto() and read() (vmmb_lease_read()): bytes of a lease copied to host memory."""
+
+    def test_read_back(self) -> None:
+        with self.client.alloc(66 * MiB) as lease:                    # two slabs: 64 MiB and 2 MiB
+            self.assertEqual(lease.read(4096), bytes(4096))           # fresh memory reads zero
+            data = os.urandom(8192)
+            ctypes.memmove(lease.ptr + 64 * MiB - 4096, data, len(data))
+            self.assertEqual(lease.read(8192, 64 * MiB - 4096), data)   # across the slabs' boundary
+            buf = bytearray(100)
+            self.assertEqual(lease.readinto(memoryview(buf)[10:20], 64 * MiB - 4096), 10)
+            self.assertEqual(bytes(buf[10:20]), data[:10])
+            self.assertEqual(bytes(buf[:10]) + bytes(buf[20:]), bytes(90))   # nothing else written
+            import array
+            words = array.array("I", [0] * 4)
+            lease.readinto(words, 64 * MiB - 4096)
+            self.assertEqual(words.tobytes(), data[:16])
+            self.assertEqual(lease.read(0, lease.size), b"")
+
+    def test_read_only_hold(self) -> None:
+        with self.client.alloc(2 * MiB) as lease:
+            ctypes.memset(lease.ptr, 0x42, 64)
+            with self.client.attach(token=lease.share(), readonly=True) as ro:
+                self.assertTrue(ro.readonly)
+                self.assertEqual(ro.read(64), b"\x42" * 64)
+
+    def test_bounds_and_arguments(self) -> None:
+        with self.client.alloc(2 * MiB) as lease:
+            buf = bytearray(b"x" * 16)
+            for offset, n in ((2 * MiB, 1), (2 * MiB - 8, 16), (2**64 - 1, 1), (2**64, 1), (2 * MiB + 1, 0)):
+                with self.assertRaises(vmmbroker.Error) as cm:
+                    lease.readinto(memoryview(buf)[:n], offset)
+                self.assertEqual(cm.exception.errno, errno.ERANGE)
+                self.assertIn(lease.id, str(cm.exception))
+            self.assertEqual(buf, bytearray(b"x" * 16))              # nothing written on a refusal
+            with self.assertRaises(ValueError):
+                lease.readinto(buf, -1)
+            with self.assertRaises(TypeError):
+                lease.readinto(b"read-only bytes")
+            with self.assertRaises(TypeError):
+                lease.readinto(memoryview(bytearray(16))[::2])      # not contiguous
+            with self.assertRaises(ValueError):
+                lease.read(-1)
+        with self.assertRaises(ValueError):
+            lease.read(4)                                           # freed
+
+    def test_parked(self) -> None:
+        with self.client.alloc(2 * MiB) as lease:
+            ctypes.memset(lease.ptr, 0x17, 32)
+            self.assertTrue(lease.park())
+            with self.assertRaises(vmmbroker.Error) as cm:
+                lease.read(32)
+            self.assertEqual(cm.exception.errno, errno.ENXIO)
+            lease.unpark()
+            self.assertEqual(lease.read(32), b"\x17" * 32)
+
+
 class TestParkingLimits(OwnBrokerTestCase):
     """A park over the owner's host-bytes limit is refused, and the lease is mapped again as it was."""
 

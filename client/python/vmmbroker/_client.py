@@ -847,6 +847,58 @@ class Lease(_Exportable):
         if rc < 0:
             raise error(rc, message)
 
+    # --- reading ------------------------------------------------------------------------------------
+
+    def readinto(self, buffer: Any, offset: int = 0) -> int:
+        """Copy the lease's bytes from ``offset`` into ``buffer``, as many as it holds (vmmb_lease_read());
+        return that count.
+
+        ``buffer``: a writable, C-contiguous bytes-like object (a bytearray,
+        a memoryview of one, an array, a NumPy array). One synchronous
+        device-to-host copy, made for small reads such as a header: it comes
+        after the work queued on the context's legacy default stream, so wait
+        for work that writes the range on other streams first (for PyTorch,
+        ``torch.cuda.current_stream().synchronize()``). Read-only leases are
+        read too.
+
+        Raises Error ERANGE for bytes past the lease's size (nothing is
+        read), ENXIO for a parked lease, ESTALE for one given back on the
+        broker's request, EOPNOTSUPP for a library older than reading;
+        ValueError once freed or for a negative offset; TypeError for a
+        read-only or non-contiguous buffer.
+        """
+        view = memoryview(buffer)
+        if view.readonly:
+            raise TypeError("readinto() needs a writable buffer, not a read-only one")
+        if not view.c_contiguous:
+            raise TypeError("readinto() needs a C-contiguous buffer")
+        view = view.cast("B")
+        n = view.nbytes
+        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+            raise ValueError(f"offset must be an int >= 0, not {offset!r}")
+        offset = min(offset, 2**64 - 1)     # past any lease: the library refuses it (ERANGE) as it should
+        self._not_in_own_callback("readinto()")
+        with self._lock:
+            if self._free_asked:
+                raise ValueError(f"lease {self._id} is freed")
+            handle = self._mapped()
+            # a c_char over the first byte, not a (c_char * n) array: making an array type costs tens of us
+            first = ctypes.c_char.from_buffer(view) if n else None
+            try:
+                rc = _lib.lease_read(handle, offset, ctypes.addressof(first) if first is not None else None, n)
+            finally:
+                del first           # the buffer may be resized only once no ctypes object holds it
+            message = _lib.error_message() if rc < 0 else ""
+        if rc < 0:
+            raise error(rc, message)
+        return n
+
+    def read(self, size: int, offset: int = 0) -> bytes:
+        """``size`` bytes of the lease from ``offset``, copied to host memory (readinto(), which says how)."""
+        buf = bytearray(size)
+        self.readinto(buf, offset)
+        return bytes(buf)
+
     # --- sharing ------------------------------------------------------------------------------------
 
     def share(self, uid: Optional[int] = None, readonly: bool = False) -> str:

@@ -137,6 +137,27 @@ def free_stream(lease: ctypes.c_void_p, stream: int) -> int:
 
 
 
+_read_fn: Any = None
+
+
+def lease_read(lease: ctypes.c_void_p, offset: int, address: Optional[int], n: int) -> int:
+    """vmmb_lease_read(lease, offset, address, n): 0 or -errno; Error EOPNOTSUPP when the library is older
+    than reading (LIBVMMBROKER_0.12). The function is declared once, at the first call."""
+    global _read_fn
+    f = _read_fn
+    if f is None:
+        try:
+            f = lib().vmmb_lease_read
+        except AttributeError:
+            from ._errors import error
+            raise error(errno.EOPNOTSUPP, f"libvmmbroker ({library_path()}) cannot read leases "
+                                          "(vmmb_lease_read): update it.") from None
+        f.restype = ctypes.c_int
+        f.argtypes = [_lease_p, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t]
+        _read_fn = f
+    return f(lease, offset, address, n)
+
+
 def _reclaim_functions(dll: ctypes.CDLL) -> tuple[Any, Any]:
     """vmmb_lease_set_reclaimable and vmmb_lease_reclaimed, declared; Error EOPNOTSUPP when the library
     is older than reclaimable leases (the package still loads with such a library)."""
