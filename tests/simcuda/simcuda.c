@@ -270,6 +270,8 @@ static struct {
         bool initialized;               /* cuInit() succeeded */
         bool held;                      /* simcuda_hold_streams(1) */
         char hold_file[PATH_MAX];       /* SIMCUDA_HOLD_FILE: streams are held while a file is there; "": none */
+        char hold_host_file[PATH_MAX];  /* SIMCUDA_HOLD_HOST_FILE: host functions are held while a file is there */
+        char hold_host_reached[PATH_MAX];       /* made when a stream waits at a held host function */
         struct CUctx_st ctx[MAX_DEVICES];
         uint64_t charged[MAX_DEVICES];
         uint64_t host_charged;
@@ -545,6 +547,13 @@ static void setup_once(void) {
                                                           (int)sizeof(sim.hold_file)) {
                 sim.hold_file[0] = 0;
                 env_bad("simcuda: SIMCUDA_HOLD_FILE=\"%.64s...\" is longer than a path may be", v);
+        }
+        if (env_get("SIMCUDA_HOLD_HOST_FILE", &v) &&
+            (snprintf(sim.hold_host_file, sizeof(sim.hold_host_file), "%s", v) >= (int)sizeof(sim.hold_host_file) ||
+             snprintf(sim.hold_host_reached, sizeof(sim.hold_host_reached), "%s.reached", v) >=
+                     (int)sizeof(sim.hold_host_reached))) {
+                sim.hold_host_file[0] = sim.hold_host_reached[0] = 0;
+                env_bad("simcuda: SIMCUDA_HOLD_HOST_FILE=\"%.64s...\" is longer than a path may be", v);
         }
         if (env_get("SIMCUDA_FAIL", &v) && faults_parse(v, &sim.faults) < 0)
                 env_bad("simcuda: SIMCUDA_FAIL=\"%.64s\" is not a list of ENTRY:N[:ERROR] such as "
@@ -1019,11 +1028,34 @@ static bool streams_held(void) {
         return sim.held || (sim.hold_file[0] && access(sim.hold_file, F_OK) == 0);
 }
 
+/*
+ * Whether host functions are held: while the file SIMCUDA_HOLD_HOST_FILE names is there, a stream that reaches
+ * one waits before running it (what was queued before it is done: its events have completed). It then makes
+ * the file's name + ".reached", so that the test holding it knows.
+ */
+static bool host_funcs_held(void) {
+        int fd;
+
+        if (!sim.hold_host_file[0] || access(sim.hold_host_file, F_OK) != 0)
+                return false;
+        fd = open(sim.hold_host_reached, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+        if (fd >= 0)
+                close(fd);
+        return true;
+}
+
+/* Whether the first operation of `s` must wait: the streams are held, or it is a host function and those are. */
+static bool stream_held(CUstream s) {
+        const Op *op = list_first_entry(&s->ops, Op, link);
+
+        return streams_held() || (op->kind == OP_HOST_FUNC && host_funcs_held());
+}
+
 /* Waits for work, the hold to be lifted, or the end; a hold file is looked at again every millisecond. */
 static void stream_wait(bool busy) {
         struct timespec ts;
 
-        if (!busy || !sim.hold_file[0]) {
+        if (!busy || (!sim.hold_file[0] && !sim.hold_host_file[0])) {
                 pthread_cond_wait(&sim.work, &sim.lock);
                 return;
         }
@@ -1045,7 +1077,7 @@ static void *stream_worker(void *arg) {
                 Op *op;
 
                 /* Idle: wait for work or for the end. Busy: run, unless the streams are held. */
-                while (list_is_empty(&s->ops) ? !s->quit : streams_held())
+                while (list_is_empty(&s->ops) ? !s->quit : stream_held(s))
                         stream_wait(!list_is_empty(&s->ops));
                 op = list_first_entry(&s->ops, Op, link);
                 if (!op)
