@@ -620,12 +620,78 @@ START_TEST(test_scrub_wait_parks) {
 }
 END_TEST
 
+/* Waits, at most 10 s, for the file `path` to be there. */
+static void wait_for_file(const char *path) {
+        for (unsigned i = 0; i < 10000 && access(path, F_OK) != 0; i++)
+                (void)poll(NULL, 0, 1);
+        ck_assert_msg(access(path, F_OK) == 0, "%s never appeared", path);
+}
+
+/*
+ * A parked call is tried again when scrubs finish by any path, not only when their completions are dispatched:
+ * here another request's wait finishes the scrub the parked call was deferred for (its zeroing done, its
+ * completion held in the simulated device: SIMCUDA_HOLD_HOST_FILE). The completion's dispatch then finds
+ * nothing, so a daemon that retried parked calls only there would leave this one unanswered until its 30 s
+ * deadline; it must be served while the completion is still held.
+ */
+START_TEST(test_scrub_finished_ahead_of_dispatch) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *a = NULL, *b = NULL;
+        char hold[64], hold_host[64], reached[80];
+        struct pollfd p = {};
+        TestLease other, got;
+
+        if (!strstr(getenv("VMMBROKER_LIBCUDA") ?: "", "simcuda")) {
+                fprintf(stderr, "%s: not run: it holds the simulated device's streams, which a real driver "
+                        "cannot\n", __func__);
+                return;
+        }
+        snprintf(hold, sizeof(hold), "/tmp/vmmb-hold-%d", (int)getpid());
+        snprintf(hold_host, sizeof(hold_host), "/tmp/vmmb-hold-host-%d", (int)getpid());
+        snprintf(reached, sizeof(reached), "%s.reached", hold_host);
+        (void)unlink(hold);
+        (void)unlink(hold_host);
+        (void)unlink(reached);
+        ck_assert_int_eq(setenv("SIMCUDA_HOLD_FILE", hold, 1), 0);
+        ck_assert_int_eq(setenv("SIMCUDA_HOLD_HOST_FILE", hold_host, 1), 0);
+        harness_start_capped_or_fail(&h, "2G", NULL);
+        ck_assert_int_eq(conn_open(h.socket, &a), 0);
+        ck_assert_int_eq(conn_open(h.socket, &b), 0);
+
+        park_on_scrub(a, hold);
+        wait_for_waiters(1);
+        /* The zeroing runs and its event completes; the completion callback after it is held. */
+        hold_streams(hold_host, true);
+        hold_streams(hold, false);
+        wait_for_file(reached);
+        ck_assert(!readable_now(a));
+
+        /* b's Alloc of the same size waits for that zeroing, which is done, and takes the slab; a is tried
+         * again after it and gets a new one. */
+        ck_assert_int_eq(lease_alloc(b, BIG, &other), 0);
+        test_lease_close(&other);
+        p = (struct pollfd){ .fd = varlink_conn_get_fd(a), .events = POLLIN };
+        ck_assert_msg(poll(&p, 1, 10000) == 1, "the parked call was not answered while the completion was held");
+        got = served_or_fail(a, BIG);
+        ck_assert_str_ne(got.id, other.id);
+
+        hold_streams(hold_host, false);
+        (void)unlink(reached);
+        ck_assert_int_eq(lease_free(a, got.id), 0);
+        ck_assert_int_eq(lease_free(b, other.id), 0);
+        wait_for_leased(0);
+        harness_stop_or_fail(&h);
+        ck_assert_int_eq(unsetenv("SIMCUDA_HOLD_FILE"), 0);
+        ck_assert_int_eq(unsetenv("SIMCUDA_HOLD_HOST_FILE"), 0);
+}
+END_TEST
+
 int main(void) {
         return run_suite(UNIT_SUITE("wait", NULL, test_wait_served_when_freed, test_wait_expires,
                                     test_wait_never_servable_fails_at_once, test_wait_turned_off,
                                     test_wait_connection_closed, test_wait_process_killed,
                                     test_wait_two_users_in_turn, test_wait_flood_does_not_hold_others,
                                     test_wait_quota_still_applies, test_wait_daemon_stops,
-                                    test_freed_memory_is_room, test_scrub_wait_parks)) == 0
+                                    test_freed_memory_is_room, test_scrub_wait_parks,
+                                    test_scrub_finished_ahead_of_dispatch)) == 0
                        ? EXIT_SUCCESS : EXIT_FAILURE;
 }
