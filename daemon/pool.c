@@ -773,9 +773,24 @@ static int slab_wait_zeroed(PoolDevice *dev, Slab *slab, uint64_t ahead, uint64_
         return ZEROED_WAITED;
 }
 
+/* Caches every slab of the device's scrubbing list up to and including `last`, whose zeroing was waited for:
+ * the stream zeroes in order, so those issued before it (any space's) are zeroed too. */
+static void scrubs_finish_through(PoolDevice *dev, Slab *last) {
+        Slab *s, *tmp;
+
+        list_for_each_entry_safe(s, tmp, &dev->scrubbing, link_state) {
+                bool done = s == last;
+
+                scrub_finish(s);
+                if (done)
+                        break;
+        }
+}
+
 /*
  * A cached slab of `size` for `uid`; else, when one of that size and uid is being scrubbed, waits for its
- * zeroing (slab_wait_zeroed()) and takes it. Under fast alloc/free of one size the slab just freed is usually
+ * zeroing (slab_wait_zeroed()) and takes it; the scrubs issued before it, done too, are cached with it
+ * (scrubs_finish_through()). Under fast alloc/free of one size the slab just freed is usually
  * still queued or being scrubbed when the next request comes: waiting for it (the device zeroes at TB/s:
  * microseconds for small slabs) is cheaper than creating and exporting a new one, and the pool does not grow
  * with churn. A wait longer than `wait_max` is not made: NULL with *ret_deferred set.
@@ -805,7 +820,7 @@ static Slab *cache_take_or_wait(SlabSpace *space, uint64_t size, uid_t uid, uint
         case ZEROED_FAILED:
                 return NULL;
         }
-        scrub_finish(found);
+        scrubs_finish_through(dev, found);
         return cache_take(space, size, uid);
 }
 
@@ -819,7 +834,7 @@ static Slab *cache_take_or_wait(SlabSpace *space, uint64_t size, uid_t uid, uint
  */
 static bool space_wait_scrubbed(SlabSpace *space, uint64_t fresh, uint64_t wait_max) {
         PoolDevice *dev = space->device;
-        Slab *s, *tmp, *last = NULL;
+        Slab *s, *last = NULL;
         uint64_t in_use, need, covered = 0, ahead = 0;
 
         device_scrub_queued(dev);       /* a scrub that cannot be issued releases its slab: room too */
@@ -844,13 +859,7 @@ static bool space_wait_scrubbed(SlabSpace *space, uint64_t fresh, uint64_t wait_
         case ZEROED_FAILED:
                 return true;
         }
-        list_for_each_entry_safe(s, tmp, &dev->scrubbing, link_state) {
-                bool done = s == last;
-
-                scrub_finish(s);        /* issued before `last` (any space's): zeroed too */
-                if (done)
-                        break;
-        }
+        scrubs_finish_through(dev, last);
         return true;
 }
 

@@ -240,6 +240,40 @@ START_TEST(test_scrubbing_slab_waited_for) {
 }
 END_TEST
 
+/* The scrubs issued before the one waited for are done too (the stream zeroes in order): they are cached with
+ * it, and the scrubs queued after it are left to their completions. */
+START_TEST(test_scrubs_before_the_waited_one_cached) {
+        Slab *a[POOL_MAX_SLABS], *b[POOL_MAX_SLABS], *c[POOL_MAX_SLABS], *d[POOL_MAX_SLABS];
+        PoolDeviceStats s;
+        size_t n, m, k, l;
+
+        open_pool(64 * MiB, 0);
+        ck_assert_int_eq(alloc(4 * MiB, UID_B, a, &n), 0);
+        ck_assert_int_eq(alloc(2 * MiB, UID_A, b, &m), 0);
+        ck_assert_int_eq(alloc(8 * MiB, UID_C, c, &k), 0);
+        reclaim_all(a, n);              /* scrubbed in this order: 4, 2, 8 MiB */
+        reclaim_all(b, m);
+        reclaim_all(c, k);
+        pool_scrub_queued(pool);
+        ck_assert_uint_eq(stats().n_scrubbing, 3);
+
+        ck_assert_int_eq(alloc(2 * MiB, UID_A, d, &l), 0);
+        ck_assert_ptr_eq(d[0], b[0]);
+        s = stats();
+        ck_assert_uint_eq(s.scrub_waits, 1);
+        ck_assert_uint_eq(pool_scrubs_finished(pool), 2);       /* the 4 MiB one before it too */
+        ck_assert_uint_eq(s.n_cached, 1);
+        ck_assert_uint_eq(s.cached, 4 * MiB);
+        ck_assert_uint_eq(s.n_scrubbing, 1);                    /* the 8 MiB one: nothing dispatched yet */
+        wait_scrubs(1);
+        s = stats();
+        ck_assert_uint_eq(s.n_scrubbing, 0);
+        ck_assert_uint_eq(s.n_cached, 2);
+        ck_assert_uint_eq(pool_scrubs_finished(pool), 3);       /* each counted once */
+        reclaim_all(d, l);
+}
+END_TEST
+
 /*
  * A device full only because memory just freed is still queued or being scrubbed: a request of another size,
  * or another uid's, waits for as much of that zeroing as it needs instead of failing, and the rest of the
@@ -792,6 +826,7 @@ static Suite *pool_suite(void) {
         tcase_add_checked_fixture(tc, NULL, teardown);
         tcase_add_test(tc, test_fresh_then_cached);
         tcase_add_test(tc, test_scrubbing_slab_waited_for);
+        tcase_add_test(tc, test_scrubs_before_the_waited_one_cached);
         tcase_add_test(tc, test_full_device_waits_for_scrubs);
         tcase_add_test(tc, test_scrub_wait_bounded);
         tcase_add_test(tc, test_churn_does_not_grow_the_pool);
