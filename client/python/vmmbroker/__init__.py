@@ -38,7 +38,9 @@ LEASES
     Properties: id, ptr, size, device, readonly, owner, owner_name, freed,
     reclaimed, parked.
     free() unmaps the memory; the driver does not wait for work still queued
-    on it, so synchronize first.
+    on it, so synchronize first. Lease.read(size, offset=0) and
+    Lease.readinto(buffer, offset=0) copy bytes of it to host memory (one
+    synchronous copy, for small reads such as a header).
 
 SHARING
     A lease belongs to the user that made it, its owner, who is charged for
