@@ -982,6 +982,44 @@ class TestReading(ClientTestCase):
             self.assertEqual(lease.read(32), b"\x17" * 32)
 
 
+class TestWeightStoreHeader(ClientTestCase):
+    """vmmbroker.weights reads a store's header through Lease.readinto(): the part of attach_state_dict()
+    that needs no PyTorch (the rest runs on a GPU: tests/gpu/python/weights.py)."""
+
+    class _Base:
+        """What _read_header() uses of the uint8 tensor over the lease: its length."""
+        def __init__(self, size: int) -> None:
+            self.shape = (size,)
+
+    def test_header_read_back(self) -> None:
+        import vmmbroker.weights as w
+        for n in (3, 4000):             # one read, and a header past FIRST_READ (two)
+            entries, size = w.plan_layout([(f"layer.{i}.weight", "float32", [4], None) for i in range(n)])
+            header, data_offset = w.encode_layout(entries, size, {"model": "test"})
+            self.assertEqual(len(header) > w.FIRST_READ, n == 4000)
+            with self.client.alloc(data_offset + size) as lease:
+                ctypes.memmove(lease.ptr, header, len(header))
+                ctypes.memset(lease.ptr + len(header), 0xEE, 64)      # what follows is not read
+                got = w._read_header(self._Base(lease.size), lease)
+                self.assertEqual(got, header)
+                names, groups, off, metadata = w._parse(got, lease.size)
+                self.assertEqual((len(names), off, metadata), (n, data_offset, {"model": "test"}))
+
+    def test_not_a_store(self) -> None:
+        import vmmbroker.weights as w
+        with self.client.alloc(2 * MiB) as lease:                    # zeros: no magic
+            with self.assertRaises(w.LayoutError):
+                w._read_header(self._Base(lease.size), lease)
+            header, _ = w.encode_layout(*w.plan_layout([("t", "float32", [4], None)]))
+            big = bytearray(header)
+            big[16:24] = (10 * MiB).to_bytes(8, "little")             # a JSON size past the lease,
+            big[24:32] = (11 * MiB).to_bytes(8, "little")             # the data after it
+            ctypes.memmove(lease.ptr, bytes(big), len(big))
+            with self.assertRaises(w.LayoutError) as cm:
+                w._read_header(self._Base(lease.size), lease)
+            self.assertIn("in a lease of", str(cm.exception))
+
+
 class TestParkingLimits(OwnBrokerTestCase):
     """A park over the owner's host-bytes limit is refused, and the lease is mapped again as it was."""
 
