@@ -103,6 +103,8 @@ static int child_holder(void *arg) {
         HOLDER_CHECK(reclaimed_soon(l[1], a->refuse_first), "1");
         HOLDER_CHECK(vmmb_lease_reclaimed(l[3]) == 0, "3");
         HOLDER_CHECK(vmmb_lease_set_reclaimable(l[2], 0, NULL, NULL) == -ESTALE, "mark a given-back lease");
+        HOLDER_CHECK(vmmb_lease_read(l[2], 0, &x, 1) == -ESTALE, "read a given-back lease");
+        HOLDER_CHECK(vmmb_lease_read(l[3], 0, &x, 1) == 0, "read a lease not offered");
         /* Freeing the objects of given-back leases, and the others; vmmb_close() stops the watch. */
         HOLDER_CHECK(vmmb_free(l[2]) == 0, "free 2");
         HOLDER_CHECK(vmmb_free(l[3]) == 0, "free 3");
