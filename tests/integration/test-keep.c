@@ -95,17 +95,6 @@ static Connector keeper_fill(VarlinkConn **a, TestLease *leases) {
         return x;
 }
 
-/* Reads an Alloc's reply: a lease, whose fds it closes; or fails with the error it got. */
-static void served(VarlinkConn *w, TestLease *ret) {
-        Reply r;
-
-        ck_assert_int_eq(reply_read(w, &r, NULL), 0);
-        ck_assert_msg(!r.error, "%s %s", r.error, json_object_to_json_string(r.params));
-        ck_assert_int_eq(lease_take(&r, ret), 0);
-        reply_done(&r);
-        test_lease_close(ret);
-}
-
 /* An Alloc of one slab with no wait_usec: it would fail at once, but the device's memory is kept. */
 static void alloc_send(VarlinkConn *c) {
         _cleanup_(json_object_putp) json_object *params = NULL;
@@ -139,7 +128,7 @@ START_TEST(test_keep_asked_for_a_call_that_does_not_wait) {
         alloc_send(o[0]);
         read_request(a[1], leases[0].id);
         ck_assert_int_eq(lease_free(a[0], leases[0].id), 0);
-        served(o[0], &got);
+        got = lease_reply_or_fail(o[0]);
         ck_assert(!listed_kept(leases[0].id, NULL));
         ck_assert_str_ne(got.id, leases[0].id);
 
@@ -180,7 +169,7 @@ END_TEST
 /* The keeper is killed while asked: its memory comes back by its exit, and the call is served. */
 START_TEST(test_keep_keeper_killed) {
         VarlinkConn *a[2] = {};
-        TestLease leases[N_UNITS], got;
+        TestLease leases[N_UNITS];
         _cleanup_(varlink_conn_freep) VarlinkConn *w = NULL;
         Connector x;
 
@@ -190,7 +179,7 @@ START_TEST(test_keep_keeper_killed) {
         alloc_send(w);
         read_request(a[1], leases[0].id);
         ck_assert_int_eq(kill(x.pid, SIGKILL), 0);
-        served(w, &got);
+        (void)lease_reply_or_fail(w);           /* served */
         for (size_t i = 0; i < 2; i++)
                 varlink_conn_free(a[i]);
         x.hold_w = safe_close(x.hold_w);
@@ -255,7 +244,7 @@ START_TEST(test_keep_other_user) {
         alloc_send(o[0]);
         read_request(a[1], leases[0].id);
         ck_assert_int_eq(lease_free(a[0], leases[0].id), 0);
-        served(o[0], &mine);
+        mine = lease_reply_or_fail(o[0]);
         ck_assert_str_ne(mine.id, leases[0].id);
 
         varlink_conn_free(o[0]);
