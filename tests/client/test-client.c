@@ -21,7 +21,9 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <pwd.h>
+#include <sched.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1765,6 +1767,65 @@ START_TEST(test_lease_read) {
 }
 END_TEST
 
+/* Reads the lease's first words over and over while the main thread parks and unparks it. */
+typedef struct ReadRace {
+        vmmb_lease *lease;
+        atomic_bool stop;
+        unsigned reads, parked;
+        const char *failure;
+} ReadRace;
+
+static void *read_while_parking(void *arg) {
+        ReadRace *x = arg;
+
+        if (cu->cuCtxSetCurrent(ctx) != CUDA_SUCCESS) {
+                x->failure = "cuCtxSetCurrent failed";
+                return NULL;
+        }
+        while (!atomic_load(&x->stop)) {
+                uint32_t words[4] = {};
+                int k = vmmb_lease_read(x->lease, 0, words, sizeof(words));
+
+                if (k == -ENXIO) {
+                        x->parked++;
+                        (void)sched_yield();    /* the park or unpark under way has the CPU first */
+                        continue;
+                }
+                if (k != 0) {
+                        x->failure = "a read failed with something other than ENXIO";
+                        return NULL;
+                }
+                for (size_t i = 0; i < 4; i++)
+                        if (words[i] != pattern_word(0x2EAD0002, i)) {
+                                x->failure = "a read came back with other bytes";
+                                return NULL;
+                        }
+                x->reads++;
+        }
+        return NULL;
+}
+
+/* A read never sees the lease half parked: it reads the content or says the lease is parked (ENXIO). */
+START_TEST(test_lease_read_while_parking) {
+        vmmb_client *c = connect_or_fail(h.socket);
+        vmmb_lease *l = alloc_or_fail(c, 4 * MiB, 0, "read race");
+        ReadRace x = { .lease = l };
+        pthread_t thread;
+
+        ck_assert(write_pattern(vmmb_lease_ptr(l), 4 * MiB, 0x2EAD0002));
+        ck_assert_int_eq(pthread_create(&thread, NULL, read_while_parking, &x), 0);
+        for (unsigned i = 0; i < 50; i++) {
+                ck_assert_int_eq(park_or_fail(l, NULL), 1);
+                unpark_or_fail(l);
+        }
+        atomic_store(&x.stop, true);
+        ck_assert_int_eq(pthread_join(thread, NULL), 0);
+        ck_assert_msg(!x.failure, "%s (after %u reads, %u parked)", x.failure, x.reads, x.parked);
+        ck_assert(reads_pattern(vmmb_lease_ptr(l), 4 * MiB, 0x2EAD0002));
+        free_last_and_close(c, l);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("client");
         TCase *tc = tcase_create("client");
@@ -1791,6 +1852,7 @@ int main(void) {
         tcase_add_test(tc, test_park_shared);
         tcase_add_test(tc, test_park_other_user);
         tcase_add_test(tc, test_lease_read);
+        tcase_add_test(tc, test_lease_read_while_parking);
         tcase_add_test(tc, test_free_oneway);
         tcase_add_test(tc, test_alloc_reserves_ahead);
         tcase_add_test(tc, test_reply_spin);
