@@ -165,6 +165,10 @@ uint64_t broker_alloc_wait_usec(const Broker *b, int64_t asked, size_t device) {
         return wait;
 }
 
+unsigned broker_waiters(const Broker *b, size_t device) {
+        return b->waits[device].n_waiters + b->scrub_waiting[device];
+}
+
 /* --- kept leases ---------------------------------------------------------------------------------- */
 
 #define KEPT_GONE (-1000)               /* kept_take(): the kept lease ended instead; make a new one */

@@ -154,6 +154,9 @@ int broker_alloc_among(Broker *b, const Caller *c, const uint64_t *devices, size
  */
 uint64_t broker_alloc_wait_usec(const Broker *b, int64_t asked, size_t device);
 
+/* The Alloc calls waiting on pool device `device`: for room (its wait queue) or for its scrubs (parked). */
+unsigned broker_waiters(const Broker *b, size_t device);
+
 /*
  * Free: drops one reference of the caller's hold. NO_SUCH_LEASE for a lease its process does not hold.
  *

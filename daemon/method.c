@@ -828,7 +828,7 @@ static int method_status(Broker *b, const Caller *c, const VarlinkCall *call, Me
                         .scrubbing = stats[i].scrubbing,
                         .cached = stats[i].cached,
                         .leases = b->leases.device_leases[i],
-                        .waiters = b->waits[i].n_waiters + b->scrub_waiting[i],
+                        .waiters = broker_waiters(b, i),
                         .numa_node = stats[i].numa_node >= 0 ? stats[i].numa_node : JSON_ABSENT,
                         .host_capacity = (int64_t)stats[i].host_capacity,
                         .parked = (int64_t)stats[i].parked,

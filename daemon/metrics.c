@@ -268,8 +268,7 @@ static int format_devices(FILE *f, Broker *b) {
         family(f, "vmmbroker_device_waiters", "gauge", NULL,
                "Alloc calls waiting for memory on the device (wait_usec), or for its scrubs.");
         for (size_t i = 0; i < n; i++)
-                fprintf(f, "vmmbroker_device_waiters{device=\"%d\"} %u\n", rows[i].s.index,
-                        b->waits[i].n_waiters + b->scrub_waiting[i]);
+                fprintf(f, "vmmbroker_device_waiters{device=\"%d\"} %u\n", rows[i].s.index, broker_waiters(b, i));
         device_counter(f, rows, n, "vmmbroker_device_cache_hits", "Slabs leased from the cache.",
                        offsetof(PoolDeviceStats, hits));
         device_counter(f, rows, n, "vmmbroker_device_slabs_created", "Slabs created with the driver.",
