@@ -2129,6 +2129,15 @@ VMMB_EXPORT int vmmb_lease_set_reclaimable(vmmb_lease *lease, int priority, vmmb
         return k;
 }
 
+/* Under client->leases_lock: 0 when the lease is still this process's, else -ESTALE (given back on the broker's
+ * request) or -EBUSY (being given back), with the message set. */
+static int lease_not_given_back(const vmmb_lease *lease) {
+        if (!lease->reclaimed && !lease->reclaiming)
+                return 0;
+        return set_error(lease->reclaimed ? -ESTALE : -EBUSY, "Lease %s %s on the broker's request.", lease->id,
+                         lease->reclaimed ? "was given back" : "is being given back");
+}
+
 /* A flag of the lease's that client->leases_lock guards (reclaimed, parked), read under the lock. */
 static bool lease_flag(const vmmb_lease *lease, const bool *flag) {
         bool v;
@@ -3179,10 +3188,10 @@ VMMB_EXPORT int vmmb_lease_grant_access(vmmb_lease *lease, const int *devices, s
 
         c = lease->client;
         (void)pthread_mutex_lock(&c->leases_lock);
-        if (lease->reclaimed || lease->reclaiming) {
+        k = lease_not_given_back(lease);
+        if (k < 0) {
                 (void)pthread_mutex_unlock(&c->leases_lock);
-                return set_error(lease->reclaimed ? -ESTALE : -EBUSY, "Lease %s %s on the broker's request.",
-                                 lease->id, lease->reclaimed ? "was given back" : "is being given back");
+                return k;
         }
         peers = realloc(lease->peers, (lease->n_peers + m - 1) * sizeof(int));
         if (!peers) {
@@ -3239,13 +3248,11 @@ VMMB_EXPORT int vmmb_lease_read(vmmb_lease *lease, uint64_t offset, void *buf, s
                 return k;
         c = lease->client;
         (void)pthread_mutex_lock(&c->leases_lock);
-        if (lease->reclaimed || lease->reclaiming)
-                k = set_error(lease->reclaimed ? -ESTALE : -EBUSY, "Lease %s %s on the broker's request.", lease->id,
-                              lease->reclaimed ? "was given back" : "is being given back");
-        else if (lease->parked)
+        k = lease_not_given_back(lease);
+        if (k == 0 && lease->parked)
                 k = set_error(-ENXIO, "Lease %s is parked (nothing is mapped here): vmmb_lease_unpark() maps it "
                               "again.", lease->id);
-        else {
+        if (k == 0) {
                 r = context_hold(cu, lease->device, &primary, &dev);
                 if (r == CUDA_SUCCESS)
                         r = cu->cuMemcpyDtoH(buf, lease->va + offset, n);
