@@ -470,9 +470,9 @@ def _device_view(base, start: int, n: int, lease=None) -> memoryview:
     global _cuda, _copy_buf
     import ctypes
 
+    if len(_copy_buf) < n:
+        _copy_buf = bytearray(max(n, FIRST_READ))
     if lease is not None:
-        if len(_copy_buf) < n:
-            _copy_buf = bytearray(max(n, FIRST_READ))
         view = memoryview(_copy_buf)[:n]
         try:
             lease.readinto(view, start)
@@ -488,8 +488,6 @@ def _device_view(base, start: int, n: int, lease=None) -> memoryview:
         except (OSError, AttributeError):
             _cuda = False
     if _cuda:
-        if len(_copy_buf) < n:
-            _copy_buf = bytearray(max(n, FIRST_READ))
         # a c_char over the first byte, not a (c_char * n) array: making an array type costs tens of us
         dst = ctypes.c_char.from_buffer(_copy_buf)
         ok = _cuda.cuMemcpyDtoH_v2(ctypes.addressof(dst), base.data_ptr() + start, n) == 0
