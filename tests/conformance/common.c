@@ -108,6 +108,44 @@ bool gpu_close(void) {
         return ok;
 }
 
+bool gpu_pair_device(CUdevice *ret, int *ret_count) {
+        int count = 0;
+
+        *ret_count = 0;
+        if (!CU(gpu.cu->cuDeviceGetCount(&count)))
+                return false;
+        *ret_count = count;
+        if (count < 2)
+                return false;
+        *ret = (gpu.info.device + 1) % count;
+        return true;
+}
+
+bool gpu_enter_device(CUdevice dev, CUcontext *ret) {
+        if (!CU(gpu.cu->cuDevicePrimaryCtxRetain(ret, dev)))
+                return false;
+        if (!CU(gpu.cu->cuCtxSetCurrent(*ret))) {
+                (void)gpu.cu->cuDevicePrimaryCtxRelease(dev);
+                return false;
+        }
+        return true;
+}
+
+bool gpu_leave_device(void) {
+        return CU(gpu.cu->cuCtxSetCurrent(gpu.ctx));
+}
+
+CUresult mem_set_access_pair(CUdeviceptr va, size_t size, CUdevice peer, bool peer_readonly) {
+        CUmemAccessDesc access[2] = {
+                { .location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = gpu.info.device },
+                  .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE },
+                { .location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = peer },
+                  .flags = peer_readonly ? CU_MEM_ACCESS_FLAGS_PROT_READ : CU_MEM_ACCESS_FLAGS_PROT_READWRITE },
+        };
+
+        return gpu.cu->cuMemSetAccess(va, size, access, 2);
+}
+
 bool mem_create(size_t size, CUmemGenericAllocationHandle *ret) {
         CUmemAllocationProp prop = cuda_slab_prop(gpu.info.device);
 

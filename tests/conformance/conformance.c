@@ -1033,6 +1033,144 @@ START_TEST(set_access_for_a_device_that_does_not_exist) {
 END_TEST
 
 /*
+ * --- Peer access between two devices (issue 18), where the driver has two or more: the suite's device A and
+ * the next index, B (gpu_pair_device()). tests/gpu/run.sh runs them on a machine of several GPUs; in CI,
+ * `meson test conformance-pair` runs them on the simulated device with SIMCUDA_DEVICES=2. With one device
+ * each says on stderr that it did not run, and checks nothing.
+ *
+ * What vmmb_lease_grant_access() relies on: cuDeviceCanAccessPeer(&can, B, A) says whether B may reach A's
+ * memory; one cuMemSetAccess with a descriptor for A and one for B gives both access to the mapping, after
+ * which B's context reads and writes A's memory; a read-only descriptor lets B read and not write; without a
+ * descriptor B's work on the range fails (the library's tests rely on the simulator's answer for it).
+ */
+
+/* B, or false when the driver has one device (the check is not run, and says so). */
+static bool pair_device(const char *check, CUdevice *ret) {
+        int count = 0;
+
+        if (gpu_pair_device(ret, &count))
+                return true;
+        ASSERT_OK(count > 0);   /* a driver error, not one device */
+        fprintf(stderr, "info: %s: not run: the driver has %d device(s), the check needs two\n", check, count);
+        return false;
+}
+
+/* Whether B can reach A's memory; both directions are reported (they depend on the machine). */
+static bool pair_can_access(CUdevice b) {
+        int ba = -1, ab = -1;
+
+        ASSERT_CU(gpu.cu->cuDeviceCanAccessPeer(&ba, b, gpu.info.device));
+        ASSERT_CU(gpu.cu->cuDeviceCanAccessPeer(&ab, gpu.info.device, b));
+        fprintf(stderr, "info: device %d can access device %d's memory: %s; device %d device %d's: %s\n", (int)b,
+                (int)gpu.info.device, ba ? "yes" : "no", (int)gpu.info.device, (int)b, ab ? "yes" : "no");
+        observe_text("the other device of a pair can access this one's memory (report only)", ba ? "1" : "0");
+        observe_text("this device can access the other's memory (report only)", ab ? "1" : "0");
+        return ba != 0;
+}
+
+/* Memory on A, mapped (G bytes), access for A and for B (read-write, or read-only); false if B cannot reach A. */
+static bool pair_mapping(CUdevice b, bool readonly, CUmemGenericAllocationHandle *h, CUdeviceptr *va) {
+        bool can = pair_can_access(b);
+        CUresult r;
+
+        ASSERT_OK(mem_create(G, h));
+        ASSERT_OK(mem_reserve(G, va));
+        ASSERT_CU(gpu.cu->cuMemMap(*va, G, 0, *h, 0));
+        r = mem_set_access_pair(*va, G, b, readonly);
+        if (!can) {
+                observe("set access for a device that cannot reach the memory", r);
+                ck_assert_msg(r != CUDA_SUCCESS, "cuMemSetAccess gave access to a device that is not a peer.");
+                ASSERT_OK(mem_unmap(*va, G));
+                ASSERT_OK(mem_release(*h));
+                return false;
+        }
+        expect_result(readonly ? "set access for this device and read-only for its peer, one call" :
+                                 "set access for this device and its peer, one call", r, CUDA_SUCCESS);
+        return true;
+}
+
+/* B writes A's memory, A reads it; A writes, B reads: both see the other's bytes. */
+START_TEST(pair_write_through_the_other_device) {
+        CUmemGenericAllocationHandle h;
+        CUdeviceptr va;
+        CUcontext ctx;
+        CUdevice b;
+
+        if (!pair_device("pair_write_through_the_other_device", &b) || !pair_mapping(b, false, &h, &va))
+                return;
+        ASSERT_OK(gpu_enter_device(b, &ctx));
+        expect_result("memset of a device's memory through its peer's context",
+                      gpu.cu->cuMemsetD32(va, UINT32_C(0xb0b0b0b0), G / sizeof(uint32_t)), CUDA_SUCCESS);
+        ASSERT_CU(gpu.cu->cuCtxSynchronize());
+        ASSERT_OK(gpu_leave_device());
+        ASSERT_OK(mem_check_fill(va, G, UINT32_C(0xb0b0b0b0), "the memory written by the peer, read on its device"));
+        ASSERT_OK(mem_write_pattern(va, G, UINT32_C(0xa0a0a0a0)));
+        ASSERT_OK(gpu_enter_device(b, &ctx));
+        ASSERT_OK(mem_check_pattern(va, G, UINT32_C(0xa0a0a0a0), "the memory written on its device, read by the peer"));
+        observe_text("a peer with access reads and writes the memory", "yes");
+        ASSERT_OK(gpu_leave_device());
+        ASSERT_CU(gpu.cu->cuDevicePrimaryCtxRelease(b));
+        ASSERT_OK(mem_unmap(va, G));
+        ASSERT_OK(mem_release(h));
+}
+END_TEST
+
+/* A read-only descriptor for B: B reads what A wrote. (B's write is pair_peer_writes_read_only.) */
+START_TEST(pair_read_only_peer_reads) {
+        CUmemGenericAllocationHandle h;
+        CUdeviceptr va;
+        CUcontext ctx;
+        CUdevice b;
+
+        if (!pair_device("pair_read_only_peer_reads", &b) || !pair_mapping(b, true, &h, &va))
+                return;
+        ASSERT_OK(mem_write_pattern(va, G, UINT32_C(0x0dd0dd0d)));
+        ASSERT_OK(gpu_enter_device(b, &ctx));
+        ASSERT_OK(mem_check_pattern(va, G, UINT32_C(0x0dd0dd0d), "the memory read by a read-only peer"));
+        observe_text("a read-only peer reads the memory", "yes");
+        ASSERT_OK(gpu_leave_device());
+        ASSERT_CU(gpu.cu->cuDevicePrimaryCtxRelease(b));
+        ASSERT_OK(mem_unmap(va, G));
+        ASSERT_OK(mem_release(h));
+}
+END_TEST
+
+/* In a peer process (a fault may be sticky): B's memset of A's memory mapped without B, or read-only for B. */
+static void pair_write_refused(const char *role, const char *what) {
+        PeerMsg req = { .magic = PEER_MAGIC, .size = G, .seed = { UINT32_C(0xbad0bad0) } }, report;
+        char check[128];
+        CUdevice b;
+        Peer p;
+
+        if (!pair_device(role, &b))
+                return;
+        if (!pair_can_access(b) && strcmp(role, "pair-read-only-write") == 0) {
+                fprintf(stderr, "info: %s: not run: device %d cannot reach the memory at all\n", role, (int)b);
+                return;
+        }
+        p = peer_start(role);
+        ASSERT_OK(msg_send(p.sock, &req, -1));
+        peer_finish(&p, &report);
+        snprintf(check, sizeof(check), "memset through the peer's context, %s", what);
+        observe(check, (CUresult)report.result[0]);
+        snprintf(check, sizeof(check), "synchronize the peer's context after its memset, %s", what);
+        observe(check, (CUresult)report.result[1]);
+        ck_assert_msg(report.result[0] != CUDA_SUCCESS || report.result[1] != CUDA_SUCCESS,
+                      "Device %d wrote device %d's memory %s, and its context synchronized without error.", (int)b,
+                      (int)gpu.info.device, what);
+}
+
+START_TEST(pair_peer_without_access_writes) {
+        pair_write_refused("pair-no-access", "mapped without access for it");
+}
+END_TEST
+
+START_TEST(pair_peer_writes_read_only) {
+        pair_write_refused("pair-read-only-write", "mapped read-only for it");
+}
+END_TEST
+
+/*
  * --- 14. Host memory, where a parked lease's content lives (the parking notes; cuda_host_prop()).
  *
  * The daemon creates host slabs on the device's NUMA node (CU_MEM_LOCATION_TYPE_HOST_NUMA), keeps them as
@@ -1208,6 +1346,12 @@ static Suite *conformance_suite(void) {
         tcase_add_test(tc, host_numa_granularity);
         tcase_add_test(tc, host_numa_round_trip);
         tcase_add_test(tc, host_numa_bad_node);
+
+        tc = tcase(s, "pair");
+        tcase_add_test(tc, pair_write_through_the_other_device);
+        tcase_add_test(tc, pair_read_only_peer_reads);
+        tcase_add_test(tc, pair_peer_without_access_writes);
+        tcase_add_test(tc, pair_peer_writes_read_only);
 
         return s;
 }

@@ -47,6 +47,19 @@ int conformance_device_index(void);
 bool gpu_open(void);
 bool gpu_close(void);
 
+/*
+ * The other device of a pair (issue 18's peer checks): the next index after the suite's, wrapping. Returns
+ * false with *ret_count set when the driver has one device (the check does not run, and says so), or on a
+ * driver error (why says which).
+ */
+bool gpu_pair_device(CUdevice *ret, int *ret_count);
+/* Retains `dev`'s primary context (released with cuDevicePrimaryCtxRelease) and makes it current. */
+bool gpu_enter_device(CUdevice dev, CUcontext *ret);
+/* Makes the suite's device's context current again. */
+bool gpu_leave_device(void);
+/* Read-write access for the suite's device and `peer` (read-write, or read-only with `peer_readonly`). */
+CUresult mem_set_access_pair(CUdeviceptr va, size_t size, CUdevice peer, bool peer_readonly);
+
 /* A CUresult's name ("CUDA_ERROR_INVALID_VALUE"), copied to buf. */
 const char *result_name(CUresult r, char *buf, size_t len);
 #define RESULT_NAME_MAX 64

@@ -147,6 +147,53 @@ static bool peer_no_access(int sock, PeerMsg *report) {
 }
 
 /*
+ * "pair-no-access" and "pair-read-only-write": receive {size, seed A}; create an allocation on the suite's
+ * device and map it, with access for that device only ("no-access") or read-only access for the pair's other
+ * device too; then memset it through the other device's context. Report the memset's result and that of the
+ * cuCtxSynchronize after it in result[0] and result[1]. In a peer because a fault may be sticky.
+ */
+static bool peer_pair_write(int sock, PeerMsg *report, bool readonly) {
+        CUmemGenericAllocationHandle h;
+        CUdeviceptr va = 0;
+        CUcontext ctx;
+        CUdevice other;
+        PeerMsg req;
+        int count;
+
+        if (!msg_recv(sock, &req, NULL))
+                return false;
+        if (!gpu_pair_device(&other, &count))
+                return set_why("The driver has %d device(s); the pair checks need two.", count);
+        if (!mem_create(req.size, &h))
+                return false;
+        if (!mem_reserve(req.size, &va) || !CU(gpu.cu->cuMemMap(va, req.size, 0, h, 0)) ||
+            !(readonly ? CU(mem_set_access_pair(va, req.size, other, true)) : mem_set_access(va, req.size)) ||
+            !gpu_enter_device(other, &ctx)) {
+                (void)gpu.cu->cuMemUnmap(va, req.size);
+                (void)gpu.cu->cuMemAddressFree(va, req.size);
+                (void)mem_release(h);
+                return false;
+        }
+        report->result[0] = gpu.cu->cuMemsetD32(va, req.seed[0], req.size / sizeof(uint32_t));
+        report->result[1] = gpu.cu->cuCtxSynchronize();
+        /* The other device's context may be broken now: clean up as far as it lets us, and do not judge. */
+        (void)gpu_leave_device();
+        (void)gpu.cu->cuDevicePrimaryCtxRelease(other);
+        (void)gpu.cu->cuMemUnmap(va, req.size);
+        (void)gpu.cu->cuMemAddressFree(va, req.size);
+        (void)gpu.cu->cuMemRelease(h);
+        return true;
+}
+
+static bool peer_pair_no_access(int sock, PeerMsg *report) {
+        return peer_pair_write(sock, report, false);
+}
+
+static bool peer_pair_read_only_write(int sock, PeerMsg *report) {
+        return peer_pair_write(sock, report, true);
+}
+
+/*
  * A gate on a stream: a host function that blocks the stream until the peer
  * opens it, or GATE_TIMEOUT_S passes (so that a driver call that waited for
  * the stream would come back, late, rather than hang).
@@ -269,6 +316,8 @@ static const struct {
         { "import-twice", peer_import_twice, false },
         { "no-access", peer_no_access, true },
         { "unmap-queued", peer_unmap_queued, true },
+        { "pair-no-access", peer_pair_no_access, true },
+        { "pair-read-only-write", peer_pair_read_only_write, true },
 };
 
 int peer_main(const char *role, int sock) {
