@@ -11,6 +11,11 @@
  * (SIMCUDA_NUMA) with a fake sysfs (VMMBROKER_SYSFS_ROOT). Each test starts its
  * own daemon with its own configuration (harness.h) and drives it with raw
  * varlink (rawclient.h).
+ *
+ * The tests of the tcase "pair" need two devices or more, however many: two
+ * simulated ones in CI, every GPU of a machine against the real driver (a
+ * lease on each device, most-free spreading leases, one device writing and
+ * reading another's lease); the others say they did not run there.
  */
 
 #include <check.h>
@@ -408,24 +413,35 @@ START_TEST(test_client_alloc_among) {
 }
 END_TEST
 
-/* The driver of this process (the one libvmmbroker loaded: the same simulated devices) and a primary context each. */
+/* The most devices whose contexts a test holds: as many as one vmmb_lease_grant_access() may name. */
+#define DEVICES_MAX VMMB_ACCESS_MAX
+
+/* The driver of this process (the one libvmmbroker loaded: the same devices) and a primary context each. */
 typedef struct Devices {
         CudaDriver *cu;
-        CUcontext ctx[N_DEVICES];
+        int n;                          /* devices 0 .. n-1 have their primary context retained */
+        CUcontext ctx[DEVICES_MAX];
 } Devices;
+
+/* Retains the primary context of devices 0 .. n-1 of the driver opened in dv->cu. */
+static void devices_retain(Devices *dv, int n) {
+        ck_assert_int_le(n, DEVICES_MAX);
+        for (dv->n = 0; dv->n < n; dv->n++)
+                ck_assert_int_eq(dv->cu->cuDevicePrimaryCtxRetain(&dv->ctx[dv->n], dv->n), CUDA_SUCCESS);
+}
 
 static void devices_open(Devices *dv) {
         _cleanup_free_ char *message = NULL;
 
         ck_assert_msg(cuda_driver_open(&dv->cu, NULL, &message) == 0, "%s", message);
-        for (int i = 0; i < N_DEVICES; i++)
-                ck_assert_int_eq(dv->cu->cuDevicePrimaryCtxRetain(&dv->ctx[i], i), CUDA_SUCCESS);
+        devices_retain(dv, N_DEVICES);
 }
 
 static void devices_close(Devices *dv) {
         ck_assert_int_eq(dv->cu->cuCtxSetCurrent(NULL), CUDA_SUCCESS);
-        for (int i = 0; i < N_DEVICES; i++)
+        for (int i = 0; i < dv->n; i++)
                 ck_assert_int_eq(dv->cu->cuDevicePrimaryCtxRelease(i), CUDA_SUCCESS);
+        dv->n = 0;
         dv->cu = cuda_driver_close(dv->cu);
 }
 
@@ -728,11 +744,268 @@ START_TEST(test_status_many_devices) {
 }
 END_TEST
 
+/*
+ * The pair tests: several devices with however many (two or more) the driver of this process has, so that the
+ * same binary runs in CI on two simulated devices and on a machine of real GPUs against the real driver
+ * (VMMBROKER_LIBCUDA unset, VMMBROKER_DAEMON naming the build's vmmbrokerd). They only make accesses the
+ * driver allows: on a real GPU a write through a device without access, or through a read-only mapping, is a
+ * fault that can be sticky and break the context of this process for the tests after it.
+ */
+
+#define PAIR_LEASE (64 * MiB)           /* a multiple of the 2 MiB granularity of real GPUs */
+/* Room for 2 leases of PAIR_LEASE on each device (test_pair_most_free_spreads) and some more; 100%: no user's
+ * limit refuses what the devices hold. */
+#define PAIR_CONFIG "[Broker]\nCapacity=256M\n[Limits]\nMaxBytes=100%\n"
+
+/*
+ * Opens the driver of this process with a primary context on each of its devices: true when it has two or
+ * more. The simulated driver is given two (SIMCUDA_DEVICES, read when this process first loads it; the daemon
+ * started after inherits it); the real one is asked how many it has. False, and why on stderr, with fewer.
+ */
+static bool pair_open(const char *test, Devices *dv) {
+        const char *lib = getenv("VMMBROKER_LIBCUDA");
+        bool simulated = lib && strstr(lib, "simcuda");
+        _cleanup_free_ char *message = NULL;
+        int count = 0, k;
+
+        *dv = (Devices){};
+        if (simulated)
+                ck_assert_int_eq(setenv("SIMCUDA_DEVICES", "2", 1), 0);
+        k = cuda_driver_open(&dv->cu, NULL, &message);
+        /* the real driver of a machine without a GPU fails cuInit (no device); the simulated one must load */
+        ck_assert_msg(k == 0 || !simulated, "%s", message);
+        if (k < 0) {
+                fprintf(stderr, "%s: not run: it needs two devices, the driver has 0 (%s)\n", test, message);
+                return false;
+        }
+        ck_assert_int_eq(dv->cu->cuDeviceGetCount(&count), CUDA_SUCCESS);
+        if (count < 2) {
+                fprintf(stderr, "%s: not run: it needs two devices, the driver has %d\n", test, count);
+                dv->cu = cuda_driver_close(dv->cu);
+                return false;
+        }
+        devices_retain(dv, count);
+        return true;
+}
+
+/* Starts a daemon with PAIR_CONFIG on the devices pair_open() found. */
+static void pair_start(Daemon *d) {
+        int k = harness_start_config(&d->h, PAIR_CONFIG, NULL);
+
+        ck_assert_msg(k == 0, "harness_start: %s", strerror(-k));
+}
+
+/*
+ * Through `device`'s context: sets the `size` bytes at `ptr` to the 32-bit `value` and waits for it, so that
+ * a read through another context (another stream) comes after the write.
+ */
+static void fill_on(Devices *dv, int device, uint64_t ptr, uint64_t size, uint32_t value) {
+        ck_assert_int_eq(memset_on(dv, device, ptr, value, size / 4), CUDA_SUCCESS);
+        ck_assert_int_eq(dv->cu->cuCtxSynchronize(), CUDA_SUCCESS);
+}
+
+/*
+ * Reads the `size` bytes at `ptr` through `device`'s context, all of them: each must be a word `value`. One
+ * check for the whole range (a ck_assert per word would cost more than the copy).
+ */
+static void holds_on(Devices *dv, int device, uint64_t ptr, uint64_t size, uint32_t value) {
+        _cleanup_free_ uint32_t *buf = malloc(size);
+        size_t i, n = size / 4;
+
+        ck_assert_ptr_nonnull(buf);
+        ck_assert_int_eq(dv->cu->cuCtxSetCurrent(dv->ctx[device]), CUDA_SUCCESS);
+        ck_assert_int_eq(dv->cu->cuMemcpyDtoH(buf, (CUdeviceptr)ptr, size), CUDA_SUCCESS);
+        for (i = 0; i < n && buf[i] == value; i++)
+                ;
+        ck_assert_msg(i == n, "device %d reads 0x%08" PRIx32 " at byte %zu of %" PRIu64 " at 0x%" PRIx64
+                      ", expected 0x%08" PRIx32, device, i < n ? buf[i] : 0, i * 4, size, ptr, value);
+}
+
+/* Status must list the n devices of the driver, each with `leases` leases of `bytes` together. */
+static void status_each(const char *socket, int n, uint64_t leases, uint64_t bytes) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
+        StatusReply s = {};
+
+        ck_assert_int_eq(conn_open(socket, &c), 0);
+        ck_assert_int_eq(status_call(c, &s), 0);
+        ck_assert_uint_eq(s.n_devices, (size_t)n);
+        for (size_t i = 0; i < s.n_devices; i++) {
+                ck_assert_int_eq(s.devices[i].index, (int64_t)i);
+                ck_assert_msg(s.devices[i].leases == leases && s.devices[i].leased == bytes,
+                              "device %zu: %" PRIu64 " leases of %" PRIu64 " bytes, expected %" PRIu64 " of %" PRIu64,
+                              i, s.devices[i].leases, s.devices[i].leased, leases, bytes);
+        }
+        status_reply_done(&s);
+}
+
+/*
+ * A lease on each device, asked for by its index: there, reads zero, holds what that device's context writes;
+ * Status counts one lease on each. The patterns differ per device, so that leases sharing memory would show.
+ */
+START_TEST(test_pair_lease_on_each_device) {
+        vmmb_lease *l[DEVICES_MAX] = {};
+        vmmb_client *client = NULL;
+        Devices dv;
+        Daemon d;
+        int i;
+
+        if (!pair_open("test_pair_lease_on_each_device", &dv))
+                return;
+        pair_start(&d);
+        ck_assert_int_eq(vmmb_connect(d.h.socket, &client), 0);
+        for (i = 0; i < dv.n; i++) {
+                uint64_t p;
+
+                ck_assert_int_eq(vmmb_alloc(client, PAIR_LEASE, i, "pair", &l[i]), 0);
+                ck_assert_int_eq(vmmb_lease_device(l[i]), i);
+                ck_assert_uint_eq(vmmb_lease_size(l[i]), PAIR_LEASE);
+                p = vmmb_lease_ptr(l[i]);
+                holds_on(&dv, i, p, PAIR_LEASE, 0);
+                fill_on(&dv, i, p, PAIR_LEASE, 0xd0d0d000u | (uint32_t)i);
+                holds_on(&dv, i, p, PAIR_LEASE, 0xd0d0d000u | (uint32_t)i);
+        }
+        status_each(d.h.socket, dv.n, 1, PAIR_LEASE);
+        /* every device's lease still holds its own pattern after the others were written */
+        for (i = 0; i < dv.n; i++)
+                holds_on(&dv, i, vmmb_lease_ptr(l[i]), PAIR_LEASE, 0xd0d0d000u | (uint32_t)i);
+        for (i = 0; i < dv.n; i++)
+                ck_assert_int_eq(vmmb_free(l[i]), 0);
+        status_each(d.h.socket, dv.n, 0, 0);
+        vmmb_close(client);
+        devices_close(&dv);
+        stop(&d);
+}
+END_TEST
+
+/*
+ * most-free, the default, through the library with VMMB_ANY_DEVICE: 2 * N leases of one size on N devices of
+ * equal capacity go 2 to each (under Placement=first all would go to device 0, which holds 4).
+ */
+START_TEST(test_pair_most_free_spreads) {
+        vmmb_lease *l[2 * DEVICES_MAX] = {};
+        unsigned on[DEVICES_MAX] = {};
+        vmmb_client *client = NULL;
+        Devices dv;
+        Daemon d;
+        int i;
+
+        if (!pair_open("test_pair_most_free_spreads", &dv))
+                return;
+        pair_start(&d);
+        ck_assert_int_eq(vmmb_connect(d.h.socket, &client), 0);
+        for (i = 0; i < 2 * dv.n; i++) {
+                int device;
+
+                ck_assert_int_eq(vmmb_alloc(client, PAIR_LEASE, VMMB_ANY_DEVICE, "spread", &l[i]), 0);
+                device = vmmb_lease_device(l[i]);
+                ck_assert_msg(device >= 0 && device < dv.n, "lease %d placed on device %d", i, device);
+                on[device]++;
+        }
+        for (i = 0; i < dv.n; i++)
+                ck_assert_msg(on[i] == 2, "device %d got %u of the %d leases, expected 2", i, on[i], 2 * dv.n);
+        status_each(d.h.socket, dv.n, 2, 2 * PAIR_LEASE);
+        for (i = 0; i < 2 * dv.n; i++)
+                ck_assert_int_eq(vmmb_free(l[i]), 0);
+        vmmb_close(client);
+        devices_close(&dv);
+        stop(&d);
+}
+END_TEST
+
+/* One direction of test_pair_peer_write_read: a lease on device a, used by device b. */
+static void peer_write_read(Devices *dv, vmmb_client *client, int a, int b) {
+        const uint32_t by_b = 0x1d1d1d1du ^ (uint32_t)a, by_a = 0x0a0a0a0au ^ (uint32_t)a;
+        vmmb_lease *l = NULL, *ro = NULL;
+        char token[VMMB_TOKEN_SIZE], want[128];
+        int can = -1, count = dv->n;
+        uint64_t p;
+
+        ck_assert_int_eq(vmmb_alloc(client, PAIR_LEASE, a, "peer", &l), 0);
+        ck_assert_int_eq(vmmb_lease_device(l), a);
+        p = vmmb_lease_ptr(l);
+        ck_assert_int_eq(dv->cu->cuDeviceCanAccessPeer(&can, b, a), CUDA_SUCCESS);
+        if (!can) {
+                /* refused, naming the pair, and nothing changed: the lease works on its own device */
+                ck_assert_int_eq(vmmb_lease_grant_access(l, &b, 1), -EOPNOTSUPP);
+                snprintf(want, sizeof(want), "Device %d cannot access device %d's memory (cuDeviceCanAccessPeer "
+                         "says no)", b, a);
+                ck_assert_msg(strstr(vmmb_error_message(), want), "%s", vmmb_error_message());
+                fill_on(dv, a, p, PAIR_LEASE, by_a);
+                holds_on(dv, a, p, PAIR_LEASE, by_a);
+                ck_assert_int_eq(vmmb_free(l), 0);
+                fprintf(stderr, "info: device %d cannot access device %d's memory\n", b, a);
+                return;
+        }
+
+        ck_assert_int_eq(vmmb_lease_grant_access(l, &b, 1), 0);
+        holds_on(dv, b, p, PAIR_LEASE, 0);                      /* b reads the new lease: zero */
+        fill_on(dv, b, p, PAIR_LEASE, by_b);
+        holds_on(dv, a, p, PAIR_LEASE, by_b);                   /* b's writes are in a's memory */
+        fill_on(dv, a, p, PAIR_LEASE, by_a);
+        holds_on(dv, b, p, PAIR_LEASE, by_a);
+
+        /* A read-only hold of the same lease, mapped again in this process at an address of its own and given to
+         * b read-only: b reads a's writes through it. Nothing writes through it: that would fault on a GPU. */
+        ck_assert_int_eq(vmmb_share(l, VMMB_ANY_UID, VMMB_READONLY, token), 0);
+        ck_assert_int_eq(vmmb_attach(client, token, VMMB_READONLY, &ro), 0);
+        ck_assert_int_eq(vmmb_lease_device(ro), a);
+        ck_assert_int_eq(vmmb_lease_readonly(ro), 1);
+        ck_assert_uint_ne(vmmb_lease_ptr(ro), p);
+        ck_assert_int_eq(vmmb_lease_grant_access(ro, &b, 1), 0);
+        holds_on(dv, b, vmmb_lease_ptr(ro), PAIR_LEASE, by_a);
+
+        /* Hostile lists: refused before the driver is asked; the lease as it was, on a and on b. */
+        ck_assert_int_eq(vmmb_lease_grant_access(l, &count, 1), -ENODEV);
+        snprintf(want, sizeof(want), "No CUDA device %d ", count);
+        ck_assert_msg(strstr(vmmb_error_message(), want), "%s", vmmb_error_message());
+        ck_assert_int_eq(vmmb_lease_grant_access(l, (const int[]){ -1 }, 1), -ENODEV);
+        ck_assert_int_eq(vmmb_lease_grant_access(l, NULL, 1), -EINVAL);
+        fill_on(dv, a, p, PAIR_LEASE, by_b);
+        holds_on(dv, a, p, PAIR_LEASE, by_b);
+        holds_on(dv, b, p, PAIR_LEASE, by_b);
+        holds_on(dv, b, vmmb_lease_ptr(ro), PAIR_LEASE, by_b);
+
+        ck_assert_int_eq(vmmb_free(ro), 0);
+        ck_assert_int_eq(vmmb_free(l), 0);
+}
+
+/*
+ * vmmb_lease_grant_access() between devices 0 and 1, both ways: a lease on one written through the other's
+ * context and read back through its own, and the other way round; a read-only hold given to the other device
+ * reads it; hostile lists refused. Where the driver says a device cannot access the other's memory
+ * (cuDeviceCanAccessPeer), the grant must be refused naming the pair, and that direction ends there.
+ */
+START_TEST(test_pair_peer_write_read) {
+        vmmb_client *client = NULL;
+        Devices dv;
+        Daemon d;
+
+        if (!pair_open("test_pair_peer_write_read", &dv))
+                return;
+        pair_start(&d);
+        ck_assert_int_eq(vmmb_connect(d.h.socket, &client), 0);
+        peer_write_read(&dv, client, 0, 1);
+        peer_write_read(&dv, client, 1, 0);
+        status_each(d.h.socket, dv.n, 0, 0);
+        vmmb_close(client);
+        devices_close(&dv);
+        stop(&d);
+}
+END_TEST
+
 int main(void) {
-        return run_suite(UNIT_SUITE("devices", NULL, test_status_many_devices, test_most_free_spreads,
-                                    test_first_keeps_device_0, test_set_restricts, test_set_refusals, test_quota_per_device, test_placed_wait_stays,
-                                    test_client_alloc_among, test_client_grant_access,
-                                    test_client_grant_access_refused, test_nearest)) == 0
-                       ? EXIT_SUCCESS
-                       : EXIT_FAILURE;
+        Suite *s = UNIT_SUITE("devices", NULL, test_status_many_devices, test_most_free_spreads,
+                              test_first_keeps_device_0, test_set_restricts, test_set_refusals, test_quota_per_device,
+                              test_placed_wait_stays, test_client_alloc_among, test_client_grant_access,
+                              test_client_grant_access_refused, test_nearest);
+        TCase *pair = tcase_create("pair");
+
+        /* On real GPUs a daemon's start and a context per device take seconds; check's default is 4 s when
+         * CK_DEFAULT_TIMEOUT (the meson test's 60) is not set. */
+        tcase_set_timeout(pair, 120);
+        tcase_add_test(pair, test_pair_lease_on_each_device);
+        tcase_add_test(pair, test_pair_most_free_spreads);
+        tcase_add_test(pair, test_pair_peer_write_read);
+        suite_add_tcase(s, pair);
+        return run_suite(s) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }
