@@ -6,7 +6,8 @@
 # against the real driver, the daemon's self-check, and the pool benchmark;
 # then the same benchmark on the simulated device for comparison. Later, the
 # broker benchmarks: bench-broker, and bench-trace on the recorded training
-# trace (recorded first with PyTorch while the tree has none).
+# trace (recorded first with PyTorch while the tree has none). On a machine of
+# two GPUs or more, last, tests/gpu/several.sh (issue 18's runs).
 #
 #   tests/gpu/run.sh BUILD_DIR [OUT_DIR]
 #
@@ -31,6 +32,10 @@ failed() { status=1; results+=("FAILED  $current${1:+ ($1)}"); }
 
 step "GPU"
 nvidia-smi --query-gpu=index,name,driver_version,memory.total,memory.used --format=csv,noheader
+# The steps up to several.sh are one GPU's: on a machine of several, the first (or the one named), so that
+# their numbers compare across machines. several.sh sees them all.
+gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l)
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 
 step "conformance suite, real driver"
 "$build/tests/conformance/vmmb-conformance" >"$out/conformance-gpu.log" 2>&1 || failed
@@ -157,6 +162,11 @@ if [ -x "$build/tests/bench/bench-scale" ] && [ "${VMMB_GPU_SCALE:-1}" = 1 ]; th
         grep -E 'idle|under flood|target' "$out/bench-tenant.log"
         "$build/tests/bench/bench-store" >"$out/bench-store.log" 2>&1 || failed
         tail -12 "$out/bench-store.log"
+fi
+
+if [ "$gpus" -ge 2 ]; then
+        step "several GPUs: tests/gpu/several.sh (its own steps and summary follow)"
+        env -u CUDA_VISIBLE_DEVICES bash tests/gpu/several.sh "$build" "$out/several" || failed
 fi
 
 step "summary"
