@@ -542,6 +542,10 @@ static int print_status(Context *ctx, const StatusReply *status) {
                                 d->index, format_size((uint64_t)d->parked, parked, sizeof(parked)),
                                 format_size((uint64_t)MAX(d->host_capacity, 0), capacity, sizeof(capacity)));
         }
+        /* Where an Alloc that names no device goes: a choice only when there are several. */
+        if (k == 0 && status->n_devices > 1 && status->placement)
+                fprintf(ctx->out ?: stdout, "placement: %s (Placement=, for an Alloc that names no device)\n",
+                        status->placement);
         return k;
 }
 

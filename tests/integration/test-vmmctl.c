@@ -1647,10 +1647,12 @@ START_TEST(test_status_numa) {
         users_daemon_start(&h);
         ck_assert_int_eq(unsetenv("SIMCUDA_NUMA"), 0);
         RUN_OK(&o, "--socket", h.socket, "status");
-        ck_assert_uint_eq(split_lines(o.out, lines), 3);
+        ck_assert_uint_eq(split_lines(o.out, lines), 4);
         check_header(lines[0], status_columns, ELEMENTSOF(status_columns));
         CHECK_FIELD(lines[0], lines[1], status_columns, "NUMA", "-");
         CHECK_FIELD(lines[0], lines[2], status_columns, "NUMA", "1");
+        /* two devices: the rule that places an Alloc naming none, the default */
+        ck_assert_str_eq(lines[3], "placement: most-free (Placement=, for an Alloc that names no device)");
         output_done(&o);
         ck_assert_int_eq(harness_stop(&h), 0);
 }
