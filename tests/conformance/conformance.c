@@ -1089,6 +1089,14 @@ static bool pair_mapping(CUdevice b, bool readonly, CUmemGenericAllocationHandle
         return true;
 }
 
+/* Back in A's context: B's context released, pair_mapping()'s memory unmapped and released. */
+static void pair_mapping_done(CUdevice b, CUmemGenericAllocationHandle h, CUdeviceptr va) {
+        ASSERT_OK(gpu_leave_device());
+        ASSERT_CU(gpu.cu->cuDevicePrimaryCtxRelease(b));
+        ASSERT_OK(mem_unmap(va, G));
+        ASSERT_OK(mem_release(h));
+}
+
 /* B writes A's memory, A reads it; A writes, B reads: both see the other's bytes. */
 START_TEST(pair_write_through_the_other_device) {
         CUmemGenericAllocationHandle h;
@@ -1108,10 +1116,7 @@ START_TEST(pair_write_through_the_other_device) {
         ASSERT_OK(gpu_enter_device(b, &ctx));
         ASSERT_OK(mem_check_pattern(va, G, UINT32_C(0xa0a0a0a0), "the memory written on its device, read by the peer"));
         observe_text("a peer with access reads and writes the memory", "yes");
-        ASSERT_OK(gpu_leave_device());
-        ASSERT_CU(gpu.cu->cuDevicePrimaryCtxRelease(b));
-        ASSERT_OK(mem_unmap(va, G));
-        ASSERT_OK(mem_release(h));
+        pair_mapping_done(b, h, va);
 }
 END_TEST
 
@@ -1128,10 +1133,7 @@ START_TEST(pair_read_only_peer_reads) {
         ASSERT_OK(gpu_enter_device(b, &ctx));
         ASSERT_OK(mem_check_pattern(va, G, UINT32_C(0x0dd0dd0d), "the memory read by a read-only peer"));
         observe_text("a read-only peer reads the memory", "yes");
-        ASSERT_OK(gpu_leave_device());
-        ASSERT_CU(gpu.cu->cuDevicePrimaryCtxRelease(b));
-        ASSERT_OK(mem_unmap(va, G));
-        ASSERT_OK(mem_release(h));
+        pair_mapping_done(b, h, va);
 }
 END_TEST
 

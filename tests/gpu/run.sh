@@ -15,20 +15,7 @@
 # machine's Meson differs, so this script runs the programs directly).
 # Libraries missing on the GPU machine (libsubunit, libjson-c) are looked for
 # in .carry/lib. Logs go to OUT_DIR (default: $OUT, else /tmp).
-set -uo pipefail
-build=${1:?usage: tests/gpu/run.sh BUILD_DIR [OUT_DIR]}
-out=${2:-${OUT:-/tmp}}
-mkdir -p "$out"
-export LD_LIBRARY_PATH="$PWD/.carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-sim="$PWD/$build/tests/simcuda/libcuda.so.1"
-unset VMMBROKER_LIBCUDA
-status=0
-
-results=()
-current=""
-step() { current="$*"; printf '\n=== %s\n' "$*"; }
-# Records that the current step failed (and the script with it); the table at the end lists them.
-failed() { status=1; results+=("FAILED  $current${1:+ ($1)}"); }
+. "$(dirname "$0")/steps.sh"
 
 step "GPU"
 nvidia-smi --query-gpu=index,name,driver_version,memory.total,memory.used --format=csv,noheader
@@ -169,10 +156,5 @@ if [ "$gpus" -ge 2 ]; then
         env -u CUDA_VISIBLE_DEVICES bash tests/gpu/several.sh "$build" "$out/several" || failed
 fi
 
-step "summary"
-if [ ${#results[@]} -eq 0 ]; then
-        echo "every step passed"
-else
-        printf '%s\n' "${results[@]}"
-fi
+summary
 exit $status

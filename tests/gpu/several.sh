@@ -16,19 +16,9 @@
 #
 # tests/gpu/run.sh calls it when nvidia-smi lists two GPUs or more. BUILD_DIR and libraries as for run.sh.
 # Exit status 0 when every step passed; 2 when the machine has fewer than two GPUs (nothing run).
-set -uo pipefail
-build=${1:?usage: tests/gpu/several.sh BUILD_DIR [OUT_DIR]}
-out=${2:-${OUT:-/tmp}}
-mkdir -p "$out"
-export LD_LIBRARY_PATH="$PWD/.carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-sim="$PWD/$build/tests/simcuda/libcuda.so.1"
-unset VMMBROKER_LIBCUDA CUDA_VISIBLE_DEVICES
+. "$(dirname "$0")/steps.sh"
+unset CUDA_VISIBLE_DEVICES
 export VMMBROKER_DAEMON="$PWD/$build/daemon/vmmbrokerd" VMMCTL="$PWD/$build/client/vmmctl"
-status=0
-results=()
-current=""
-step() { current="$*"; printf '\n=== %s\n' "$*"; }
-failed() { status=1; results+=("FAILED  $current${1:+ ($1)}"); }
 
 n=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l)
 if [ "$n" -lt 2 ]; then
@@ -71,10 +61,5 @@ for d in $(seq 0 $((n - 1))); do
         grep -E '^(gpu:|floor|park|unpark|target)' "$out/bench-park-gpu$d.log"
 done
 
-step "summary (several GPUs)"
-if [ ${#results[@]} -eq 0 ]; then
-        echo "every step passed"
-else
-        printf '%s\n' "${results[@]}"
-fi
+summary "summary (several GPUs)"
 exit $status
