@@ -746,32 +746,11 @@ static Slab *cache_take(SlabSpace *space, uint64_t size, uid_t uid) {
 }
 
 enum {
-        ZEROED_WAITED,          /* the slab's zeroing is done, and every scrub issued before it */
+        ZEROED_WAITED,          /* the slab's zeroing is done, and every scrub issued before it: all cached */
         ZEROED_FAILED,          /* the driver failed: the scrubs will be seen as failed when their completions
                                    are dispatched */
         ZEROED_DEFERRED,        /* not waited for: longer than the caller may wait */
 };
-
-/*
- * Waits for `slab`'s zeroing: its event, not the rest of the stream nor the completion callback, whose trip
- * through the driver's thread and the event loop takes longer than zeroing a small slab. The stream runs in
- * order, so every scrub issued before it is done too. `ahead`: the bytes of zeroing queued on the stream up to
- * and including the slab's; when the zeroing is not done and that is more than `wait_max`, nothing is waited
- * for (such a wait holds the daemon's loop, about 0.3 ms per GiB): the request is deferred (POOL_E_SCRUBBING)
- * and tried again once scrubs have finished.
- */
-static int slab_wait_zeroed(PoolDevice *dev, Slab *slab, uint64_t ahead, uint64_t wait_max) {
-        if (make_current(dev) < 0)
-                return ZEROED_FAILED;
-        if (wait_max != POOL_WAIT_ANY && ahead > wait_max &&
-            DRV(dev, cuEventQuery)(slab->zeroed) == CUDA_ERROR_NOT_READY)
-                return ZEROED_DEFERRED;
-        /* Every issued scrub has its event (slab_scrub()). */
-        if (DRV(dev, cuEventSynchronize)(slab->zeroed) != CUDA_SUCCESS)
-                return ZEROED_FAILED;
-        dev->stats.scrub_waits++;
-        return ZEROED_WAITED;
-}
 
 /* Caches every slab of the device's scrubbing list up to and including `last`, whose zeroing was waited for:
  * the stream zeroes in order, so those issued before it (any space's) are zeroed too. */
@@ -788,12 +767,34 @@ static void scrubs_finish_through(PoolDevice *dev, Slab *last) {
 }
 
 /*
+ * Waits for `slab`'s zeroing: its event, not the rest of the stream nor the completion callback, whose trip
+ * through the driver's thread and the event loop takes longer than zeroing a small slab. The stream runs in
+ * order, so every scrub issued before it is done too: they are cached with it (scrubs_finish_through()).
+ * `ahead`: the bytes of zeroing queued on the stream up to and including the slab's; when the zeroing is not
+ * done and that is more than `wait_max`, nothing is waited for (such a wait holds the daemon's loop, about
+ * 0.3 ms per GiB): the request is deferred (POOL_E_SCRUBBING) and tried again once scrubs have finished.
+ */
+static int slab_wait_zeroed(PoolDevice *dev, Slab *slab, uint64_t ahead, uint64_t wait_max) {
+        if (make_current(dev) < 0)
+                return ZEROED_FAILED;
+        if (wait_max != POOL_WAIT_ANY && ahead > wait_max &&
+            DRV(dev, cuEventQuery)(slab->zeroed) == CUDA_ERROR_NOT_READY)
+                return ZEROED_DEFERRED;
+        /* Every issued scrub has its event (slab_scrub()). */
+        if (DRV(dev, cuEventSynchronize)(slab->zeroed) != CUDA_SUCCESS)
+                return ZEROED_FAILED;
+        dev->stats.scrub_waits++;
+        scrubs_finish_through(dev, slab);
+        return ZEROED_WAITED;
+}
+
+/*
  * A cached slab of `size` for `uid`; else, when one of that size and uid is being scrubbed, waits for its
- * zeroing (slab_wait_zeroed()) and takes it; the scrubs issued before it, done too, are cached with it
- * (scrubs_finish_through()). Under fast alloc/free of one size the slab just freed is usually
- * still queued or being scrubbed when the next request comes: waiting for it (the device zeroes at TB/s:
- * microseconds for small slabs) is cheaper than creating and exporting a new one, and the pool does not grow
- * with churn. A wait longer than `wait_max` is not made: NULL with *ret_deferred set.
+ * zeroing (slab_wait_zeroed(), which caches it and the scrubs issued before it) and takes it. Under fast
+ * alloc/free of one size the slab just freed is usually still queued or being scrubbed when the next request
+ * comes: waiting for it (the device zeroes at TB/s: microseconds for small slabs) is cheaper than creating and
+ * exporting a new one, and the pool does not grow with churn. A wait longer than `wait_max` is not made: NULL
+ * with *ret_deferred set.
  */
 static Slab *cache_take_or_wait(SlabSpace *space, uint64_t size, uid_t uid, uint64_t wait_max,
                                 bool *ret_deferred) {
@@ -814,14 +815,14 @@ static Slab *cache_take_or_wait(SlabSpace *space, uint64_t size, uid_t uid, uint
         if (!found)
                 return NULL;
         switch (slab_wait_zeroed(dev, found, ahead, wait_max)) {
+        case ZEROED_WAITED:
+                return cache_take(space, size, uid);
         case ZEROED_DEFERRED:
                 *ret_deferred = true;
                 return NULL;
-        case ZEROED_FAILED:
+        default:
                 return NULL;
         }
-        scrubs_finish_through(dev, found);
-        return cache_take(space, size, uid);
 }
 
 /*
@@ -851,16 +852,8 @@ static bool space_wait_scrubbed(SlabSpace *space, uint64_t fresh, uint64_t wait_
                 if (covered >= need)
                         break;
         }
-        if (covered < need)
-                return true;
-        switch (slab_wait_zeroed(dev, last, ahead, wait_max)) {
-        case ZEROED_DEFERRED:
-                return false;
-        case ZEROED_FAILED:
-                return true;
-        }
-        scrubs_finish_through(dev, last);
-        return true;
+        /* a failed wait counts as done: the scrubs are seen as failed when their completions are dispatched */
+        return covered < need || slab_wait_zeroed(dev, last, ahead, wait_max) != ZEROED_DEFERRED;
 }
 
 /* Undoes a request that failed: created slabs go back to the driver, cached ones back to the cache. */
