@@ -202,9 +202,11 @@ static int kept_end(Broker *b, Lease *l) {
 }
 
 /*
- * Hands the caller's kept lease back to it for an Alloc: waits for its zeroing, stores it not kept with the
- * call's label, and takes it off the kept list. Returns 0, KEPT_GONE (its zeroing failed: it ended),
- * BROKER_E_NOT_STORED (it stays kept) or -ENOMEM.
+ * Hands the caller's kept lease back to it for an Alloc: waits for its zeroing (as long as for a scrub:
+ * scrub_wait_bytes), stores it not kept with the call's label, and takes it off the kept list. Returns 0,
+ * KEPT_GONE (its zeroing failed: it ended), BROKER_E_SCRUBBING (more zeroing stands before it than the loop
+ * waits for: it stays kept, and the call is tried again when zeroing has finished), BROKER_E_NOT_STORED (it
+ * stays kept) or -ENOMEM.
  */
 static int kept_take(Broker *b, Lease *l, const char *label) {
         _cleanup_free_ char *copy = NULL;
@@ -215,9 +217,11 @@ static int kept_take(Broker *b, Lease *l, const char *label) {
                 if (!copy)
                         return -ENOMEM;
         }
-        for (size_t j = 0; j < l->n_slabs; j++)
-                if (pool_scrub_wait(b->pool, l->slabs[j]) != 0)
-                        return kept_end(b, l);
+        k = pool_scrub_wait(b->pool, l->slabs, l->n_slabs, b->scrub_wait_bytes);
+        if (k == POOL_E_SCRUBBING)
+                return BROKER_E_SCRUBBING;
+        if (k != 0)
+                return kept_end(b, l);
 
         change_begin(b);
         k = change_commit(b, put_lease_as(b, l, false, copy));
@@ -232,7 +236,7 @@ static int kept_take(Broker *b, Lease *l, const char *label) {
 /*
  * An Alloc of the caller's served by a lease it kept, on one of the pool devices order[0..n) (in that
  * order): 0 with *ret (and *ret_device) set, or left NULL when it kept none that fits; or kept_take()'s
- * failures.
+ * failures, with *ret_device set to the kept lease's device.
  */
 static int kept_serve(Broker *b, const Caller *c, const size_t *order, size_t n, uint64_t size,
                       const char *label, Lease **ret, size_t *ret_device) {
@@ -247,11 +251,11 @@ static int kept_serve(Broker *b, const Caller *c, const size_t *order, size_t n,
                         k = kept_take(b, l, label);
                         if (k == KEPT_GONE)
                                 continue;
+                        if (ret_device)
+                                *ret_device = order[j];
                         if (k != 0)
                                 return k;
                         *ret = l;
-                        if (ret_device)
-                                *ret_device = order[j];
                         return 0;
                 }
         }

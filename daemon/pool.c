@@ -57,8 +57,13 @@ struct PoolDevice {
         List queued;                    /* Slab of either space reclaimed, its scrub not issued yet: in reclaim
                                            order, SLAB_SCRUBBING and counted so (pool_scrub_queued()) */
         List scrubbing;                 /* Slab of either space, in stream order */
-        uint64_t scrubs_issued;
-        _Atomic uint64_t scrubs_done;   /* written by the driver's thread */
+        uint64_t scrubs_issued;         /* completions queued on the stream (scrub_done()) */
+        _Atomic uint64_t scrubs_done;   /* of those, reached: written by the driver's thread */
+        uint64_t scrubs_dispatched;     /* scrubs_done when pool_dispatch() last looked */
+        uint64_t zero_queued;           /* bytes of zeroing ever queued on the stream: scrubs and in place */
+        uint64_t zero_done;             /* of those, the bytes up to the last zeroing known done (its
+                                           Slab.zero_mark): the stream zeroes in order */
+        uint64_t completion_mark;       /* zero_queued when the last completion was queued */
         PoolDeviceStats stats;
 };
 
@@ -68,7 +73,7 @@ struct Pool {
         PoolDevice *devices;
         size_t n_devices;
         uint64_t clock;                 /* orders cached slabs for LRU */
-        uint64_t scrubs_finished;       /* scrubbed slabs cached (or released), by any path: pool_scrubs_finished() */
+        uint64_t scrubs_finished;       /* moves when zeroing has finished, by any path: pool_scrubs_finished() */
         uint64_t last_slab_id;          /* the id of the last slab created */
         int event_fd;
         int *closing;                   /* exported fds of released slabs, closed by pool_idle() */
@@ -446,6 +451,32 @@ static int slab_zero(PoolDevice *dev, Slab *slab) {
                 driver_error(dev, "cuMemsetD8Async", r);
                 return -EIO;
         }
+        dev->zero_queued += slab->size;
+        slab->zero_mark = dev->zero_queued;
+        return 0;
+}
+
+/* `slab`'s last zeroing is done, and so every one queued before it. */
+static void zeroed_through(PoolDevice *dev, const Slab *slab) {
+        dev->zero_done = MAX(dev->zero_done, slab->zero_mark);
+}
+
+/* The bytes of zeroing on the device's stream up to and including `slab`'s last that may not be done yet. */
+static uint64_t zeroing_ahead(const PoolDevice *dev, const Slab *slab) {
+        return slab->zero_mark > dev->zero_done ? slab->zero_mark - dev->zero_done : 0;
+}
+
+/* Queues a completion callback (scrub_done()) on the device's stream, after all that is queued there. 0 or
+ * -EIO. */
+static int completion_queue(PoolDevice *dev) {
+        CUresult r = DRV(dev, cuLaunchHostFunc)(dev->stream, scrub_done, dev);
+
+        if (r != CUDA_SUCCESS) {
+                driver_error(dev, "cuLaunchHostFunc", r);
+                return -EIO;
+        }
+        dev->scrubs_issued++;
+        dev->completion_mark = dev->zero_queued;
         return 0;
 }
 
@@ -477,7 +508,6 @@ static int slab_record_zeroed(PoolDevice *dev, Slab *slab) {
  * can wait for this one zeroing: cache_take_or_wait()), then a completion callback.
  */
 static int slab_scrub(PoolDevice *dev, Slab *slab) {
-        CUresult r;
         int k;
 
         k = slab_zero(dev, slab);
@@ -488,15 +518,13 @@ static int slab_scrub(PoolDevice *dev, Slab *slab) {
                 (void)DRV(dev, cuStreamSynchronize)(dev->stream);
                 return -EIO;
         }
-        r = DRV(dev, cuLaunchHostFunc)(dev->stream, scrub_done, dev);
-        if (r != CUDA_SUCCESS) {
+        if (completion_queue(dev) < 0) {
                 /* The memset is queued but nothing will tell us when it is done: wait for it, then give up the
                  * slab rather than trust a scrub we did not see complete. */
-                driver_error(dev, "cuLaunchHostFunc", r);
                 (void)DRV(dev, cuStreamSynchronize)(dev->stream);
                 return -EIO;
         }
-        slab->scrub_seq = ++dev->scrubs_issued;
+        slab->scrub_seq = dev->scrubs_issued;
         return 0;
 }
 
@@ -630,25 +658,42 @@ int pool_scrub_leased(Pool *p, Slab *slab) {
         return 0;
 }
 
-int pool_scrub_wait(Pool *p, Slab *slab) {
-        PoolDevice *dev = slab->device;
-        CUresult r;
+int pool_scrub_wait(Pool *p, Slab *const *slabs, size_t n, uint64_t wait_max) {
+        for (size_t j = 0; j < n; j++) {
+                PoolDevice *dev = slabs[j]->device;
+                const Slab *last = slabs[n - 1];        /* one lease's: one device, zeroed in this order */
+                CUresult r;
 
-        if (!slab->zeroed)
-                return 0;
-        r = DRV(dev, cuEventQuery)(slab->zeroed);
-        if (r == CUDA_SUCCESS)
-                return 0;
-        if (r != CUDA_ERROR_NOT_READY) {
-                driver_error(dev, "cuEventQuery", r);
-                return POOL_E_DRIVER;
-        }
-        /* The device zeroes at TB/s: waiting here is cheaper than any trip through the loop. */
-        dev->stats.scrub_waits++;
-        r = DRV(dev, cuEventSynchronize)(slab->zeroed);
-        if (r != CUDA_SUCCESS) {
-                driver_error(dev, "cuEventSynchronize", r);
-                return POOL_E_DRIVER;
+                if (!slabs[j]->zeroed)
+                        continue;
+                r = DRV(dev, cuEventQuery)(slabs[j]->zeroed);
+                if (r == CUDA_SUCCESS) {
+                        zeroed_through(dev, slabs[j]);
+                        continue;
+                }
+                if (r != CUDA_ERROR_NOT_READY) {
+                        driver_error(dev, "cuEventQuery", r);
+                        return POOL_E_DRIVER;
+                }
+                if (wait_max != POOL_WAIT_ANY && zeroing_ahead(dev, last) > wait_max) {
+                        /* A scrub queued after them has its completion; else one is queued here. */
+                        if (dev->completion_mark < last->zero_mark &&
+                            (make_current(dev) < 0 || completion_queue(dev) < 0))
+                                return POOL_E_DRIVER;
+                        return POOL_E_SCRUBBING;
+                }
+                /* The device zeroes at TB/s: waiting here is cheaper than any trip through the loop. */
+                dev->stats.scrub_waits++;
+                for (; j < n; j++) {
+                        if (!slabs[j]->zeroed)
+                                continue;
+                        r = DRV(dev, cuEventSynchronize)(slabs[j]->zeroed);
+                        if (r != CUDA_SUCCESS) {
+                                driver_error(dev, "cuEventSynchronize", r);
+                                return POOL_E_DRIVER;
+                        }
+                        zeroed_through(dev, slabs[j]);
+                }
         }
         return 0;
 }
@@ -661,6 +706,7 @@ static void scrub_finish(Slab *slab) {
         list_unlink(&slab->link_state);
         slab->space->scrubbing_bytes -= slab->size;
         slab->space->n_scrubbing--;
+        zeroed_through(dev, slab);
         dev->stats.scrubs++;
         dev->stats.scrubbed_bytes += slab->size;
         dev->pool->scrubs_finished++;
@@ -680,13 +726,20 @@ unsigned pool_dispatch(Pool *p) {
                 PoolDevice *dev = &p->devices[i];
                 uint64_t done = atomic_load_explicit(&dev->scrubs_done, memory_order_acquire);
                 Slab *slab, *tmp;
+                unsigned cached = 0;
 
                 list_for_each_entry_safe(slab, tmp, &dev->scrubbing, link_state) {
                         if (slab->scrub_seq > done)
                                 break;
                         scrub_finish(slab);
-                        n++;
+                        cached++;
                 }
+                /* Completions reached with no slab to cache (pool_scrub_wait()'s own, or scrubs finished ahead)
+                 * move the count all the same: a call deferred for a zeroing in place is tried again. */
+                if (done != dev->scrubs_dispatched && cached == 0)
+                        p->scrubs_finished++;
+                dev->scrubs_dispatched = done;
+                n += cached;
         }
         return n;
 }
@@ -770,14 +823,15 @@ static void scrubs_finish_through(PoolDevice *dev, Slab *last) {
  * Waits for `slab`'s zeroing: its event, not the rest of the stream nor the completion callback, whose trip
  * through the driver's thread and the event loop takes longer than zeroing a small slab. The stream runs in
  * order, so every scrub issued before it is done too: they are cached with it (scrubs_finish_through()).
- * `ahead`: the bytes of zeroing queued on the stream up to and including the slab's; when the zeroing is not
- * done and that is more than `wait_max`, nothing is waited for (such a wait holds the daemon's loop, about
- * 0.3 ms per GiB): the request is deferred (POOL_E_SCRUBBING) and tried again once scrubs have finished.
+ * When the zeroing is not done and more than `wait_max` bytes of zeroing are queued on the stream up to and
+ * including the slab's (zeroing_ahead(): scrubs and zeroings in place, any user's), nothing is waited for (such
+ * a wait holds the daemon's loop, about 0.3 ms per GiB): the request is deferred (POOL_E_SCRUBBING) and tried
+ * again once scrubs have finished; the slab's own completion comes after it.
  */
-static int slab_wait_zeroed(PoolDevice *dev, Slab *slab, uint64_t ahead, uint64_t wait_max) {
+static int slab_wait_zeroed(PoolDevice *dev, Slab *slab, uint64_t wait_max) {
         if (make_current(dev) < 0)
                 return ZEROED_FAILED;
-        if (wait_max != POOL_WAIT_ANY && ahead > wait_max &&
+        if (wait_max != POOL_WAIT_ANY && zeroing_ahead(dev, slab) > wait_max &&
             DRV(dev, cuEventQuery)(slab->zeroed) == CUDA_ERROR_NOT_READY)
                 return ZEROED_DEFERRED;
         /* Every issued scrub has its event (slab_scrub()). */
@@ -800,13 +854,11 @@ static Slab *cache_take_or_wait(SlabSpace *space, uint64_t size, uid_t uid, uint
                                 bool *ret_deferred) {
         Slab *slab = cache_take(space, size, uid), *s, *found = NULL;
         PoolDevice *dev = space->device;
-        uint64_t ahead = 0;
 
         if (slab)
                 return slab;
         device_scrub_queued(dev);       /* the slab freed by the last request may not be scrubbing yet */
         list_for_each_entry(s, &dev->scrubbing, link_state) {
-                ahead += s->size;
                 if (s->space == space && s->size == size && s->uid == uid) {
                         found = s;
                         break;
@@ -814,7 +866,7 @@ static Slab *cache_take_or_wait(SlabSpace *space, uint64_t size, uid_t uid, uint
         }
         if (!found)
                 return NULL;
-        switch (slab_wait_zeroed(dev, found, ahead, wait_max)) {
+        switch (slab_wait_zeroed(dev, found, wait_max)) {
         case ZEROED_WAITED:
                 return cache_take(space, size, uid);
         case ZEROED_DEFERRED:
@@ -836,7 +888,7 @@ static Slab *cache_take_or_wait(SlabSpace *space, uint64_t size, uid_t uid, uint
 static bool space_wait_scrubbed(SlabSpace *space, uint64_t fresh, uint64_t wait_max) {
         PoolDevice *dev = space->device;
         Slab *s, *last = NULL;
-        uint64_t in_use, need, covered = 0, ahead = 0;
+        uint64_t in_use, need, covered = 0;
 
         device_scrub_queued(dev);       /* a scrub that cannot be issued releases its slab: room too */
         in_use = space->created_bytes - space->cached_bytes;
@@ -844,7 +896,6 @@ static bool space_wait_scrubbed(SlabSpace *space, uint64_t fresh, uint64_t wait_
                 return true;
         need = in_use + fresh - space->capacity;
         list_for_each_entry(s, &dev->scrubbing, link_state) {
-                ahead += s->size;       /* any space's: the stream zeroes them all in order */
                 if (s->space != space)
                         continue;
                 covered += s->size;
@@ -853,7 +904,7 @@ static bool space_wait_scrubbed(SlabSpace *space, uint64_t fresh, uint64_t wait_
                         break;
         }
         /* a failed wait counts as done: the scrubs are seen as failed when their completions are dispatched */
-        return covered < need || slab_wait_zeroed(dev, last, ahead, wait_max) != ZEROED_DEFERRED;
+        return covered < need || slab_wait_zeroed(dev, last, wait_max) != ZEROED_DEFERRED;
 }
 
 /* Undoes a request that failed: created slabs go back to the driver, cached ones back to the cache. */

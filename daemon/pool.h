@@ -97,6 +97,9 @@ typedef struct Slab {
         CUevent zeroed;                 /* recorded after its last zeroing (a scrub, or in place:
                                            pool_scrub_leased()); NULL until the first */
         uint64_t scrub_seq;             /* which completion of the device's stream ends its scrub */
+        uint64_t zero_mark;             /* the device's zeroing queued in all (bytes, PoolDevice.zero_queued) once
+                                           its last zeroing was queued: how much stands before it is this less
+                                           what is known done */
         uint64_t last_used;             /* pool clock when it was last cached */
         CacheBucket *bucket;            /* while cached */
         List link_state;                /* in the leased list, the scrub queue or its cache bucket */
@@ -185,10 +188,11 @@ void pool_scrub_queued(Pool *p);
 bool pool_has_queued(const Pool *p);
 
 /*
- * How many scrubs have finished (their slabs cached, or released when a scrub could not be issued), counted
- * whichever way they were finished: by
- * pool_dispatch(), or ahead of it by a request that waited for them, pool_copy() or pool_drain(). A caller
- * that deferred requests for scrubs (POOL_E_SCRUBBING) tries them again when this has moved.
+ * A count that moves when zeroing has finished: scrubs (their slabs cached, or released when a scrub could not
+ * be issued) whichever way they were finished, by pool_dispatch(), or ahead of it by a request that waited for
+ * them, pool_copy() or pool_drain(); and the completion pool_scrub_wait() queues after zeroings in place it did
+ * not wait for. A caller that deferred requests for zeroing (POOL_E_SCRUBBING) tries them again when this has
+ * moved.
  */
 uint64_t pool_scrubs_finished(const Pool *p);
 
@@ -256,9 +260,15 @@ void pool_release(Pool *p, Slab *slab);
  */
 int pool_scrub_leased(Pool *p, Slab *slab);
 
-/* Waits for the last zeroing queued for `slab` by pool_scrub_leased(), if it has not completed (the event's
- * state, read without waiting first). Returns 0 or POOL_E_DRIVER: the memory may not be zero. */
-int pool_scrub_wait(Pool *p, Slab *slab);
+/*
+ * Waits for the zeroings pool_scrub_leased() last queued for `slabs` (one lease's, in the order they were
+ * queued), as pool_alloc_bounded() waits for scrubs: when one is not done and the zeroing queued on the
+ * device's stream up to the last of them is more than `wait_max` bytes (any user's, scrubs and zeroings in
+ * place alike), nothing is waited for. Then a completion is made to follow them on the stream, so that
+ * pool_scrubs_finished() moves once they are done, and it returns POOL_E_SCRUBBING: try again then. Returns 0,
+ * POOL_E_SCRUBBING, or POOL_E_DRIVER (pool_last_error() says why): the memory may not be zero.
+ */
+int pool_scrub_wait(Pool *p, Slab *const *slabs, size_t n, uint64_t wait_max);
 
 /* An eventfd that becomes readable when scrubs have completed; then call pool_dispatch(). */
 int pool_get_fd(Pool *p);

@@ -685,6 +685,115 @@ START_TEST(test_scrub_finished_ahead_of_dispatch) {
 }
 END_TEST
 
+/* Free(id, keep: true) on `c`: the lease must be kept. */
+static void free_kept_or_fail(VarlinkConn *c, const char *id) {
+        char params[128];
+        FreeReply f = {};
+        Reply r;
+
+        snprintf(params, sizeof(params), "{\"id\": \"%s\", \"keep\": true}", id);
+        ck_assert_int_eq(call_text(c, VMMB_METHOD_FREE, params, &r), 0);
+        ck_assert_msg(!r.error, "Free(keep) refused: %s", r.error);
+        ck_assert_int_eq(free_reply_decode(r.params, &f, NULL), 0);
+        ck_assert_msg(f.kept, "lease %s not kept", id);
+        reply_done(&r);
+}
+
+/*
+ * Leases BIG on `c` and keeps it (Free with keep) with the daemon's streams held, so that its zeroing in place
+ * cannot be done before the next call; then sends an Alloc of BIG that does not wait, which the kept lease
+ * serves. Returns the kept lease (its fds closed).
+ */
+static TestLease park_on_kept(VarlinkConn *c, const char *hold) {
+        TestLease l;
+
+        ck_assert_int_eq(lease_alloc(c, BIG, &l), 0);
+        test_lease_close(&l);
+        hold_streams(hold, true);
+        free_kept_or_fail(c, l.id);
+        ck_assert_int_eq(alloc_wait_send(c, BIG, 0), 0);
+        return l;
+}
+
+/*
+ * A kept lease asked back is behind its zeroing in place as a freed slab is behind its scrub, and the daemon
+ * waits for as much of it in its loop, no more: with 512 MiB of zeroing before it, held in the simulated
+ * device, the call is parked, and another connection's Status and Alloc are answered meanwhile (a daemon that
+ * waited for the zeroing in its loop would answer nobody until the streams ran). Once the zeroing is done the
+ * call gets its own lease back, not a new one. A keeper killed while its call is parked leaves nothing behind.
+ */
+START_TEST(test_kept_zeroing_parks) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *a = NULL, *o = NULL;
+        TestLease l, got, kept;
+        char hold[64];
+
+        if (!strstr(getenv("VMMBROKER_LIBCUDA") ?: "", "simcuda")) {
+                fprintf(stderr, "%s: not run: it holds the simulated device's streams, which a real driver "
+                        "cannot\n", __func__);
+                return;
+        }
+        snprintf(hold, sizeof(hold), "/tmp/vmmb-hold-%d", (int)getpid());
+        (void)unlink(hold);
+        ck_assert_int_eq(setenv("SIMCUDA_HOLD_FILE", hold, 1), 0);
+        harness_start_capped_or_fail(&h, "2G", NULL);
+        ck_assert_int_eq(conn_open(h.socket, &a), 0);
+        ck_assert_int_eq(conn_open(h.socket, &o), 0);
+
+        kept = park_on_kept(a, hold);
+        wait_for_waiters(1);                    /* Status answered: the call is parked */
+        ck_assert_int_eq(lease_alloc(o, UNIT, &l), 0);
+        test_lease_close(&l);
+        ck_assert_int_eq(lease_free(o, l.id), 0);
+        ck_assert(!readable_now(a));
+        hold_streams(hold, false);
+        got = served_or_fail(a, BIG);
+        ck_assert_str_eq(got.id, kept.id);
+        test_lease_close(&got);
+        ck_assert_int_eq(lease_free(a, got.id), 0);
+        wait_for_leased(0);
+
+        /* A kept lease's zeroing counts before the scrubs queued after it: o's Alloc of the slab it just freed,
+         * whose scrub is queued behind a's 512 MiB, is parked too, rather than waited for in the loop. */
+        kept = park_on_kept(a, hold);
+        wait_for_waiters(1);
+        ck_assert_int_eq(lease_alloc(o, UNIT, &l), 0);
+        test_lease_close(&l);
+        ck_assert_int_eq(lease_free(o, l.id), 0);
+        ck_assert_int_eq(alloc_wait_send(o, UNIT, 0), 0);
+        wait_for_waiters(2);
+        ck_assert(!readable_now(a) && !readable_now(o));
+        hold_streams(hold, false);
+        got = lease_reply_or_fail(o);
+        ck_assert_uint_eq(got.size, UNIT);
+        test_lease_close(&got);
+        ck_assert_int_eq(lease_free(o, got.id), 0);
+        got = served_or_fail(a, BIG);
+        ck_assert_str_eq(got.id, kept.id);
+        test_lease_close(&got);
+        ck_assert_int_eq(lease_free(a, got.id), 0);
+        wait_for_leased(0);
+
+        /* Its process killed while parked (root: another uid's connector holds the connection). */
+        if (geteuid() == 0) {
+                VarlinkConn *conns[1] = {};
+                Connector x = connector_start(h.socket, UID_A, 1, conns);
+
+                (void)park_on_kept(conns[0], hold);
+                wait_for_waiters(1);
+                ck_assert_int_eq(kill(x.pid, SIGKILL), 0);
+                ck_assert_int_eq(harness_wait(x.pid), 128 + SIGKILL);
+                safe_close(x.hold_w);
+                wait_for_waiters(0);
+                varlink_conn_free(conns[0]);
+                hold_streams(hold, false);
+                wait_for_leased(0);
+                ck_assert_uint_eq(user_bytes(UID_A), 0);
+        }
+        harness_stop_or_fail(&h);
+        ck_assert_int_eq(unsetenv("SIMCUDA_HOLD_FILE"), 0);
+}
+END_TEST
+
 int main(void) {
         return run_suite(UNIT_SUITE("wait", NULL, test_wait_served_when_freed, test_wait_expires,
                                     test_wait_never_servable_fails_at_once, test_wait_turned_off,
@@ -692,6 +801,6 @@ int main(void) {
                                     test_wait_two_users_in_turn, test_wait_flood_does_not_hold_others,
                                     test_wait_quota_still_applies, test_wait_daemon_stops,
                                     test_freed_memory_is_room, test_scrub_wait_parks,
-                                    test_scrub_finished_ahead_of_dispatch)) == 0
+                                    test_scrub_finished_ahead_of_dispatch, test_kept_zeroing_parks)) == 0
                        ? EXIT_SUCCESS : EXIT_FAILURE;
 }

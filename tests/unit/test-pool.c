@@ -367,6 +367,59 @@ START_TEST(test_scrub_wait_bounded) {
 }
 END_TEST
 
+/*
+ * pool_scrub_wait(): a kept lease's zeroing in place is waited for under the same bound as a scrub. With more
+ * than `wait_max` bytes of zeroing before it, nothing is waited for: POOL_E_SCRUBBING, and one completion is
+ * queued after it (not one per try), whose dispatch moves pool_scrubs_finished() though it caches nothing. The
+ * zeroing in place counts before the scrubs queued after it: another uid's request for its size's slab, whose
+ * scrub is behind it, is deferred too, though that scrub alone is within the bound. Streams are held meanwhile.
+ */
+START_TEST(test_kept_zeroing_wait_bounded) {
+        Slab *a[POOL_MAX_SLABS], *b[POOL_MAX_SLABS], *c[POOL_MAX_SLABS];
+        uint64_t syncs, hostfns, finished;
+        struct pollfd p;
+        size_t n, m, k;
+
+        open_pool(64 * MiB, 0);
+        ck_assert_int_eq(alloc(8 * MiB, UID_A, a, &n), 0);
+        ck_assert_int_eq(alloc(2 * MiB, UID_B, b, &m), 0);
+        lease_io(a, n, 0x55, 0);
+        sim.hold_streams(1);
+        ck_assert_int_eq(pool_scrub_leased(pool, a[0]), 0);
+        reclaim_all(b, m);                      /* 2 MiB scrub, queued after the 8 MiB zeroing in place */
+        syncs = sim.calls("cuEventSynchronize") + sim.calls("cuStreamSynchronize");
+        hostfns = sim.calls("cuLaunchHostFunc");
+
+        ck_assert_int_eq(pool_scrub_wait(pool, a, n, 4 * MiB), POOL_E_SCRUBBING);
+        ck_assert_uint_eq(sim.calls("cuLaunchHostFunc"), hostfns);     /* the scrub after it has one */
+        ck_assert_int_eq(pool_alloc_bounded(pool, 0, 2 * MiB, UID_B, 4 * MiB, c, &k), POOL_E_SCRUBBING);
+        ck_assert_uint_eq(sim.calls("cuEventSynchronize") + sim.calls("cuStreamSynchronize"), syncs);
+        sim.hold_streams(0);
+        wait_scrubs(1);
+        ck_assert_int_eq(pool_scrub_wait(pool, a, n, 4 * MiB), 0);
+        lease_io(a, n, -1, 0);
+
+        /* Alone on the stream: a completion of its own, queued once, moves the count when dispatched. */
+        sim.hold_streams(1);
+        ck_assert_int_eq(pool_scrub_leased(pool, a[0]), 0);
+        hostfns = sim.calls("cuLaunchHostFunc");
+        ck_assert_int_eq(pool_scrub_wait(pool, a, n, 4 * MiB), POOL_E_SCRUBBING);
+        ck_assert_int_eq(pool_scrub_wait(pool, a, n, 4 * MiB), POOL_E_SCRUBBING);
+        ck_assert_uint_eq(sim.calls("cuLaunchHostFunc"), hostfns + 1);
+        finished = pool_scrubs_finished(pool);
+        sim.hold_streams(0);
+        p = (struct pollfd){ .fd = pool_get_fd(pool), .events = POLLIN };
+        ck_assert_int_eq(poll(&p, 1, 30000), 1);
+        ck_assert_uint_eq(pool_dispatch(pool), 0);
+        ck_assert_uint_gt(pool_scrubs_finished(pool), finished);
+        ck_assert_int_eq(pool_scrub_wait(pool, a, n, 4 * MiB), 0);
+        ck_assert_uint_eq(pool_scrub_wait(pool, a, n, POOL_WAIT_ANY), 0);
+        lease_io(a, n, -1, 0);
+        reclaim_all(a, n);
+        wait_scrubs(1);
+}
+END_TEST
+
 /* Fast alloc/free of one size: the pool does not grow with churn (it grew by a slab per cycle before). */
 START_TEST(test_churn_does_not_grow_the_pool) {
         Slab *a[POOL_MAX_SLABS];
@@ -829,6 +882,7 @@ static Suite *pool_suite(void) {
         tcase_add_test(tc, test_scrubs_before_the_waited_one_cached);
         tcase_add_test(tc, test_full_device_waits_for_scrubs);
         tcase_add_test(tc, test_scrub_wait_bounded);
+        tcase_add_test(tc, test_kept_zeroing_wait_bounded);
         tcase_add_test(tc, test_churn_does_not_grow_the_pool);
         tcase_add_test(tc, test_exact_size_slabs);
         tcase_add_test(tc, test_uid_isolation);
