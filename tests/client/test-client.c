@@ -1770,9 +1770,9 @@ END_TEST
 /* Reads the lease's first words over and over while the main thread parks and unparks it. */
 typedef struct ReadRace {
         vmmb_lease *lease;
-        atomic_bool stop;
-        unsigned reads, parked;
-        const char *failure;
+        atomic_bool stop, ended;
+        atomic_uint reads, parked;
+        const char *failure;            /* the thread's, read once it is joined */
 } ReadRace;
 
 static void *read_while_parking(void *arg) {
@@ -1780,32 +1780,50 @@ static void *read_while_parking(void *arg) {
 
         if (cu->cuCtxSetCurrent(ctx) != CUDA_SUCCESS) {
                 x->failure = "cuCtxSetCurrent failed";
-                return NULL;
+                goto out;
         }
         while (!atomic_load(&x->stop)) {
                 uint32_t words[4] = {};
                 int k = vmmb_lease_read(x->lease, 0, words, sizeof(words));
 
                 if (k == -ENXIO) {
-                        x->parked++;
+                        atomic_fetch_add(&x->parked, 1);
                         (void)sched_yield();    /* the park or unpark under way has the CPU first */
                         continue;
                 }
                 if (k != 0) {
                         x->failure = "a read failed with something other than ENXIO";
-                        return NULL;
+                        goto out;
                 }
                 for (size_t i = 0; i < 4; i++)
                         if (words[i] != pattern_word(0x2EAD0002, i)) {
                                 x->failure = "a read came back with other bytes";
-                                return NULL;
+                                goto out;
                         }
-                x->reads++;
+                atomic_fetch_add(&x->reads, 1);
         }
+out:
+        atomic_store(&x->ended, true);
         return NULL;
 }
 
-/* A read never sees the lease half parked: it reads the content or says the lease is parked (ENXIO). */
+/* The reads made so far, of the content or answered ENXIO. */
+static unsigned read_race_count(ReadRace *x) {
+        return atomic_load(&x->reads) + atomic_load(&x->parked);
+}
+
+/* Yields until the reader has made a read since it had made `since`, or has ended (bounded: a failure guard). */
+static void read_race_wait(ReadRace *x, unsigned since) {
+        for (unsigned i = 0; i < 100000000 && read_race_count(x) == since && !atomic_load(&x->ended); i++)
+                (void)sched_yield();
+        ck_assert_msg(read_race_count(x) != since || atomic_load(&x->ended), "the reader made no read");
+}
+
+/*
+ * A read never sees the lease half parked: it reads the content or says the lease is parked (ENXIO). The
+ * reader makes at least one read between each park and unpark and the next, so that the reads and the
+ * parking overlap in every cycle rather than only perhaps.
+ */
 START_TEST(test_lease_read_while_parking) {
         vmmb_client *c = connect_or_fail(h.socket);
         vmmb_lease *l = alloc_or_fail(c, 4 * MiB, 0, "read race");
@@ -1814,13 +1832,19 @@ START_TEST(test_lease_read_while_parking) {
 
         ck_assert(write_pattern(vmmb_lease_ptr(l), 4 * MiB, 0x2EAD0002));
         ck_assert_int_eq(pthread_create(&thread, NULL, read_while_parking, &x), 0);
-        for (unsigned i = 0; i < 50; i++) {
+        read_race_wait(&x, 0);
+        for (unsigned i = 0; i < 50 && !atomic_load(&x.ended); i++) {
+                unsigned before = read_race_count(&x);
+
                 ck_assert_int_eq(park_or_fail(l, NULL), 1);
                 unpark_or_fail(l);
+                read_race_wait(&x, before);
         }
         atomic_store(&x.stop, true);
         ck_assert_int_eq(pthread_join(thread, NULL), 0);
-        ck_assert_msg(!x.failure, "%s (after %u reads, %u parked)", x.failure, x.reads, x.parked);
+        ck_assert_msg(!x.failure, "%s (after %u reads, %u parked)", x.failure, atomic_load(&x.reads),
+                      atomic_load(&x.parked));
+        ck_assert_uint_ge(read_race_count(&x), 51);
         ck_assert(reads_pattern(vmmb_lease_ptr(l), 4 * MiB, 0x2EAD0002));
         free_last_and_close(c, l);
 }
