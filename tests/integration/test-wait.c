@@ -526,6 +526,24 @@ static void hold_streams(const char *path, bool hold) {
 }
 
 /*
+ * For a test that holds the simulated device's streams: false, said on stderr, on a real driver, which cannot;
+ * else names the hold file in `hold` (this process's, not there yet), sets SIMCUDA_HOLD_FILE to it and starts
+ * the daemon with 2 GiB.
+ */
+static bool start_holding(const char *test, char *hold, size_t size) {
+        if (!strstr(getenv("VMMBROKER_LIBCUDA") ?: "", "simcuda")) {
+                fprintf(stderr, "%s: not run: it holds the simulated device's streams, which a real driver "
+                        "cannot\n", test);
+                return false;
+        }
+        snprintf(hold, size, "/tmp/vmmb-hold-%d", (int)getpid());
+        (void)unlink(hold);
+        ck_assert_int_eq(setenv("SIMCUDA_HOLD_FILE", hold, 1), 0);
+        harness_start_capped_or_fail(&h, "2G", NULL);
+        return true;
+}
+
+/*
  * Leases BIG on `c` and frees it with the daemon's streams held, so that its scrub cannot be done before the
  * next call; then sends an Alloc of BIG that does not wait, which needs that slab: it is parked.
  */
@@ -554,15 +572,8 @@ START_TEST(test_scrub_wait_parks) {
         const char *message;
         Reply r;
 
-        if (!strstr(getenv("VMMBROKER_LIBCUDA") ?: "", "simcuda")) {
-                fprintf(stderr, "%s: not run: it holds the simulated device's streams, which a real driver "
-                        "cannot\n", __func__);
+        if (!start_holding(__func__, hold, sizeof(hold)))
                 return;
-        }
-        snprintf(hold, sizeof(hold), "/tmp/vmmb-hold-%d", (int)getpid());
-        (void)unlink(hold);
-        ck_assert_int_eq(setenv("SIMCUDA_HOLD_FILE", hold, 1), 0);
-        harness_start_capped_or_fail(&h, "2G", NULL);
         ck_assert_int_eq(conn_open(h.socket, &a), 0);
         ck_assert_int_eq(conn_open(h.socket, &o), 0);
 
@@ -640,20 +651,13 @@ START_TEST(test_scrub_finished_ahead_of_dispatch) {
         struct pollfd p = {};
         TestLease other, got;
 
-        if (!strstr(getenv("VMMBROKER_LIBCUDA") ?: "", "simcuda")) {
-                fprintf(stderr, "%s: not run: it holds the simulated device's streams, which a real driver "
-                        "cannot\n", __func__);
-                return;
-        }
-        snprintf(hold, sizeof(hold), "/tmp/vmmb-hold-%d", (int)getpid());
         snprintf(hold_host, sizeof(hold_host), "/tmp/vmmb-hold-host-%d", (int)getpid());
         snprintf(reached, sizeof(reached), "%s.reached", hold_host);
-        (void)unlink(hold);
         (void)unlink(hold_host);
         (void)unlink(reached);
-        ck_assert_int_eq(setenv("SIMCUDA_HOLD_FILE", hold, 1), 0);
         ck_assert_int_eq(setenv("SIMCUDA_HOLD_HOST_FILE", hold_host, 1), 0);
-        harness_start_capped_or_fail(&h, "2G", NULL);
+        if (!start_holding(__func__, hold, sizeof(hold)))
+                return;
         ck_assert_int_eq(conn_open(h.socket, &a), 0);
         ck_assert_int_eq(conn_open(h.socket, &b), 0);
 
@@ -727,15 +731,8 @@ START_TEST(test_kept_zeroing_parks) {
         TestLease l, got, kept;
         char hold[64];
 
-        if (!strstr(getenv("VMMBROKER_LIBCUDA") ?: "", "simcuda")) {
-                fprintf(stderr, "%s: not run: it holds the simulated device's streams, which a real driver "
-                        "cannot\n", __func__);
+        if (!start_holding(__func__, hold, sizeof(hold)))
                 return;
-        }
-        snprintf(hold, sizeof(hold), "/tmp/vmmb-hold-%d", (int)getpid());
-        (void)unlink(hold);
-        ck_assert_int_eq(setenv("SIMCUDA_HOLD_FILE", hold, 1), 0);
-        harness_start_capped_or_fail(&h, "2G", NULL);
         ck_assert_int_eq(conn_open(h.socket, &a), 0);
         ck_assert_int_eq(conn_open(h.socket, &o), 0);
 

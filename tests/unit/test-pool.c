@@ -88,6 +88,11 @@ static void wait_scrubs(unsigned n) {
         ck_assert_uint_eq(done, n);
 }
 
+/* The driver calls that wait, so far: a test that must not wait checks this did not move. */
+static uint64_t sync_calls(void) {
+        return sim.calls("cuEventSynchronize") + sim.calls("cuStreamSynchronize");
+}
+
 static int alloc(uint64_t size, uid_t uid, Slab **slabs, size_t *n) {
         return pool_alloc(pool, 0, size, uid, slabs, n);
 }
@@ -347,14 +352,14 @@ START_TEST(test_scrub_wait_bounded) {
         sim.hold_streams(1);
         reclaim_all(a, n);                      /* issued, not run */
         s = stats();
-        syncs = sim.calls("cuEventSynchronize") + sim.calls("cuStreamSynchronize");
+        syncs = sync_calls();
 
         /* Its own slab of the size: 8 MiB of zeroing, more than the 4 MiB it may wait for. */
         ck_assert_int_eq(pool_alloc_bounded(pool, 0, 8 * MiB, UID_A, 4 * MiB, c, &k), POOL_E_SCRUBBING);
         /* Another uid's 6 MiB on the full device: room only once the 8 MiB are zeroed. */
         ck_assert_int_eq(pool_alloc_bounded(pool, 0, 6 * MiB, UID_B, 4 * MiB, c, &k), POOL_E_SCRUBBING);
         assert_same_state(stats(), s);
-        ck_assert_uint_eq(sim.calls("cuEventSynchronize") + sim.calls("cuStreamSynchronize"), syncs);
+        ck_assert_uint_eq(sync_calls(), syncs);
 
         sim.hold_streams(0);
         wait_scrubs(1);
@@ -387,13 +392,13 @@ START_TEST(test_kept_zeroing_wait_bounded) {
         sim.hold_streams(1);
         ck_assert_int_eq(pool_scrub_leased(pool, a[0]), 0);
         reclaim_all(b, m);                      /* 2 MiB scrub, queued after the 8 MiB zeroing in place */
-        syncs = sim.calls("cuEventSynchronize") + sim.calls("cuStreamSynchronize");
+        syncs = sync_calls();
         hostfns = sim.calls("cuLaunchHostFunc");
 
         ck_assert_int_eq(pool_scrub_wait(pool, a, n, 4 * MiB), POOL_E_SCRUBBING);
         ck_assert_uint_eq(sim.calls("cuLaunchHostFunc"), hostfns);     /* the scrub after it has one */
         ck_assert_int_eq(pool_alloc_bounded(pool, 0, 2 * MiB, UID_B, 4 * MiB, c, &k), POOL_E_SCRUBBING);
-        ck_assert_uint_eq(sim.calls("cuEventSynchronize") + sim.calls("cuStreamSynchronize"), syncs);
+        ck_assert_uint_eq(sync_calls(), syncs);
         sim.hold_streams(0);
         wait_scrubs(1);
         ck_assert_int_eq(pool_scrub_wait(pool, a, n, 4 * MiB), 0);
