@@ -652,8 +652,11 @@ int vmmb_lease_readonly(const vmmb_lease *lease);
  * waited for first. It runs in the calling thread's current context or, when
  * the thread has none, in the primary context of the lease's device. The
  * lease cannot be given back on the broker's request while the copy runs:
- * a reclaim waits for it. Works on read-only leases. Like every driver call,
- * not from a stream's host function.
+ * a reclaim waits for it, and so do the calls of other threads that change
+ * the client's leases (vmmb_alloc(), vmmb_free(), parking...), since the copy
+ * holds the lock they take: copy large ranges through the mapping on a
+ * stream instead. Works on read-only leases. Like every driver call, not from
+ * a stream's host function.
  *
  * Return: 0, or a negative errno with vmmb_error_message() set: -EINVAL for
  * a NULL lease, or a NULL @buf with @n > 0; -ERANGE when @offset + @n is past

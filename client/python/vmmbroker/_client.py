@@ -859,7 +859,9 @@ class Lease(_Exportable):
         after the work queued on the context's legacy default stream, so wait
         for work that writes the range on other streams first (for PyTorch,
         ``torch.cuda.current_stream().synchronize()``). Read-only leases are
-        read too.
+        read too. Other threads' calls that change this client's leases
+        (alloc, free, park) wait for the copy: copy large ranges through the
+        mapping on a stream instead.
 
         Raises Error ERANGE for bytes past the lease's size (nothing is
         read), ENXIO for a parked lease, ESTALE for one given back on the
