@@ -659,41 +659,43 @@ int pool_scrub_leased(Pool *p, Slab *slab) {
 }
 
 int pool_scrub_wait(Pool *p, Slab *const *slabs, size_t n, uint64_t wait_max) {
-        for (size_t j = 0; j < n; j++) {
-                PoolDevice *dev = slabs[j]->device;
-                const Slab *last = slabs[n - 1];        /* one lease's: one device, zeroed in this order */
-                CUresult r;
+        PoolDevice *dev = n > 0 ? slabs[0]->device : NULL;     /* one lease's slabs: one device */
+        size_t j = 0;
+        CUresult r;
 
+        /* The first whose zeroing is not done: the stream zeroes in order, so those before it are. */
+        for (; j < n; j++) {
                 if (!slabs[j]->zeroed)
                         continue;
                 r = DRV(dev, cuEventQuery)(slabs[j]->zeroed);
-                if (r == CUDA_SUCCESS) {
-                        zeroed_through(dev, slabs[j]);
-                        continue;
-                }
-                if (r != CUDA_ERROR_NOT_READY) {
+                if (r == CUDA_ERROR_NOT_READY)
+                        break;
+                if (r != CUDA_SUCCESS) {
                         driver_error(dev, "cuEventQuery", r);
                         return POOL_E_DRIVER;
                 }
-                if (wait_max != POOL_WAIT_ANY && zeroing_ahead(dev, last) > wait_max) {
-                        /* A scrub queued after them has its completion; else one is queued here. */
-                        if (dev->completion_mark < last->zero_mark &&
-                            (make_current(dev) < 0 || completion_queue(dev) < 0))
-                                return POOL_E_DRIVER;
-                        return POOL_E_SCRUBBING;
+                zeroed_through(dev, slabs[j]);
+        }
+        if (j == n)
+                return 0;
+        if (wait_max != POOL_WAIT_ANY && zeroing_ahead(dev, slabs[n - 1]) > wait_max) {
+                /* A scrub queued after them has its completion; else one is queued here. */
+                if (dev->completion_mark < slabs[n - 1]->zero_mark &&
+                    (make_current(dev) < 0 || completion_queue(dev) < 0))
+                        return POOL_E_DRIVER;
+                return POOL_E_SCRUBBING;
+        }
+        /* The device zeroes at TB/s: waiting here is cheaper than any trip through the loop. */
+        dev->stats.scrub_waits++;
+        for (; j < n; j++) {
+                if (!slabs[j]->zeroed)
+                        continue;
+                r = DRV(dev, cuEventSynchronize)(slabs[j]->zeroed);
+                if (r != CUDA_SUCCESS) {
+                        driver_error(dev, "cuEventSynchronize", r);
+                        return POOL_E_DRIVER;
                 }
-                /* The device zeroes at TB/s: waiting here is cheaper than any trip through the loop. */
-                dev->stats.scrub_waits++;
-                for (; j < n; j++) {
-                        if (!slabs[j]->zeroed)
-                                continue;
-                        r = DRV(dev, cuEventSynchronize)(slabs[j]->zeroed);
-                        if (r != CUDA_SUCCESS) {
-                                driver_error(dev, "cuEventSynchronize", r);
-                                return POOL_E_DRIVER;
-                        }
-                        zeroed_through(dev, slabs[j]);
-                }
+                zeroed_through(dev, slabs[j]);
         }
         return 0;
 }
