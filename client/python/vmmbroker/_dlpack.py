@@ -27,14 +27,18 @@ USED_CAPSULE_NAME = b"used_dltensor"
 
 
 class DLDevice(ctypes.Structure):
+    """DLPack's DLDevice: the device type (KDL_CUDA here) and the CUDA device index."""
     _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
 
 
 class DLDataType(ctypes.Structure):
+    """DLPack's DLDataType: type code, bits per lane, lanes (1 for every dtype exported here)."""
     _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
 
 
 class DLTensor(ctypes.Structure):
+    """DLPack's DLTensor (DLPack 0.x and the unversioned capsule): a device pointer, its device, shape and
+    strides in elements (NULL strides: C-contiguous), and a byte offset."""
     _fields_ = [
         ("data", ctypes.c_void_p),
         ("device", DLDevice),
@@ -50,6 +54,8 @@ DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 
 
 class DLManagedTensor(ctypes.Structure):
+    """DLPack's DLManagedTensor: the DLTensor, the producer's context, and the deleter the consumer calls
+    when it is done with the memory (which releases the export's hold on the lease)."""
     _fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", DELETER)]
 
 

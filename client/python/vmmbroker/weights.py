@@ -116,6 +116,7 @@ def _align(n: int, a: int) -> int:
 
 
 def contiguous_stride(shape: Sequence[int]) -> List[int]:
+    """The strides, in elements, of a C-contiguous tensor of SHAPE (a size-0 dimension counts as 1)."""
     stride = [1] * len(shape)
     acc = 1
     for i in range(len(shape) - 1, -1, -1):
@@ -367,6 +368,9 @@ class StateDict(dict):
     _memory: Any
 
     def close(self) -> None:
+        """Empty the dict and free the lease now (after a synchronize of its device), not when the last
+        tensor goes: call it only once no tensor of it, nor a parameter built on one, is used any more,
+        since their memory is unmapped."""
         self.clear()
         mem, self._memory = getattr(self, "_memory", None), None
         self.lease = None
