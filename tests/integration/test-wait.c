@@ -724,12 +724,15 @@ static TestLease park_on_kept(VarlinkConn *c, const char *hold) {
  * waits for as much of it in its loop, no more: with 512 MiB of zeroing before it, held in the simulated
  * device, the call is parked, and another connection's Status and Alloc are answered meanwhile (a daemon that
  * waited for the zeroing in its loop would answer nobody until the streams ran). Once the zeroing is done the
- * call gets its own lease back, not a new one. A keeper killed while its call is parked leaves nothing behind.
+ * call gets its own lease back, not a new one. A keeper killed while its call is parked leaves nothing behind;
+ * one parked when the daemon stops is told so.
  */
 START_TEST(test_kept_zeroing_parks) {
         _cleanup_(varlink_conn_freep) VarlinkConn *a = NULL, *o = NULL;
         TestLease l, got, kept;
+        const char *message;
         char hold[64];
+        Reply r;
 
         if (!start_holding(__func__, hold, sizeof(hold)))
                 return;
@@ -786,6 +789,17 @@ START_TEST(test_kept_zeroing_parks) {
                 wait_for_leased(0);
                 ck_assert_uint_eq(user_bytes(UID_A), 0);
         }
+
+        /* Parked when the daemon stops: told so, before the daemon waits for its streams to drain. */
+        (void)park_on_kept(a, hold);
+        wait_for_waiters(1);
+        ck_assert_int_eq(kill(h.pid, SIGTERM), 0);
+        ck_assert_int_eq(reply_read(a, &r, NULL), 0);
+        ck_assert_str_eq(r.error, VMMB_ERROR_OUT_OF_MEMORY);
+        message = reply_str(&r, "message");
+        ck_assert_msg(message && strstr(message, "stopping"), "not said: %s", message);
+        reply_done(&r);
+        hold_streams(hold, false);
         harness_stop_or_fail(&h);
         ck_assert_int_eq(unsetenv("SIMCUDA_HOLD_FILE"), 0);
 }
