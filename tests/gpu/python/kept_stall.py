@@ -4,7 +4,8 @@
 
     python3 tests/gpu/python/kept_stall.py [ROUNDS] [GIB]
 
-A keeper process leases GIB GiB (default 16), and in each round frees it with
+A keeper process leases GIB GiB (default 16, or a quarter of device 0's
+capacity on a smaller device), and in each round frees it with
 keep=True (the broker queues its zeroing in place on the device, about 0.3 ms
 per GiB) and at once asks for the size again: the broker hands the same lease
 back once the zeroing is done. Meanwhile an observer process calls Status back
@@ -57,9 +58,14 @@ def observe(socket_path: str, pipe) -> None:
 
 def main() -> int:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 10
-    size = int(float(sys.argv[2]) * GiB) if len(sys.argv) > 2 else 16 * GiB
+    size = int(float(sys.argv[2]) * GiB) if len(sys.argv) > 2 else None
     with h.broker() as path:
         import vmmbroker
+
+        if size is None:
+            with vmmbroker.connect(path) as c:
+                capacity = c.status()[0]["capacity"]
+            size = min(16 * GiB, capacity // 4 // (2 << 20) * (2 << 20))
 
         ctx = multiprocessing.get_context("spawn")
         mine, theirs = ctx.Pipe()
