@@ -346,6 +346,23 @@ static void print_reclaim_timeout(const Config *c, FILE *f) {
         print_time(c->manager.reclaim_timeout_usec ?: RECLAIM_DEFAULT_TIMEOUT_USEC, f);
 }
 
+/* Empty: the default, MANAGER_DEFAULT_SCRUB_WAIT_BYTES. 0 is a value: no wait for zeroing in the loop. */
+static int parse_scrub_wait_bytes(Config *c, const char *value, char **ret_message) {
+        uint64_t bytes = 0;
+
+        if (*value && parse_size(value, &bytes) < 0)
+                return set_message_error(ret_message, -EINVAL, "expected a size such as 256M, or 0 to wait for no "
+                                         "zeroing in the daemon's loop");
+        c->manager.has_scrub_wait_bytes = *value != '\0';
+        c->manager.scrub_wait_bytes = bytes;
+        return 0;
+}
+
+static void print_scrub_wait_bytes(const Config *c, FILE *f) {
+        print_size(c->manager.has_scrub_wait_bytes ? c->manager.scrub_wait_bytes : MANAGER_DEFAULT_SCRUB_WAIT_BYTES,
+                   f);
+}
+
 /* Empty (0): the manager derives it from the fd limit. */
 static int parse_max_connections_total(Config *c, const char *value, char **ret_message) {
         return parse_count(value, 0, "with 0 nobody could connect (leave it empty to derive it from the fd limit)",
@@ -479,6 +496,7 @@ static const ConfigKey keys[] = {
         { "Broker", "Placement", parse_placement, print_placement },
         { "Broker", "ReclaimTimeout", parse_reclaim_timeout, print_reclaim_timeout },
         { "Broker", "HostCapacity", parse_host_capacity, print_host_capacity },
+        { "Broker", "ScrubWaitBytes", parse_scrub_wait_bytes, print_scrub_wait_bytes },
         /* also valid in [User:NAME] and [Group:NAME]; printed by print_limits() */
         { "Limits", "MaxBytes", parse_max_bytes, NULL },
         { "Limits", "MaxLeases", parse_max_leases, NULL },

@@ -58,14 +58,6 @@ static unsigned default_max_connections_total(void) {
  */
 #define SCRUB_DELAY_USEC 500
 
-/*
- * The most zeroing an Alloc waits for in the loop: 256 MiB, about 80 us on an H100 or H200 (3.3 TB/s), while
- * nobody else is served. An Alloc that needs memory behind more (its size's slab just freed, or room on a full
- * device) is parked until the scrubs' completions reach the loop (Broker.scrub_waiters), which costs it that
- * trip through the driver's callback thread and the loop, tens of microseconds more.
- */
-#define SCRUB_WAIT_BYTES (UINT64_C(256) << 20)
-
 static int bind_socket(const char *path, char **ret_message) {
         struct sockaddr_un sa = { .sun_family = AF_UNIX };
         _cleanup_close_ int fd = -EBADF;
@@ -657,7 +649,8 @@ int manager_new(Manager **ret, const ManagerConfig *config, char **ret_message) 
         m->broker.max_alloc_wait_usec = config->max_alloc_wait_usec == MANAGER_ALLOC_WAIT_OFF ? 0 :
                                         config->max_alloc_wait_usec ?: BROKER_DEFAULT_MAX_ALLOC_WAIT_USEC;
         m->broker.kept_wait_usec = m->reclaim_timeout_usec;    /* kept leases are asked back within it */
-        m->broker.scrub_wait_bytes = SCRUB_WAIT_BYTES;
+        m->broker.scrub_wait_bytes = config->has_scrub_wait_bytes ? config->scrub_wait_bytes
+                                                                  : MANAGER_DEFAULT_SCRUB_WAIT_BYTES;
         m->broker.placement = config->placement;
         m->broker.store_failing = store_failing;
         m->broker.store_failing_userdata = m;

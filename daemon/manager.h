@@ -29,6 +29,15 @@
 #define MANAGER_DEFAULT_REPLY_TIMEOUT_USEC (UINT64_C(30) * 1000000)
 #define MANAGER_ALLOC_WAIT_OFF UINT64_MAX      /* ManagerConfig.max_alloc_wait_usec: MaxAllocWait=0, no waiting */
 
+/*
+ * ScrubWaitBytes=, by default: the most zeroing an Alloc waits for in the loop, 256 MiB, about 80 us on an
+ * H100 or H200 (3.3 TB/s), while nobody else is served. An Alloc that needs memory behind more (its size's
+ * slab just freed, room on a full device, its own kept lease) is parked until the zeroing's completion
+ * reaches the loop (Broker.scrub_waiters, or its device's queue), which costs it that trip through the
+ * driver's callback thread and the loop, 0.1-0.2 ms more on an H200 (docs/performance.md).
+ */
+#define MANAGER_DEFAULT_SCRUB_WAIT_BYTES (UINT64_C(256) << 20)
+
 typedef struct ManagerConfig {
         const char *socket_path;        /* bound when systemd passed no socket; NULL = MANAGER_DEFAULT_SOCKET */
         PoolConfig pool;
@@ -41,6 +50,8 @@ typedef struct ManagerConfig {
                                            MANAGER_ALLOC_WAIT_OFF = none may */
         PlacementRule placement;        /* where an Alloc that names no single device goes (place.h) */
         uint64_t reclaim_timeout_usec;  /* ReclaimTimeout=: a holder's time to give a lease back; 0 = 5 s */
+        bool has_scrub_wait_bytes;      /* ScrubWaitBytes= was set; else MANAGER_DEFAULT_SCRUB_WAIT_BYTES */
+        uint64_t scrub_wait_bytes;      /* ScrubWaitBytes=: 0 parks every call whose zeroing is not done */
 } ManagerConfig;
 
 typedef struct Manager {

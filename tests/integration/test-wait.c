@@ -528,9 +528,9 @@ static void hold_streams(const char *path, bool hold) {
 /*
  * For a test that holds the simulated device's streams: false, said on stderr, on a real driver, which cannot;
  * else names the hold file in `hold` (this process's, not there yet), sets SIMCUDA_HOLD_FILE to it and starts
- * the daemon with 2 GiB.
+ * the daemon with 2 GiB and `config` (vmmbroker.conf lines, or NULL).
  */
-static bool start_holding(const char *test, char *hold, size_t size) {
+static bool start_holding(const char *test, char *hold, size_t size, const char *config) {
         if (!strstr(getenv("VMMBROKER_LIBCUDA") ?: "", "simcuda")) {
                 fprintf(stderr, "%s: not run: it holds the simulated device's streams, which a real driver "
                         "cannot\n", test);
@@ -539,7 +539,7 @@ static bool start_holding(const char *test, char *hold, size_t size) {
         snprintf(hold, size, "/tmp/vmmb-hold-%d", (int)getpid());
         (void)unlink(hold);
         ck_assert_int_eq(setenv("SIMCUDA_HOLD_FILE", hold, 1), 0);
-        harness_start_capped_or_fail(&h, "2G", NULL);
+        harness_start_capped_or_fail(&h, "2G", config);
         return true;
 }
 
@@ -572,7 +572,7 @@ START_TEST(test_scrub_wait_parks) {
         const char *message;
         Reply r;
 
-        if (!start_holding(__func__, hold, sizeof(hold)))
+        if (!start_holding(__func__, hold, sizeof(hold), NULL))
                 return;
         ck_assert_int_eq(conn_open(h.socket, &a), 0);
         ck_assert_int_eq(conn_open(h.socket, &o), 0);
@@ -656,7 +656,7 @@ START_TEST(test_scrub_finished_ahead_of_dispatch) {
         (void)unlink(hold_host);
         (void)unlink(reached);
         ck_assert_int_eq(setenv("SIMCUDA_HOLD_HOST_FILE", hold_host, 1), 0);
-        if (!start_holding(__func__, hold, sizeof(hold)))
+        if (!start_holding(__func__, hold, sizeof(hold), NULL))
                 return;
         ck_assert_int_eq(conn_open(h.socket, &a), 0);
         ck_assert_int_eq(conn_open(h.socket, &b), 0);
@@ -734,7 +734,7 @@ START_TEST(test_kept_zeroing_parks) {
         char hold[64];
         Reply r;
 
-        if (!start_holding(__func__, hold, sizeof(hold)))
+        if (!start_holding(__func__, hold, sizeof(hold), NULL))
                 return;
         ck_assert_int_eq(conn_open(h.socket, &a), 0);
         ck_assert_int_eq(conn_open(h.socket, &o), 0);
@@ -805,6 +805,40 @@ START_TEST(test_kept_zeroing_parks) {
 }
 END_TEST
 
+/*
+ * ScrubWaitBytes= sets the bound: with 0, the Alloc that needs a 2 MiB slab just freed, whose scrub is held,
+ * is parked, where the default bound (256 MiB) has the daemon wait for so little zeroing in its loop; another
+ * connection's Status and Alloc are answered meanwhile, and the parked call is served once the scrub is done.
+ */
+START_TEST(test_scrub_wait_bytes_set) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *a = NULL, *o = NULL;
+        TestLease l, got;
+        char hold[64];
+
+        if (!start_holding(__func__, hold, sizeof(hold), "[Broker]\nScrubWaitBytes=0\n"))
+                return;
+        ck_assert_int_eq(conn_open(h.socket, &a), 0);
+        ck_assert_int_eq(conn_open(h.socket, &o), 0);
+        ck_assert_int_eq(lease_alloc(a, UNIT, &l), 0);
+        test_lease_close(&l);
+        hold_streams(hold, true);
+        ck_assert_int_eq(lease_free(a, l.id), 0);
+        ck_assert_int_eq(alloc_wait_send(a, UNIT, 0), 0);
+        wait_for_waiters(1);
+        ck_assert_int_eq(lease_alloc(o, 2 * UNIT, &l), 0);     /* another size: a new slab, no zeroing */
+        test_lease_close(&l);
+        ck_assert(!readable_now(a));
+        hold_streams(hold, false);
+        got = served_or_fail(a, UNIT);
+        test_lease_close(&got);
+        ck_assert_int_eq(lease_free(a, got.id), 0);
+        ck_assert_int_eq(lease_free(o, l.id), 0);
+        wait_for_leased(0);
+        harness_stop_or_fail(&h);
+        ck_assert_int_eq(unsetenv("SIMCUDA_HOLD_FILE"), 0);
+}
+END_TEST
+
 int main(void) {
         return run_suite(UNIT_SUITE("wait", NULL, test_wait_served_when_freed, test_wait_expires,
                                     test_wait_never_servable_fails_at_once, test_wait_turned_off,
@@ -812,6 +846,7 @@ int main(void) {
                                     test_wait_two_users_in_turn, test_wait_flood_does_not_hold_others,
                                     test_wait_quota_still_applies, test_wait_daemon_stops,
                                     test_freed_memory_is_room, test_scrub_wait_parks,
-                                    test_scrub_finished_ahead_of_dispatch, test_kept_zeroing_parks)) == 0
+                                    test_scrub_finished_ahead_of_dispatch, test_kept_zeroing_parks,
+                                    test_scrub_wait_bytes_set)) == 0
                        ? EXIT_SUCCESS : EXIT_FAILURE;
 }

@@ -101,6 +101,7 @@ START_TEST(test_defaults_without_file) {
                                "Placement=most-free\n"
                                "ReclaimTimeout=5s\n"
                                "HostCapacity=25%\n"
+                               "ScrubWaitBytes=256M\n"
                                "\n"
                                "[Limits]\n"
                                "MaxBytes=80%\n"
@@ -142,6 +143,19 @@ START_TEST(test_every_key) {
         ck_assert_uint_eq(c.manager.pool.max_slab, 512ULL << 20);
         ck_assert(c.manager.has_admin_group);
         ck_assert_uint_eq(c.manager.admin_gid, 0);
+        ck_assert(!c.manager.has_scrub_wait_bytes);
+        config_done(&c);
+
+        /* ScrubWaitBytes=0 is a value, not the default; empty goes back to the default. */
+        ck_assert_int_eq(load(&c, "[Broker]\nScrubWaitBytes=0\n", &message), 0);
+        ck_assert(c.manager.has_scrub_wait_bytes);
+        ck_assert_uint_eq(c.manager.scrub_wait_bytes, 0);
+        config_done(&c);
+        ck_assert_int_eq(load(&c, "[Broker]\nScrubWaitBytes=64M\nScrubWaitBytes=\n", &message), 0);
+        ck_assert(!c.manager.has_scrub_wait_bytes);
+        config_done(&c);
+        ck_assert_int_eq(load(&c, "[Broker]\nScrubWaitBytes=1G\n", &message), 0);
+        ck_assert_uint_eq(c.manager.scrub_wait_bytes, 1ULL << 30);
         config_done(&c);
 }
 END_TEST
@@ -221,6 +235,9 @@ START_TEST(test_errors_name_the_line) {
         expect_error("[Broker]\nCapacity=%\n", 2, "a percentage must be 1%-100%");
         expect_error("[Broker]\nMaxSlab=3G\n", 2, "expected a power of two");
         expect_error("[Broker]\nAdminGroup=vmmb-no-such-group\n", 2, "no such group");
+        expect_error("[Broker]\nScrubWaitBytes=-1\n", 2, "ScrubWaitBytes=-1: expected a size such as 256M, or 0");
+        expect_error("[Broker]\nScrubWaitBytes=1P\n", 2, "expected a size such as 256M");
+        expect_error("[Broker]\nScrubWaitBytes=99999999999T\n", 2, "expected a size such as 256M");
 }
 END_TEST
 
@@ -291,7 +308,7 @@ START_TEST(test_print_round_trip) {
 
         ck_assert_int_eq(load(&c, "[Broker]\nSocket=/run/x\nDevices=1,0\nCapacity=1536M\nMaxSlab=2G\n"
                                   "AdminGroup=root\nReplyTimeout=2min\nMaxConnectionsTotal=500\nMaxAllocWait=0\n"
-                                  "Placement=first\nHostCapacity=0\n[Limits]\nMaxBytes=40G\nMaxProcesses=12\n"
+                                  "Placement=first\nHostCapacity=0\nScrubWaitBytes=0\n[Limits]\nMaxBytes=40G\nMaxProcesses=12\n"
                                   "MaxHostBytes=8G\n[User:0]\nMaxLeases=7\nMaxProcesses=1\nMaxHostBytes=10%\n"
                                   "[Group:root]\nMaxBytes=50%\nMaxConnections=3\n",
                               &message), 0);
@@ -308,6 +325,7 @@ START_TEST(test_print_round_trip) {
                                 "Placement=first\n"
                                 "ReclaimTimeout=5s\n"
                                 "HostCapacity=0\n"
+                                "ScrubWaitBytes=0\n"
                                 "\n"
                                 "[Limits]\n"
                                 "MaxBytes=40G\n"
