@@ -544,6 +544,26 @@ static bool start_holding(const char *test, char *hold, size_t size, const char 
 }
 
 /*
+ * The daemon stopped (SIGTERM) while `c`'s call is parked, its streams held: the call is told OutOfMemory,
+ * "stopping", before the daemon waits for its streams to drain; then they run and the daemon exits.
+ */
+static void stop_while_parked(VarlinkConn *c, const char *hold) {
+        const char *message;
+        Reply r;
+
+        wait_for_waiters(1);
+        ck_assert_int_eq(kill(h.pid, SIGTERM), 0);
+        ck_assert_int_eq(reply_read(c, &r, NULL), 0);
+        ck_assert_str_eq(r.error, VMMB_ERROR_OUT_OF_MEMORY);
+        message = reply_str(&r, "message");
+        ck_assert_msg(message && strstr(message, "stopping"), "not said: %s", message);
+        reply_done(&r);
+        hold_streams(hold, false);
+        harness_stop_or_fail(&h);
+        ck_assert_int_eq(unsetenv("SIMCUDA_HOLD_FILE"), 0);
+}
+
+/*
  * Leases BIG on `c` and frees it with the daemon's streams held, so that its scrub cannot be done before the
  * next call; then sends an Alloc of BIG that does not wait, which needs that slab: it is parked.
  */
@@ -569,8 +589,6 @@ START_TEST(test_scrub_wait_parks) {
         _cleanup_(varlink_conn_freep) VarlinkConn *a = NULL, *o = NULL;
         char hold[64];
         TestLease l, got;
-        const char *message;
-        Reply r;
 
         if (!start_holding(__func__, hold, sizeof(hold), NULL))
                 return;
@@ -618,16 +636,7 @@ START_TEST(test_scrub_wait_parks) {
         /* Parked when the daemon stops: told so, before the daemon waits for its streams to drain. */
         ck_assert_int_eq(conn_open(h.socket, &a), 0);
         park_on_scrub(a, hold);
-        wait_for_waiters(1);
-        ck_assert_int_eq(kill(h.pid, SIGTERM), 0);
-        ck_assert_int_eq(reply_read(a, &r, NULL), 0);
-        ck_assert_str_eq(r.error, VMMB_ERROR_OUT_OF_MEMORY);
-        message = reply_str(&r, "message");
-        ck_assert_msg(message && strstr(message, "stopping"), "not said: %s", message);
-        reply_done(&r);
-        hold_streams(hold, false);
-        harness_stop_or_fail(&h);
-        ck_assert_int_eq(unsetenv("SIMCUDA_HOLD_FILE"), 0);
+        stop_while_parked(a, hold);
 }
 END_TEST
 
@@ -730,9 +739,7 @@ static TestLease park_on_kept(VarlinkConn *c, const char *hold) {
 START_TEST(test_kept_zeroing_parks) {
         _cleanup_(varlink_conn_freep) VarlinkConn *a = NULL, *o = NULL;
         TestLease l, got, kept;
-        const char *message;
         char hold[64];
-        Reply r;
 
         if (!start_holding(__func__, hold, sizeof(hold), NULL))
                 return;
@@ -792,16 +799,7 @@ START_TEST(test_kept_zeroing_parks) {
 
         /* Parked when the daemon stops: told so, before the daemon waits for its streams to drain. */
         (void)park_on_kept(a, hold);
-        wait_for_waiters(1);
-        ck_assert_int_eq(kill(h.pid, SIGTERM), 0);
-        ck_assert_int_eq(reply_read(a, &r, NULL), 0);
-        ck_assert_str_eq(r.error, VMMB_ERROR_OUT_OF_MEMORY);
-        message = reply_str(&r, "message");
-        ck_assert_msg(message && strstr(message, "stopping"), "not said: %s", message);
-        reply_done(&r);
-        hold_streams(hold, false);
-        harness_stop_or_fail(&h);
-        ck_assert_int_eq(unsetenv("SIMCUDA_HOLD_FILE"), 0);
+        stop_while_parked(a, hold);
 }
 END_TEST
 
