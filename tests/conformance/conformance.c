@@ -1068,20 +1068,35 @@ static bool pair_can_access(CUdevice b) {
         return ba != 0;
 }
 
-/* Memory on A, mapped (G bytes), access for A and for B (read-write, or read-only); false if B cannot reach A. */
-static bool pair_mapping(CUdevice b, bool readonly, CUmemGenericAllocationHandle *h, CUdeviceptr *va) {
-        bool can = pair_can_access(b);
+/* A pair check's memory: on A, mapped (G bytes), with access for A and for B. */
+typedef struct PairMapping {
+        CUdevice b;
+        CUmemGenericAllocationHandle h;
+        CUdeviceptr va;
+        CUcontext ctx;                  /* B's, while the check is in it (gpu_enter_device()) */
+} PairMapping;
+
+/*
+ * B (pair_device()), and memory on A mapped with access for A and for B (read-write, or read-only), in one
+ * cuMemSetAccess; false, the check not run, with one device or when B cannot reach A (then the set-access
+ * must have been refused).
+ */
+static bool pair_mapping(const char *check, bool readonly, PairMapping *m) {
+        bool can;
         CUresult r;
 
-        ASSERT_OK(mem_create(G, h));
-        ASSERT_OK(mem_reserve(G, va));
-        ASSERT_CU(gpu.cu->cuMemMap(*va, G, 0, *h, 0));
-        r = mem_set_access_pair(*va, G, b, readonly);
+        if (!pair_device(check, &m->b))
+                return false;
+        can = pair_can_access(m->b);
+        ASSERT_OK(mem_create(G, &m->h));
+        ASSERT_OK(mem_reserve(G, &m->va));
+        ASSERT_CU(gpu.cu->cuMemMap(m->va, G, 0, m->h, 0));
+        r = mem_set_access_pair(m->va, G, m->b, readonly);
         if (!can) {
                 observe("set access for a device that cannot reach the memory", r);
                 ck_assert_msg(r != CUDA_SUCCESS, "cuMemSetAccess gave access to a device that is not a peer.");
-                ASSERT_OK(mem_unmap(*va, G));
-                ASSERT_OK(mem_release(*h));
+                ASSERT_OK(mem_unmap(m->va, G));
+                ASSERT_OK(mem_release(m->h));
                 return false;
         }
         expect_result(readonly ? "set access for this device and read-only for its peer, one call" :
@@ -1090,50 +1105,45 @@ static bool pair_mapping(CUdevice b, bool readonly, CUmemGenericAllocationHandle
 }
 
 /* Back in A's context: B's context released, pair_mapping()'s memory unmapped and released. */
-static void pair_mapping_done(CUdevice b, CUmemGenericAllocationHandle h, CUdeviceptr va) {
+static void pair_mapping_done(PairMapping *m) {
         ASSERT_OK(gpu_leave_device());
-        ASSERT_CU(gpu.cu->cuDevicePrimaryCtxRelease(b));
-        ASSERT_OK(mem_unmap(va, G));
-        ASSERT_OK(mem_release(h));
+        ASSERT_CU(gpu.cu->cuDevicePrimaryCtxRelease(m->b));
+        ASSERT_OK(mem_unmap(m->va, G));
+        ASSERT_OK(mem_release(m->h));
 }
 
 /* B writes A's memory, A reads it; A writes, B reads: both see the other's bytes. */
 START_TEST(pair_write_through_the_other_device) {
-        CUmemGenericAllocationHandle h;
-        CUdeviceptr va;
-        CUcontext ctx;
-        CUdevice b;
+        PairMapping m;
 
-        if (!pair_device("pair_write_through_the_other_device", &b) || !pair_mapping(b, false, &h, &va))
+        if (!pair_mapping("pair_write_through_the_other_device", false, &m))
                 return;
-        ASSERT_OK(gpu_enter_device(b, &ctx));
+        ASSERT_OK(gpu_enter_device(m.b, &m.ctx));
         expect_result("memset of a device's memory through its peer's context",
-                      gpu.cu->cuMemsetD32(va, UINT32_C(0xb0b0b0b0), G / sizeof(uint32_t)), CUDA_SUCCESS);
+                      gpu.cu->cuMemsetD32(m.va, UINT32_C(0xb0b0b0b0), G / sizeof(uint32_t)), CUDA_SUCCESS);
         ASSERT_CU(gpu.cu->cuCtxSynchronize());
         ASSERT_OK(gpu_leave_device());
-        ASSERT_OK(mem_check_fill(va, G, UINT32_C(0xb0b0b0b0), "the memory written by the peer, read on its device"));
-        ASSERT_OK(mem_write_pattern(va, G, UINT32_C(0xa0a0a0a0)));
-        ASSERT_OK(gpu_enter_device(b, &ctx));
-        ASSERT_OK(mem_check_pattern(va, G, UINT32_C(0xa0a0a0a0), "the memory written on its device, read by the peer"));
+        ASSERT_OK(mem_check_fill(m.va, G, UINT32_C(0xb0b0b0b0), "the memory written by the peer, read on its device"));
+        ASSERT_OK(mem_write_pattern(m.va, G, UINT32_C(0xa0a0a0a0)));
+        ASSERT_OK(gpu_enter_device(m.b, &m.ctx));
+        ASSERT_OK(mem_check_pattern(m.va, G, UINT32_C(0xa0a0a0a0),
+                                    "the memory written on its device, read by the peer"));
         observe_text("a peer with access reads and writes the memory", "yes");
-        pair_mapping_done(b, h, va);
+        pair_mapping_done(&m);
 }
 END_TEST
 
 /* A read-only descriptor for B: B reads what A wrote. (B's write is pair_peer_writes_read_only.) */
 START_TEST(pair_read_only_peer_reads) {
-        CUmemGenericAllocationHandle h;
-        CUdeviceptr va;
-        CUcontext ctx;
-        CUdevice b;
+        PairMapping m;
 
-        if (!pair_device("pair_read_only_peer_reads", &b) || !pair_mapping(b, true, &h, &va))
+        if (!pair_mapping("pair_read_only_peer_reads", true, &m))
                 return;
-        ASSERT_OK(mem_write_pattern(va, G, UINT32_C(0x0dd0dd0d)));
-        ASSERT_OK(gpu_enter_device(b, &ctx));
-        ASSERT_OK(mem_check_pattern(va, G, UINT32_C(0x0dd0dd0d), "the memory read by a read-only peer"));
+        ASSERT_OK(mem_write_pattern(m.va, G, UINT32_C(0x0dd0dd0d)));
+        ASSERT_OK(gpu_enter_device(m.b, &m.ctx));
+        ASSERT_OK(mem_check_pattern(m.va, G, UINT32_C(0x0dd0dd0d), "the memory read by a read-only peer"));
         observe_text("a read-only peer reads the memory", "yes");
-        pair_mapping_done(b, h, va);
+        pair_mapping_done(&m);
 }
 END_TEST
 

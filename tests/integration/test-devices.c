@@ -788,11 +788,21 @@ static bool pair_open(const char *test, Devices *dv) {
         return true;
 }
 
-/* Starts a daemon with PAIR_CONFIG on the devices pair_open() found. */
-static void pair_start(Daemon *d) {
+/* Starts a daemon with PAIR_CONFIG on the devices pair_open() found, and connects to it. */
+static vmmb_client *pair_start(Daemon *d) {
+        vmmb_client *client = NULL;
         int k = harness_start_config(&d->h, PAIR_CONFIG, NULL);
 
         ck_assert_msg(k == 0, "harness_start: %s", strerror(-k));
+        ck_assert_int_eq(vmmb_connect(d->h.socket, &client), 0);
+        return client;
+}
+
+/* Ends what pair_open() and pair_start() began: the client closed, the devices released, the daemon stopped. */
+static void pair_stop(Daemon *d, Devices *dv, vmmb_client *client) {
+        vmmb_close(client);
+        devices_close(dv);
+        stop(d);
 }
 
 /*
@@ -844,15 +854,14 @@ static void status_each(const char *socket, int n, uint64_t leases, uint64_t byt
  */
 START_TEST(test_pair_lease_on_each_device) {
         vmmb_lease *l[DEVICES_MAX] = {};
-        vmmb_client *client = NULL;
+        vmmb_client *client;
         Devices dv;
         Daemon d;
         int i;
 
         if (!pair_open("test_pair_lease_on_each_device", &dv))
                 return;
-        pair_start(&d);
-        ck_assert_int_eq(vmmb_connect(d.h.socket, &client), 0);
+        client = pair_start(&d);
         for (i = 0; i < dv.n; i++) {
                 uint64_t p;
 
@@ -871,9 +880,7 @@ START_TEST(test_pair_lease_on_each_device) {
         for (i = 0; i < dv.n; i++)
                 ck_assert_int_eq(vmmb_free(l[i]), 0);
         status_each(d.h.socket, dv.n, 0, 0);
-        vmmb_close(client);
-        devices_close(&dv);
-        stop(&d);
+        pair_stop(&d, &dv, client);
 }
 END_TEST
 
@@ -884,15 +891,14 @@ END_TEST
 START_TEST(test_pair_most_free_spreads) {
         vmmb_lease *l[2 * DEVICES_MAX] = {};
         unsigned on[DEVICES_MAX] = {};
-        vmmb_client *client = NULL;
+        vmmb_client *client;
         Devices dv;
         Daemon d;
         int i;
 
         if (!pair_open("test_pair_most_free_spreads", &dv))
                 return;
-        pair_start(&d);
-        ck_assert_int_eq(vmmb_connect(d.h.socket, &client), 0);
+        client = pair_start(&d);
         for (i = 0; i < 2 * dv.n; i++) {
                 int device;
 
@@ -906,9 +912,7 @@ START_TEST(test_pair_most_free_spreads) {
         status_each(d.h.socket, dv.n, 2, 2 * PAIR_LEASE);
         for (i = 0; i < 2 * dv.n; i++)
                 ck_assert_int_eq(vmmb_free(l[i]), 0);
-        vmmb_close(client);
-        devices_close(&dv);
-        stop(&d);
+        pair_stop(&d, &dv, client);
 }
 END_TEST
 
@@ -976,20 +980,17 @@ static void peer_write_read(Devices *dv, vmmb_client *client, int a, int b) {
  * (cuDeviceCanAccessPeer), the grant must be refused naming the pair, and that direction ends there.
  */
 START_TEST(test_pair_peer_write_read) {
-        vmmb_client *client = NULL;
+        vmmb_client *client;
         Devices dv;
         Daemon d;
 
         if (!pair_open("test_pair_peer_write_read", &dv))
                 return;
-        pair_start(&d);
-        ck_assert_int_eq(vmmb_connect(d.h.socket, &client), 0);
+        client = pair_start(&d);
         peer_write_read(&dv, client, 0, 1);
         peer_write_read(&dv, client, 1, 0);
         status_each(d.h.socket, dv.n, 0, 0);
-        vmmb_close(client);
-        devices_close(&dv);
-        stop(&d);
+        pair_stop(&d, &dv, client);
 }
 END_TEST
 
