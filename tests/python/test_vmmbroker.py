@@ -1018,6 +1018,12 @@ class TestWeightStoreHeader(ClientTestCase):
             with self.assertRaises(w.LayoutError) as cm:
                 w._read_header(self._Base(lease.size), lease)
             self.assertIn("in a lease of", str(cm.exception))
+            big[16:24] = (w.MAX_JSON + 1).to_bytes(8, "little")       # more JSON than any attach reads:
+            big[24:32] = (w.MAX_JSON + 4096).to_bytes(8, "little")    # refused from the prefix alone
+            ctypes.memmove(lease.ptr, bytes(big), len(big))
+            with self.assertRaises(w.LayoutError) as cm:
+                w._read_header(self._Base(lease.size), lease)
+            self.assertIn("more than the", str(cm.exception))
 
 
 class TestParkingLimits(OwnBrokerTestCase):

@@ -24,7 +24,7 @@ Layout of the lease (version 3; little-endian):
     offset 0   magic          8 bytes  b"VMMBWTS\\0"
            8   version        u32      3 (this version also reads 1 and 2)
           12   prefix size    u32      64 (bytes before the JSON)
-          16   json size      u64      bytes of the JSON that follows the prefix
+          16   json size      u64      bytes of the JSON that follows the prefix (at most MAX_JSON, 64 MiB)
           24   data offset    u64      where the tensor data starts (aligned)
           32   data size      u64      bytes of tensor data after the data offset
           40   json crc32     u32      zlib.crc32 of the JSON bytes
@@ -89,6 +89,9 @@ ALIGN = 256
 _PREFIX = struct.Struct("<8sIIQQQI")     # magic, version, prefix size, json size, data offset, data size, crc
 FIRST_READ = 64 * 1024                  # bytes read back at attach before parsing: most headers fit (GPT-2
                                         # medium's is 21 KiB; a copy of 64 KiB costs what one of 16 KiB does)
+#: The most bytes of JSON a header may have, written or read: about 70 bytes a tensor, so room for hundreds
+#: of thousands of tensors; past it, whoever published the store cannot make an attach copy and parse more.
+MAX_JSON = 64 * 1024 * 1024
 
 # Element sizes of the dtypes a header may name (PyTorch's names), for checking without PyTorch.
 ITEMSIZE = {
@@ -227,6 +230,9 @@ def encode_layout(entries: List[list], data_size: int, metadata: Optional[Mappin
             raise ValueError(f"{e[0]}: strides {list(e[3])} are not the contiguous ones of shape {list(e[2])}")
     doc = {"names": [e[0] for e in entries], "groups": group_entries(entries), "metadata": dict(metadata or {})}
     js = json.dumps(doc, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode("ascii")
+    if len(js) > MAX_JSON:
+        raise ValueError(f"the layout's JSON is {len(js)} bytes, more than the {MAX_JSON} an attach reads "
+                         f"(vmmbroker.weights.MAX_JSON): fewer tensors, or less metadata")
     data_offset = _align(PREFIX_SIZE + len(js), align)
     prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, PREFIX_SIZE, len(js), data_offset, data_size,
                           zlib.crc32(js) & 0xFFFFFFFF)
@@ -245,6 +251,9 @@ def _prefix(buf: bytes) -> Tuple[int, int, int, int, int]:
                           f"{', '.join(map(str, READ_VERSIONS))}")
     if prefix_size != PREFIX_SIZE or data_offset < PREFIX_SIZE + js:
         raise LayoutError("corrupt weight-store header (sizes)")
+    if js > MAX_JSON:
+        raise LayoutError(f"weight-store header of {js} bytes of JSON, more than the {MAX_JSON} this vmmbroker "
+                          f"reads")
     return version, js, data_offset, data_size, crc
 
 
@@ -328,7 +337,7 @@ def _parse(buf: bytes, lease_size: Optional[int]) -> Tuple[list, list, int, Dict
             raise LayoutError(f"{names[seen.index(0)]}: in no group")
         if len(set(names)) != n or set(map(type, names)) - {str}:
             raise LayoutError("corrupt weight-store header (names not distinct strings)")
-    except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError) as e:
         if isinstance(e, LayoutError):
             raise
         raise LayoutError(f"corrupt weight-store header (JSON: {type(e).__name__}: {e})") from None
@@ -395,7 +404,8 @@ def publish_state_dict(client, name: str, state_dict: Mapping[str, Any], uids: S
     weights) are stored once and come back sharing it. The producer may free
     the returned lease or exit: the name keeps the memory until
     Client.unpublish(name). On failure the new lease is freed and nothing is
-    published.
+    published. ValueError, before anything is leased, when the names and
+    metadata make more than MAX_JSON (64 MiB) of JSON, which no attach reads.
     """
     import torch
 

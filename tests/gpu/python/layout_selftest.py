@@ -178,6 +178,20 @@ raises(w.LayoutError, lambda: w.decode_layout(header[:-10]), "a truncated JSON")
 bad_utf8 = header[w.PREFIX_SIZE:].replace(b'"metadata"', b'"metad\xffta"')
 raises(w.LayoutError, lambda: w.decode_layout(header_of_raw(bad_utf8, 3, data_size)), "JSON that is not UTF-8")
 raises(w.LayoutError, lambda: w.decode_layout(header, data_offset + data_size - 1), "a lease too small for the layout")
+# what a hostile publisher controls: the JSON's size (read and parsed by every attach), and its nesting
+huge = bytearray(header[:w.PREFIX_SIZE])
+huge[16:24] = (w.MAX_JSON + 1).to_bytes(8, "little")
+huge[24:32] = (w.PREFIX_SIZE + w.MAX_JSON + 1).to_bytes(8, "little")
+raises(w.LayoutError, lambda: w.decode_prefix(bytes(huge)), "a JSON size over MAX_JSON (before anything is read)")
+deep = b'{"names":[],"groups":[],"metadata":{"a":' + b"[" * 100000 + b"]" * 100000 + b"}}"
+raises(w.LayoutError, lambda: w.decode_layout(header_of_raw(deep, 3, 0)), "JSON nested 100,000 deep")
+saved_max = w.MAX_JSON
+w.MAX_JSON = len(header) - w.PREFIX_SIZE - 1
+try:
+    raises(ValueError, lambda: w.encode_layout(entries, data_size, meta), "a layout over MAX_JSON, written")
+    raises(w.LayoutError, lambda: w.decode_layout(header), "a layout over MAX_JSON, read")
+finally:
+    w.MAX_JSON = saved_max
 raises(ValueError, lambda: w.plan_layout([("a", "float32", (2,), None), ("a", "float32", (2,), None)]), "a duplicate name")
 raises(ValueError, lambda: w.plan_layout([("a", "qint8", (2,), None)]), "a dtype that cannot be stored")
 raises(ValueError, lambda: w.plan_layout([("b", "float32", (2,), "a")]), "an alias of a missing tensor")
