@@ -267,6 +267,16 @@ static void check_reply(Client *cl, json_object *msg, const int *fds, size_t n_f
 
                         k = free_reply_decode(p, &f, &message);
                         free_reply_done(&f);
+                } else if (has_key(p, "parked")) {
+                        ParkReply pr = {};
+
+                        k = park_reply_decode(p, &pr, &message);
+                        park_reply_done(&pr);
+                } else if (has_key(p, "text")) {
+                        MetricsReply m = {};
+
+                        k = metrics_reply_decode(p, &m, &message);
+                        metrics_reply_done(&m);
                 } else
                         k = empty_params_decode(p, NULL, &message);
                 if (k < 0)
@@ -445,6 +455,12 @@ static void check_pool(const char *when) {
                             when, s.index, s.n_leased, (unsigned long long)s.leased, s.n_scrubbing, s.n_cached,
                             (unsigned long long)s.cached, baseline_stats[i].n_cached,
                             (unsigned long long)baseline_stats[i].cached);
+                /* host memory for parked leases: none holds a lease, and the cache is as it started */
+                if (s.parked != 0 || s.host_scrubbing != 0 || s.host_cached != baseline_stats[i].host_cached)
+                        die("%s: device %d has %llu bytes of host memory parked, %llu scrubbing, %llu cached; "
+                            "it started with %llu cached",
+                            when, s.index, (unsigned long long)s.parked, (unsigned long long)s.host_scrubbing,
+                            (unsigned long long)s.host_cached, (unsigned long long)baseline_stats[i].host_cached);
         }
 }
 

@@ -65,6 +65,13 @@ seed("tokens-admin", call("Tokens", {"id": "0123456789abcdef0123456789abcdef"}),
 seed("set-reclaimable", call("SetReclaimable", {"id": "0123456789abcdef0123456789abcdef", "priority": 3})
      + call("SetReclaimable", {"id": "0123456789abcdef0123456789abcdef"})
      + call("SetReclaimable", {"id": "x", "priority": 2147483648}) + call("SetReclaimable", {"id": "x", "priority": -1}))
+seed("park-unpark", call("Park", {"id": "0123456789abcdef0123456789abcdef"})
+     + call("Unpark", {"id": "0123456789abcdef0123456789abcdef"}) + call("Park", {}) + call("Unpark", {"id": 7})
+     + call("Park", {"id": "x", "keep": True}))
+seed("free-keep", call("Free", {"id": "0123456789abcdef0123456789abcdef", "keep": True})
+     + call("Free", {"id": "x", "keep": "yes"}) + call("Free", {"id": "x", "keep": None}))
+seed("metrics", call("Metrics") + call("Metrics", {"x": 1}))
+seed("metrics-admin", call("Metrics"), flags=ADMIN)
 seed("watch-reclaim", call("WatchReclaim", more=True) + call("Status"))
 seed("watch-reclaim-no-more", call("WatchReclaim") + call("WatchReclaim", {"x": 1}, more=True)
      + call("WatchReclaim", more=True, oneway=True))
@@ -98,6 +105,38 @@ seed("session-reclaim", call("Alloc", {"size": 2 * MiB}) + call("SetReclaimable"
      + call("SetReclaimable", {"id": "$L0", "priority": 7}) + call("SetReclaimable", {"id": "$L0"})
      + call("SetReclaimable", {"id": "$L0", "priority": 1}) + call("Alloc", {"size": 2 * MiB, "wait_usec": 1000})
      + call("Free", {"id": "$L0"}) + call("WatchReclaim", more=True) + call("List"), flags=SESSION)
+seed("session-park",
+     call("Alloc", {"size": 4 * MiB}) + call("Park", {"id": "$L0"}) + call("Park", {"id": "$L0"}) + call("List", {})
+     + call("Status") + call("Users", {}) + call("Unpark", {"id": "$L0"}) + call("Unpark", {"id": "$L0"})
+     + call("Park", {"id": "$L0"}) + call("Free", {"id": "$L0"}) + call("Unpark", {"id": "$L0"}), flags=SESSION)
+seed("session-park-shared",
+     call("Alloc", {"size": 6 * MiB, "device": 1}) + call("Share", {"id": "$L0"}) + call("Park", {"id": "$L0"})
+     + call("Attach", {"token": "$T0"}) + call("Park", {"id": "$L0"}) + call("Park", {"id": "$L1"})
+     + call("Unpark", {"id": "$L1"}) + call("Publish", {"id": "$L0", "name": "fuzz.parked"})
+     + call("Park", {"id": "$L0"}) + call("Attach", {"name": "fuzz.parked", "readonly": True})
+     + call("Free", {"id": "$L0"}) + call("List", {"all": True}), flags=SESSION)
+seed("session-park-over-limits",
+     call("Alloc", {"size": 8 * MiB}) + call("Alloc", {"size": 8 * MiB}) + call("Alloc", {"size": 8 * MiB})
+     + call("Park", {"id": "$L0"}) + call("Park", {"id": "$L1"}) + call("Park", {"id": "$L2"})
+     + call("Alloc", {"size": 16 * MiB}) + call("Unpark", {"id": "$L0"}) + call("Unpark", {"id": "$L1"})
+     + call("Unpark", {"id": "$L2"}) + call("Status"), flags=SESSION)
+seed("session-keep",
+     call("Alloc", {"size": 2 * MiB}) + call("Free", {"id": "$L0", "keep": True}) + call("List", {})
+     + call("Alloc", {"size": 2 * MiB}) + call("Free", {"id": "$L0", "keep": True})
+     + call("Alloc", {"size": 4 * MiB}) + call("Alloc", {"size": 2 * MiB, "wait_usec": 1000})
+     + call("Free", {"id": "$L0", "keep": False}) + call("Free", {"id": "$L1", "keep": True}) + call("Status"),
+     flags=SESSION)
+seed("session-keep-shared",      # kept while shared, asked back by size, another size, with devices
+     call("Alloc", {"size": 8 * MiB}) + call("Share", {"id": "$L0"}) + call("Free", {"id": "$L0", "keep": True})
+     + call("Share", {"id": "$L0"}) + call("Attach", {"token": "$T0"}) + call("List", {}) + call("Status")
+     + call("Alloc", {"size": 8 * MiB}) + call("Free", {"id": "$L0", "keep": True})
+     + call("Alloc", {"size": 4 * MiB}) + call("Free", {"id": "$L1", "keep": True}) + call("Free", {"id": "$L1"})
+     + call("Alloc", {"size": 8 * MiB, "devices": [0]}), flags=SESSION)
+seed("session-keep-refused",
+     call("Alloc", {"size": 2 * MiB}) + call("Share", {"id": "$L0"}) + call("Free", {"id": "$L0", "keep": True})
+     + call("Alloc", {"size": 2 * MiB}) + call("Publish", {"id": "$L0", "name": "fuzz.kept"})
+     + call("Free", {"id": "$L0", "keep": True}) + call("Alloc", {"size": 2 * MiB}) + call("Park", {"id": "$L0"})
+     + call("Free", {"id": "$L0", "keep": True}) + call("SetReclaimable", {"id": "$L0", "priority": 1}), flags=SESSION)
 seed("session-share-attach-revoke",
      call("Alloc", {"size": 2 * MiB}) + call("Share", {"id": "$L0"}) + call("Attach", {"token": "$T0"})
      + call("List", {}) + call("Revoke", {"token": "$T0"}) + call("Attach", {"token": "$T0"})
@@ -184,7 +223,8 @@ seed("wrong-types", call("Alloc", {"size": "1G"}) + call("Alloc", {"size": -1}) 
      + call("Unpublish", {"name": "x" * 300}))
 seed("unknown-parameter-every-method",
      b"".join(call(m, {"bogus": 1}) for m in ("Alloc", "Free", "Share", "Revoke", "Attach", "Publish", "Unpublish",
-                                             "Tokens", "List", "Users", "Status", "org.varlink.service.GetInfo",
+                                             "Tokens", "List", "Users", "Status", "Park", "Unpark", "Metrics",
+                                             "SetReclaimable", "WatchReclaim", "org.varlink.service.GetInfo",
                                              "org.varlink.service.GetInterfaceDescription"))
      + call("List", {"all": 1}) + call("Users", {"all": "yes"}) + call("org.varlink.service.GetInterfaceDescription"))
 seed("unknown-method", call("io.vmmbroker.Nothing") + call("com.example.Other.Call"))
