@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: MIT
 #
 # What a GPU run proves for this tree, in one command on a machine with the
-# NVIDIA driver (the lent GPU: see docs/gpu.md): the driver conformance suite
+# NVIDIA driver (README.md, "Other commands"): the driver conformance suite
 # against the real driver, the daemon's self-check, and the pool benchmark;
 # then the same benchmark on the simulated device for comparison. Later, the
 # broker benchmarks: bench-broker, and bench-trace on the recorded training
