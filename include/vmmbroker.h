@@ -11,8 +11,8 @@
  * caller uses the pointer like any device memory from cuMemAlloc.
  *
  * The memory reads zero when leased. It stays the caller's until
- * vmmb_free() or until the process exits; closing the connection alone does
- * not end a lease.
+ * vmmb_free(), vmmb_close() or the end of the process; closing the
+ * connection alone does not end a lease.
  *
  * A lease belongs to the user that made it, its owner, who is charged for
  * it. It may be shared with other processes: vmmb_share() makes a token with
@@ -41,9 +41,9 @@
  * and vmmb_free() on them later talks to the new broker. The call that was
  * under way is sent again on the new connection when the broker cannot have
  * carried it out (the connection was lost before the broker read it), and
- * vmmb_publish() in any case (twice is as once). Otherwise it returns
- * -ECONNRESET, and vmmb_error_message() says the broker went away after it
- * received the call and whether it carried it out is unknown; each function
+ * vmmb_publish() and vmmb_tokens() in any case (twice is as once). Otherwise
+ * it returns -ECONNRESET, and vmmb_error_message() says the broker went away
+ * after it received the call and whether it carried it out is unknown; each function
  * says what that leaves. When no broker listens within the timeout (the
  * socket refuses connections or is missing), the call returns -ECONNREFUSED.
  * Either way the client stays usable: the next call connects again.
@@ -104,14 +104,15 @@ typedef struct vmmb_token {
  *
  * Also loads the CUDA driver (libcuda.so.1, or $VMMBROKER_LIBCUDA) the first
  * time a client is made in the process, and reads $VMMBROKER_RECONNECT_TIMEOUT
- * for the client. Connecting here does not wait for a broker; connecting again
- * after a lost connection does (see above).
+ * and $VMMBROKER_REPLY_SPIN_USEC for the client. Connecting here does not wait
+ * for a broker; connecting again after a lost connection does (see above).
  *
  * Return: 0, or a negative errno: -ENOENT or -ECONNREFUSED when no broker
  * listens there, -EACCES when the caller may not connect (not in the
  * vmmbroker group), -ENODEV when the CUDA driver cannot be loaded (the
- * answer stays for the life of the process), -EINVAL for an empty path or a
- * $VMMBROKER_RECONNECT_TIMEOUT that is not a number of seconds,
+ * answer stays for the life of the process), -EINVAL for an empty path, a
+ * NULL ret, a $VMMBROKER_RECONNECT_TIMEOUT that is not a number of seconds
+ * or a $VMMBROKER_REPLY_SPIN_USEC that is not 0 to 100000 microseconds,
  * -ENAMETOOLONG for a path too long for a Unix socket.
  */
 int vmmb_connect(const char *socket_path, vmmb_client **ret);
@@ -170,7 +171,8 @@ void vmmb_close(vmmb_client *client);
  * failed, -ECONNRESET when the broker went away after it received the call
  * (it may have made a lease that this process then holds, unmapped, until it
  * exits), -ECONNREFUSED when no broker came back in time,
- * -EPROTO when the broker's reply makes no sense.
+ * -EPROTO when the broker's reply makes no sense, -EAGAIN when the broker
+ * could not store the change (StoreFailed: nothing changed, call again).
  */
 int vmmb_alloc(vmmb_client *client, uint64_t size, int device, const char *label, vmmb_lease **ret);
 
@@ -242,7 +244,8 @@ int vmmb_alloc_among(vmmb_client *client, uint64_t size, const int *devices, siz
  * context of the process). The caller must make sure that no queued work
  * uses the memory (synchronize the streams that use it, wait for an event
  * recorded after the last use), or call vmmb_free_stream(), which waits for
- * a stream first. The lease object is freed in every case.
+ * a stream first. The lease object is freed in every case but -EDEADLK
+ * (from the lease's own reclaim callback: see vmmb_reclaim_fn).
  * When telling the broker fails, the broker reclaims the memory when this
  * process exits: -ECONNREFUSED when no broker came back in time,
  * and -ECONNRESET when the broker went away after it received the call, and
@@ -290,11 +293,12 @@ int vmmb_free(vmmb_lease *lease);
  * not read it: the library connects again and sends it once more, as for any
  * call. When the broker goes away after the call is written and before it
  * reads it (a restart at that moment), the hold ends when this process exits.
- * The lease object is freed in every case.
+ * The lease object is freed in every case but -EDEADLK.
  *
  * Return: 0 once the call is written; or a negative errno: from the unmapping
  * (unmapped first, the broker is not told then), -ECONNREFUSED when no broker came
- * back in time, -ECONNRESET when the connection was lost twice while sending.
+ * back in time, -ECONNRESET when the connection was lost twice while sending,
+ * -EDEADLK from the lease's own reclaim callback (nothing is done).
  */
 int vmmb_free_oneway(vmmb_lease *lease);
 
@@ -442,9 +446,10 @@ int vmmb_revoke(vmmb_client *client, const char *token);
  * @flags: 0, or VMMB_READONLY to map the memory read-only even when the token gives read-write.
  * @ret: the lease, mapped, on success: the same memory as every other holder's, as they left it.
  *
- * The memory is mapped read-only when @flags has VMMB_READONLY or the token
- * gives read-only holds (unless this process holds the lease read-write
- * already: its hold stays read-write); vmmb_lease_readonly() says which. The broker cannot
+ * The memory is mapped read-only when @flags has VMMB_READONLY, or when the
+ * token gives read-only holds and this process does not hold the lease
+ * read-write already (its hold then stays read-write, whatever the token);
+ * vmmb_lease_readonly() says which. The broker cannot
  * enforce read-only in this process: the library sets the access itself,
  * as any process importing the memory does. Attaching a lease this process
  * holds already maps it once more, at another address; each lease object
@@ -935,7 +940,7 @@ void *vmmb_torch_alloc(ssize_t size, int device, void *stream);
  * @stream: the stream whose queued work may still use the segment (a cudaStream_t), or NULL for
  *          the legacy default stream, in the primary context of the segment's device.
  *
- * Does not block. An event is recorded on @stream, and the lease is freed
+ * Does not wait for @stream. An event is recorded on @stream, and the lease is freed
  * only once the event has completed: checked by later calls of
  * vmmb_torch_alloc() and vmmb_torch_free() in any thread, and by
  * vmmb_torch_release_all(); at exit the broker takes back what is left. It
@@ -988,9 +993,12 @@ int vmmb_torch_release_all(void);
  * vmmb_torch_alloc(), vmmb_torch_free() or vmmb_torch_wake() in other threads.
  *
  * Return: the number of segments parked by this call, or a negative errno
- * (the first failure; vmmb_error_message() says why) after trying every
- * segment: those parked stay parked (vmmb_torch_wake() brings them back),
- * the others stay mapped. The errors are those of vmmb_lease_park().
+ * (the first failure; vmmb_error_message() says why). When waiting for the
+ * pending frees or giving back the kept segments fails, it returns that
+ * error at once, with nothing parked. Otherwise it tries every segment: those
+ * parked stay parked (vmmb_torch_wake() brings them back), the others stay
+ * mapped. The errors are those of vmmb_lease_park(), or the driver's when the
+ * primary context cannot be used.
  */
 int vmmb_torch_sleep(void *stream);
 
