@@ -323,6 +323,17 @@ class TestErrors(ClientTestCase):
             _varlink.call(broker.socket, "NoSuchMethod")
         self.assertEqual(cm.exception.errno, errno.EOPNOTSUPP)
 
+    def test_every_error_mapped(self) -> None:
+        """Every error of the interface has its errno in the package's own varlink calls (proto/codec.c's
+        table), not EPROTO."""
+        idl = os.path.join(HERE, "..", "..", "proto", "io.vmmbroker.varlink")
+        with open(idl) as f:
+            names = [line.split()[1] for line in f if line.startswith("error ")]
+        self.assertGreater(len(names), 10)
+        for name in names:
+            self.assertIn("io.vmmbroker." + name, _varlink._ERRNO, name)
+        self.assertEqual(_varlink._ERRNO["io.vmmbroker.OutOfHostMemory"], errno.ENOSPC)
+
 
 class TestArrayInterface(ClientTestCase):
     def test_lease_interface(self) -> None:

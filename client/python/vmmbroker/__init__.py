@@ -91,8 +91,8 @@ PARKING
 
 STATUS
     Client.status() lists the pool on each device; Client.list(all=False)
-    the leases the calling user made or holds (every lease for the broker's
-    administrators). Both are the broker's own answers, as dicts
+    the leases the calling user made or holds (all=True: every lease, for the
+    broker's administrators only). Both are the broker's own answers, as dicts
     (docs/protocol.md: Device, LeaseInfo).
 
 ERRORS
@@ -100,7 +100,9 @@ ERRORS
     whose strerror is the broker's or the library's sentence. NotFound
     (ENOENT, ENOKEY), PermissionDenied (EACCES), QuotaExceeded (EDQUOT),
     OutOfMemory (ENOMEM) and OutOfHostMemory (ENOSPC: no host memory to park
-    in) are its subclasses for the errnos worth catching on their own. Misused arguments raise TypeError or ValueError.
+    in) are its subclasses for the errnos worth catching on their own.
+    Misused arguments raise TypeError or ValueError, except those alloc()
+    checks as the library does (Error EINVAL, ENODEV).
 
 SEE ALSO
     libvmmbroker(3), vmmbrokerd(8), vmmctl(1), docs/python.md.

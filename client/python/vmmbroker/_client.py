@@ -61,8 +61,10 @@ def connect(socket_path: Optional[str] = None) -> "Client":
     Connecting does not wait for a broker; a call that finds none waits up to
     $VMMBROKER_RECONNECT_TIMEOUT seconds (30) for one to come back.
 
-    Raises Error: ENODEV when the CUDA driver cannot be loaded, EINVAL for an
-    empty path, ENAMETOOLONG, EACCES when the caller may not connect.
+    Raises Error: NotFound (ENOENT) or ECONNREFUSED when no broker listens
+    there, ENODEV when the CUDA driver cannot be loaded, EINVAL for an empty
+    path or a bad $VMMBROKER_RECONNECT_TIMEOUT or $VMMBROKER_REPLY_SPIN_USEC,
+    ENAMETOOLONG, PermissionDenied (EACCES) when the caller may not connect.
     """
     path = None if socket_path is None else _encode(socket_path, "socket_path")
     handle = ctypes.c_void_p()
@@ -197,7 +199,8 @@ class Client:
         is room without ``wait``: the broker waits for the scrubs it needs.
 
         Raises Error: EINVAL for a size of 0 or more than the device can
-        serve, or a label too long; QuotaExceeded (EDQUOT) over a limit of the
+        serve, a label too long, a negative ``wait``, or both ``device`` and
+        ``devices``; QuotaExceeded (EDQUOT) over a limit of the
         calling user; OutOfMemory (ENOMEM) when the device has no room (after
         ``wait`` seconds, if given); ENODEV
         for a device the broker does not serve (in ``devices`` too); ECONNREFUSED when no broker
@@ -294,6 +297,9 @@ class Client:
         leased, scrubbing, cached (bytes), leases and waiters (Alloc calls
         waiting for room; absent from a broker without waiting) (counts), as
         docs/protocol.md describes Device.
+
+        Sent on a new connection of its own, which does not wait for a broker
+        that is away: NotFound (ENOENT) or Error ECONNREFUSED at once.
         """
         self._check()
         reply = _varlink.call(self._socket_path, "Status")
@@ -325,7 +331,7 @@ class Client:
         describes LeaseInfo; optional fields may be absent.
 
         Raises PermissionDenied (EACCES) for ``all=True`` by a user who is not
-        an administrator.
+        an administrator. Sent as status() is.
         """
         self._check()
         reply = _varlink.call(self._socket_path, "List", {"all": True} if all else {})
@@ -369,8 +375,9 @@ class _Exportable:
         """Export the window as a DLPack capsule ("dltensor", a legacy DLManagedTensor), without a copy.
 
         ``stream`` is the consumer's CUDA stream; nothing is synchronized, as
-        this package queues no work on the memory. ``max_version`` may be
-        anything: the legacy capsule is what every consumer takes.
+        this package queues no work on the memory. ``max_version`` may be any
+        (major, minor) tuple (TypeError otherwise): the legacy capsule is what
+        every consumer takes.
         ``dl_device`` other than (2, device) and ``copy=True`` raise
         BufferError: a lease does not copy itself elsewhere.
 
@@ -678,8 +685,9 @@ class Lease(_Exportable):
         lease's device, the broker asks the holders of reclaimable leases
         there, lowest ``priority`` (0 to 2**31-1) first, then the earliest
         marked, for what that call needs. When this lease is asked, the
-        library's watch thread (started by the client's first mark, stopped by
-        Client.close()) calls ``callback(lease)``; a true value gives the
+        library's watch thread (the process's, started by its first mark or
+        keep, stopped when the last client using it is closed) calls
+        ``callback(lease)``; a true value gives the
         lease back, a false one (None too) refuses. Without a callback the
         lease is given back without asking. Given back: the library waits for
         the work queued in the device's primary context (PyTorch's, CuPy's,
@@ -704,9 +712,9 @@ class Lease(_Exportable):
         callback (the memory is mapped until it returns).
 
         Do not call into this lease's Client from the callback, except for
-        properties. free(), set_reclaimable(), share(), publish() and
-        tokens() of the lease being asked raise Error EDEADLK there, and
-        Client.close() too; other calls of the same Client that go to the
+        properties. free(), set_reclaimable(), share(), publish(), tokens(),
+        park(), unpark(), read() and readinto() of the lease being asked raise
+        Error EDEADLK there, and Client.close() too; other calls of the same Client that go to the
         broker (alloc, attach, free of other leases) may wait behind a call of
         another thread that waits for memory, which may wait for this very
         callback: use another Client (or do it after the callback). The

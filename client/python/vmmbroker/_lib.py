@@ -160,7 +160,8 @@ def lease_read(lease: ctypes.c_void_p, offset: int, address: Optional[int], n: i
 
 def _reclaim_functions(dll: ctypes.CDLL) -> tuple[Any, Any]:
     """vmmb_lease_set_reclaimable and vmmb_lease_reclaimed, declared; Error EOPNOTSUPP when the library
-    is older than reclaimable leases (the package still loads with such a library)."""
+    is older than reclaimable leases (LIBVMMBROKER_0.6; lib() already fails on one older than 0.7, as it
+    declares vmmb_alloc_among)."""
     try:
         mark, reclaimed = dll.vmmb_lease_set_reclaimable, dll.vmmb_lease_reclaimed
     except AttributeError:

@@ -24,6 +24,7 @@ MAX_REPLY = 64 << 20
 # The broker's errors, as libvmmbroker maps them (proto/codec.c).
 _ERRNO = {
     "io.vmmbroker.OutOfMemory": errno.ENOMEM,
+    "io.vmmbroker.OutOfHostMemory": errno.ENOSPC,
     "io.vmmbroker.QuotaExceeded": errno.EDQUOT,
     "io.vmmbroker.NoSuchLease": errno.ENOENT,
     "io.vmmbroker.NoSuchToken": errno.ENOKEY,

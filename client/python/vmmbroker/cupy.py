@@ -168,7 +168,8 @@ _installed_allocator: Optional[LeaseAllocator] = None
 
 def install(client=None, *, label: Optional[str] = "cupy", pool: bool = True,
             small_size: int = SMALL_SIZE) -> Any:
-    """Make CuPy allocate from the broker: cupy.cuda.set_allocator() with memory_pool() (or the bare allocator).
+    """Make CuPy allocate from the broker: cupy.cuda.set_allocator() with a pool as memory_pool() makes (or the
+    bare allocator).
 
     Returns the MemoryPool (or the LeaseAllocator when pool=False). Call
     pool.free_all_blocks() to give the cached leases back, uninstall() to return

@@ -22,9 +22,11 @@ segments of a MemPool that is still alive: PyTorch releases a pool's cached
 segments only when the pool object is gone. So: drop the tensors allocated in
 the pool, `del pool`, then call release() (gc, then empty_cache), and PyTorch
 hands every segment of every deleted pool to vmmb_torch_free(). That free does
-not block: the library records an event on the segment's stream and ends the
+not block: the library records an event on the segment's stream and frees the
 lease once the event has completed, which its next vmmb_torch_alloc() or
-vmmb_torch_free() (any thread) notices, or release_all(). Segments of tensors
+vmmb_torch_free() (any thread) notices, or release_all(). It frees it with
+vmmb_free_keep(): the broker keeps it, mapped, for the next segment of its
+size until another process waits for room, release_all() or sleep(). Segments of tensors
 that outlive their pool come back when those tensors die and release() runs
 again. release_all() (vmmb_torch_release_all()) is for tearing everything
 down: once every pool is gone, it waits for the pending frees and also gives
@@ -294,8 +296,9 @@ def release() -> None:
     Call after dropping a pool's tensors and the pool itself (`del pool`).
     A pool that is still alive keeps its segments (PyTorch's rule): delete it
     first. Runs the garbage collector first, so that tensors kept only by
-    reference cycles are freed. Each lease ends once the work queued on its
-    segment is done (the library notices at its next call, or release_all()).
+    reference cycles are freed. Each lease is freed once the work queued on its
+    segment is done (the library notices at its next call, or release_all()),
+    and kept for the next segment of its size (see the module's docstring).
     """
     gc.collect()
     torch.cuda.empty_cache()

@@ -143,7 +143,8 @@ def plan_layout(specs: Iterable[Tuple[str, str, Sequence[int], Optional[str]]],
     specs: (name, dtype name, shape, alias) in order; alias is None, or the name
     of an earlier spec whose memory this one shares (same dtype and shape).
     Returns (entries, data size): entries are [name, dtype, shape, stride,
-    offset, nbytes] as the JSON keeps them, offsets relative to the data offset.
+    offset, nbytes] as decode_layout() returns them (the version 3 JSON keeps
+    groups of them: group_entries()), offsets relative to the data offset.
     """
     if align <= 0 or align & (align - 1):
         raise ValueError(f"alignment {align} is not a power of two")
@@ -399,7 +400,7 @@ def publish_state_dict(client, name: str, state_dict: Mapping[str, Any], uids: S
     uids, readonly: as Lease.publish() (other users allowed to attach; read-only
     holds through the name). metadata: JSON-able data kept in the header (a
     model config, a revision), returned by attach_state_dict() as .metadata.
-    device: as Client.alloc() (None: the client's default). Tensors may be on
+    device: as Client.alloc() (None: the broker places it). Tensors may be on
     any device (CPU ones are copied up). Tensors that share memory (tied
     weights) are stored once and come back sharing it. The producer may free
     the returned lease or exit: the name keeps the memory until
