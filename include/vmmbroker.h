@@ -742,7 +742,7 @@ int vmmb_lease_grant_access(vmmb_lease *lease, const int *devices, size_t n);
  * primary context, unmaps the lease and frees it with the broker. Work
  * queued in another context of the caller's own (not the primary one that
  * the CUDA runtime, PyTorch and CuPy use) must be finished by the callback
- * itself. Return a negative value to refuse: the lease stays mapped and is
+ * itself. Return any other value (a negative errno, say) to refuse: the lease stays mapped and is
  * no longer reclaimable (mark it again to offer it again). The callback must
  * not call vmmb_free() on @lease (it fails with -EDEADLK) nor wait for
  * another thread that does.
