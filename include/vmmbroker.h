@@ -1032,7 +1032,9 @@ int vmmb_torch_lease_id(const void *ptr, char *buf, size_t size);
  * vmmb_error_message() - what went wrong in the calling thread's last failed call.
  *
  * Every failing call sets the calling thread's message (vmmb_close() aside);
- * successful calls leave it as it was, so check return values, not this.
+ * successful calls do not clear it, and one that succeeded on a second try
+ * (vmmb_alloc() after giving back kept leases) may have set it on the first:
+ * check return values, not this.
  *
  * Return: a sentence for a person (the broker's own message when it refused a
  * request), valid until the thread's next call into the library; "" if no
