@@ -815,8 +815,9 @@ class Lease(_Exportable):
         memory went back to the broker), False when other processes still
         map the lease: it moves when the last of them parks too.
 
-        When the broker refuses, the lease is mapped again as it was and the
-        error raised: PermissionDenied (EACCES) for a read-only hold or a
+        When the broker refuses, the lease is mapped again as it was (or, when
+        that fails too because the broker is gone, left parked: ``parked`` is
+        true and unpark() maps it again) and the error raised: PermissionDenied (EACCES) for a read-only hold or a
         lease of another user, OutOfHostMemory (ENOSPC) when the broker's
         host memory is full, QuotaExceeded (EDQUOT) over the owner's
         host-bytes limit (MaxHostBytes=). Error EALREADY for a lease parked
