@@ -55,6 +55,8 @@ static const char *const event_names[_METRICS_EVENT_MAX] = {
         [METRICS_EVENT_RECLAIMED] = "reclaimed",
         [METRICS_EVENT_PUBLISHED] = "published",
         [METRICS_EVENT_UNPUBLISHED] = "unpublished",
+        [METRICS_EVENT_PARKED] = "parked",
+        [METRICS_EVENT_UNPARKED] = "unparked",
         [METRICS_EVENT_STORE_FAILED] = "store_failed",
         [METRICS_EVENT_STORE_RECOVERED] = "store_recovered",
 };
@@ -393,8 +395,8 @@ static void format_broker(FILE *f, Broker *b) {
         family(f, "vmmbroker_connections", "gauge", NULL, "Connections served.");
         fprintf(f, "vmmbroker_connections %u\n", connections);
         family(f, "vmmbroker_lease_events", "counter", NULL,
-               "Lease events, by kind (made, ended, reclaimed, published, unpublished, store_failed, "
-               "store_recovered); each is also sent to the journal.");
+               "Lease events, by kind (made, ended, reclaimed, published, unpublished, parked, unparked, "
+               "store_failed, store_recovered); each is also sent to the journal.");
         for (size_t i = 0; i < _METRICS_EVENT_MAX; i++)
                 fprintf(f, "vmmbroker_lease_events_total{event=\"%s\"} %" PRIu64 "\n", event_names[i],
                         m.events[i]);

@@ -187,6 +187,11 @@ def main():
                 method="Alloc") == 2, "the Alloc histogram's count != 2")
     check(value(fam, "vmmbroker_request_duration_seconds", "vmmbroker_request_duration_seconds_bucket",
                 method="Alloc", le="+Inf") == 2, "the Alloc histogram's +Inf bucket != 2")
+    # Every kind of lease event has its sample, named as docs/metrics.md names them, and no other.
+    kinds = sorted(s.labels.get("event", "") for s in fam["vmmbroker_lease_events"].samples) \
+        if "vmmbroker_lease_events" in fam else []
+    check(kinds == sorted(["made", "ended", "reclaimed", "published", "unpublished", "parked", "unparked",
+                           "store_failed", "store_recovered"]), f"lease event kinds: {kinds}")
     check(value(fam, "vmmbroker_lease_events", "vmmbroker_lease_events_total", event="made") == 2, "made != 2")
     check(value(fam, "vmmbroker_lease_events", "vmmbroker_lease_events_total", event="published") == 1,
           "published != 1")
