@@ -48,8 +48,8 @@
 enum {
         BROKER_E_NO_DEVICE = 1,         /* no such device in the pool */
         BROKER_E_TOO_LARGE,             /* more than the device's capacity or POOL_MAX_SLABS slabs */
-        BROKER_E_NO_MEMORY,             /* no room on the device now (pool_last_error() says why): the one
-                                           outcome an Alloc may wait on (broker_alloc_wait_usec()) */
+        BROKER_E_NO_MEMORY,             /* no room on the device now (pool_last_error() says why): with
+                                           SCRUBBING, the outcomes an Alloc may wait on (broker_alloc_wait_usec()) */
         BROKER_E_DRIVER,                /* the driver failed (pool_last_error() says how) */
         BROKER_E_QUOTA,                 /* over one of the owner's limits (*ret_quota says which) */
         BROKER_E_TOKENS,                /* the lease has LEASE_TOKENS_MAX tokens already */
@@ -83,8 +83,8 @@ typedef struct Broker {
         uint64_t max_alloc_wait_usec;   /* MaxAllocWait=: the longest an Alloc may wait; 0: none may */
         uint64_t scrub_wait_bytes;      /* the most zeroing an Alloc waits for in the loop (pool_alloc_bounded());
                                            POOL_WAIT_ANY (the default): any */
-        uint64_t kept_wait_usec;        /* how long an Alloc waits for kept leases to come back, whatever its
-                                           wait (ReclaimTimeout=, within MaxAllocWait=) */
+        uint64_t kept_wait_usec;        /* how long an Alloc that asked for no wait waits for kept leases to
+                                           come back (ReclaimTimeout=, within MaxAllocWait=) */
         PlacementRule placement;        /* Placement=: where an Alloc that names no single device goes */
         NumaMap numa;                   /* CPU -> NUMA node, for Placement=nearest; empty: unknown (place.h) */
         /* Told when storing starts to fail, before the request that found it is answered (the manager
@@ -143,14 +143,14 @@ int broker_alloc_among(Broker *b, const Caller *c, const uint64_t *devices, size
 
 /*
  * How long an Alloc that found no room on pool device `device`
- * (BROKER_E_NO_MEMORY, and only that: a call over the capacity or its user's
- * limits can never be served, and fails at once) waits for room, given the
- * wait it asked for (`asked`: its wait_usec, negative when absent): at most
- * MaxAllocWait=. 0: it does not wait. A call that asked for no wait still
- * waits Broker.kept_wait_usec when the device has kept leases: their
- * processes are asked for them first. While it waits its user's limits still
- * hold: each try charges it as a new Alloc would, and a try over a limit ends
- * the wait with QUOTA.
+ * (BROKER_E_NO_MEMORY or BROKER_E_SCRUBBING, and only those: a call over the
+ * capacity or its user's limits can never be served, and fails at once)
+ * waits for room, given the wait it asked for (`asked`: its wait_usec,
+ * negative when absent): at most MaxAllocWait=. 0: it does not wait. A call
+ * that asked for no wait still waits Broker.kept_wait_usec when the device
+ * has kept leases: their processes are asked for them first. While it waits
+ * its user's limits still hold: each try charges it as a new Alloc would, and
+ * a try over a limit ends the wait with QUOTA.
  */
 uint64_t broker_alloc_wait_usec(const Broker *b, int64_t asked, size_t device);
 
@@ -193,7 +193,8 @@ int broker_set_reclaimable(Broker *b, const Caller *c, const char *id, int64_t p
  * order, until their bytes reach `need` (at most `max`, into ret[]). A lease
  * is asked only when it is not published (its holders' Frees would not end
  * it), not parked (it holds no device memory), and every holder watches (Holder.watch), is alive and is not `waiting`
- * (the process whose Alloc waits: it could not answer while it waits).
+ * (the process whose Alloc waits: it could not answer while it waits), but for a kept lease, which its
+ * library gives back from its watch thread.
  */
 size_t broker_reclaim_pick(Broker *b, size_t device, uint64_t need, const Holder *waiting, Lease **ret,
                            size_t max);

@@ -12,17 +12,19 @@
  *   reclaimed     the hold of a process that exited was dropped    INFO
  *   published     a lease was published under a name               INFO
  *   unpublished   a name was taken away                            INFO
+ *   parked        a lease's content moved into host memory (Park)  INFO
+ *   unparked      ... and back into device memory                  INFO
  *   store failed  storing the table for restarts began to fail     ERR
  *   store recovered  ... and works again                           NOTICE
  *
- * Every field is VMMBROKER_*: LEASE, UID (the owner), PID and COMM (the process
- * that asked, or that exited), DEVICE, SIZE (bytes), NAME, EVENT; ERRNO for
- * the store's.
+ * Every field is VMMBROKER_*: LEASE, UID (the owner), PID, HOLDER_UID and COMM
+ * (the process that asked, or that exited), DEVICE, SIZE (bytes), NAME, EVENT;
+ * ERRNO for the store's.
  *
  * Sending never blocks the daemon: the events go on a non-blocking datagram
  * socket of the daemon's own, connected to journald's native socket
  * (/run/systemd/journal/socket, or $VMMBROKER_JOURNAL_SOCKET for tests), one
- * sendmsg() each; an event the socket does not take (journald behind, or not
+ * send() each; an event the socket does not take (journald behind, or not
  * running) is dropped and counted (vmmbroker_journal_events_dropped_total).
  * Without a journal socket at start nothing is sent; the socket is looked for
  * again at most every EVENTS_RETRY_USEC.

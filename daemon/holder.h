@@ -88,7 +88,7 @@ void holder_disconnect(Holder *h);
 int holder_restore(HolderRegistry *r, User *u, pid_t pid, gid_t gid, uint64_t start_time, Holder **ret);
 
 /*
- * Marks the holders whose process has exited (one non-blocking epoll_wait())
+ * Marks the holders whose process has exited (non-blocking epoll_wait()s)
  * and returns the first exited holder whose holds are still to be dropped, or
  * NULL. The caller drops them and calls holder_reaped().
  */

@@ -10,7 +10,8 @@
  *
  * What it wires: main.c -> manager.c -> peer.c -> method.c -> broker.c (the
  * rules) -> lease.c, holder.c, user.c, pool.c, store.c; restore.c rebuilds the
- * broker's table at start. No module below calls back into one above.
+ * broker's table at start. No module below calls back into one above, but
+ * peer.c into manager_serve_at_once().
  */
 
 #include <stdbool.h>

@@ -5,7 +5,9 @@
  * The methods of io.vmmbroker and org.varlink.service: each decodes its
  * parameters (proto/codec.c), calls one operation of the broker (broker.c,
  * where the rules are) and encodes its outcome, a reply or a named error.
- * Nothing here decides who may do what.
+ * Nothing here decides who may do what, but that Users of every user and
+ * Metrics, which read the broker's state with no operation, need an
+ * administrator.
  */
 
 #include <json-c/json.h>
@@ -36,8 +38,8 @@ AllocWait *alloc_wait_free(AllocWait *w);
 
 typedef struct MethodReply {
         json_object *msg;               /* a whole envelope: a reply or an error */
-        VarlinkText text;               /* or, instead of msg, a whole reply written as text (Alloc, Free,
-                                           Status: *_reply_write()), sent as it is */
+        VarlinkText text;               /* or, instead of msg, a whole reply written as text (Alloc, Attach,
+                                           Unpark, Free, Status, empty replies: *_reply_write()), sent as it is */
         int fds[POOL_MAX_SLABS];        /* sent with it (borrowed from the slabs) */
         size_t n_fds;
         AllocWait *wait;                /* instead of msg: the call waits for room; the caller takes it */

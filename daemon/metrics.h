@@ -8,7 +8,8 @@
  *   - requests, by method and outcome, and how long each method took to
  *     answer (a histogram in seconds): counted by peer.c around method_call();
  *   - lease events (made, ended, reclaimed from an exited holder, published,
- *     unpublished, store failed, store recovered): counted by events.c;
+ *     unpublished, parked, unparked, store failed, store recovered): counted
+ *     by events.c;
  *   - how this run started: leases taken back from an earlier run's table.
  *
  * Everything else the text shows is read when it is asked for, from what the

@@ -82,9 +82,10 @@ void peer_serve(Peer *p);
 
 /*
  * Tries the peer's waiting Alloc (`how`: ALLOC_TRY_AGAIN when memory came
- * back, ALLOC_TRY_STOPPING when the daemon stops). Returns true when it goes
- * on waiting; false when it was answered (the connection reads again) or the
- * peer was closed (its process has exited, or sending failed).
+ * back, ALLOC_TRY_EXPIRED at its deadline, ALLOC_TRY_STOPPING when the daemon
+ * stops). Returns true when it goes on waiting; false when it was answered
+ * (the connection reads again) or the peer was closed (its process has
+ * exited, or sending failed).
  */
 bool peer_wait_try(Peer *p, AllocTry how);
 

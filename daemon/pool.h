@@ -93,7 +93,7 @@ typedef struct Slab {
         SlabState state;
         CUmemGenericAllocationHandle handle;
         int fd;                         /* exported once, at creation */
-        CUdeviceptr scrub_va;           /* the pool's own mapping, made at the first scrub; 0 if none */
+        CUdeviceptr scrub_va;           /* the pool's own mapping, made at its first zeroing or copy; 0 if none */
         CUevent zeroed;                 /* recorded after its last zeroing (a scrub, or in place:
                                            pool_scrub_leased()); NULL until the first */
         uint64_t scrub_seq;             /* which completion of the device's stream ends its scrub */
@@ -242,7 +242,7 @@ void pool_set_hooks(Pool *p, const PoolHooks *hooks, void *userdata);
  * hooks are not told: it is in the store already. The id must not be one the pool has (restore.c takes each
  * stored fd once, and a table that names a slab twice is refused whole): checking would cost a walk of the
  * pool per slab, O(n^2) for a start with n leases. `host`: a host slab (a parked lease's), which must be a
- * multiple of the host granularity. Returns 0, -EINVAL (wrong size or device), or
+ * multiple of the host granularity. Returns 0, -EINVAL (wrong size, device or id), -ENOMEM, or
  * POOL_E_DRIVER (pool_last_error() says why), and on failure the fd is still the caller's.
  */
 int pool_import(Pool *p, int device, uint64_t id, int fd, uint64_t size, uid_t uid, bool host, Slab **ret);
@@ -255,8 +255,8 @@ void pool_release(Pool *p, Slab *slab);
  * Zeroes a leased device slab in place, on the device's stream, leaving it leased: for a lease kept for its
  * process (broker.h), whose mapping of it stays. An event recorded after it (Slab.zeroed) says when it is
  * done: no completion goes through the driver's host-function thread, whose wake-up on a busy VM took longer
- * than the zeroing itself. pool_scrub_wait() waits for it. Returns 0, or POOL_E_DRIVER (pool_last_error()
- * says why) when the zeroing could not be queued.
+ * than the zeroing itself. pool_scrub_wait() waits for it. Returns 0, -EINVAL for a slab that is not a
+ * leased device slab, or POOL_E_DRIVER (pool_last_error() says why) when the zeroing could not be queued.
  */
 int pool_scrub_leased(Pool *p, Slab *slab);
 

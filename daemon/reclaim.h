@@ -10,8 +10,8 @@
  * process has let go), in the order they were kept; then lowest priority
  * first; among equal priorities, the lease marked earliest first. Asking picks leases in that
  * order, skipping those the caller says cannot be asked (not every holder
- * watches, published, held by the process that waits), until their bytes
- * cover what is needed.
+ * watches, published, parked, held by the process that waits unless kept),
+ * until their bytes cover what is needed.
  *
  * A lease is in one state:
  *   NONE          not reclaimable;

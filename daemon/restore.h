@@ -55,11 +55,11 @@ typedef struct Inherited {
 #define INHERITED_NULL ((Inherited){ .socket = -EBADF, .table_fd = -EBADF })
 
 /*
- * Sorts out LISTEN_FDS. The socket is the fd named RESTORE_SOCKET_NAME, else
- * the only listening AF_UNIX stream socket among them. Returns 0 (possibly
+ * Sorts out LISTEN_FDS. The socket is the fd named RESTORE_SOCKET_NAME, or
+ * any other socket among them: at most one may be passed. Returns 0 (possibly
  * with no socket: then the daemon binds its own), or -EINVAL with a sentence
- * for more than one unnamed socket or a socket that is not a listening
- * AF_UNIX stream one.
+ * for more than one socket or a socket that is not a listening AF_UNIX
+ * stream one, or another negative errno.
  */
 int inherited_take(Inherited *ret, char **ret_message);
 

@@ -12,7 +12,8 @@
 #include "selfcheck.h"
 #include "size.h"
 
-/* 64 MiB + 2 MiB: two slabs of different classes, so the lease needs a contiguous multi-slab mapping. */
+/* 64 MiB + 2 MiB: one slab at the default MaxSlab= (1 GiB); with MaxSlab=64M or less, several, so the lease
+ * needs a contiguous multi-slab mapping. */
 #define CHECK_SIZE (UINT64_C(66) << 20)
 #define CHECK_PATTERN 0x5eedcafeu
 

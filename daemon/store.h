@@ -129,8 +129,8 @@ void store_begin(Store *s);
 
 /*
  * Records that a lease was made or that its attributes changed: id, device, size, created_usec, label,
- * uid, pid, comm, foreign, slabs (id, size), name, name_uids, name_readonly (not its holds and
- * tokens). A label or command name that is not printable UTF-8 is written with '?' for each bad
+ * uid, pid, comm, foreign, parked, kept, slabs (id, size), name, name_uids, name_readonly (not its
+ * holds and tokens). A label or command name that is not printable UTF-8 is written with '?' for each bad
  * character, as the JSON of format 1 had it. Returns 0 or -ENOMEM (the change then fails at commit).
  */
 int store_put_lease(Store *s, const Lease *l);
@@ -170,8 +170,9 @@ void store_abort(Store *s);
  * Writes the whole table into a new memfd (generation + 1) as its first record, seals it, saves it
  * with the backend as "table-<generation+1>", then removes "table-<generation>" and switches to it.
  * On failure (any step) the store keeps using the memfd it had (if any) and returns a negative errno
- * (-EFBIG for a table over STATE_LEASES_MAX or a snapshot over STATE_SIZE_MAX). A failure to remove
- * the old name is not one: the old table stays stored, and the higher generation wins at start.
+ * (-EFBIG for a table over STATE_LEASES_MAX, a lease over STATE_HOLDS_MAX holds, or a snapshot over
+ * STATE_SIZE_MAX). A failure to remove the old name is not one: the old table stays stored, and the
+ * higher generation wins at start.
  * O(table), called rarely: at start, and when store_wants_snapshot() says the log has grown (the
  * daemon calls it when idle). Must not be called between store_begin() and store_commit().
  */

@@ -10,8 +10,11 @@
  * Charged to a user:
  *   - bytes, per device: the leases it owns (made with Alloc; published ones
  *     included, as they outlive their holders);
+ *   - host bytes, per device: its parked leases, charged instead of their
+ *     device bytes;
  *   - leases it owns;
  *   - connections its processes have open;
+ *   - processes: its holders, of which the daemon keeps a pidfd;
  *   - requests: replies queued for its connections that they have not read
  *     (at most one per connection: a connection's further requests wait in its
  *     own socket, so this is bounded by the connections).
@@ -170,8 +173,8 @@ User *user_unref(User *u);
  *
  *     usage + amount <= limit         (computed without overflow)
  *
- * with the user's resolved MaxBytes= or MaxHostBytes= for the device, MaxLeases= or
- * MaxConnections=; USER_REQUESTS has none. Returns 0, or -EDQUOT and changes
+ * with the user's resolved MaxBytes= or MaxHostBytes= for the device, MaxLeases=,
+ * MaxConnections= or MaxProcesses=; USER_REQUESTS has none. Returns 0, or -EDQUOT and changes
  * nothing when it would go over; then *ret_quota (if given) says what.
  */
 int user_charge(User *u, UserCharge *charge, UserResource what, size_t device, uint64_t amount,
@@ -194,8 +197,8 @@ const char *user_name(User *u, size_t max);
 const char *user_resource_name(UserResource what);
 
 /*
- * The sentence for a refused charge, e.g. "User 1000 owns 3 GiB of device 0
- * and may own at most 4 GiB: 2 GiB more is over the limit (MaxBytes= in
- * vmmbroker.conf)." Sets *ret (NULL if out of memory).
+ * The sentence for a refused charge, e.g. "User 1000 has 3 GiB of device 0
+ * and may have at most 4 GiB: 2 GiB more is over the limit (MaxBytes= in
+ * /etc/vmmbroker/vmmbroker.conf)." Sets *ret (NULL if out of memory).
  */
 void user_quota_message(const User *u, const UserQuota *q, int device, char **ret);

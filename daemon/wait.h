@@ -46,7 +46,7 @@ typedef struct WaitQueue {
 
 void wait_queue_init(WaitQueue *q);
 
-/* Frees what is left of the queue's users; every waiter must be gone (it asserts so). */
+/* Ends an empty queue: every waiter, and so every user's turn, must be gone (it asserts so). */
 void wait_queue_done(WaitQueue *q);
 
 /* Queues `w` (not queued) as its user's newest waiter; a user new to the queue takes the last turn.
