@@ -42,6 +42,10 @@ typedef enum MetricsMethod {
         METRICS_USERS,
         METRICS_STATUS,
         METRICS_METRICS,
+        METRICS_SET_RECLAIMABLE,
+        METRICS_WATCH_RECLAIM,
+        METRICS_PARK,
+        METRICS_UNPARK,
         METRICS_GET_INFO,
         METRICS_GET_INTERFACE_DESCRIPTION,
         METRICS_OTHER,
@@ -52,6 +56,7 @@ typedef enum MetricsMethod {
 typedef enum MetricsOutcome {
         METRICS_OK,
         METRICS_OUT_OF_MEMORY,
+        METRICS_OUT_OF_HOST_MEMORY,
         METRICS_QUOTA_EXCEEDED,
         METRICS_NO_SUCH_LEASE,
         METRICS_NO_SUCH_TOKEN,

@@ -143,6 +143,9 @@ def main():
     check(r.get("error") == "io.vmmbroker.NoSuchLease", f"Free of no lease: {r}")
     r = c.call("io.vmmbroker.Free", id=lease_b)       # published: it stays
     check("error" not in r, f"Free: {r}")
+    for method in ("Park", "Unpark", "SetReclaimable"):      # counted under their own names, not "other"
+        r = c.call("io.vmmbroker." + method, id="0" * 32)
+        check(r.get("error") == "io.vmmbroker.NoSuchLease", f"{method} of no lease: {r}")
 
     r = metrics(vmmctl)
     check(r.returncode == 0, f"vmmctl metrics exited {r.returncode}: {r.stderr}")
@@ -183,6 +186,12 @@ def main():
           "requests_total{Alloc,ok} != 2")
     check(value(fam, "vmmbroker_requests", "vmmbroker_requests_total", method="Free", outcome="NoSuchLease") == 1,
           "requests_total{Free,NoSuchLease} != 1")
+    for method in ("Park", "Unpark", "SetReclaimable"):
+        check(value(fam, "vmmbroker_requests", "vmmbroker_requests_total", method=method,
+                    outcome="NoSuchLease") == 1, f"requests_total{{{method},NoSuchLease}} != 1")
+    others = [s.labels for s in fam["vmmbroker_requests"].samples if s.labels.get("method") == "other"] \
+        if "vmmbroker_requests" in fam else []
+    check(not others, f"methods of the interface counted as other: {others}")
     check(value(fam, "vmmbroker_request_duration_seconds", "vmmbroker_request_duration_seconds_count",
                 method="Alloc") == 2, "the Alloc histogram's count != 2")
     check(value(fam, "vmmbroker_request_duration_seconds", "vmmbroker_request_duration_seconds_bucket",
