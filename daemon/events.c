@@ -27,18 +27,6 @@
 #define ID_STORE_FAILED "431089d712b7428b9a9622a4d718f33b"
 #define ID_STORE_RECOVERED "3a2f480e28484bd195c0f2e792bbf4e0"
 
-static const char *const event_names[_METRICS_EVENT_MAX] = {
-        [METRICS_EVENT_MADE] = "made",
-        [METRICS_EVENT_ENDED] = "ended",
-        [METRICS_EVENT_RECLAIMED] = "reclaimed",
-        [METRICS_EVENT_PUBLISHED] = "published",
-        [METRICS_EVENT_UNPUBLISHED] = "unpublished",
-        [METRICS_EVENT_PARKED] = "parked",
-        [METRICS_EVENT_UNPARKED] = "unparked",
-        [METRICS_EVENT_STORE_FAILED] = "store_failed",
-        [METRICS_EVENT_STORE_RECOVERED] = "store_recovered",
-};
-
 static int journal_fd = -EBADF;
 static uint64_t journal_next_try;       /* CLOCK_MONOTONIC usec: when to look for the socket again */
 static void (*event_sink)(const char *buf, size_t len, void *userdata);
@@ -237,7 +225,7 @@ static void lease_event(MetricsEvent event, const char *id, int priority, const 
         field_str(&e, "MESSAGE_ID=", id);
         field_int(&e, "PRIORITY=", priority);
         field_str(&e, "SYSLOG_IDENTIFIER=", "vmmbrokerd");
-        field_str(&e, "VMMBROKER_EVENT=", event_names[event]);
+        field_str(&e, "VMMBROKER_EVENT=", metrics_event_name(event));
         field_text(&e, "VMMBROKER_LEASE=", l->id, strlen(l->id));
         field_u64(&e, "VMMBROKER_UID=", l->uid);
         field_int(&e, "VMMBROKER_DEVICE=", l->device);
@@ -315,7 +303,7 @@ void event_store_health(int old, int now) {
         field_str(&e, "MESSAGE_ID=", now < 0 ? ID_STORE_FAILED : ID_STORE_RECOVERED);
         field_int(&e, "PRIORITY=", now < 0 ? LOG_ERR : LOG_NOTICE);
         field_str(&e, "SYSLOG_IDENTIFIER=", "vmmbrokerd");
-        field_str(&e, "VMMBROKER_EVENT=", event_names[event]);
+        field_str(&e, "VMMBROKER_EVENT=", metrics_event_name(event));
         if (now < 0)
                 field_int(&e, "ERRNO=", -now);
         event_send(&e);

@@ -154,6 +154,10 @@ void metrics_event(MetricsEvent event) {
         m.events[event]++;
 }
 
+const char *metrics_event_name(MetricsEvent event) {
+        return event_names[event];
+}
+
 void metrics_wait_done(MetricsWait how) {
         m.waits[how]++;
 }

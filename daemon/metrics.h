@@ -125,6 +125,9 @@ void metrics_wait_done(MetricsWait how);
 /* Counts a lease event. */
 void metrics_event(MetricsEvent event);
 
+/* A lease event's name, as the metrics' `event` label and the journal's VMMBROKER_EVENT= say it: "made", ... */
+const char *metrics_event_name(MetricsEvent event);
+
 /* Counts an event that could not be sent to the journal (its socket was full or gone). */
 void metrics_event_dropped(void);
 
