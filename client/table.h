@@ -27,7 +27,7 @@ typedef struct TableColumn {
 
 typedef struct Table Table;
 
-/* A table of the `n_columns` columns (borrowed: they must outlive it). Returns 0 or -ENOMEM. */
+/* A table of the `n_columns` columns (borrowed: they must outlive it). Returns 0, -EINVAL (no columns) or -ENOMEM. */
 int table_new(Table **ret, const TableColumn *columns, size_t n_columns);
 
 /* Frees the table; accepts NULL, returns NULL. */

@@ -13,9 +13,10 @@
  * event on the stream and puts the segment on the pending list; a pending
  * segment is unmapped and given back only once cuEventQuery() says its event
  * has completed. The list is looked at (without waiting) by every alloc and
- * free in any thread; vmmb_torch_release_all() and an alloc that the broker
- * refused for room wait for it. Nothing is done at exit: the broker takes back
- * every hold of a process that is gone, as a free would, and a hook there
+ * free in any thread; vmmb_torch_release_all(), vmmb_torch_sleep() and an
+ * alloc that the broker refused for room wait for it. Nothing is done at
+ * exit: the broker takes back every hold of a process that is gone, as a
+ * free would, and a hook there
  * could only add waits (for a broker that is down, or a driver being torn
  * down) to the exit. PyTorch's stream is not stalled and
  * the freeing thread does not block, where cuStreamSynchronize() would block
@@ -289,8 +290,9 @@ typedef enum ReapHow {
  * Looks at the pending frees taken from the list: those whose work is done
  * (their event completed: queried, or waited for when `wait`) are freed as
  * `how` says; those not done yet go back on the list; those whose context
- * failed are stuck for good. Kept and one-way Frees are not answered: the
- * broker reads them before this client's next call, the Alloc that follows.
+ * failed are stuck for good. Kept and one-way Frees are not answered (but a
+ * connection's first keep, which asks whether the broker keeps): the broker
+ * reads them before this client's next call, the Alloc that follows.
  * Returns 0, or the first error (message set).
  */
 static int pending_reap(bool wait, ReapHow how) {

@@ -2377,7 +2377,7 @@ static int client_attach(vmmb_client *client, const char *token, const char *nam
                 return k;
         k = attach_params_write(&a, &call);
         if (k == -EINVAL)
-                /* the encoder takes printable UTF-8 only */
+                /* not expected: the writer turns what is not printable UTF-8 into '?' */
                 return set_error(-EINVAL, "The %s has characters that cannot be sent.", token ? "token" : "name");
         if (k < 0)
                 return set_error(k, "Cannot encode the request: %s.", strerror(-k));

@@ -3,7 +3,7 @@
 /*
  * vmmctl: the administrator's view of the broker (its pool, leases, users and
  * a lease's share tokens), and the one change it makes: taking a published
- * lease's name away. Each command makes one
+ * lease's name away. Each command makes one (top: three a frame)
  * varlink call on a blocking connection whose reads and writes give up after
  * IO_TIMEOUT_S (a stuck broker is an error, not a hang) and prints the reply
  * as a table for people or, with --json, as the broker's own parameters.
@@ -72,7 +72,7 @@ typedef struct Args {
 typedef struct Context {
         const Args *args;
         const char *socket;
-        size_t columns;                 /* the terminal's width; 0 when stdout is not a terminal */
+        size_t columns;                 /* the terminal's width; 0 when stdout is not a terminal, or with --json */
         bool color;
         const char *ellipsis;
         VarlinkConn *conn;
@@ -460,7 +460,7 @@ enum {
 static const TableColumn status_columns[STATUS_COLUMNS] = {
         [STATUS_DEVICE] = { "DEVICE", TABLE_RIGHT, 0 },
         [STATUS_NUMA] = { "NUMA", TABLE_RIGHT, 0 },       /* the host NUMA node nearest the device */
-        [STATUS_NAME] = { "NAME", TABLE_LEFT, 4 },     /* down to "NV…": real sizes take 9 cells */
+        [STATUS_NAME] = { "NAME", TABLE_LEFT, 4 },     /* down to "NVI…": real sizes take 9 cells */
         [STATUS_CAPACITY] = { "CAPACITY", TABLE_RIGHT, 0 },
         [STATUS_LEASED] = { "LEASED", TABLE_RIGHT, 0 },
         [STATUS_CACHED] = { "CACHED", TABLE_RIGHT, 0 },

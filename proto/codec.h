@@ -109,7 +109,7 @@ typedef struct AllocParams {
         size_t n_devices;       /* at most VMMB_ALLOC_DEVICES_MAX */
 } AllocParams;
 
-/* Free(id: string) */
+/* Free(id: string, keep: ?bool) */
 typedef struct FreeParams {
         char *id;
         bool keep;              /* Free only: keep the lease for this process's next Alloc of its size */
@@ -227,7 +227,7 @@ typedef struct AllocReply {
         WireLease lease;
 } AllocReply;
 
-/* Holder (pid, uid, comm: ?string, readonly) */
+/* Holder (pid, uid, comm: ?string, readonly, parked: ?bool) */
 typedef struct WireHolder {
         int64_t pid;
         int64_t uid;
@@ -237,7 +237,7 @@ typedef struct WireHolder {
 } WireHolder;
 
 /* LeaseInfo (id, device, size, slabs, pid, uid, comm: ?string, label: ?string, created, name: ?string,
- * holders: []Holder) */
+ * holders: []Holder, reclaim_priority: ?int, reclaim: ?string, parked: ?bool, kept: ?bool) */
 typedef struct WireLeaseInfo {
         char *id;
         int64_t device;
@@ -263,7 +263,7 @@ typedef struct ListReply {
         size_t n_leases;
 } ListReply;
 
-/* UserDevice (index, bytes, max_bytes) */
+/* UserDevice (index, bytes, max_bytes, host_bytes: ?int, max_host_bytes: ?int) */
 typedef struct WireUserDevice {
         int64_t index;
         uint64_t bytes;
@@ -290,7 +290,8 @@ typedef struct UsersReply {
         size_t n_users;
 } UsersReply;
 
-/* Device (index, name, total, granularity, capacity, leased, scrubbing, cached, leases, waiters: ?int, numa_node: ?int) */
+/* Device (index, name, total, granularity, capacity, leased, scrubbing, cached, leases, waiters: ?int,
+ * numa_node: ?int, host_capacity: ?int, parked: ?int, host_cached: ?int, kept: ?int) */
 typedef struct WireDevice {
         int64_t index;
         char *name;
@@ -309,7 +310,7 @@ typedef struct WireDevice {
         int64_t kept;           /* bytes of kept leases; JSON_ABSENT from daemons older than keeping */
 } WireDevice;
 
-/* Status's reply: (devices: []Device) */
+/* Status's reply: (devices: []Device, placement: ?string) */
 typedef struct StatusReply {
         WireDevice *devices;
         size_t n_devices;
@@ -358,10 +359,12 @@ typedef struct VmmbError {
         char *parameter;        /* InvalidParameter (both interfaces) */
         char *method;           /* MethodNotFound, MethodNotImplemented */
         char *interface;        /* InterfaceNotFound */
-        char *message;          /* OutOfMemory, QuotaExceeded, InvalidParameter, PermissionDenied, DriverError, StoreFailed */
+        char *message;          /* OutOfMemory, OutOfHostMemory, QuotaExceeded, InvalidParameter, PermissionDenied,
+                                   DriverError, StoreFailed */
 } VmmbError;
 
-/* Decodes Alloc's parameters; a size of 0 is refused as well (-EINVAL naming "size"). */
+/* Decodes Alloc's parameters; a size of 0 is refused as well (-EINVAL naming "size"), and so are both device and
+ * devices (-EINVAL naming "devices"). */
 int alloc_params_decode(json_object *params, AllocParams *ret, const char **ret_bad_field, char **ret_message);
 int alloc_params_decode_text(const char *text, size_t len, AllocParams *ret, const char **ret_bad_field,
                              char **ret_message);
@@ -598,7 +601,7 @@ int vmmb_error_out_of_host_memory(int64_t device, uint64_t requested, uint64_t a
                                   json_object **ret);
 int vmmb_error_out_of_memory(int64_t device, uint64_t requested, uint64_t available, const char *message,
                              json_object **ret);
-/* QuotaExceeded: `resource` is "bytes", "leases", "connections" or "tokens". */
+/* QuotaExceeded: `resource` is "bytes", "host_bytes", "leases", "connections", "processes" or "tokens". */
 int vmmb_error_quota_exceeded(const char *resource, uint64_t limit, uint64_t current, const char *message,
                               json_object **ret);
 /* NoSuchLease for the identifier asked for. */

@@ -123,6 +123,7 @@ int cuda_device_numa_node(CudaDriver *cu, CUdevice dev);
  *   -ENOENT            the driver library cannot be loaded
  *   -EPROTONOSUPPORT   the driver is too old, or lacks an entry point
  *   -ENODEV            cuInit failed or there is no device
+ *   -ENOMEM            out of memory (no sentence)
  */
 int cuda_driver_open(CudaDriver **ret, const char *path, char **ret_message);
 CudaDriver *cuda_driver_close(CudaDriver *cu);
@@ -130,7 +131,8 @@ CudaDriver *cuda_driver_close(CudaDriver *cu);
 /*
  * Reads what device `index` offers. Returns 0 when the broker can use it;
  * -ENODEV for a bad index; -EOPNOTSUPP when the device lacks VMM or POSIX-fd
- * handle support (ret is still filled so the caller can report which).
+ * handle support, or reports an unusable granularity (ret is still filled so
+ * the caller can report which).
  * *ret_message as for cuda_driver_open().
  */
 int cuda_device_probe(CudaDriver *cu, int index, CudaDeviceInfo *ret, char **ret_message);

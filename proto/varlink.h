@@ -58,7 +58,7 @@ int varlink_conn_get_fd(const VarlinkConn *c);
  * nothing; -EMSGSIZE when the message being read reaches the limit without its
  * NUL; -ENOBUFS when the buffer is full of complete messages not yet taken;
  * -EPROTO when fds arrived and are not accepted, or arrived where no message
- * begins (they are closed); or another negative errno from recvmsg().
+ * begins (they are closed); -ENOMEM; or another negative errno from recvmsg().
  * After an error other than -EAGAIN, the connection is no good for input.
  */
 int varlink_conn_read(VarlinkConn *c);
@@ -72,7 +72,7 @@ int varlink_conn_read(VarlinkConn *c);
  * fds: close them and free it; NULL when none) and *ret_n_fds. With ret_fds
  * NULL, the message's fds are closed. Returns 0 when no complete message is
  * buffered, -EMSGSIZE when the buffered part of the next message reaches the
- * limit, -ECONNRESET when the stream ended inside it, -ENOMEM.
+ * limit, -ECONNRESET when the stream ended inside it.
  */
 int varlink_conn_next(VarlinkConn *c, const char **ret_message, size_t *ret_len,
                       int **ret_fds, size_t *ret_n_fds);
