@@ -346,21 +346,22 @@ static void print_reclaim_timeout(const Config *c, FILE *f) {
         print_time(c->manager.reclaim_timeout_usec ?: RECLAIM_DEFAULT_TIMEOUT_USEC, f);
 }
 
-/* Empty: the default, MANAGER_DEFAULT_SCRUB_WAIT_BYTES. 0 is a value: no wait for zeroing in the loop. */
+/* Empty: the default, MANAGER_DEFAULT_SCRUB_WAIT_BYTES; 0: no wait for zeroing in the loop (MANAGER_SCRUB_WAIT_NONE),
+ * as MaxAllocWait= does. */
 static int parse_scrub_wait_bytes(Config *c, const char *value, char **ret_message) {
         uint64_t bytes = 0;
 
         if (*value && parse_size(value, &bytes) < 0)
                 return set_message_error(ret_message, -EINVAL, "expected a size such as 256M, or 0 to wait for no "
                                          "zeroing in the daemon's loop");
-        c->manager.has_scrub_wait_bytes = *value != '\0';
-        c->manager.scrub_wait_bytes = bytes;
+        c->manager.scrub_wait_bytes = *value && bytes == 0 ? MANAGER_SCRUB_WAIT_NONE : bytes;
         return 0;
 }
 
 static void print_scrub_wait_bytes(const Config *c, FILE *f) {
-        print_size(c->manager.has_scrub_wait_bytes ? c->manager.scrub_wait_bytes : MANAGER_DEFAULT_SCRUB_WAIT_BYTES,
-                   f);
+        uint64_t bytes = c->manager.scrub_wait_bytes ?: MANAGER_DEFAULT_SCRUB_WAIT_BYTES;
+
+        print_size(bytes == MANAGER_SCRUB_WAIT_NONE ? 0 : bytes, f);
 }
 
 /* Empty (0): the manager derives it from the fd limit. */

@@ -29,6 +29,7 @@
 #define MANAGER_DEFAULT_SOCKET "/run/vmmbroker/io.vmmbroker"
 #define MANAGER_DEFAULT_REPLY_TIMEOUT_USEC (UINT64_C(30) * 1000000)
 #define MANAGER_ALLOC_WAIT_OFF UINT64_MAX      /* ManagerConfig.max_alloc_wait_usec: MaxAllocWait=0, no waiting */
+#define MANAGER_SCRUB_WAIT_NONE UINT64_MAX     /* ManagerConfig.scrub_wait_bytes: ScrubWaitBytes=0, no wait */
 
 /*
  * ScrubWaitBytes=, by default: the most zeroing an Alloc waits for in the loop, 256 MiB, about 80 us on an
@@ -51,8 +52,8 @@ typedef struct ManagerConfig {
                                            MANAGER_ALLOC_WAIT_OFF = none may */
         PlacementRule placement;        /* where an Alloc that names no single device goes (place.h) */
         uint64_t reclaim_timeout_usec;  /* ReclaimTimeout=: a holder's time to give a lease back; 0 = 5 s */
-        bool has_scrub_wait_bytes;      /* ScrubWaitBytes= was set; else MANAGER_DEFAULT_SCRUB_WAIT_BYTES */
-        uint64_t scrub_wait_bytes;      /* ScrubWaitBytes=: 0 parks every call whose zeroing is not done */
+        uint64_t scrub_wait_bytes;      /* ScrubWaitBytes=; 0 = the default (MANAGER_DEFAULT_SCRUB_WAIT_BYTES),
+                                           MANAGER_SCRUB_WAIT_NONE = every call whose zeroing is not done parks */
 } ManagerConfig;
 
 typedef struct Manager {

@@ -143,16 +143,15 @@ START_TEST(test_every_key) {
         ck_assert_uint_eq(c.manager.pool.max_slab, 512ULL << 20);
         ck_assert(c.manager.has_admin_group);
         ck_assert_uint_eq(c.manager.admin_gid, 0);
-        ck_assert(!c.manager.has_scrub_wait_bytes);
+        ck_assert_uint_eq(c.manager.scrub_wait_bytes, 0);    /* the default */
         config_done(&c);
 
         /* ScrubWaitBytes=0 is a value, not the default; empty goes back to the default. */
         ck_assert_int_eq(load(&c, "[Broker]\nScrubWaitBytes=0\n", &message), 0);
-        ck_assert(c.manager.has_scrub_wait_bytes);
-        ck_assert_uint_eq(c.manager.scrub_wait_bytes, 0);
+        ck_assert_uint_eq(c.manager.scrub_wait_bytes, MANAGER_SCRUB_WAIT_NONE);
         config_done(&c);
         ck_assert_int_eq(load(&c, "[Broker]\nScrubWaitBytes=64M\nScrubWaitBytes=\n", &message), 0);
-        ck_assert(!c.manager.has_scrub_wait_bytes);
+        ck_assert_uint_eq(c.manager.scrub_wait_bytes, 0);    /* the default */
         config_done(&c);
         ck_assert_int_eq(load(&c, "[Broker]\nScrubWaitBytes=1G\n", &message), 0);
         ck_assert_uint_eq(c.manager.scrub_wait_bytes, 1ULL << 30);
