@@ -1036,6 +1036,22 @@ class TestWeightStoreHeader(ClientTestCase):
                 w._read_header(self._Base(lease.size), lease)
             self.assertIn("more than the", str(cm.exception))
 
+    def test_without_pytorch(self) -> None:
+        """The module imports without PyTorch (it imports PyTorch with itself when there is one); publish
+        and attach then say what they need, before anything is leased or attached."""
+        import vmmbroker.weights as w
+        if w.torch is not None:
+            self.skipTest("PyTorch is installed here: the module imported vmmbroker.torch with itself")
+        self.assertIsNone(w._vt)
+        before = self.client.list()
+        for call in (lambda: w.attach_state_dict(self.client, "no-such-store"),
+                     lambda: w.publish_state_dict(self.client, "py-no-torch", {})):
+            with self.assertRaises(ImportError) as cm:
+                call()
+            self.assertIn("needs PyTorch", str(cm.exception))
+            self.assertIn("No module named 'torch'", str(cm.exception))
+        self.assertEqual(self.client.list(), before)
+
 
 class TestParkingLimits(OwnBrokerTestCase):
     """A park over the owner's host-bytes limit is refused, and the lease is mapped again as it was."""

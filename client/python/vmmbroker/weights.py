@@ -58,6 +58,8 @@ are plain Python, usable and tested without PyTorch.
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import json
 import operator
 import struct
@@ -65,6 +67,20 @@ import threading
 import time
 import zlib
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+# PyTorch and the package's glue for it (vmmbroker.torch) are imported with this module, as any module's
+# dependencies are, and not by the first publish or attach: importing vmmbroker.torch there was most of a new
+# process's first attach_state_dict() (see docs/performance.md). Without PyTorch the layout functions still
+# work; publish_state_dict() and attach_state_dict() raise ImportError naming why (_need_torch()).
+try:
+    import torch
+except ImportError as _e:
+    torch = None
+    _vt = None
+    _torch_missing = f"{type(_e).__name__}: {_e}"
+else:
+    from . import torch as _vt
+    _torch_missing = ""
 
 __all__ = [
     "ALIGN",
@@ -388,6 +404,14 @@ class StateDict(dict):
             mem.close()
 
 
+def _need_torch(what: str):
+    """vmmbroker.torch, or ImportError saying that WHAT needs PyTorch and why it could not be imported."""
+    if _vt is None:
+        raise ImportError(f"vmmbroker.weights.{what}() needs PyTorch, which could not be imported "
+                          f"({_torch_missing}); install it (pip install torch) for the Python that runs this")
+    return _vt
+
+
 def _dtype_name(dtype) -> str:
     return str(dtype).rsplit(".", 1)[-1]
 
@@ -408,10 +432,7 @@ def publish_state_dict(client, name: str, state_dict: Mapping[str, Any], uids: S
     published. ValueError, before anything is leased, when the names and
     metadata make more than MAX_JSON (64 MiB) of JSON, which no attach reads.
     """
-    import torch
-
-    from . import torch as vt
-
+    vt = _need_torch("publish_state_dict")
     specs = []
     sources = []            # (entry index, tensor) of the tensors to copy
     seen: Dict[tuple, str] = {}
@@ -483,8 +504,6 @@ def _device_view(base, start: int, n: int, lease=None) -> memoryview:
     library's (vmmb_lease_read(): its driver is loaded already; loading libcuda here costs some 45 us a
     process, measured on an H200)."""
     global _cuda, _copy_buf
-    import ctypes
-
     if len(_copy_buf) < n:
         _copy_buf = bytearray(max(n, FIRST_READ))
     if lease is not None:
@@ -555,12 +574,7 @@ def attach_state_dict(client, name: str, readonly: bool = True) -> StateDict:
     (it would otherwise run over the whole heap while the views are made) and
     restored as it was.
     """
-    import gc
-
-    import torch
-
-    from . import torch as vt
-
+    vt = _need_torch("attach_state_dict")
     clock = time.perf_counter_ns
     collecting = gc.isenabled()
     gc.disable()

@@ -205,15 +205,16 @@ def consumer(name: str, tmp: str, repeats: int) -> None:
 def restart(mode: str, name: str, tmp: str) -> None:
     """A restarted server: everything a server imports and sets up, untimed; then its first attach or load.
 
-    MODE is attach or load; model-attach and model-load build the model on the meta device first, untimed,
-    from the config file the producer wrote (as a server that knows its model does before it has weights).
+    It imports what docs/examples/python/weights_attach.py imports (vmmbroker and vmmbroker.weights, which
+    imports vmmbroker.torch itself), no more. MODE is attach or load; model-attach and model-load build the
+    model on the meta device first, untimed, from the config file the producer wrote (as a server that
+    knows its model does before it has weights).
     """
     import torch
     import safetensors.torch
     import transformers  # noqa: F401
 
     import vmmbroker
-    import vmmbroker.torch  # noqa: F401
     import vmmbroker.weights as w
 
     torch.zeros(1, device="cuda")
