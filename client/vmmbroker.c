@@ -1764,6 +1764,7 @@ static void watch_handle(Watch *w, const ReclaimRequest *q) {
         vmmb_client *c = NULL, *j;
         vmmb_reclaim_fn cb = NULL;
         void *userdata = NULL;
+        bool parked = false;
         int k = 0;
 
         process_lock();
@@ -1775,7 +1776,11 @@ static void watch_handle(Watch *w, const ReclaimRequest *q) {
                                 break;
                         }
                 if (l) {
+                        /* `parked` is read here, under the lock that guards it: while `reclaiming` is set,
+                         * vmmb_lease_park() waits, and vmmb_lease_unpark() of a lease not parked changes
+                         * nothing, so it stays true of the lease until the give-back below is done. */
                         l->reclaiming = true;
+                        parked = l->parked;
                         cb = l->reclaim_cb;
                         userdata = l->reclaim_userdata;
                 }
@@ -1793,7 +1798,7 @@ static void watch_handle(Watch *w, const ReclaimRequest *q) {
         }
 
         reclaim_running = l;
-        if (l->parked)
+        if (parked)
                 k = -EBUSY;     /* asked before it was parked: nothing is mapped to give back, so refuse */
         else if (cb)
                 k = cb(l, (uint64_t)MAX(q->timeout_usec, INT64_C(0)), userdata);
