@@ -282,9 +282,9 @@ static int format_devices(FILE *f, Broker *b) {
                 fprintf(f, "vmmbroker_device_waiters{device=\"%d\"} %u\n", rows[i].s.index, broker_waiters(b, i));
         device_counter(f, rows, n, "vmmbroker_device_cache_hits", "Slabs leased from the cache.",
                        offsetof(PoolDeviceStats, hits));
-        device_counter(f, rows, n, "vmmbroker_device_slabs_created", "Slabs created with the driver.",
+        device_counter(f, rows, n, "vmmbroker_device_slabs_created", "Device slabs created with the driver.",
                        offsetof(PoolDeviceStats, created));
-        device_counter(f, rows, n, "vmmbroker_device_slabs_released", "Slabs released to the driver.",
+        device_counter(f, rows, n, "vmmbroker_device_slabs_released", "Device slabs released to the driver.",
                        offsetof(PoolDeviceStats, released));
         device_counter(f, rows, n, "vmmbroker_device_evictions",
                        "Cached slabs released to make room for a request.", offsetof(PoolDeviceStats, evicted));

@@ -315,11 +315,12 @@ static bool release_oldest(SlabSpace *space) {
         return true;
 }
 
-/* The same, to make room for a request. */
+/* The same, to make room for a request. Counted for device slabs only, as `released` is (PoolDeviceStats). */
 static bool evict_one(SlabSpace *space) {
         if (!release_oldest(space))
                 return false;
-        space->device->stats.evicted++;
+        if (!space->host)
+                space->device->stats.evicted++;
         return true;
 }
 

@@ -120,8 +120,9 @@ typedef struct PoolDeviceStats {
         /* counters since the pool started */
         uint64_t hits;                  /* slabs served from the cache */
         uint64_t created;               /* slabs created (each exported once) */
-        uint64_t released;              /* slabs released back to the driver */
-        uint64_t evicted;               /* of those, cached slabs released to make room */
+        uint64_t released;              /* device slabs released back to the driver */
+        uint64_t evicted;               /* of those, cached slabs released to make room (host slabs are
+                                           counted in neither) */
         uint64_t scrubs;                /* scrubs completed */
         uint64_t scrubbed_bytes;
         uint64_t primed;                /* unbound slabs created by pool_idle() */

@@ -530,6 +530,41 @@ START_TEST(test_lru_eviction) {
 }
 END_TEST
 
+/* Host slabs released to make room for a park count in neither `evicted` nor `released`, which are the
+ * device's (the metrics' vmmbroker_device_evictions_total is a part of vmmbroker_device_slabs_released_total). */
+START_TEST(test_host_eviction_not_counted) {
+        Slab *a[POOL_MAX_SLABS], *b[POOL_MAX_SLABS], *ha[POOL_MAX_SLABS], *hb[POOL_MAX_SLABS];
+        _cleanup_free_ char *message = NULL;
+        PoolConfig config = { .capacity = 64 * MiB, .host_capacity = 4 * MiB };
+        PoolDeviceStats s;
+        size_t n, m;
+
+        open_driver();
+        ck_assert_msg(pool_new(&pool, cu, &config, &message) == 0, "%s", message);
+        ck_assert_int_eq(pool_use_device(pool, 0), 0);
+        ck_assert(pool_has_host(pool, 0));
+        ck_assert_int_eq(alloc(2 * MiB, UID_A, a, &n), 0);
+        ck_assert_int_eq(alloc(4 * MiB, UID_B, b, &m), 0);
+        ck_assert_int_eq(pool_alloc_host(pool, a, n, UID_A, ha), 0);
+        reclaim_all(ha, n);             /* A's host slab, zeroed and cached */
+        wait_scrubs(1);
+        ck_assert_uint_eq(stats().host_cached, 2 * MiB);
+
+        /* B's 4 MiB do not fit beside it, and it is not of B's size: released to make room */
+        ck_assert_int_eq(pool_alloc_host(pool, b, m, UID_B, hb), 0);
+        s = stats();
+        ck_assert_uint_eq(s.host_created, 2);
+        ck_assert_uint_eq(s.host_cached, 0);
+        ck_assert_uint_eq(s.evicted, 0);
+        ck_assert_uint_eq(s.released, 0);
+
+        reclaim_all(hb, m);
+        reclaim_all(a, n);
+        reclaim_all(b, m);
+        wait_scrubs(3);
+}
+END_TEST
+
 START_TEST(test_too_large) {
         Slab *a[POOL_MAX_SLABS];
         size_t n;
@@ -892,6 +927,7 @@ static Suite *pool_suite(void) {
         tcase_add_test(tc, test_exact_size_slabs);
         tcase_add_test(tc, test_uid_isolation);
         tcase_add_test(tc, test_lru_eviction);
+        tcase_add_test(tc, test_host_eviction_not_counted);
         tcase_add_test(tc, test_too_large);
         tcase_add_test(tc, test_bad_config);
         tcase_add_test(tc, test_default_capacity);
