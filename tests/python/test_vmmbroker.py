@@ -230,6 +230,21 @@ class TestErrors(ClientTestCase):
         self.assertEqual(e.message, e.strerror)
         self.assertIn(e.strerror, str(e))
 
+    def test_not_the_library(self) -> None:
+        """A library without a function the package declares (older, or not libvmmbroker at all: here the
+        simulated driver) is refused at the first call with ImportError naming the function and the fix."""
+        code = ("import vmmbroker\n"
+                "try:\n"
+                "    vmmbroker.connect()\n"
+                "except ImportError as e:\n"
+                "    print('ImportError:', e)\n")
+        env = dict(os.environ, VMMBROKER_LIBRARY=os.environ["VMMBROKER_LIBCUDA"])
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("ImportError: vmmbroker: libvmmbroker", out.stdout)
+        self.assertIn("has no vmmb_connect()", out.stdout)
+        self.assertIn("$VMMBROKER_LIBRARY", out.stdout)
+
     def test_size_zero(self) -> None:
         with self.assertRaises(vmmbroker.Error) as cm:
             self.client.alloc(0)

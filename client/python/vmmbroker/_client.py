@@ -65,6 +65,9 @@ def connect(socket_path: Optional[str] = None) -> "Client":
     there, ENODEV when the CUDA driver cannot be loaded, EINVAL for an empty
     path or a bad $VMMBROKER_RECONNECT_TIMEOUT or $VMMBROKER_REPLY_SPIN_USEC,
     ENAMETOOLONG, PermissionDenied (EACCES) when the caller may not connect.
+    Raises ImportError, at the process's first call into the library, when
+    libvmmbroker cannot be loaded or lacks a function this package uses (a
+    library older than LIBVMMBROKER_0.7, or not libvmmbroker).
     """
     path = None if socket_path is None else _encode(socket_path, "socket_path")
     handle = ctypes.c_void_p()

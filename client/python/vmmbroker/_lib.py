@@ -58,6 +58,7 @@ _PROTOTYPES = {
     "vmmb_alloc_among": (ctypes.c_int, [_client_p, ctypes.c_uint64, ctypes.POINTER(ctypes.c_int), ctypes.c_size_t,
                                         ctypes.c_char_p, ctypes.c_uint64, ctypes.POINTER(_lease_p)]),
     "vmmb_free": (ctypes.c_int, [_lease_p]),
+    "vmmb_free_stream": (ctypes.c_int, [_lease_p, ctypes.c_void_p]),
     "vmmb_share": (ctypes.c_int, [_lease_p, ctypes.c_uint32, ctypes.c_uint, ctypes.c_char_p]),
     "vmmb_revoke": (ctypes.c_int, [_client_p, ctypes.c_char_p]),
     "vmmb_attach": (ctypes.c_int, [_client_p, ctypes.c_char_p, ctypes.c_uint, ctypes.POINTER(_lease_p)]),
@@ -102,7 +103,13 @@ def lib() -> ctypes.CDLL:
                 raise ImportError(f"vmmbroker: cannot load libvmmbroker ({path}): {e}; install it, "
                                   "or point $VMMBROKER_LIBRARY at libvmmbroker.so.0") from e
             for name, (restype, argtypes) in _PROTOTYPES.items():
-                f = getattr(dll, name)
+                try:
+                    f = getattr(dll, name)
+                except AttributeError:
+                    raise ImportError(f"vmmbroker: libvmmbroker ({path}) has no {name}(): it is older than "
+                                      "this package needs (LIBVMMBROKER_0.7) or not libvmmbroker; install "
+                                      "the library of this package's release, or point $VMMBROKER_LIBRARY "
+                                      "at it") from None
                 f.restype = restype
                 f.argtypes = argtypes
             _lib = dll
@@ -125,15 +132,8 @@ def error_message() -> str:
 
 
 def free_stream(lease: ctypes.c_void_p, stream: int) -> int:
-    """vmmb_free_stream(lease, stream); -EOPNOTSUPP when the library has no such function."""
-    dll = lib()
-    try:
-        f = dll.vmmb_free_stream
-    except AttributeError:
-        return -errno.EOPNOTSUPP
-    f.restype = ctypes.c_int
-    f.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-    return f(lease, stream or None)
+    """vmmb_free_stream(lease, stream): 0 or -errno (stream 0: the legacy default stream)."""
+    return lib().vmmb_free_stream(lease, stream or None)
 
 
 
