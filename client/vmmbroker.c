@@ -2381,9 +2381,6 @@ static int client_attach(vmmb_client *client, const char *token, const char *nam
         if (k < 0)
                 return k;
         k = attach_params_write(&a, &call);
-        if (k == -EINVAL)
-                /* not expected: the writer turns what is not printable UTF-8 into '?' */
-                return set_error(-EINVAL, "The %s has characters that cannot be sent.", token ? "token" : "name");
         if (k < 0)
                 return set_error(k, "Cannot encode the request: %s.", strerror(-k));
         /* its reply is an Alloc's, read in the envelope's pass as Alloc's is */
@@ -2471,8 +2468,6 @@ VMMB_EXPORT int vmmb_revoke(vmmb_client *client, const char *token) {
         if (k < 0)
                 return k;
         k = revoke_params_encode(&p, &params);
-        if (k == -EINVAL)
-                return set_error(-EINVAL, "The token has characters that cannot be sent.");
         if (k < 0)
                 return set_error(k, "Cannot encode the request: %s.", strerror(-k));
         return client_call_empty(client, VMMB_METHOD_REVOKE, params);
@@ -2529,8 +2524,6 @@ VMMB_EXPORT int vmmb_unpublish(vmmb_client *client, const char *name) {
         if (k < 0)
                 return k;
         k = unpublish_params_encode(&p, &params);
-        if (k == -EINVAL)
-                return set_error(-EINVAL, "The name has characters that cannot be sent.");
         if (k < 0)
                 return set_error(k, "Cannot encode the request: %s.", strerror(-k));
         return client_call_empty(client, VMMB_METHOD_UNPUBLISH, params);
