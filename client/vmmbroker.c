@@ -1625,7 +1625,6 @@ VMMB_EXPORT int vmmb_connect(const char *socket_path, vmmb_client **ret) {
 typedef struct Watch {
         List link;                      /* in process.watches */
         char *path;
-        uint64_t reconnect_usec;        /* how long it waits for the broker to come back */
         List clients;                   /* vmmb_client.watch_link; under process.lock */
         vmmb_client *handling;          /* whose lease its thread answers for now; under process.lock */
         pthread_t thread;
@@ -1636,8 +1635,12 @@ typedef struct Watch {
         vmmb_client *answer;            /* its connection for Free and SetReclaimable */
 } Watch;
 
-/* How often the watch thread tries to connect again after its connection was lost (within reconnect_usec). */
+/*
+ * When the watch thread tries to connect again after its connection was lost: WATCH_RETRY_USEC after, then
+ * twice as long each time up to WATCH_RETRY_MAX_USEC, for as long as it takes (watch_reconnect()).
+ */
 #define WATCH_RETRY_USEC UINT64_C(100000)
+#define WATCH_RETRY_MAX_USEC (UINT64_C(2) * 1000000)
 
 /* The lease whose reclaim request the calling thread (a watch thread) answers now, or NULL. */
 static __thread vmmb_lease *reclaim_running;
@@ -1866,20 +1869,23 @@ static void watch_remark_done(Watch *w) {
 }
 
 /*
- * The broker went away: watch again once it is back, and mark again what was marked (marks are not kept). Kept
- * leases are kept across the restart (the broker stores them): nothing to do for them.
+ * The broker went away: watch again once it is back, however long that takes, and mark again what was marked
+ * (marks are not kept). Kept leases are kept across the restart (the broker stores them): nothing to do for
+ * them. It does not give up after $VMMBROKER_RECONNECT_TIMEOUT, as a call does: a watch that stopped would
+ * leave every lease of the process's clients, marked or kept, never asked again once the broker is back.
+ * Returns false only when the watch is stopped (or poll() fails for good).
  */
 static bool watch_reconnect(Watch *w) {
-        uint64_t deadline = now_usec() + w->reconnect_usec;
+        uint64_t wait = WATCH_RETRY_USEC;
 
         w->conn = varlink_conn_free(w->conn);
-        for (;;) {
+        while (watch_open(w->path, &w->conn) < 0) {
                 struct pollfd p = { .fd = w->stop, .events = POLLIN };
+                int r = poll(&p, 1, (int)(wait / 1000));
 
-                if (watch_open(w->path, &w->conn) == 0)
-                        break;
-                if (now_usec() >= deadline || poll(&p, 1, (int)(WATCH_RETRY_USEC / 1000)) != 0)
+                if (r > 0 || (r < 0 && errno != EINTR))
                         return false;
+                wait = MIN(wait * 2, WATCH_RETRY_MAX_USEC);
         }
         for (;;) {
                 char id[VMMB_ID_MAX + 1] = "";
@@ -2009,7 +2015,6 @@ static int watch_join(vmmb_client *c) {
         list_init(&w->clients);
         (void)sem_init(&w->started, 0, 0);
         w->stop = -EBADF;
-        w->reconnect_usec = c->reconnect_usec;
         w->path = strdup(c->path);
         if (!w->path) {
                 k = set_error(-ENOMEM, "Out of memory.");

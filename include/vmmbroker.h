@@ -776,7 +776,9 @@ typedef int (*vmmb_reclaim_fn)(vmmb_lease *lease, uint64_t timeout_usec, void *u
  * is not reclaimable until marked again. A lease shared with other processes
  * is asked only when every holder watches; a published lease is never asked.
  * Marks are not kept across a restart of the broker: the watch thread
- * reconnects and marks the leases again.
+ * reconnects and marks the leases again, however long the broker is away
+ * (it tries again 0.1 s after, then twice as long each time up to 2 s; it
+ * does not give up after $VMMBROKER_RECONNECT_TIMEOUT, as a call does).
  *
  * Return: 0, or a negative errno: -ENOENT for a lease the broker does not
  * know (any more), -EACCES when this process holds it read-only or is not

@@ -420,6 +420,53 @@ START_TEST(test_restart_marks_again) {
 END_TEST
 
 /*
+ * The same after an outage longer than $VMMBROKER_RECONNECT_TIMEOUT with
+ * nothing at the socket's path (the socket unit stopped too, say): a call
+ * gives up after that long, the watch thread must not, or the process's
+ * leases are never marked again, nor asked, once the broker is back. It
+ * gave up until the eleventh stop. The outage is made by moving the socket
+ * aside while the daemon is stopped, for five times the timeout: the time
+ * is the condition under test, not a stand-in for an event.
+ */
+START_TEST(test_long_outage_marks_again) {
+        char path[108], aside[128], state[32];
+        vmmb_client *c;
+        vmmb_lease *l;
+        Supervisor *s;
+        uint64_t deadline;
+
+        ck_assert_int_eq(setenv("VMMBROKER_RECONNECT_TIMEOUT", "0.2", 1), 0);
+        s = daemon_start();
+        c = connect_or_fail(supervisor_socket_path(s));
+        l = alloc_or_fail(c, 2 * MiB, 0, "reconnect");
+        ck_assert_msg(vmmb_lease_set_reclaimable(l, 3, NULL, NULL) == 0, "%s", vmmb_error_message());
+        lease_reclaim_state(s, vmmb_lease_id(l), state, sizeof(state));
+        ck_assert_str_eq(state, "marked");
+
+        snprintf(path, sizeof(path), "%s", supervisor_socket_path(s));
+        snprintf(aside, sizeof(aside), "%s.aside", path);
+        /* aside first: the watch's next connect must find nothing, not the supervisor's socket, whose
+         * backlog would hold it until the daemon is back */
+        ck_assert_int_eq(rename(path, aside), 0);
+        ck_assert_int_eq(supervisor_stop(s, SIGTERM), 0);
+        ck_assert_int_eq(usleep(1000 * 1000), 0);
+        ck_assert_int_eq(rename(aside, path), 0);
+        ck_assert_int_eq(supervisor_start(s), 0);
+        ck_assert_int_ge(supervisor_wait_ready(s, READY_MS), 0);
+
+        /* the watch tries again at most WATCH_RETRY_MAX_USEC (2 s) apart: 10 s is plenty */
+        deadline = now_msec() + 10000;
+        do
+                lease_reclaim_state(s, vmmb_lease_id(l), state, sizeof(state));
+        while (strcmp(state, "marked") != 0 && now_msec() < deadline);
+        ck_assert_str_eq(state, "marked");
+        ck_assert_int_eq(vmmb_free(l), 0);
+        vmmb_close(c);
+        supervisor_free(s);
+}
+END_TEST
+
+/*
  * A call made while the daemon is down connects to the socket that the
  * supervisor holds for it and waits there; the daemon started again answers
  * it. The test starts the daemon only once the client's new connection waits
@@ -1251,6 +1298,7 @@ int main(void) {
         tcase_add_loop_test(tc, test_restart, 0, 2);
         tcase_add_test(tc, test_call_while_down);
         tcase_add_test(tc, test_restart_marks_again);
+        tcase_add_test(tc, test_long_outage_marks_again);
         tcase_add_test(tc, test_gives_up);
         tcase_add_test(tc, test_timeout_env);
         tcase_add_test(tc, test_close_does_not_wait);
