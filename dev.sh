@@ -11,15 +11,18 @@
 #                    and may lease its whole pool: it reads build/dev/vmmbroker.conf,
 #                    which it writes (AdminGroup= your group, MaxBytes=100% for you)
 #   ./dev.sh test    build and run every test, then again under
-#                    AddressSanitizer + UndefinedBehaviorSanitizer, then fuzz
+#                    AddressSanitizer + UndefinedBehaviorSanitizer, then the
+#                    suites with threads (unit, proto, client, integration,
+#                    restart, supervisor) under ThreadSanitizer, then fuzz
 #                    the daemon for $FUZZ_SECONDS (60) s with libFuzzer (clang)
 #   ./dev.sh bench   build, then run the benchmarks (GPU or simulated device)
 #   ./dev.sh help    this text
 #
-# Build folders: build/ (plain), build-sanitize/ (ASan + UBSan) and build-fuzz/
-# (clang, libFuzzer + ASan + UBSan). Extra arguments after `test` go to
-# `meson test` (e.g. ./dev.sh test pool) and skip the fuzzing; after `run`, to
-# vmmbrokerd (e.g. ./dev.sh run --capacity 50%); after `bench`, to bench-pool.
+# Build folders: build/ (plain), build-sanitize/ (ASan + UBSan), build-tsan/
+# (ThreadSanitizer) and build-fuzz/ (clang, libFuzzer + ASan + UBSan). Extra
+# arguments after `test` go to `meson test` (e.g. ./dev.sh test pool) and skip
+# ThreadSanitizer and the fuzzing; after `run`, to vmmbrokerd (e.g. ./dev.sh
+# run --capacity 50%); after `bench`, to bench-pool.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -134,8 +137,18 @@ test)
         build build-sanitize -Db_sanitize=address,undefined -Db_lundef=false
         meson test -C build-sanitize --print-errorlogs "$@" || status=1
         read -r ok2 fail2 skip2 < <(counts build-sanitize)
-        ok3=0 fail3=0 fuzzing=""
+        ok3=0 fail3=0 fuzzing="" ok4=0 fail4=0 tsan=""
         if [ $# -eq 0 ]; then
+                # The suites whose code runs threads (the library's watch, the simulated driver's stream
+                # callbacks, the tests' own); not python (the interpreter is not instrumented), nor the
+                # soak (its seqlock is across processes: tests/soak/meson.build), docs, systemd, examples.
+                say "build-tsan/: ThreadSanitizer (suites unit, proto, client, integration, restart, supervisor)"
+                build build-tsan -Db_sanitize=thread
+                TSAN_OPTIONS="halt_on_error=1 suppressions=$PWD/tests/tsan.supp" meson test -C build-tsan \
+                        --print-errorlogs --suite unit --suite proto --suite client --suite integration \
+                        --suite restart --suite supervisor || status=1
+                read -r ok4 fail4 _ < <(counts build-tsan)
+                tsan="; thread sanitizer: $ok4 passed, $fail4 failed"
                 say "build-fuzz/: libFuzzer + AddressSanitizer + UndefinedBehaviorSanitizer (clang), ${FUZZ_SECONDS:-60} s"
                 if [ ! -f build-fuzz/build.ninja ]; then
                         CC=clang meson setup build-fuzz -Dfuzz=true -Db_sanitize=address,undefined -Db_lundef=false
@@ -144,8 +157,8 @@ test)
                 if tests/fuzz/run-fuzz.sh build-fuzz; then ok3=1; else fail3=1 status=1; fi
                 fuzzing="; fuzzing: $ok3 passed, $fail3 failed"
         fi
-        echo "plain build: $ok1 passed, $fail1 failed; sanitizers: $ok2 passed, $fail2 failed$fuzzing"
-        echo "$((ok1 + ok2 + ok3)) passed, $((fail1 + fail2 + fail3)) failed, $((skip1 + skip2)) skipped"
+        echo "plain build: $ok1 passed, $fail1 failed; sanitizers: $ok2 passed, $fail2 failed$tsan$fuzzing"
+        echo "$((ok1 + ok2 + ok3 + ok4)) passed, $((fail1 + fail2 + fail3 + fail4)) failed, $((skip1 + skip2)) skipped"
         exit $status
         ;;
 bench)

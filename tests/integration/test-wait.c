@@ -363,7 +363,13 @@ START_TEST(test_wait_flood_does_not_hold_others) {
         for (int i = 0; i < 2; i++) {
                 ck_assert_int_eq(lease_free(f, filler[i].id), 0);
                 served = first_readable(conns, MAX_CONN + 1);
-                ck_assert_msg(served == (i == 0 ? 0 : MAX_CONN), "lease %d went to call %d", i, served);
+                /* The first to one of A's calls: which one is the order the daemon read A's 64 connections in,
+                 * not the order they were sent in (under ThreadSanitizer's slowdown it was call 63). The
+                 * second to B's. */
+                if (i == 0)
+                        ck_assert_msg(served >= 0 && served < MAX_CONN, "lease 0 went to call %d, not A's", served);
+                else
+                        ck_assert_msg(served == MAX_CONN, "lease 1 went to call %d, not B's (%d)", served, MAX_CONN);
                 ck_assert_int_eq(reply_read(conns[served], &r, NULL), 0);
                 ck_assert_msg(!r.error, "%s %s", r.error, json_object_to_json_string(r.params));
                 reply_done(&r);
