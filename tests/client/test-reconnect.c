@@ -389,6 +389,20 @@ static void lease_reclaim_state(Supervisor *s, const char *id, char *buf, size_t
         list_reply_done(&list);
 }
 
+/* Polls List, for up to `within_ms`, until the lease is marked again; then frees it and ends the test's objects. */
+static void marked_again_then_end(Supervisor *s, vmmb_client *c, vmmb_lease *l, uint64_t within_ms) {
+        uint64_t deadline = now_msec() + within_ms;
+        char state[32];
+
+        do
+                lease_reclaim_state(s, vmmb_lease_id(l), state, sizeof(state));
+        while (strcmp(state, "marked") != 0 && now_msec() < deadline);
+        ck_assert_str_eq(state, "marked");
+        ck_assert_int_eq(vmmb_free(l), 0);
+        vmmb_close(c);
+        supervisor_free(s);
+}
+
 /*
  * Reclaim marks are not stored: a restarted daemon starts with none (its
  * leases are restored, unmarked), and libvmmbroker's watch thread connects
@@ -400,7 +414,6 @@ START_TEST(test_restart_marks_again) {
         vmmb_client *c = connect_or_fail(supervisor_socket_path(s));
         vmmb_lease *l = alloc_or_fail(c, 2 * MiB, 0, "reconnect");
         char state[32];
-        uint64_t deadline;
         int64_t ready;
 
         ck_assert_msg(vmmb_lease_set_reclaimable(l, 3, NULL, NULL) == 0, "%s", vmmb_error_message());
@@ -408,14 +421,7 @@ START_TEST(test_restart_marks_again) {
         ck_assert_str_eq(state, "marked");
         ready = supervisor_restart(s, SIGTERM, READY_MS);
         ck_assert_msg(ready >= 0, "restart: %s", strerror((int)-ready));
-        deadline = now_msec() + READY_MS;
-        do
-                lease_reclaim_state(s, vmmb_lease_id(l), state, sizeof(state));
-        while (strcmp(state, "marked") != 0 && now_msec() < deadline);
-        ck_assert_str_eq(state, "marked");
-        ck_assert_int_eq(vmmb_free(l), 0);
-        vmmb_close(c);
-        supervisor_free(s);
+        marked_again_then_end(s, c, l, READY_MS);
 }
 END_TEST
 
@@ -433,7 +439,6 @@ START_TEST(test_long_outage_marks_again) {
         vmmb_client *c;
         vmmb_lease *l;
         Supervisor *s;
-        uint64_t deadline;
 
         ck_assert_int_eq(setenv("VMMBROKER_RECONNECT_TIMEOUT", "0.2", 1), 0);
         s = daemon_start();
@@ -455,14 +460,7 @@ START_TEST(test_long_outage_marks_again) {
         ck_assert_int_ge(supervisor_wait_ready(s, READY_MS), 0);
 
         /* the watch tries again at most WATCH_RETRY_MAX_USEC (2 s) apart: 10 s is plenty */
-        deadline = now_msec() + 10000;
-        do
-                lease_reclaim_state(s, vmmb_lease_id(l), state, sizeof(state));
-        while (strcmp(state, "marked") != 0 && now_msec() < deadline);
-        ck_assert_str_eq(state, "marked");
-        ck_assert_int_eq(vmmb_free(l), 0);
-        vmmb_close(c);
-        supervisor_free(s);
+        marked_again_then_end(s, c, l, 10000);
 }
 END_TEST
 
