@@ -19,6 +19,7 @@ import os
 import pwd
 import signal
 import subprocess
+import tempfile
 import sys
 import threading
 import time
@@ -1066,6 +1067,28 @@ class TestWeightStoreHeader(ClientTestCase):
             self.assertIn("needs PyTorch", str(cm.exception))
             self.assertIn("No module named 'torch'", str(cm.exception))
         self.assertEqual(self.client.list(), before)
+
+    def test_unusable_pytorch(self) -> None:
+        """A PyTorch that vmmbroker.torch cannot use (here a stand-in `torch` with no torch.cuda.MemPool)
+        still lets the module import; publish and attach then name what failed."""
+        with tempfile.TemporaryDirectory() as d:
+            os.makedirs(os.path.join(d, "torch", "cuda"))
+            for path, text in (("__init__.py", "from . import cuda\n"), ("cuda/__init__.py", "")):
+                with open(os.path.join(d, "torch", path), "w") as f:
+                    f.write(text)
+            code = ("import vmmbroker.weights as w\n"
+                    "assert w.torch is not None and w._vt is None\n"
+                    "try:\n"
+                    "    w.attach_state_dict(None, 'x')\n"
+                    "except ImportError as e:\n"
+                    "    print('ImportError:', e)\n")
+            env = dict(os.environ, PYTHONPATH=d + os.pathsep + os.environ.get("PYTHONPATH", ""))
+            out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                 timeout=60)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("needs PyTorch", out.stdout)
+        self.assertIn("vmmbroker.torch: AttributeError", out.stdout)
+        self.assertIn("MemPool", out.stdout)
 
 
 class TestParkingLimits(OwnBrokerTestCase):

@@ -70,8 +70,9 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 # PyTorch and the package's glue for it (vmmbroker.torch) are imported with this module, as any module's
 # dependencies are, and not by the first publish or attach: importing vmmbroker.torch there was most of a new
-# process's first attach_state_dict() (see docs/performance.md). Without PyTorch the layout functions still
-# work; publish_state_dict() and attach_state_dict() raise ImportError naming why (_need_torch()).
+# process's first attach_state_dict() (see docs/performance.md). Without a PyTorch that vmmbroker.torch can
+# use, the layout functions still work; publish_state_dict() and attach_state_dict() raise ImportError naming
+# why (_need_torch()).
 try:
     import torch
 except ImportError as _e:
@@ -79,8 +80,12 @@ except ImportError as _e:
     _vt = None
     _torch_missing = f"{type(_e).__name__}: {_e}"
 else:
-    from . import torch as _vt
-    _torch_missing = ""
+    try:
+        from . import torch as _vt
+        _torch_missing = ""
+    except Exception as _e:     # a PyTorch vmmbroker.torch cannot use (one without torch.cuda.MemPool, say)
+        _vt = None
+        _torch_missing = f"vmmbroker.torch: {type(_e).__name__}: {_e}"
 
 __all__ = [
     "ALIGN",
@@ -408,7 +413,8 @@ def _need_torch(what: str):
     """vmmbroker.torch, or ImportError saying that WHAT needs PyTorch and why it could not be imported."""
     if _vt is None:
         raise ImportError(f"vmmbroker.weights.{what}() needs PyTorch, which could not be imported "
-                          f"({_torch_missing}); install it (pip install torch) for the Python that runs this")
+                          f"({_torch_missing}); install it (pip install torch) for the Python that runs this, "
+                          "a version with torch.cuda.MemPool")
     return _vt
 
 
