@@ -3079,6 +3079,11 @@ VMMB_EXPORT int vmmb_lease_park(vmmb_lease *lease, void *stream) {
         if (k < 0)
                 return set_error_from(k == -ENOMEM ? k : -EPROTO, "The broker's reply to Park is not valid (the "
                                       "lease is parked here: vmmb_lease_unpark() maps it again)", message);
+        if (pr.parked)
+                /* Its content went into host memory, which ended its reclaimable mark in the broker: not
+                 * marked here either, so the watch neither marks it again after a restart nor answers a
+                 * request the broker sent before the park (it forgot that ask). */
+                lease_set_flag(lease, &lease->reclaimable, false);
         return pr.parked ? 1 : 0;
 }
 

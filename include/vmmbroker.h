@@ -839,7 +839,10 @@ int vmmb_lease_reclaimed(const vmmb_lease *lease);
  *
  * A reclaim request (vmmb_lease_set_reclaimable()) that reaches a parked
  * lease is refused (nothing is mapped to give back) and the lease is no
- * longer reclaimable; the broker does not ask for parked leases. Parking
+ * longer reclaimable; the broker does not ask for parked leases. When the
+ * content moves into host memory (it returns 1), the lease's reclaimable
+ * mark ends, in the broker and here: mark it again after
+ * vmmb_lease_unpark() to offer it again. Parking
  * waits for a reclaim callback of the lease running on the watch thread.
  * Calls on other leases may run at the same time; vmmb_lease_park(),
  * vmmb_lease_unpark(), vmmb_lease_grant_access() and vmmb_free() of one

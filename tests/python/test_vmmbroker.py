@@ -922,6 +922,20 @@ class TestParking(ClientTestCase):
             self.assertEqual(cm.exception.errno, errno.EALREADY)
             ctypes.memset(ptr, 0x11, 4096)                             # mapped read-write again
 
+    def test_park_ends_the_mark(self) -> None:
+        """Moving into host memory ends a lease's reclaimable mark, in the broker and in the object."""
+        with self.client.alloc(4 * MiB) as lease:
+            lease.set_reclaimable(3)
+            self.assertEqual(lease.reclaim_priority, 3)
+            self.assertEqual(listed()[lease.id].get("reclaim"), "marked")
+            self.assertIs(lease.park(), True)
+            self.assertIsNone(lease.reclaim_priority)
+            self.assertIsNone(listed()[lease.id].get("reclaim"))
+            lease.unpark()
+            self.assertIsNone(lease.reclaim_priority)
+            lease.set_reclaimable(4)                                   # offered again, as documented
+            self.assertEqual(listed()[lease.id].get("reclaim"), "marked")
+
     def test_free_while_parked(self) -> None:
         lease = self.client.alloc(4 * MiB)
         lid = lease.id

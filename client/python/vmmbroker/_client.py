@@ -815,8 +815,10 @@ class Lease(_Exportable):
         fault ends the process's CUDA context).
 
         Returns True when the content is in host memory now (the device
-        memory went back to the broker), False when other processes still
-        map the lease: it moves when the last of them parks too.
+        memory went back to the broker; that ends the lease's reclaimable
+        mark: set_reclaimable() again after unpark() to offer it again),
+        False when other processes still map the lease: it moves when the
+        last of them parks too.
 
         When the broker refuses, the lease is mapped again as it was (or, when
         that fails too because the broker is gone, left parked: ``parked`` is
@@ -835,6 +837,8 @@ class Lease(_Exportable):
         with self._lock:
             rc = _lib.lease_park(self._usable(), stream)
             message = _lib.error_message() if rc < 0 else ""
+            if rc == 1:
+                self._reclaim_priority = None   # its mark ended with the move (the library forgets it too)
         if rc < 0:
             raise error(rc, message)
         return rc == 1
