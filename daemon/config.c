@@ -314,9 +314,9 @@ static int parse_max_alloc_wait(Config *c, const char *value, char **ret_message
 }
 
 static void print_max_alloc_wait(const Config *c, FILE *f) {
-        uint64_t usec = c->manager.max_alloc_wait_usec ?: BROKER_DEFAULT_MAX_ALLOC_WAIT_USEC;
+        uint64_t usec = manager_max_alloc_wait_usec(&c->manager);
 
-        if (usec == MANAGER_ALLOC_WAIT_OFF)
+        if (usec == 0)
                 fputs("0", f);
         else
                 print_time(usec, f);
@@ -359,9 +359,7 @@ static int parse_scrub_wait_bytes(Config *c, const char *value, char **ret_messa
 }
 
 static void print_scrub_wait_bytes(const Config *c, FILE *f) {
-        uint64_t bytes = c->manager.scrub_wait_bytes ?: MANAGER_DEFAULT_SCRUB_WAIT_BYTES;
-
-        print_size(bytes == MANAGER_SCRUB_WAIT_NONE ? 0 : bytes, f);
+        print_size(manager_scrub_wait_bytes(&c->manager), f);
 }
 
 /* Empty (0): the manager derives it from the fd limit. */

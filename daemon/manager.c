@@ -646,11 +646,9 @@ int manager_new(Manager **ret, const ManagerConfig *config, char **ret_message) 
         k = broker_init(&m->broker, m->pool, &config->limits);
         if (k < 0)
                 return k;
-        m->broker.max_alloc_wait_usec = config->max_alloc_wait_usec == MANAGER_ALLOC_WAIT_OFF ? 0 :
-                                        config->max_alloc_wait_usec ?: BROKER_DEFAULT_MAX_ALLOC_WAIT_USEC;
+        m->broker.max_alloc_wait_usec = manager_max_alloc_wait_usec(config);
         m->broker.kept_wait_usec = m->reclaim_timeout_usec;    /* kept leases are asked back within it */
-        m->broker.scrub_wait_bytes = config->scrub_wait_bytes == MANAGER_SCRUB_WAIT_NONE ? 0 :
-                                     config->scrub_wait_bytes ?: MANAGER_DEFAULT_SCRUB_WAIT_BYTES;
+        m->broker.scrub_wait_bytes = manager_scrub_wait_bytes(config);
         m->broker.placement = config->placement;
         m->broker.store_failing = store_failing;
         m->broker.store_failing_userdata = m;

@@ -56,6 +56,17 @@ typedef struct ManagerConfig {
                                            MANAGER_SCRUB_WAIT_NONE = every call whose zeroing is not done parks */
 } ManagerConfig;
 
+/* What MaxAllocWait= comes to, defaults and MANAGER_ALLOC_WAIT_OFF applied: the longest an Alloc may wait, 0 none. */
+static inline uint64_t manager_max_alloc_wait_usec(const ManagerConfig *c) {
+        return c->max_alloc_wait_usec == MANAGER_ALLOC_WAIT_OFF ? 0
+                                                                 : c->max_alloc_wait_usec ?: BROKER_DEFAULT_MAX_ALLOC_WAIT_USEC;
+}
+
+/* What ScrubWaitBytes= comes to, defaults and MANAGER_SCRUB_WAIT_NONE applied: the most zeroing waited for, 0 none. */
+static inline uint64_t manager_scrub_wait_bytes(const ManagerConfig *c) {
+        return c->scrub_wait_bytes == MANAGER_SCRUB_WAIT_NONE ? 0 : c->scrub_wait_bytes ?: MANAGER_DEFAULT_SCRUB_WAIT_BYTES;
+}
+
 typedef struct Manager {
         sd_event *event;
         CudaDriver *cu;
