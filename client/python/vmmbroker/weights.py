@@ -601,7 +601,7 @@ def attach_state_dict(client, name: str, readonly: bool = True) -> StateDict:
             t2h = clock()
             names, groups, data_offset, metadata = _parse(header, base.shape[0])
             t3 = clock()
-            out = _views(torch, base, names, groups, data_offset)
+            out = _views(base, names, groups, data_offset)
         except BaseException:
             mem.close()
             raise
@@ -618,7 +618,7 @@ def attach_state_dict(client, name: str, readonly: bool = True) -> StateDict:
     return out
 
 
-def _views(torch, base, names: list, groups: list, data_offset: int) -> StateDict:
+def _views(base, names: list, groups: list, data_offset: int) -> StateDict:
     """The tensors of a checked layout as views of BASE, in the names' order: one as_strided view per group,
     split by unbind() when it holds more than one tensor (one call into PyTorch per group, not per tensor)."""
     tensors: List[Any] = [None] * len(names)

@@ -64,7 +64,7 @@ def consumer(name, prewarm):
     bv = base.view(torch.bfloat16); t()
     a = bv.as_strided([1024], [1], 0); t()
     b = bv.as_strided([2, 1024], [1024, 1], 0).unbind(0); t()
-    sd = w._views(torch, base, names, groups, doff); t()
+    sd = w._views(base, names, groups, doff); t()
     del sd, a, b, bv
     t0 = clk(); sd2 = w.attach_state_dict(c, name); t1 = clk()
     labels = ["attach_call", "adopt", "wrap", "cdll", "bytearray", "from_buffer", "d2h_64", "d2h_64k", "bytes", "parse", "view_dtype", "as_strided1", "unbind1", "views_all"]

@@ -95,7 +95,7 @@ def consumer(name):
             out5[n_] = ast(typed[dt], tuple(shape), tuple(stride), (doff + off) // 2)
         t11 = clk()
         t12 = clk(); names3, groups3, doff3, _ = w._parse(buf, base.shape[0]); t13 = clk()
-        out6 = w._views(torch, base, names3, groups3, doff3); t14 = clk()
+        out6 = w._views(base, names3, groups3, doff3); t14 = clk()
         same6 = list(out6) == list(out) and all(out6[k].data_ptr() == out[k].data_ptr() and out6[k].shape == out[k].shape and out6[k].stride() == out[k].stride() for k in out)
         if i: r.setdefault("parse_groups", []).append(t13 - t12); r.setdefault("views_grouped", []).append(t14 - t13); r["grouped_same"] = [1000 * same6]; r["groups"] = [1000 * len(groups3)]
         del out6
