@@ -11,6 +11,7 @@ so it runs anywhere, CI included. Exit status 0 on success.
 
 import json
 import os
+import random
 import struct
 import sys
 import zlib
@@ -228,6 +229,90 @@ g4 = json.loads(h4[w.PREFIX_SIZE:])["groups"]
 check(len(g4) > len(g3) and w.decode_layout(h4)[0] == e4, f"a broken run is cut in more groups ({len(g4)})")
 check(len(h3) <= w.FIRST_READ, f"a 24-layer header ({len(h3)} bytes) fits the first read ({w.FIRST_READ})")
 check(zlib.crc32(h3[w.PREFIX_SIZE:]) & 0xFFFFFFFF == struct.unpack_from("<I", h3, 40)[0], "crc32 at byte 40")
+
+# What a hostile publisher might write, at random (seeded: the same cases every run): every header of
+# versions 1-3 with one value replaced by another of any JSON type, or one byte of its JSON changed, each with
+# its checksum made right again, either is refused with LayoutError or decodes to tensors that all lie inside
+# the data, aligned to their element size, each name once. Any other exception is a failure.
+def hostile_values(rng, value):
+    """Values to put in place of VALUE: of its kind but out of range, and of every other JSON kind."""
+    big = rng.choice([2**31, 2**53 + 1, 2**64, 10**30])
+    return [-1, 0, 1, big, -big, 0.5, 1e308, True, None, "", "x" * rng.randint(1, 40), [], [big], [-1], {},
+            {"a": 1}, [value, value], [[value]]]
+
+
+def leaves(doc, path=()):
+    """Every (path, value) in DOC, containers included."""
+    yield path, doc
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            yield from leaves(v, path + (k,))
+    elif isinstance(doc, list):
+        for i, v in enumerate(doc):
+            yield from leaves(v, path + (i,))
+
+
+def replaced(doc, path, value):
+    """A copy of DOC with the value at PATH replaced by VALUE."""
+    if not path:
+        return value
+    out = dict(doc) if isinstance(doc, dict) else list(doc)
+    out[path[0]] = replaced(doc[path[0]], path[1:], value)
+    return out
+
+
+def sane(decoded, data_size):
+    """Whether decoded entries are what an attach may turn into views of the data."""
+    got, _, meta = decoded
+    names = [e[0] for e in got]
+    return (isinstance(meta, dict) and all(isinstance(n, str) for n in names) and
+            len(set(names)) == len(names) and
+            all(e[1] in w.ITEMSIZE and e[4] >= 0 and e[4] % w.ITEMSIZE[e[1]] == 0 and
+                e[4] + e[5] <= data_size and all(type(d) is int and d >= 0 for d in e[2]) for e in got))
+
+
+def try_hostile(buf, data_size, lease_size):
+    """None if BUF is refused with LayoutError or decodes sanely; else what went wrong."""
+    try:
+        decoded = w.decode_layout(buf, lease_size)
+    except w.LayoutError:
+        return None
+    except Exception as e:          # noqa: BLE001: any other exception is what this looks for
+        return f"{type(e).__name__}: {e}"
+    return None if sane(decoded, data_size) else f"decoded to a layout an attach cannot use: {decoded[0]!r:.200}"
+
+
+rng = random.Random(20261129)
+small = [["a", "float32", [4, 2], [2, 1], 0, 32], ["b", "bfloat16", [3], [1], 256, 6],
+         ["c", "float32", [4, 2], [2, 1], 512, 32], ["d", "int64", [], [], 768, 8]]
+small_size = 776
+docs = [(1, {"tensors": small, "metadata": {"m": 1}}),
+        (2, {"names": [e[0] for e in small], "dtypes": [e[1] for e in small], "shapes": [e[2] for e in small],
+             "offsets": [e[4] for e in small], "nbytes": [e[5] for e in small]}),
+        (3, json.loads(w.encode_layout(small, small_size, {"m": 1})[0][w.PREFIX_SIZE:])),
+        (3, json.loads(h3[w.PREFIX_SIZE:]))]
+bad_cases, cases = [], 0
+for version, doc in docs:
+    size = s3 if len(doc.get("names", ())) > 10 else small_size
+    paths = list(leaves(doc))
+    for _ in range(400):
+        path, value = rng.choice(paths)
+        hdr, off = header_of(replaced(doc, path, rng.choice(hostile_values(rng, value))), version, size)
+        for lease in (None, off + size):
+            cases += 1
+            why = try_hostile(hdr, size, lease)
+            if why:
+                bad_cases.append(f"v{version} {path}: {why}")
+    js = json.dumps(doc, separators=(",", ":")).encode()
+    for _ in range(400):
+        raw = bytearray(js)
+        raw[rng.randrange(len(raw))] = rng.choice(b'0123456789-.eE[]{}",:tfn \\x\xff')
+        cases += 1
+        why = try_hostile(header_of_raw(bytes(raw), version, size), size, None)
+        if why:
+            bad_cases.append(f"v{version} byte: {why}")
+check(not bad_cases, f"{cases} hostile headers (seeded): refused or decoded inside the data"
+      + "".join(f"\n     {b}" for b in bad_cases[:10]))
 
 print(f"\n{'all checks passed' if not failures else f'{failures} checks FAILED'}")
 sys.exit(1 if failures else 0)
