@@ -1916,7 +1916,9 @@ static void *watch_thread(void *userdata) {
                 size_t n_fds = 0;
                 int k;
 
-                if (poll(p, 2, -1) < 0) {
+                /* One read may have taken several requests: those buffered are handled without waiting for
+                 * the socket, which has nothing more to say about them (the stop is still looked at). */
+                if (poll(p, 2, varlink_conn_has_message(w->conn) ? 0 : -1) < 0) {
                         if (errno == EINTR)
                                 continue;
                         break;

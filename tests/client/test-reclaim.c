@@ -20,6 +20,7 @@
 
 #include "checked.h"
 #include "harness.h"
+#include "rawclient.h"
 #include "macro.h"
 #include "vmmbroker.h"
 #include "unit.h"
@@ -161,8 +162,271 @@ START_TEST(test_callback_refuses) {
 }
 END_TEST
 
+/* --- a lease asked for, then parked before the watch reads the request ------------------------------ */
+
+typedef struct ParkerArgs {
+        const char *socket;
+        int report_w;           /* 'r' ready, 'A' and 'C' from callbacks, 'P' parked, 'E' failed */
+        int go_r;               /* lets A's callback return */
+        int cmd_r;              /* 'p': park B; 'f': check and finish */
+} ParkerArgs;
+
+static ParkerArgs parker;
+static volatile int b_called;   /* set by B's callback, which must not run */
+
+static int on_a_blocks(vmmb_lease *lease, uint64_t timeout_usec, void *userdata) {
+        char x;
+
+        (void)lease, (void)timeout_usec, (void)userdata;
+        (void)!write(parker.report_w, "A", 1);
+        return read(parker.go_r, &x, 1) == 1 ? 0 : -1;         /* the watch thread waits here, its requests queue */
+}
+
+static int on_b_never(vmmb_lease *lease, uint64_t timeout_usec, void *userdata) {
+        (void)lease, (void)timeout_usec, (void)userdata;
+        b_called = 1;
+        return -1;
+}
+
+/* Reports its letter (userdata) and gives the lease back. */
+static int on_report_gives_back(vmmb_lease *lease, uint64_t timeout_usec, void *userdata) {
+        (void)lease, (void)timeout_usec;
+        (void)!write(parker.report_w, userdata, 1);
+        return 0;
+}
+
+/*
+ * Fills the device with leases A, B, C, D; marks A (priority 0, its callback blocks until told), B (1, its
+ * callback must never run) and C (2); parks B when told, while B's request waits behind A's callback.
+ */
+static int child_parker(void *arg) {
+        vmmb_lease *a, *b, *c_, *d;
+        vmmb_client *c = NULL;
+        char x;
+
+        parker = *(ParkerArgs *)arg;
+        HOLDER_CHECK(vmmb_connect(parker.socket, &c) == 0, "connect");
+        HOLDER_CHECK(vmmb_alloc(c, UNIT, 0, "A", &a) == 0 && vmmb_alloc(c, UNIT, 0, "B", &b) == 0 &&
+                     vmmb_alloc(c, UNIT, 0, "C", &c_) == 0 && vmmb_alloc(c, UNIT, 0, "D", &d) == 0, "alloc");
+        HOLDER_CHECK(vmmb_lease_set_reclaimable(a, 0, on_a_blocks, NULL) == 0 &&
+                     vmmb_lease_set_reclaimable(b, 1, on_b_never, NULL) == 0 &&
+                     vmmb_lease_set_reclaimable(c_, 2, on_report_gives_back, "C") == 0, "mark");
+        HOLDER_CHECK(write(parker.report_w, "r", 1) == 1, "report");
+
+        HOLDER_CHECK(read(parker.cmd_r, &x, 1) == 1 && x == 'p', "command p");
+        /* Asked already, not read yet: parking gives the device memory back all the same. */
+        x = vmmb_lease_park(b, NULL) == 1 ? 'P' : 'E';
+        HOLDER_CHECK(write(parker.report_w, &x, 1) == 1, "report park");
+
+        HOLDER_CHECK(read(parker.cmd_r, &x, 1) == 1 && x == 'f', "command f");
+        /* C's request came after B's on the watch's connection: B's has been read, and changed nothing. */
+        HOLDER_CHECK(!b_called, "B's callback ran for a parked lease");
+        HOLDER_CHECK(vmmb_lease_reclaimed(b) == 0 && vmmb_lease_parked(b) == 1, "B given back or not parked");
+        HOLDER_CHECK(reclaimed_soon(a, 1) && reclaimed_soon(c_, 1), "A and C not given back");
+        HOLDER_CHECK(read(parker.cmd_r, &x, 1) == 1 && x == 'u', "command u");
+        HOLDER_CHECK(vmmb_lease_unpark(b) == 0 && vmmb_lease_parked(b) == 0, "unpark B");
+        HOLDER_CHECK(vmmb_free(b) == 0 && vmmb_free(d) == 0, "free");
+        vmmb_close(c);          /* frees the objects of A and C, given back */
+        return 0;
+}
+
+typedef struct WaiterArgs {
+        const char *socket;
+        int served_w;           /* 'w' once served */
+        int release_r;          /* a byte each: free and exit */
+        uint64_t size;          /* what it waits for: 0 for one unit */
+} WaiterArgs;
+
+/* Waits for its size (the device is full), says so, and holds it until released. */
+static int child_waiter(void *arg) {
+        WaiterArgs *a = arg;
+        vmmb_client *c = NULL;
+        vmmb_lease *l;
+        char x;
+
+        HOLDER_CHECK(vmmb_connect(a->socket, &c) == 0, "waiter: connect");
+        HOLDER_CHECK(vmmb_alloc_wait(c, a->size ?: UNIT, 0, NULL, 30 * 1000000, &l) == 0, "waiter: alloc_wait");
+        HOLDER_CHECK(write(a->served_w, "w", 1) == 1, "waiter: report");
+        (void)!read(a->release_r, &x, 1);
+        vmmb_free(l);
+        vmmb_close(c);
+        return 0;
+}
+
+/* The reclaim state of the lease labelled `label`, as the daemon's List (all) shows it: "-" for none. */
+static void labelled_state(const char *label, char *buf, size_t len, bool *ret_parked) {
+        ListReply list = {};
+
+        ck_assert_int_eq(list_get(h.socket, true, &list), 0);
+        snprintf(buf, len, "?");
+        for (size_t i = 0; i < list.n_leases; i++)
+                if (list.leases[i].label && strcmp(list.leases[i].label, label) == 0) {
+                        snprintf(buf, len, "%s", list.leases[i].reclaim ?: "-");
+                        if (ret_parked)
+                                *ret_parked = list.leases[i].parked;
+                }
+        list_reply_done(&list);
+}
+
+static pid_t start_waiter(WaiterArgs *w, int served[2]) {
+        ck_assert_int_eq(pipe2(served, O_CLOEXEC), 0);
+        w->served_w = served[1];
+        return harness_fork(child_waiter, w);
+}
+
+static void expect_report(int fd, char want) {
+        char x = 0;
+
+        ck_assert_int_eq(read(fd, &x, 1), 1);
+        ck_assert_int_eq(x, want);
+}
+
+/*
+ * A lease asked for and parked before the library's watch reads the request (its watch thread is busy with
+ * another callback): the parking gives the device memory back, so a waiting call is served by it; the
+ * broker asks for it no more; and when the watch reads the request, the library neither calls the lease's
+ * callback nor gives the parked lease back (freeing it would lose its content). The waiters are served in
+ * their turn: the first by B's parking, the second by A. Each step waits for the one
+ * before: a pipe, or List polled (bounded) for the broker's "asked".
+ */
+START_TEST(test_asked_then_parked) {
+        int report[2], go[2], cmd[2], release[2], served[3][2];
+        WaiterArgs w = { .socket = NULL };
+        char state[32];
+        bool parked = false;
+        pid_t holder, waiter[3];
+        uint64_t deadline;
+
+        harness_start_capped_or_fail(&h, "8M", NULL);
+        ck_assert_int_eq(pipe2(report, O_CLOEXEC), 0);
+        ck_assert_int_eq(pipe2(go, O_CLOEXEC), 0);
+        ck_assert_int_eq(pipe2(cmd, O_CLOEXEC), 0);
+        ck_assert_int_eq(pipe2(release, O_CLOEXEC), 0);
+        holder = harness_fork(child_parker, &(ParkerArgs){ .socket = h.socket, .report_w = report[1],
+                                                            .go_r = go[0], .cmd_r = cmd[0] });
+        ck_assert_int_gt(holder, 0);
+        expect_report(report[0], 'r');
+        w = (WaiterArgs){ .socket = h.socket, .release_r = release[0] };
+
+        /* The first waiter: A is asked, and its callback holds the holder's watch thread. */
+        waiter[0] = start_waiter(&w, served[0]);
+        expect_report(report[0], 'A');
+        /* The second: B is asked; its request waits on the watch's connection. */
+        waiter[1] = start_waiter(&w, served[1]);
+        deadline = harness_now_msec() + 10000;
+        do
+                labelled_state("B", state, sizeof(state), NULL);
+        while (strcmp(state, "asked") != 0 && harness_now_msec() < deadline);
+        ck_assert_str_eq(state, "asked");
+
+        /* B parked: its device memory serves the waiter whose turn it is, the first, while A's callback still
+         * holds the watch. */
+        ck_assert_int_eq(write(cmd[1], "p", 1), 1);
+        expect_report(report[0], 'P');
+        expect_report(served[0][0], 'w');
+        labelled_state("B", state, sizeof(state), &parked);
+        ck_assert_str_eq(state, "-");
+        ck_assert(parked);
+
+        /* A given back serves the second; the watch then reads B's request. C's, asked for a third waiter,
+         * comes after it on the same connection. */
+        ck_assert_int_eq(write(go[1], "g", 1), 1);
+        expect_report(served[1][0], 'w');
+        waiter[2] = start_waiter(&w, served[2]);
+        expect_report(report[0], 'C');
+        expect_report(served[2][0], 'w');
+        ck_assert_int_eq(write(cmd[1], "f", 1), 1);
+
+        /* The waiters free their units; B comes back into device memory. */
+        ck_assert_int_eq(write(release[1], "xxx", 3), 3);
+        for (int i = 0; i < 3; i++)
+                ck_assert_int_eq(harness_wait(waiter[i]), 0);
+        ck_assert_int_eq(write(cmd[1], "u", 1), 1);
+        ck_assert_msg(harness_wait(holder) == 0, "the holder failed (see its stderr)");
+        for (int i = 0; i < 3; i++) {
+                close(served[i][0]);
+                close(served[i][1]);
+        }
+        close(report[0]), close(report[1]), close(go[0]), close(go[1]), close(cmd[0]), close(cmd[1]);
+        close(release[0]), close(release[1]);
+        harness_stop_or_fail(&h);
+}
+END_TEST
+
+/* --- requests that arrive together ------------------------------------------------------------------- */
+
+/* Marks A (priority 0, its callback blocks until told), B (1) and C (2) of a full device; D is not offered. */
+static int child_three(void *arg) {
+        vmmb_lease *a, *b, *c_, *d;
+        vmmb_client *c = NULL;
+        char x;
+
+        parker = *(ParkerArgs *)arg;
+        HOLDER_CHECK(vmmb_connect(parker.socket, &c) == 0, "connect");
+        HOLDER_CHECK(vmmb_alloc(c, UNIT, 0, "A", &a) == 0 && vmmb_alloc(c, UNIT, 0, "B", &b) == 0 &&
+                     vmmb_alloc(c, UNIT, 0, "C", &c_) == 0 && vmmb_alloc(c, UNIT, 0, "D", &d) == 0, "alloc");
+        HOLDER_CHECK(vmmb_lease_set_reclaimable(a, 0, on_a_blocks, NULL) == 0 &&
+                     vmmb_lease_set_reclaimable(b, 1, on_report_gives_back, "B") == 0 &&
+                     vmmb_lease_set_reclaimable(c_, 2, on_report_gives_back, "C") == 0, "mark");
+        HOLDER_CHECK(write(parker.report_w, "r", 1) == 1, "report");
+        HOLDER_CHECK(read(parker.cmd_r, &x, 1) == 1 && x == 'f', "command f");
+        HOLDER_CHECK(reclaimed_soon(a, 1) && reclaimed_soon(b, 1) && reclaimed_soon(c_, 1) &&
+                     vmmb_lease_reclaimed(d) == 0, "A, B and C given back, D kept");
+        vmmb_close(c);
+        return 0;
+}
+
+/*
+ * One call waits for three units: the broker asks for A, B and C at once, three requests back to back on the
+ * holder's watch connection. A's callback holds the watch thread until the broker has sent the other two, so
+ * that they are read together: the library must answer both, not wait on the socket for more after the first
+ * (C's request would then wait until ReclaimTimeout= had the broker mark the lease unresponsive, and the call
+ * would not be served).
+ */
+START_TEST(test_requests_read_together) {
+        int report[2], go[2], cmd[2], release[2], served[2];
+        char state_b[32], state_c[32];
+        pid_t holder, waiter;
+        uint64_t deadline;
+
+        harness_start_capped_or_fail(&h, "8M", NULL);
+        ck_assert_int_eq(pipe2(report, O_CLOEXEC), 0);
+        ck_assert_int_eq(pipe2(go, O_CLOEXEC), 0);
+        ck_assert_int_eq(pipe2(cmd, O_CLOEXEC), 0);
+        ck_assert_int_eq(pipe2(release, O_CLOEXEC), 0);
+        holder = harness_fork(child_three, &(ParkerArgs){ .socket = h.socket, .report_w = report[1],
+                                                           .go_r = go[0], .cmd_r = cmd[0] });
+        ck_assert_int_gt(holder, 0);
+        expect_report(report[0], 'r');
+
+        waiter = start_waiter(&(WaiterArgs){ .socket = h.socket, .release_r = release[0], .size = 3 * UNIT },
+                              served);
+        expect_report(report[0], 'A');
+        deadline = harness_now_msec() + 10000;
+        do {
+                labelled_state("B", state_b, sizeof(state_b), NULL);
+                labelled_state("C", state_c, sizeof(state_c), NULL);
+        } while ((strcmp(state_b, "asked") != 0 || strcmp(state_c, "asked") != 0) && harness_now_msec() < deadline);
+        ck_assert_str_eq(state_b, "asked");
+        ck_assert_str_eq(state_c, "asked");
+
+        ck_assert_int_eq(write(go[1], "g", 1), 1);
+        expect_report(report[0], 'B');
+        expect_report(report[0], 'C');
+        expect_report(served[0], 'w');
+        ck_assert_int_eq(write(cmd[1], "f", 1), 1);
+        ck_assert_int_eq(write(release[1], "x", 1), 1);
+        ck_assert_int_eq(harness_wait(waiter), 0);
+        ck_assert_msg(harness_wait(holder) == 0, "the holder failed (see its stderr)");
+        close(report[0]), close(report[1]), close(go[0]), close(go[1]), close(cmd[0]), close(cmd[1]);
+        close(release[0]), close(release[1]), close(served[0]), close(served[1]);
+        harness_stop_or_fail(&h);
+}
+END_TEST
+
 int main(void) {
-        return run_suite(UNIT_SUITE("reclaim", NULL, test_callback_gives_back, test_callback_refuses)) == 0
+        return run_suite(UNIT_SUITE("reclaim", NULL, test_callback_gives_back, test_callback_refuses,
+                                      test_asked_then_parked, test_requests_read_together)) == 0
                        ? EXIT_SUCCESS
                        : EXIT_FAILURE;
 }

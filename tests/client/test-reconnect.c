@@ -65,13 +65,6 @@ static void teardown(void) {
         (void)rmdir(dir);
 }
 
-static uint64_t now_msec(void) {
-        struct timespec ts;
-
-        ck_assert_int_eq(clock_gettime(CLOCK_MONOTONIC, &ts), 0);
-        return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
 /* ---- the daemon under the supervisor ------------------------------------------------------------------- */
 
 static Supervisor *daemon_start(void) {
@@ -391,12 +384,12 @@ static void lease_reclaim_state(Supervisor *s, const char *id, char *buf, size_t
 
 /* Polls List, for up to `within_ms`, until the lease is marked again (the library's watch marked it). */
 static void assert_marked_again(Supervisor *s, vmmb_lease *l, uint64_t within_ms) {
-        uint64_t deadline = now_msec() + within_ms;
+        uint64_t deadline = harness_now_msec() + within_ms;
         char state[32];
 
         do
                 lease_reclaim_state(s, vmmb_lease_id(l), state, sizeof(state));
-        while (strcmp(state, "marked") != 0 && now_msec() < deadline);
+        while (strcmp(state, "marked") != 0 && harness_now_msec() < deadline);
         ck_assert_str_eq(state, "marked");
 }
 
@@ -556,9 +549,9 @@ START_TEST(test_gives_up) {
         varlink_conn_free(vc);
         safe_close(listen_fd);          /* the file stays: connect() is refused */
 
-        start = now_msec();
+        start = harness_now_msec();
         ck_assert_int_eq(vmmb_revoke(c, "0123456789abcdef0123456789abcdef"), -ECONNREFUSED);
-        took = now_msec() - start;
+        took = harness_now_msec() - start;
         ck_assert_msg(took >= 300 && took < WAIT_MS, "gave up after %llu ms", (unsigned long long)took);
         ck_assert_msg(strstr(vmmb_error_message(), "no broker listened at") &&
                       strstr(vmmb_error_message(), path) && strstr(vmmb_error_message(), "within 0.300 s"),
@@ -607,9 +600,9 @@ START_TEST(test_timeout_env) {
         varlink_conn_free(vc);
         safe_close(listen_fd);
         ck_assert_int_eq(unlink(path), 0);
-        start = now_msec();
+        start = harness_now_msec();
         ck_assert_int_eq(vmmb_unpublish(c, "team.weights"), -ECONNREFUSED);
-        ck_assert_uint_lt(now_msec() - start, WAIT_MS);
+        ck_assert_uint_lt(harness_now_msec() - start, WAIT_MS);
         ck_assert_msg(strstr(vmmb_error_message(), "within 0 s"), "message: %s", vmmb_error_message());
         vmmb_close(c);
 }
@@ -638,9 +631,9 @@ START_TEST(test_close_does_not_wait) {
         varlink_conn_free(vc);
         safe_close(listen_fd);
 
-        start = now_msec();
+        start = harness_now_msec();
         vmmb_close(c);
-        ck_assert_uint_lt(now_msec() - start, WAIT_MS);
+        ck_assert_uint_lt(harness_now_msec() - start, WAIT_MS);
         ck_assert_int_eq(cu->cuMemRelease(handle), CUDA_SUCCESS);
 }
 END_TEST

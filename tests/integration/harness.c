@@ -15,6 +15,7 @@
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <sys/time.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -278,6 +279,13 @@ int harness_freeze(Harness *h) {
 
 int harness_thaw(Harness *h) {
         return kill(h->pid, SIGCONT) < 0 ? -errno : 0;
+}
+
+uint64_t harness_now_msec(void) {
+        struct timespec ts;
+
+        (void)clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
 int harness_fd_count(pid_t pid) {

@@ -87,6 +87,9 @@ int harness_notify_socket(const char *path);
  */
 int harness_notify_receive(int fd, int timeout_ms, char *buf, size_t len, pid_t *ret_sender);
 
+/* CLOCK_MONOTONIC in milliseconds: for the deadlines of bounded polls. */
+uint64_t harness_now_msec(void);
+
 /* Open fds of a process, from /proc/PID/fd; -1 on error. */
 int harness_fd_count(pid_t pid);
 
