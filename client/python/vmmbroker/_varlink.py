@@ -57,7 +57,8 @@ def call(path: str, method: str, parameters: dict[str, Any] | None = None) -> di
             s.connect(path)
             s.sendall(request.encode() + b"\0")
             data = bytearray()
-            while b"\0" not in data:
+            chunk = b""
+            while b"\0" not in chunk:        # the new bytes only: a long reply is not scanned again each time
                 chunk = s.recv(1 << 16)
                 if not chunk:
                     raise Error(errno.ECONNRESET, f"The broker at {path} closed the connection "
