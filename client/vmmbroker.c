@@ -1198,9 +1198,11 @@ static vmmb_lease *kept_take_next(const vmmb_client *via, bool same_broker, Rele
  * so nothing is waited for), then frees it with the broker on `via`, waiting for the answer. The record stays
  * until no Alloc sent before the answer can bring the lease back. Frees the object. Returns 0 or a negative
  * errno (message set); when unmapping fails the broker is not told, and the record goes at once (no Free
- * ends a hold that an Alloc might get back).
+ * ends a hold that an Alloc might get back). When the Free fails, the broker may not have carried it out and
+ * still keep the lease: its id is remembered as dropped too, so that a request for it is answered with a Free.
  */
 static int kept_give_back(vmmb_client *via, vmmb_lease *l, Released *r) {
+        Released *d = NULL;
         bool sent = false;
         int k = 0;
 
@@ -1209,8 +1211,12 @@ static int kept_give_back(vmmb_client *via, vmmb_lease *l, Released *r) {
         if (k >= 0) {
                 sent = true;            /* whatever comes back, the broker may have carried it out */
                 k = client_free_id(via, r->id, false, NULL);
+                if (k < 0)
+                        d = calloc(1, sizeof(*d));      /* none: such a request goes unanswered, as before */
         }
         process_lock();
+        if (d)
+                released_add(d, r->id, true);
         if (sent) {
                 r->until = process.next_seq;
                 released_prune();
@@ -1760,40 +1766,47 @@ static int lease_give_back(vmmb_lease *l, vmmb_client *via) {
 
 /*
  * One request: the lease's callback decides, then the library gives it back or refuses (unmarks it). A lease
- * that no client of the watch has marked may be one this process keeps (kept_asked()).
+ * that a client of the watch holds but has not marked is refused; one that none holds may be one this
+ * process keeps (kept_asked()).
  */
 static void watch_handle(Watch *w, const ReclaimRequest *q) {
         vmmb_lease *l = NULL, *i;
         vmmb_client *c = NULL, *j;
         vmmb_reclaim_fn cb = NULL;
         void *userdata = NULL;
-        bool parked = false;
+        bool parked = false, marked = false;
         int k = 0;
 
         process_lock();
-        list_for_each_entry(j, &w->clients, watch_link) {
-                (void)pthread_mutex_lock(&j->leases_lock);
-                list_for_each_entry(i, &j->leases, link)
-                        if (strcmp(i->id, q->id) == 0 && i->reclaimable && !i->reclaimed && !i->reclaiming) {
-                                l = i;
+        /* A lease marked here first; else one not marked here, which the broker may have marked all the same
+         * (the watch's marking again, read after the program's unmarking): refused, so it asks the next. */
+        for (int pass = 0; pass < 2 && !l; pass++)
+                list_for_each_entry(j, &w->clients, watch_link) {
+                        (void)pthread_mutex_lock(&j->leases_lock);
+                        list_for_each_entry(i, &j->leases, link)
+                                if (strcmp(i->id, q->id) == 0 && (i->reclaimable || pass > 0) && !i->reclaimed &&
+                                    !i->reclaiming) {
+                                        l = i;
+                                        break;
+                                }
+                        if (l) {
+                                /* `parked` is read here, under the lock that guards it: while `reclaiming` is
+                                 * set, vmmb_lease_park() waits, and vmmb_lease_unpark() of a lease not parked
+                                 * changes nothing, so it stays true of the lease until the give-back below is
+                                 * done. */
+                                l->reclaiming = true;
+                                parked = l->parked;
+                                marked = l->reclaimable;
+                                cb = l->reclaim_cb;
+                                userdata = l->reclaim_userdata;
+                        }
+                        (void)pthread_mutex_unlock(&j->leases_lock);
+                        if (l) {
+                                c = j;
+                                w->handling = c;        /* its vmmb_close() waits */
                                 break;
                         }
-                if (l) {
-                        /* `parked` is read here, under the lock that guards it: while `reclaiming` is set,
-                         * vmmb_lease_park() waits, and vmmb_lease_unpark() of a lease not parked changes
-                         * nothing, so it stays true of the lease until the give-back below is done. */
-                        l->reclaiming = true;
-                        parked = l->parked;
-                        cb = l->reclaim_cb;
-                        userdata = l->reclaim_userdata;
                 }
-                (void)pthread_mutex_unlock(&j->leases_lock);
-                if (l) {
-                        c = j;
-                        w->handling = c;        /* its vmmb_close() waits */
-                        break;
-                }
-        }
         process_unlock();
         if (!l) {
                 kept_asked(w->answer, q->id);   /* or freed or unmarked meanwhile: the broker sees that */
@@ -1801,8 +1814,9 @@ static void watch_handle(Watch *w, const ReclaimRequest *q) {
         }
 
         reclaim_running = l;
-        if (parked)
-                k = -EBUSY;     /* asked before it was parked: nothing is mapped to give back, so refuse */
+        if (parked || !marked)
+                k = -EBUSY;     /* parked after it was asked (nothing is mapped to give back), or not offered
+                                   here (any more): refuse, so that the broker asks the next at once */
         else if (cb)
                 k = cb(l, (uint64_t)MAX(q->timeout_usec, INT64_C(0)), userdata);
         if (k == 0)

@@ -366,7 +366,9 @@ int vmmb_free_keep(vmmb_lease *lease);
  * Return: the number of leases given back, or a negative errno after trying
  * them all (the first failure; vmmb_error_message() says why): -EINVAL for a
  * NULL client, the errors of unmapping (the broker is not told of that lease,
- * which stays held until the process exits) and of vmmb_free().
+ * which stays held until the process exits) and of vmmb_free() (the lease is
+ * unmapped all the same; if the broker did not carry the Free out and still
+ * keeps it, it is freed when the broker asks for it).
  */
 int vmmb_give_back_kept(vmmb_client *client);
 
@@ -779,6 +781,9 @@ typedef int (*vmmb_reclaim_fn)(vmmb_lease *lease, uint64_t timeout_usec, void *u
  * reconnects and marks the leases again, however long the broker is away
  * (it tries again 0.1 s after, then twice as long each time up to 2 s; it
  * does not give up after $VMMBROKER_RECONNECT_TIMEOUT, as a call does).
+ * A request for a lease this process holds but has not marked (the broker
+ * may still have a mark: the watch's marking again can reach it after an
+ * unmarking made meanwhile) is refused, so that the broker asks the next.
  *
  * Return: 0, or a negative errno: -ENOENT for a lease the broker does not
  * know (any more), -EACCES when this process holds it read-only or is not

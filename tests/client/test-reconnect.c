@@ -93,13 +93,17 @@ static Supervisor *daemon_start(void) {
 
 /* ---- a call on a thread of its own --------------------------------------------------------------------- */
 
-typedef enum Op { OP_ALLOC, OP_FREE, OP_PUBLISH, OP_UNPUBLISH, OP_REVOKE, OP_TOKENS, OP_PARK, OP_FREE_KEEP } Op;
+typedef enum Op {
+        OP_ALLOC, OP_FREE, OP_PUBLISH, OP_UNPUBLISH, OP_REVOKE, OP_TOKENS, OP_PARK, OP_FREE_KEEP, OP_GIVE_BACK_KEPT,
+        OP_MARK, OP_UNMARK,
+} Op;
 
 typedef struct ClientOp {
         pthread_t thread;
         Op op;
         vmmb_client *client;
-        vmmb_lease *lease;              /* OP_FREE, OP_PUBLISH, OP_TOKENS, OP_PARK: the lease; OP_ALLOC: the result */
+        vmmb_lease *lease;              /* OP_FREE, OP_PUBLISH, OP_TOKENS, OP_PARK, OP_FREE_KEEP, OP_MARK, OP_UNMARK:
+                                           the lease; OP_ALLOC: the result */
         vmmb_token *tokens;             /* OP_TOKENS: the result */
         size_t n_tokens;
         int result;
@@ -135,6 +139,15 @@ static void *client_op_run(void *arg) {
         case OP_FREE_KEEP:
                 o->result = vmmb_free_keep(o->lease);
                 o->lease = NULL;
+                break;
+        case OP_GIVE_BACK_KEPT:
+                o->result = vmmb_give_back_kept(o->client);
+                break;
+        case OP_MARK:
+                o->result = vmmb_lease_set_reclaimable(o->lease, 3, NULL, NULL);
+                break;
+        case OP_UNMARK:
+                o->result = vmmb_lease_set_reclaimable(o->lease, VMMB_NOT_RECLAIMABLE, NULL, NULL);
                 break;
         }
         snprintf(o->message, sizeof(o->message), "%s", vmmb_error_message());
@@ -983,6 +996,18 @@ static void fake_reply_error(VarlinkConn *vc, json_object *error) {
         json_object_put(error);
 }
 
+/* Accepts the process's WatchReclaim connection and answers with the watch on. */
+static VarlinkConn *fake_watch_on(int listen_fd) {
+        VarlinkConn *vc = fake_accept(listen_fd);
+        json_object *params = json_object_new_object();
+
+        fake_read_call(vc, VMMB_METHOD_WATCH_RECLAIM, NULL);
+        ck_assert_ptr_nonnull(params);
+        fake_reply_continues(vc, params);
+        json_object_put(params);
+        return vc;
+}
+
 /* The fake's ends of the process's watch: its connection for answers, and the one of WatchReclaim. */
 typedef struct FakeWatch {
         VarlinkConn *answer;
@@ -995,17 +1020,13 @@ typedef struct FakeWatch {
  */
 static void fake_watch(int listen_fd, bool watches, FakeWatch *ret) {
         ret->answer = fake_accept(listen_fd);
-        ret->watch = fake_accept(listen_fd);
-        fake_read_call(ret->watch, VMMB_METHOD_WATCH_RECLAIM, NULL);
         if (watches) {
-                json_object *params = json_object_new_object();
-
-                ck_assert_ptr_nonnull(params);
-                fake_reply_continues(ret->watch, params);
-                json_object_put(params);
+                ret->watch = fake_watch_on(listen_fd);
         } else {
                 json_object *error = NULL;
 
+                ret->watch = fake_accept(listen_fd);
+                fake_read_call(ret->watch, VMMB_METHOD_WATCH_RECLAIM, NULL);
                 ck_assert_int_eq(varlink_error_method_not_found(VMMB_METHOD_WATCH_RECLAIM, &error), 0);
                 fake_reply_error(ret->watch, error);
         }
@@ -1315,6 +1336,120 @@ START_TEST(test_keep_across_restart) {
 }
 END_TEST
 
+/* ---- requests the library's own account no longer matches ----------------------------------------------- */
+
+/* Whether the library sent something on `vc` before the broker's default ReclaimTimeout= (5 s) passed. */
+#define ANSWER_MS 5000
+#define assert_answered(vc, what)                                                                               \
+        ck_assert_msg(readable(varlink_conn_get_fd(vc), ANSWER_MS), "the request for %s was left unanswered "   \
+                      "for %d ms", (what), ANSWER_MS)
+
+/* Reads a SetReclaimable of `id`: with `priority`, or without one (unmarking) when it is negative. */
+static void fake_read_mark(VarlinkConn *vc, const char *id, int priority) {
+        _cleanup_free_ char *text = NULL;
+        json_object *params, *v;
+
+        fake_read_call(vc, VMMB_METHOD_SET_RECLAIMABLE, &text);
+        params = json_tokener_parse(text);
+        ck_assert_ptr_nonnull(params);
+        ck_assert(json_object_object_get_ex(params, "id", &v));
+        ck_assert_str_eq(json_object_get_string(v), id);
+        if (priority < 0)
+                ck_assert_msg(!json_object_object_get_ex(params, "priority", &v) || json_object_is_type(v, json_type_null),
+                              "a SetReclaimable with a priority, not an unmarking: %s", text);
+        else {
+                ck_assert(json_object_object_get_ex(params, "priority", &v));
+                ck_assert_int_eq(json_object_get_int64(v), priority);
+        }
+        json_object_put(params);
+}
+
+/*
+ * vmmb_give_back_kept() unmaps a kept lease and frees it; the broker reads the Free and the connection is
+ * lost before its answer (it stopped, or crashed before it carried the call out): whether the lease ended is
+ * unknown, and the call is not sent again. A broker that did not carry it out still keeps the lease for the
+ * process and asks for it when another call waits for room. The library, which unmapped it, must free it
+ * then, as it does for a keep-Free lost the same way (the "dropped" record); it forgot the id instead, and
+ * the request went unanswered until the broker's deadline: the waiting call not served, the lease marked
+ * unresponsive, its memory held for the life of the process.
+ */
+START_TEST(test_kept_give_back_lost_then_asked) {
+        FakeLease f;
+        FakeWatch w;
+        ClientOp o;
+
+        fake_lease(&f, 0x6B6B6B6B);
+        client_op_start(&o, OP_FREE_KEEP, f.c, f.l);
+        fake_watch(f.listen_fd, true, &w);
+        fake_read_free(f.vc, LEASE_ID, true, false);
+        fake_reply_kept(f.vc, true);
+        ck_assert_msg(client_op_finish(&o) == 0, "vmmb_free_keep: %s", o.message);
+
+        client_op_start(&o, OP_GIVE_BACK_KEPT, f.c, NULL);
+        fake_read_free(f.vc, LEASE_ID, false, false);
+        f.vc = varlink_conn_free(f.vc);         /* read, not answered: gone */
+        ck_assert_int_eq(client_op_finish(&o), -ECONNRESET);
+        ck_assert(!fake_pending(f.listen_fd));
+
+        /* The broker kept it after all, and asks for it: the library frees it on its connection for answers. */
+        fake_ask(&w, LEASE_ID);
+        assert_answered(w.answer, "the kept lease");
+        fake_read_free(w.answer, LEASE_ID, false, false);
+        fake_reply(w.answer, NULL, NULL, 0);
+
+        fake_lease_done(&f);
+        fake_watch_done(&w);
+}
+END_TEST
+
+/*
+ * The watch's connection is lost (a broker restart, as far as the watch can tell): it watches again and marks
+ * again, on its connection for answers, every lease still marked. The program unmarks one of them at the same
+ * time on its own connection, and the broker, which orders two connections' calls as it likes, reads the
+ * program's unmarking first and the watch's marking after: the lease is marked in the broker and not in the
+ * library, with no error anywhere. When the broker asks for it, the library must refuse (unmark it), so that
+ * the broker asks the next lease at once; it ignored the request instead (it looked only at leases marked
+ * here), which held the waiting call until the broker's deadline (ReclaimTimeout=).
+ */
+START_TEST(test_unmarked_while_marked_again) {
+        FakeLease f;
+        FakeWatch w;
+        ClientOp o;
+
+        fake_lease(&f, 0x7C7C7C7C);
+        client_op_start(&o, OP_MARK, f.c, f.l);
+        fake_watch(f.listen_fd, true, &w);
+        fake_read_mark(f.vc, LEASE_ID, 3);
+        fake_reply(f.vc, NULL, NULL, 0);
+        ck_assert_msg(client_op_finish(&o) == 0, "vmmb_lease_set_reclaimable: %s", o.message);
+
+        /* The watch lost: it watches again, then marks the lease again on its connection for answers. */
+        w.watch = varlink_conn_free(w.watch);
+        w.watch = fake_watch_on(f.listen_fd);
+        ck_assert_msg(readable(varlink_conn_get_fd(w.answer), -1), "the watch did not mark again");
+
+        /* The program unmarks it meanwhile; the broker reads that first, then the watch's marking. */
+        client_op_start(&o, OP_UNMARK, f.c, f.l);
+        fake_read_mark(f.vc, LEASE_ID, -1);
+        fake_reply(f.vc, NULL, NULL, 0);
+        ck_assert_msg(client_op_finish(&o) == 0, "vmmb_lease_set_reclaimable: %s", o.message);
+        fake_read_mark(w.answer, LEASE_ID, 3);
+        fake_reply(w.answer, NULL, NULL, 0);
+
+        /* Asked for: refused (unmarked) on the connection for answers, the lease still mapped and the program's. */
+        fake_ask(&w, LEASE_ID);
+        assert_answered(w.answer, "the unmarked lease");
+        fake_read_mark(w.answer, LEASE_ID, -1);
+        fake_reply(w.answer, NULL, NULL, 0);
+        ck_assert_int_eq(vmmb_lease_reclaimed(f.l), 0);
+        ck_assert(lease_reads(f.l, 0x7C7C7C7C));
+        ck_assert(!fake_pending(f.listen_fd));
+
+        fake_lease_done(&f);
+        fake_watch_done(&w);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("reconnect");
         TCase *tc = tcase_create("reconnect");
@@ -1340,6 +1475,8 @@ int main(void) {
         tcase_add_test(tc, test_keep_stale_dropped);
         tcase_add_test(tc, test_keep_given_back_while_handed_back);
         tcase_add_test(tc, test_keep_across_restart);
+        tcase_add_test(tc, test_kept_give_back_lost_then_asked);
+        tcase_add_test(tc, test_unmarked_while_marked_again);
         suite_add_tcase(s, tc);
 
         failed = run_suite(s);
