@@ -196,22 +196,32 @@ static int on_report_gives_back(vmmb_lease *lease, uint64_t timeout_usec, void *
 }
 
 /*
- * Fills the device with leases A, B, C, D; marks A (priority 0, its callback blocks until told), B (1, its
- * callback must never run) and C (2); parks B when told, while B's request waits behind A's callback.
+ * A holder's start: fills the device with leases labelled A, B, C and D (l[0..4)), marks A (priority 0, its
+ * callback blocks until told), B (1, with `b_callback`) and C (2, its callback reports 'C' and gives it back),
+ * and reports 'r'. 0, or 1 (said).
  */
+static int holder_fill(void *arg, vmmb_reclaim_fn b_callback, void *b_userdata, vmmb_client **ret, vmmb_lease *l[4]) {
+        parker = *(ParkerArgs *)arg;
+        HOLDER_CHECK(vmmb_connect(parker.socket, ret) == 0, "connect");
+        for (int i = 0; i < 4; i++)
+                HOLDER_CHECK(vmmb_alloc(*ret, UNIT, 0, (const char[]){ (char)('A' + i), 0 }, &l[i]) == 0, "alloc");
+        HOLDER_CHECK(vmmb_lease_set_reclaimable(l[0], 0, on_a_blocks, NULL) == 0 &&
+                     vmmb_lease_set_reclaimable(l[1], 1, b_callback, b_userdata) == 0 &&
+                     vmmb_lease_set_reclaimable(l[2], 2, on_report_gives_back, "C") == 0, "mark");
+        HOLDER_CHECK(write(parker.report_w, "r", 1) == 1, "report");
+        return 0;
+}
+
+/* The holder of test_asked_then_parked: B's callback must never run; parks B when told, while B's request waits
+ * behind A's callback. */
 static int child_parker(void *arg) {
-        vmmb_lease *a, *b, *c_, *d;
+        vmmb_lease *l[4], *a, *b, *c_, *d;
         vmmb_client *c = NULL;
         char x;
 
-        parker = *(ParkerArgs *)arg;
-        HOLDER_CHECK(vmmb_connect(parker.socket, &c) == 0, "connect");
-        HOLDER_CHECK(vmmb_alloc(c, UNIT, 0, "A", &a) == 0 && vmmb_alloc(c, UNIT, 0, "B", &b) == 0 &&
-                     vmmb_alloc(c, UNIT, 0, "C", &c_) == 0 && vmmb_alloc(c, UNIT, 0, "D", &d) == 0, "alloc");
-        HOLDER_CHECK(vmmb_lease_set_reclaimable(a, 0, on_a_blocks, NULL) == 0 &&
-                     vmmb_lease_set_reclaimable(b, 1, on_b_never, NULL) == 0 &&
-                     vmmb_lease_set_reclaimable(c_, 2, on_report_gives_back, "C") == 0, "mark");
-        HOLDER_CHECK(write(parker.report_w, "r", 1) == 1, "report");
+        if (holder_fill(arg, on_b_never, NULL, &c, l) != 0)
+                return 1;
+        a = l[0], b = l[1], c_ = l[2], d = l[3];
 
         HOLDER_CHECK(read(parker.cmd_r, &x, 1) == 1 && x == 'p', "command p");
         /* Asked already, not read yet: parking gives the device memory back all the same. */
@@ -268,16 +278,57 @@ static void labelled_state(const char *label, char *buf, size_t len, bool *ret_p
         list_reply_done(&list);
 }
 
+/* Polls List (bounded) until the lease labelled `label` is asked for; fails the test otherwise. */
+static void wait_asked(const char *label) {
+        uint64_t deadline = harness_now_msec() + 10000;
+        char state[32];
+
+        do
+                labelled_state(label, state, sizeof(state), NULL);
+        while (strcmp(state, "asked") != 0 && harness_now_msec() < deadline);
+        ck_assert_msg(strcmp(state, "asked") == 0, "lease %s: %s, not asked", label, state);
+}
+
+/* A daemon of 4 units, a holder process that fills it (holder_fill()) and the pipes between them and the test. */
+typedef struct Scene {
+        int report[2], go[2], cmd[2], release[2];
+        pid_t holder;
+} Scene;
+
+static void scene_start(Scene *sc, int (*holder)(void *arg)) {
+        harness_start_capped_or_fail(&h, "8M", NULL);
+        ck_assert_int_eq(pipe2(sc->report, O_CLOEXEC), 0);
+        ck_assert_int_eq(pipe2(sc->go, O_CLOEXEC), 0);
+        ck_assert_int_eq(pipe2(sc->cmd, O_CLOEXEC), 0);
+        ck_assert_int_eq(pipe2(sc->release, O_CLOEXEC), 0);
+        sc->holder = harness_fork(holder, &(ParkerArgs){ .socket = h.socket, .report_w = sc->report[1],
+                                                          .go_r = sc->go[0], .cmd_r = sc->cmd[0] });
+        ck_assert_int_gt(sc->holder, 0);
+}
+
+/* Waits for the holder to exit 0, closes the pipes and stops the daemon. */
+static void scene_end(Scene *sc) {
+        ck_assert_msg(harness_wait(sc->holder) == 0, "the holder failed (see its stderr)");
+        for (int i = 0; i < 2; i++) {
+                close(sc->report[i]);
+                close(sc->go[i]);
+                close(sc->cmd[i]);
+                close(sc->release[i]);
+        }
+        harness_stop_or_fail(&h);
+}
+
 static pid_t start_waiter(WaiterArgs *w, int served[2]) {
         ck_assert_int_eq(pipe2(served, O_CLOEXEC), 0);
         w->served_w = served[1];
         return harness_fork(child_waiter, w);
 }
 
+/* Reads one report from a pipe (waiting at most IO_TIMEOUT_S), which must be `want`. */
 static void expect_report(int fd, char want) {
         char x = 0;
 
-        ck_assert_int_eq(read(fd, &x, 1), 1);
+        ck_assert_msg(pipe_get(fd, &x, 1) == 1, "no '%c' reported", want);
         ck_assert_int_eq(x, want);
 }
 
@@ -290,39 +341,28 @@ static void expect_report(int fd, char want) {
  * before: a pipe, or List polled (bounded) for the broker's "asked".
  */
 START_TEST(test_asked_then_parked) {
-        int report[2], go[2], cmd[2], release[2], served[3][2];
+        int served[3][2];
         WaiterArgs w = { .socket = NULL };
         char state[32];
         bool parked = false;
-        pid_t holder, waiter[3];
-        uint64_t deadline;
+        pid_t waiter[3];
+        Scene sc;
 
-        harness_start_capped_or_fail(&h, "8M", NULL);
-        ck_assert_int_eq(pipe2(report, O_CLOEXEC), 0);
-        ck_assert_int_eq(pipe2(go, O_CLOEXEC), 0);
-        ck_assert_int_eq(pipe2(cmd, O_CLOEXEC), 0);
-        ck_assert_int_eq(pipe2(release, O_CLOEXEC), 0);
-        holder = harness_fork(child_parker, &(ParkerArgs){ .socket = h.socket, .report_w = report[1],
-                                                            .go_r = go[0], .cmd_r = cmd[0] });
-        ck_assert_int_gt(holder, 0);
-        expect_report(report[0], 'r');
-        w = (WaiterArgs){ .socket = h.socket, .release_r = release[0] };
+        scene_start(&sc, child_parker);
+        expect_report(sc.report[0], 'r');
+        w = (WaiterArgs){ .socket = h.socket, .release_r = sc.release[0] };
 
         /* The first waiter: A is asked, and its callback holds the holder's watch thread. */
         waiter[0] = start_waiter(&w, served[0]);
-        expect_report(report[0], 'A');
+        expect_report(sc.report[0], 'A');
         /* The second: B is asked; its request waits on the watch's connection. */
         waiter[1] = start_waiter(&w, served[1]);
-        deadline = harness_now_msec() + 10000;
-        do
-                labelled_state("B", state, sizeof(state), NULL);
-        while (strcmp(state, "asked") != 0 && harness_now_msec() < deadline);
-        ck_assert_str_eq(state, "asked");
+        wait_asked("B");
 
         /* B parked: its device memory serves the waiter whose turn it is, the first, while A's callback still
          * holds the watch. */
-        ck_assert_int_eq(write(cmd[1], "p", 1), 1);
-        expect_report(report[0], 'P');
+        ck_assert_int_eq(write(sc.cmd[1], "p", 1), 1);
+        expect_report(sc.report[0], 'P');
         expect_report(served[0][0], 'w');
         labelled_state("B", state, sizeof(state), &parked);
         ck_assert_str_eq(state, "-");
@@ -330,48 +370,38 @@ START_TEST(test_asked_then_parked) {
 
         /* A given back serves the second; the watch then reads B's request. C's, asked for a third waiter,
          * comes after it on the same connection. */
-        ck_assert_int_eq(write(go[1], "g", 1), 1);
+        ck_assert_int_eq(write(sc.go[1], "g", 1), 1);
         expect_report(served[1][0], 'w');
         waiter[2] = start_waiter(&w, served[2]);
-        expect_report(report[0], 'C');
+        expect_report(sc.report[0], 'C');
         expect_report(served[2][0], 'w');
-        ck_assert_int_eq(write(cmd[1], "f", 1), 1);
+        ck_assert_int_eq(write(sc.cmd[1], "f", 1), 1);
 
         /* The waiters free their units; B comes back into device memory. */
-        ck_assert_int_eq(write(release[1], "xxx", 3), 3);
-        for (int i = 0; i < 3; i++)
-                ck_assert_int_eq(harness_wait(waiter[i]), 0);
-        ck_assert_int_eq(write(cmd[1], "u", 1), 1);
-        ck_assert_msg(harness_wait(holder) == 0, "the holder failed (see its stderr)");
+        ck_assert_int_eq(write(sc.release[1], "xxx", 3), 3);
         for (int i = 0; i < 3; i++) {
+                ck_assert_int_eq(harness_wait(waiter[i]), 0);
                 close(served[i][0]);
                 close(served[i][1]);
         }
-        close(report[0]), close(report[1]), close(go[0]), close(go[1]), close(cmd[0]), close(cmd[1]);
-        close(release[0]), close(release[1]);
-        harness_stop_or_fail(&h);
+        ck_assert_int_eq(write(sc.cmd[1], "u", 1), 1);
+        scene_end(&sc);
 }
 END_TEST
 
 /* --- requests that arrive together ------------------------------------------------------------------- */
 
-/* Marks A (priority 0, its callback blocks until told), B (1) and C (2) of a full device; D is not offered. */
+/* The holder of test_requests_read_together: B's callback reports 'B' and gives it back; D is not offered. */
 static int child_three(void *arg) {
-        vmmb_lease *a, *b, *c_, *d;
         vmmb_client *c = NULL;
+        vmmb_lease *l[4];
         char x;
 
-        parker = *(ParkerArgs *)arg;
-        HOLDER_CHECK(vmmb_connect(parker.socket, &c) == 0, "connect");
-        HOLDER_CHECK(vmmb_alloc(c, UNIT, 0, "A", &a) == 0 && vmmb_alloc(c, UNIT, 0, "B", &b) == 0 &&
-                     vmmb_alloc(c, UNIT, 0, "C", &c_) == 0 && vmmb_alloc(c, UNIT, 0, "D", &d) == 0, "alloc");
-        HOLDER_CHECK(vmmb_lease_set_reclaimable(a, 0, on_a_blocks, NULL) == 0 &&
-                     vmmb_lease_set_reclaimable(b, 1, on_report_gives_back, "B") == 0 &&
-                     vmmb_lease_set_reclaimable(c_, 2, on_report_gives_back, "C") == 0, "mark");
-        HOLDER_CHECK(write(parker.report_w, "r", 1) == 1, "report");
+        if (holder_fill(arg, on_report_gives_back, "B", &c, l) != 0)
+                return 1;
         HOLDER_CHECK(read(parker.cmd_r, &x, 1) == 1 && x == 'f', "command f");
-        HOLDER_CHECK(reclaimed_soon(a, 1) && reclaimed_soon(b, 1) && reclaimed_soon(c_, 1) &&
-                     vmmb_lease_reclaimed(d) == 0, "A, B and C given back, D kept");
+        HOLDER_CHECK(reclaimed_soon(l[0], 1) && reclaimed_soon(l[1], 1) && reclaimed_soon(l[2], 1) &&
+                     vmmb_lease_reclaimed(l[3]) == 0, "A, B and C given back, D kept");
         vmmb_close(c);
         return 0;
 }
@@ -384,43 +414,28 @@ static int child_three(void *arg) {
  * would not be served).
  */
 START_TEST(test_requests_read_together) {
-        int report[2], go[2], cmd[2], release[2], served[2];
-        char state_b[32], state_c[32];
-        pid_t holder, waiter;
-        uint64_t deadline;
+        int served[2];
+        pid_t waiter;
+        Scene sc;
 
-        harness_start_capped_or_fail(&h, "8M", NULL);
-        ck_assert_int_eq(pipe2(report, O_CLOEXEC), 0);
-        ck_assert_int_eq(pipe2(go, O_CLOEXEC), 0);
-        ck_assert_int_eq(pipe2(cmd, O_CLOEXEC), 0);
-        ck_assert_int_eq(pipe2(release, O_CLOEXEC), 0);
-        holder = harness_fork(child_three, &(ParkerArgs){ .socket = h.socket, .report_w = report[1],
-                                                           .go_r = go[0], .cmd_r = cmd[0] });
-        ck_assert_int_gt(holder, 0);
-        expect_report(report[0], 'r');
-
-        waiter = start_waiter(&(WaiterArgs){ .socket = h.socket, .release_r = release[0], .size = 3 * UNIT },
+        scene_start(&sc, child_three);
+        expect_report(sc.report[0], 'r');
+        waiter = start_waiter(&(WaiterArgs){ .socket = h.socket, .release_r = sc.release[0], .size = 3 * UNIT },
                               served);
-        expect_report(report[0], 'A');
-        deadline = harness_now_msec() + 10000;
-        do {
-                labelled_state("B", state_b, sizeof(state_b), NULL);
-                labelled_state("C", state_c, sizeof(state_c), NULL);
-        } while ((strcmp(state_b, "asked") != 0 || strcmp(state_c, "asked") != 0) && harness_now_msec() < deadline);
-        ck_assert_str_eq(state_b, "asked");
-        ck_assert_str_eq(state_c, "asked");
+        expect_report(sc.report[0], 'A');
+        wait_asked("B");
+        wait_asked("C");
 
-        ck_assert_int_eq(write(go[1], "g", 1), 1);
-        expect_report(report[0], 'B');
-        expect_report(report[0], 'C');
+        ck_assert_int_eq(write(sc.go[1], "g", 1), 1);
+        expect_report(sc.report[0], 'B');
+        expect_report(sc.report[0], 'C');
         expect_report(served[0], 'w');
-        ck_assert_int_eq(write(cmd[1], "f", 1), 1);
-        ck_assert_int_eq(write(release[1], "x", 1), 1);
+        ck_assert_int_eq(write(sc.cmd[1], "f", 1), 1);
+        ck_assert_int_eq(write(sc.release[1], "x", 1), 1);
         ck_assert_int_eq(harness_wait(waiter), 0);
-        ck_assert_msg(harness_wait(holder) == 0, "the holder failed (see its stderr)");
-        close(report[0]), close(report[1]), close(go[0]), close(go[1]), close(cmd[0]), close(cmd[1]);
-        close(release[0]), close(release[1]), close(served[0]), close(served[1]);
-        harness_stop_or_fail(&h);
+        close(served[0]);
+        close(served[1]);
+        scene_end(&sc);
 }
 END_TEST
 
