@@ -23,6 +23,9 @@ nvidia-smi --query-gpu=index,name,driver_version,memory.total,memory.used --form
 # their numbers compare across machines. several.sh sees them all.
 gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l)
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+# Each Check test has the time `meson test` gives it (tests/meson.build), not Check's default of 4 s: on the
+# GPU a test's processes each start a CUDA context.
+export CK_DEFAULT_TIMEOUT=${CK_DEFAULT_TIMEOUT:-60}
 
 step "conformance suite, real driver"
 "$build/tests/conformance/vmmb-conformance" >"$out/conformance-gpu.log" 2>&1 || failed
