@@ -1764,13 +1764,24 @@ static int lease_give_back(vmmb_lease *l, vmmb_client *via) {
         return 0;
 }
 
+/* Client c's lease object `id` that a request may be for: not given back or being given back, and marked
+ * here unless `marked_only` is false. c->leases_lock held. */
+static vmmb_lease *client_askable(vmmb_client *c, const char *id, bool marked_only) {
+        vmmb_lease *i;
+
+        list_for_each_entry(i, &c->leases, link)
+                if (strcmp(i->id, id) == 0 && (i->reclaimable || !marked_only) && !i->reclaimed && !i->reclaiming)
+                        return i;
+        return NULL;
+}
+
 /*
  * One request: the lease's callback decides, then the library gives it back or refuses (unmarks it). A lease
  * that a client of the watch holds but has not marked is refused; one that none holds may be one this
  * process keeps (kept_asked()).
  */
 static void watch_handle(Watch *w, const ReclaimRequest *q) {
-        vmmb_lease *l = NULL, *i;
+        vmmb_lease *l = NULL;
         vmmb_client *c = NULL, *j;
         vmmb_reclaim_fn cb = NULL;
         void *userdata = NULL;
@@ -1783,12 +1794,7 @@ static void watch_handle(Watch *w, const ReclaimRequest *q) {
         for (int pass = 0; pass < 2 && !l; pass++)
                 list_for_each_entry(j, &w->clients, watch_link) {
                         (void)pthread_mutex_lock(&j->leases_lock);
-                        list_for_each_entry(i, &j->leases, link)
-                                if (strcmp(i->id, q->id) == 0 && (i->reclaimable || pass > 0) && !i->reclaimed &&
-                                    !i->reclaiming) {
-                                        l = i;
-                                        break;
-                                }
+                        l = client_askable(j, q->id, pass == 0);
                         if (l) {
                                 /* `parked` is read here, under the lock that guards it: while `reclaiming` is
                                  * set, vmmb_lease_park() waits, and vmmb_lease_unpark() of a lease not parked
@@ -1809,7 +1815,7 @@ static void watch_handle(Watch *w, const ReclaimRequest *q) {
                 }
         process_unlock();
         if (!l) {
-                kept_asked(w->answer, q->id);   /* or freed or unmarked meanwhile: the broker sees that */
+                kept_asked(w->answer, q->id);   /* or freed meanwhile: the broker sees that */
                 return;
         }
 
