@@ -781,9 +781,10 @@ typedef int (*vmmb_reclaim_fn)(vmmb_lease *lease, uint64_t timeout_usec, void *u
  * reconnects and marks the leases again, however long the broker is away
  * (it tries again 0.1 s after, then twice as long each time up to 2 s; it
  * does not give up after $VMMBROKER_RECONNECT_TIMEOUT, as a call does).
- * A request for a lease this process holds but has not marked (the broker
- * may still have a mark: the watch's marking again can reach it after an
- * unmarking made meanwhile) is refused, so that the broker asks the next.
+ * A request for a lease this process holds but has not marked (a mark that
+ * another holder of the lease set, or one withdrawn here while the watch's
+ * marking again after a reconnect was on its way) is refused, so that the
+ * broker asks the next.
  *
  * Return: 0, or a negative errno: -ENOENT for a lease the broker does not
  * know (any more), -EACCES when this process holds it read-only or is not
