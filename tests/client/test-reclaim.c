@@ -439,44 +439,55 @@ START_TEST(test_requests_read_together) {
 }
 END_TEST
 
-/* --- a shared lease, asked of a holder that did not mark it ------------------------------------------ */
+/* --- a shared lease, asked of a holder that did not mark it, or that parked its hold ------------------- */
 
 typedef struct SharerArgs {
         const char *socket;
-        int report_w;           /* 'r' ready; 'L' from L's callback */
+        int report_w;           /* 'r' ready, 'P' its hold parked; 'L' and 'M' from callbacks */
         int token_w, token_r;   /* the token of L, from the owner to the other holder */
-        int cmd_r;              /* 'f': check and finish */
+        int cmd_r;              /* 'p': park its hold of L; 'f': check and finish */
         bool owner;             /* the process that makes and marks L (else the one that attaches it) */
+        bool parks;             /* the owner parks its hold of L before L is asked for */
 } SharerArgs;
 
 /*
- * The owner makes L (marked, priority 0: its callback reports 'L' and gives its hold back) and two fillers,
- * and shares L; the other holder attaches L, not marking it, and marks a lease of its own, K (priority 9, no
- * callback: given back without asking).
+ * The owner makes L (marked, priority 0: its callback reports 'L' and gives its hold back), a filler and M
+ * (marked, priority 9: its callback reports 'M' and gives it back), and shares L; the other holder attaches
+ * L, not marking it, and marks a lease of its own, K (priority 1, no callback: given back without asking).
+ * With `parks` the owner parks its hold of L when told: the other holder still maps L, so only the hold parks.
  */
 static int child_sharer(void *arg) {
         SharerArgs *a = arg;
         char token[VMMB_TOKEN_SIZE] = "", x;
-        vmmb_lease *l, *k = NULL, *f[2];
+        vmmb_lease *l, *k = NULL, *f, *m = NULL;
         vmmb_client *c = NULL;
 
         parker = (ParkerArgs){ .report_w = a->report_w };
         HOLDER_CHECK(vmmb_connect(a->socket, &c) == 0, "connect");
         if (a->owner) {
-                HOLDER_CHECK(vmmb_alloc(c, UNIT, 0, "L", &l) == 0 && vmmb_alloc(c, UNIT, 0, "F", &f[0]) == 0 &&
-                             vmmb_alloc(c, UNIT, 0, "F", &f[1]) == 0, "alloc");
+                HOLDER_CHECK(vmmb_alloc(c, UNIT, 0, "L", &l) == 0 && vmmb_alloc(c, UNIT, 0, "F", &f) == 0 &&
+                             vmmb_alloc(c, UNIT, 0, "M", &m) == 0, "alloc");
                 HOLDER_CHECK(vmmb_share(l, VMMB_ANY_UID, 0, token) == 0, "share");
                 HOLDER_CHECK(write(a->token_w, token, sizeof(token)) == sizeof(token), "token");
-                HOLDER_CHECK(vmmb_lease_set_reclaimable(l, 0, on_report_gives_back, "L") == 0, "mark L");
+                HOLDER_CHECK(vmmb_lease_set_reclaimable(l, 0, on_report_gives_back, "L") == 0 &&
+                             vmmb_lease_set_reclaimable(m, 9, on_report_gives_back, "M") == 0, "mark");
         } else {
                 HOLDER_CHECK(read(a->token_r, token, sizeof(token)) == sizeof(token), "token");
                 HOLDER_CHECK(vmmb_attach(c, token, 0, &l) == 0, "attach L");
                 HOLDER_CHECK(vmmb_alloc(c, UNIT, 0, "K", &k) == 0, "alloc K");
-                HOLDER_CHECK(vmmb_lease_set_reclaimable(k, 9, NULL, NULL) == 0, "mark K");
+                HOLDER_CHECK(vmmb_lease_set_reclaimable(k, 1, NULL, NULL) == 0, "mark K");
         }
         HOLDER_CHECK(write(a->report_w, "r", 1) == 1, "report");
+        if (a->parks) {
+                HOLDER_CHECK(read(a->cmd_r, &x, 1) == 1 && x == 'p', "command p");
+                HOLDER_CHECK(vmmb_lease_park(l, NULL) == 0, "park: the other holder maps L, so only the hold");
+                HOLDER_CHECK(write(a->report_w, "P", 1) == 1, "report park");
+        }
         HOLDER_CHECK(read(a->cmd_r, &x, 1) == 1 && x == 'f', "command f");
-        if (a->owner)
+        if (a->owner && a->parks)
+                HOLDER_CHECK(vmmb_lease_reclaimed(l) == 0 && vmmb_lease_parked(l) == 1 && reclaimed_soon(m, 1),
+                             "the owner gave its parked hold of L back, or not M");
+        else if (a->owner)
                 HOLDER_CHECK(reclaimed_soon(l, 1), "the owner did not give its hold of L back");
         else
                 HOLDER_CHECK(vmmb_lease_reclaimed(l) == 0 && vmmb_lease_ptr(l) != 0 && reclaimed_soon(k, 1),
@@ -486,58 +497,84 @@ static int child_sharer(void *arg) {
 }
 
 /*
- * L, shared by two processes of one user, is marked by its owner only; both watch, so the broker may ask for
- * it, and asks both. The owner gives its hold back; the other holder, which did not offer L, refuses it, so
- * that the broker asks for the next lease (K) at once and the waiting call is served by K. Before, the other
- * holder ignored the request: L's memory, still mapped there, never came back, and the broker waited for its
- * deadline and marked L unresponsive before it asked for K.
+ * L is shared by two processes of one user and marked by its owner only; both watch, so the broker may ask
+ * for it, and asks both. The other holder, which did not offer L, refuses it, so that the broker asks for
+ * the next lease (K) at once and the waiting call is served by K. With `parks`, the owner parked its hold
+ * of L first (the other holder still maps L, so L stays in device memory and stays marked): the owner's
+ * library refuses too, runs no callback and keeps the parked hold; else it gives its hold back. A second
+ * waiter gets M, the owner's, asked: its request comes after L's on the owner's watch, so once 'M' is
+ * reported L's request has been read there.
  */
-START_TEST(test_shared_holder_refuses) {
-        int report[2], token[2], cmd[2], release[2], served[2];
+static void run_shared(bool parks) {
+        int report[2], token[2], cmd[2], cmd_other[2], release[2], served[2][2];
         char state[32];
-        pid_t owner, other, waiter;
+        pid_t owner, other, waiter[2];
 
         harness_start_capped_or_fail(&h, "8M", NULL);
         ck_assert_int_eq(pipe2(report, O_CLOEXEC), 0);
         ck_assert_int_eq(pipe2(token, O_CLOEXEC), 0);
         ck_assert_int_eq(pipe2(cmd, O_CLOEXEC), 0);
+        ck_assert_int_eq(pipe2(cmd_other, O_CLOEXEC), 0);
         ck_assert_int_eq(pipe2(release, O_CLOEXEC), 0);
         owner = harness_fork(child_sharer, &(SharerArgs){ .socket = h.socket, .report_w = report[1],
-                                                           .token_w = token[1], .cmd_r = cmd[0], .owner = true });
+                                                           .token_w = token[1], .cmd_r = cmd[0], .owner = true,
+                                                           .parks = parks });
         other = harness_fork(child_sharer, &(SharerArgs){ .socket = h.socket, .report_w = report[1],
-                                                           .token_r = token[0], .cmd_r = cmd[0] });
+                                                           .token_r = token[0], .cmd_r = cmd_other[0] });
         expect_report(report[0], 'r');
         expect_report(report[0], 'r');
+        if (parks) {
+                ck_assert_int_eq(write(cmd[1], "p", 1), 1);
+                expect_report(report[0], 'P');
+        }
 
-        waiter = start_waiter(&(WaiterArgs){ .socket = h.socket, .release_r = release[0] }, served);
-        expect_report(report[0], 'L');
-        expect_report(served[0], 'w');
+        waiter[0] = start_waiter(&(WaiterArgs){ .socket = h.socket, .release_r = release[0] }, served[0]);
+        if (!parks)
+                expect_report(report[0], 'L');
+        expect_report(served[0][0], 'w');
         /* Served by K, asked after the refusal: L was never left to its deadline. */
         labelled_state("L", state, sizeof(state), NULL);
         ck_assert_str_eq(state, "-");
         labelled_state("K", state, sizeof(state), NULL);
         ck_assert_str_eq(state, "?");           /* given back: no such lease */
+        /* M next: once it is reported, the owner's watch has read L's request (and, parked, not run L's). */
+        waiter[1] = start_waiter(&(WaiterArgs){ .socket = h.socket, .release_r = release[0] }, served[1]);
+        expect_report(report[0], 'M');
+        expect_report(served[1][0], 'w');
 
-        ck_assert_int_eq(write(cmd[1], "ff", 2), 2);
-        ck_assert_int_eq(write(release[1], "x", 1), 1);
-        ck_assert_int_eq(harness_wait(waiter), 0);
+        ck_assert_int_eq(write(cmd[1], "f", 1), 1);
+        ck_assert_int_eq(write(cmd_other[1], "f", 1), 1);
         ck_assert_msg(harness_wait(owner) == 0, "the owner failed (see its stderr)");
         ck_assert_msg(harness_wait(other) == 0, "the other holder failed (see its stderr)");
+        ck_assert_int_eq(write(release[1], "xx", 2), 2);
+        for (int i = 0; i < 2; i++)
+                ck_assert_int_eq(harness_wait(waiter[i]), 0);
         for (int i = 0; i < 2; i++) {
                 close(report[i]);
                 close(token[i]);
                 close(cmd[i]);
+                close(cmd_other[i]);
                 close(release[i]);
-                close(served[i]);
+                close(served[0][i]);
+                close(served[1][i]);
         }
         harness_stop_or_fail(&h);
+}
+
+START_TEST(test_shared_holder_refuses) {
+        run_shared(false);
+}
+END_TEST
+
+START_TEST(test_parked_hold_refuses) {
+        run_shared(true);
 }
 END_TEST
 
 int main(void) {
         return run_suite(UNIT_SUITE("reclaim", NULL, test_callback_gives_back, test_callback_refuses,
                                       test_asked_then_parked, test_requests_read_together,
-                                      test_shared_holder_refuses)) == 0
+                                      test_shared_holder_refuses, test_parked_hold_refuses)) == 0
                        ? EXIT_SUCCESS
                        : EXIT_FAILURE;
 }
