@@ -72,7 +72,7 @@ struct vmmb_client {
 
         pthread_mutex_t leases_lock;    /* guards leases, and their reclaim state */
         List leases;                    /* vmmb_lease.link */
-        pthread_cond_t reclaim_done;    /* with leases_lock: a lease's callback returned */
+        pthread_cond_t reclaim_done;    /* with leases_lock: a lease's callback returned, or its reads ended */
 
         /* Reclaim requests (vmmb_lease_set_reclaimable(), vmmb_free_keep()): the process's watch of the broker
          * at `path`, which the process's clients of that broker share; under process.lock */
@@ -102,6 +102,7 @@ struct vmmb_lease {
         void *reclaim_userdata;
         bool reclaiming;                /* its callback or giving it back runs now (on the watch thread) */
         bool reclaimed;                 /* given back: unmapped and freed; only the object is left */
+        unsigned readers;               /* vmmb_lease_read() copies from its mapping now: nothing unmaps it */
         bool parked;                    /* unmapped here with its address range kept (vmmb_lease_park()), until
                                            vmmb_lease_unpark() maps it again at va; under client->leases_lock */
         /* what the broker's keeping depends on (vmmb_free_keep()); under client->leases_lock */
@@ -1732,6 +1733,12 @@ static CUresult primary_synchronize(CudaDriver *cu, int device) {
         return r;
 }
 
+/* Under client->leases_lock: waits until no vmmb_lease_read() copies from the lease, before it is unmapped. */
+static void lease_wait_reads(vmmb_lease *lease) {
+        while (lease->readers > 0)
+                (void)pthread_cond_wait(&lease->client->reclaim_done, &lease->client->leases_lock);
+}
+
 /*
  * Gives a lease back on the watch thread: waits for the work queued in the primary context of its device and of
  * every device given access to it (l->peers: no other thread changes them while l->reclaiming), unmaps, frees
@@ -1747,6 +1754,11 @@ static int lease_give_back(vmmb_lease *l, vmmb_client *via) {
         k = driver_get(&cu);
         if (k < 0)
                 return k;
+        /* a vmmb_lease_read() begun before the request may still copy from the mapping (`reclaiming` stops
+         * new ones) */
+        (void)pthread_mutex_lock(&c->leases_lock);
+        lease_wait_reads(l);
+        (void)pthread_mutex_unlock(&c->leases_lock);
         r = primary_synchronize(cu, l->device);
         for (size_t i = 0; r == CUDA_SUCCESS && i < l->n_peers; i++)
                 r = primary_synchronize(cu, l->peers[i]);
@@ -2207,8 +2219,11 @@ VMMB_EXPORT void vmmb_close(vmmb_client *client) {
 
                 (void)pthread_mutex_lock(&client->leases_lock);
                 l = list_first_entry(&client->leases, vmmb_lease, link);
-                if (l)
+                if (l) {
+                        lease_wait_reads(l);    /* the list is not changed meanwhile: another thread's call
+                                                   on a client being closed is the caller's error */
                         list_unlink(&l->link);
+                }
                 (void)pthread_mutex_unlock(&client->leases_lock);
                 if (!l)
                         break;
@@ -2636,7 +2651,8 @@ static int lease_unlist(vmmb_lease *lease, const char *function, bool *ret_keepa
                 return set_error(-EDEADLK, "%s() of lease %s from its own reclaim callback: return 0 from the "
                                  "callback instead, and the library gives it back.", function, lease->id);
         }
-        while (lease->reclaiming)       /* its reclaim callback runs: it decides first */
+        /* its reclaim callback runs: it decides first; another thread's vmmb_lease_read() copies from it */
+        while (lease->reclaiming || lease->readers > 0)
                 (void)pthread_cond_wait(&c->reclaim_done, &c->leases_lock);
         list_unlink(&lease->link);
         if (ret_keepable)
@@ -3030,7 +3046,7 @@ static int lease_begin_park(vmmb_lease *l) {
         (void)pthread_mutex_lock(&c->leases_lock);
         if (l->reclaiming && reclaim_running == l)
                 k = set_error(-EDEADLK, "vmmb_lease_park() of lease %s from its own reclaim callback.", l->id);
-        while (k == 0 && l->reclaiming)
+        while (k == 0 && (l->reclaiming || l->readers > 0))
                 (void)pthread_cond_wait(&c->reclaim_done, &c->leases_lock);
         if (k == 0 && l->reclaimed)
                 k = set_error(-ESTALE, "Lease %s was given back on the broker's request.", l->id);
@@ -3252,8 +3268,10 @@ VMMB_EXPORT int vmmb_lease_readonly(const vmmb_lease *lease) {
 }
 
 /*
- * One synchronous cuMemcpyDtoH, in the context context_hold() gives, under leases_lock: the watch thread cannot
- * give the lease back (unmap it) while the copy reads it, nor can another thread park it.
+ * One synchronous cuMemcpyDtoH, in the context context_hold() gives, counted in the lease's `readers`: nothing
+ * unmaps the lease while the copy reads it (the watch thread's give-back, another thread's park or free wait
+ * for it), and leases_lock is not held across the copy, which waits for whatever the legacy default stream
+ * has queued: the client's other leases, and the watch's answers for them, do not wait for it.
  */
 VMMB_EXPORT int vmmb_lease_read(vmmb_lease *lease, uint64_t offset, void *buf, size_t n) {
         CUcontext primary = NULL;
@@ -3282,15 +3300,23 @@ VMMB_EXPORT int vmmb_lease_read(vmmb_lease *lease, uint64_t offset, void *buf, s
         if (k == 0 && lease->parked)
                 k = set_error(-ENXIO, "Lease %s is parked (nothing is mapped here): vmmb_lease_unpark() maps it "
                               "again.", lease->id);
-        if (k == 0) {
-                r = context_hold(cu, lease->device, &primary, &dev);
-                if (r == CUDA_SUCCESS)
-                        r = cu->cuMemcpyDtoH(buf, lease->va + offset, n);
-                context_drop(cu, primary, dev);
-                if (r != CUDA_SUCCESS)
-                        k = set_error(cuda_result_to_errno(r), "Cannot read %zu bytes of lease %s: %s.", n, lease->id,
-                                      cuda_result_name(cu, r));
-        }
+        if (k == 0)
+                lease->readers++;
+        (void)pthread_mutex_unlock(&c->leases_lock);
+        if (k < 0)
+                return k;
+
+        r = context_hold(cu, lease->device, &primary, &dev);
+        if (r == CUDA_SUCCESS)
+                r = cu->cuMemcpyDtoH(buf, lease->va + offset, n);
+        context_drop(cu, primary, dev);
+        if (r != CUDA_SUCCESS)
+                k = set_error(cuda_result_to_errno(r), "Cannot read %zu bytes of lease %s: %s.", n, lease->id,
+                              cuda_result_name(cu, r));
+
+        (void)pthread_mutex_lock(&c->leases_lock);
+        if (--lease->readers == 0)
+                (void)pthread_cond_broadcast(&c->reclaim_done);
         (void)pthread_mutex_unlock(&c->leases_lock);
         return k;
 }

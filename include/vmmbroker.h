@@ -657,13 +657,14 @@ int vmmb_lease_readonly(const vmmb_lease *lease);
  * cuMemcpyDtoH orders it: after the work queued on the context's legacy
  * default stream; work that writes the range on another stream must be
  * waited for first. It runs in the calling thread's current context or, when
- * the thread has none, in the primary context of the lease's device. The
- * lease cannot be given back on the broker's request while the copy runs:
- * a reclaim waits for it, and so do the calls of other threads that change
- * the client's leases (vmmb_alloc(), vmmb_free(), parking...), since the copy
- * holds the lock they take: copy large ranges through the mapping on a
- * stream instead. Works on read-only leases. Like every driver call, not from
- * a stream's host function.
+ * the thread has none, in the primary context of the lease's device. While
+ * the copy runs nothing unmaps the lease: a reclaim of it waits for the copy,
+ * and so does another thread's vmmb_free(), vmmb_free_keep(),
+ * vmmb_lease_park() or vmmb_close() of it. Nothing else waits: the client's
+ * other leases and calls, and the answers to reclaim requests for them, go on
+ * while a read waits behind queued work. The copy is synchronous: copy large
+ * ranges through the mapping on a stream instead. Works on read-only leases.
+ * Like every driver call, not from a stream's host function.
  *
  * Return: 0, or a negative errno with vmmb_error_message() set: -EINVAL for
  * a NULL lease, or a NULL @buf with @n > 0; -ERANGE when @offset + @n is past

@@ -1850,6 +1850,77 @@ START_TEST(test_lease_read_while_parking) {
 }
 END_TEST
 
+/* The first word of a lease, read with vmmb_lease_read() (a ThreadCall): 0 when it is 0x5EAD5EAD. */
+static int read_first_word(void *lease) {
+        uint32_t word = 0;
+        int k = vmmb_lease_read(lease, 0, &word, sizeof(word));
+
+        return k < 0 ? k : word == 0x5EAD5EADU ? 0 : -EILSEQ;
+}
+
+/* Yields until `a`'s thread runs and sleeps (bounded by Check's timeout). */
+static void wait_sleeping(ThreadCall *a) {
+        while (atomic_load(&a->tid) == 0 || thread_state(atomic_load(&a->tid)) != 'S')
+                (void)sched_yield();
+}
+
+/*
+ * A read waits for the work queued before it (cuMemcpyDtoH's order), and nothing else waits for the read but
+ * what would unmap the lease under it: another thread frees another lease of the client meanwhile, while a
+ * free of the lease being read waits for the copy. (The library held the client's lock across the copy: a
+ * read behind a long kernel held up every other lease of the client, and the watch's answers for them.)
+ */
+START_TEST(test_lease_read_holds_up_no_other) {
+        __typeof__(&simcuda_hold_streams) hold = (__typeof__(hold))driver_hook("simcuda_hold_streams");
+        ThreadCall read, free_other, free_read;
+        uint64_t copies, unmaps, deadline;
+        vmmb_lease *l, *other;
+        CUstream stream;
+        vmmb_client *c;
+
+        if (!hold || !driver_counts()) {
+                fprintf(stderr, "%s: not run: it holds streams, which only the simulated device does\n", __func__);
+                return;
+        }
+        c = connect_or_fail(h.socket);
+        l = alloc_or_fail(c, 2 * MiB, 0, "read");
+        other = alloc_or_fail(c, 2 * MiB, 0, "other");
+        ck_assert_int_eq(cu->cuStreamCreate(&stream, 0), CUDA_SUCCESS);
+        hold(1);
+        ck_assert_int_eq(cu->cuMemsetD32Async(vmmb_lease_ptr(l), 0x5EAD5EADU, 2 * MiB / 4, stream), CUDA_SUCCESS);
+        copies = driver_calls("cuMemcpyDtoH");
+        thread_call_start(&read, read_first_word, l);
+        while (driver_calls("cuMemcpyDtoH") == copies)
+                (void)sched_yield();    /* the copy waits for the memset now */
+
+        /* 20 s: an unhindered free takes milliseconds, even under the sanitizers */
+        thread_call_start(&free_other, free_lease, other);
+        deadline = monotonic_usec() + 20 * 1000000;
+        while (!atomic_load(&free_other.done) && monotonic_usec() < deadline)
+                (void)sched_yield();
+        if (!atomic_load(&free_other.done)) {
+                hold(0);
+                (void)thread_call_join(&read);
+                (void)thread_call_join(&free_other);
+                ck_abort_msg("vmmb_free() of another lease waited for a vmmb_lease_read()");
+        }
+        ck_assert_int_eq(thread_call_join(&free_other), 0);
+
+        unmaps = driver_calls("cuMemUnmap");
+        thread_call_start(&free_read, free_lease, l);
+        wait_sleeping(&free_read);
+        ck_assert_msg(!atomic_load(&free_read.done) && driver_calls("cuMemUnmap") == unmaps,
+                      "the lease was unmapped while a read copied from it");
+        ck_assert(!atomic_load(&read.done));
+        hold(0);
+        ck_assert_int_eq(thread_call_join(&read), 0);           /* after the memset, as cuMemcpyDtoH orders it */
+        ck_assert_int_eq(thread_call_join(&free_read), 0);
+        ck_assert_uint_eq(daemon_leases(h.socket), 0);
+        ck_assert_int_eq(cu->cuStreamDestroy(stream), CUDA_SUCCESS);
+        vmmb_close(c);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("client");
         TCase *tc = tcase_create("client");
@@ -1877,6 +1948,7 @@ int main(void) {
         tcase_add_test(tc, test_park_other_user);
         tcase_add_test(tc, test_lease_read);
         tcase_add_test(tc, test_lease_read_while_parking);
+        tcase_add_test(tc, test_lease_read_holds_up_no_other);
         tcase_add_test(tc, test_free_oneway);
         tcase_add_test(tc, test_alloc_reserves_ahead);
         tcase_add_test(tc, test_reply_spin);

@@ -875,8 +875,9 @@ class Lease(_Exportable):
         after the work queued on the context's legacy default stream, so wait
         for work that writes the range on other streams first (for PyTorch,
         ``torch.cuda.current_stream().synchronize()``). Read-only leases are
-        read too. Other threads' calls that change this client's leases
-        (alloc, free, park) wait for the copy: copy large ranges through the
+        read too. A free or park of this lease from another thread waits for
+        the copy; nothing else does (the client's other leases, and the answers
+        to reclaim requests for them, go on). Copy large ranges through the
         mapping on a stream instead.
 
         Raises Error ERANGE for bytes past the lease's size (nothing is
