@@ -2218,12 +2218,12 @@ VMMB_EXPORT void vmmb_close(vmmb_client *client) {
                 vmmb_lease *l;
 
                 (void)pthread_mutex_lock(&client->leases_lock);
-                l = list_first_entry(&client->leases, vmmb_lease, link);
-                if (l) {
-                        lease_wait_reads(l);    /* the list is not changed meanwhile: another thread's call
-                                                   on a client being closed is the caller's error */
+                /* not while another thread's vmmb_lease_read() copies from it; the list is looked at again
+                 * after each wait, whatever that thread did meanwhile */
+                while ((l = list_first_entry(&client->leases, vmmb_lease, link)) && l->readers > 0)
+                        (void)pthread_cond_wait(&client->reclaim_done, &client->leases_lock);
+                if (l)
                         list_unlink(&l->link);
-                }
                 (void)pthread_mutex_unlock(&client->leases_lock);
                 if (!l)
                         break;

@@ -1858,6 +1858,11 @@ static int read_first_word(void *lease) {
         return k < 0 ? k : word == 0x5EAD5EADU ? 0 : -EILSEQ;
 }
 
+static int close_client(void *client) {
+        vmmb_close(client);
+        return 0;
+}
+
 /* Yields until `a`'s thread runs and sleeps (bounded by Check's timeout). */
 static void wait_sleeping(ThreadCall *a) {
         while (atomic_load(&a->tid) == 0 || thread_state(atomic_load(&a->tid)) != 'S')
@@ -1869,6 +1874,7 @@ static void wait_sleeping(ThreadCall *a) {
  * what would unmap the lease under it: another thread frees another lease of the client meanwhile, while a
  * free of the lease being read waits for the copy. (The library held the client's lock across the copy: a
  * read behind a long kernel held up every other lease of the client, and the watch's answers for them.)
+ * vmmb_close() waits for a read of a lease it frees too.
  */
 START_TEST(test_lease_read_holds_up_no_other) {
         __typeof__(&simcuda_hold_streams) hold = (__typeof__(hold))driver_hook("simcuda_hold_streams");
@@ -1916,8 +1922,25 @@ START_TEST(test_lease_read_holds_up_no_other) {
         ck_assert_int_eq(thread_call_join(&read), 0);           /* after the memset, as cuMemcpyDtoH orders it */
         ck_assert_int_eq(thread_call_join(&free_read), 0);
         ck_assert_uint_eq(daemon_leases(h.socket), 0);
+
+        /* vmmb_close() waits for a read of a lease it frees as well */
+        l = alloc_or_fail(c, 2 * MiB, 0, "read at close");
+        hold(1);
+        ck_assert_int_eq(cu->cuMemsetD32Async(vmmb_lease_ptr(l), 0x5EAD5EADU, 2 * MiB / 4, stream), CUDA_SUCCESS);
+        copies = driver_calls("cuMemcpyDtoH");
+        thread_call_start(&read, read_first_word, l);
+        while (driver_calls("cuMemcpyDtoH") == copies)
+                (void)sched_yield();
+        unmaps = driver_calls("cuMemUnmap");
+        thread_call_start(&free_read, close_client, c);
+        wait_sleeping(&free_read);
+        ck_assert_msg(!atomic_load(&free_read.done) && driver_calls("cuMemUnmap") == unmaps,
+                      "vmmb_close() unmapped a lease while a read copied from it");
+        hold(0);
+        ck_assert_int_eq(thread_call_join(&read), 0);
+        ck_assert_int_eq(thread_call_join(&free_read), 0);
+        ck_assert_uint_eq(daemon_leases(h.socket), 0);
         ck_assert_int_eq(cu->cuStreamDestroy(stream), CUDA_SUCCESS);
-        vmmb_close(c);
 }
 END_TEST
 
