@@ -60,7 +60,8 @@ struct vmmb_client {
         pthread_mutex_t call_lock;      /* one call at a time on conn; guards conn */
         VarlinkConn *conn;              /* NULL once lost (or out of step): the next call connects again */
         char *path;                     /* the broker's socket, to connect to again */
-        uint64_t reconnect_usec;        /* how long connecting again waits for a broker to listen */
+        uint64_t reconnect_usec;        /* how long connecting again waits for a broker to listen (a watch's
+                                           connection for answers: 0 while it marks again, watch_remark()) */
         uint64_t spin_usec;             /* how long a call polls for its reply before it sleeps (reply_spin()) */
         bool closing;                   /* in vmmb_close(): connecting again does not wait */
         int parks;                      /* whether the broker serves Park and Unpark: 1, 0, or -1 not asked yet
@@ -1901,35 +1902,61 @@ static void watch_remark_done(Watch *w) {
 }
 
 /*
+ * Marks again, on the connection for answers, every lease its clients marked, one at a time, no lock held across
+ * a call. Returns false when a call found the broker gone again (a crash loop): the watch then connects again
+ * and marks them all again, those marked already too, since a broker keeps no mark across its restart.
+ *
+ * Its calls do not wait for a broker to listen, as a call does for up to $VMMBROKER_RECONNECT_TIMEOUT: they
+ * look at nothing meanwhile, and the last client's vmmb_close() joins this thread, so a broker gone while the
+ * watch marks held that vmmb_close() for the whole timeout. The watch's own loop waits for the broker instead,
+ * and sees the stop (watch_reconnect()). A broker that is there takes the connection at once. The stop needs no
+ * look between calls: it comes once no client is left, and then watch_remark_next() finds nothing.
+ */
+static bool watch_remark(Watch *w) {
+        uint64_t reconnect_usec = w->answer->reconnect_usec;
+        bool done = true;
+
+        w->answer->reconnect_usec = 0;          /* only this thread calls on `answer` */
+        for (;;) {
+                char id[VMMB_ID_MAX + 1] = "";
+                int priority = 0, k;
+
+                if (!watch_remark_next(w, id, &priority))
+                        break;
+                k = client_set_reclaimable(w->answer, id, priority);
+                if (k == -ECONNREFUSED || conn_error_is_lost(k)) {
+                        done = false;
+                        break;
+                }
+        }
+        watch_remark_done(w);
+        w->answer->reconnect_usec = reconnect_usec;
+        return done;
+}
+
+/*
  * The broker went away: watch again once it is back, however long that takes, and mark again what was marked
  * (marks are not kept). Kept leases are kept across the restart (the broker stores them): nothing to do for
  * them. It does not give up after $VMMBROKER_RECONNECT_TIMEOUT, as a call does: a watch that stopped would
  * leave every lease of the process's clients, marked or kept, never asked again once the broker is back.
+ * A broker that goes away again while the watch marks is waited for the same way.
  * Returns false only when the watch is stopped (or poll() fails for good).
  */
 static bool watch_reconnect(Watch *w) {
         uint64_t wait = WATCH_RETRY_USEC;
 
-        w->conn = varlink_conn_free(w->conn);
-        while (watch_open(w->path, &w->conn) < 0) {
+        for (;;) {
                 struct pollfd p = { .fd = w->stop, .events = POLLIN };
-                int r = poll(&p, 1, (int)(wait / 1000));
+                int r;
 
+                w->conn = varlink_conn_free(w->conn);
+                if (watch_open(w->path, &w->conn) >= 0 && watch_remark(w))
+                        return true;
+                r = poll(&p, 1, (int)(wait / 1000));
                 if (r > 0 || (r < 0 && errno != EINTR))
                         return false;
                 wait = MIN(wait * 2, WATCH_RETRY_MAX_USEC);
         }
-        for (;;) {
-                char id[VMMB_ID_MAX + 1] = "";
-                int priority = 0;
-
-                /* One at a time, no lock held across the call. */
-                if (!watch_remark_next(w, id, &priority))
-                        break;
-                (void)client_set_reclaimable(w->answer, id, priority);
-        }
-        watch_remark_done(w);
-        return true;
 }
 
 static void *watch_thread(void *userdata) {

@@ -781,7 +781,8 @@ typedef int (*vmmb_reclaim_fn)(vmmb_lease *lease, uint64_t timeout_usec, void *u
  * Marks are not kept across a restart of the broker: the watch thread
  * reconnects and marks the leases again, however long the broker is away
  * (it tries again 0.1 s after, then twice as long each time up to 2 s; it
- * does not give up after $VMMBROKER_RECONNECT_TIMEOUT, as a call does).
+ * does not give up after $VMMBROKER_RECONNECT_TIMEOUT, as a call does), and
+ * the same when the broker goes away again while it marks them.
  * A request for a lease this process holds but has not marked (a mark that
  * another holder of the lease set, or one withdrawn here while the watch's
  * marking again after a reconnect was on its way) is refused, so that the

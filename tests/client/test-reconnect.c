@@ -1450,6 +1450,80 @@ START_TEST(test_unmarked_while_marked_again) {
 }
 END_TEST
 
+/*
+ * The broker comes back and goes away again while the watch marks again (a crash loop): it answers the first
+ * marking, and is gone with the second unread. The call for the second waited for a broker to listen, as any
+ * call does, for $VMMBROKER_RECONNECT_TIMEOUT (30 s by default) without looking at the watch's stop, and the
+ * last client's vmmb_close() joins the watch's thread: it waited as long. (Only that call: the client leaves
+ * the watch first, so the watch finds no more leases to mark.) Now the watch's calls do not wait for a broker;
+ * its own loop does, and sees the stop.
+ */
+#define REMARK_LEASES 3
+START_TEST(test_close_while_marking_again) {
+        CUmemGenericAllocationHandle handles[REMARK_LEASES];
+        char ids[REMARK_LEASES][VMMB_ID_MAX + 1];
+        char path[128];
+        int listen_fd;
+        vmmb_client *c;
+        VarlinkConn *vc;
+        uint64_t start, took;
+        FakeWatch w;
+        ClientOp o;
+
+        ck_assert_int_eq(setenv("VMMBROKER_RECONNECT_TIMEOUT", "10", 1), 0);
+        listen_fd = fake_listen(path);
+        vc = fake_connect(listen_fd, path, &c);
+        for (unsigned i = 0; i < REMARK_LEASES; i++) {
+                CUmemAllocationProp prop = cuda_slab_prop(0);
+
+                snprintf(ids[i], sizeof(ids[i]), "0011223344556677889900aabbccdd%02x", i);
+                ck_assert_int_eq(cu->cuMemCreate(&handles[i], 2 * MiB, &prop, 0), CUDA_SUCCESS);
+                client_op_start(&o, OP_ALLOC, c, NULL);
+                fake_read_call(vc, VMMB_METHOD_ALLOC, NULL);
+                fake_reply_lease_id(vc, handles[i], ids[i]);
+                ck_assert_msg(client_op_finish(&o) == 0, "vmmb_alloc: %s", o.message);
+                client_op_start(&o, OP_MARK, c, o.lease);
+                if (i == 0)
+                        fake_watch(listen_fd, true, &w);
+                fake_read_mark(vc, ids[i], 3);
+                fake_reply(vc, NULL, NULL, 0);
+                ck_assert_msg(client_op_finish(&o) == 0, "vmmb_lease_set_reclaimable: %s", o.message);
+        }
+
+        /* The broker goes away (it stops listening first: nothing connects to the old socket) and comes back:
+         * the watch watches again, then marks again on a new connection for answers, in the order the leases
+         * were made. */
+        safe_close(listen_fd);
+        vc = varlink_conn_free(vc);
+        fake_watch_done(&w);
+        listen_fd = fake_listen(path);
+        w.watch = fake_watch_on(listen_fd);
+        w.answer = fake_accept(listen_fd);
+        fake_read_mark(w.answer, ids[0], 3);
+        fake_reply(w.answer, NULL, NULL, 0);
+
+        /* The second marking sent, the broker goes away for good, with it unread: the call is sent again
+         * (the broker did not carry it out) once a broker listens. */
+        ck_assert_msg(readable(varlink_conn_get_fd(w.answer), -1), "the watch did not mark the second lease");
+        safe_close(listen_fd);
+        ck_assert_int_eq(unlink(path), 0);
+        fake_watch_done(&w);
+
+        /*
+         * Before the fix this took the whole 10 s timeout, less the few ms since the fake closed: a deadline,
+         * not a race. Now the watch thread is at most in one connect() that fails at once, or in its pause
+         * between tries, which the stop ends; vmmb_close() itself tries each Free once without waiting. 5 s
+         * is far more than that takes on a slow machine under a sanitizer, and far less than 10 s.
+         */
+        start = harness_now_msec();
+        vmmb_close(c);
+        took = harness_now_msec() - start;
+        ck_assert_msg(took < 5000, "vmmb_close() took %llu ms", (unsigned long long)took);
+        for (unsigned i = 0; i < REMARK_LEASES; i++)
+                ck_assert_int_eq(cu->cuMemRelease(handles[i]), CUDA_SUCCESS);
+}
+END_TEST
+
 int main(void) {
         Suite *s = suite_create("reconnect");
         TCase *tc = tcase_create("reconnect");
@@ -1477,6 +1551,7 @@ int main(void) {
         tcase_add_test(tc, test_keep_across_restart);
         tcase_add_test(tc, test_kept_give_back_lost_then_asked);
         tcase_add_test(tc, test_unmarked_while_marked_again);
+        tcase_add_test(tc, test_close_while_marking_again);
         suite_add_tcase(s, tc);
 
         failed = run_suite(s);
