@@ -625,6 +625,10 @@ static int child_a_marks_again(void *arg) {
         return a_marker(arg, "m");
 }
 
+static int child_a_unmarks(void *arg) {
+        return a_marker(arg, "u");
+}
+
 /*
  * A callback that marks its lease again (another priority: "not now, ask me later") and then refuses: the
  * refusal is the answer, and it ends the mark, the one set in the callback too. The broker asks the next lease
@@ -658,11 +662,40 @@ START_TEST(test_callback_marks_again_then_refuses) {
 }
 END_TEST
 
+/*
+ * A callback that unmarks its lease and then gives it back: giving back is the answer, and the waiting call is
+ * served by A. The unmarking is no refusal of its own, which would have the broker ask the next lease (B) for
+ * memory the call is getting already: B is still marked, never asked.
+ */
+START_TEST(test_callback_unmarks_then_gives_back) {
+        int served[2];
+        char state[32];
+        pid_t waiter;
+        Scene sc;
+
+        scene_start(&sc, child_a_unmarks);
+        expect_report(sc.report[0], 'r');
+        waiter = start_waiter(&(WaiterArgs){ .socket = h.socket, .release_r = sc.release[0] }, served);
+        expect_report(sc.report[0], 'U');
+        expect_report(served[0], 'w');
+        labelled_state("B", state, sizeof(state), NULL);
+        ck_assert_str_eq(state, "marked");
+        ck_assert_int_eq(write(sc.cmd[1], "f", 1), 1);
+        expect_report(sc.report[0], '1');
+        ck_assert_int_eq(write(sc.release[1], "x", 1), 1);
+        ck_assert_int_eq(harness_wait(waiter), 0);
+        close(served[0]);
+        close(served[1]);
+        scene_end(&sc);
+}
+END_TEST
+
 int main(void) {
         return run_suite(UNIT_SUITE("reclaim", NULL, test_callback_gives_back, test_callback_refuses,
                                       test_asked_then_parked, test_requests_read_together,
                                       test_shared_holder_refuses, test_parked_hold_refuses,
-                                      test_callback_marks_again_then_refuses)) == 0
+                                      test_callback_marks_again_then_refuses,
+                                      test_callback_unmarks_then_gives_back)) == 0
                        ? EXIT_SUCCESS
                        : EXIT_FAILURE;
 }
