@@ -2189,6 +2189,14 @@ VMMB_EXPORT int vmmb_lease_set_reclaimable(vmmb_lease *lease, int priority, vmmb
         lease->reclaim_cb = callback;
         lease->reclaim_userdata = userdata;
         (void)pthread_mutex_unlock(&c->leases_lock);
+        /* From its own callback the broker is told nothing: the callback's answer is what it hears
+         * (watch_handle(), which unmarks the lease either way). An unmark told now would be a refusal of its
+         * own, and the broker would ask the next lease even when the callback gives this one back; a mark
+         * would be undone by a refusal all the same (kept, the broker would ask the lease again at once for
+         * the call it refused: vmmb_reclaim_fn's documentation). Nor does the callback wait here for the
+         * client's connection, which another thread may hold for long (vmmb_alloc_wait()). */
+        if (reclaim_running == lease)
+                return 0;
         if (priority < 0 && !was)
                 return 0;
         k = client_set_reclaimable(c, lease->id, priority);

@@ -746,9 +746,15 @@ int vmmb_lease_grant_access(vmmb_lease *lease, const int *devices, size_t n);
  * queued in another context of the caller's own (not the primary one that
  * the CUDA runtime, PyTorch and CuPy use) must be finished by the callback
  * itself. Return any other value (a negative errno, say) to refuse: the lease stays mapped and is
- * no longer reclaimable (mark it again to offer it again). The callback must
- * not call vmmb_free() on @lease (it fails with -EDEADLK) nor wait for
- * another thread that does.
+ * no longer reclaimable (mark it again to offer it again). The refusal ends
+ * the mark, one that the callback set on @lease itself with
+ * vmmb_lease_set_reclaimable() too: there that call returns 0 and tells the
+ * broker nothing, the callback's return is the answer (an unmark there is
+ * no refusal either). To offer it for later, mark it again once the
+ * callback has returned. A lease marked again may be asked again at once, by
+ * a call that still waits (the broker keeps no record of refusals). The
+ * callback must not call vmmb_free() on @lease (it fails with -EDEADLK) nor
+ * wait for another thread that does.
  */
 typedef int (*vmmb_reclaim_fn)(vmmb_lease *lease, uint64_t timeout_usec, void *userdata);
 

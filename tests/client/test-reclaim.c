@@ -571,10 +571,131 @@ START_TEST(test_parked_hold_refuses) {
 }
 END_TEST
 
+/* --- a callback that marks or unmarks its own lease --------------------------------------------------- */
+
+static int a_calls;             /* how often A's callback ran */
+
+/*
+ * A's callback calls vmmb_lease_set_reclaimable() on A itself (the library must not wait for the callback that
+ * calls it). With `userdata` "m", it marks A again, at another priority ("not now, ask me later"), reports
+ * 'M' and refuses; with "u", it unmarks A, reports 'U' and gives A back.
+ */
+static int on_a_marks(vmmb_lease *lease, uint64_t timeout_usec, void *userdata) {
+        bool unmarks = *(const char *)userdata == 'u';
+        char x = unmarks ? 'U' : 'M';
+
+        (void)timeout_usec;
+        a_calls++;
+        if (vmmb_lease_set_reclaimable(lease, unmarks ? VMMB_NOT_RECLAIMABLE : 7, unmarks ? NULL : on_a_marks,
+                                       unmarks ? NULL : userdata) != 0)
+                x = 'E';
+        (void)!write(parker.report_w, &x, 1);
+        return unmarks ? 0 : -EAGAIN;
+}
+
+/*
+ * The holder of the tests below: fills the device with A, B, C, D; marks A (priority 0, on_a_marks() with
+ * `mode`) and B (priority 1: it reports 'B' and gives B back). When told 'f', reports how often A's callback
+ * ran ('0' + n), and checks that the lease given back is B when A refused, else A.
+ */
+static int a_marker(void *arg, const char *mode) {
+        bool unmarks = *mode == 'u';
+        vmmb_lease *l[4];
+        vmmb_client *c = NULL;
+        char x;
+
+        parker = *(ParkerArgs *)arg;
+        HOLDER_CHECK(vmmb_connect(parker.socket, &c) == 0, "connect");
+        for (int i = 0; i < 4; i++)
+                HOLDER_CHECK(vmmb_alloc(c, UNIT, 0, (const char[]){ (char)('A' + i), 0 }, &l[i]) == 0, "alloc");
+        HOLDER_CHECK(vmmb_lease_set_reclaimable(l[0], 0, on_a_marks, (void *)mode) == 0 &&
+                     vmmb_lease_set_reclaimable(l[1], 1, on_report_gives_back, "B") == 0, "mark");
+        HOLDER_CHECK(write(parker.report_w, "r", 1) == 1, "report");
+        HOLDER_CHECK(read(parker.cmd_r, &x, 1) == 1 && x == 'f', "command f");
+        x = (char)('0' + MIN(a_calls, 9));
+        HOLDER_CHECK(write(parker.report_w, &x, 1) == 1, "report calls");
+        HOLDER_CHECK(reclaimed_soon(l[0], unmarks) && reclaimed_soon(l[1], !unmarks), "A or B given back, or not");
+        HOLDER_CHECK(unmarks || vmmb_lease_ptr(l[0]) != 0, "A refused, and not mapped");
+        HOLDER_CHECK(vmmb_lease_reclaimed(l[2]) == 0 && vmmb_lease_reclaimed(l[3]) == 0, "C or D given back");
+        vmmb_close(c);
+        return 0;
+}
+
+static int child_a_marks_again(void *arg) {
+        return a_marker(arg, "m");
+}
+
+static int child_a_unmarks(void *arg) {
+        return a_marker(arg, "u");
+}
+
+/*
+ * A callback that marks its lease again (another priority: "not now, ask me later") and then refuses: the
+ * refusal is the answer, and it ends the mark, the one set in the callback too. The broker asks the next lease
+ * (B), which serves the waiting call, and A is not marked any more. (Were the mark kept, the broker would ask
+ * A again at once for the very call it refused, and again after each refusal, for as long as the call waits:
+ * the daemon keeps no record of refusals, and should not, since a lease marked again after a refusal is
+ * offered again, to the call that waits too: test_callback_that_refuses_and_a_live_export in
+ * tests/python/test_vmmbroker.py.)
+ */
+START_TEST(test_callback_marks_again_then_refuses) {
+        int served[2];
+        char state[32];
+        pid_t waiter;
+        Scene sc;
+
+        scene_start(&sc, child_a_marks_again);
+        expect_report(sc.report[0], 'r');
+        waiter = start_waiter(&(WaiterArgs){ .socket = h.socket, .release_r = sc.release[0] }, served);
+        expect_report(sc.report[0], 'M');
+        expect_report(sc.report[0], 'B');
+        expect_report(served[0], 'w');
+        labelled_state("A", state, sizeof(state), NULL);
+        ck_assert_str_eq(state, "-");
+        ck_assert_int_eq(write(sc.cmd[1], "f", 1), 1);
+        expect_report(sc.report[0], '1');
+        ck_assert_int_eq(write(sc.release[1], "x", 1), 1);
+        ck_assert_int_eq(harness_wait(waiter), 0);
+        close(served[0]);
+        close(served[1]);
+        scene_end(&sc);
+}
+END_TEST
+
+/*
+ * A callback that unmarks its lease and then gives it back: giving back is the answer, and the waiting call is
+ * served by A. The unmarking is no refusal of its own, which would have the broker ask the next lease (B) for
+ * memory the call is getting already: B is still marked, never asked.
+ */
+START_TEST(test_callback_unmarks_then_gives_back) {
+        int served[2];
+        char state[32];
+        pid_t waiter;
+        Scene sc;
+
+        scene_start(&sc, child_a_unmarks);
+        expect_report(sc.report[0], 'r');
+        waiter = start_waiter(&(WaiterArgs){ .socket = h.socket, .release_r = sc.release[0] }, served);
+        expect_report(sc.report[0], 'U');
+        expect_report(served[0], 'w');
+        labelled_state("B", state, sizeof(state), NULL);
+        ck_assert_str_eq(state, "marked");
+        ck_assert_int_eq(write(sc.cmd[1], "f", 1), 1);
+        expect_report(sc.report[0], '1');
+        ck_assert_int_eq(write(sc.release[1], "x", 1), 1);
+        ck_assert_int_eq(harness_wait(waiter), 0);
+        close(served[0]);
+        close(served[1]);
+        scene_end(&sc);
+}
+END_TEST
+
 int main(void) {
         return run_suite(UNIT_SUITE("reclaim", NULL, test_callback_gives_back, test_callback_refuses,
                                       test_asked_then_parked, test_requests_read_together,
-                                      test_shared_holder_refuses, test_parked_hold_refuses)) == 0
+                                      test_shared_holder_refuses, test_parked_hold_refuses,
+                                      test_callback_marks_again_then_refuses,
+                                      test_callback_unmarks_then_gives_back)) == 0
                        ? EXIT_SUCCESS
                        : EXIT_FAILURE;
 }

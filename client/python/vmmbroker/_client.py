@@ -698,7 +698,9 @@ class Lease(_Exportable):
         ``reclaimed`` is then True and the memory is gone (``ptr``, the array
         interfaces and the broker calls raise Error ESTALE; free() ends the
         object). Refused: the lease stays mapped and is no longer reclaimable
-        (mark it again to offer it again), and the broker asks another.
+        (mark it again, once the callback has returned, to offer it again: it
+        may then be asked again at once, by a call that still waits), and the
+        broker asks another.
 
         The callback runs on the library's thread, holding the GIL, one
         request at a time; the broker waits for it ReclaimTimeout= (5 s by
