@@ -66,6 +66,8 @@ enum {
                                            all (pool_last_error() says which) */
         BROKER_E_SCRUBBING,             /* an Alloc would wait for more zeroing than scrub_wait_bytes: nothing
                                            changed; try it again once scrubs have completed */
+        BROKER_E_HOST_MAKING,           /* a Park needs host slabs, being made off the loop now: nothing changed;
+                                           try it again, with Caller.host_waited, once pool_host_made() moved */
 };
 
 typedef struct Broker {
@@ -79,6 +81,8 @@ typedef struct Broker {
         WaitQueue *waits;               /* per pool device: Alloc calls waiting for room (wait.h) */
         List scrub_waiters;             /* Peer.link_scrub: Allocs parked until scrubs complete (AllocWait.scrub),
                                            outside the turns, oldest first */
+        List host_waiters;              /* Peer.link_host: Parks waiting for host slabs being made
+                                           (BROKER_E_HOST_MAKING), in the order they came */
         unsigned *scrub_waiting;        /* per pool device: how many of scrub_waiters wait on it */
         uint64_t max_alloc_wait_usec;   /* MaxAllocWait=: the longest an Alloc may wait; 0: none may */
         uint64_t scrub_wait_bytes;      /* the most zeroing an Alloc waits for in the loop (pool_alloc_bounded());
@@ -98,6 +102,8 @@ typedef struct Caller {
         Holder *holder;
         User *user;
         bool admin;
+        bool host_waited;               /* the call is a Park tried again after the host slabs it waited for
+                                           were made: it makes what it still lacks itself (broker_park()) */
 } Caller;
 
 /*
@@ -212,7 +218,10 @@ size_t broker_reclaim_pick(Broker *b, size_t device, uint64_t need, const Holder
  * lease is as it was, and the hold is not parked. A hold's parking is stored
  * with it, so that a restarted daemon knows who still maps the lease. Parking ends a reclaim mark
  * (an asked lease counts as given back). The copy runs on the device's
- * stream and the call waits for it.
+ * stream and the call waits for it. Host slabs that must be created first are
+ * made off the loop (pool_make_host()): HOST_MAKING, nothing changed, and the
+ * call is to be made again once they are (Caller.host_waited set, so that a
+ * second wait cannot follow: what others took meanwhile is created in the call).
  */
 int broker_park(Broker *b, const Caller *c, const char *id, bool *ret_parked, UserQuota *ret_quota);
 

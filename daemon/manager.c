@@ -336,11 +336,25 @@ static void scrubs_finished(Manager *m) {
         wake_waiters(m);
 }
 
+/* Parks waiting for host slabs are made again once any was made: in order, each takes what it needs. */
+static void hosts_made(Manager *m) {
+        uint64_t made = pool_host_made(m->pool);
+        Peer *p, *tmp;
+
+        if (made == m->hosts_seen)
+                return;
+        m->hosts_seen = made;
+        list_for_each_entry_safe(p, tmp, &m->broker.host_waiters, link_host)
+                peer_host_try(p);       /* may free p, no other peer */
+        serve_waiters(m, false);        /* a park gives device memory back */
+}
+
 /* What follows serving requests, in a round or at once. */
 static void served(Manager *m) {
         /* A Free, an Unpublish, a scrub that failed may have given memory back at once. */
         serve_waiters(m, false);
         scrubs_finished(m);             /* a request may have finished scrubs ahead of their dispatch */
+        hosts_made(m);                  /* and dispatched made host slabs (pool_copy()) */
         /* A round has been served: new connections may come in again (on_accept()). */
         (void)sd_event_source_set_enabled(m->listen_source, SD_EVENT_ON);
         if (idle_has_work(m))
@@ -398,6 +412,7 @@ static int on_pool(sd_event_source *s, int fd, uint32_t revents, void *userdata)
         if (pool_dispatch(m->pool) > 0)
                 schedule_idle(m);
         scrubs_finished(m);
+        hosts_made(m);
         return 0;
 }
 
@@ -720,6 +735,8 @@ int manager_run(Manager *m) {
         }
         list_for_each_entry_safe(p, tmp, &m->broker.scrub_waiters, link_scrub)
                 (void)peer_wait_try(p, ALLOC_TRY_STOPPING);     /* answered: it leaves the list */
+        list_for_each_entry_safe(p, tmp, &m->broker.host_waiters, link_host)
+                peer_host_stopping(p);                          /* answered: it leaves the list */
         /* What the service manager keeps stays there: the next run takes the leases back. */
         restore_stop_storing(m);
         return k;

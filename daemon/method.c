@@ -399,7 +399,10 @@ static int method_park(Broker *b, const Caller *c, json_object *params, MethodRe
         if (k < 0)
                 return reply_decode_failed(r, k, bad, message);
         k = broker_park(b, c, a.id, &reply.parked, &quota);
-        if (k == 0) {
+        if (k == BROKER_E_HOST_MAKING) {
+                r->wait_host = true;    /* no answer yet: the call is made again (peer_host_try()) */
+                k = 0;
+        } else if (k == 0) {
                 k = park_reply_encode(&reply, &out);
                 if (k == 0)
                         k = reply_params(r, out);
@@ -413,6 +416,25 @@ static int method_park(Broker *b, const Caller *c, json_object *params, MethodRe
                 k = reply_no_room(b, r, k, lease_table_find(&b->leases, a.id), &quota);
         else
                 k = reply_outcome(b, r, k, a.id);
+        free_params_done(&a);
+        return k;
+}
+
+int method_park_stopping(Broker *b, VarlinkCall *call, json_object **ret) {
+        _cleanup_free_ char *message = NULL, *text = NULL;
+        const char *bad = NULL;
+        FreeParams a = {};
+        Lease *l = NULL;
+        int k;
+
+        k = varlink_call_parameters(call);
+        if (k >= 0)
+                k = id_params_decode(call->parameters, &a, &bad, &message);
+        if (k >= 0)
+                l = lease_table_find(&b->leases, a.id);
+        set_message(&text, "The broker is stopping: the host memory to park lease %s in was not made in time, and "
+                    "the lease is not parked. Park it again once the broker is back.", a.id ?: "?");
+        k = vmmb_error_out_of_host_memory(l ? l->device : -1, l ? l->size : 0, 0, text ?: "stopping", ret);
         free_params_done(&a);
         return k;
 }

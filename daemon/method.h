@@ -43,6 +43,8 @@ typedef struct MethodReply {
         int fds[POOL_MAX_SLABS];        /* sent with it (borrowed from the slabs) */
         size_t n_fds;
         AllocWait *wait;                /* instead of msg: the call waits for room; the caller takes it */
+        bool wait_host;                 /* instead of msg: the call (a Park) waits for host slabs being made, to
+                                           be made again once they are (BROKER_E_HOST_MAKING) */
 } MethodReply;
 
 /* Whether *r holds an answer to send: msg or text. */
@@ -96,6 +98,10 @@ typedef enum AllocTry {
  * call->parameters first.
  */
 int method_call(Broker *b, const Caller *c, VarlinkCall *call, MethodReply *r);
+
+/* The answer to a Park that waited for host slabs being made (MethodReply.wait_host) when the daemon stops
+ * before they are: OutOfHostMemory, saying so. Returns 0 or a negative errno. */
+int method_park_stopping(Broker *b, VarlinkCall *call, json_object **ret);
 
 /*
  * Tries a waiting Alloc again (`how`, `waited_usec` into its wait, for the

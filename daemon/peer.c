@@ -66,6 +66,25 @@ static void peer_unpark(Peer *p, bool served) {
 
 static void peer_update(Peer *p);
 
+/* Keeps the text of a Park that waits for host slabs being made, to make it again (peer_host_try()). Returns 0
+ * or -ENOMEM. */
+static int peer_wait_host(Peer *p, const char *text, size_t len) {
+        p->host_call = malloc(len);
+        if (!p->host_call)
+                return -ENOMEM;
+        memcpy(p->host_call, text, len);
+        p->host_call_len = len;
+        list_link_tail(&p->manager->broker.host_waiters, &p->link_host);
+        return 0;
+}
+
+/* Takes the waiting Park's text back from the connection (freed by the caller). */
+static char *peer_host_take(Peer *p, size_t *ret_len) {
+        list_unlink(&p->link_host);
+        *ret_len = p->host_call_len;
+        return TAKE_PTR(p->host_call);
+}
+
 /*
  * WatchReclaim: the connection becomes its process's watch, answered at once
  * with a first reply (continues, no id) that says the watch is on, then one
@@ -160,6 +179,13 @@ static int peer_dispatch(Peer *p, const char *text, size_t len) {
                 uint64_t start = metrics_clock();
 
                 k = method_call(b, &p->caller, &call, &r);
+                if (r.wait_host) {
+                        /* Its host slabs are being made: counted when it is answered (peer_host_try()). */
+                        k = peer_wait_host(p, text, len);
+                        method_reply_done(&r, &p->manager->reply_text);
+                        varlink_call_done(&call);
+                        return k;
+                }
                 if (r.wait) {
                         /* No room, and it may wait: counted when it is answered (peer_wait_try()). */
                         k = peer_park(p, TAKE_PTR(r.wait), call.oneway, start);
@@ -223,7 +249,7 @@ static void peer_set_timer(Peer *p, bool on) {
  */
 static void peer_update(Peer *p) {
         bool pending = varlink_conn_pending(p->conn) > 0;
-        bool ready = !pending && !p->wait && !p->watching && varlink_conn_has_message(p->conn);
+        bool ready = !pending && !p->wait && !p->host_call && !p->watching && varlink_conn_has_message(p->conn);
         Manager *m = p->manager;
 
         if (pending && !p->charge_request.user)
@@ -242,7 +268,8 @@ static void peer_update(Peer *p) {
         /* A watch reads nothing more after its call either: it is woken to write, or by its client shutting
          * down (EPOLLRDHUP: its end of the stream, which a hangup alone does not report for a half-close). */
         (void)sd_event_source_set_io_events(p->io,
-                                            (pending ? EPOLLOUT : ready || p->wait || p->watching ? 0 : EPOLLIN) |
+                                            (pending ? EPOLLOUT : ready || p->wait || p->host_call || p->watching ?
+                                                                  0 : EPOLLIN) |
                                             (p->watching ? EPOLLRDHUP : 0));
 }
 
@@ -303,6 +330,36 @@ bool peer_wait_try(Peer *p, AllocTry how) {
         return false;
 }
 
+void peer_host_try(Peer *p) {
+        _cleanup_free_ char *text = NULL;
+        size_t len;
+        int k;
+
+        text = peer_host_take(p, &len);
+        p->caller.host_waited = true;
+        k = peer_dispatch(p, text, len);
+        p->caller.host_waited = false;
+        if (k >= 0 && p->hangup && !varlink_conn_has_message(p->conn))
+                k = -ECONNRESET;        /* answered (or not, one-way): its client has gone */
+        peer_flush_or_free(p, k);
+}
+
+void peer_host_stopping(Peer *p) {
+        _cleanup_(json_object_putp) json_object *msg = NULL;
+        _cleanup_(varlink_call_done) VarlinkCall call = {};
+        _cleanup_free_ char *text = NULL;
+        size_t len;
+        int k;
+
+        text = peer_host_take(p, &len);
+        k = varlink_call_parse_text(text, len, &call);
+        if (k >= 0 && !call.oneway)
+                k = method_park_stopping(&p->manager->broker, &call, &msg);
+        if (k >= 0 && msg)
+                k = varlink_conn_send(p->conn, msg, NULL, 0);
+        peer_flush_or_free(p, k);
+}
+
 void peer_wait_check_exited(Peer *p) {
         if (p->wait && p->caller.holder && p->caller.holder->exited)
                 peer_free(p);
@@ -312,7 +369,7 @@ static int on_peer_io(sd_event_source *s, int fd, uint32_t revents, void *userda
         Peer *p = userdata;
         int k = 0;
 
-        if (p->wait) {
+        if (p->wait || p->host_call) {
                 /* Parked: only a hangup wakes it, and the call's client is gone. */
                 if (revents & (EPOLLHUP | EPOLLERR))
                         peer_free(p);
@@ -508,6 +565,11 @@ Peer *peer_free(Peer *p) {
         if (p->wait) {
                 metrics_wait_done(METRICS_WAIT_LEFT);
                 peer_unpark(p, false);
+        }
+        if (p->host_call) {
+                size_t len;
+
+                free(peer_host_take(p, &len));
         }
         sd_event_source_disable_unref(p->io);
         sd_event_source_disable_unref(p->reply_timer);

@@ -61,6 +61,10 @@ typedef struct Peer {
         List link_scrub;                /* or, for a scrub wait (AllocWait.scrub), in Broker.scrub_waiters */
         uint64_t wait_since;            /* when it began waiting (metrics_clock()) */
         bool wait_oneway;               /* the waiting call asked for no reply */
+        char *host_call;                /* a Park waiting for host slabs being made (MethodReply.wait_host): its
+                                           text, made again by peer_host_try(); nothing more is read meanwhile */
+        size_t host_call_len;
+        List link_host;                 /* while host_call: in Broker.host_waiters */
         bool watching;                  /* its WatchReclaim goes on: it reads nothing more, it is sent requests */
 } Peer;
 
@@ -79,6 +83,17 @@ Peer *peer_free(Peer *p);
 
 /* Serves the peer's next request (its turn in the fair queue came); it may close the peer. */
 void peer_serve(Peer *p);
+
+/*
+ * Makes again the Park that waits for host slabs (Peer.host_call), now that some were made
+ * (pool_host_made() moved): with Caller.host_waited, so that it does not wait a second time. It is answered
+ * as any call; the connection then reads its next request. May free `p` (and no other peer).
+ */
+void peer_host_try(Peer *p);
+
+/* Answers the Park that waits for host slabs OutOfHostMemory: the daemon stops before they are made. May free
+ * `p` (and no other peer). */
+void peer_host_stopping(Peer *p);
 
 /*
  * Tries the peer's waiting Alloc (`how`: ALLOC_TRY_AGAIN when memory came

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -45,7 +46,25 @@ struct SlabSpace {
         List leased;                    /* Slab handed out (host: holding a parked lease) */
         uint64_t leased_bytes, scrubbing_bytes, cached_bytes;
         unsigned n_leased, n_scrubbing, n_cached;
+        uint64_t making_bytes;          /* host slabs being made by the maker thread (pool_make_host()): room
+                                           taken, not created yet */
 };
+
+/*
+ * A host slab made off the loop (pool_make_host()): the maker thread makes and exports it, pool_dispatch()
+ * adds it to the pool. Only `link` is shared, under Pool.make_lock; the rest belongs to whichever side has the
+ * job in its list.
+ */
+typedef struct MakeJob {
+        PoolDevice *dev;
+        uint64_t size;
+        CUmemGenericAllocationHandle handle;
+        int fd;
+        CUresult result;                /* of the call that failed, when `failed` */
+        const char *failed;             /* the call that failed, or NULL */
+        unsigned calls;                 /* driver calls made, for PoolDeviceStats.driver_calls */
+        List link;                      /* in Pool.make_todo, then Pool.make_done */
+} MakeJob;
 
 struct PoolDevice {
         Pool *pool;
@@ -85,6 +104,17 @@ struct Pool {
         PoolHooks hooks;
         void *hooks_userdata;
         char last_error[256];
+
+        /* The maker thread, started by the first pool_make_host(): pinning host memory takes about 0.3 s per
+         * GiB, which the loop does not wait for. */
+        pthread_t maker;
+        bool maker_started;
+        pthread_mutex_t make_lock;
+        pthread_cond_t make_wake;
+        List make_todo, make_done;      /* MakeJob, under make_lock */
+        bool make_quit;                 /* under make_lock */
+        unsigned making;                /* jobs asked for and not finished (makes_finish()) */
+        uint64_t host_made;             /* moves when every job asked for is finished (pool_host_made()) */
 };
 
 /* Every Driver API call of the pool goes through this, so stats.driver_calls counts them. */
@@ -718,12 +748,15 @@ static void scrub_finish(Slab *slab) {
                 slab_release(slab);
 }
 
+static unsigned makes_finish(Pool *p);
+
 unsigned pool_dispatch(Pool *p) {
         unsigned n = 0;
         uint64_t counter;
 
         /* Clear the eventfd first: a completion after this read makes it readable again. */
         (void)!read(p->event_fd, &counter, sizeof(counter));
+        n += makes_finish(p);
 
         for (size_t i = 0; i < p->n_devices; i++) {
                 PoolDevice *dev = &p->devices[i];
@@ -880,6 +913,11 @@ static Slab *cache_take_or_wait(SlabSpace *space, uint64_t size, uid_t uid, uint
         }
 }
 
+/* The space's bytes that are not room: every live slab but the cached ones, and the host slabs being made. */
+static uint64_t space_in_use(const SlabSpace *space) {
+        return space->created_bytes + space->making_bytes - space->cached_bytes;
+}
+
 /*
  * Waits until the scrubs of the space's slabs (queued ones issued first) have given back the room that `fresh`
  * more bytes need, and caches them, where they count as room: a request that finds the device full only
@@ -894,7 +932,7 @@ static bool space_wait_scrubbed(SlabSpace *space, uint64_t fresh, uint64_t wait_
         uint64_t in_use, need, covered = 0;
 
         device_scrub_queued(dev);       /* a scrub that cannot be issued releases its slab: room too */
-        in_use = space->created_bytes - space->cached_bytes;
+        in_use = space_in_use(space);
         if (in_use + fresh <= space->capacity)
                 return true;
         need = in_use + fresh - space->capacity;
@@ -956,13 +994,13 @@ static int space_alloc(SlabSpace *space, const uint64_t *sizes, size_t n, uid_t 
          * done (waited for only when it is needed)? If not, fail before releasing anything. (The hits are out
          * of the cache now but still alive, so they count as in use.)
          */
-        in_use = space->created_bytes - space->cached_bytes;
+        in_use = space_in_use(space);
         if (in_use + fresh > space->capacity && in_use - space->scrubbing_bytes + fresh <= space->capacity) {
                 if (!space_wait_scrubbed(space, fresh, wait_max)) {
                         alloc_rollback(slabs, n);
                         return POOL_E_SCRUBBING;
                 }
-                in_use = space->created_bytes - space->cached_bytes;
+                in_use = space_in_use(space);
         }
         if (in_use + fresh > space->capacity) {
                 set_error(dev->pool, "device %d has %" PRIu64 " of its %scapacity of %" PRIu64 " bytes in use",
@@ -970,7 +1008,7 @@ static int space_alloc(SlabSpace *space, const uint64_t *sizes, size_t n, uid_t 
                 alloc_rollback(slabs, n);
                 return space->host ? POOL_E_HOST_NOMEM : POOL_E_NOMEM;
         }
-        while (space->created_bytes + fresh > space->capacity)
+        while (space->created_bytes + space->making_bytes + fresh > space->capacity)
                 if (!evict_one(space))
                         break;
 
@@ -1049,6 +1087,236 @@ int pool_alloc_host(Pool *p, Slab *const *slabs, size_t n, uid_t uid, Slab **ret
                 sizes[j] = slabs[j]->size;
         }
         return space_alloc(&dev->host, sizes, n, uid, POOL_WAIT_ANY, ret_host);
+}
+
+/* --- host slabs made off the loop ------------------------------------------------------------------- */
+
+/* Makes and exports one host slab on the maker thread: only the driver is touched, nothing of the pool's. */
+static void make_one(Pool *p, MakeJob *j) {
+        CUmemAllocationProp prop = cuda_host_prop(j->dev->info.numa_node);
+        CUresult r;
+
+        j->calls = 1;
+        r = p->cu->cuCtxSetCurrent(j->dev->ctx);
+        if (r != CUDA_SUCCESS) {
+                j->failed = "cuCtxSetCurrent";
+                j->result = r;
+                return;
+        }
+        j->calls++;
+        r = p->cu->cuMemCreate(&j->handle, j->size, &prop, 0);
+        if (r != CUDA_SUCCESS) {
+                j->failed = "cuMemCreate (host memory)";
+                j->result = r;
+                return;
+        }
+        j->calls++;
+        r = p->cu->cuMemExportToShareableHandle(&j->fd, j->handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+        if (r != CUDA_SUCCESS) {
+                j->calls++;
+                (void)p->cu->cuMemRelease(j->handle);
+                j->failed = "cuMemExportToShareableHandle";
+                j->result = r;
+        }
+}
+
+/* The maker thread: one job at a time, in order, each handed back through the pool's eventfd. */
+static void *maker_thread(void *userdata) {
+        Pool *p = userdata;
+
+        (void)pthread_mutex_lock(&p->make_lock);
+        for (;;) {
+                MakeJob *j;
+
+                while (!p->make_quit && list_is_empty(&p->make_todo))
+                        (void)pthread_cond_wait(&p->make_wake, &p->make_lock);
+                if (p->make_quit)
+                        break;
+                j = list_first_entry(&p->make_todo, MakeJob, link);
+                list_unlink(&j->link);
+                (void)pthread_mutex_unlock(&p->make_lock);
+                make_one(p, j);
+                (void)pthread_mutex_lock(&p->make_lock);
+                list_link_tail(&p->make_done, &j->link);
+                (void)eventfd_write(p->event_fd, 1);
+        }
+        (void)pthread_mutex_unlock(&p->make_lock);
+        return NULL;
+}
+
+/* Adds the host slabs the maker thread has made to their spaces' caches, unbound. Returns how many it added. */
+static unsigned makes_finish(Pool *p) {
+        List done = LIST_INIT(done);
+        unsigned n = 0;
+        MakeJob *j;
+
+        if (!p->maker_started)
+                return 0;
+        (void)pthread_mutex_lock(&p->make_lock);
+        list_splice_tail(&done, &p->make_done);
+        (void)pthread_mutex_unlock(&p->make_lock);
+
+        while ((j = list_first_entry(&done, MakeJob, link))) {
+                PoolDevice *dev = j->dev;
+                SlabSpace *space = &dev->host;
+                Slab *slab = NULL;
+
+                list_unlink(&j->link);
+                space->making_bytes -= j->size;
+                p->making--;
+                dev->stats.driver_calls += j->calls;
+                if (j->failed)
+                        driver_error(dev, j->failed, j->result);
+                else if (!(slab = calloc(1, sizeof(*slab)))) {
+                        (void)DRV(dev, cuMemRelease)(j->handle);
+                        defer_close(p, j->fd);
+                } else {
+                        slab->handle = j->handle;
+                        slab_init(space, slab, ++p->last_slab_id, j->fd, j->size, UID_UNBOUND);
+                        p->prime = false;
+                        dev->stats.host_created++;
+                        slab->last_used = ++p->clock;
+                        if ((p->hooks.slab_created && p->hooks.slab_created(slab, p->hooks_userdata) < 0) ||
+                            cache_insert(slab) < 0)
+                                slab_release(slab);     /* not kept across a restart: not handed out */
+                        else
+                                n++;
+                }
+                free(j);
+                /* Every slab asked for is made: the calls that waited take them, in order, each what it
+                 * counted on (a call tried again while others' are still being made would make its own in
+                 * the loop). */
+                if (p->making == 0)
+                        p->host_made++;
+        }
+        return n;
+}
+
+/* How many of the space's slabs of `size` a request of `uid` could take now or after a scrub under way. */
+static unsigned space_available(SlabSpace *space, uint64_t size, uid_t uid) {
+        PoolDevice *dev = space->device;
+        CacheBucket *b = bucket_find(space, size, uid), *u = bucket_find(space, size, UID_UNBOUND);
+        unsigned n = (b ? b->n : 0) + (u && u != b ? u->n : 0);
+        List *lists[] = { &dev->queued, &dev->scrubbing };
+        Slab *s;
+
+        for (size_t i = 0; i < ELEMENTSOF(lists); i++)
+                list_for_each_entry(s, lists[i], link_state)
+                        if (s->space == space && s->size == size && s->uid == uid)
+                                n++;
+        return n;
+}
+
+int pool_make_host(Pool *p, Slab *const *slabs, size_t n, uid_t uid) {
+        uint64_t sizes[POOL_MAX_SLABS], fresh = 0;
+        size_t n_make = 0;
+        List jobs = LIST_INIT(jobs);
+        SlabSpace *space;
+        PoolDevice *dev;
+        MakeJob *j;
+
+        if (n == 0 || n > POOL_MAX_SLABS)
+                return -EINVAL;
+        dev = slabs[0]->device;
+        space = &dev->host;
+        if (!pool_has_host(p, (size_t)(dev - p->devices)))
+                return POOL_E_NO_HOST;
+        /* Of each size, the slabs that pool_alloc_host() would find (cached or being scrubbed) are not made. */
+        for (size_t i = 0; i < n; i++) {
+                uint64_t size = slabs[i]->size;
+                unsigned wanted = 0;
+                bool counted = false;
+
+                if (size % space->granularity != 0)
+                        return 0;       /* pool_alloc_host() refuses it, and says why */
+                for (size_t k = 0; k < i && !counted; k++)
+                        counted = slabs[k]->size == size;
+                if (counted)
+                        continue;       /* the first slab of each size counts for all of that size */
+                for (size_t k = i; k < n; k++)
+                        wanted += slabs[k]->size == size;
+                for (unsigned have = space_available(space, size, uid); have < wanted; have++) {
+                        sizes[n_make++] = size;
+                        fresh += size;
+                }
+        }
+        if (n_make == 0)
+                return 0;
+        if (space_in_use(space) + fresh > space->capacity) {
+                set_error(p, "device %d has %" PRIu64 " of its host capacity of %" PRIu64 " bytes in use",
+                          dev->info.index, space_in_use(space), space->capacity);
+                return POOL_E_HOST_NOMEM;
+        }
+        while (space->created_bytes + space->making_bytes + fresh > space->capacity)
+                if (!evict_one(space))
+                        break;
+
+        for (size_t i = 0; i < n_make; i++) {
+                j = calloc(1, sizeof(*j));
+                if (!j) {
+                        while ((j = list_first_entry(&jobs, MakeJob, link))) {
+                                list_unlink(&j->link);
+                                free(j);
+                        }
+                        return -ENOMEM;
+                }
+                *j = (MakeJob){ .dev = dev, .size = sizes[i], .fd = -EBADF };
+                list_link_tail(&jobs, &j->link);
+        }
+        if (!p->maker_started) {
+                int k = pthread_create(&p->maker, NULL, maker_thread, p);
+
+                if (k != 0) {
+                        while ((j = list_first_entry(&jobs, MakeJob, link))) {
+                                list_unlink(&j->link);
+                                free(j);
+                        }
+                        return -k;
+                }
+                p->maker_started = true;
+        }
+        space->making_bytes += fresh;
+        p->making += n_make;
+        (void)pthread_mutex_lock(&p->make_lock);
+        list_splice_tail(&p->make_todo, &jobs);
+        (void)pthread_cond_signal(&p->make_wake);
+        (void)pthread_mutex_unlock(&p->make_lock);
+        return POOL_E_MAKING;
+}
+
+uint64_t pool_host_made(const Pool *p) {
+        return p->host_made;
+}
+
+/* Stops the maker thread: the slab it makes now is finished (the driver cannot be interrupted), those queued
+ * after it are not made; what it made is released with the pool. */
+static void maker_stop(Pool *p) {
+        MakeJob *j;
+
+        if (p->maker_started) {
+                (void)pthread_mutex_lock(&p->make_lock);
+                p->make_quit = true;
+                (void)pthread_cond_signal(&p->make_wake);
+                (void)pthread_mutex_unlock(&p->make_lock);
+                (void)pthread_join(p->maker, NULL);
+                p->maker_started = false;
+                while ((j = list_first_entry(&p->make_todo, MakeJob, link))) {
+                        list_unlink(&j->link);
+                        j->dev->host.making_bytes -= j->size;
+                        p->making--;
+                        free(j);
+                }
+                while ((j = list_first_entry(&p->make_done, MakeJob, link))) {
+                        list_unlink(&j->link);
+                        j->dev->host.making_bytes -= j->size;
+                        p->making--;
+                        if (!j->failed) {
+                                (void)p->cu->cuMemRelease(j->handle);
+                                safe_close(j->fd);
+                        }
+                        free(j);
+                }
+        }
 }
 
 /* Queues the copy of `bytes` from src + src_off to dst + dst_off. */
@@ -1310,12 +1578,15 @@ static void device_done(PoolDevice *dev) {
 Pool *pool_free(Pool *p) {
         if (!p)
                 return NULL;
+        maker_stop(p);
         for (size_t i = 0; i < p->n_devices; i++)
                 device_done(&p->devices[i]);
         flush_closes(p);
         free(p->closing);
         free(p->devices);
         safe_close(p->event_fd);
+        (void)pthread_mutex_destroy(&p->make_lock);
+        (void)pthread_cond_destroy(&p->make_wake);
         free(p);
         return NULL;
 }
@@ -1336,6 +1607,10 @@ int pool_new(Pool **ret, CudaDriver *cu, const PoolConfig *config, char **ret_me
                 return -ENOMEM;
         p->cu = cu;
         p->event_fd = -EBADF;
+        (void)pthread_mutex_init(&p->make_lock, NULL);
+        (void)pthread_cond_init(&p->make_wake, NULL);
+        list_init(&p->make_todo);
+        list_init(&p->make_done);
         p->max_slab = config->max_slab ? config->max_slab : POOL_DEFAULT_MAX_SLAB;
         if (!IS_POWER_OF_2(p->max_slab)) {
                 set_message(ret_message, "The maximum slab size (%" PRIu64 " bytes) is not a "

@@ -57,6 +57,7 @@ enum {
         POOL_E_NO_HOST,         /* the device has no host memory for parking (HostCapacity=0, or the driver
                                    cannot make it: pool_last_error() says why) */
         POOL_E_SCRUBBING,       /* the request would wait for more zeroing than it may (pool_alloc_bounded()) */
+        POOL_E_MAKING,          /* the host slabs it needs are being made off the loop (pool_make_host()) */
 };
 
 typedef struct PoolConfig {
@@ -213,6 +214,25 @@ void pool_set_queued_hook(Pool *p, void (*queued)(void *userdata), void *userdat
  * cached host slabs released).
  */
 int pool_alloc_host(Pool *p, Slab *const *slabs, size_t n, uid_t uid, Slab **ret_host);
+
+/*
+ * Makes, off the daemon's loop, the host slabs that pool_alloc_host(p, slabs, n, uid) would have to create now:
+ * those of the sizes of `slabs` (a lease's device slabs, of one device) that no cached host slab, nor one
+ * being scrubbed, of that size and `uid` (or unbound) would give. Creating pinned host memory takes about
+ * 0.3 s per GiB, which a request made in the loop would make every other client wait for. The pool's maker
+ * thread makes them one at a time and exports them; pool_dispatch() (the pool's eventfd) then adds each,
+ * unbound and zeroed (new memory), to the host cache, tells the slab_created hook, and moves
+ * pool_host_made(). Their room in the device's host capacity is taken from now (cached host slabs released
+ * for it). Returns 0 when none need making (pool_alloc_host() will not create any, unless others take
+ * what it counted meanwhile); POOL_E_MAKING when their making has begun; POOL_E_NO_HOST, POOL_E_HOST_NOMEM
+ * (no room for them), or a negative errno, nothing begun. A slab that fails to be made is told through
+ * pool_last_error() when it is dispatched; pool_alloc_host() then tries, and fails, as before.
+ */
+int pool_make_host(Pool *p, Slab *const *slabs, size_t n, uid_t uid);
+
+/* A count that moves each time every slab pool_make_host() was asked for is made (or failed): a caller that
+ * waits for them tries again when it has moved. */
+uint64_t pool_host_made(const Pool *p);
 
 /* Whether pool device i has host memory for parking; when not, pool_last_error() says why. */
 bool pool_has_host(Pool *p, size_t i);

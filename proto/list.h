@@ -57,6 +57,17 @@ static inline void list_unlink(List *link) {
         list_init(link);
 }
 
+/* Moves every element of `from`, in order, to the tail of `head`; `from` is left empty. */
+static inline void list_splice_tail(List *head, List *from) {
+        if (list_is_empty(from))
+                return;
+        from->next->prev = head->prev;
+        head->prev->next = from->next;
+        from->prev->next = head;
+        head->prev = from->prev;
+        list_init(from);
+}
+
 #define list_entry(ptr, type, member) container_of(ptr, type, member)
 
 #define list_first_entry(head, type, member) \

@@ -100,6 +100,11 @@ VMMBROKER_BUILD=$build VMMBROKER_DAEMON="$PWD/$build/daemon/vmmbrokerd" \
         python3 tests/gpu/python/kept_stall.py 10 >"$out/kept-stall.log" 2>&1 || failed
 tail -14 "$out/kept-stall.log"
 
+step "the first park of 8 GiB (host memory pinned for it) while another process calls Status: it is answered meanwhile (tests/gpu/python/park_stall.py)"
+VMMBROKER_BUILD=$build VMMBROKER_DAEMON="$PWD/$build/daemon/vmmbrokerd" \
+        python3 tests/gpu/python/park_stall.py 8 >"$out/park-stall.log" 2>&1 || failed
+tail -14 "$out/park-stall.log"
+
 if [ "$(id -u)" -eq 0 ] && [ -x "$build/docs/examples/lease-pattern" ]; then
         step "tenant isolation: user A's canary, then user B (uid 65534) leases the same amount"
         bash tests/gpu/canary.sh "$build" 1G 65534 || failed

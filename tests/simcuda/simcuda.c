@@ -22,7 +22,8 @@
  * Locking: one mutex guards all state. Every entry point holds it for its
  * whole body, except while it waits on a condition variable, joins a stream's
  * worker or runs a host function. Copies and memsets run under it, so that no
- * mapping can go away under them.
+ * mapping can go away under them. A cuMemCreate of host memory held by
+ * SIMCUDA_HOLD_CREATE_FILE waits before it takes the lock.
  */
 
 #include <errno.h>
@@ -272,6 +273,8 @@ static struct {
         char hold_file[PATH_MAX];       /* SIMCUDA_HOLD_FILE: streams are held while a file is there; "": none */
         char hold_host_file[PATH_MAX];  /* SIMCUDA_HOLD_HOST_FILE: host functions are held while a file is there */
         char hold_host_reached[PATH_MAX];       /* made when a stream waits at a held host function */
+        char hold_create_file[PATH_MAX];        /* SIMCUDA_HOLD_CREATE_FILE: host cuMemCreate waits while it is there */
+        char hold_create_reached[PATH_MAX];     /* made when a host cuMemCreate starts to wait */
         struct CUctx_st ctx[MAX_DEVICES];
         uint64_t charged[MAX_DEVICES];
         uint64_t host_charged;
@@ -554,6 +557,14 @@ static void setup_once(void) {
                      (int)sizeof(sim.hold_host_reached))) {
                 sim.hold_host_file[0] = sim.hold_host_reached[0] = 0;
                 env_bad("simcuda: SIMCUDA_HOLD_HOST_FILE=\"%.64s...\" is longer than a path may be", v);
+        }
+        if (env_get("SIMCUDA_HOLD_CREATE_FILE", &v) &&
+            (snprintf(sim.hold_create_file, sizeof(sim.hold_create_file), "%s", v) >=
+                     (int)sizeof(sim.hold_create_file) ||
+             snprintf(sim.hold_create_reached, sizeof(sim.hold_create_reached), "%s.reached", v) >=
+                     (int)sizeof(sim.hold_create_reached))) {
+                sim.hold_create_file[0] = sim.hold_create_reached[0] = 0;
+                env_bad("simcuda: SIMCUDA_HOLD_CREATE_FILE=\"%.64s...\" is longer than a path may be", v);
         }
         if (env_get("SIMCUDA_FAIL", &v) && faults_parse(v, &sim.faults) < 0)
                 env_bad("simcuda: SIMCUDA_FAIL=\"%.64s\" is not a list of ENTRY:N[:ERROR] such as "
@@ -1433,8 +1444,34 @@ static CUresult sim_cuMemGetAllocationGranularity(size_t *granularity, const CUm
         return CUDA_SUCCESS;
 }
 
-static CUresult sim_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
-                                unsigned long long flags) {
+/*
+ * SIMCUDA_HOLD_CREATE_FILE: while the file is there, a cuMemCreate of host memory waits before it does anything
+ * (it is not counted yet), where pinning takes its time on a real driver (about 0.3 s per GiB), and makes the
+ * file's name + ".reached" when it starts to wait, so that the test holding it knows the create is under way.
+ * It waits without the simulator's lock, so other threads' calls go on meanwhile, as they do while a thread
+ * pins on the real driver; nothing wakes it when the file goes, so it looks every millisecond. Device memory
+ * is never held. The names are fixed by setup() before any call can get here.
+ */
+static void host_create_hold(const CUmemAllocationProp *prop) {
+        const struct timespec ms = { .tv_nsec = 1000000 };
+        bool reached = false;
+
+        if (!sim.hold_create_file[0] || !prop || !location_is_host(prop->location))
+                return;
+        while (access(sim.hold_create_file, F_OK) == 0) {
+                if (!reached) {
+                        int fd = open(sim.hold_create_reached, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+
+                        if (fd >= 0)
+                                close(fd);
+                        reached = true;
+                }
+                (void)nanosleep(&ms, NULL);
+        }
+}
+
+static CUresult mem_create(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                           unsigned long long flags) {
         ENTER(cuMemCreate);
         const unsigned known = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR | CU_MEM_HANDLE_TYPE_FABRIC;
         bool posix_fd, host;
@@ -1470,6 +1507,13 @@ static CUresult sim_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t siz
         list_link_tail(bucket(sim.handles, h->id), &h->link);
         *handle = h->id;
         return CUDA_SUCCESS;
+}
+
+static CUresult sim_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                                unsigned long long flags) {
+        setup();
+        host_create_hold(prop);
+        return mem_create(handle, size, prop, flags);
 }
 
 static CUresult sim_cuMemRelease(CUmemGenericAllocationHandle handle) {

@@ -4,14 +4,15 @@
  * The simulated device's own rules, through the driver layer as the broker
  * loads it ($VMMBROKER_LIBCUDA): the entry-point lookup, the environment, the
  * memory budget, every rule's error code, sticky faults, fault injection,
- * stream ordering while held, memory that outlives its handle, and import of
- * an exported fd. Every test runs in a process of its own (Check forks before
- * each), so each loads a fresh simulator and may set SIMCUDA_* first; each
- * ends with no allocation alive.
+ * stream ordering while held, host cuMemCreate held by a file, memory that
+ * outlives its handle, and import of an exported fd. Every test runs in a
+ * process of its own (Check forks before each), so each loads a fresh
+ * simulator and may set SIMCUDA_* first; each ends with no allocation alive.
  */
 
 #include <check.h>
 #include <dlfcn.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -1130,6 +1131,69 @@ START_TEST(test_host_numa) {
 }
 END_TEST
 
+typedef struct HostCreate {
+        CUmemGenericAllocationHandle handle;
+        CUresult result;
+} HostCreate;
+
+static void *host_create(void *data) {
+        HostCreate *c = data;
+        CUmemAllocationProp prop = cuda_host_prop(0);
+
+        c->result = cu->cuMemCreate(&c->handle, GRAN, &prop, 0);
+        return NULL;
+}
+
+/* Waits, at most 10 s, for the file `path` to be there. */
+static void wait_for_file(const char *path) {
+        for (unsigned i = 0; i < 10000 && access(path, F_OK) != 0; i++)
+                (void)usleep(1000);
+        ck_assert_msg(access(path, F_OK) == 0, "%s never appeared", path);
+}
+
+/*
+ * SIMCUDA_HOLD_CREATE_FILE: while the file is there, a cuMemCreate of host memory on another thread waits,
+ * having made PATH.reached, and the simulator goes on serving this thread meanwhile (device memory is not held,
+ * and nothing is charged for the held call yet); it finishes once the file goes. Without the file, host memory
+ * is made at once and no .reached appears.
+ */
+START_TEST(test_hold_create) {
+        HostCreate c = { .result = CUDA_ERROR_UNKNOWN };
+        char hold[64], reached[80];
+        CUmemAllocationProp prop = cuda_host_prop(0);
+        CUmemGenericAllocationHandle h;
+        pthread_t thread;
+        int fd;
+
+        snprintf(hold, sizeof(hold), "/tmp/simcuda-hold-create-%d", (int)getpid());
+        snprintf(reached, sizeof(reached), "%s.reached", hold);
+        (void)unlink(reached);
+        fd = open(hold, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+        ck_assert_int_ge(fd, 0);
+        close(fd);
+        setenv("SIMCUDA_HOLD_CREATE_FILE", hold, 1);
+        open_ctx();
+
+        ck_assert_int_eq(pthread_create(&thread, NULL, host_create, &c), 0);
+        wait_for_file(reached);
+        h = create(GRAN);
+        expect_ok(cu->cuMemRelease(h));
+        ck_assert_uint_eq(sim.host_charged(), 0);
+        ck_assert_int_eq(pthread_tryjoin_np(thread, NULL), EBUSY);
+
+        ck_assert_int_eq(unlink(hold), 0);
+        ck_assert_int_eq(pthread_join(thread, NULL), 0);
+        expect_ok(c.result);
+        ck_assert_uint_eq(sim.host_charged(), GRAN);
+        expect_ok(cu->cuMemRelease(c.handle));
+
+        ck_assert_int_eq(unlink(reached), 0);
+        expect_ok(cu->cuMemCreate(&h, GRAN, &prop, 0));
+        ck_assert_int_ne(access(reached, F_OK), 0);
+        expect_ok(cu->cuMemRelease(h));
+}
+END_TEST
+
 START_TEST(test_mem_alloc) {
         CUdeviceptr p, q;
         uint32_t word = 0;
@@ -1650,6 +1714,7 @@ static Suite *simcuda_suite(void) {
         tcase_add_test(tc, test_memory_alive_while_mapped);
         tcase_add_test(tc, test_export_import);
         tcase_add_test(tc, test_host_numa);
+        tcase_add_test(tc, test_hold_create);
         tcase_add_test(tc, test_mem_alloc);
         suite_add_tcase(s, tc);
 

@@ -22,6 +22,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -1852,11 +1853,40 @@ static void fill(unsigned char *buf, size_t n, unsigned seed) {
                 buf[i] = (unsigned char)(i * 131 + seed + i / 4096);
 }
 
+/* Dispatches the pool's completions until pool_host_made() moves from `since` (bounded: 10 s). */
+static void wait_host_made(uint64_t since) {
+        for (unsigned i = 0; pool_host_made(pool) == since; i++) {
+                struct pollfd p = { .fd = pool_get_fd(pool), .events = POLLIN };
+
+                ck_assert_msg(i < 100, "the host slabs asked for were not made in 10 s");
+                (void)poll(&p, 1, 100);
+                (void)pool_dispatch(pool);
+        }
+}
+
+/*
+ * broker_park() as the daemon makes it: when the host slabs it needs are being made off the loop
+ * (BROKER_E_HOST_MAKING, nothing changed), waits for them and makes the call again, host_waited, as
+ * peer_host_try() does.
+ */
+static int park_call(const Caller *c, const char *id, bool *ret_parked, UserQuota *ret_quota) {
+        uint64_t made = pool_host_made(pool);
+        Caller again = *c;
+        int k;
+
+        k = broker_park(&b, c, id, ret_parked, ret_quota);
+        if (k != BROKER_E_HOST_MAKING)
+                return k;
+        wait_host_made(made);
+        again.host_waited = true;
+        return broker_park(&b, &again, id, ret_parked, ret_quota);
+}
+
 static bool park_ok(const Caller *c, const Lease *l) {
         UserQuota q = {};
         bool parked = false;
 
-        ck_assert_int_eq(broker_park(&b, c, l->id, &parked, &q), 0);
+        ck_assert_int_eq(park_call(c, l->id, &parked, &q), 0);
         return parked;
 }
 
@@ -1972,10 +2002,10 @@ START_TEST(test_park_who) {
         attach_token_ok(bb, &t, false);
         attach_token_ok(e, &ro, true);
 
-        ck_assert_int_eq(broker_park(&b, bb, l->id, &parked, &q), BROKER_E_NOT_OWNER);
-        ck_assert_int_eq(broker_park(&b, e, l->id, &parked, &q), BROKER_E_NOT_OWNER);
-        ck_assert_int_eq(broker_park(&b, administrator(), l->id, &parked, &q), BROKER_E_NO_SUCH_LEASE);
-        ck_assert_int_eq(broker_park(&b, a, "0123456789abcdef0123456789abcdef", &parked, &q),
+        ck_assert_int_eq(park_call(bb, l->id, &parked, &q), BROKER_E_NOT_OWNER);
+        ck_assert_int_eq(park_call(e, l->id, &parked, &q), BROKER_E_NOT_OWNER);
+        ck_assert_int_eq(park_call(administrator(), l->id, &parked, &q), BROKER_E_NO_SUCH_LEASE);
+        ck_assert_int_eq(park_call(a, "0123456789abcdef0123456789abcdef", &parked, &q),
                          BROKER_E_NO_SUCH_LEASE);
         ck_assert(!lease_find_hold(l, bb->holder)->parked);
 
@@ -2010,12 +2040,12 @@ START_TEST(test_park_no_room) {
         l = alloc_ok(a, 4 * MiB);
         ck_assert(park_ok(a, l));
         le = alloc_ok(e, 2 * MiB);
-        ck_assert_int_eq(broker_park(&b, e, le->id, &parked, &q), BROKER_E_NO_HOST_MEMORY);
+        ck_assert_int_eq(park_call(e, le->id, &parked, &q), BROKER_E_NO_HOST_MEMORY);
         ck_assert(!le->parked);
         ck_assert(!lease_find_hold(le, e->holder)->parked);
         ck_assert_uint_eq(e->user->host_bytes[0], 0);
         ck_assert_uint_eq(e->user->bytes[0], 2 * MiB);
-        ck_assert_int_eq(broker_park(&b, a, alloc_ok(a, 2 * MiB)->id, &parked, &q), BROKER_E_QUOTA);
+        ck_assert_int_eq(park_call(a, alloc_ok(a, 2 * MiB)->id, &parked, &q), BROKER_E_QUOTA);
         ck_assert_int_eq(q.what, USER_HOST_BYTES);
         ck_assert_uint_eq(q.limit, 4 * MiB);
         ck_assert_uint_eq(q.current, 4 * MiB);
@@ -2042,6 +2072,74 @@ START_TEST(test_park_no_room) {
 }
 END_TEST
 
+/* Host slabs created in the pool so far (PoolDeviceStats.host_created). */
+static uint64_t host_created(void) {
+        PoolDeviceStats st;
+
+        pool_device_stats(pool, 0, &st);
+        return st.host_created;
+}
+
+/*
+ * A park that needs new host slabs does not make them in the call: BROKER_E_HOST_MAKING, nothing changed (the
+ * lease, the hold, the owner's charges), their room taken from the host capacity at once, so that a park that
+ * would not fit beside them is refused at once. Once made, the call made again parks without creating any;
+ * a later park the cache serves makes nothing; a call made again (host_waited) creates what it lacks itself.
+ */
+START_TEST(test_park_makes_host_off_the_loop) {
+        Caller *a, *bb, *e, again;
+        UserQuota q = {};
+        Hold *hold = NULL;
+        bool parked = true;
+        uint64_t made, created;
+        Lease *l, *lb;
+
+        setup_broker_host(8 * MiB, false);
+        a = this_process(UID_A);
+        bb = new_process(UID_B);
+        e = new_process(UID_E);
+        l = alloc_ok(a, 4 * MiB);
+        lb = alloc_ok(bb, 4 * MiB);
+        made = pool_host_made(pool);
+        created = host_created();
+        ck_assert_int_eq(broker_park(&b, a, l->id, &parked, &q), BROKER_E_HOST_MAKING);
+        ck_assert(!l->parked && !lease_find_hold(l, a->holder)->parked);
+        ck_assert_uint_eq(a->user->host_bytes[0], 0);
+        ck_assert_uint_eq(a->user->bytes[0], 4 * MiB);
+        ck_assert_int_eq(broker_park(&b, bb, lb->id, &parked, &q), BROKER_E_HOST_MAKING);
+        /* 8 MiB of host memory are being made: E's 2 MiB do not fit beside them */
+        ck_assert_int_eq(broker_park(&b, e, alloc_ok(e, 2 * MiB)->id, &parked, &q), BROKER_E_NO_HOST_MEMORY);
+
+        wait_host_made(made);
+        ck_assert_uint_eq(host_created(), created + 2);
+        again = *a;
+        again.host_waited = true;
+        ck_assert_int_eq(broker_park(&b, &again, l->id, &parked, &q), 0);
+        ck_assert(parked && l->parked);
+        again = *bb;
+        again.host_waited = true;
+        ck_assert_int_eq(broker_park(&b, &again, lb->id, &parked, &q), 0);
+        ck_assert(parked && lb->parked);
+        ck_assert_uint_eq(host_created(), created + 2);         /* the made ones, no more */
+
+        /* Unparked, A's host slab is kept for its next park, which makes nothing. */
+        unpark_ok(a, l);
+        ck_assert_int_eq(pool_drain(pool), 0);
+        made = pool_host_made(pool);
+        ck_assert_int_eq(broker_park(&b, a, l->id, &parked, &q), 0);
+        ck_assert(parked && pool_host_made(pool) == made && host_created() == created + 2);
+
+        /* Made again after a wait, a park whose host slabs others took meanwhile creates them itself. */
+        ck_assert_int_eq(broker_unpark(&b, a, l->id, &hold, &q), 0);
+        ck_assert_int_eq(broker_free(&b, a, l->id, false, NULL), 0);
+        ck_assert_int_eq(pool_drain(pool), 0);
+        again = *a;
+        again.host_waited = true;
+        ck_assert_int_eq(broker_park(&b, &again, alloc_ok(a, 2 * MiB)->id, &parked, &q), 0);
+        ck_assert(parked && pool_host_made(pool) == made && host_created() == created + 3);
+}
+END_TEST
+
 START_TEST(test_park_without_host_memory) {
         UserQuota q = {};
         bool parked;
@@ -2051,7 +2149,7 @@ START_TEST(test_park_without_host_memory) {
         setup_broker_host(0, true);             /* HostCapacity=0 */
         a = this_process(UID_A);
         l = alloc_ok(a, 2 * MiB);
-        ck_assert_int_eq(broker_park(&b, a, l->id, &parked, &q), BROKER_E_NO_HOST_MEMORY);
+        ck_assert_int_eq(park_call(a, l->id, &parked, &q), BROKER_E_NO_HOST_MEMORY);
         ck_assert(strstr(pool_last_error(pool), "HostCapacity=0"));
 }
 END_TEST
@@ -2125,10 +2223,10 @@ START_TEST(test_park_write_ahead) {
         attach_token_ok(a2, &t, false);
         give_store();
         /* A hold parked while another process maps the lease: the hold's flag is stored. */
-        ASSERT_NOT_STORED_THEN_MADE(broker_park(&b, a2, id, &parked, &q));
+        ASSERT_NOT_STORED_THEN_MADE(park_call(a2, id, &parked, &q));
         ck_assert(!parked && lease_find_hold(find(id), a2->holder)->parked);
         /* The last one: the lease moves. */
-        ASSERT_NOT_STORED_THEN_MADE(broker_park(&b, a, id, &parked, &q));
+        ASSERT_NOT_STORED_THEN_MADE(park_call(a, id, &parked, &q));
         ck_assert(parked && find(id)->parked);
         ASSERT_NOT_STORED_THEN_MADE(broker_unpark(&b, a, id, &hold, &q));
         ck_assert(!find(id)->parked);
@@ -2314,7 +2412,7 @@ START_TEST(test_keep_is_not_for_use) {
         ck_assert_int_eq(broker_share(&b, a, id, UID_ANY, false, &tok), BROKER_E_NO_SUCH_LEASE);
         ck_assert_int_eq(broker_set_reclaimable(&b, a, id, 3), BROKER_E_NO_SUCH_LEASE);
         ck_assert_int_eq(broker_publish(&b, a, id, "w", NULL, 0, false), BROKER_E_NO_SUCH_LEASE);
-        ck_assert_int_eq(broker_park(&b, a, id, &parked, &q), BROKER_E_NO_SUCH_LEASE);
+        ck_assert_int_eq(park_call(a, id, &parked, &q), BROKER_E_NO_SUCH_LEASE);
         ck_assert_int_eq(broker_unpark(&b, a, id, &hold, &q), BROKER_E_NO_SUCH_LEASE);
         ck_assert_int_eq(broker_tokens(&b, a, id, NULL, NULL), BROKER_E_NO_SUCH_LEASE);
         ck_assert(l->kept);
@@ -2441,7 +2539,8 @@ int main(void) {
                                     test_reap_not_stored_keeps_holds, test_reap_not_stored_second_holder,
                                     test_reap_holder_without_holds_needs_no_store, test_snapshot, test_park_unpark,
                                     test_park_every_holder, test_park_who, test_park_no_room,
-                                    test_park_without_host_memory, test_park_end, test_park_write_ahead,
+                                    test_park_makes_host_off_the_loop, test_park_without_host_memory, test_park_end,
+                                    test_park_write_ahead,
                                     test_park_not_reclaimed, test_keep_and_reuse, test_keep_rules,
                                     test_keep_is_not_for_use, test_keep_reap_and_store, test_keep_reclaimed_first,
                                     test_keep_alloc_waits)) == 0

@@ -1,0 +1,627 @@
+/* SPDX-License-Identifier: MIT */
+
+/*
+ * Park while host slabs are being made (docs/protocol.md, "Parking"): pinning host memory takes about 0.3 s per
+ * GiB on a real GPU host, so the daemon makes a Park's host slabs off its event loop and the Park waits, its
+ * connection reading nothing more, while every other connection is served. The simulated device holds every
+ * cuMemCreate of host memory while the file SIMCUDA_HOLD_CREATE_FILE names is there, and makes that name +
+ * ".reached" when one starts to wait; a test parks the first lease of a daemon (no host slabs cached: they must
+ * be made), sees the make under way, checks what is answered meanwhile, and removes the file.
+ *
+ * Nothing here sleeps: the test polls the .reached file, the waiting connection (poll() with no timeout, or
+ * with ANSWER_MS as the bound of what must be answered at once) and Status in bounded loops. Where a call is
+ * not answered in time, the hold is released before the test fails; and a guard process removes the hold file
+ * when the test's process ends however it ends (a failed check _exit()s, Check's timeout kills), so that no
+ * daemon is left waiting for a file nobody removes. A daemon that makes host slabs in its loop answers nothing
+ * while the hold is there: those tests fail after ANSWER_MS saying so.
+ */
+
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/pidfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "checked.h"
+#include "codec.h"
+#include "harness.h"
+#include "json.h"
+#include "macro.h"
+#include "rawclient.h"
+#include "unit.h"
+
+#define MiB (UINT64_C(1) << 20)
+#define UNIT (2 * MiB)                  /* the granularity: one slab */
+#define SIZE (64 * MiB)                 /* a lease to park */
+#define SIZE2 (32 * MiB)                /* another, of another layout: slabs of its own to make */
+#define ANSWER_MS 20000                 /* what must be answered while a make is held, is within this */
+#define POLL_STEPS 20000                /* bounded polling of Status: each step is a round trip */
+#define UID_OTHER 65534                 /* nobody */
+#define CONFIG "[Broker]\nHostCapacity=512M\n"  /* MaxHostBytes= 50% of it: 256 MiB */
+
+static Harness h;
+static char hold[64], reached[80];      /* this test's hold file and the file the simulator makes under it */
+static pid_t guard = -1;                /* removes them when this process ends (start_guard()) */
+static int guard_w = -EBADF;            /* its pipe: EOF when this process ends */
+
+/* ---- holding the daemon's host cuMemCreate ------------------------------------------------------------- */
+
+/* Lets held creates go on; what was made under the hold (.reached) stays for the test to look at. */
+static void release_hold(void) {
+        if (hold[0])
+                (void)unlink(hold);
+}
+
+/* Holds the daemon's next host cuMemCreate, and forgets whether one was held before. */
+static void make_hold(void) {
+        int fd;
+
+        (void)unlink(reached);
+        fd = open(hold, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+        ck_assert_int_ge(fd, 0);
+        close(fd);
+}
+
+/*
+ * Forks the guard: a process that waits for the end of its pipe, which only this process holds (close-on-exec:
+ * not the daemon), and then removes the hold files. It is not killed with this one, unlike harness_fork()'s
+ * children, and leaves its process group, which Check kills once a test's process has ended.
+ */
+static void start_guard(void) {
+        int p[2];
+
+        ck_assert_int_eq(pipe2(p, O_CLOEXEC), 0);
+        fflush(stdout);
+        fflush(stderr);
+        guard = fork();
+        ck_assert_int_ge(guard, 0);
+        if (guard == 0) {
+                char c;
+
+                (void)setpgid(0, 0);
+                (void)close_all_but(&p[0], 1);
+                while (read(p[0], &c, 1) < 0 && errno == EINTR)
+                        ;
+                (void)unlink(hold);
+                (void)unlink(reached);
+                _exit(0);
+        }
+        close(p[0]);
+        guard_w = p[1];
+}
+
+/* Ends the guard, which removes the hold files. */
+static void stop_guard(void) {
+        guard_w = safe_close(guard_w);
+        ck_assert_int_eq(harness_wait(guard), 0);
+        guard = -1;
+}
+
+/*
+ * For a test that holds the simulated device's host cuMemCreate: false, said on stderr, on a real driver, which
+ * cannot; else names the hold files (this process's, not there yet), sets SIMCUDA_HOLD_CREATE_FILE and starts
+ * the daemon with a device of 1 GiB and `config` (vmmbroker.conf lines).
+ */
+static bool start_holding(const char *test, const char *config) {
+        if (!strstr(getenv("VMMBROKER_LIBCUDA") ?: "", "simcuda")) {
+                fprintf(stderr, "%s: not run: it holds the simulated device's cuMemCreate, which a real driver "
+                        "cannot\n", test);
+                return false;
+        }
+        snprintf(hold, sizeof(hold), "/tmp/vmmb-hold-create-%d", (int)getpid());
+        snprintf(reached, sizeof(reached), "%s.reached", hold);
+        (void)unlink(hold);
+        (void)unlink(reached);
+        start_guard();
+        ck_assert_int_eq(setenv("SIMCUDA_HOLD_CREATE_FILE", hold, 1), 0);
+        harness_start_capped_or_fail(&h, "1G", config);
+        return true;
+}
+
+/* Lets held creates go on and stops the daemon, which must exit with status 0. */
+static void stop(void) {
+        release_hold();
+        harness_stop_or_fail(&h);
+        stop_guard();
+        ck_assert_int_eq(unsetenv("SIMCUDA_HOLD_CREATE_FILE"), 0);
+}
+
+/* Waits, at most ANSWER_MS, for the daemon to start a held host cuMemCreate. */
+static void wait_for_make(void) {
+        uint64_t deadline = harness_now_msec() + ANSWER_MS;
+
+        while (access(reached, F_OK) != 0 && harness_now_msec() < deadline)
+                (void)poll(NULL, 0, 1);
+        if (access(reached, F_OK) != 0) {
+                release_hold();
+                ck_abort_msg("the Park made no host slab within %d s (%s never appeared)", ANSWER_MS / 1000,
+                             reached);
+        }
+}
+
+/* ---- calls ------------------------------------------------------------------------------------------------ */
+
+/* Whether `c` has something to read now (no waiting): a reply, or the daemon's hang-up. */
+static bool readable_now(VarlinkConn *c) {
+        struct pollfd p = { .fd = varlink_conn_get_fd(c), .events = POLLIN };
+
+        return poll(&p, 1, 0) == 1;
+}
+
+/*
+ * Waits, at most ANSWER_MS, for `c` to have its answer to read. Returns whether it came; if not, releases the
+ * hold first, so that the daemon goes on while the test fails.
+ */
+static bool answered_within(VarlinkConn *c) {
+        struct pollfd p = { .fd = varlink_conn_get_fd(c), .events = POLLIN };
+        uint64_t deadline = harness_now_msec() + ANSWER_MS;
+        int k;
+
+        do
+                k = poll(&p, 1, (int)(deadline - MIN(deadline, harness_now_msec())));
+        while (k < 0 && errno == EINTR);
+        if (k == 1)
+                return true;
+        release_hold();
+        return false;
+}
+
+/* Sends a Park of lease `id` on `c` without reading its answer. */
+static int park_send(VarlinkConn *c, const char *id) {
+        _cleanup_(json_object_putp) json_object *params = NULL;
+        FreeParams p = { .id = (char *)id };
+        int k = id_params_encode(&p, &params);
+
+        return k < 0 ? k : call_send(c, VMMB_METHOD_PARK, params, false);
+}
+
+/* Reads the answer to a Park on `c`, which must be `parked: true`. */
+static void parked_or_fail(VarlinkConn *c) {
+        ParkReply p = {};
+        Reply r;
+
+        ck_assert_int_eq(reply_read(c, &r, NULL), 0);
+        ck_assert_msg(!r.error, "Park refused: %s %s", r.error, json_object_to_json_string(r.params));
+        ck_assert_int_eq(park_reply_decode(r.params, &p, NULL), 0);
+        ck_assert_msg(p.parked, "the lease was not parked: %s", json_object_to_json_string(r.params));
+        park_reply_done(&p);
+        reply_done(&r);
+}
+
+/* Unparks lease `id` on `c` and returns it, its fds open. */
+static TestLease unpark_or_fail(VarlinkConn *c, const char *id) {
+        _cleanup_(json_object_putp) json_object *params = NULL;
+        FreeParams p = { .id = (char *)id };
+        TestLease l;
+        Reply r;
+
+        ck_assert_int_eq(id_params_encode(&p, &params), 0);
+        ck_assert_int_eq(call(c, VMMB_METHOD_UNPARK, params, &r), 0);
+        ck_assert_msg(!r.error, "Unpark refused: %s %s", r.error, json_object_to_json_string(r.params));
+        ck_assert_int_eq(lease_take(&r, &l), 0);
+        reply_done(&r);
+        ck_assert_str_eq(l.id, id);
+        return l;
+}
+
+/* Device 0 as Status says, on a connection of its own. */
+static WireDevice status(void) {
+        WireDevice d;
+
+        ck_assert_int_eq(harness_status(h.socket, &d), 0);
+        return d;
+}
+
+/*
+ * A Status on a connection of its own that must be answered within ANSWER_MS, while a host cuMemCreate is held
+ * (else the hold is released and the test fails). Returns device 0.
+ */
+static WireDevice status_while_held(void) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
+        StatusReply s = {};
+        WireDevice d;
+        Reply r;
+
+        ck_assert_int_eq(conn_open(h.socket, &c), 0);
+        ck_assert_int_eq(call_send(c, VMMB_METHOD_STATUS, NULL, false), 0);
+        ck_assert_msg(answered_within(c), "a Status on another connection was not answered within %d s while a "
+                      "Park's host slabs were being made (made in the daemon's loop?)", ANSWER_MS / 1000);
+        ck_assert_int_eq(reply_read(c, &r, NULL), 0);
+        ck_assert_msg(!r.error, "Status refused: %s", r.error);
+        ck_assert_int_eq(status_reply_decode(r.params, &s, NULL), 0);
+        ck_assert_uint_ge(s.n_devices, 1);
+        d = s.devices[0];
+        d.name = NULL;
+        status_reply_done(&s);
+        reply_done(&r);
+        return d;
+}
+
+/* Polls Status, each answered at once though a make is held, until the device has `n` waiters (bounded). */
+static void wait_for_waiters_while_held(int64_t n) {
+        int64_t waiters = -1;
+
+        for (unsigned i = 0; i < POLL_STEPS && waiters != n; i++)
+                waiters = status_while_held().waiters;
+        ck_assert_msg(waiters == n, "the device has %" PRId64 " waiters, not %" PRId64, waiters, n);
+}
+
+/* Polls Status until no lease is left, `host_cached` bytes of host slabs are cached and nothing is being
+ * scrubbed (bounded). */
+static void wait_for_idle(int64_t host_cached) {
+        WireDevice d = {};
+
+        for (unsigned i = 0; i < POLL_STEPS; i++) {
+                d = status();
+                if (d.leases == 0 && d.leased == 0 && d.scrubbing == 0 && d.parked == 0 &&
+                    d.host_cached == host_cached)
+                        return;
+        }
+        ck_abort_msg("the device has %" PRIu64 " leases (%" PRIu64 " bytes, %" PRIu64 " scrubbing, %" PRId64
+                     " parked) and %" PRId64 " bytes of host slabs cached, not none and %" PRId64, d.leases, d.leased,
+                     d.scrubbing, d.parked, d.host_cached, host_cached);
+}
+
+/* ---- leases with content ------------------------------------------------------------------------------------ */
+
+/* Allocs `size` on `c` and writes `word` all over it through the (simulated) device; unmapped and its fds
+ * closed again, as a process leaves a lease it parks. */
+static TestLease alloc_written(Gpu *g, VarlinkConn *c, uint64_t size, uint32_t word) {
+        CUdeviceptr va;
+        TestLease l;
+
+        ck_assert_int_eq(lease_alloc(c, size, &l), 0);
+        ck_assert_int_eq(gpu_map(g, &l, &va), 0);
+        ck_assert_int_eq(g->cu->cuMemsetD32(va, word, size / 4), CUDA_SUCCESS);
+        ck_assert_int_eq(gpu_verify(g, va, size, word), 0);    /* done before the unmap, which would not wait */
+        ck_assert_int_eq(cuda_unmap(g->cu, va, l.sizes, l.n), 0);
+        test_lease_close(&l);
+        return l;
+}
+
+/* Unparks lease `id` on `c`, checks that it holds `word` all over, and frees it. */
+static void unpark_check_free(Gpu *g, VarlinkConn *c, const char *id, uint64_t size, uint32_t word) {
+        TestLease l = unpark_or_fail(c, id);
+        CUdeviceptr va;
+
+        ck_assert_uint_eq(l.size, size);
+        ck_assert_int_eq(gpu_map(g, &l, &va), 0);
+        ck_assert_msg(gpu_verify(g, va, size, word) == 0, "lease %s did not come back with its content", id);
+        ck_assert_int_eq(cuda_unmap(g->cu, va, l.sizes, l.n), 0);
+        test_lease_close(&l);
+        ck_assert_int_eq(lease_free(c, id), 0);
+}
+
+/* ---- processes -------------------------------------------------------------------------------------------- */
+
+/* Whether process `pid` (a child) has exited, without reaping it. */
+static bool exited_now(pid_t pid) {
+        siginfo_t si = {};
+
+        return waitid(P_PID, (id_t)pid, &si, WEXITED | WNOHANG | WNOWAIT) == 0 && si.si_pid == pid;
+}
+
+/* Waits, at most ANSWER_MS, for child `pid` to exit, and checks it succeeded; else releases the hold and fails
+ * the test, saying `what` was not done while a host cuMemCreate was held. */
+static void child_done_within(pid_t pid, const char *what) {
+        _cleanup_close_ int pidfd = pidfd_open(pid, 0);
+        struct pollfd p = { .fd = pidfd, .events = POLLIN };
+        int k;
+
+        ck_assert_int_ge(pidfd, 0);
+        do
+                k = poll(&p, 1, ANSWER_MS);
+        while (k < 0 && errno == EINTR);
+        if (k != 1) {
+                release_hold();
+                (void)kill(pid, SIGKILL);
+                (void)harness_wait(pid);
+                ck_abort_msg("%s: not done within %d s while a Park's host slabs were being made (made in the "
+                             "daemon's loop?)", what, ANSWER_MS / 1000);
+        }
+        ck_assert_msg(harness_wait(pid) == 0, "%s failed (see the child's stderr)", what);
+}
+
+/* In a child: becomes nobody, and Allocs and Frees a slab. */
+static int child_other_user(void *arg) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
+        const char *socket = arg;
+        TestLease l;
+        int k;
+
+        CHILD_CHECK(setgroups(0, NULL) == 0 && setresgid(UID_OTHER, UID_OTHER, UID_OTHER) == 0 &&
+                    setresuid(UID_OTHER, UID_OTHER, UID_OTHER) == 0, "cannot become uid %u: %m", UID_OTHER);
+        k = conn_open(socket, &c);
+        CHILD_CHECK(k == 0, "connect: %s", strerror(-k));
+        k = lease_alloc(c, UNIT, &l);
+        CHILD_CHECK(k == 0, "Alloc: %s", strerror(-k));
+        test_lease_close(&l);
+        k = lease_free(c, l.id);
+        CHILD_CHECK(k == 0, "Free: %s", strerror(-k));
+        return 0;
+}
+
+typedef struct Parker {
+        const char *socket;
+        int report_w, hold_r;           /* the child's ends of held_child_start()'s pipes */
+} Parker;
+
+/* In a child: Allocs SIZE, sends its Park, reports the lease's id and waits to be killed (or released). */
+static int child_parker(void *arg) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
+        Parker *a = arg;
+        char id[VMMB_ID_MAX + 1] = "";
+        TestLease l;
+        int k;
+
+        /* Not the test's ends of the pipes: the hold pipe's end must be the test's alone for its EOF. */
+        CHILD_CHECK(close_all_but((const int[]){ a->report_w, a->hold_r }, 2) == 0, "close fds");
+        k = conn_open(a->socket, &c);
+        CHILD_CHECK(k == 0, "connect: %s", strerror(-k));
+        k = lease_alloc(c, SIZE, &l);
+        CHILD_CHECK(k == 0, "Alloc: %s", strerror(-k));
+        test_lease_close(&l);
+        k = park_send(c, l.id);
+        CHILD_CHECK(k == 0, "Park: %s", strerror(-k));
+        snprintf(id, sizeof(id), "%s", l.id);
+        CHILD_CHECK(write(a->report_w, id, sizeof(id)) == (ssize_t)sizeof(id), "report: %m");
+        (void)pipe_wait_eof(a->hold_r);
+        return 0;
+}
+
+/* ---- the tests ------------------------------------------------------------------------------------------ */
+
+/*
+ * The first Park of a daemon makes host slabs, and nobody waits for that but the Park: while the make is held,
+ * a Status on another connection is answered, and so are another user's Alloc and Free (as root); the Park is
+ * not. Once the make goes on, the Park is answered `parked: true`, the lease is parked (Status's `parked`),
+ * and Unpark brings its content back.
+ */
+START_TEST(test_park_does_not_hold_others) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *a = NULL;
+        TestLease l;
+        WireDevice d;
+        Gpu g = {};
+
+        if (!start_holding(__func__, CONFIG))
+                return;
+        ck_assert_int_eq(conn_open(h.socket, &a), 0);
+        ck_assert_int_eq(gpu_open(&g), 0);
+        l = alloc_written(&g, a, SIZE, 0xca11ab1e);
+        ck_assert_int_eq(status().host_cached, 0);
+
+        make_hold();
+        ck_assert_int_eq(park_send(a, l.id), 0);
+        wait_for_make();
+        d = status_while_held();
+        ck_assert_int_eq(d.parked, 0);
+        if (geteuid() == 0)
+                child_done_within(harness_fork(child_other_user, h.socket), "another user's Alloc and Free");
+        ck_assert_msg(!readable_now(a), "the Park was answered while its host slabs were being made");
+
+        release_hold();
+        parked_or_fail(a);
+        d = status();
+        ck_assert_int_eq(d.parked, (int64_t)SIZE);
+        ck_assert_uint_eq(d.leased, 0);
+        unpark_check_free(&g, a, l.id, SIZE, 0xca11ab1e);
+        gpu_close(&g);
+        wait_for_idle((int64_t)SIZE);           /* the host slabs, scrubbed, wait for the next park */
+        stop();
+}
+END_TEST
+
+/*
+ * A process killed while its Park waits for host slabs leaves nothing behind: its lease ends at once, as with
+ * its last holder, and the slabs made for it, once made, stay cached in the pool. The next park of that size,
+ * another process's, takes them without making any (while creates are held, it is answered at once).
+ */
+START_TEST(test_park_waiter_exits) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *a = NULL;
+        char id[VMMB_ID_MAX + 1] = "";
+        Parker arg = {};
+        HeldChild x;
+        TestLease l;
+        WireDevice d = {};
+
+        if (!start_holding(__func__, CONFIG))
+                return;
+        arg.socket = h.socket;
+        make_hold();
+        ck_assert_int_eq(held_child_start(child_parker, &arg, &arg.report_w, &arg.hold_r, id, sizeof(id), &x), 0);
+        wait_for_make();
+        (void)status_while_held();
+
+        ck_assert_int_eq(kill(x.pid, SIGKILL), 0);
+        ck_assert_int_eq(held_child_finish(&x), 128 + SIGKILL);
+        /* Its lease ends with its process, the make still held. */
+        for (unsigned i = 0; i < POLL_STEPS; i++) {
+                d = status_while_held();
+                if (d.leases == 0)
+                        break;
+        }
+        ck_assert_msg(d.leases == 0, "lease %s outlived its only holder while its Park waited", id);
+
+        release_hold();
+        wait_for_idle((int64_t)SIZE);
+
+        /* Another park of that size takes them: answered though creates are held again. */
+        ck_assert_int_eq(conn_open(h.socket, &a), 0);
+        ck_assert_int_eq(lease_alloc(a, SIZE, &l), 0);
+        test_lease_close(&l);
+        make_hold();
+        ck_assert_int_eq(park_send(a, l.id), 0);
+        ck_assert_msg(answered_within(a), "a Park that cached host slabs can serve was not answered within %d s "
+                      "(it waited for a make: %s is %s)", ANSWER_MS / 1000, reached,
+                      access(reached, F_OK) == 0 ? "there" : "not there");
+        parked_or_fail(a);
+        ck_assert_msg(access(reached, F_OK) != 0, "the second Park made host slabs though %" PRIu64 " bytes of them "
+                      "were cached", SIZE);
+        d = status();
+        ck_assert_int_eq(d.parked, (int64_t)SIZE);
+        ck_assert_int_eq(d.host_cached, 0);
+        ck_assert_int_eq(lease_free(a, l.id), 0);
+        wait_for_idle((int64_t)SIZE);
+        stop();
+}
+END_TEST
+
+/* Sends a Park of `id` on `c` and reads its answer, which must come at once (creates are held) and be the error
+ * `error`; checks that nothing was made for it. Returns the answer (reply_done() it). */
+static Reply refused_at_once(VarlinkConn *c, const char *id, const char *error) {
+        Reply r;
+
+        make_hold();
+        ck_assert_int_eq(park_send(c, id), 0);
+        ck_assert_msg(answered_within(c), "a Park that should be refused with %s was not answered within %d s "
+                      "(it waited for a make: %s is %s)", error, ANSWER_MS / 1000, reached,
+                      access(reached, F_OK) == 0 ? "there" : "not there");
+        ck_assert_int_eq(reply_read(c, &r, NULL), 0);
+        ck_assert_msg(r.error && strcmp(r.error, error) == 0, "Park answered %s %s, not %s", r.error ?: "(no error)",
+                      json_object_to_json_string(r.params), error);
+        ck_assert_msg(access(reached, F_OK) != 0, "a Park refused with %s made host slabs first", error);
+        release_hold();
+        return r;
+}
+
+/*
+ * A Park over the user's MaxHostBytes= is refused at once with QuotaExceeded ("host_bytes"), and one that cannot
+ * fit in the device's HostCapacity= with OutOfHostMemory: neither makes anything (no create starts while they are
+ * held), and the lease stays where it was.
+ */
+START_TEST(test_park_over_limits_at_once) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *a = NULL;
+        TestLease l;
+        WireDevice d;
+        Reply r;
+
+        if (!start_holding(__func__, CONFIG "[Limits]\nMaxHostBytes=32M\n"))
+                return;
+        ck_assert_int_eq(conn_open(h.socket, &a), 0);
+        ck_assert_int_eq(lease_alloc(a, SIZE, &l), 0);
+        test_lease_close(&l);
+        r = refused_at_once(a, l.id, VMMB_ERROR_QUOTA_EXCEEDED);
+        ck_assert_str_eq(reply_str(&r, "resource") ?: "", "host_bytes");
+        reply_done(&r);
+        d = status();
+        ck_assert_uint_eq(d.leased, SIZE);
+        ck_assert_int_eq(d.parked, 0);
+        ck_assert_int_eq(d.host_cached, 0);
+        ck_assert_int_eq(lease_free(a, l.id), 0);
+        a = varlink_conn_free(a);
+        stop();
+
+        if (!start_holding(__func__, "[Broker]\nHostCapacity=32M\n[Limits]\nMaxHostBytes=1G\n"))
+                return;
+        ck_assert_int_eq(conn_open(h.socket, &a), 0);
+        ck_assert_int_eq(lease_alloc(a, SIZE, &l), 0);
+        test_lease_close(&l);
+        r = refused_at_once(a, l.id, VMMB_ERROR_OUT_OF_HOST_MEMORY);
+        reply_done(&r);
+        d = status();
+        ck_assert_uint_eq(d.leased, SIZE);
+        ck_assert_int_eq(d.parked, 0);
+        ck_assert_int_eq(d.host_cached, 0);
+        ck_assert_int_eq(lease_free(a, l.id), 0);
+        stop();
+}
+END_TEST
+
+/*
+ * SIGTERM while a Park's host slabs are being made: the daemon does not exit under the make; once the make
+ * finishes it exits with status 0, and the waiting Park gets an error or the connection's end, not a crash.
+ * The make goes on only once the daemon has acted on the signal, which it says to an Alloc waiting for room
+ * (OutOfMemory, "stopping"): a make finished before would be a Park done before the stop.
+ */
+START_TEST(test_stop_while_making) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *a = NULL, *w = NULL;
+        const char *message;
+        int64_t waiters;
+        TestLease l;
+        Reply r;
+        int k;
+
+        /* MaxBytes= above the device: w's Alloc of all of it waits for room, not refused over the limit. */
+        if (!start_holding(__func__, CONFIG "[Limits]\nMaxBytes=2G\n"))
+                return;
+        ck_assert_int_eq(conn_open(h.socket, &a), 0);
+        ck_assert_int_eq(conn_open(h.socket, &w), 0);
+        ck_assert_int_eq(lease_alloc(a, SIZE, &l), 0);
+        test_lease_close(&l);
+        make_hold();
+        ck_assert_int_eq(park_send(a, l.id), 0);
+        wait_for_make();
+        waiters = status_while_held().waiters;
+        ck_assert_int_eq(alloc_wait_send(w, 1024 * MiB, 60 * 1000000), 0);
+        wait_for_waiters_while_held(waiters + 1);
+
+        ck_assert_int_eq(kill(h.pid, SIGTERM), 0);
+        ck_assert_int_eq(reply_read(w, &r, NULL), 0);
+        ck_assert_str_eq(r.error ?: "(none)", VMMB_ERROR_OUT_OF_MEMORY);
+        message = reply_str(&r, "message");
+        ck_assert_msg(message && strstr(message, "stopping"), "not said: %s", message);
+        reply_done(&r);
+        ck_assert_msg(!exited_now(h.pid), "the daemon exited while host slabs were being made");
+        stop();                                 /* releases the hold; fails unless the daemon exits with 0 */
+        k = reply_read(a, &r, NULL);            /* what the daemon sent before it exited, then the end */
+        ck_assert_msg(k < 0 || r.error, "the Park was answered %s though the daemon stopped",
+                      k < 0 ? "" : json_object_to_json_string(r.params));
+        if (k == 0)
+                reply_done(&r);
+}
+END_TEST
+
+/*
+ * Two Parks, on two connections, each needing host slabs made, both wait while creates are held (and another
+ * connection's Status is answered); once they go on, both are answered `parked: true` and both leases come back
+ * with their own content.
+ */
+START_TEST(test_two_parks_while_making) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *a = NULL, *b = NULL;
+        TestLease la, lb;
+        WireDevice d;
+        Gpu g = {};
+
+        if (!start_holding(__func__, CONFIG))
+                return;
+        ck_assert_int_eq(conn_open(h.socket, &a), 0);
+        ck_assert_int_eq(conn_open(h.socket, &b), 0);
+        ck_assert_int_eq(gpu_open(&g), 0);
+        la = alloc_written(&g, a, SIZE, 0xaaaa0001);
+        lb = alloc_written(&g, b, SIZE2, 0xbbbb0002);
+
+        make_hold();
+        ck_assert_int_eq(park_send(a, la.id), 0);
+        wait_for_make();
+        ck_assert_int_eq(park_send(b, lb.id), 0);
+        (void)status_while_held();
+        ck_assert_msg(!readable_now(a) && !readable_now(b), "a Park was answered while host slabs were being made");
+
+        release_hold();
+        parked_or_fail(a);
+        parked_or_fail(b);
+        d = status();
+        ck_assert_int_eq(d.parked, (int64_t)(SIZE + SIZE2));
+        ck_assert_uint_eq(d.leased, 0);
+        unpark_check_free(&g, a, la.id, SIZE, 0xaaaa0001);
+        unpark_check_free(&g, b, lb.id, SIZE2, 0xbbbb0002);
+        gpu_close(&g);
+        wait_for_idle((int64_t)(SIZE + SIZE2));
+        stop();
+}
+END_TEST
+
+int main(void) {
+        return run_suite(UNIT_SUITE("park", NULL, test_park_does_not_hold_others, test_park_waiter_exits,
+                                    test_park_over_limits_at_once, test_stop_while_making,
+                                    test_two_parks_while_making)) == 0
+                       ? EXIT_SUCCESS : EXIT_FAILURE;
+}
