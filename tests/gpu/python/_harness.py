@@ -148,6 +148,30 @@ def table(title: str, header: Sequence[str], rows: List[Sequence[object]]) -> No
     sys.stdout.flush()
 
 
+def status_observer(socket_path: str, pipe) -> None:
+    """A process that calls Status on the broker at SOCKET_PATH while another times something (kept_stall.py,
+    park_stall.py): on "go" from PIPE (a multiprocessing Pipe end), Status back to back, "ready" after the
+    first, until the next message; then sends back each call's (start, end) in perf_counter_ns."""
+    setup_paths()
+    import vmmbroker
+
+    clock = time.perf_counter_ns
+    with vmmbroker.connect(socket_path) as c:
+        c.status()
+        while pipe.recv() == "go":
+            calls = []
+            t0 = clock()
+            c.status()
+            calls.append((t0, clock()))
+            pipe.send("ready")
+            while not pipe.poll():
+                t0 = clock()
+                c.status()
+                calls.append((t0, clock()))
+            pipe.recv()
+            pipe.send(calls)
+
+
 def median(xs: Sequence[float]) -> float:
     s = sorted(xs)
     n = len(s)

@@ -34,28 +34,6 @@ import _harness as h  # noqa: E402
 GiB = 1 << 30
 
 
-def observe(socket_path: str, pipe) -> None:
-    """The observer: on "go", Status back to back until told to stop; sends back each call's (start, end) ns."""
-    h.setup_paths()
-    import vmmbroker
-
-    clock = time.perf_counter_ns
-    with vmmbroker.connect(socket_path) as c:
-        c.status()
-        while pipe.recv() == "go":
-            calls = []
-            t0 = clock()
-            c.status()
-            calls.append((t0, clock()))
-            pipe.send("ready")
-            while not pipe.poll():
-                t0 = clock()
-                c.status()
-                calls.append((t0, clock()))
-            pipe.recv()
-            pipe.send(calls)
-
-
 def main() -> int:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 10
     size = int(float(sys.argv[2]) * GiB) if len(sys.argv) > 2 else None
@@ -69,7 +47,7 @@ def main() -> int:
 
         ctx = multiprocessing.get_context("spawn")
         mine, theirs = ctx.Pipe()
-        child = ctx.Process(target=observe, args=(path, theirs))
+        child = ctx.Process(target=h.status_observer, args=(path, theirs))
         child.start()
         clock = time.perf_counter_ns
         rows, waits, longest, same, seen = [], [], [], True, 0

@@ -41,28 +41,6 @@ SLAB = 2 << 20                  # the granularity: leases are whole slabs
 CHUNK = 256 << 20               # the pattern is written and checked this many bytes at a time
 
 
-def observe(socket_path: str, pipe) -> None:
-    """The observer: on "go", Status back to back until told to stop; sends back each call's (start, end) ns."""
-    h.setup_paths()
-    import vmmbroker
-
-    clock = time.perf_counter_ns
-    with vmmbroker.connect(socket_path) as c:
-        c.status()
-        while pipe.recv() == "go":
-            calls = []
-            t0 = clock()
-            c.status()
-            calls.append((t0, clock()))
-            pipe.send("ready")
-            while not pipe.poll():
-                t0 = clock()
-                c.status()
-                calls.append((t0, clock()))
-            pipe.recv()
-            pipe.send(calls)
-
-
 def write_pattern(torch, t, salt: int) -> None:
     """int64 word i of T is salt + i; a chunk at a time, so that no second copy of the lease is needed."""
     step = CHUNK // 8
@@ -100,7 +78,7 @@ def main() -> int:
         torch.cuda.init()
         ctx = multiprocessing.get_context("spawn")
         mine, theirs = ctx.Pipe()
-        child = ctx.Process(target=observe, args=(path, theirs), daemon=True)   # not waited for after a failure
+        child = ctx.Process(target=h.status_observer, args=(path, theirs), daemon=True)   # not waited for after a failure
         child.start()
         clock = time.perf_counter_ns
         rows, parks, longest, seen, back, cached = [], [], [], [], [], []
