@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -801,6 +802,14 @@ int pool_drain(Pool *p) {
                 }
         }
         pool_dispatch(p);
+        /* and the host slabs being made: each finished one is told through the eventfd */
+        while (p->making > 0) {
+                struct pollfd pfd = { .fd = p->event_fd, .events = POLLIN };
+
+                if (poll(&pfd, 1, -1) < 0 && errno != EINTR)
+                        return -errno;
+                pool_dispatch(p);
+        }
         return ret;
 }
 

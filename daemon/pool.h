@@ -297,8 +297,9 @@ int pool_get_fd(Pool *p);
 /* Moves slabs whose scrub has completed into the cache. Returns how many. */
 unsigned pool_dispatch(Pool *p);
 
-/* Issues the queued scrubs, blocks until every scrub in flight has completed, then dispatches them. Returns 0
- * or a negative errno. */
+/* Issues the queued scrubs, blocks until every scrub in flight has completed and every host slab being made
+ * (pool_make_host()) is made, then dispatches them. Not for the daemon's loop: it waits for pinning. Returns
+ * 0 or a negative errno. */
 int pool_drain(Pool *p);
 
 /*

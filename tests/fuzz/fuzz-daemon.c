@@ -47,6 +47,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -368,6 +369,16 @@ static bool pump(Client *cl) {
                         die("sd_event_run: %s", strerror(-k));
                 check_pending();
                 got = client_drain(cl);
+                if (k == 0 && got == 0 && !list_is_empty(&manager->broker.host_waiters)) {
+                        /* A Park waits for host slabs that the pool's maker thread makes: the loop hears of
+                         * them through the pool's eventfd, which this waits for (bounded). */
+                        struct pollfd pfd = { .fd = pool_get_fd(manager->pool), .events = POLLIN };
+
+                        if (poll(&pfd, 1, 10000) != 1)
+                                die("a Park waited 10 s for host slabs being made");
+                        any = true;
+                        continue;
+                }
                 if (k == 0 && got == 0)
                         return any;
                 any = true;
