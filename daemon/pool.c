@@ -106,13 +106,13 @@ struct Pool {
         void *hooks_userdata;
         char last_error[256];
 
-        /* The maker thread, started by the first pool_make_host(): pinning host memory takes about 0.3 s per
-         * GiB, which the loop does not wait for. */
+        /* The maker thread (pool_make_host()): pinning host memory takes about 0.3 s per GiB, which the loop
+         * does not wait for. It runs while it has jobs, and ends when it has none: no thread is left idle. */
         pthread_t maker;
-        bool maker_started;
+        bool maker_joinable;            /* `maker` was started and not joined yet (it may have ended) */
         pthread_mutex_t make_lock;
-        pthread_cond_t make_wake;
         List make_todo, make_done;      /* MakeJob, under make_lock */
+        bool maker_running;             /* under make_lock: it takes the jobs in make_todo; false once it ends */
         bool make_quit;                 /* under make_lock */
         unsigned making;                /* jobs asked for and not finished (makes_finish()) */
         uint64_t host_made;             /* moves when every job asked for is finished (pool_host_made()) */
@@ -1129,7 +1129,8 @@ static void make_one(Pool *p, MakeJob *j) {
         }
 }
 
-/* The maker thread: one job at a time, in order, each handed back through the pool's eventfd. */
+/* The maker thread: one job at a time, in order, each handed back through the pool's eventfd; it ends once
+ * none is left (or the pool stops it). */
 static void *maker_thread(void *userdata) {
         Pool *p = userdata;
 
@@ -1137,10 +1138,10 @@ static void *maker_thread(void *userdata) {
         for (;;) {
                 MakeJob *j;
 
-                while (!p->make_quit && list_is_empty(&p->make_todo))
-                        (void)pthread_cond_wait(&p->make_wake, &p->make_lock);
-                if (p->make_quit)
+                if (p->make_quit || list_is_empty(&p->make_todo)) {
+                        p->maker_running = false;
                         break;
+                }
                 j = list_first_entry(&p->make_todo, MakeJob, link);
                 list_unlink(&j->link);
                 (void)pthread_mutex_unlock(&p->make_lock);
@@ -1159,7 +1160,7 @@ static unsigned makes_finish(Pool *p) {
         unsigned n = 0;
         MakeJob *j;
 
-        if (!p->maker_started)
+        if (!p->maker_joinable)
                 return 0;
         (void)pthread_mutex_lock(&p->make_lock);
         list_splice_tail(&done, &p->make_done);
@@ -1222,7 +1223,9 @@ int pool_make_host(Pool *p, Slab *const *slabs, size_t n, uid_t uid) {
         List jobs = LIST_INIT(jobs);
         SlabSpace *space;
         PoolDevice *dev;
+        bool start;
         MakeJob *j;
+        int r;
 
         if (n == 0 || n > POOL_MAX_SLABS)
                 return -EINVAL;
@@ -1272,24 +1275,34 @@ int pool_make_host(Pool *p, Slab *const *slabs, size_t n, uid_t uid) {
                 *j = (MakeJob){ .dev = dev, .size = sizes[i], .fd = -EBADF };
                 list_link_tail(&jobs, &j->link);
         }
-        if (!p->maker_started) {
-                int k = pthread_create(&p->maker, NULL, maker_thread, p);
-
-                if (k != 0) {
+        /* Queued under the lock; a thread that runs takes them, else one is started (after the one that ended
+         * is joined: it ended, or is about to, having found nothing to do). */
+        (void)pthread_mutex_lock(&p->make_lock);
+        list_splice_tail(&p->make_todo, &jobs);
+        start = !p->maker_running;
+        p->maker_running = true;
+        (void)pthread_mutex_unlock(&p->make_lock);
+        if (start) {
+                if (p->maker_joinable)
+                        (void)pthread_join(p->maker, NULL);
+                p->maker_joinable = false;
+                r = pthread_create(&p->maker, NULL, maker_thread, p);
+                if (r != 0) {
+                        /* no thread ran since it was not running: the queue is these jobs only */
+                        (void)pthread_mutex_lock(&p->make_lock);
+                        p->maker_running = false;
+                        list_splice_tail(&jobs, &p->make_todo);
+                        (void)pthread_mutex_unlock(&p->make_lock);
                         while ((j = list_first_entry(&jobs, MakeJob, link))) {
                                 list_unlink(&j->link);
                                 free(j);
                         }
-                        return -k;
+                        return -r;
                 }
-                p->maker_started = true;
+                p->maker_joinable = true;
         }
         space->making_bytes += fresh;
         p->making += n_make;
-        (void)pthread_mutex_lock(&p->make_lock);
-        list_splice_tail(&p->make_todo, &jobs);
-        (void)pthread_cond_signal(&p->make_wake);
-        (void)pthread_mutex_unlock(&p->make_lock);
         return POOL_E_MAKING;
 }
 
@@ -1302,13 +1315,12 @@ uint64_t pool_host_made(const Pool *p) {
 static void maker_stop(Pool *p) {
         MakeJob *j;
 
-        if (p->maker_started) {
+        if (p->maker_joinable) {
                 (void)pthread_mutex_lock(&p->make_lock);
                 p->make_quit = true;
-                (void)pthread_cond_signal(&p->make_wake);
                 (void)pthread_mutex_unlock(&p->make_lock);
                 (void)pthread_join(p->maker, NULL);
-                p->maker_started = false;
+                p->maker_joinable = false;
                 while ((j = list_first_entry(&p->make_todo, MakeJob, link))) {
                         list_unlink(&j->link);
                         j->dev->host.making_bytes -= j->size;
@@ -1595,7 +1607,6 @@ Pool *pool_free(Pool *p) {
         free(p->devices);
         safe_close(p->event_fd);
         (void)pthread_mutex_destroy(&p->make_lock);
-        (void)pthread_cond_destroy(&p->make_wake);
         free(p);
         return NULL;
 }
@@ -1617,7 +1628,6 @@ int pool_new(Pool **ret, CudaDriver *cu, const PoolConfig *config, char **ret_me
         p->cu = cu;
         p->event_fd = -EBADF;
         (void)pthread_mutex_init(&p->make_lock, NULL);
-        (void)pthread_cond_init(&p->make_wake, NULL);
         list_init(&p->make_todo);
         list_init(&p->make_done);
         p->max_slab = config->max_slab ? config->max_slab : POOL_DEFAULT_MAX_SLAB;

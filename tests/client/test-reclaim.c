@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -573,7 +574,7 @@ END_TEST
 
 /* --- a callback that marks or unmarks its own lease --------------------------------------------------- */
 
-static int a_calls;             /* how often A's callback ran */
+static atomic_int a_calls;      /* how often A's callback ran (on the watch thread; read by the holder's) */
 
 /*
  * A's callback calls vmmb_lease_set_reclaimable() on A itself (the library must not wait for the callback that
@@ -585,7 +586,7 @@ static int on_a_marks(vmmb_lease *lease, uint64_t timeout_usec, void *userdata) 
         char x = unmarks ? 'U' : 'M';
 
         (void)timeout_usec;
-        a_calls++;
+        atomic_fetch_add(&a_calls, 1);
         if (vmmb_lease_set_reclaimable(lease, unmarks ? VMMB_NOT_RECLAIMABLE : 7, unmarks ? NULL : on_a_marks,
                                        unmarks ? NULL : userdata) != 0)
                 x = 'E';
@@ -612,7 +613,7 @@ static int a_marker(void *arg, const char *mode) {
                      vmmb_lease_set_reclaimable(l[1], 1, on_report_gives_back, "B") == 0, "mark");
         HOLDER_CHECK(write(parker.report_w, "r", 1) == 1, "report");
         HOLDER_CHECK(read(parker.cmd_r, &x, 1) == 1 && x == 'f', "command f");
-        x = (char)('0' + MIN(a_calls, 9));
+        x = (char)('0' + MIN(atomic_load(&a_calls), 9));
         HOLDER_CHECK(write(parker.report_w, &x, 1) == 1, "report calls");
         HOLDER_CHECK(reclaimed_soon(l[0], unmarks) && reclaimed_soon(l[1], !unmarks), "A or B given back, or not");
         HOLDER_CHECK(unmarks || vmmb_lease_ptr(l[0]) != 0, "A refused, and not mapped");
