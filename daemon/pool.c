@@ -957,6 +957,26 @@ static bool space_wait_scrubbed(SlabSpace *space, uint64_t fresh, uint64_t wait_
         return covered < need || slab_wait_zeroed(dev, last, wait_max) != ZEROED_DEFERRED;
 }
 
+/*
+ * Room for `fresh` more bytes of new slabs in the space: when they fit beside what is in use (created, being
+ * made, less what is cached), releases cached slabs (least recently used first) until they fit beside every
+ * slab. Returns 0, or POOL_E_NOMEM / POOL_E_HOST_NOMEM (pool_last_error() says why) with nothing released.
+ */
+static int space_make_room(SlabSpace *space, uint64_t fresh) {
+        PoolDevice *dev = space->device;
+        uint64_t in_use = space_in_use(space);
+
+        if (in_use + fresh > space->capacity) {
+                set_error(dev->pool, "device %d has %" PRIu64 " of its %scapacity of %" PRIu64 " bytes in use",
+                          dev->info.index, in_use, space->host ? "host " : "", space->capacity);
+                return space->host ? POOL_E_HOST_NOMEM : POOL_E_NOMEM;
+        }
+        while (space->created_bytes + space->making_bytes + fresh > space->capacity)
+                if (!evict_one(space))
+                        break;
+        return 0;
+}
+
 /* Undoes a request that failed: created slabs go back to the driver, cached ones back to the cache. */
 static void alloc_rollback(Slab **slabs, size_t n) {
         for (size_t i = n; i-- > 0;) {
@@ -1011,15 +1031,11 @@ static int space_alloc(SlabSpace *space, const uint64_t *sizes, size_t n, uid_t 
                 }
                 in_use = space_in_use(space);
         }
-        if (in_use + fresh > space->capacity) {
-                set_error(dev->pool, "device %d has %" PRIu64 " of its %scapacity of %" PRIu64 " bytes in use",
-                          dev->info.index, in_use, space->host ? "host " : "", space->capacity);
+        k = space_make_room(space, fresh);
+        if (k != 0) {
                 alloc_rollback(slabs, n);
-                return space->host ? POOL_E_HOST_NOMEM : POOL_E_NOMEM;
+                return k;
         }
-        while (space->created_bytes + space->making_bytes + fresh > space->capacity)
-                if (!evict_one(space))
-                        break;
 
         for (size_t j = 0; j < n; j++) {
                 if (slabs[j])
@@ -1254,14 +1270,9 @@ int pool_make_host(Pool *p, Slab *const *slabs, size_t n, uid_t uid) {
         }
         if (n_make == 0)
                 return 0;
-        if (space_in_use(space) + fresh > space->capacity) {
-                set_error(p, "device %d has %" PRIu64 " of its host capacity of %" PRIu64 " bytes in use",
-                          dev->info.index, space_in_use(space), space->capacity);
-                return POOL_E_HOST_NOMEM;
-        }
-        while (space->created_bytes + space->making_bytes + fresh > space->capacity)
-                if (!evict_one(space))
-                        break;
+        r = space_make_room(space, fresh);
+        if (r != 0)
+                return r;
 
         for (size_t i = 0; i < n_make; i++) {
                 j = calloc(1, sizeof(*j));

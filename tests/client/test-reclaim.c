@@ -631,6 +631,34 @@ static int child_a_unmarks(void *arg) {
 }
 
 /*
+ * The scene of the two tests below: a holder (`child`, a_marker()) marks A and B, a waiter's call gets A asked;
+ * the holder reports `reports` (A's callback, then B's if it runs), the waiter is served, the lease labelled
+ * `label` is then in `want` (its state as vmmctl list shows it), and A's callback ran once.
+ */
+static void run_a_marker(int (*child)(void *arg), const char *reports, const char *label, const char *want) {
+        int served[2];
+        char state[32];
+        pid_t waiter;
+        Scene sc;
+
+        scene_start(&sc, child);
+        expect_report(sc.report[0], 'r');
+        waiter = start_waiter(&(WaiterArgs){ .socket = h.socket, .release_r = sc.release[0] }, served);
+        for (const char *x = reports; *x; x++)
+                expect_report(sc.report[0], *x);
+        expect_report(served[0], 'w');
+        labelled_state(label, state, sizeof(state), NULL);
+        ck_assert_str_eq(state, want);
+        ck_assert_int_eq(write(sc.cmd[1], "f", 1), 1);
+        expect_report(sc.report[0], '1');
+        ck_assert_int_eq(write(sc.release[1], "x", 1), 1);
+        ck_assert_int_eq(harness_wait(waiter), 0);
+        close(served[0]);
+        close(served[1]);
+        scene_end(&sc);
+}
+
+/*
  * A callback that marks its lease again (another priority: "not now, ask me later") and then refuses: the
  * refusal is the answer, and it ends the mark, the one set in the callback too. The broker asks the next lease
  * (B), which serves the waiting call, and A is not marked any more. (Were the mark kept, the broker would ask
@@ -640,26 +668,7 @@ static int child_a_unmarks(void *arg) {
  * tests/python/test_vmmbroker.py.)
  */
 START_TEST(test_callback_marks_again_then_refuses) {
-        int served[2];
-        char state[32];
-        pid_t waiter;
-        Scene sc;
-
-        scene_start(&sc, child_a_marks_again);
-        expect_report(sc.report[0], 'r');
-        waiter = start_waiter(&(WaiterArgs){ .socket = h.socket, .release_r = sc.release[0] }, served);
-        expect_report(sc.report[0], 'M');
-        expect_report(sc.report[0], 'B');
-        expect_report(served[0], 'w');
-        labelled_state("A", state, sizeof(state), NULL);
-        ck_assert_str_eq(state, "-");
-        ck_assert_int_eq(write(sc.cmd[1], "f", 1), 1);
-        expect_report(sc.report[0], '1');
-        ck_assert_int_eq(write(sc.release[1], "x", 1), 1);
-        ck_assert_int_eq(harness_wait(waiter), 0);
-        close(served[0]);
-        close(served[1]);
-        scene_end(&sc);
+        run_a_marker(child_a_marks_again, "MB", "A", "-");
 }
 END_TEST
 
@@ -669,25 +678,7 @@ END_TEST
  * memory the call is getting already: B is still marked, never asked.
  */
 START_TEST(test_callback_unmarks_then_gives_back) {
-        int served[2];
-        char state[32];
-        pid_t waiter;
-        Scene sc;
-
-        scene_start(&sc, child_a_unmarks);
-        expect_report(sc.report[0], 'r');
-        waiter = start_waiter(&(WaiterArgs){ .socket = h.socket, .release_r = sc.release[0] }, served);
-        expect_report(sc.report[0], 'U');
-        expect_report(served[0], 'w');
-        labelled_state("B", state, sizeof(state), NULL);
-        ck_assert_str_eq(state, "marked");
-        ck_assert_int_eq(write(sc.cmd[1], "f", 1), 1);
-        expect_report(sc.report[0], '1');
-        ck_assert_int_eq(write(sc.release[1], "x", 1), 1);
-        ck_assert_int_eq(harness_wait(waiter), 0);
-        close(served[0]);
-        close(served[1]);
-        scene_end(&sc);
+        run_a_marker(child_a_unmarks, "U", "B", "marked");
 }
 END_TEST
 
