@@ -449,7 +449,7 @@ static bool may_keep(const Hold *hold) {
         /* Not foreign: a process of another user that held it may still map it (and write into it after the
          * zeroing), which is why a foreign lease's slabs are never reused either. */
         return hold->refs == 1 && l->n_holds == 1 && !hold->readonly && hold->holder->uid == l->uid &&
-               !l->name && !l->parked && !l->kept && !l->foreign && l->reclaim.state != RECLAIM_ASKED;
+               !l->name && !l->parked && !l->kept && !l->move && !l->foreign && l->reclaim.state != RECLAIM_ASKED;
 }
 
 /* Queues the zeroing in place of every slab of a lease. Returns 0 or BROKER_E_DRIVER. */
@@ -554,8 +554,9 @@ static bool reclaim_can_ask(const Lease *l, void *userdata) {
 
         if (l->name || l->n_holds == 0)
                 return false;           /* published: it would outlive every Free of its holders */
-        if (l->parked)
-                return false;           /* in host memory: freeing it gives the device nothing */
+        if (l->parked || l->move)
+                return false;           /* in host memory, or on its way there: freeing it gives the device
+                                           nothing, or nothing sooner */
         /* A kept lease may be asked of the waiting process too: the library gives it back from its watch
          * thread, with no caller to consult (protocol.md). */
         list_for_each_entry(hold, &l->holds, link_lease)
@@ -666,18 +667,18 @@ static int hold_set_parked(Broker *b, Hold *hold, bool parked) {
 }
 
 /*
- * Moves a lease's content from its slabs into `to` (n_to slabs, leased already): copies, stores the lease as
- * it will be (parked or not, with those slabs) and `hold` (if not NULL: the caller's) parked as the lease,
- * then swaps the slabs and the charge (`charge`, taken by the caller, replaces the lease's other one). On
- * failure `to` and `charge` go back and the lease is as it was.
+ * Makes a lease's content being in `to` (n_to slabs, leased already, the copy done) the lease's: stores the
+ * lease as it will be (parked or not, with those slabs) and `hold` (if not NULL: the one that asked) parked
+ * as the lease, then swaps the slabs and the charge (`charge`, taken by the caller, replaces the lease's
+ * other one). On failure `to` and `charge` go back and the lease is as it was.
  */
-static int lease_move(Broker *b, Lease *l, Slab **to, size_t n_to, bool parked, UserCharge *charge, Hold *hold) {
+static int lease_move_commit(Broker *b, Lease *l, Slab **to, size_t n_to, bool parked, UserCharge *charge,
+                             Hold *hold) {
         _cleanup_free_ Slab **array = calloc(n_to, sizeof(Slab *));
         Slab **old = l->slabs;
         size_t n_old = l->n_slabs;
-        int k;
+        int k = array ? 0 : -ENOMEM;
 
-        k = array ? pool_copy(b->pool, to, n_to, l->slabs, l->n_slabs) : -ENOMEM;
         if (k == 0) {
                 memcpy(array, to, n_to * sizeof(Slab *));
                 change_begin(b);
@@ -713,8 +714,80 @@ static int lease_move(Broker *b, Lease *l, Slab **to, size_t n_to, bool parked, 
         *charge = USER_CHARGE_NULL;
         if (hold)
                 hold->parked = parked;
+        if (parked) {
+                reclaim_forget(&b->leases.reclaim, l);  /* its device memory came back: asked or not, done */
+                event_lease_parked(l, hold->holder, true);      /* unparking's callers tell their own */
+        }
         b->leases.generation++;
         return 0;
+}
+
+/* Moves a lease's content from its slabs into `to`, in the loop: the copy, waited for, then the commit. */
+static int lease_move(Broker *b, Lease *l, Slab **to, size_t n_to, bool parked, UserCharge *charge, Hold *hold) {
+        int k = pool_copy(b->pool, to, n_to, l->slabs, l->n_slabs);
+
+        if (k != 0) {
+                slabs_give_back(b, to, n_to, false);
+                user_charge_release(charge);
+                return pool_outcome(k);
+        }
+        return lease_move_commit(b, l, to, n_to, parked, charge, hold);
+}
+
+/*
+ * Parks a lease off the loop: the copy into `host` is queued and the lease gets a move (lease.h) that
+ * broker_finish_moves() commits once the copy is done. Returns BROKER_E_HOST_COPYING, or the failure to
+ * start it (then `host` and `charge` went back).
+ */
+static int lease_move_start(Broker *b, Lease *l, Slab **host, UserCharge *charge, Hold *hold) {
+        _cleanup_free_ LeaseMove *move = calloc(1, sizeof(*move));
+        _cleanup_free_ Slab **slabs = calloc(l->n_slabs, sizeof(Slab *));
+        int k = move && slabs ? 0 : -ENOMEM;
+
+        if (k == 0)
+                k = pool_copy_start(b->pool, host, l->n_slabs, l->slabs, l->n_slabs, &move->ticket);
+        if (k != 0) {
+                slabs_give_back(b, host, l->n_slabs, false);
+                user_charge_release(charge);
+                return pool_outcome(k);
+        }
+        memcpy(slabs, host, l->n_slabs * sizeof(Slab *));
+        move->slabs = TAKE_PTR(slabs);
+        move->n_slabs = l->n_slabs;
+        move->charge = *charge;
+        *charge = USER_CHARGE_NULL;
+        move->hold = hold;
+        lease_move_add(&b->leases, l, TAKE_PTR(move));
+        return BROKER_E_HOST_COPYING;
+}
+
+/* Commits a move whose copy is done (lease_move_start()). On failure the lease is as it was. */
+static int move_commit(Broker *b, Lease *l) {
+        LeaseMove *move = lease_move_take(&b->leases, l);
+        int k = lease_move_commit(b, l, move->slabs, move->n_slabs, true, &move->charge, move->hold);
+
+        free(move->slabs);
+        free(move);
+        return k;
+}
+
+unsigned broker_finish_moves(Broker *b) {
+        LeaseMove *move, *tmp;
+        unsigned n = 0;
+
+        list_for_each_entry_safe(move, tmp, &b->leases.moves, link) {
+                Hold *hold = move->hold;
+
+                if (!pool_copy_finished(b->pool, move->slabs[0], move->ticket))
+                        continue;
+                hold->move_error = move_commit(b, move->lease); /* for the Park waiting for it */
+                n++;
+        }
+        return n;
+}
+
+uint64_t broker_moves_ended(const Broker *b) {
+        return b->leases.moves_ended;
 }
 
 int broker_park(Broker *b, const Caller *c, const char *id, bool *ret_parked, UserQuota *ret_quota) {
@@ -732,6 +805,20 @@ int broker_park(Broker *b, const Caller *c, const char *id, bool *ret_parked, Us
                 return BROKER_E_NOT_OWNER;
         if (hold->readonly)
                 return BROKER_E_READONLY;
+        k = hold->move_error;
+        hold->move_error = 0;
+        if (k != 0 && c->copy_waited)
+                return k;                       /* the move it waited for could not be stored */
+        if (l->move && l->move->hold == hold) {
+                /* Its process's park is being copied (this call, or another of the same process's). */
+                if (!pool_copy_finished(b->pool, l->move->slabs[0], l->move->ticket))
+                        return BROKER_E_HOST_COPYING;
+                k = move_commit(b, l);
+                if (k != 0)
+                        return k;
+                *ret_parked = true;
+                return 0;
+        }
         list_for_each_entry(other, &l->holds, link_lease)
                 if (other != hold && !other->parked)
                         alone = false;          /* another process still maps it: it moves when that one parks */
@@ -758,13 +845,8 @@ int broker_park(Broker *b, const Caller *c, const char *id, bool *ret_parked, Us
                 user_charge_release(&charge);
                 return pool_outcome(k);
         }
-        k = lease_move(b, l, host, l->n_slabs, true, &charge, hold);
-        if (k != 0)
-                return k;
-        reclaim_forget(&b->leases.reclaim, l);  /* its device memory came back: asked or not, it is done */
-        event_lease_parked(l, c->holder, true);
-        *ret_parked = true;
-        return 0;
+        /* Nor the copy, some 20 ms per GiB. */
+        return lease_move_start(b, l, host, &charge, hold);
 }
 
 /* Brings a parked lease back into device memory, charged to its owner; `hold` (or NULL) maps it again. */
@@ -796,6 +878,7 @@ int broker_unpark(Broker *b, const Caller *c, const char *id, Hold **ret, UserQu
                         return k;
                 event_lease_parked(hold->lease, c->holder, false);
         } else {
+                lease_move_cancel(&b->leases, hold->lease);     /* a park being copied: it maps it again */
                 k = hold_set_parked(b, hold, false);
                 if (k != 0)
                         return k;
@@ -844,6 +927,8 @@ int broker_attach(Broker *b, const Caller *c, const char *token, uid_t owner, co
                 event_lease_parked(l, h, false);
         }
 
+        /* A park being copied is undone: this process maps the lease as it is. */
+        lease_move_cancel(&b->leases, l);
         /* Once another user holds it, the lease is foreign for good: stored with it. */
         was_foreign = l->foreign;
         change_begin(b);

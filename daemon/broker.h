@@ -68,6 +68,9 @@ enum {
                                            changed; try it again once scrubs have completed */
         BROKER_E_HOST_MAKING,           /* a Park needs host slabs, being made off the loop now: nothing changed;
                                            try it again, with Caller.host_waited, once pool_host_made() moved */
+        BROKER_E_HOST_COPYING,          /* a Park's copy into host memory runs off the loop now (Lease.move):
+                                           try it again, with Caller.copy_waited, once broker_moves_ended()
+                                           moved */
 };
 
 typedef struct Broker {
@@ -82,7 +85,8 @@ typedef struct Broker {
         List scrub_waiters;             /* Peer.link_scrub: Allocs parked until scrubs complete (AllocWait.scrub),
                                            outside the turns, oldest first */
         List host_waiters;              /* Peer.link_host: Parks waiting for host slabs being made
-                                           (BROKER_E_HOST_MAKING), in the order they came */
+                                           (BROKER_E_HOST_MAKING) or for their copy (BROKER_E_HOST_COPYING),
+                                           in the order they came */
         unsigned *scrub_waiting;        /* per pool device: how many of scrub_waiters wait on it */
         uint64_t max_alloc_wait_usec;   /* MaxAllocWait=: the longest an Alloc may wait; 0: none may */
         uint64_t scrub_wait_bytes;      /* the most zeroing an Alloc waits for in the loop (pool_alloc_bounded());
@@ -104,6 +108,8 @@ typedef struct Caller {
         bool admin;
         bool host_waited;               /* the call is a Park tried again after the host slabs it waited for
                                            were made: it makes what it still lacks itself (broker_park()) */
+        bool copy_waited;               /* the call is a Park tried again after a move ended: its hold's
+                                           move_error is its answer */
 } Caller;
 
 /*
@@ -217,13 +223,34 @@ size_t broker_reclaim_pick(Broker *b, size_t device, uint64_t need, const Holder
  * QUOTA (the owner's MaxHostBytes=), NO_HOST_MEMORY, DRIVER, NOT_STORED: the
  * lease is as it was, and the hold is not parked. A hold's parking is stored
  * with it, so that a restarted daemon knows who still maps the lease. Parking ends a reclaim mark
- * (an asked lease counts as given back). The copy runs on the device's
- * stream and the call waits for it. Host slabs that must be created first are
- * made off the loop (pool_make_host()): HOST_MAKING, nothing changed, and the
- * call is to be made again once they are (Caller.host_waited set, so that a
- * second wait cannot follow: what others took meanwhile is created in the call).
+ * (an asked lease counts as given back).
+ *
+ * Neither pinning nor copying is done in the loop. Host slabs that must be
+ * created first are made off it (pool_make_host()): HOST_MAKING, nothing
+ * changed, and the call is to be made again once they are (Caller.host_waited
+ * set, so that a second wait for making cannot follow: what others took
+ * meanwhile is created in the call). Then the copy is queued on the device's
+ * stream and the lease gets a move (Lease.move): HOST_COPYING, the lease as it
+ * was, its host slabs and host bytes taken. broker_finish_moves() commits the
+ * move once the copy is done; the call, made again then (Caller.copy_waited),
+ * finds the lease parked, or the failure to store it (Hold.move_error:
+ * NOT_STORED, nothing changed). Until then an Attach or Unpark of the lease,
+ * the end of the hold, or the end of the lease cancels the move: the call made
+ * again then sees the lease as it is now (still alone, it starts another
+ * copy: only the owner's own processes can undo its moves). A Park of the
+ * same hold while its move runs waits for that one.
  */
 int broker_park(Broker *b, const Caller *c, const char *id, bool *ret_parked, UserQuota *ret_quota);
+
+/*
+ * Commits every move (broker_park()) whose copy is done, oldest first; one that cannot be stored is
+ * cancelled. Returns how many ended.
+ */
+unsigned broker_finish_moves(Broker *b);
+
+/* A count that moves each time a move ends, committed or cancelled: the Parks waiting for copies
+ * (BROKER_E_HOST_COPYING) are made again then. */
+uint64_t broker_moves_ended(const Broker *b);
 
 /*
  * Unpark: the caller's process maps the lease again. A parked lease comes

@@ -48,6 +48,7 @@ int lease_table_init(LeaseTable *t, Pool *pool) {
 
         *t = (LeaseTable){ .pool = pool, .n_devices = n };
         list_init(&t->leases);
+        list_init(&t->moves);
         t->device_leases = calloc(n ?: 1, sizeof(unsigned));
         t->device_kept = calloc(n ?: 1, sizeof(uint64_t));
         if (!t->device_leases || !t->device_kept)
@@ -151,6 +152,7 @@ void lease_end(LeaseTable *t, Lease *l) {
                 t->device_kept[l->pool_device] -= l->size;
         }
         reclaim_forget(&t->reclaim, l);
+        lease_move_cancel(t, l);
         list_for_each_entry_safe(hold, htmp, &l->holds, link_lease) {
                 list_unlink(&hold->link_lease);
                 list_unlink(&hold->link_holder);
@@ -219,6 +221,8 @@ bool hold_is_last(const Hold *hold) {
 void hold_end(LeaseTable *t, Hold *hold) {
         Lease *l = hold->lease;
 
+        if (l->move && l->move->hold == hold)
+                lease_move_cancel(t, l);        /* its process will never have the answer */
         list_unlink(&hold->link_lease);
         list_unlink(&hold->link_holder);
         l->n_holds--;
@@ -260,6 +264,43 @@ void lease_unkeep(LeaseTable *t, Lease *l) {
         t->device_kept[l->pool_device] -= l->size;
         (void)reclaim_unmark(&t->reclaim, l);
         t->generation++;
+}
+
+/* --- moves --------------------------------------------------------------------------------------- */
+
+void lease_move_add(LeaseTable *t, Lease *l, LeaseMove *move) {
+        assert(!l->move);
+        move->lease = l;
+        l->move = move;
+        list_link_tail(&t->moves, &move->link);
+}
+
+LeaseMove *lease_move_take(LeaseTable *t, Lease *l) {
+        LeaseMove *move = l->move;
+
+        if (!move)
+                return NULL;
+        list_unlink(&move->link);
+        l->move = NULL;
+        t->moves_ended++;
+        return move;
+}
+
+void lease_move_cancel(LeaseTable *t, Lease *l) {
+        LeaseMove *move = lease_move_take(t, l);
+
+        if (!move)
+                return;
+        /* The owner's content at most: scrubbed and kept for the next park. */
+        for (size_t i = 0; i < move->n_slabs; i++) {
+                if (t->closing)
+                        pool_release(t->pool, move->slabs[i]);
+                else
+                        pool_reclaim(t->pool, move->slabs[i]);
+        }
+        user_charge_release(&move->charge);
+        free(move->slabs);
+        free(move);
 }
 
 /* --- tokens and names ----------------------------------------------------------------------------- */

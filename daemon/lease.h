@@ -48,18 +48,21 @@
 #define UID_ANY ((uid_t)-1)             /* a token any user may present */
 
 typedef struct Lease Lease;
+typedef struct Hold Hold;
 
 /* One process's hold on one lease. */
-typedef struct Hold {
+struct Hold {
         Lease *lease;
         Holder *holder;
         unsigned refs;                  /* Alloc and Attach replies not yet freed */
         bool readonly;
         bool parked;                    /* its process let the device memory go (Park) and keeps the lease
                                            (stored; always true of a parked lease's holds) */
+        int move_error;                 /* why the last move it asked for ended uncommitted (a BROKER_E_*), for
+                                           its waiting Park (broker_park()); 0: none (not stored) */
         List link_lease;                /* in Lease.holds */
         List link_holder;               /* in Holder.holds */
-} Hold;
+};
 
 /* A share token: whoever presents it (of `uid`, unless UID_ANY) may attach to its lease. */
 typedef struct Token {
@@ -71,6 +74,23 @@ typedef struct Token {
         List link;                      /* in Lease.tokens */
         HashLink link_table;            /* in LeaseTable.by_token */
 } Token;
+
+/*
+ * A park's copy in flight (broker_park()): the lease's content is being copied, off the loop, into `slabs`
+ * (host slabs leased for its owner, charged by `charge`), while the lease stays as it is. broker.c ends it:
+ * committed once the copy is done (the lease takes the slabs and the charge), or cancelled by whatever needs
+ * the lease as it is (an Attach, an Unpark). The table cancels it when the lease ends, and when the hold that
+ * asked for it ends (lease_move_cancel()).
+ */
+typedef struct LeaseMove {
+        Lease *lease;
+        Hold *hold;                     /* the parking process's */
+        Slab **slabs;
+        size_t n_slabs;
+        UserCharge charge;              /* the owner's host bytes for them */
+        uint64_t ticket;                /* pool_copy_start()'s */
+        List link;                      /* in LeaseTable.moves, in the order they began */
+} LeaseMove;
 
 struct Lease {
         char id[LEASE_ID_LEN + 1];
@@ -88,6 +108,7 @@ struct Lease {
         bool foreign;                   /* another user has held it: release its slabs at the end */
         bool parked;                    /* its content is in host memory: slabs are host slabs (pool.h) */
         bool kept;                      /* kept for its one holder's next Alloc of its size (stored) */
+        LeaseMove *move;                /* a park's copy in flight, or NULL (not stored) */
         size_t n_slabs;
         Slab **slabs;                   /* in mapping order */
         List holds;                     /* Hold */
@@ -121,6 +142,8 @@ typedef struct LeaseTable {
         uint64_t generation;            /* bumped by every change of the table */
         bool closing;                   /* the daemon is exiting: slabs are released, never scrubbed */
         ReclaimSet reclaim;             /* the reclaimable leases (reclaim.h) */
+        List moves;                     /* LeaseMove, oldest first */
+        uint64_t moves_ended;           /* bumped by each lease_move_take() and lease_move_cancel() */
 } LeaseTable;
 
 /* Sets up an empty table over the pool's devices. Returns 0 or -ENOMEM. */
@@ -185,6 +208,16 @@ void lease_keep(LeaseTable *t, Lease *l);
 
 /* Hands a kept lease back to its holder's use: off the kept list, no longer reclaimable. */
 void lease_unkeep(LeaseTable *t, Lease *l);
+
+/* Starts a lease's move (allocated and filled by the caller but for `lease` and `link`). */
+void lease_move_add(LeaseTable *t, Lease *l, LeaseMove *move);
+
+/* Takes the lease's move off the table to commit it (the caller frees it): the lease is as it was. */
+LeaseMove *lease_move_take(LeaseTable *t, Lease *l);
+
+/* Ends the lease's move, if it has one: its slabs go back to the pool (scrubbed after the copy, on the same
+ * stream; released if the daemon is exiting) and its charge is released. */
+void lease_move_cancel(LeaseTable *t, Lease *l);
 
 /* Links a new token (allocated and filled by the caller: token, uid, creator, readonly). */
 void lease_add_token(LeaseTable *t, Lease *l, Token *tok);

@@ -336,17 +336,39 @@ static void scrubs_finished(Manager *m) {
         wake_waiters(m);
 }
 
+/* Makes again the Parks that wait for `what`, in the order they came. */
+static void host_waiters_try(Manager *m, HostWait what) {
+        Peer *p, *tmp;
+
+        list_for_each_entry_safe(p, tmp, &m->broker.host_waiters, link_host)
+                if (p->host_wait == what)
+                        peer_host_try(p);       /* may free p, no other peer */
+        serve_waiters(m, false);                /* a park gives device memory back */
+}
+
 /* Parks waiting for host slabs are made again once any was made: in order, each takes what it needs. */
 static void hosts_made(Manager *m) {
         uint64_t made = pool_host_made(m->pool);
-        Peer *p, *tmp;
 
         if (made == m->hosts_seen)
                 return;
         m->hosts_seen = made;
-        list_for_each_entry_safe(p, tmp, &m->broker.host_waiters, link_host)
-                peer_host_try(p);       /* may free p, no other peer */
-        serve_waiters(m, false);        /* a park gives device memory back */
+        host_waiters_try(m, HOST_WAIT_MAKING);
+}
+
+/*
+ * Moves whose copy is done are committed; then, once any move ended (committed, or cancelled by a request or
+ * an exit), the Parks waiting for copies are made again: each finds its lease parked, or as it is now.
+ */
+static void moves_ended(Manager *m) {
+        uint64_t ended;
+
+        (void)broker_finish_moves(&m->broker);
+        ended = broker_moves_ended(&m->broker);
+        if (ended == m->moves_seen)
+                return;
+        m->moves_seen = ended;
+        host_waiters_try(m, HOST_WAIT_COPYING);
 }
 
 /* What follows serving requests, in a round or at once. */
@@ -355,6 +377,7 @@ static void served(Manager *m) {
         serve_waiters(m, false);
         scrubs_finished(m);             /* a request may have finished scrubs ahead of their dispatch */
         hosts_made(m);                  /* and dispatched made host slabs (pool_copy()) */
+        moves_ended(m);                 /* or cancelled a park's copy, or saw it done */
         /* A round has been served: new connections may come in again (on_accept()). */
         (void)sd_event_source_set_enabled(m->listen_source, SD_EVENT_ON);
         if (idle_has_work(m))
@@ -413,6 +436,7 @@ static int on_pool(sd_event_source *s, int fd, uint32_t revents, void *userdata)
                 schedule_idle(m);
         scrubs_finished(m);
         hosts_made(m);
+        moves_ended(m);
         return 0;
 }
 
@@ -426,6 +450,7 @@ static int on_holder_exit(sd_event_source *s, int fd, uint32_t revents, void *us
                 wait_queue_for_each(&m->broker.waits[i], check_waiter_exited, NULL);
         list_for_each_entry_safe(p, tmp, &m->broker.scrub_waiters, link_scrub)
                 peer_wait_check_exited(p);
+        moves_ended(m);                 /* an exited process's park being copied ended with its hold */
         wake_waiters(m);
         schedule_idle(m);
         return 0;

@@ -92,6 +92,7 @@ typedef struct Manager {
         List peers;
         uint64_t scrubs_seen;           /* pool_scrubs_finished() when the waiters last looked */
         uint64_t hosts_seen;            /* pool_host_made() when the Parks waiting for it last looked */
+        uint64_t moves_seen;            /* broker_moves_ended() when the Parks waiting for copies last looked */
         unsigned n_peers;               /* connections served (refused ones are not counted) */
         unsigned n_refused;             /* connections waiting to be told they are refused */
         unsigned max_connections_total; /* MaxConnectionsTotal=, resolved */

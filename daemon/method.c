@@ -399,8 +399,9 @@ static int method_park(Broker *b, const Caller *c, json_object *params, MethodRe
         if (k < 0)
                 return reply_decode_failed(r, k, bad, message);
         k = broker_park(b, c, a.id, &reply.parked, &quota);
-        if (k == BROKER_E_HOST_MAKING) {
-                r->wait_host = true;    /* no answer yet: the call is made again (peer_host_try()) */
+        if (k == BROKER_E_HOST_MAKING || k == BROKER_E_HOST_COPYING) {
+                /* no answer yet: the call is made again (peer_host_try()) */
+                r->wait_host = k == BROKER_E_HOST_MAKING ? HOST_WAIT_MAKING : HOST_WAIT_COPYING;
                 k = 0;
         } else if (k == 0) {
                 k = park_reply_encode(&reply, &out);
@@ -432,8 +433,8 @@ int method_park_stopping(Broker *b, VarlinkCall *call, json_object **ret) {
                 k = id_params_decode(call->parameters, &a, &bad, &message);
         if (k >= 0)
                 l = lease_table_find(&b->leases, a.id);
-        set_message(&text, "The broker is stopping: the host memory to park lease %s in was not made in time, and "
-                    "the lease is not parked. Park it again once the broker is back.", a.id ?: "?");
+        set_message(&text, "The broker is stopping: lease %s is not parked (its host memory was being made, or its "
+                    "content copied into it). Park it again once the broker is back.", a.id ?: "?");
         k = vmmb_error_out_of_host_memory(l ? l->device : -1, l ? l->size : 0, 0, text ?: "stopping", ret);
         free_params_done(&a);
         return k;

@@ -36,6 +36,13 @@ typedef struct AllocWait {
 
 AllocWait *alloc_wait_free(AllocWait *w);
 
+/* What a Park waits for, off the loop, before it is made again (MethodReply.wait_host, Peer.host_wait). */
+typedef enum HostWait {
+        HOST_WAIT_NONE,
+        HOST_WAIT_MAKING,               /* host slabs being made (BROKER_E_HOST_MAKING) */
+        HOST_WAIT_COPYING,              /* the lease's content being copied into them (BROKER_E_HOST_COPYING) */
+} HostWait;
+
 typedef struct MethodReply {
         json_object *msg;               /* a whole envelope: a reply or an error */
         VarlinkText text;               /* or, instead of msg, a whole reply written as text (Alloc, Attach,
@@ -43,8 +50,8 @@ typedef struct MethodReply {
         int fds[POOL_MAX_SLABS];        /* sent with it (borrowed from the slabs) */
         size_t n_fds;
         AllocWait *wait;                /* instead of msg: the call waits for room; the caller takes it */
-        bool wait_host;                 /* instead of msg: the call (a Park) waits for host slabs being made, to
-                                           be made again once they are (BROKER_E_HOST_MAKING) */
+        HostWait wait_host;             /* instead of msg: the call (a Park) waits for host slabs being made or
+                                           its copy, to be made again once that is done */
 } MethodReply;
 
 /* Whether *r holds an answer to send: msg or text. */
@@ -99,8 +106,8 @@ typedef enum AllocTry {
  */
 int method_call(Broker *b, const Caller *c, VarlinkCall *call, MethodReply *r);
 
-/* The answer to a Park that waited for host slabs being made (MethodReply.wait_host) when the daemon stops
- * before they are: OutOfHostMemory, saying so. Returns 0 or a negative errno. */
+/* The answer to a Park that waited for host slabs being made or its copy (MethodReply.wait_host) when the
+ * daemon stops before it is done: OutOfHostMemory, saying so. Returns 0 or a negative errno. */
 int method_park_stopping(Broker *b, VarlinkCall *call, json_object **ret);
 
 /*

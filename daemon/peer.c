@@ -66,14 +66,14 @@ static void peer_unpark(Peer *p, bool served) {
 
 static void peer_update(Peer *p);
 
-/* Keeps the text of a Park that waits for host slabs being made, to make it again (peer_host_try()). Returns 0
- * or -ENOMEM. */
-static int peer_wait_host(Peer *p, const char *text, size_t len) {
+/* Keeps the text of a Park that waits for `what`, to make it again (peer_host_try()). Returns 0 or -ENOMEM. */
+static int peer_wait_host(Peer *p, const char *text, size_t len, HostWait what) {
         p->host_call = malloc(len);
         if (!p->host_call)
                 return -ENOMEM;
         memcpy(p->host_call, text, len);
         p->host_call_len = len;
+        p->host_wait = what;
         list_link_tail(&p->manager->broker.host_waiters, &p->link_host);
         return 0;
 }
@@ -82,6 +82,7 @@ static int peer_wait_host(Peer *p, const char *text, size_t len) {
 static char *peer_host_take(Peer *p, size_t *ret_len) {
         list_unlink(&p->link_host);
         *ret_len = p->host_call_len;
+        p->host_wait = HOST_WAIT_NONE;
         return TAKE_PTR(p->host_call);
 }
 
@@ -180,8 +181,9 @@ static int peer_dispatch(Peer *p, const char *text, size_t len) {
 
                 k = method_call(b, &p->caller, &call, &r);
                 if (r.wait_host) {
-                        /* Its host slabs are being made: counted when it is answered (peer_host_try()). */
-                        k = peer_wait_host(p, text, len);
+                        /* Its host slabs are being made, or its copy: counted when it is answered
+                         * (peer_host_try()). */
+                        k = peer_wait_host(p, text, len, r.wait_host);
                         method_reply_done(&r, &p->manager->reply_text);
                         varlink_call_done(&call);
                         return k;
@@ -335,10 +337,12 @@ void peer_host_try(Peer *p) {
         size_t len;
         int k;
 
-        text = peer_host_take(p, &len);
+        p->caller.copy_waited = p->host_wait == HOST_WAIT_COPYING;
         p->caller.host_waited = true;
+        text = peer_host_take(p, &len);
         k = peer_dispatch(p, text, len);
         p->caller.host_waited = false;
+        p->caller.copy_waited = false;
         if (k >= 0 && p->hangup && !varlink_conn_has_message(p->conn))
                 k = -ECONNRESET;        /* answered (or not, one-way): its client has gone */
         peer_flush_or_free(p, k);

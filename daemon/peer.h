@@ -61,8 +61,10 @@ typedef struct Peer {
         List link_scrub;                /* or, for a scrub wait (AllocWait.scrub), in Broker.scrub_waiters */
         uint64_t wait_since;            /* when it began waiting (metrics_clock()) */
         bool wait_oneway;               /* the waiting call asked for no reply */
-        char *host_call;                /* a Park waiting for host slabs being made (MethodReply.wait_host): its
-                                           text, made again by peer_host_try(); nothing more is read meanwhile */
+        char *host_call;                /* a Park waiting for host slabs being made or its copy
+                                           (MethodReply.wait_host): its text, made again by peer_host_try();
+                                           nothing more is read meanwhile */
+        HostWait host_wait;             /* what it waits for */
         size_t host_call_len;
         List link_host;                 /* while host_call: in Broker.host_waiters */
         bool watching;                  /* its WatchReclaim goes on: it reads nothing more, it is sent requests */
@@ -85,14 +87,16 @@ Peer *peer_free(Peer *p);
 void peer_serve(Peer *p);
 
 /*
- * Makes again the Park that waits for host slabs (Peer.host_call), now that some were made
- * (pool_host_made() moved): with Caller.host_waited, so that it does not wait a second time. It is answered
- * as any call; the connection then reads its next request. May free `p` (and no other peer).
+ * Makes again the Park that waits (Peer.host_call), now that what it waits for moved: host slabs were made
+ * (pool_host_made()), with Caller.host_waited, so that it does not wait for making a second time; or a move
+ * ended (broker_moves_ended()), with Caller.copy_waited too, so that it waits for nothing more but a copy
+ * of its own still running. It is answered as any call; the connection then reads its next request. May free
+ * `p` (and no other peer).
  */
 void peer_host_try(Peer *p);
 
-/* Answers the Park that waits for host slabs OutOfHostMemory: the daemon stops before they are made. May free
- * `p` (and no other peer). */
+/* Answers the Park that waits OutOfHostMemory: the daemon stops before its host slabs are made or its copy
+ * done. May free `p` (and no other peer). */
 void peer_host_stopping(Peer *p);
 
 /*

@@ -308,6 +308,20 @@ static void defer_close(Pool *p, int fd) {
         p->closing[p->n_closing++] = fd;
 }
 
+/* Whether the completion `ticket` of the device's stream has been reached. */
+static bool completion_reached(const PoolDevice *dev, uint64_t ticket) {
+        return atomic_load_explicit(&dev->scrubs_done, memory_order_acquire) >= ticket;
+}
+
+/* Waits for whatever copy still uses the slab's memory (Slab.copy_ticket): its release must not unmap it
+ * under the stream, which would fault the stream for good. */
+static void slab_wait_copy(PoolDevice *dev, const Slab *slab) {
+        if (slab->copy_ticket > 0 && !completion_reached(dev, slab->copy_ticket)) {
+                dev->stats.copy_waits++;
+                (void)DRV(dev, cuStreamSynchronize)(dev->stream);
+        }
+}
+
 /*
  * Gives a slab back to the driver. The slab must not be on any list. Its
  * memory is freed when its exported fd is closed (flush_closes()).
@@ -317,6 +331,7 @@ static void slab_release(Slab *slab) {
 
         if (dev->pool->hooks.slab_released)
                 dev->pool->hooks.slab_released(slab, dev->pool->hooks_userdata);
+        slab_wait_copy(dev, slab);
         if (slab->zeroed) {
                 /* A zeroing in place may still run on the pool's mapping: unmapping under it would fault the
                  * stream, for good. */
@@ -1365,24 +1380,22 @@ static int copy_part(PoolDevice *dev, Slab *dst, uint64_t dst_off, Slab *src, ui
         return 0;
 }
 
-int pool_copy(Pool *p, Slab *const *dst, size_t n_dst, Slab *const *src, size_t n_src) {
-        uint64_t dst_off = 0, src_off = 0, copied = 0;
+/* Queues the copy of the src slabs into the dst slabs, back to back, on the device's stream. 0 or -EIO (then
+ * some of it may be queued). */
+static int copy_queue(PoolDevice *dev, Slab *const *dst, size_t n_dst, Slab *const *src, size_t n_src) {
+        uint64_t dst_off = 0, src_off = 0;
         size_t i = 0, j = 0;
-        PoolDevice *dev;
-        CUresult r;
         int k = 0;
 
-        if (n_dst == 0 || n_src == 0)
-                return 0;
-        dev = dst[0]->device;
         if (make_current(dev) < 0)
-                return POOL_E_DRIVER;
+                return -EIO;
         /* Two cursors over the two runs of slabs: each part is the most that fits in both slabs at hand. */
         while (i < n_dst && j < n_src && k == 0) {
                 uint64_t bytes = MIN(dst[i]->size - dst_off, src[j]->size - src_off);
 
                 k = copy_part(dev, dst[i], dst_off, src[j], src_off, bytes);
-                copied += bytes;
+                if (k == 0)
+                        dev->stats.copied_bytes += bytes;
                 dst_off += bytes;
                 src_off += bytes;
                 if (dst_off == dst[i]->size) {
@@ -1394,6 +1407,42 @@ int pool_copy(Pool *p, Slab *const *dst, size_t n_dst, Slab *const *src, size_t 
                         src_off = 0;
                 }
         }
+        return k;
+}
+
+int pool_copy_start(Pool *p, Slab *const *dst, size_t n_dst, Slab *const *src, size_t n_src,
+                    uint64_t *ret_ticket) {
+        PoolDevice *dev;
+
+        if (n_dst == 0 || n_src == 0)
+                return -EINVAL;
+        dev = dst[0]->device;
+        if (copy_queue(dev, dst, n_dst, src, n_src) < 0 || completion_queue(dev) < 0) {
+                /* Some of it may be queued, and nothing would say when it is done: wait for it, then fail. */
+                (void)DRV(dev, cuStreamSynchronize)(dev->stream);
+                return POOL_E_DRIVER;
+        }
+        for (size_t i = 0; i < n_dst; i++)
+                dst[i]->copy_ticket = dev->scrubs_issued;
+        for (size_t j = 0; j < n_src; j++)
+                src[j]->copy_ticket = dev->scrubs_issued;
+        *ret_ticket = dev->scrubs_issued;
+        return 0;
+}
+
+bool pool_copy_finished(const Pool *p, const Slab *slab, uint64_t ticket) {
+        return completion_reached(slab->device, ticket);
+}
+
+int pool_copy(Pool *p, Slab *const *dst, size_t n_dst, Slab *const *src, size_t n_src) {
+        PoolDevice *dev;
+        CUresult r;
+        int k;
+
+        if (n_dst == 0 || n_src == 0)
+                return 0;
+        dev = dst[0]->device;
+        k = copy_queue(dev, dst, n_dst, src, n_src);
         r = DRV(dev, cuStreamSynchronize)(dev->stream);
         if (k < 0)
                 return POOL_E_DRIVER;
@@ -1401,7 +1450,6 @@ int pool_copy(Pool *p, Slab *const *dst, size_t n_dst, Slab *const *src, size_t 
                 driver_error(dev, "cuStreamSynchronize (copy)", r);
                 return POOL_E_DRIVER;
         }
-        dev->stats.copied_bytes += copied;
         /* The scrubs queued before the copy are done too: move them into the cache now. */
         (void)pool_dispatch(p);
         return 0;

@@ -98,6 +98,8 @@ typedef struct Slab {
         CUevent zeroed;                 /* recorded after its last zeroing (a scrub, or in place:
                                            pool_scrub_leased()); NULL until the first */
         uint64_t scrub_seq;             /* which completion of the device's stream ends its scrub */
+        uint64_t copy_ticket;           /* which completion ends the last copy from or into it
+                                           (pool_copy_start()); 0: none */
         uint64_t zero_mark;             /* the device's zeroing queued in all (bytes, PoolDevice.zero_queued) once
                                            its last zeroing was queued: how much stands before it is this less
                                            what is known done */
@@ -137,7 +139,8 @@ typedef struct PoolDeviceStats {
         uint64_t host_cached;           /* zeroed host slabs kept for the next park */
         unsigned n_parked;
         uint64_t host_created;          /* host slabs created */
-        uint64_t copied_bytes;          /* by pool_copy() */
+        uint64_t copied_bytes;          /* by pool_copy() and pool_copy_start() */
+        uint64_t copy_waits;            /* slab releases that waited for a copy still using the slab */
 } PoolDeviceStats;
 
 /*
@@ -244,6 +247,20 @@ bool pool_has_host(Pool *p, size_t i);
  * one device. Returns 0 or POOL_E_DRIVER (pool_last_error() says why).
  */
 int pool_copy(Pool *p, Slab *const *dst, size_t n_dst, Slab *const *src, size_t n_src);
+
+/*
+ * pool_copy() without the wait: queues the copy, then a completion, on the device's stream, and returns the
+ * completion's ticket in *ret_ticket. pool_copy_finished() says when it is reached; the pool's eventfd is
+ * told then (pool_dispatch() moves pool_scrubs_finished()). The slabs stay as they are, leased: whatever
+ * gives them back queues their scrub after the copy on the same stream, and a release waits for the copy
+ * first (unmapping memory a copy still uses would fault the stream). Returns 0, -EINVAL (no slabs), or
+ * POOL_E_DRIVER (pool_last_error() says why; nothing is left in flight).
+ */
+int pool_copy_start(Pool *p, Slab *const *dst, size_t n_dst, Slab *const *src, size_t n_src,
+                    uint64_t *ret_ticket);
+
+/* Whether the copy pool_copy_start() gave `ticket` for, of `slab`'s device, is done. */
+bool pool_copy_finished(const Pool *p, const Slab *slab, uint64_t ticket);
 
 /*
  * Told of every slab the pool creates (after its export) and releases (before its fd is closed), so that

@@ -1864,22 +1864,55 @@ static void wait_host_made(uint64_t since) {
         }
 }
 
+/* Waits for a park's copy to end, as the daemon's loop does: the pool's eventfd, then broker_finish_moves(). */
+static void wait_moves_ended(uint64_t since) {
+        for (unsigned i = 0; broker_moves_ended(&b) == since; i++) {
+                struct pollfd p = { .fd = pool_get_fd(pool), .events = POLLIN };
+
+                ck_assert_msg(i < 100, "the park's copy did not end in 10 s");
+                (void)poll(&p, 1, 100);
+                (void)pool_dispatch(pool);
+                (void)broker_finish_moves(&b);
+        }
+}
+
+/* Makes a Park that waits for its copy (BROKER_E_HOST_COPYING) again once a move ended, copy_waited, as
+ * peer_host_try() does, until it is answered. */
+static int park_copied(const Caller *c, int k, const char *id, bool *ret_parked, UserQuota *ret_quota) {
+        Caller again = *c;
+
+        again.host_waited = again.copy_waited = true;
+        while (k == BROKER_E_HOST_COPYING) {
+                uint64_t ended = broker_moves_ended(&b);
+
+                wait_moves_ended(ended);
+                k = broker_park(&b, &again, id, ret_parked, ret_quota);
+        }
+        return k;
+}
+
+/* A Park made again once the host slabs it waited for were made (host_waited), then answered. */
+static int park_made_again(const Caller *c, const char *id, bool *ret_parked, UserQuota *ret_quota) {
+        Caller again = *c;
+
+        again.host_waited = true;
+        return park_copied(c, broker_park(&b, &again, id, ret_parked, ret_quota), id, ret_parked, ret_quota);
+}
+
 /*
  * broker_park() as the daemon makes it: when the host slabs it needs are being made off the loop
- * (BROKER_E_HOST_MAKING, nothing changed), waits for them and makes the call again, host_waited, as
- * peer_host_try() does.
+ * (BROKER_E_HOST_MAKING, nothing changed), waits for them and makes the call again, host_waited; when its
+ * copy runs off the loop (BROKER_E_HOST_COPYING), waits for it and makes it again, copy_waited.
  */
 static int park_call(const Caller *c, const char *id, bool *ret_parked, UserQuota *ret_quota) {
         uint64_t made = pool_host_made(pool);
-        Caller again = *c;
         int k;
 
         k = broker_park(&b, c, id, ret_parked, ret_quota);
         if (k != BROKER_E_HOST_MAKING)
-                return k;
+                return park_copied(c, k, id, ret_parked, ret_quota);
         wait_host_made(made);
-        again.host_waited = true;
-        return broker_park(&b, &again, id, ret_parked, ret_quota);
+        return park_made_again(c, id, ret_parked, ret_quota);
 }
 
 static bool park_ok(const Caller *c, const Lease *l) {
@@ -2087,7 +2120,7 @@ static uint64_t host_created(void) {
  * a later park the cache serves makes nothing; a call made again (host_waited) creates what it lacks itself.
  */
 START_TEST(test_park_makes_host_off_the_loop) {
-        Caller *a, *bb, *e, again;
+        Caller *a, *bb, *e;
         UserQuota q = {};
         Hold *hold = NULL;
         bool parked = true;
@@ -2112,13 +2145,9 @@ START_TEST(test_park_makes_host_off_the_loop) {
 
         wait_host_made(made);
         ck_assert_uint_eq(host_created(), created + 2);
-        again = *a;
-        again.host_waited = true;
-        ck_assert_int_eq(broker_park(&b, &again, l->id, &parked, &q), 0);
+        ck_assert_int_eq(park_made_again(a, l->id, &parked, &q), 0);
         ck_assert(parked && l->parked);
-        again = *bb;
-        again.host_waited = true;
-        ck_assert_int_eq(broker_park(&b, &again, lb->id, &parked, &q), 0);
+        ck_assert_int_eq(park_made_again(bb, lb->id, &parked, &q), 0);
         ck_assert(parked && lb->parked);
         ck_assert_uint_eq(host_created(), created + 2);         /* the made ones, no more */
 
@@ -2126,16 +2155,14 @@ START_TEST(test_park_makes_host_off_the_loop) {
         unpark_ok(a, l);
         ck_assert_int_eq(pool_drain(pool), 0);
         made = pool_host_made(pool);
-        ck_assert_int_eq(broker_park(&b, a, l->id, &parked, &q), 0);
+        ck_assert_int_eq(park_call(a, l->id, &parked, &q), 0);
         ck_assert(parked && pool_host_made(pool) == made && host_created() == created + 2);
 
         /* Made again after a wait, a park whose host slabs others took meanwhile creates them itself. */
         ck_assert_int_eq(broker_unpark(&b, a, l->id, &hold, &q), 0);
         ck_assert_int_eq(broker_free(&b, a, l->id, false, NULL), 0);
         ck_assert_int_eq(pool_drain(pool), 0);
-        again = *a;
-        again.host_waited = true;
-        ck_assert_int_eq(broker_park(&b, &again, alloc_ok(a, 2 * MiB)->id, &parked, &q), 0);
+        ck_assert_int_eq(park_made_again(a, alloc_ok(a, 2 * MiB)->id, &parked, &q), 0);
         ck_assert(parked && pool_host_made(pool) == made && host_created() == created + 3);
 }
 END_TEST
