@@ -714,46 +714,36 @@ static int lease_move_commit(Broker *b, Lease *l, Slab **to, size_t n_to, bool p
         *charge = USER_CHARGE_NULL;
         if (hold)
                 hold->parked = parked;
-        if (parked) {
+        if (parked)
                 reclaim_forget(&b->leases.reclaim, l);  /* its device memory came back: asked or not, done */
-                event_lease_parked(l, hold->holder, true);      /* unparking's callers tell their own */
-        }
+        event_lease_parked(l, hold ? hold->holder : NULL, parked);
         b->leases.generation++;
         return 0;
 }
 
-/* Moves a lease's content from its slabs into `to`, in the loop: the copy, waited for, then the commit. */
-static int lease_move(Broker *b, Lease *l, Slab **to, size_t n_to, bool parked, UserCharge *charge, Hold *hold) {
-        int k = pool_copy(b->pool, to, n_to, l->slabs, l->n_slabs);
-
-        if (k != 0) {
-                slabs_give_back(b, to, n_to, false);
-                user_charge_release(charge);
-                return pool_outcome(k);
-        }
-        return lease_move_commit(b, l, to, n_to, parked, charge, hold);
-}
-
 /*
- * Parks a lease off the loop: the copy into `host` is queued and the lease gets a move (lease.h) that
- * broker_finish_moves() commits once the copy is done. Returns BROKER_E_HOST_COPYING, or the failure to
- * start it (then `host` and `charge` went back).
+ * Moves a lease's content into `to` (n_to slabs, leased already) off the loop: the copy is queued and the lease
+ * gets a move (lease.h), which broker_finish_moves() commits once the copy is done, for `hold` (or none: an
+ * Attach's). `charge`, taken by the caller, goes with it. Returns BROKER_E_HOST_COPYING, or the failure to
+ * start it (then `to` and `charge` went back).
  */
-static int lease_move_start(Broker *b, Lease *l, Slab **host, UserCharge *charge, Hold *hold) {
+static int lease_move_start(Broker *b, Lease *l, Slab **to, size_t n_to, bool parked, UserCharge *charge,
+                            Hold *hold) {
         _cleanup_free_ LeaseMove *move = calloc(1, sizeof(*move));
-        _cleanup_free_ Slab **slabs = calloc(l->n_slabs, sizeof(Slab *));
+        _cleanup_free_ Slab **slabs = calloc(n_to, sizeof(Slab *));
         int k = move && slabs ? 0 : -ENOMEM;
 
         if (k == 0)
-                k = pool_copy_start(b->pool, host, l->n_slabs, l->slabs, l->n_slabs, &move->ticket);
+                k = pool_copy_start(b->pool, to, n_to, l->slabs, l->n_slabs, &move->ticket);
         if (k != 0) {
-                slabs_give_back(b, host, l->n_slabs, false);
+                slabs_give_back(b, to, n_to, false);    /* the owner's content at most: scrubbed, kept for it */
                 user_charge_release(charge);
                 return pool_outcome(k);
         }
-        memcpy(slabs, host, l->n_slabs * sizeof(Slab *));
+        memcpy(slabs, to, n_to * sizeof(Slab *));
         move->slabs = TAKE_PTR(slabs);
-        move->n_slabs = l->n_slabs;
+        move->n_slabs = n_to;
+        move->parked = parked;
         move->charge = *charge;
         *charge = USER_CHARGE_NULL;
         move->hold = hold;
@@ -764,11 +754,29 @@ static int lease_move_start(Broker *b, Lease *l, Slab **host, UserCharge *charge
 /* Commits a move whose copy is done (lease_move_start()). On failure the lease is as it was. */
 static int move_commit(Broker *b, Lease *l) {
         LeaseMove *move = lease_move_take(&b->leases, l);
-        int k = lease_move_commit(b, l, move->slabs, move->n_slabs, true, &move->charge, move->hold);
+        int k = lease_move_commit(b, l, move->slabs, move->n_slabs, move->parked, &move->charge, move->hold);
 
         free(move->slabs);
         free(move);
         return k;
+}
+
+/*
+ * What a call finds of the lease's move (broker_park(), broker_unpark(), broker_attach()): a call made again
+ * after a move ended gets the failure to store it; the move toward `parked` in flight, if any, is committed
+ * when its copy is done (0), or waited for (HOST_COPYING). One toward the other side is no concern of it.
+ */
+static int move_check(Broker *b, const Caller *c, Lease *l, bool parked) {
+        int k = l->move_error;
+
+        l->move_error = 0;
+        if (k != 0 && c->copy_waited)
+                return k;                       /* the move it waited for could not be stored */
+        if (!l->move || l->move->parked != parked)
+                return 0;
+        if (!pool_copy_finished(b->pool, l->move->slabs[0], l->move->ticket))
+                return BROKER_E_HOST_COPYING;
+        return move_commit(b, l);
 }
 
 unsigned broker_finish_moves(Broker *b) {
@@ -776,11 +784,11 @@ unsigned broker_finish_moves(Broker *b) {
         unsigned n = 0;
 
         list_for_each_entry_safe(move, tmp, &b->leases.moves, link) {
-                Hold *hold = move->hold;
+                Lease *l = move->lease;
 
                 if (!pool_copy_finished(b->pool, move->slabs[0], move->ticket))
                         continue;
-                hold->move_error = move_commit(b, move->lease); /* for the Park waiting for it */
+                l->move_error = move_commit(b, l);      /* for the call waiting for it */
                 n++;
         }
         return n;
@@ -805,19 +813,14 @@ int broker_park(Broker *b, const Caller *c, const char *id, bool *ret_parked, Us
                 return BROKER_E_NOT_OWNER;
         if (hold->readonly)
                 return BROKER_E_READONLY;
-        k = hold->move_error;
-        hold->move_error = 0;
-        if (k != 0 && c->copy_waited)
-                return k;                       /* the move it waited for could not be stored */
-        if (l->move && l->move->hold == hold) {
-                /* Its process's park is being copied (this call, or another of the same process's). */
-                if (!pool_copy_finished(b->pool, l->move->slabs[0], l->move->ticket))
-                        return BROKER_E_HOST_COPYING;
-                k = move_commit(b, l);
+        if (l->move && !l->move->parked && l->move->hold == hold)
+                lease_move_cancel(&b->leases, l);       /* its own Unpark being copied: it parks again */
+        if (l->move && l->move->hold != hold)
+                alone = false;                  /* another process's park or unpark is under way */
+        else {
+                k = move_check(b, c, l, true);  /* its process's park being copied: this call's, or another's */
                 if (k != 0)
                         return k;
-                *ret_parked = true;
-                return 0;
         }
         list_for_each_entry(other, &l->holds, link_lease)
                 if (other != hold && !other->parked)
@@ -846,10 +849,13 @@ int broker_park(Broker *b, const Caller *c, const char *id, bool *ret_parked, Us
                 return pool_outcome(k);
         }
         /* Nor the copy, some 20 ms per GiB. */
-        return lease_move_start(b, l, host, &charge, hold);
+        return lease_move_start(b, l, host, l->n_slabs, true, &charge, hold);
 }
 
-/* Brings a parked lease back into device memory, charged to its owner; `hold` (or NULL) maps it again. */
+/*
+ * Brings a parked lease back into device memory, charged to its owner, off the loop: HOST_COPYING once its
+ * copy is under way, for `hold` (or NULL: an Attach's).
+ */
 static int lease_unpark(Broker *b, Lease *l, Hold *hold, UserQuota *ret_quota) {
         Slab *slabs[POOL_MAX_SLABS];
         UserCharge charge = USER_CHARGE_NULL;
@@ -863,26 +869,26 @@ static int lease_unpark(Broker *b, Lease *l, Hold *hold, UserQuota *ret_quota) {
                 user_charge_release(&charge);
                 return pool_outcome(k);
         }
-        return lease_move(b, l, slabs, n, false, &charge, hold);
+        return lease_move_start(b, l, slabs, n, false, &charge, hold);
 }
 
 int broker_unpark(Broker *b, const Caller *c, const char *id, Hold **ret, UserQuota *ret_quota) {
         Hold *hold = caller_hold(b, c, id);
+        Lease *l;
         int k;
 
         if (!hold)
                 return BROKER_E_NO_SUCH_LEASE;
-        if (hold->lease->parked) {
-                k = lease_unpark(b, hold->lease, hold, ret_quota);
-                if (k != 0)
-                        return k;
-                event_lease_parked(hold->lease, c->holder, false);
-        } else {
-                lease_move_cancel(&b->leases, hold->lease);     /* a park being copied: it maps it again */
-                k = hold_set_parked(b, hold, false);
-                if (k != 0)
-                        return k;
-        }
+        l = hold->lease;
+        k = move_check(b, c, l, false);         /* any holder's Unpark waits for the lease's unpark */
+        if (k != 0)
+                return k;
+        if (l->parked)
+                return lease_unpark(b, l, hold, ret_quota);
+        lease_move_cancel(&b->leases, l);       /* a park being copied: it maps it again */
+        k = hold_set_parked(b, hold, false);
+        if (k != 0)
+                return k;
         *ret = hold;
         return 0;
 }
@@ -919,14 +925,11 @@ int broker_attach(Broker *b, const Caller *c, const char *token, uid_t owner, co
                 if (!fresh)
                         return -ENOMEM;
         }
-        if (l->parked) {
-                /* A change of its own: attached or not, the lease is back in device memory. */
-                k = lease_unpark(b, l, NULL, ret_quota);
-                if (k != 0)
-                        return k;
-                event_lease_parked(l, h, false);
-        }
-
+        k = move_check(b, c, l, false);         /* the lease's unpark under way: it waits for it */
+        if (k != 0)
+                return k;
+        if (l->parked)
+                return lease_unpark(b, l, NULL, ret_quota);     /* attached or not, it comes back */
         /* A park being copied is undone: this process maps the lease as it is. */
         lease_move_cancel(&b->leases, l);
         /* Once another user holds it, the lease is foreign for good: stored with it. */

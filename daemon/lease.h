@@ -58,8 +58,6 @@ struct Hold {
         bool readonly;
         bool parked;                    /* its process let the device memory go (Park) and keeps the lease
                                            (stored; always true of a parked lease's holds) */
-        int move_error;                 /* why the last move it asked for ended uncommitted (a BROKER_E_*), for
-                                           its waiting Park (broker_park()); 0: none (not stored) */
         List link_lease;                /* in Lease.holds */
         List link_holder;               /* in Holder.holds */
 };
@@ -76,18 +74,20 @@ typedef struct Token {
 } Token;
 
 /*
- * A park's copy in flight (broker_park()): the lease's content is being copied, off the loop, into `slabs`
- * (host slabs leased for its owner, charged by `charge`), while the lease stays as it is. broker.c ends it:
- * committed once the copy is done (the lease takes the slabs and the charge), or cancelled by whatever needs
- * the lease as it is (an Attach, an Unpark). The table cancels it when the lease ends, and when the hold that
- * asked for it ends (lease_move_cancel()).
+ * A park's or an unpark's copy in flight (broker_park(), broker_unpark()): the lease's content is being copied,
+ * off the loop, into `slabs` (host slabs for a park, device slabs for an unpark, leased for its owner and
+ * charged by `charge`), while the lease stays as it is. broker.c ends it: committed once the copy is done (the
+ * lease takes the slabs and the charge), or cancelled by whatever needs the lease as it is (an Attach or
+ * Unpark undoes a park, a Park of the same hold its unpark). The table cancels it when the lease ends, and
+ * when the hold that asked for it ends (lease_move_cancel()).
  */
 typedef struct LeaseMove {
         Lease *lease;
-        Hold *hold;                     /* the parking process's */
+        Hold *hold;                     /* the process's that asked, or NULL (an Attach's unpark) */
+        bool parked;                    /* toward host memory (a park) or device memory (an unpark) */
         Slab **slabs;
         size_t n_slabs;
-        UserCharge charge;              /* the owner's host bytes for them */
+        UserCharge charge;              /* the owner's host bytes (a park) or device bytes for them */
         uint64_t ticket;                /* pool_copy_start()'s */
         List link;                      /* in LeaseTable.moves, in the order they began */
 } LeaseMove;
@@ -108,7 +108,9 @@ struct Lease {
         bool foreign;                   /* another user has held it: release its slabs at the end */
         bool parked;                    /* its content is in host memory: slabs are host slabs (pool.h) */
         bool kept;                      /* kept for its one holder's next Alloc of its size (stored) */
-        LeaseMove *move;                /* a park's copy in flight, or NULL (not stored) */
+        LeaseMove *move;                /* a copy to or from host memory in flight, or NULL (not stored) */
+        int move_error;                 /* why its last move ended uncommitted (a BROKER_E_*), for the call
+                                           waiting for it; 0: none (not stored) */
         size_t n_slabs;
         Slab **slabs;                   /* in mapping order */
         List holds;                     /* Hold */

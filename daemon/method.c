@@ -386,6 +386,16 @@ static int reply_no_room(Broker *b, MethodReply *r, int k, const Lease *l, const
         }
 }
 
+/* A Park, Unpark or Attach that waits off the loop for host slabs being made or a copy: no answer yet, the call
+ * is made again (peer_host_try()). Whether `k` says so. */
+static bool reply_waits(MethodReply *r, int k) {
+        if (k == BROKER_E_HOST_MAKING)
+                r->wait_host = HOST_WAIT_MAKING;
+        else if (k == BROKER_E_HOST_COPYING)
+                r->wait_host = HOST_WAIT_COPYING;
+        return r->wait_host != HOST_WAIT_NONE;
+}
+
 static int method_park(Broker *b, const Caller *c, json_object *params, MethodReply *r) {
         _cleanup_free_ char *message = NULL;
         const char *bad = NULL;
@@ -399,11 +409,9 @@ static int method_park(Broker *b, const Caller *c, json_object *params, MethodRe
         if (k < 0)
                 return reply_decode_failed(r, k, bad, message);
         k = broker_park(b, c, a.id, &reply.parked, &quota);
-        if (k == BROKER_E_HOST_MAKING || k == BROKER_E_HOST_COPYING) {
-                /* no answer yet: the call is made again (peer_host_try()) */
-                r->wait_host = k == BROKER_E_HOST_MAKING ? HOST_WAIT_MAKING : HOST_WAIT_COPYING;
+        if (reply_waits(r, k))
                 k = 0;
-        } else if (k == 0) {
+        else if (k == 0) {
                 k = park_reply_encode(&reply, &out);
                 if (k == 0)
                         k = reply_params(r, out);
@@ -421,21 +429,32 @@ static int method_park(Broker *b, const Caller *c, json_object *params, MethodRe
         return k;
 }
 
-int method_park_stopping(Broker *b, VarlinkCall *call, json_object **ret) {
+int method_wait_stopping(Broker *b, VarlinkCall *call, json_object **ret) {
         _cleanup_free_ char *message = NULL, *text = NULL;
         const char *bad = NULL;
         FreeParams a = {};
         Lease *l = NULL;
-        int k;
+        int k = 0;
 
+        if (strcmp(call->method, VMMB_METHOD_ATTACH) == 0)
+                return vmmb_error_out_of_memory(-1, 0, 0, "The broker is stopping: the lease was being copied back "
+                                                "into device memory, and it is still parked. Attach it again once "
+                                                "the broker is back.", ret);
         k = varlink_call_parameters(call);
         if (k >= 0)
                 k = id_params_decode(call->parameters, &a, &bad, &message);
         if (k >= 0)
                 l = lease_table_find(&b->leases, a.id);
-        set_message(&text, "The broker is stopping: lease %s is not parked (its host memory was being made, or its "
-                    "content copied into it). Park it again once the broker is back.", a.id ?: "?");
-        k = vmmb_error_out_of_host_memory(l ? l->device : -1, l ? l->size : 0, 0, text ?: "stopping", ret);
+        if (strcmp(call->method, VMMB_METHOD_UNPARK) == 0) {
+                set_message(&text, "The broker is stopping: lease %s was being copied back into device memory, and "
+                            "it is still parked. Unpark it again once the broker is back.", a.id ?: "?");
+                k = vmmb_error_out_of_memory(l ? l->device : -1, l ? l->size : 0, 0, text ?: "stopping", ret);
+        } else {
+                set_message(&text, "The broker is stopping: lease %s is not parked (its host memory was being "
+                            "made, or its content copied into it). Park it again once the broker is back.",
+                            a.id ?: "?");
+                k = vmmb_error_out_of_host_memory(l ? l->device : -1, l ? l->size : 0, 0, text ?: "stopping", ret);
+        }
         free_params_done(&a);
         return k;
 }
@@ -452,7 +471,9 @@ static int method_unpark(Broker *b, const Caller *c, json_object *params, Method
         if (k < 0)
                 return reply_decode_failed(r, k, bad, message);
         k = broker_unpark(b, c, a.id, &hold, &quota);
-        if (k == 0)
+        if (reply_waits(r, k))
+                k = 0;
+        else if (k == 0)
                 k = reply_lease(r, hold->lease, hold->readonly);
         else if (k == BROKER_E_QUOTA || k == BROKER_E_NO_MEMORY || k == BROKER_E_TOO_LARGE)
                 k = reply_no_room(b, r, k, lease_table_find(&b->leases, a.id), &quota);
@@ -543,7 +564,9 @@ static int method_attach(Broker *b, const Caller *c, json_object *params, Method
                 Lease *l = NULL;
 
                 k = broker_attach(b, c, a.token, owner, name, a.readonly, &hold, &quota);
-                if (k == 0)
+                if (reply_waits(r, k))
+                        k = 0;
+                else if (k == 0)
                         k = reply_lease(r, hold->lease, hold->readonly);
                 else if (k == BROKER_E_QUOTA || k == BROKER_E_NO_MEMORY || k == BROKER_E_TOO_LARGE) {
                         /* a parked lease that could not come back: found again for its device and owner */

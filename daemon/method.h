@@ -106,9 +106,10 @@ typedef enum AllocTry {
  */
 int method_call(Broker *b, const Caller *c, VarlinkCall *call, MethodReply *r);
 
-/* The answer to a Park that waited for host slabs being made or its copy (MethodReply.wait_host) when the
- * daemon stops before it is done: OutOfHostMemory, saying so. Returns 0 or a negative errno. */
-int method_park_stopping(Broker *b, VarlinkCall *call, json_object **ret);
+/* The answer to a call that waited off the loop (MethodReply.wait_host) when the daemon stops before what it
+ * waited for is done: a Park OutOfHostMemory, an Unpark or Attach OutOfMemory, each saying so and that the
+ * lease is as it was. Returns 0 or a negative errno. */
+int method_wait_stopping(Broker *b, VarlinkCall *call, json_object **ret);
 
 /*
  * Tries a waiting Alloc again (`how`, `waited_usec` into its wait, for the

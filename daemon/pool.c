@@ -77,6 +77,8 @@ struct PoolDevice {
         List queued;                    /* Slab of either space reclaimed, its scrub not issued yet: in reclaim
                                            order, SLAB_SCRUBBING and counted so (pool_scrub_queued()) */
         List scrubbing;                 /* Slab of either space, in stream order */
+        List releasing;                 /* Slab given back (pool_release()) while a copy still uses it: released
+                                           once the copy is done (pool_dispatch()) */
         uint64_t scrubs_issued;         /* completions queued on the stream (scrub_done()) */
         _Atomic uint64_t scrubs_done;   /* of those, reached: written by the driver's thread */
         uint64_t scrubs_dispatched;     /* scrubs_done when pool_dispatch() last looked */
@@ -313,10 +315,15 @@ static bool completion_reached(const PoolDevice *dev, uint64_t ticket) {
         return atomic_load_explicit(&dev->scrubs_done, memory_order_acquire) >= ticket;
 }
 
-/* Waits for whatever copy still uses the slab's memory (Slab.copy_ticket): its release must not unmap it
- * under the stream, which would fault the stream for good. */
+/* Whether a copy may still use the slab's memory (Slab.copy_ticket). */
+static bool slab_copying(const PoolDevice *dev, const Slab *slab) {
+        return slab->copy_ticket > 0 && !completion_reached(dev, slab->copy_ticket);
+}
+
+/* Waits for whatever copy still uses the slab's memory: its release must not unmap it under the stream, which
+ * would fault the stream for good. pool_release() defers such a release instead; this is the last guard. */
 static void slab_wait_copy(PoolDevice *dev, const Slab *slab) {
-        if (slab->copy_ticket > 0 && !completion_reached(dev, slab->copy_ticket)) {
+        if (slab_copying(dev, slab)) {
                 dev->stats.copy_waits++;
                 (void)DRV(dev, cuStreamSynchronize)(dev->stream);
         }
@@ -686,8 +693,33 @@ int pool_import(Pool *p, int device, uint64_t id, int fd, uint64_t size, uid_t u
 }
 
 void pool_release(Pool *p, Slab *slab) {
-        if (slab_unlease(slab))
+        PoolDevice *dev = slab->device;
+
+        if (!slab_unlease(slab))
+                return;
+        if (slab_copying(dev, slab)) {
+                /* Its memory is still read or written by a copy: released at the copy's completion. */
+                slab->state = SLAB_RELEASING;
+                list_link_tail(&dev->releasing, &slab->link_state);
+                dev->stats.deferred_releases++;
+                return;
+        }
+        slab_release(slab);
+}
+
+/* Releases the slabs pool_release() deferred whose copy is done (all of them with `all`, the stream done). */
+static unsigned releases_finish(PoolDevice *dev, bool all) {
+        Slab *slab, *tmp;
+        unsigned n = 0;
+
+        list_for_each_entry_safe(slab, tmp, &dev->releasing, link_state) {
+                if (!all && slab_copying(dev, slab))
+                        continue;
+                list_unlink(&slab->link_state);
                 slab_release(slab);
+                n++;
+        }
+        return n;
 }
 
 int pool_scrub_leased(Pool *p, Slab *slab) {
@@ -786,10 +818,12 @@ unsigned pool_dispatch(Pool *p) {
                         scrub_finish(slab);
                         cached++;
                 }
-                /* Completions reached with no slab to cache (pool_scrub_wait()'s own, or scrubs finished ahead)
-                 * move the count all the same: a call deferred for a zeroing in place is tried again. */
+                /* Completions reached with no slab to cache (pool_scrub_wait()'s own, a copy's, or scrubs finished
+                 * ahead) move the count all the same: a call deferred for a zeroing in place is tried again. */
                 if (done != dev->scrubs_dispatched && cached == 0)
                         p->scrubs_finished++;
+                if (done != dev->scrubs_dispatched)
+                        n += releases_finish(dev, false);
                 dev->scrubs_dispatched = done;
                 n += cached;
         }
@@ -804,7 +838,7 @@ int pool_drain(Pool *p) {
                 PoolDevice *dev = &p->devices[i];
                 CUresult r;
 
-                if (list_is_empty(&dev->scrubbing))
+                if (list_is_empty(&dev->scrubbing) && list_is_empty(&dev->releasing))
                         continue;
                 if (make_current(dev) < 0) {
                         ret = -EIO;
@@ -1543,6 +1577,7 @@ static int device_init(Pool *p, PoolDevice *dev, int index, const PoolConfig *co
         dev->pool = p;
         list_init(&dev->queued);
         list_init(&dev->scrubbing);
+        list_init(&dev->releasing);
         k = space_init(dev, &dev->mem, false);
         if (k < 0)
                 return k;
@@ -1647,6 +1682,7 @@ static void device_done(PoolDevice *dev) {
                 list_unlink(&slab->link_state);
                 slab_release(slab);
         }
+        (void)releases_finish(dev, true);
         space_done(&dev->mem);
         space_done(&dev->host);
         if (dev->stream)

@@ -76,6 +76,7 @@ typedef enum SlabState {
         SLAB_LEASED,            /* handed out; reclaim it with pool_reclaim() */
         SLAB_SCRUBBING,         /* being zeroed; not usable */
         SLAB_CACHED,            /* zeroed, waiting for its uid to ask again */
+        SLAB_RELEASING,         /* given back while a copy still uses it: released when the copy is done */
 } SlabState;
 
 typedef struct Pool Pool;
@@ -140,6 +141,7 @@ typedef struct PoolDeviceStats {
         unsigned n_parked;
         uint64_t host_created;          /* host slabs created */
         uint64_t copied_bytes;          /* by pool_copy() and pool_copy_start() */
+        uint64_t deferred_releases;     /* slabs given back while a copy used them, released after it */
         uint64_t copy_waits;            /* slab releases that waited for a copy still using the slab */
 } PoolDeviceStats;
 

@@ -61,6 +61,7 @@ static LimitsRule rules[1];
 static LimitsConfig limits;
 static unsigned long (*sim_live_allocations)(void);
 static int (*sim_fail)(const char *);
+static void (*sim_hold_streams)(int);
 
 static void open_driver(void) {
         _cleanup_free_ char *message = NULL;
@@ -71,7 +72,8 @@ static void open_driver(void) {
         ck_assert_ptr_nonnull(lib);
         sim_live_allocations = (unsigned long (*)(void))dlsym(lib, "simcuda_live_allocations");
         sim_fail = (int (*)(const char *))dlsym(lib, "simcuda_fail");
-        ck_assert(sim_live_allocations && sim_fail);
+        sim_hold_streams = (void (*)(int))dlsym(lib, "simcuda_hold_streams");
+        ck_assert(sim_live_allocations && sim_fail && sim_hold_streams);
         dlclose(lib);
 }
 
@@ -272,10 +274,53 @@ static Lease *find_name(uid_t owner, const char *name) {
         return lease_table_find_name(&b.leases, owner, name);
 }
 
+/* Waits for a move (a park's or an unpark's copy) to end, as the daemon's loop does: the pool's eventfd, then broker_finish_moves(). */
+static void wait_moves_ended(uint64_t since) {
+        for (unsigned i = 0; broker_moves_ended(&b) == since; i++) {
+                struct pollfd p = { .fd = pool_get_fd(pool), .events = POLLIN };
+
+                ck_assert_msg(i < 100, "the copy did not end in 10 s");
+                (void)poll(&p, 1, 100);
+                (void)pool_dispatch(pool);
+                (void)broker_finish_moves(&b);
+        }
+}
+
+/* broker_unpark() as the daemon makes it: made again, copy_waited, each time a move ended while it waits for its
+ * copy (BROKER_E_HOST_COPYING), until it is answered. */
+static int unpark_call(const Caller *c, const char *id, Hold **ret, UserQuota *ret_quota) {
+        uint64_t ended = broker_moves_ended(&b);
+        Caller again = *c;
+        int k = broker_unpark(&b, c, id, ret, ret_quota);
+
+        again.host_waited = again.copy_waited = true;
+        while (k == BROKER_E_HOST_COPYING) {
+                wait_moves_ended(ended);
+                ended = broker_moves_ended(&b);
+                k = broker_unpark(&b, &again, id, ret, ret_quota);
+        }
+        return k;
+}
+
+/* broker_attach() as the daemon makes it: an Attach of a parked lease waits for its unpark as unpark_call(). */
+static int attach_call(const Caller *c, const char *token, uid_t owner, const char *name, bool readonly, Hold **ret) {
+        uint64_t ended = broker_moves_ended(&b);
+        Caller again = *c;
+        int k = broker_attach(&b, c, token, owner, name, readonly, ret, NULL);
+
+        again.host_waited = again.copy_waited = true;
+        while (k == BROKER_E_HOST_COPYING) {
+                wait_moves_ended(ended);
+                ended = broker_moves_ended(&b);
+                k = broker_attach(&b, &again, token, owner, name, readonly, ret, NULL);
+        }
+        return k;
+}
+
 static Hold *attach_token_ok(const Caller *c, const TokenText *t, bool readonly) {
         Hold *hold = NULL;
 
-        ck_assert_int_eq(broker_attach(&b, c, t->s, UID_ANY, NULL, readonly, &hold, NULL), 0);
+        ck_assert_int_eq(attach_call(c, t->s, UID_ANY, NULL, readonly, &hold), 0);
         ck_assert_ptr_nonnull(hold);
         ck_assert_ptr_eq(hold->holder, c->holder);
         return hold;
@@ -286,7 +331,7 @@ static Hold *attach_name_ok(const Caller *c, const char *ref, bool readonly) {
         uid_t owner;
         const char *name = split_ref(c, ref, &owner);
 
-        ck_assert_int_eq(broker_attach(&b, c, NULL, owner, name, readonly, &hold, NULL), 0);
+        ck_assert_int_eq(attach_call(c, NULL, owner, name, readonly, &hold), 0);
         ck_assert_ptr_nonnull(hold);
         return hold;
 }
@@ -294,7 +339,7 @@ static Hold *attach_name_ok(const Caller *c, const char *ref, bool readonly) {
 static int attach_token(const Caller *c, const char *token) {
         Hold *hold = NULL;
 
-        return broker_attach(&b, c, token, UID_ANY, NULL, false, &hold, NULL);
+        return attach_call(c, token, UID_ANY, NULL, false, &hold);
 }
 
 static int attach_name(const Caller *c, const char *ref) {
@@ -302,7 +347,7 @@ static int attach_name(const Caller *c, const char *ref) {
         uid_t owner;
         const char *name = split_ref(c, ref, &owner);
 
-        return broker_attach(&b, c, NULL, owner, name, false, &hold, NULL);
+        return attach_call(c, NULL, owner, name, false, &hold);
 }
 
 /* The lease with that id, or NULL once it ended (copy the id first: an ended lease is freed). */
@@ -1864,18 +1909,6 @@ static void wait_host_made(uint64_t since) {
         }
 }
 
-/* Waits for a park's copy to end, as the daemon's loop does: the pool's eventfd, then broker_finish_moves(). */
-static void wait_moves_ended(uint64_t since) {
-        for (unsigned i = 0; broker_moves_ended(&b) == since; i++) {
-                struct pollfd p = { .fd = pool_get_fd(pool), .events = POLLIN };
-
-                ck_assert_msg(i < 100, "the park's copy did not end in 10 s");
-                (void)poll(&p, 1, 100);
-                (void)pool_dispatch(pool);
-                (void)broker_finish_moves(&b);
-        }
-}
-
 /* Makes a Park that waits for its copy (BROKER_E_HOST_COPYING) again once a move ended, copy_waited, as
  * peer_host_try() does, until it is answered. */
 static int park_copied(const Caller *c, int k, const char *id, bool *ret_parked, UserQuota *ret_quota) {
@@ -1889,6 +1922,14 @@ static int park_copied(const Caller *c, int k, const char *id, bool *ret_parked,
                 k = broker_park(&b, &again, id, ret_parked, ret_quota);
         }
         return k;
+}
+
+/* A Park that waited for its copy made again once, as the manager makes it when a move ended. */
+static int park_again(const Caller *c, const char *id, bool *ret_parked, UserQuota *ret_quota) {
+        Caller again = *c;
+
+        again.host_waited = again.copy_waited = true;
+        return broker_park(&b, &again, id, ret_parked, ret_quota);
 }
 
 /* A Park made again once the host slabs it waited for were made (host_waited), then answered. */
@@ -1927,7 +1968,7 @@ static void unpark_ok(const Caller *c, const Lease *l) {
         UserQuota q = {};
         Hold *hold = NULL;
 
-        ck_assert_int_eq(broker_unpark(&b, c, l->id, &hold, &q), 0);
+        ck_assert_int_eq(unpark_call(c, l->id, &hold, &q), 0);
         ck_assert_ptr_eq(hold->holder, c->holder);
         ck_assert(!hold->parked);
 }
@@ -2098,7 +2139,7 @@ START_TEST(test_park_no_room) {
                 alloc_ok(bb, 1000 * MiB);
         alloc_ok(bb, 270 * MiB);
         alloc_ok(a, 824 * MiB);
-        ck_assert_int_eq(broker_unpark(&b, a, l->id, &hold, &q), BROKER_E_NO_MEMORY);
+        ck_assert_int_eq(unpark_call(a, l->id, &hold, &q), BROKER_E_NO_MEMORY);
         ck_assert(l->parked);
         ck_assert(lease_find_hold(l, a->holder)->parked);
         ck_assert_uint_eq(a->user->host_bytes[0], 2 * MiB);
@@ -2159,7 +2200,7 @@ START_TEST(test_park_makes_host_off_the_loop) {
         ck_assert(parked && pool_host_made(pool) == made && host_created() == created + 2);
 
         /* Made again after a wait, a park whose host slabs others took meanwhile creates them itself. */
-        ck_assert_int_eq(broker_unpark(&b, a, l->id, &hold, &q), 0);
+        ck_assert_int_eq(unpark_call(a, l->id, &hold, &q), 0);
         ck_assert_int_eq(broker_free(&b, a, l->id, false, NULL), 0);
         ck_assert_int_eq(pool_drain(pool), 0);
         ck_assert_int_eq(park_made_again(a, alloc_ok(a, 2 * MiB)->id, &parked, &q), 0);
@@ -2210,6 +2251,328 @@ START_TEST(test_park_end) {
 }
 END_TEST
 
+/* A lease parked once and unparked: its host slabs are cached, so that its next park makes none and only copies. */
+static Lease *alloc_parked_once(const Caller *c, uint64_t size) {
+        Lease *l = alloc_ok(c, size);
+
+        ck_assert(park_ok(c, l));
+        unpark_ok(c, l);
+        ck_assert_int_eq(pool_drain(pool), 0);
+        return l;
+}
+
+/* The park of `l` by `c` with the device's stream held: its copy waits, the call is answered HOST_COPYING. */
+static Hold *park_copying(const Caller *c, const Lease *l) {
+        UserQuota q = {};
+        bool parked = true;
+
+        sim_hold_streams(1);
+        ck_assert_int_eq(broker_park(&b, c, l->id, &parked, &q), BROKER_E_HOST_COPYING);
+        ck_assert_ptr_nonnull(l->move);
+        return lease_find_hold(l, c->holder);
+}
+
+/*
+ * A park's copy runs off the loop: the call is answered HOST_COPYING with the lease as it was (its host slabs
+ * and host bytes taken, nothing stored), and the move is committed once the copy is done, not before. A second
+ * Park of the same process waits for the same move. The content arrives whole.
+ */
+START_TEST(test_park_copies_off_the_loop) {
+        const uint64_t size = 6 * MiB;
+        unsigned char *want = malloc(size), *got = malloc(size);
+        uint64_t ended, copied;
+        PoolDeviceStats s;
+        UserQuota q = {};
+        bool parked = true;
+        Hold *hold;
+        Caller *a;
+        Lease *l;
+
+        ck_assert(want && got);
+        setup_broker_host(64 * MiB, false);
+        a = this_process(UID_A);
+        l = alloc_parked_once(a, size);
+        fill(want, size, 3);
+        lease_copy(l, want, true);
+        pool_device_stats(pool, 0, &s);
+        copied = s.copied_bytes;
+        ended = broker_moves_ended(&b);
+
+        hold = park_copying(a, l);
+        ck_assert(!l->parked && !hold->parked);
+        ck_assert_uint_eq(a->user->bytes[0], size);             /* still in device memory */
+        ck_assert_uint_eq(a->user->host_bytes[0], size);        /* and its host memory taken */
+        pool_device_stats(pool, 0, &s);
+        ck_assert_uint_eq(s.copied_bytes, copied + size);
+        ck_assert_uint_eq(s.parked, size);                      /* the host slabs are the move's */
+        ck_assert_int_eq(broker_park(&b, a, l->id, &parked, &q), BROKER_E_HOST_COPYING);  /* the same move */
+        ck_assert_uint_eq(broker_finish_moves(&b), 0);          /* not done: the stream is held */
+        ck_assert_uint_eq(broker_moves_ended(&b), ended);
+        ck_assert(!l->parked);
+
+        sim_hold_streams(0);
+        ck_assert_int_eq(park_copied(a, BROKER_E_HOST_COPYING, l->id, &parked, &q), 0);
+        ck_assert(parked && l->parked && hold->parked);
+        ck_assert_ptr_null(l->move);
+        ck_assert_uint_eq(broker_moves_ended(&b), ended + 1);
+        ck_assert_uint_eq(a->user->bytes[0], 0);
+        ck_assert_uint_eq(a->user->host_bytes[0], size);
+        unpark_ok(a, l);
+        lease_copy(l, got, false);
+        ck_assert(memcmp(want, got, size) == 0);
+        free(want);
+        free(got);
+}
+END_TEST
+
+/*
+ * What needs the lease as it is undoes its move: an Attach of another process, an Unpark of its own, a Free
+ * with keep (never kept while moving), the parking process's exit. Each gives the host slabs (scrubbed after
+ * the copy) and the host bytes back at once; the Park made again then answers from the lease as it is.
+ */
+START_TEST(test_park_copy_undone) {
+        const uint64_t size = 4 * MiB;
+        PoolDeviceStats s;
+        UserQuota q = {};
+        bool parked = true, kept = true;
+        uint64_t ended;
+        Caller *a, *a2, *child;
+        TokenText t;
+        Lease *l;
+        char id[LEASE_ID_LEN + 1];
+
+        setup_broker_host(64 * MiB, false);
+        a = this_process(UID_A);
+        a2 = new_process(UID_A);
+        l = alloc_parked_once(a, size);
+        t = share_ok(a, l, UID_A, false);
+
+        /* Another process attaches: the move is undone; the Park then only parks its hold. */
+        ended = broker_moves_ended(&b);
+        park_copying(a, l);
+        attach_token_ok(a2, &t, false);
+        ck_assert_ptr_null(l->move);
+        ck_assert_uint_eq(broker_moves_ended(&b), ended + 1);
+        ck_assert_uint_eq(a->user->host_bytes[0], 0);
+        ck_assert_int_eq(park_again(a, l->id, &parked, &q), 0);
+        ck_assert(!parked && !l->parked && lease_find_hold(l, a->holder)->parked);
+        sim_hold_streams(0);
+        ck_assert_int_eq(pool_drain(pool), 0);
+        pool_device_stats(pool, 0, &s);
+        ck_assert_uint_eq(s.parked, 0);
+        ck_assert_uint_eq(s.host_cached, size);                 /* scrubbed, cached */
+        ck_assert_int_eq(broker_free(&b, a2, l->id, false, NULL), 0);
+        unpark_ok(a, l);
+
+        /* Its own Unpark (another thread's connection): undone; made again, the Park starts another move. */
+        park_copying(a, l);
+        unpark_ok(a, l);
+        ck_assert_ptr_null(l->move);
+        ck_assert_uint_eq(a->user->host_bytes[0], 0);
+        ck_assert_int_eq(park_again(a, l->id, &parked, &q), BROKER_E_HOST_COPYING);
+        sim_hold_streams(0);
+        ck_assert_int_eq(park_copied(a, BROKER_E_HOST_COPYING, l->id, &parked, &q), 0);
+        ck_assert(parked && l->parked);
+        unpark_ok(a, l);
+        ck_assert_int_eq(pool_drain(pool), 0);
+
+        /* A Free with keep: never kept while it moves; the lease ends, and the Park made again finds nothing. */
+        memcpy(id, l->id, sizeof(id));
+        park_copying(a, l);
+        ck_assert_int_eq(broker_free(&b, a, id, true, &kept), 0);
+        ck_assert(!kept);
+        ck_assert_ptr_null(find(id));
+        ck_assert_uint_eq(a->user->host_bytes[0], 0);
+        ck_assert_int_eq(park_again(a, id, &parked, &q), BROKER_E_NO_SUCH_LEASE);
+        sim_hold_streams(0);
+        ck_assert_int_eq(pool_drain(pool), 0);
+
+        /* The parking process exits mid-copy: its lease ends with the move. */
+        child = new_process(UID_A);
+        l = alloc_ok(child, size);
+        memcpy(id, l->id, sizeof(id));
+        park_copying(child, l);
+        kill_process(child->holder->pid);
+        ended = broker_moves_ended(&b);
+        ck_assert_uint_eq(broker_reap_holders(&b), 1);
+        ck_assert_ptr_null(find(id));
+        ck_assert_uint_eq(broker_moves_ended(&b), ended + 1);
+        ck_assert_uint_eq(child->user->host_bytes[0], 0);
+        sim_hold_streams(0);
+        ck_assert_int_eq(pool_drain(pool), 0);
+        pool_device_stats(pool, 0, &s);
+        ck_assert_uint_eq(s.parked, 0);
+        ck_assert_uint_eq(s.leased, 0);
+}
+END_TEST
+
+/* A lease on its way to host memory is not asked back: its device memory comes back when the move ends. */
+START_TEST(test_park_copy_not_reclaimed) {
+        Lease *picked[4];
+        Caller *a, *w;
+        Lease *l;
+
+        setup_broker_host(64 * MiB, false);
+        a = this_process(UID_A);
+        w = new_process(UID_B);
+        l = alloc_parked_once(a, 4 * MiB);
+        a->holder->watch = &picked;
+        ck_assert_int_eq(broker_set_reclaimable(&b, a, l->id, 1), 0);
+        park_copying(a, l);
+        ck_assert_uint_eq(broker_reclaim_pick(&b, 0, 4 * MiB, w->holder, picked, 4), 0);
+        sim_hold_streams(0);
+        a->holder->watch = NULL;
+}
+END_TEST
+
+/*
+ * An unpark's copy runs off the loop too: HOST_COPYING, the lease still parked with its device bytes taken; the
+ * Unpark of another holder and an Attach wait for the same move (one copy, one charge), and each is answered
+ * once it is committed. The content comes back whole.
+ */
+START_TEST(test_unpark_copies_off_the_loop) {
+        const uint64_t size = 6 * MiB;
+        unsigned char *want = malloc(size), *got = malloc(size);
+        Caller *a, *a2, *a3;
+        UserQuota q = {};
+        Hold *hold = NULL;
+        uint64_t ended;
+        TokenText t;
+        Lease *l;
+
+        ck_assert(want && got);
+        setup_broker_host(64 * MiB, false);
+        a = this_process(UID_A);
+        a2 = new_process(UID_A);
+        a3 = new_process(UID_A);
+        l = alloc_ok(a, size);
+        fill(want, size, 5);
+        lease_copy(l, want, true);
+        t = share_ok(a, l, UID_A, false);
+        attach_token_ok(a2, &t, false);
+        ck_assert(!park_ok(a2, l));
+        ck_assert(park_ok(a, l));
+        ck_assert_int_eq(pool_drain(pool), 0);
+
+        sim_hold_streams(1);
+        ended = broker_moves_ended(&b);
+        ck_assert_int_eq(broker_unpark(&b, a, l->id, &hold, &q), BROKER_E_HOST_COPYING);
+        ck_assert(l->parked && l->move && !l->move->parked);
+        ck_assert_uint_eq(a->user->bytes[0], size);             /* its device memory taken */
+        ck_assert_uint_eq(a->user->host_bytes[0], size);        /* and its host memory still its */
+        ck_assert_int_eq(broker_unpark(&b, a2, l->id, &hold, &q), BROKER_E_HOST_COPYING);
+        ck_assert_int_eq(broker_attach(&b, a3, t.s, UID_ANY, NULL, false, &hold, NULL), BROKER_E_HOST_COPYING);
+        ck_assert_uint_eq(a->user->bytes[0], size);             /* one move */
+        ck_assert_uint_eq(broker_finish_moves(&b), 0);
+        ck_assert_uint_eq(broker_moves_ended(&b), ended);
+
+        sim_hold_streams(0);
+        ck_assert_int_eq(unpark_call(a, l->id, &hold, &q), 0);
+        ck_assert(!l->parked && !l->move && !hold->parked);
+        ck_assert_uint_eq(a->user->bytes[0], size);
+        ck_assert_uint_eq(a->user->host_bytes[0], 0);
+        ck_assert_int_eq(unpark_call(a2, l->id, &hold, &q), 0);
+        ck_assert(!hold->parked);
+        ck_assert_int_eq(attach_call(a3, t.s, UID_ANY, NULL, false, &hold), 0);
+        ck_assert_uint_eq(l->n_holds, 3);
+        lease_copy(l, got, false);
+        ck_assert(memcmp(want, got, size) == 0);
+        free(want);
+        free(got);
+}
+END_TEST
+
+/*
+ * An unpark being copied is undone by a Park of the same process (the lease stays parked, the device bytes
+ * come back) and by the lease's end; an Attach's unpark is nobody's to undo, and outlives the attacher. And a
+ * foreign lease that ends while a copy reads its slabs: they are released once the copy is done, and the loop
+ * waits for nothing.
+ */
+START_TEST(test_unpark_copy_undone) {
+        const uint64_t size = 4 * MiB;
+        Caller *a, *bb, *child;
+        char id[LEASE_ID_LEN + 1];
+        PoolDeviceStats s;
+        UserQuota q = {};
+        Hold *hold = NULL;
+        bool parked = false;
+        uint64_t released, deferred;
+        TokenText t;
+        size_t n;
+        Lease *l;
+
+        setup_broker_host(64 * MiB, false);
+        a = this_process(UID_A);
+        bb = new_process(UID_B);
+        l = alloc_parked_once(a, size);
+        ck_assert(park_ok(a, l));
+        ck_assert_int_eq(pool_drain(pool), 0);
+
+        /* Its own Park meanwhile: the lease stays parked, the hold parked, the device bytes back. */
+        sim_hold_streams(1);
+        ck_assert_int_eq(broker_unpark(&b, a, l->id, &hold, &q), BROKER_E_HOST_COPYING);
+        ck_assert_int_eq(broker_park(&b, a, l->id, &parked, &q), 0);
+        ck_assert(parked && l->parked && !l->move && lease_find_hold(l, a->holder)->parked);
+        ck_assert_uint_eq(a->user->bytes[0], 0);
+        sim_hold_streams(0);
+        ck_assert_int_eq(pool_drain(pool), 0);
+        pool_device_stats(pool, 0, &s);
+        ck_assert_uint_eq(s.leased, 0);                         /* the device slabs scrubbed, cached */
+
+        /* An Attach's unpark goes on when the attacher exits, and ends with the lease unparked. */
+        t = share_ok(a, l, UID_A, false);
+        child = new_process(UID_A);
+        sim_hold_streams(1);
+        ck_assert_int_eq(broker_attach(&b, child, t.s, UID_ANY, NULL, false, &hold, NULL), BROKER_E_HOST_COPYING);
+        kill_process(child->holder->pid);
+        (void)broker_reap_holders(&b);          /* it holds nothing yet */
+        ck_assert_ptr_nonnull(l->move);
+        sim_hold_streams(0);
+        wait_moves_ended(broker_moves_ended(&b));
+        ck_assert(!l->parked && !l->move);
+        ck_assert_uint_eq(a->user->bytes[0], size);
+        ck_assert_uint_eq(a->user->host_bytes[0], 0);
+
+        /* The lease ends mid-unpark: its device slabs go back with the move. */
+        ck_assert(park_ok(a, l));
+        ck_assert_int_eq(pool_drain(pool), 0);          /* no scrub left for the unpark to wait for */
+        memcpy(id, l->id, sizeof(id));
+        sim_hold_streams(1);
+        ck_assert_int_eq(broker_unpark(&b, a, id, &hold, &q), BROKER_E_HOST_COPYING);
+        ck_assert_int_eq(broker_free(&b, a, id, false, NULL), 0);
+        ck_assert_ptr_null(find(id));
+        ck_assert_uint_eq(a->user->bytes[0], 0);
+        ck_assert_uint_eq(a->user->host_bytes[0], 0);
+        sim_hold_streams(0);
+        ck_assert_int_eq(pool_drain(pool), 0);
+        pool_device_stats(pool, 0, &s);
+        ck_assert_uint_eq(s.leased, 0);
+        ck_assert_uint_eq(s.parked, 0);
+
+        /* A foreign lease ends mid-park: its device slabs, still read by the copy, are released after it. */
+        l = alloc_ok(a, size);
+        memcpy(id, l->id, sizeof(id));
+        t = share_ok(a, l, UID_B, false);
+        attach_token_ok(bb, &t, false);
+        ck_assert_int_eq(broker_free(&b, bb, id, false, NULL), 0);
+        ck_assert(l->foreign);
+        n = l->n_slabs;
+        pool_device_stats(pool, 0, &s);
+        released = s.released;
+        deferred = s.deferred_releases;
+        park_copying(a, l);
+        ck_assert_int_eq(broker_free(&b, a, id, false, NULL), 0);
+        pool_device_stats(pool, 0, &s);
+        ck_assert_uint_eq(s.deferred_releases, deferred + n);
+        ck_assert_uint_eq(s.released, released);                /* not yet: the copy reads them */
+        sim_hold_streams(0);
+        ck_assert_int_eq(pool_drain(pool), 0);
+        pool_device_stats(pool, 0, &s);
+        ck_assert_uint_eq(s.released, released + n);
+        ck_assert_uint_eq(s.copy_waits, 0);
+}
+END_TEST
+
 /* A parked lease holds no device memory: marked reclaimable or not, it is never asked back. */
 START_TEST(test_park_not_reclaimed) {
         Lease *picked[4];
@@ -2255,11 +2618,11 @@ START_TEST(test_park_write_ahead) {
         /* The last one: the lease moves. */
         ASSERT_NOT_STORED_THEN_MADE(park_call(a, id, &parked, &q));
         ck_assert(parked && find(id)->parked);
-        ASSERT_NOT_STORED_THEN_MADE(broker_unpark(&b, a, id, &hold, &q));
+        ASSERT_NOT_STORED_THEN_MADE(unpark_call(a, id, &hold, &q));
         ck_assert(!find(id)->parked);
         ck_assert(lease_find_hold(find(id), a2->holder)->parked);
         /* a2 maps it again: a lease not parked, only the hold's flag changes. */
-        ASSERT_NOT_STORED_THEN_MADE(broker_unpark(&b, a2, id, &hold, &q));
+        ASSERT_NOT_STORED_THEN_MADE(unpark_call(a2, id, &hold, &q));
         ck_assert(!hold->parked);
 }
 END_TEST
@@ -2440,7 +2803,7 @@ START_TEST(test_keep_is_not_for_use) {
         ck_assert_int_eq(broker_set_reclaimable(&b, a, id, 3), BROKER_E_NO_SUCH_LEASE);
         ck_assert_int_eq(broker_publish(&b, a, id, "w", NULL, 0, false), BROKER_E_NO_SUCH_LEASE);
         ck_assert_int_eq(park_call(a, id, &parked, &q), BROKER_E_NO_SUCH_LEASE);
-        ck_assert_int_eq(broker_unpark(&b, a, id, &hold, &q), BROKER_E_NO_SUCH_LEASE);
+        ck_assert_int_eq(unpark_call(a, id, &hold, &q), BROKER_E_NO_SUCH_LEASE);
         ck_assert_int_eq(broker_tokens(&b, a, id, NULL, NULL), BROKER_E_NO_SUCH_LEASE);
         ck_assert(l->kept);
         ck_assert_int_eq(l->reclaim.state, RECLAIM_MARKED);     /* SetReclaimable did not touch it */
@@ -2567,8 +2930,9 @@ int main(void) {
                                     test_reap_holder_without_holds_needs_no_store, test_snapshot, test_park_unpark,
                                     test_park_every_holder, test_park_who, test_park_no_room,
                                     test_park_makes_host_off_the_loop, test_park_without_host_memory, test_park_end,
-                                    test_park_write_ahead,
-                                    test_park_not_reclaimed, test_keep_and_reuse, test_keep_rules,
+                                    test_park_write_ahead, test_park_copies_off_the_loop, test_park_copy_undone,
+                                    test_park_copy_not_reclaimed, test_unpark_copies_off_the_loop,
+                                    test_unpark_copy_undone, test_park_not_reclaimed, test_keep_and_reuse, test_keep_rules,
                                     test_keep_is_not_for_use, test_keep_reap_and_store, test_keep_reclaimed_first,
                                     test_keep_alloc_waits)) == 0
                        ? EXIT_SUCCESS
