@@ -77,8 +77,13 @@ struct PoolDevice {
         List queued;                    /* Slab of either space reclaimed, its scrub not issued yet: in reclaim
                                            order, SLAB_SCRUBBING and counted so (pool_scrub_queued()) */
         List scrubbing;                 /* Slab of either space, in stream order */
-        List releasing;                 /* Slab given back (pool_release()) while a copy still uses it: released
-                                           once the copy is done (pool_dispatch()) */
+        CUstream copy_stream;           /* the copies of parks and unparks (pool_copy_start()): not behind scrubs,
+                                           and no scrub behind them */
+        uint64_t copies_issued;         /* completions queued on copy_stream (copy_done()) */
+        _Atomic uint64_t copies_done;   /* of those, reached: written by the driver's thread */
+        uint64_t copies_dispatched;     /* copies_done when pool_dispatch() last looked */
+        List after_copy;                /* leased Slab given back (pool_reclaim(), pool_release()) while a copy
+                                           still uses it: given back for good once the copy is done */
         uint64_t scrubs_issued;         /* completions queued on the stream (scrub_done()) */
         _Atomic uint64_t scrubs_done;   /* of those, reached: written by the driver's thread */
         uint64_t scrubs_dispatched;     /* scrubs_done when pool_dispatch() last looked */
@@ -310,22 +315,18 @@ static void defer_close(Pool *p, int fd) {
         p->closing[p->n_closing++] = fd;
 }
 
-/* Whether the completion `ticket` of the device's stream has been reached. */
-static bool completion_reached(const PoolDevice *dev, uint64_t ticket) {
-        return atomic_load_explicit(&dev->scrubs_done, memory_order_acquire) >= ticket;
-}
-
-/* Whether a copy may still use the slab's memory (Slab.copy_ticket). */
+/* Whether a copy may still use the slab's memory (Slab.copy_ticket, of the device's copy stream). */
 static bool slab_copying(const PoolDevice *dev, const Slab *slab) {
-        return slab->copy_ticket > 0 && !completion_reached(dev, slab->copy_ticket);
+        return slab->copy_ticket > atomic_load_explicit(&dev->copies_done, memory_order_acquire);
 }
 
-/* Waits for whatever copy still uses the slab's memory: its release must not unmap it under the stream, which
- * would fault the stream for good. pool_release() defers such a release instead; this is the last guard. */
+/* Waits for whatever copy still uses the slab's memory: its release must not unmap it under the copy, which
+ * would fault the stream for good. pool_reclaim() and pool_release() wait for nothing (slab_after_copy());
+ * this guards the paths that cannot meet such a slab. */
 static void slab_wait_copy(PoolDevice *dev, const Slab *slab) {
         if (slab_copying(dev, slab)) {
                 dev->stats.copy_waits++;
-                (void)DRV(dev, cuStreamSynchronize)(dev->stream);
+                (void)DRV(dev, cuStreamSynchronize)(dev->copy_stream);
         }
 }
 
@@ -601,10 +602,27 @@ static void slab_lease(Slab *slab, uid_t uid) {
         slab->space->n_leased++;
 }
 
+/*
+ * A leased slab given back while a copy still reads or writes it waits, leased, on the device's after_copy list
+ * until the copy is done (pool_dispatch()): no scrub may overtake the copy on the other stream, no release
+ * unmap memory under it. Returns whether it waits so.
+ */
+static bool slab_after_copy(Slab *slab, bool release) {
+        PoolDevice *dev = slab->device;
+
+        if (slab->state != SLAB_LEASED || !slab_copying(dev, slab))
+                return false;
+        list_unlink(&slab->link_state);
+        list_link_tail(&dev->after_copy, &slab->link_state);
+        slab->release_after_copy = release;
+        dev->stats.after_copy++;
+        return true;
+}
+
 void pool_reclaim(Pool *p, Slab *slab) {
         PoolDevice *dev = slab->device;
 
-        if (!slab_unlease(slab))
+        if (slab_after_copy(slab, false) || !slab_unlease(slab))
                 return;
         slab->state = SLAB_SCRUBBING;
         list_link_tail(&dev->queued, &slab->link_state);
@@ -693,30 +711,26 @@ int pool_import(Pool *p, int device, uint64_t id, int fd, uint64_t size, uid_t u
 }
 
 void pool_release(Pool *p, Slab *slab) {
-        PoolDevice *dev = slab->device;
-
-        if (!slab_unlease(slab))
-                return;
-        if (slab_copying(dev, slab)) {
-                /* Its memory is still read or written by a copy: released at the copy's completion. */
-                slab->state = SLAB_RELEASING;
-                list_link_tail(&dev->releasing, &slab->link_state);
-                dev->stats.deferred_releases++;
-                return;
-        }
-        slab_release(slab);
+        if (!slab_after_copy(slab, true) && slab_unlease(slab))
+                slab_release(slab);
 }
 
-/* Releases the slabs pool_release() deferred whose copy is done (all of them with `all`, the stream done). */
-static unsigned releases_finish(PoolDevice *dev, bool all) {
+/* Gives back the slabs that waited for their copy (slab_after_copy()), once it is done (`all`: the stream is). */
+static unsigned after_copy_finish(PoolDevice *dev, bool all) {
         Slab *slab, *tmp;
         unsigned n = 0;
 
-        list_for_each_entry_safe(slab, tmp, &dev->releasing, link_state) {
+        list_for_each_entry_safe(slab, tmp, &dev->after_copy, link_state) {
                 if (!all && slab_copying(dev, slab))
                         continue;
                 list_unlink(&slab->link_state);
-                slab_release(slab);
+                list_link_tail(&slab->space->leased, &slab->link_state);
+                if (all)
+                        slab->copy_ticket = 0;
+                if (slab->release_after_copy)
+                        pool_release(dev->pool, slab);
+                else
+                        pool_reclaim(dev->pool, slab);
                 n++;
         }
         return n;
@@ -822,10 +836,12 @@ unsigned pool_dispatch(Pool *p) {
                  * ahead) move the count all the same: a call deferred for a zeroing in place is tried again. */
                 if (done != dev->scrubs_dispatched && cached == 0)
                         p->scrubs_finished++;
-                if (done != dev->scrubs_dispatched)
-                        n += releases_finish(dev, false);
                 dev->scrubs_dispatched = done;
                 n += cached;
+                done = atomic_load_explicit(&dev->copies_done, memory_order_acquire);
+                if (done != dev->copies_dispatched)
+                        n += after_copy_finish(dev, false);
+                dev->copies_dispatched = done;
         }
         return n;
 }
@@ -838,12 +854,20 @@ int pool_drain(Pool *p) {
                 PoolDevice *dev = &p->devices[i];
                 CUresult r;
 
-                if (list_is_empty(&dev->scrubbing) && list_is_empty(&dev->releasing))
+                if (list_is_empty(&dev->scrubbing) && dev->copies_issued == dev->copies_dispatched)
                         continue;
                 if (make_current(dev) < 0) {
                         ret = -EIO;
                         continue;
                 }
+                /* the copies first: what waited for them is scrubbed then */
+                r = DRV(dev, cuStreamSynchronize)(dev->copy_stream);
+                if (r != CUDA_SUCCESS) {
+                        driver_error(dev, "cuStreamSynchronize (copies)", r);
+                        ret = -EIO;
+                }
+                (void)after_copy_finish(dev, false);
+                pool_scrub_queued(p);
                 r = DRV(dev, cuStreamSynchronize)(dev->stream);
                 if (r != CUDA_SUCCESS) {
                         driver_error(dev, "cuStreamSynchronize", r);
@@ -1400,13 +1424,13 @@ static void maker_stop(Pool *p) {
         }
 }
 
-/* Queues the copy of `bytes` from src + src_off to dst + dst_off. */
+/* Queues the copy of `bytes` from src + src_off to dst + dst_off on the device's copy stream. */
 static int copy_part(PoolDevice *dev, Slab *dst, uint64_t dst_off, Slab *src, uint64_t src_off, uint64_t bytes) {
         CUresult r;
 
         if (slab_map(dev, dst) < 0 || slab_map(dev, src) < 0)
                 return -EIO;
-        r = DRV(dev, cuMemcpyDtoDAsync)(dst->scrub_va + dst_off, src->scrub_va + src_off, bytes, dev->stream);
+        r = DRV(dev, cuMemcpyDtoDAsync)(dst->scrub_va + dst_off, src->scrub_va + src_off, bytes, dev->copy_stream);
         if (r != CUDA_SUCCESS) {
                 driver_error(dev, "cuMemcpyDtoDAsync", r);
                 return -EIO;
@@ -1414,8 +1438,7 @@ static int copy_part(PoolDevice *dev, Slab *dst, uint64_t dst_off, Slab *src, ui
         return 0;
 }
 
-/* Queues the copy of the src slabs into the dst slabs, back to back, on the device's stream. 0 or -EIO (then
- * some of it may be queued). */
+/* Queues the copy of the src slabs into the dst slabs, back to back. 0 or -EIO (then some of it may be queued). */
 static int copy_queue(PoolDevice *dev, Slab *const *dst, size_t n_dst, Slab *const *src, size_t n_src) {
         uint64_t dst_off = 0, src_off = 0;
         size_t i = 0, j = 0;
@@ -1444,49 +1467,46 @@ static int copy_queue(PoolDevice *dev, Slab *const *dst, size_t n_dst, Slab *con
         return k;
 }
 
+/* Runs on the driver's thread when the copy stream reaches it: no Driver API calls here. */
+static void copy_done(void *userdata) {
+        PoolDevice *dev = userdata;
+        uint64_t one = 1;
+
+        atomic_fetch_add_explicit(&dev->copies_done, 1, memory_order_release);
+        (void)!write(dev->pool->event_fd, &one, sizeof(one));
+}
+
 int pool_copy_start(Pool *p, Slab *const *dst, size_t n_dst, Slab *const *src, size_t n_src,
                     uint64_t *ret_ticket) {
         PoolDevice *dev;
+        CUresult r;
 
         if (n_dst == 0 || n_src == 0)
                 return -EINVAL;
         dev = dst[0]->device;
-        if (copy_queue(dev, dst, n_dst, src, n_src) < 0 || completion_queue(dev) < 0) {
-                /* Some of it may be queued, and nothing would say when it is done: wait for it, then fail. */
-                (void)DRV(dev, cuStreamSynchronize)(dev->stream);
-                return POOL_E_DRIVER;
+        if (copy_queue(dev, dst, n_dst, src, n_src) < 0)
+                goto fail;
+        r = DRV(dev, cuLaunchHostFunc)(dev->copy_stream, copy_done, dev);
+        if (r != CUDA_SUCCESS) {
+                driver_error(dev, "cuLaunchHostFunc (copy)", r);
+                goto fail;
         }
+        dev->copies_issued++;
         for (size_t i = 0; i < n_dst; i++)
-                dst[i]->copy_ticket = dev->scrubs_issued;
+                dst[i]->copy_ticket = dev->copies_issued;
         for (size_t j = 0; j < n_src; j++)
-                src[j]->copy_ticket = dev->scrubs_issued;
-        *ret_ticket = dev->scrubs_issued;
+                src[j]->copy_ticket = dev->copies_issued;
+        *ret_ticket = dev->copies_issued;
         return 0;
+
+fail:
+        /* Some of it may be queued, and nothing would say when it is done: wait for it, then fail. */
+        (void)DRV(dev, cuStreamSynchronize)(dev->copy_stream);
+        return POOL_E_DRIVER;
 }
 
 bool pool_copy_finished(const Pool *p, const Slab *slab, uint64_t ticket) {
-        return completion_reached(slab->device, ticket);
-}
-
-int pool_copy(Pool *p, Slab *const *dst, size_t n_dst, Slab *const *src, size_t n_src) {
-        PoolDevice *dev;
-        CUresult r;
-        int k;
-
-        if (n_dst == 0 || n_src == 0)
-                return 0;
-        dev = dst[0]->device;
-        k = copy_queue(dev, dst, n_dst, src, n_src);
-        r = DRV(dev, cuStreamSynchronize)(dev->stream);
-        if (k < 0)
-                return POOL_E_DRIVER;
-        if (r != CUDA_SUCCESS) {
-                driver_error(dev, "cuStreamSynchronize (copy)", r);
-                return POOL_E_DRIVER;
-        }
-        /* The scrubs queued before the copy are done too: move them into the cache now. */
-        (void)pool_dispatch(p);
-        return 0;
+        return atomic_load_explicit(&slab->device->copies_done, memory_order_acquire) >= ticket;
 }
 
 /* --- the pool ------------------------------------------------------------------------------------------- */
@@ -1577,7 +1597,7 @@ static int device_init(Pool *p, PoolDevice *dev, int index, const PoolConfig *co
         dev->pool = p;
         list_init(&dev->queued);
         list_init(&dev->scrubbing);
-        list_init(&dev->releasing);
+        list_init(&dev->after_copy);
         k = space_init(dev, &dev->mem, false);
         if (k < 0)
                 return k;
@@ -1605,6 +1625,8 @@ static int device_init(Pool *p, PoolDevice *dev, int index, const PoolConfig *co
         if (k < 0)
                 goto fail;
         r = DRV(dev, cuStreamCreate)(&dev->stream, CU_STREAM_NON_BLOCKING);
+        if (r == CUDA_SUCCESS)
+                r = DRV(dev, cuStreamCreate)(&dev->copy_stream, CU_STREAM_NON_BLOCKING);
         if (r != CUDA_SUCCESS) {
                 driver_error(dev, "cuStreamCreate", r);
                 k = -EIO;
@@ -1645,7 +1667,9 @@ fail:
 release:
         if (dev->stream)
                 (void)DRV(dev, cuStreamDestroy)(dev->stream);
-        dev->stream = NULL;
+        if (dev->copy_stream)
+                (void)DRV(dev, cuStreamDestroy)(dev->copy_stream);
+        dev->stream = dev->copy_stream = NULL;
         (void)DRV(dev, cuDevicePrimaryCtxRelease)(dev->info.device);
         dev->ctx = NULL;
         return k;
@@ -1671,7 +1695,10 @@ static void device_done(PoolDevice *dev) {
                 hashmap_done(&dev->host.cache);
                 return;
         }
-        if (make_current(dev) == 0 && dev->stream)
+        if (make_current(dev) == 0 && dev->copy_stream)
+                (void)DRV(dev, cuStreamSynchronize)(dev->copy_stream);
+        (void)after_copy_finish(dev, true);
+        if (dev->stream)
                 (void)DRV(dev, cuStreamSynchronize)(dev->stream);
         list_for_each_entry_safe(slab, tmp, &dev->queued, link_state) {
                 list_unlink(&slab->link_state);
@@ -1682,11 +1709,12 @@ static void device_done(PoolDevice *dev) {
                 list_unlink(&slab->link_state);
                 slab_release(slab);
         }
-        (void)releases_finish(dev, true);
         space_done(&dev->mem);
         space_done(&dev->host);
         if (dev->stream)
                 (void)DRV(dev, cuStreamDestroy)(dev->stream);
+        if (dev->copy_stream)
+                (void)DRV(dev, cuStreamDestroy)(dev->copy_stream);
         (void)DRV(dev, cuDevicePrimaryCtxRelease)(dev->info.device);
         dev->ctx = NULL;
 }

@@ -76,7 +76,6 @@ typedef enum SlabState {
         SLAB_LEASED,            /* handed out; reclaim it with pool_reclaim() */
         SLAB_SCRUBBING,         /* being zeroed; not usable */
         SLAB_CACHED,            /* zeroed, waiting for its uid to ask again */
-        SLAB_RELEASING,         /* given back while a copy still uses it: released when the copy is done */
 } SlabState;
 
 typedef struct Pool Pool;
@@ -99,8 +98,9 @@ typedef struct Slab {
         CUevent zeroed;                 /* recorded after its last zeroing (a scrub, or in place:
                                            pool_scrub_leased()); NULL until the first */
         uint64_t scrub_seq;             /* which completion of the device's stream ends its scrub */
-        uint64_t copy_ticket;           /* which completion ends the last copy from or into it
-                                           (pool_copy_start()); 0: none */
+        uint64_t copy_ticket;           /* which completion of the device's copy stream ends the last copy from
+                                           or into it (pool_copy_start()); 0: none */
+        bool release_after_copy;        /* given back while that copy ran: released (else reclaimed) after it */
         uint64_t zero_mark;             /* the device's zeroing queued in all (bytes, PoolDevice.zero_queued) once
                                            its last zeroing was queued: how much stands before it is this less
                                            what is known done */
@@ -141,7 +141,7 @@ typedef struct PoolDeviceStats {
         unsigned n_parked;
         uint64_t host_created;          /* host slabs created */
         uint64_t copied_bytes;          /* by pool_copy() and pool_copy_start() */
-        uint64_t deferred_releases;     /* slabs given back while a copy used them, released after it */
+        uint64_t after_copy;            /* slabs given back while a copy used them, given back after it */
         uint64_t copy_waits;            /* slab releases that waited for a copy still using the slab */
 } PoolDeviceStats;
 

@@ -273,6 +273,9 @@ static struct {
         char hold_file[PATH_MAX];       /* SIMCUDA_HOLD_FILE: streams are held while a file is there; "": none */
         char hold_host_file[PATH_MAX];  /* SIMCUDA_HOLD_HOST_FILE: host functions are held while a file is there */
         char hold_host_reached[PATH_MAX];       /* made when a stream waits at a held host function */
+        bool copies_held;               /* simcuda_hold_copies(1) */
+        char hold_copy_file[PATH_MAX];  /* SIMCUDA_HOLD_COPY_FILE: device-to-device copies wait while it is there */
+        char hold_copy_reached[PATH_MAX];       /* made when a stream waits at a held copy */
         char hold_create_file[PATH_MAX];        /* SIMCUDA_HOLD_CREATE_FILE: host cuMemCreate waits while it is there */
         char hold_create_reached[PATH_MAX];     /* made when a host cuMemCreate starts to wait */
         struct CUctx_st ctx[MAX_DEVICES];
@@ -557,6 +560,13 @@ static void setup_once(void) {
                      (int)sizeof(sim.hold_host_reached))) {
                 sim.hold_host_file[0] = sim.hold_host_reached[0] = 0;
                 env_bad("simcuda: SIMCUDA_HOLD_HOST_FILE=\"%.64s...\" is longer than a path may be", v);
+        }
+        if (env_get("SIMCUDA_HOLD_COPY_FILE", &v) &&
+            (snprintf(sim.hold_copy_file, sizeof(sim.hold_copy_file), "%s", v) >= (int)sizeof(sim.hold_copy_file) ||
+             snprintf(sim.hold_copy_reached, sizeof(sim.hold_copy_reached), "%s.reached", v) >=
+                     (int)sizeof(sim.hold_copy_reached))) {
+                sim.hold_copy_file[0] = sim.hold_copy_reached[0] = 0;
+                env_bad("simcuda: SIMCUDA_HOLD_COPY_FILE=\"%.64s...\" is longer than a path may be", v);
         }
         if (env_get("SIMCUDA_HOLD_CREATE_FILE", &v) &&
             (snprintf(sim.hold_create_file, sizeof(sim.hold_create_file), "%s", v) >=
@@ -1055,18 +1065,38 @@ static bool host_funcs_held(void) {
         return true;
 }
 
-/* Whether the first operation of `s` must wait: the streams are held, or it is a host function and those are. */
+/*
+ * Whether device-to-device copies are held: by simcuda_hold_copies(1), or while the file SIMCUDA_HOLD_COPY_FILE
+ * names is there; a stream that reaches one waits before running it (other streams run on), and makes the
+ * file's name + ".reached".
+ */
+static bool copies_held(void) {
+        int fd;
+
+        if (sim.copies_held)
+                return true;
+        if (!sim.hold_copy_file[0] || access(sim.hold_copy_file, F_OK) != 0)
+                return false;
+        fd = open(sim.hold_copy_reached, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+        if (fd >= 0)
+                close(fd);
+        return true;
+}
+
+/* Whether the first operation of `s` must wait: the streams are held, or it is a host function or a copy and
+ * those are. */
 static bool stream_held(CUstream s) {
         const Op *op = list_first_entry(&s->ops, Op, link);
 
-        return streams_held() || (op->kind == OP_HOST_FUNC && host_funcs_held());
+        return streams_held() || (op->kind == OP_HOST_FUNC && host_funcs_held()) ||
+               (op->kind == OP_COPY_DEVICE && copies_held());
 }
 
 /* Waits for work, the hold to be lifted, or the end; a hold file is looked at again every millisecond. */
 static void stream_wait(bool busy) {
         struct timespec ts;
 
-        if (!busy || (!sim.hold_file[0] && !sim.hold_host_file[0])) {
+        if (!busy || (!sim.hold_file[0] && !sim.hold_host_file[0] && !sim.hold_copy_file[0])) {
                 pthread_cond_wait(&sim.work, &sim.lock);
                 return;
         }
@@ -2128,6 +2158,13 @@ _public_ void simcuda_hold_streams(int hold) {
         _cleanup_(sim_unlockp) _unused_ pthread_mutex_t *locked = sim_lock();
 
         sim.held = hold != 0;
+        pthread_cond_broadcast(&sim.work);
+}
+
+_public_ void simcuda_hold_copies(int hold) {
+        _cleanup_(sim_unlockp) _unused_ pthread_mutex_t *locked = sim_lock();
+
+        sim.copies_held = hold != 0;
         pthread_cond_broadcast(&sim.work);
 }
 

@@ -22,6 +22,12 @@
  */
 void simcuda_hold_streams(int hold);
 
+/*
+ * While held (hold != 0), a stream whose next operation is a device-to-device
+ * copy (cuMemcpyDtoDAsync) waits before it; other streams run on.
+ */
+void simcuda_hold_copies(int hold);
+
 /* Allocations alive in this process: those that a handle or a mapping refers to. */
 unsigned long simcuda_live_allocations(void);
 

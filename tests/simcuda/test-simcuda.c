@@ -38,6 +38,7 @@ static struct {
         PFN_cuGetProcAddress_v12000 get_proc;
         PFN_cuGetProcAddress_v11030 get_proc_old;
         __typeof__(&simcuda_hold_streams) hold_streams;
+        __typeof__(&simcuda_hold_copies) hold_copies;
         __typeof__(&simcuda_live_allocations) live_allocations;
         __typeof__(&simcuda_charged) charged;
         __typeof__(&simcuda_host_charged) host_charged;
@@ -65,13 +66,15 @@ static void *library(void) {
         sim.get_proc = (PFN_cuGetProcAddress_v12000)dlsym(lib, "cuGetProcAddress_v2");
         sim.get_proc_old = (PFN_cuGetProcAddress_v11030)dlsym(lib, "cuGetProcAddress");
         sim.hold_streams = (__typeof__(sim.hold_streams))dlsym(lib, "simcuda_hold_streams");
+        sim.hold_copies = (__typeof__(sim.hold_copies))dlsym(lib, "simcuda_hold_copies");
         sim.live_allocations = (__typeof__(sim.live_allocations))dlsym(lib, "simcuda_live_allocations");
         sim.charged = (__typeof__(sim.charged))dlsym(lib, "simcuda_charged");
         sim.host_charged = (__typeof__(sim.host_charged))dlsym(lib, "simcuda_host_charged");
         sim.inject = (__typeof__(sim.inject))dlsym(lib, "simcuda_fail");
         sim.reset_faults = (__typeof__(sim.reset_faults))dlsym(lib, "simcuda_reset_faults");
         sim.calls = (__typeof__(sim.calls))dlsym(lib, "simcuda_calls");
-        ck_assert(sim.get_proc && sim.get_proc_old && sim.hold_streams && sim.live_allocations && sim.charged &&
+        ck_assert(sim.get_proc && sim.get_proc_old && sim.hold_streams && sim.hold_copies && sim.live_allocations &&
+                  sim.charged &&
                   sim.host_charged && sim.inject && sim.reset_faults && sim.calls);
         return lib;
 }
@@ -1501,6 +1504,41 @@ START_TEST(test_unmap_under_queued_work) {
 END_TEST
 
 /*
+ * simcuda_hold_copies(): a stream whose next operation is a device-to-device copy waits before it, what was
+ * queued before the copy done; another stream's memset runs meanwhile. Let go, the copy and what follows run.
+ */
+START_TEST(test_hold_copies) {
+        CUdeviceptr src, dst, other;
+        CUstream s, t;
+
+        open_ctx();
+        src = map_new(GRAN);
+        dst = map_new(GRAN);
+        other = map_new(GRAN);
+        expect_ok(cu->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+        expect_ok(cu->cuStreamCreate(&t, CU_STREAM_NON_BLOCKING));
+        sim.hold_copies(1);
+        expect_ok(cu->cuMemsetD8Async(src, 0x3c, GRAN, s));
+        expect_ok(cu->cuMemcpyDtoDAsync(dst, src, GRAN, s));
+        expect_ok(cu->cuMemsetD8Async(src, 0, GRAN, s));
+        expect_ok(cu->cuMemsetD8Async(other, 0x77, GRAN, t));
+        expect_ok(cu->cuStreamSynchronize(t));                  /* the other stream runs */
+        expect_bytes(other, GRAN, 0x77);
+        expect(cu->cuStreamQuery(s), CUDA_ERROR_NOT_READY);
+        expect_bytes(dst, GRAN, 0);
+        sim.hold_copies(0);
+        expect_ok(cu->cuStreamSynchronize(s));
+        expect_bytes(dst, GRAN, 0x3c);
+        expect_bytes(src, GRAN, 0);
+        expect_ok(cu->cuStreamDestroy(s));
+        expect_ok(cu->cuStreamDestroy(t));
+        unmap_free(src, GRAN);
+        unmap_free(dst, GRAN);
+        unmap_free(other, GRAN);
+}
+END_TEST
+
+/*
  * cuMemcpyDtoDAsync: in stream order with the memsets around it, on the NULL stream too, across the mappings of
  * two allocations mapped back to back; refused when issued (nothing queued, the context goes on working) for a
  * bad stream, without a context, or where the device may not write the destination (test_read_only and
@@ -1732,6 +1770,7 @@ static Suite *simcuda_suite(void) {
         tcase_add_test(tc, test_stream_destroy_drains);
         tcase_add_test(tc, test_unmap_under_queued_work);
         tcase_add_test(tc, test_copy_device);
+        tcase_add_test(tc, test_hold_copies);
         tcase_add_test(tc, test_copy_into_unmapped_range);
         tcase_add_test(tc, test_events);
         suite_add_tcase(s, tc);

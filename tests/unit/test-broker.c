@@ -62,6 +62,7 @@ static LimitsConfig limits;
 static unsigned long (*sim_live_allocations)(void);
 static int (*sim_fail)(const char *);
 static void (*sim_hold_streams)(int);
+static void (*sim_hold_copies)(int);
 
 static void open_driver(void) {
         _cleanup_free_ char *message = NULL;
@@ -73,7 +74,8 @@ static void open_driver(void) {
         sim_live_allocations = (unsigned long (*)(void))dlsym(lib, "simcuda_live_allocations");
         sim_fail = (int (*)(const char *))dlsym(lib, "simcuda_fail");
         sim_hold_streams = (void (*)(int))dlsym(lib, "simcuda_hold_streams");
-        ck_assert(sim_live_allocations && sim_fail && sim_hold_streams);
+        sim_hold_copies = (void (*)(int))dlsym(lib, "simcuda_hold_copies");
+        ck_assert(sim_live_allocations && sim_fail && sim_hold_streams && sim_hold_copies);
         dlclose(lib);
 }
 
@@ -2406,6 +2408,40 @@ START_TEST(test_park_copy_undone) {
 }
 END_TEST
 
+/*
+ * A park's copy has a stream of its own: with it held, another user's Alloc that waits for its own freed slab's
+ * scrub is served (the scrub is not queued behind the copy), and so is an unpark's scrub of nothing.
+ */
+START_TEST(test_park_copy_not_before_scrubs) {
+        PoolDeviceStats s;
+        UserQuota q = {};
+        bool parked = false;
+        uint64_t waits;
+        Caller *a, *bb;
+        Lease *l, *lb;
+
+        setup_broker_host(64 * MiB, false);
+        a = this_process(UID_A);
+        bb = new_process(UID_B);
+        l = alloc_parked_once(a, 4 * MiB);
+        lb = alloc_ok(bb, 4 * MiB);
+
+        sim_hold_copies(1);
+        ck_assert_int_eq(broker_park(&b, a, l->id, &parked, &q), BROKER_E_HOST_COPYING);
+        ck_assert_int_eq(broker_free(&b, bb, lb->id, false, NULL), 0);
+        pool_scrub_queued(pool);
+        pool_device_stats(pool, 0, &s);
+        waits = s.scrub_waits;
+        lb = alloc_ok(bb, 4 * MiB);                             /* its own slab, once scrubbed */
+        pool_device_stats(pool, 0, &s);
+        ck_assert_uint_eq(s.scrub_waits, waits + 1);
+        ck_assert_ptr_nonnull(l->move);                         /* the copy is still held */
+        sim_hold_copies(0);
+        ck_assert_int_eq(park_copied(a, BROKER_E_HOST_COPYING, l->id, &parked, &q), 0);
+        ck_assert(parked && l->parked);
+}
+END_TEST
+
 /* A lease on its way to host memory is not asked back: its device memory comes back when the move ends. */
 START_TEST(test_park_copy_not_reclaimed) {
         Lease *picked[4];
@@ -2485,8 +2521,8 @@ END_TEST
 /*
  * An unpark being copied is undone by a Park of the same process (the lease stays parked, the device bytes
  * come back) and by the lease's end; an Attach's unpark is nobody's to undo, and outlives the attacher. And a
- * foreign lease that ends while a copy reads its slabs: they are released once the copy is done, and the loop
- * waits for nothing.
+ * foreign lease that ends while a copy reads its slabs: they are released once the copy is done (and the
+ * move's host slabs scrubbed then), and the loop waits for nothing.
  */
 START_TEST(test_unpark_copy_undone) {
         const uint64_t size = 4 * MiB;
@@ -2559,11 +2595,11 @@ START_TEST(test_unpark_copy_undone) {
         n = l->n_slabs;
         pool_device_stats(pool, 0, &s);
         released = s.released;
-        deferred = s.deferred_releases;
+        deferred = s.after_copy;
         park_copying(a, l);
         ck_assert_int_eq(broker_free(&b, a, id, false, NULL), 0);
         pool_device_stats(pool, 0, &s);
-        ck_assert_uint_eq(s.deferred_releases, deferred + n);
+        ck_assert_uint_eq(s.after_copy, deferred + 2 * n);     /* the device slabs, and the move's host slabs */
         ck_assert_uint_eq(s.released, released);                /* not yet: the copy reads them */
         sim_hold_streams(0);
         ck_assert_int_eq(pool_drain(pool), 0);
@@ -2931,7 +2967,8 @@ int main(void) {
                                     test_park_every_holder, test_park_who, test_park_no_room,
                                     test_park_makes_host_off_the_loop, test_park_without_host_memory, test_park_end,
                                     test_park_write_ahead, test_park_copies_off_the_loop, test_park_copy_undone,
-                                    test_park_copy_not_reclaimed, test_unpark_copies_off_the_loop,
+                                    test_park_copy_not_reclaimed, test_park_copy_not_before_scrubs,
+                                    test_unpark_copies_off_the_loop,
                                     test_unpark_copy_undone, test_park_not_reclaimed, test_keep_and_reuse, test_keep_rules,
                                     test_keep_is_not_for_use, test_keep_reap_and_store, test_keep_reclaimed_first,
                                     test_keep_alloc_waits)) == 0
