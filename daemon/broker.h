@@ -68,9 +68,9 @@ enum {
                                            changed; try it again once scrubs have completed */
         BROKER_E_HOST_MAKING,           /* a Park needs host slabs, being made off the loop now: nothing changed;
                                            try it again, with Caller.host_waited, once pool_host_made() moved */
-        BROKER_E_HOST_COPYING,          /* a Park's copy into host memory runs off the loop now (Lease.move):
-                                           try it again, with Caller.copy_waited, once broker_moves_ended()
-                                           moved */
+        BROKER_E_HOST_COPYING,          /* a Park's, Unpark's or Attach's copy runs off the loop now
+                                           (Lease.move): try it again, with Caller.copy_waited, once
+                                           broker_moves_ended() moved */
 };
 
 typedef struct Broker {
@@ -85,8 +85,8 @@ typedef struct Broker {
         List scrub_waiters;             /* Peer.link_scrub: Allocs parked until scrubs complete (AllocWait.scrub),
                                            outside the turns, oldest first */
         List host_waiters;              /* Peer.link_host: Parks waiting for host slabs being made
-                                           (BROKER_E_HOST_MAKING) or for their copy (BROKER_E_HOST_COPYING),
-                                           in the order they came */
+                                           (BROKER_E_HOST_MAKING), and Parks, Unparks and Attaches waiting for
+                                           a copy (BROKER_E_HOST_COPYING), in the order they came */
         unsigned *scrub_waiting;        /* per pool device: how many of scrub_waiters wait on it */
         uint64_t max_alloc_wait_usec;   /* MaxAllocWait=: the longest an Alloc may wait; 0: none may */
         uint64_t scrub_wait_bytes;      /* the most zeroing an Alloc waits for in the loop (pool_alloc_bounded());
@@ -108,8 +108,8 @@ typedef struct Caller {
         bool admin;
         bool host_waited;               /* the call is a Park tried again after the host slabs it waited for
                                            were made: it makes what it still lacks itself (broker_park()) */
-        bool copy_waited;               /* the call is a Park tried again after a move ended: its hold's
-                                           move_error is its answer */
+        bool copy_waited;               /* the call is tried again after a move ended: the lease's move_error,
+                                           if any, is its answer */
 } Caller;
 
 /*
@@ -248,7 +248,7 @@ int broker_park(Broker *b, const Caller *c, const char *id, bool *ret_parked, Us
  */
 unsigned broker_finish_moves(Broker *b);
 
-/* A count that moves each time a move ends, committed or cancelled: the Parks waiting for copies
+/* A count that moves each time a move ends, committed or cancelled: the calls waiting for copies
  * (BROKER_E_HOST_COPYING) are made again then. */
 uint64_t broker_moves_ended(const Broker *b);
 
@@ -260,6 +260,14 @@ uint64_t broker_moves_ended(const Broker *b);
  * more; *ret is it. Any holder may unpark (another user's too: the owner's
  * lease comes back within the owner's limits). QUOTA (the owner's MaxBytes=),
  * NO_MEMORY, DRIVER, NOT_STORED: the lease stays parked.
+ *
+ * The copy back runs off the loop as a park's does (broker_park()): the device
+ * slabs and device bytes are taken, the lease gets a move toward device memory,
+ * and the call returns HOST_COPYING, to be made again (Caller.copy_waited) once
+ * a move ended. Any holder's Unpark, and an Attach, of a lease whose unpark is
+ * being copied wait for that move (one copy, one charge); a Park of the hold
+ * that asked for it cancels it (the lease stays parked), as does the end of
+ * that hold or of the lease.
  */
 int broker_unpark(Broker *b, const Caller *c, const char *id, Hold **ret, UserQuota *ret_quota);
 
@@ -291,7 +299,9 @@ int broker_revoke(Broker *b, const Caller *c, const char *token);
  * may not attach are the same NO_SUCH_NAME: nobody learns whether another
  * user's name exists. The hold is read-only if the token or name says so or
  * `readonly`. A parked lease is unparked first (broker_unpark()'s outcomes,
- * *ret_quota for QUOTA).
+ * *ret_quota for QUOTA, HOST_COPYING while its copy runs: the unpark is no
+ * hold's, and ends committed even if the caller goes). A park of the lease
+ * being copied is cancelled: the caller maps the lease as it is.
  */
 int broker_attach(Broker *b, const Caller *c, const char *token, uid_t owner, const char *name, bool readonly,
                   Hold **ret, UserQuota *ret_quota);

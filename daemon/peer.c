@@ -66,7 +66,7 @@ static void peer_unpark(Peer *p, bool served) {
 
 static void peer_update(Peer *p);
 
-/* Keeps the text of a Park that waits for `what`, to make it again (peer_host_try()). Returns 0 or -ENOMEM. */
+/* Keeps the text of a call that waits for `what`, to make it again (peer_host_try()). Returns 0 or -ENOMEM. */
 static int peer_wait_host(Peer *p, const char *text, size_t len, HostWait what) {
         p->host_call = malloc(len);
         if (!p->host_call)

@@ -61,9 +61,9 @@ typedef struct Peer {
         List link_scrub;                /* or, for a scrub wait (AllocWait.scrub), in Broker.scrub_waiters */
         uint64_t wait_since;            /* when it began waiting (metrics_clock()) */
         bool wait_oneway;               /* the waiting call asked for no reply */
-        char *host_call;                /* a Park waiting for host slabs being made or its copy
-                                           (MethodReply.wait_host): its text, made again by peer_host_try();
-                                           nothing more is read meanwhile */
+        char *host_call;                /* a Park waiting for host slabs being made or its copy, or an Unpark
+                                           or Attach waiting for its copy (MethodReply.wait_host): its text,
+                                           made again by peer_host_try(); nothing more is read meanwhile */
         HostWait host_wait;             /* what it waits for */
         size_t host_call_len;
         List link_host;                 /* while host_call: in Broker.host_waiters */
@@ -87,7 +87,7 @@ Peer *peer_free(Peer *p);
 void peer_serve(Peer *p);
 
 /*
- * Makes again the Park that waits (Peer.host_call), now that what it waits for moved: host slabs were made
+ * Makes again the call that waits (Peer.host_call), now that what it waits for moved: host slabs were made
  * (pool_host_made()), with Caller.host_waited, so that it does not wait for making a second time; or a move
  * ended (broker_moves_ended()), with Caller.copy_waited too, so that it waits for nothing more but a copy
  * of its own still running. It is answered as any call; the connection then reads its next request. May free
@@ -95,8 +95,8 @@ void peer_serve(Peer *p);
  */
 void peer_host_try(Peer *p);
 
-/* Answers the Park that waits OutOfHostMemory: the daemon stops before its host slabs are made or its copy
- * done. May free `p` (and no other peer). */
+/* Answers the call that waits (method_wait_stopping()): the daemon stops before its host slabs are made or its
+ * copy done. May free `p` (and no other peer). */
 void peer_host_stopping(Peer *p);
 
 /*
