@@ -61,6 +61,7 @@ typedef struct MakeJob {
         uint64_t size;
         CUmemGenericAllocationHandle handle;
         int fd;
+        CUdeviceptr va;                 /* the pool's mapping of it (Slab.scrub_va), or 0: made in the loop later */
         CUresult result;                /* of the call that failed, when `failed` */
         const char *failed;             /* the call that failed, or NULL */
         unsigned calls;                 /* driver calls made, for PoolDeviceStats.driver_calls */
@@ -449,7 +450,13 @@ static int slab_create(SlabSpace *space, uint64_t size, uid_t uid, Slab **ret) {
 }
 
 /* Maps a slab into the pool's own address space for scrubbing, once per slab. */
-static int slab_map(PoolDevice *dev, Slab *slab) {
+/*
+ * The pool's own mapping of an allocation, read-write for the device: reserve, map, set access, counting the
+ * driver calls into *calls (the maker thread may not touch the device's stats). On failure *ret_failed names
+ * the call, and nothing is left reserved or mapped.
+ */
+static CUresult mapping_make(CudaDriver *cu, const PoolDevice *dev, CUmemGenericAllocationHandle handle,
+                             uint64_t size, CUdeviceptr *ret_va, const char **ret_failed, unsigned *calls) {
         CUmemAccessDesc access = {
                 .location = { .type = CU_MEM_LOCATION_TYPE_DEVICE, .id = dev->info.device },
                 .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
@@ -457,27 +464,47 @@ static int slab_map(PoolDevice *dev, Slab *slab) {
         CUdeviceptr va = 0;
         CUresult r;
 
+        (*calls)++;
+        r = cu->cuMemAddressReserve(&va, size, cuda_slab_alignment(size), 0, 0);
+        if (r != CUDA_SUCCESS) {
+                *ret_failed = "cuMemAddressReserve";
+                return r;
+        }
+        (*calls)++;
+        r = cu->cuMemMap(va, size, 0, handle, 0);
+        if (r == CUDA_SUCCESS) {
+                (*calls)++;
+                r = cu->cuMemSetAccess(va, size, &access, 1);
+                if (r != CUDA_SUCCESS) {
+                        *ret_failed = "cuMemSetAccess";
+                        (*calls)++;
+                        (void)cu->cuMemUnmap(va, size);
+                }
+        } else
+                *ret_failed = "cuMemMap";
+        if (r != CUDA_SUCCESS) {
+                (*calls)++;
+                (void)cu->cuMemAddressFree(va, size);
+                return r;
+        }
+        *ret_va = va;
+        return CUDA_SUCCESS;
+}
+
+/* Maps the slab for the pool (its zeroing and copies), once. 0 or -EIO. */
+static int slab_map(PoolDevice *dev, Slab *slab) {
+        const char *failed = NULL;
+        unsigned calls = 0;
+        CUresult r;
+
         if (slab->scrub_va)
                 return 0;
-        r = DRV(dev, cuMemAddressReserve)(&va, slab->size, cuda_slab_alignment(slab->size), 0, 0);
+        r = mapping_make(dev->pool->cu, dev, slab->handle, slab->size, &slab->scrub_va, &failed, &calls);
+        dev->stats.driver_calls += calls;
         if (r != CUDA_SUCCESS) {
-                driver_error(dev, "cuMemAddressReserve", r);
+                driver_error(dev, failed, r);
                 return -EIO;
         }
-        r = DRV(dev, cuMemMap)(va, slab->size, 0, slab->handle, 0);
-        if (r != CUDA_SUCCESS) {
-                driver_error(dev, "cuMemMap", r);
-                (void)DRV(dev, cuMemAddressFree)(va, slab->size);
-                return -EIO;
-        }
-        r = DRV(dev, cuMemSetAccess)(va, slab->size, &access, 1);
-        if (r != CUDA_SUCCESS) {
-                driver_error(dev, "cuMemSetAccess", r);
-                (void)DRV(dev, cuMemUnmap)(va, slab->size);
-                (void)DRV(dev, cuMemAddressFree)(va, slab->size);
-                return -EIO;
-        }
-        slab->scrub_va = va;
         return 0;
 }
 
@@ -968,6 +995,12 @@ static int slab_wait_zeroed(PoolDevice *dev, Slab *slab, uint64_t wait_max) {
  * exporting a new one, and the pool does not grow with churn. A wait longer than `wait_max` is not made: NULL
  * with *ret_deferred set.
  */
+/* Whether a slab being scrubbed (or queued for it) will be cached where a request of `uid` takes it: its own,
+ * or unbound (a host slab's scrub unbinds it, device_scrub_queued()). */
+static bool scrub_serves(const Slab *s, const SlabSpace *space, uint64_t size, uid_t uid) {
+        return s->space == space && s->size == size && (s->uid == uid || s->uid == UID_UNBOUND);
+}
+
 static Slab *cache_take_or_wait(SlabSpace *space, uint64_t size, uid_t uid, uint64_t wait_max,
                                 bool *ret_deferred) {
         Slab *slab = cache_take(space, size, uid), *s, *found = NULL;
@@ -977,7 +1010,7 @@ static Slab *cache_take_or_wait(SlabSpace *space, uint64_t size, uid_t uid, uint
                 return slab;
         device_scrub_queued(dev);       /* the slab freed by the last request may not be scrubbing yet */
         list_for_each_entry(s, &dev->scrubbing, link_state) {
-                if (s->space == space && s->size == size && s->uid == uid) {
+                if (scrub_serves(s, space, size, uid)) {
                         found = s;
                         break;
                 }
@@ -1192,6 +1225,7 @@ int pool_alloc_host(Pool *p, Slab *const *slabs, size_t n, uid_t uid, Slab **ret
 /* Makes and exports one host slab on the maker thread: only the driver is touched, nothing of the pool's. */
 static void make_one(Pool *p, MakeJob *j) {
         CUmemAllocationProp prop = cuda_host_prop(j->dev->info.numa_node);
+        const char *failed = NULL;
         CUresult r;
 
         j->calls = 1;
@@ -1215,7 +1249,12 @@ static void make_one(Pool *p, MakeJob *j) {
                 (void)p->cu->cuMemRelease(j->handle);
                 j->failed = "cuMemExportToShareableHandle";
                 j->result = r;
+                return;
         }
+        /* The pool's mapping too (its copies and zeroing use it): 10 ms per GiB of pinned memory on an H200,
+         * which the loop would pay at the first copy. Without it, the loop maps it then. */
+        if (mapping_make(p->cu, j->dev, j->handle, j->size, &j->va, &failed, &j->calls) != CUDA_SUCCESS)
+                j->va = 0;
 }
 
 /* The maker thread: one job at a time, in order, each handed back through the pool's eventfd; it ends once
@@ -1244,6 +1283,14 @@ static void *maker_thread(void *userdata) {
 }
 
 /* Adds the host slabs the maker thread has made to their spaces' caches, unbound. Returns how many it added. */
+/* Undoes the pool's mapping of a made slab that the pool will not take. */
+static void job_unmap(Pool *p, MakeJob *j) {
+        if (j->va) {
+                (void)p->cu->cuMemUnmap(j->va, j->size);
+                (void)p->cu->cuMemAddressFree(j->va, j->size);
+        }
+}
+
 static unsigned makes_finish(Pool *p) {
         List done = LIST_INIT(done);
         unsigned n = 0;
@@ -1267,10 +1314,12 @@ static unsigned makes_finish(Pool *p) {
                 if (j->failed)
                         driver_error(dev, j->failed, j->result);
                 else if (!(slab = calloc(1, sizeof(*slab)))) {
+                        job_unmap(p, j);
                         (void)DRV(dev, cuMemRelease)(j->handle);
                         defer_close(p, j->fd);
                 } else {
                         slab->handle = j->handle;
+                        slab->scrub_va = j->va;
                         slab_init(space, slab, ++p->last_slab_id, j->fd, j->size, UID_UNBOUND);
                         p->prime = false;
                         dev->stats.host_created++;
@@ -1301,7 +1350,7 @@ static unsigned space_available(SlabSpace *space, uint64_t size, uid_t uid) {
 
         for (size_t i = 0; i < ELEMENTSOF(lists); i++)
                 list_for_each_entry(s, lists[i], link_state)
-                        if (s->space == space && s->size == size && s->uid == uid)
+                        if (scrub_serves(s, space, size, uid))
                                 n++;
         return n;
 }
@@ -1416,6 +1465,7 @@ static void maker_stop(Pool *p) {
                         j->dev->host.making_bytes -= j->size;
                         p->making--;
                         if (!j->failed) {
+                                job_unmap(p, j);
                                 (void)p->cu->cuMemRelease(j->handle);
                                 safe_close(j->fd);
                         }
