@@ -761,22 +761,28 @@ static int move_commit(Broker *b, Lease *l) {
         return k;
 }
 
-/*
- * What a call finds of the lease's move (broker_park(), broker_unpark(), broker_attach()): a call made again
- * after a move ended gets the failure to store it; the move toward `parked` in flight, if any, is committed
- * when its copy is done (0), or waited for (HOST_COPYING). One toward the other side is no concern of it.
- */
-static int move_check(Broker *b, const Caller *c, Lease *l, bool parked) {
+/* A call made again after a move ended gets the failure to store that move, once (Lease.move_error). */
+static int move_error_take(const Caller *c, Lease *l) {
         int k = l->move_error;
 
         l->move_error = 0;
-        if (k != 0 && c->copy_waited)
-                return k;                       /* the move it waited for could not be stored */
-        if (!l->move || l->move->parked != parked)
-                return 0;
+        return c->copy_waited ? k : 0;
+}
+
+/* The lease's move: committed when its copy is done (0, or the failure), else waited for (HOST_COPYING). */
+static int move_wait(Broker *b, Lease *l) {
         if (!pool_copy_finished(b->pool, l->move->slabs[0], l->move->ticket))
                 return BROKER_E_HOST_COPYING;
         return move_commit(b, l);
+}
+
+/*
+ * Whether the lease's move is the caller's process's own. Its calls about the lease wait for it, whatever they
+ * ask, so that they are served in the order they came: a Park, then an Unpark from another thread, end with
+ * the lease unparked, never parked again behind the Unpark's back.
+ */
+static bool move_is_own(const Lease *l, const Caller *c) {
+        return l->move && l->move->hold && l->move->hold->holder == c->holder;
 }
 
 unsigned broker_finish_moves(Broker *b) {
@@ -813,15 +819,13 @@ int broker_park(Broker *b, const Caller *c, const char *id, bool *ret_parked, Us
                 return BROKER_E_NOT_OWNER;
         if (hold->readonly)
                 return BROKER_E_READONLY;
-        if (l->move && !l->move->parked && l->move->hold == hold)
-                lease_move_cancel(&b->leases, l);       /* its own Unpark being copied: it parks again */
-        if (l->move && l->move->hold != hold)
+        k = move_error_take(c, l);
+        if (k == 0 && move_is_own(l, c))
+                k = move_wait(b, l);            /* its process's park (this call's, or another's) or unpark */
+        if (k != 0)
+                return k;
+        if (l->move)
                 alone = false;                  /* another process's park or unpark is under way */
-        else {
-                k = move_check(b, c, l, true);  /* its process's park being copied: this call's, or another's */
-                if (k != 0)
-                        return k;
-        }
         list_for_each_entry(other, &l->holds, link_lease)
                 if (other != hold && !other->parked)
                         alone = false;          /* another process still maps it: it moves when that one parks */
@@ -880,12 +884,14 @@ int broker_unpark(Broker *b, const Caller *c, const char *id, Hold **ret, UserQu
         if (!hold)
                 return BROKER_E_NO_SUCH_LEASE;
         l = hold->lease;
-        k = move_check(b, c, l, false);         /* any holder's Unpark waits for the lease's unpark */
+        k = move_error_take(c, l);
+        if (k == 0 && (move_is_own(l, c) || (l->move && !l->move->parked)))
+                k = move_wait(b, l);            /* its own park or unpark, or the lease's unpark, any holder's */
         if (k != 0)
                 return k;
         if (l->parked)
                 return lease_unpark(b, l, hold, ret_quota);
-        lease_move_cancel(&b->leases, l);       /* a park being copied: it maps it again */
+        lease_move_cancel(&b->leases, l);       /* another process's park being copied: it maps it again */
         k = hold_set_parked(b, hold, false);
         if (k != 0)
                 return k;
@@ -925,12 +931,14 @@ int broker_attach(Broker *b, const Caller *c, const char *token, uid_t owner, co
                 if (!fresh)
                         return -ENOMEM;
         }
-        k = move_check(b, c, l, false);         /* the lease's unpark under way: it waits for it */
+        k = move_error_take(c, l);
+        if (k == 0 && (move_is_own(l, c) || (l->move && !l->move->parked)))
+                k = move_wait(b, l);            /* its own park or unpark, or the lease's unpark */
         if (k != 0)
                 return k;
         if (l->parked)
                 return lease_unpark(b, l, NULL, ret_quota);     /* attached or not, it comes back */
-        /* A park being copied is undone: this process maps the lease as it is. */
+        /* Another process's park being copied is undone: this process maps the lease as it is. */
         lease_move_cancel(&b->leases, l);
         /* Once another user holds it, the lease is foreign for good: stored with it. */
         was_foreign = l->foreign;

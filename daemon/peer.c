@@ -337,8 +337,11 @@ void peer_host_try(Peer *p) {
         size_t len;
         int k;
 
+        /* Made again after a copy, a Park that must copy again (its move was undone by another of the owner's
+         * processes, and the lease is its alone again) may wait for making again: nothing is pinned in the loop
+         * but by a call that waited for making already. */
         p->caller.copy_waited = p->host_wait == HOST_WAIT_COPYING;
-        p->caller.host_waited = true;
+        p->caller.host_waited = p->host_wait == HOST_WAIT_MAKING;
         text = peer_host_take(p, &len);
         k = peer_dispatch(p, text, len);
         p->caller.host_waited = false;

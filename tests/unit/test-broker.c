@@ -2328,9 +2328,10 @@ START_TEST(test_park_copies_off_the_loop) {
 END_TEST
 
 /*
- * What needs the lease as it is undoes its move: an Attach of another process, an Unpark of its own, a Free
- * with keep (never kept while moving), the parking process's exit. Each gives the host slabs (scrubbed after
- * the copy) and the host bytes back at once; the Park made again then answers from the lease as it is.
+ * What needs the lease as it is undoes its move: an Attach of another process, a Free with keep (never kept
+ * while moving), the parking process's exit. Each gives the host slabs (scrubbed after the copy) and the host
+ * bytes back at once; the Park made again then answers from the lease as it is. An Unpark of its own process
+ * waits for the park instead.
  */
 START_TEST(test_park_copy_undone) {
         const uint64_t size = 4 * MiB;
@@ -2339,6 +2340,7 @@ START_TEST(test_park_copy_undone) {
         bool parked = true, kept = true;
         uint64_t ended;
         Caller *a, *a2, *child;
+        Hold *hold = NULL;
         TokenText t;
         Lease *l;
         char id[LEASE_ID_LEN + 1];
@@ -2366,16 +2368,15 @@ START_TEST(test_park_copy_undone) {
         ck_assert_int_eq(broker_free(&b, a2, l->id, false, NULL), 0);
         unpark_ok(a, l);
 
-        /* Its own Unpark (another thread's connection): undone; made again, the Park starts another move. */
+        /* Its own Unpark (another thread's connection) waits for its park: served in the order they came. */
         park_copying(a, l);
-        unpark_ok(a, l);
-        ck_assert_ptr_null(l->move);
-        ck_assert_uint_eq(a->user->host_bytes[0], 0);
-        ck_assert_int_eq(park_again(a, l->id, &parked, &q), BROKER_E_HOST_COPYING);
+        ck_assert_int_eq(broker_unpark(&b, a, l->id, &hold, &q), BROKER_E_HOST_COPYING);
+        ck_assert(l->move && l->move->parked);                  /* not undone */
         sim_hold_streams(0);
         ck_assert_int_eq(park_copied(a, BROKER_E_HOST_COPYING, l->id, &parked, &q), 0);
         ck_assert(parked && l->parked);
-        unpark_ok(a, l);
+        ck_assert_int_eq(unpark_call(a, l->id, &hold, &q), 0);
+        ck_assert(!l->parked && !hold->parked);
         ck_assert_int_eq(pool_drain(pool), 0);
 
         /* A Free with keep: never kept while it moves; the lease ends, and the Park made again finds nothing. */
@@ -2439,6 +2440,47 @@ START_TEST(test_park_copy_not_before_scrubs) {
         sim_hold_copies(0);
         ck_assert_int_eq(park_copied(a, BROKER_E_HOST_COPYING, l->id, &parked, &q), 0);
         ck_assert(parked && l->parked);
+}
+END_TEST
+
+/*
+ * The host slabs of an undone park, queued for their scrub once the copy is done, serve the owner's next park:
+ * it counts on them, makes none off the loop, and creates none in it (their scrub unbinds them).
+ */
+START_TEST(test_park_after_undone_creates_nothing) {
+        PoolDeviceStats s;
+        UserQuota q = {};
+        bool parked = false;
+        uint64_t created;
+        Caller *a, *a2;
+        TokenText t;
+        Lease *l;
+
+        setup_broker_host(64 * MiB, false);
+        a = this_process(UID_A);
+        a2 = new_process(UID_A);
+        l = alloc_parked_once(a, 4 * MiB);
+        t = share_ok(a, l, UID_A, false);
+        created = host_created();
+        park_copying(a, l);
+        attach_token_ok(a2, &t, false);                         /* undone */
+        ck_assert_int_eq(broker_free(&b, a2, l->id, false, NULL), 0);
+        sim_hold_streams(0);
+        for (unsigned i = 0;; i++) {                            /* the copy done: the host slabs queued */
+                struct pollfd p = { .fd = pool_get_fd(pool), .events = POLLIN };
+
+                pool_device_stats(pool, 0, &s);
+                if (s.host_scrubbing > 0)
+                        break;
+                ck_assert_msg(i < 100, "the undone park's host slabs were not given back in 10 s");
+                (void)poll(&p, 1, 100);
+                (void)pool_dispatch(pool);
+        }
+        ck_assert_int_eq(park_again(a, l->id, &parked, &q), BROKER_E_HOST_COPYING);     /* not HOST_MAKING */
+        ck_assert_uint_eq(host_created(), created);
+        ck_assert_int_eq(park_copied(a, BROKER_E_HOST_COPYING, l->id, &parked, &q), 0);
+        ck_assert(parked && l->parked);
+        ck_assert_uint_eq(host_created(), created);
 }
 END_TEST
 
@@ -2519,8 +2561,8 @@ START_TEST(test_unpark_copies_off_the_loop) {
 END_TEST
 
 /*
- * An unpark being copied is undone by a Park of the same process (the lease stays parked, the device bytes
- * come back) and by the lease's end; an Attach's unpark is nobody's to undo, and outlives the attacher. And a
+ * An unpark being copied is waited for by a Park of the same process, and undone by the lease's end; an
+ * Attach's unpark is nobody's to undo, and outlives the attacher. And a
  * foreign lease that ends while a copy reads its slabs: they are released once the copy is done (and the
  * move's host slabs scrubbed then), and the loop waits for nothing.
  */
@@ -2544,13 +2586,15 @@ START_TEST(test_unpark_copy_undone) {
         ck_assert(park_ok(a, l));
         ck_assert_int_eq(pool_drain(pool), 0);
 
-        /* Its own Park meanwhile: the lease stays parked, the hold parked, the device bytes back. */
+        /* Its own Park meanwhile waits for the unpark: unparked, then parked again, in the order they came. */
         sim_hold_streams(1);
         ck_assert_int_eq(broker_unpark(&b, a, l->id, &hold, &q), BROKER_E_HOST_COPYING);
-        ck_assert_int_eq(broker_park(&b, a, l->id, &parked, &q), 0);
-        ck_assert(parked && l->parked && !l->move && lease_find_hold(l, a->holder)->parked);
-        ck_assert_uint_eq(a->user->bytes[0], 0);
+        ck_assert_int_eq(broker_park(&b, a, l->id, &parked, &q), BROKER_E_HOST_COPYING);
+        ck_assert(l->move && !l->move->parked);                 /* not undone */
         sim_hold_streams(0);
+        ck_assert_int_eq(unpark_call(a, l->id, &hold, &q), 0);
+        ck_assert(!l->parked && !hold->parked);
+        ck_assert(park_ok(a, l));
         ck_assert_int_eq(pool_drain(pool), 0);
         pool_device_stats(pool, 0, &s);
         ck_assert_uint_eq(s.leased, 0);                         /* the device slabs scrubbed, cached */
@@ -2968,6 +3012,7 @@ int main(void) {
                                     test_park_makes_host_off_the_loop, test_park_without_host_memory, test_park_end,
                                     test_park_write_ahead, test_park_copies_off_the_loop, test_park_copy_undone,
                                     test_park_copy_not_reclaimed, test_park_copy_not_before_scrubs,
+                                    test_park_after_undone_creates_nothing,
                                     test_unpark_copies_off_the_loop,
                                     test_unpark_copy_undone, test_park_not_reclaimed, test_keep_and_reuse, test_keep_rules,
                                     test_keep_is_not_for_use, test_keep_reap_and_store, test_keep_reclaimed_first,
