@@ -14,6 +14,16 @@
  * when the test's process ends however it ends (a failed check _exit()s, Check's timeout kills), so that no
  * daemon is left waiting for a file nobody removes. A daemon that makes host slabs in its loop answers nothing
  * while the hold is there: those tests fail after ANSWER_MS saying so.
+ *
+ * Nor does anybody wait for a Park's copy into host memory (some 20 ms per GiB) but the Park: the daemon queues
+ * it on the device's copy stream and stores the lease parked once the stream has done it. The simulated device
+ * holds every device-to-device copy (a park's or an unpark's) while the file SIMCUDA_HOLD_COPY_FILE names is
+ * there, and makes that name + ".reached" when a stream waits at one; its scrubs go on. A test parks a lease
+ * whose host slabs a first park and unpark left cached (nothing to make: creates are held too, to see that none
+ * starts), sees the copy held, checks what is answered meanwhile, and what the parking process's end, the end
+ * of a lease another user held, an Attach of the lease and the daemon's stop do to the waiting Park; then it
+ * removes the file. A daemon that copies in its loop answers no Status while the copy is held: those tests fail
+ * after ANSWER_MS saying so.
  */
 
 #include <check.h>
@@ -49,25 +59,42 @@
 
 static Harness h;
 static char hold[64], reached[80];      /* this test's hold file and the file the simulator makes under it */
+static char copies[64], copied[80];     /* the file that holds the daemon's copies (SIMCUDA_HOLD_COPY_FILE), or
+                                           "", and the file the simulator makes under it */
+static const char *holding;             /* what the test holds, for what it says when a call is not answered */
 static pid_t guard = -1;                /* removes them when this process ends (start_guard()) */
 static int guard_w = -EBADF;            /* its pipe: EOF when this process ends */
 
-/* ---- holding the daemon's host cuMemCreate ------------------------------------------------------------- */
+/* ---- holding the daemon's host cuMemCreate and its copies ----------------------------------------------- */
 
-/* Lets held creates go on; what was made under the hold (.reached) stays for the test to look at. */
+/* Lets held creates and copies go on; what was held under them (.reached) stays for the test to look at. */
 static void release_hold(void) {
         if (hold[0])
                 (void)unlink(hold);
+        if (copies[0])
+                (void)unlink(copies);
+}
+
+/* Makes the file `path` (empty), unless it is there. */
+static void make_file(const char *path) {
+        int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+
+        ck_assert_int_ge(fd, 0);
+        close(fd);
 }
 
 /* Holds the daemon's next host cuMemCreate, and forgets whether one was held before. */
 static void make_hold(void) {
-        int fd;
-
         (void)unlink(reached);
-        fd = open(hold, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
-        ck_assert_int_ge(fd, 0);
-        close(fd);
+        make_file(hold);
+}
+
+/* Holds the daemon's next copy (a Park's into host memory, an Unpark's back), and forgets whether one was held
+ * before. Its scrubs go on. */
+static void hold_copies(void) {
+        ck_assert(copies[0]);
+        (void)unlink(copied);
+        make_file(copies);
 }
 
 /*
@@ -92,6 +119,10 @@ static void start_guard(void) {
                         ;
                 (void)unlink(hold);
                 (void)unlink(reached);
+                if (copies[0]) {
+                        (void)unlink(copies);
+                        (void)unlink(copied);
+                }
                 _exit(0);
         }
         close(p[0]);
@@ -106,32 +137,43 @@ static void stop_guard(void) {
 }
 
 /*
- * For a test that holds the simulated device's host cuMemCreate: false, said on stderr, on a real driver, which
- * cannot; else names the hold files (this process's, not there yet), sets SIMCUDA_HOLD_CREATE_FILE and starts
- * the daemon with a device of 1 GiB and `config` (vmmbroker.conf lines).
+ * For a test that holds the simulated device's host cuMemCreate, and its copies too with `copy`: false, said on
+ * stderr, on a real driver, which cannot; else names the hold files (this process's, not there yet), sets
+ * SIMCUDA_HOLD_CREATE_FILE (and SIMCUDA_HOLD_COPY_FILE) and starts the daemon with a device of 1 GiB and
+ * `config` (vmmbroker.conf lines).
  */
-static bool start_holding(const char *test, const char *config) {
+static bool start_holding(const char *test, const char *config, bool copy) {
         if (!strstr(getenv("VMMBROKER_LIBCUDA") ?: "", "simcuda")) {
-                fprintf(stderr, "%s: not run: it holds the simulated device's cuMemCreate, which a real driver "
-                        "cannot\n", test);
+                fprintf(stderr, "%s: not run: it holds the simulated device's %s, which a real driver cannot\n",
+                        test, copy ? "copies" : "cuMemCreate");
                 return false;
         }
         snprintf(hold, sizeof(hold), "/tmp/vmmb-hold-create-%d", (int)getpid());
         snprintf(reached, sizeof(reached), "%s.reached", hold);
-        (void)unlink(hold);
+        copies[0] = copied[0] = '\0';
+        if (copy) {
+                snprintf(copies, sizeof(copies), "/tmp/vmmb-hold-copy-%d", (int)getpid());
+                snprintf(copied, sizeof(copied), "%s.reached", copies);
+                (void)unlink(copied);
+        }
+        holding = copy ? "a Park's copy into host memory was held" : "a Park's host slabs were being made";
+        release_hold();
         (void)unlink(reached);
         start_guard();
         ck_assert_int_eq(setenv("SIMCUDA_HOLD_CREATE_FILE", hold, 1), 0);
+        if (copy)
+                ck_assert_int_eq(setenv("SIMCUDA_HOLD_COPY_FILE", copies, 1), 0);
         harness_start_capped_or_fail(&h, "1G", config);
         return true;
 }
 
-/* Lets held creates go on and stops the daemon, which must exit with status 0. */
+/* Lets held creates and copies go on and stops the daemon, which must exit with status 0. */
 static void stop(void) {
         release_hold();
         harness_stop_or_fail(&h);
         stop_guard();
         ck_assert_int_eq(unsetenv("SIMCUDA_HOLD_CREATE_FILE"), 0);
+        ck_assert_int_eq(unsetenv("SIMCUDA_HOLD_COPY_FILE"), 0);
 }
 
 /* Waits, at most ANSWER_MS, for the daemon to start a held host cuMemCreate. */
@@ -183,17 +225,59 @@ static int park_send(VarlinkConn *c, const char *id) {
         return k < 0 ? k : call_send(c, VMMB_METHOD_PARK, params, false);
 }
 
-/* Reads the answer to a Park on `c`, which must be `parked: true`. */
-static void parked_or_fail(VarlinkConn *c) {
+/* Reads the answer to a Park on `c`, which must be a success saying `parked`. */
+static void park_answer_or_fail(VarlinkConn *c, bool parked) {
         ParkReply p = {};
         Reply r;
 
         ck_assert_int_eq(reply_read(c, &r, NULL), 0);
         ck_assert_msg(!r.error, "Park refused: %s %s", r.error, json_object_to_json_string(r.params));
         ck_assert_int_eq(park_reply_decode(r.params, &p, NULL), 0);
-        ck_assert_msg(p.parked, "the lease was not parked: %s", json_object_to_json_string(r.params));
+        ck_assert_msg(p.parked == parked, "the lease was %sparked: %s", p.parked ? "" : "not ",
+                      json_object_to_json_string(r.params));
         park_reply_done(&p);
         reply_done(&r);
+}
+
+/* Reads the answer to a Park on `c`, which must be `parked: true`. */
+static void parked_or_fail(VarlinkConn *c) {
+        park_answer_or_fail(c, true);
+}
+
+/*
+ * Reads what comes on `c`, a connection of a killed process that the test keeps, for the Park it sent: the
+ * daemon's hang-up, or any answer but `parked: true`.
+ */
+static void killed_park_answer_or_fail(VarlinkConn *c) {
+        Reply r;
+
+        if (reply_read(c, &r, NULL) < 0)
+                return;
+        ck_assert_msg(r.error || !json_object_get_boolean(json_object_object_get(r.params, "parked")),
+                      "the Park of a killed process was answered %s", json_object_to_json_string(r.params));
+        reply_done(&r);
+}
+
+/* Shares lease `id` on `c` with user `uid` and returns the token in `token`. */
+static void share_or_fail(VarlinkConn *c, const char *id, uid_t uid, char token[static VMMB_TOKEN_MAX + 1]) {
+        char params[128];
+        Reply r;
+
+        snprintf(params, sizeof(params), "{\"id\": \"%s\", \"uid\": %u}", id, (unsigned)uid);
+        ck_assert_int_eq(call_text(c, VMMB_METHOD_SHARE, params, &r), 0);
+        ck_assert_msg(!r.error, "Share refused: %s %s", r.error, json_object_to_json_string(r.params));
+        ck_assert_uint_eq(strlen(reply_str(&r, "token") ?: ""), VMMB_TOKEN_LEN);
+        snprintf(token, VMMB_TOKEN_MAX + 1, "%s", reply_str(&r, "token"));
+        reply_done(&r);
+}
+
+/* Sends an Attach with `token` on `c` without reading its answer. */
+static int attach_send(VarlinkConn *c, const char *token) {
+        _cleanup_(json_object_putp) json_object *params = json_object_new_object();
+
+        if (!params || json_object_object_add(params, "token", json_object_new_string(token)) < 0)
+                return -ENOMEM;
+        return call_send(c, VMMB_METHOD_ATTACH, params, false);
 }
 
 /* Unparks lease `id` on `c` and returns it, its fds open. */
@@ -221,8 +305,8 @@ static WireDevice status(void) {
 }
 
 /*
- * A Status on a connection of its own that must be answered within ANSWER_MS, while a host cuMemCreate is held
- * (else the hold is released and the test fails). Returns device 0.
+ * A Status on a connection of its own that must be answered within ANSWER_MS, while a host cuMemCreate or a copy
+ * is held (else the hold is released and the test fails). Returns device 0.
  */
 static WireDevice status_while_held(void) {
         _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
@@ -232,8 +316,8 @@ static WireDevice status_while_held(void) {
 
         ck_assert_int_eq(conn_open(h.socket, &c), 0);
         ck_assert_int_eq(call_send(c, VMMB_METHOD_STATUS, NULL, false), 0);
-        ck_assert_msg(answered_within(c), "a Status on another connection was not answered within %d s while a "
-                      "Park's host slabs were being made (made in the daemon's loop?)", ANSWER_MS / 1000);
+        ck_assert_msg(answered_within(c), "a Status on another connection was not answered within %d s while %s "
+                      "(done in the daemon's loop?)", ANSWER_MS / 1000, holding);
         ck_assert_int_eq(reply_read(c, &r, NULL), 0);
         ck_assert_msg(!r.error, "Status refused: %s", r.error);
         ck_assert_int_eq(status_reply_decode(r.params, &s, NULL), 0);
@@ -252,6 +336,43 @@ static void wait_for_waiters_while_held(int64_t n) {
         for (unsigned i = 0; i < POLL_STEPS && waiters != n; i++)
                 waiters = status_while_held().waiters;
         ck_assert_msg(waiters == n, "the device has %" PRId64 " waiters, not %" PRId64, waiters, n);
+}
+
+/*
+ * Whether List (every lease, on a connection of its own) says lease `id` is parked. Status's `parked` cannot say:
+ * it counts the host slabs a copy in flight fills too.
+ */
+static bool listed_parked(const char *id) {
+        const WireLeaseInfo *li;
+        ListReply lr = {};
+        bool parked;
+
+        ck_assert_int_eq(list_get(h.socket, true, &lr), 0);
+        li = list_find(&lr, id);
+        ck_assert_msg(li, "lease %s is not listed", id);
+        parked = li->parked;
+        list_reply_done(&lr);
+        return parked;
+}
+
+/*
+ * Waits, at most ANSWER_MS, for the daemon's copy stream to reach the held copy of the Park of lease `id` just
+ * sent; then a Status must be answered at once, the Park must have taken the host slabs cached for it, and the
+ * lease must not be parked yet.
+ */
+static void wait_for_copy(const char *id) {
+        uint64_t deadline = harness_now_msec() + ANSWER_MS;
+        WireDevice d;
+
+        while (access(copied, F_OK) != 0 && harness_now_msec() < deadline)
+                (void)poll(NULL, 0, 1);
+        if (access(copied, F_OK) != 0) {
+                release_hold();
+                ck_abort_msg("the Park started no copy within %d s (%s never appeared)", ANSWER_MS / 1000, copied);
+        }
+        d = status_while_held();
+        ck_assert_msg(d.host_cached == 0, "the Park left %" PRId64 " bytes of host slabs cached", d.host_cached);
+        ck_assert_msg(!listed_parked(id), "lease %s is parked though its copy is held", id);
 }
 
 /* Polls Status until no lease is left, `host_cached` bytes of host slabs are cached and nothing is being
@@ -287,6 +408,24 @@ static TestLease alloc_written(Gpu *g, VarlinkConn *c, uint64_t size, uint32_t w
         return l;
 }
 
+/*
+ * Leaves host slabs for a lease of `size` cached, as a process leaves them that parks, unparks and frees a lease
+ * of that size on `c` (the first park makes them): a later park of that size makes nothing, it only waits for
+ * its copy. Waits until they are scrubbed and cached.
+ */
+static void cache_host_slabs(VarlinkConn *c, uint64_t size) {
+        TestLease l;
+
+        ck_assert_int_eq(lease_alloc(c, size, &l), 0);
+        test_lease_close(&l);
+        ck_assert_int_eq(park_send(c, l.id), 0);
+        parked_or_fail(c);
+        l = unpark_or_fail(c, l.id);
+        test_lease_close(&l);
+        ck_assert_int_eq(lease_free(c, l.id), 0);
+        wait_for_idle((int64_t)size);
+}
+
 /* Unparks lease `id` on `c`, checks that it holds `word` all over, and frees it. */
 static void unpark_check_free(Gpu *g, VarlinkConn *c, const char *id, uint64_t size, uint32_t word) {
         TestLease l = unpark_or_fail(c, id);
@@ -310,7 +449,7 @@ static bool exited_now(pid_t pid) {
 }
 
 /* Waits, at most ANSWER_MS, for child `pid` to exit, and checks it succeeded; else releases the hold and fails
- * the test, saying `what` was not done while a host cuMemCreate was held. */
+ * the test, saying `what` was not done while something was held. */
 static void child_done_within(pid_t pid, const char *what) {
         _cleanup_close_ int pidfd = pidfd_open(pid, 0);
         struct pollfd p = { .fd = pidfd, .events = POLLIN };
@@ -324,8 +463,8 @@ static void child_done_within(pid_t pid, const char *what) {
                 release_hold();
                 (void)kill(pid, SIGKILL);
                 (void)harness_wait(pid);
-                ck_abort_msg("%s: not done within %d s while a Park's host slabs were being made (made in the "
-                             "daemon's loop?)", what, ANSWER_MS / 1000);
+                ck_abort_msg("%s: not done within %d s while %s (done in the daemon's loop?)", what,
+                             ANSWER_MS / 1000, holding);
         }
         ck_assert_msg(harness_wait(pid) == 0, "%s failed (see the child's stderr)", what);
 }
@@ -391,7 +530,7 @@ START_TEST(test_park_does_not_hold_others) {
         WireDevice d;
         Gpu g = {};
 
-        if (!start_holding(__func__, CONFIG))
+        if (!start_holding(__func__, CONFIG, false))
                 return;
         ck_assert_int_eq(conn_open(h.socket, &a), 0);
         ck_assert_int_eq(gpu_open(&g), 0);
@@ -432,7 +571,7 @@ START_TEST(test_park_waiter_exits) {
         TestLease l;
         WireDevice d = {};
 
-        if (!start_holding(__func__, CONFIG))
+        if (!start_holding(__func__, CONFIG, false))
                 return;
         arg.socket = h.socket;
         make_hold();
@@ -512,7 +651,7 @@ START_TEST(test_park_over_limits_at_once) {
                 WireDevice d;
                 Reply r;
 
-                if (!start_holding(__func__, cases[i].config))
+                if (!start_holding(__func__, cases[i].config, false))
                         return;
                 ck_assert_int_eq(conn_open(h.socket, &a), 0);
                 ck_assert_int_eq(lease_alloc(a, SIZE, &l), 0);
@@ -547,7 +686,7 @@ START_TEST(test_stop_while_making) {
         int k;
 
         /* MaxBytes= above the device: w's Alloc of all of it waits for room, not refused over the limit. */
-        if (!start_holding(__func__, CONFIG "[Limits]\nMaxBytes=2G\n"))
+        if (!start_holding(__func__, CONFIG "[Limits]\nMaxBytes=2G\n", false))
                 return;
         ck_assert_int_eq(conn_open(h.socket, &a), 0);
         ck_assert_int_eq(conn_open(h.socket, &w), 0);
@@ -587,7 +726,7 @@ START_TEST(test_two_parks_while_making) {
         WireDevice d;
         Gpu g = {};
 
-        if (!start_holding(__func__, CONFIG))
+        if (!start_holding(__func__, CONFIG, false))
                 return;
         ck_assert_int_eq(conn_open(h.socket, &a), 0);
         ck_assert_int_eq(conn_open(h.socket, &b), 0);
@@ -616,9 +755,279 @@ START_TEST(test_two_parks_while_making) {
 }
 END_TEST
 
+/* ---- the copy into host memory, held ------------------------------------------------------------------- */
+
+/*
+ * A Park whose host slabs are cached only waits for its copy, and nobody waits for that but the Park: while the
+ * copy is held, a Status on another connection is answered, and so are another user's Alloc and Free (as root);
+ * the Park is not, and the lease is not parked yet. Once the copy goes on, the Park is answered `parked: true`
+ * without anything made, and Unpark brings the content back.
+ */
+START_TEST(test_park_copy_does_not_hold_others) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *a = NULL;
+        TestLease l;
+        WireDevice d;
+        Gpu g = {};
+
+        if (!start_holding(__func__, CONFIG, true))
+                return;
+        ck_assert_int_eq(conn_open(h.socket, &a), 0);
+        ck_assert_int_eq(gpu_open(&g), 0);
+        cache_host_slabs(a, SIZE);
+        l = alloc_written(&g, a, SIZE, 0xc0b1ed01);
+
+        make_hold();
+        hold_copies();
+        ck_assert_int_eq(park_send(a, l.id), 0);
+        wait_for_copy(l.id);
+        if (geteuid() == 0)
+                child_done_within(harness_fork(child_other_user, h.socket), "another user's Alloc and Free");
+        d = status_while_held();
+        ck_assert_uint_eq(d.leased, SIZE);
+        ck_assert_msg(!readable_now(a), "the Park was answered while its copy was held");
+
+        release_hold();
+        parked_or_fail(a);
+        ck_assert_msg(access(reached, F_OK) != 0, "the Park made host slabs though %" PRIu64 " bytes of them were "
+                      "cached", SIZE);
+        ck_assert(listed_parked(l.id));
+        d = status();
+        ck_assert_int_eq(d.parked, (int64_t)SIZE);
+        ck_assert_uint_eq(d.leased, 0);
+        unpark_check_free(&g, a, l.id, SIZE, 0xc0b1ed01);
+        gpu_close(&g);
+        wait_for_idle((int64_t)SIZE);
+        stop();
+}
+END_TEST
+
+/*
+ * The parking process killed while its copy is held: its hold ends, and with it the park and the lease, the copy
+ * still held; everybody else is answered meanwhile, and so is the Park left on the connection (the test keeps
+ * it, not the dead process): hung up, or anything but `parked: true`. Once the copy goes on, nothing is parked
+ * or leased, the host slabs the park had taken are cached again, and the next park of that size, another
+ * process's, takes them without making any.
+ */
+START_TEST(test_park_copy_parker_killed) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *a = NULL, *p = NULL;
+        Connector x;
+        TestLease l;
+        WireDevice d = {};
+
+        if (!start_holding(__func__, CONFIG, true))
+                return;
+        ck_assert_int_eq(conn_open(h.socket, &a), 0);
+        cache_host_slabs(a, SIZE);
+        /* The parking process: a connector of this user, the holder of what is leased on its connection. */
+        x = connector_start(h.socket, getuid(), 1, &p);
+        ck_assert_int_eq(lease_alloc(p, SIZE, &l), 0);
+        test_lease_close(&l);
+
+        make_hold();
+        hold_copies();
+        ck_assert_int_eq(park_send(p, l.id), 0);
+        wait_for_copy(l.id);
+        ck_assert_int_eq(kill(x.pid, SIGKILL), 0);
+        ck_assert_int_eq(connector_close(&x), 128 + SIGKILL);
+        /* Its lease ends with its process, the copy still held (its device slabs wait for the copy to end). */
+        for (unsigned i = 0; i < POLL_STEPS; i++) {
+                d = status_while_held();
+                if (d.leases == 0)
+                        break;
+        }
+        ck_assert_msg(d.leases == 0, "lease %s outlived its only holder while its copy was held", l.id);
+        if (geteuid() == 0)
+                child_done_within(harness_fork(child_other_user, h.socket), "another user's Alloc and Free");
+        ck_assert_msg(answered_within(p), "the Park of a process that was killed was neither answered nor hung up "
+                      "within %d s of its lease's end", ANSWER_MS / 1000);
+        killed_park_answer_or_fail(p);
+
+        release_hold();
+        wait_for_idle((int64_t)SIZE);           /* the park's host slabs, scrubbed after the copy */
+
+        /* Another park of that size takes them: answered, and nothing made, though creates are held again. */
+        ck_assert_int_eq(lease_alloc(a, SIZE, &l), 0);
+        test_lease_close(&l);
+        make_hold();
+        ck_assert_int_eq(park_send(a, l.id), 0);
+        ck_assert_msg(answered_within(a), "a Park that cached host slabs can serve was not answered within %d s "
+                      "(it waited for a make: %s is %s)", ANSWER_MS / 1000, reached,
+                      access(reached, F_OK) == 0 ? "there" : "not there");
+        parked_or_fail(a);
+        ck_assert_msg(access(reached, F_OK) != 0, "the next Park made host slabs though %" PRIu64 " bytes of them "
+                      "were cached", SIZE);
+        d = status();
+        ck_assert_int_eq(d.parked, (int64_t)SIZE);
+        ck_assert_int_eq(d.host_cached, 0);
+        ck_assert_int_eq(lease_free(a, l.id), 0);
+        wait_for_idle((int64_t)SIZE);
+        stop();
+}
+END_TEST
+
+/*
+ * A foreign lease (another user attached it once) ends while its park's copy is held. Its device slabs are
+ * released, not scrubbed, and the copy still reads them: unmapped under it, the copy would fault the device's
+ * copy stream for good; waited for in the loop, everybody would wait for the copy. Owner A (a connector of this
+ * user) allocs and shares with user B, whose connector attaches and frees; A parks, its copy held, and is
+ * killed. The lease ends and everybody else is answered, the copy still held; once it goes on, nothing is left
+ * but the park's host slabs, cached again, and a lease with content parks and unparks whole: the copy stream
+ * works (a faulted one fails the copy: DriverError).
+ */
+START_TEST(test_park_copy_foreign_lease_ends) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL, *pa = NULL, *pb = NULL;
+        char token[VMMB_TOKEN_MAX + 1];
+        Connector xa, xb;
+        TestLease l, lb;
+        WireDevice d = {};
+        Gpu g = {};
+
+        if (geteuid() != 0) {
+                fprintf(stderr, "%s: not run: it needs another user (uid %u), which only root can be\n", __func__,
+                        UID_OTHER);
+                return;
+        }
+        if (!start_holding(__func__, CONFIG, true))
+                return;
+        ck_assert_int_eq(conn_open(h.socket, &c), 0);
+        cache_host_slabs(c, SIZE);
+        xa = connector_start(h.socket, getuid(), 1, &pa);
+        xb = connector_start(h.socket, UID_OTHER, 1, &pb);
+        ck_assert_int_eq(lease_alloc(pa, SIZE, &l), 0);
+        test_lease_close(&l);
+        share_or_fail(pa, l.id, UID_OTHER, token);
+        ck_assert_int_eq(attach_send(pb, token), 0);
+        lb = lease_reply_or_fail(pb);
+        ck_assert_str_eq(lb.id, l.id);
+        ck_assert_int_eq(lease_free(pb, l.id), 0);
+        connector_finish(&xb);
+
+        hold_copies();
+        ck_assert_int_eq(park_send(pa, l.id), 0);
+        wait_for_copy(l.id);
+        ck_assert_int_eq(kill(xa.pid, SIGKILL), 0);
+        ck_assert_int_eq(connector_close(&xa), 128 + SIGKILL);
+        for (unsigned i = 0; i < POLL_STEPS; i++) {
+                d = status_while_held();
+                if (d.leases == 0)
+                        break;
+        }
+        ck_assert_msg(d.leases == 0, "foreign lease %s outlived its only holder while its copy was held", l.id);
+        child_done_within(harness_fork(child_other_user, h.socket), "another user's Alloc and Free");
+        ck_assert_msg(answered_within(pa), "the Park of a process that was killed was neither answered nor hung up "
+                      "within %d s of its lease's end", ANSWER_MS / 1000);
+        killed_park_answer_or_fail(pa);
+
+        release_hold();
+        wait_for_idle((int64_t)SIZE);           /* the park's host slabs, scrubbed after the copy */
+        ck_assert_int_eq(gpu_open(&g), 0);
+        l = alloc_written(&g, c, SIZE, 0xf0e1d2c3);
+        ck_assert_int_eq(park_send(c, l.id), 0);
+        parked_or_fail(c);
+        unpark_check_free(&g, c, l.id, SIZE, 0xf0e1d2c3);
+        gpu_close(&g);
+        wait_for_idle((int64_t)SIZE);
+        stop();
+}
+END_TEST
+
+/*
+ * An Attach of the lease by another process of its user while its park's copy is held undoes the park: the
+ * Attach is answered with the lease as it is, and the Park `parked: false` at once, the copy still held (it waits
+ * for nothing more). The attacher maps the lease and finds its content; the lease is not parked. Once the copy
+ * goes on, the host slabs the park had taken are scrubbed and cached again.
+ */
+START_TEST(test_park_copy_attach_cancels) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *a = NULL, *b = NULL;
+        char token[VMMB_TOKEN_MAX + 1];
+        CUdeviceptr va;
+        Connector x;
+        TestLease l, lb;
+        WireDevice d;
+        Gpu g = {};
+        Reply r;
+
+        if (!start_holding(__func__, CONFIG, true))
+                return;
+        ck_assert_int_eq(conn_open(h.socket, &a), 0);
+        ck_assert_int_eq(gpu_open(&g), 0);
+        cache_host_slabs(a, SIZE);
+        l = alloc_written(&g, a, SIZE, 0xa77ac4ed);
+        share_or_fail(a, l.id, getuid(), token);
+        x = connector_start(h.socket, getuid(), 1, &b);
+
+        hold_copies();
+        ck_assert_int_eq(park_send(a, l.id), 0);
+        wait_for_copy(l.id);
+        ck_assert_int_eq(attach_send(b, token), 0);
+        ck_assert_msg(answered_within(b), "an Attach was not answered within %d s while %s", ANSWER_MS / 1000,
+                      holding);
+        ck_assert_int_eq(reply_read(b, &r, NULL), 0);
+        ck_assert_msg(!r.error, "Attach refused: %s %s", r.error, json_object_to_json_string(r.params));
+        ck_assert_int_eq(lease_take(&r, &lb), 0);
+        reply_done(&r);
+        ck_assert_str_eq(lb.id, l.id);
+        ck_assert(!lb.readonly);
+        ck_assert_msg(answered_within(a), "the Park was not answered within %d s of an Attach that undid it, its "
+                      "copy held", ANSWER_MS / 1000);
+        park_answer_or_fail(a, false);
+        d = status_while_held();
+        ck_assert_uint_eq(d.leased, SIZE);
+        ck_assert_uint_eq(d.leases, 1);
+        ck_assert_msg(!listed_parked(l.id), "lease %s is parked though an Attach undid its park", l.id);
+        ck_assert_int_eq(gpu_map(&g, &lb, &va), 0);
+        ck_assert_msg(gpu_verify(&g, va, SIZE, 0xa77ac4ed) == 0, "the attacher did not find the lease's content");
+        ck_assert_int_eq(cuda_unmap(g.cu, va, lb.sizes, lb.n), 0);
+        test_lease_close(&lb);
+
+        release_hold();
+        ck_assert_int_eq(lease_free(b, l.id), 0);
+        ck_assert_int_eq(lease_free(a, l.id), 0);
+        connector_finish(&x);
+        gpu_close(&g);
+        wait_for_idle((int64_t)SIZE);           /* the park's host slabs, scrubbed after the copy */
+        stop();
+}
+END_TEST
+
+/*
+ * SIGTERM while a Park's copy is held: the waiting Park is told at once, the copy still held, that the broker is
+ * stopping and its lease is not parked (OutOfHostMemory); once the copy goes on, the daemon exits with status 0.
+ */
+START_TEST(test_stop_while_copying) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *a = NULL;
+        const char *message;
+        TestLease l;
+        Reply r;
+
+        if (!start_holding(__func__, CONFIG, true))
+                return;
+        ck_assert_int_eq(conn_open(h.socket, &a), 0);
+        cache_host_slabs(a, SIZE);
+        ck_assert_int_eq(lease_alloc(a, SIZE, &l), 0);
+        test_lease_close(&l);
+        hold_copies();
+        ck_assert_int_eq(park_send(a, l.id), 0);
+        wait_for_copy(l.id);
+
+        ck_assert_int_eq(kill(h.pid, SIGTERM), 0);
+        ck_assert_msg(answered_within(a), "the Park was not answered within %d s of SIGTERM, its copy held",
+                      ANSWER_MS / 1000);
+        ck_assert_int_eq(reply_read(a, &r, NULL), 0);
+        ck_assert_str_eq(r.error ?: "(none)", VMMB_ERROR_OUT_OF_HOST_MEMORY);
+        message = reply_str(&r, "message");
+        ck_assert_msg(message && strstr(message, "stopping") && strstr(message, l.id) &&
+                      strstr(message, "not parked"), "not said: %s", message);
+        reply_done(&r);
+        stop();                                 /* releases the hold; fails unless the daemon exits with 0 */
+}
+END_TEST
+
 int main(void) {
         return run_suite(UNIT_SUITE("park", NULL, test_park_does_not_hold_others, test_park_waiter_exits,
                                     test_park_over_limits_at_once, test_stop_while_making,
-                                    test_two_parks_while_making)) == 0
+                                    test_two_parks_while_making, test_park_copy_does_not_hold_others,
+                                    test_park_copy_parker_killed, test_park_copy_foreign_lease_ends,
+                                    test_park_copy_attach_cancels, test_stop_while_copying)) == 0
                        ? EXIT_SUCCESS : EXIT_FAILURE;
 }
