@@ -264,7 +264,8 @@ static int format_devices(FILE *f, Broker *b) {
                      "Pinned host memory the pool may hold for the device's parked leases (HostCapacity=).",
                      offsetof(PoolDeviceStats, host_capacity));
         device_gauge(f, rows, n, "vmmbroker_device_parked_bytes", "bytes",
-                     "Bytes of host memory holding the device's parked leases.", offsetof(PoolDeviceStats, parked));
+                     "Bytes of host memory holding the device's parked leases, or taken by parks being copied.",
+                     offsetof(PoolDeviceStats, parked));
         device_gauge(f, rows, n, "vmmbroker_device_host_cached_bytes", "bytes",
                      "Bytes of host memory zeroed and kept for the next park.",
                      offsetof(PoolDeviceStats, host_cached));

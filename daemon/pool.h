@@ -135,7 +135,8 @@ typedef struct PoolDeviceStats {
         /* host memory for parked leases */
         uint64_t host_granularity;      /* 0: the device cannot park */
         uint64_t host_capacity;
-        uint64_t parked;                /* bytes in host slabs holding parked leases */
+        uint64_t parked;                /* bytes in leased host slabs: holding parked leases, or taken by parks
+                                           being copied */
         uint64_t host_scrubbing;
         uint64_t host_cached;           /* zeroed host slabs kept for the next park */
         unsigned n_parked;
