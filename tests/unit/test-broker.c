@@ -1895,6 +1895,16 @@ static void lease_copy(const Lease *l, unsigned char *buf, bool in) {
         ck_assert_int_eq(cuda_unmap(cu, va, sizes, l->n_slabs), 0);
 }
 
+/* The lease's content, read as a client would, is `want` (l->size bytes). */
+static void assert_lease_holds(const Lease *l, const unsigned char *want) {
+        unsigned char *got = malloc(l->size);
+
+        ck_assert_ptr_nonnull(got);
+        lease_copy(l, got, false);
+        ck_assert_msg(memcmp(want, got, l->size) == 0, "lease %s does not hold what was written into it", l->id);
+        free(got);
+}
+
 static void fill(unsigned char *buf, size_t n, unsigned seed) {
         for (size_t i = 0; i < n; i++)
                 buf[i] = (unsigned char)(i * 131 + seed + i / 4096);
@@ -1978,12 +1988,12 @@ static void unpark_ok(const Caller *c, const Lease *l) {
 /* Park moves the content into host slabs and the charge into host bytes; Unpark brings both back. */
 START_TEST(test_park_unpark) {
         const uint64_t size = 10 * MiB;         /* 4 + 4 + 2 MiB slabs */
-        unsigned char *want = malloc(size), *got = malloc(size);
+        unsigned char *want = malloc(size);
         PoolDeviceStats s;
         Caller *a;
         Lease *l;
 
-        ck_assert(want && got);
+        ck_assert(want);
         setup_broker_host(64 * MiB, false);
         a = this_process(UID_A);
         l = alloc_ok(a, size);
@@ -2008,8 +2018,7 @@ START_TEST(test_park_unpark) {
         ck_assert_uint_eq(l->n_slabs, 3);
         ck_assert_uint_eq(a->user->bytes[0], size);
         ck_assert_uint_eq(a->user->host_bytes[0], 0);
-        lease_copy(l, got, false);
-        ck_assert(memcmp(want, got, size) == 0);
+        assert_lease_holds(l, want);
         ck_assert_int_eq(pool_drain(pool), 0);
         pool_device_stats(pool, 0, &s);
         ck_assert_uint_eq(s.parked, 0);
@@ -2021,10 +2030,8 @@ START_TEST(test_park_unpark) {
         pool_device_stats(pool, 0, &s);
         ck_assert_uint_eq(s.host_created, 3);
         unpark_ok(a, l);
-        lease_copy(l, got, false);
-        ck_assert(memcmp(want, got, size) == 0);
+        assert_lease_holds(l, want);
         free(want);
-        free(got);
 }
 END_TEST
 
@@ -2281,7 +2288,7 @@ static Hold *park_copying(const Caller *c, const Lease *l) {
  */
 START_TEST(test_park_copies_off_the_loop) {
         const uint64_t size = 6 * MiB;
-        unsigned char *want = malloc(size), *got = malloc(size);
+        unsigned char *want = malloc(size);
         uint64_t ended, copied;
         PoolDeviceStats s;
         UserQuota q = {};
@@ -2290,7 +2297,7 @@ START_TEST(test_park_copies_off_the_loop) {
         Caller *a;
         Lease *l;
 
-        ck_assert(want && got);
+        ck_assert(want);
         setup_broker_host(64 * MiB, false);
         a = this_process(UID_A);
         l = alloc_parked_once(a, size);
@@ -2320,10 +2327,8 @@ START_TEST(test_park_copies_off_the_loop) {
         ck_assert_uint_eq(a->user->bytes[0], 0);
         ck_assert_uint_eq(a->user->host_bytes[0], size);
         unpark_ok(a, l);
-        lease_copy(l, got, false);
-        ck_assert(memcmp(want, got, size) == 0);
+        assert_lease_holds(l, want);
         free(want);
-        free(got);
 }
 END_TEST
 
@@ -2510,7 +2515,7 @@ END_TEST
  */
 START_TEST(test_unpark_copies_off_the_loop) {
         const uint64_t size = 6 * MiB;
-        unsigned char *want = malloc(size), *got = malloc(size);
+        unsigned char *want = malloc(size);
         Caller *a, *a2, *a3;
         UserQuota q = {};
         Hold *hold = NULL;
@@ -2518,7 +2523,7 @@ START_TEST(test_unpark_copies_off_the_loop) {
         TokenText t;
         Lease *l;
 
-        ck_assert(want && got);
+        ck_assert(want);
         setup_broker_host(64 * MiB, false);
         a = this_process(UID_A);
         a2 = new_process(UID_A);
@@ -2553,10 +2558,8 @@ START_TEST(test_unpark_copies_off_the_loop) {
         ck_assert(!hold->parked);
         ck_assert_int_eq(attach_call(a3, t.s, UID_ANY, NULL, false, &hold), 0);
         ck_assert_uint_eq(l->n_holds, 3);
-        lease_copy(l, got, false);
-        ck_assert(memcmp(want, got, size) == 0);
+        assert_lease_holds(l, want);
         free(want);
-        free(got);
 }
 END_TEST
 
