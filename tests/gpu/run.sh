@@ -50,7 +50,8 @@ step "pool benchmark, real driver"
 export VMMBROKER_DAEMON="$PWD/$build/daemon/vmmbrokerd" VMMCTL="$PWD/$build/client/vmmctl"
 for t in tests/integration/test-daemon tests/integration/test-share tests/integration/test-vmmctl \
          tests/integration/test-limits tests/integration/test-fairness tests/integration/test-tenant \
-         tests/integration/test-wait tests/integration/test-reclaim tests/integration/test-keep tests/client/test-client \
+         tests/integration/test-wait tests/integration/test-reclaim tests/integration/test-keep tests/integration/test-park \
+         tests/client/test-client \
          tests/client/test-client-reclaim tests/client/test-keep; do
         [ -x "$build/$t" ] || continue
         step "$t against the real driver (the daemon and its clients on the GPU)"
@@ -100,10 +101,10 @@ VMMBROKER_BUILD=$build VMMBROKER_DAEMON="$PWD/$build/daemon/vmmbrokerd" \
         python3 tests/gpu/python/kept_stall.py 10 >"$out/kept-stall.log" 2>&1 || failed
 tail -14 "$out/kept-stall.log"
 
-step "the first park of 8 GiB (host memory pinned for it) while another process calls Status: it is answered meanwhile (tests/gpu/python/park_stall.py)"
+step "parks and unparks of 8 GiB (host memory pinned for the first) while another process calls Status: it is answered meanwhile (tests/gpu/python/park_stall.py)"
 VMMBROKER_BUILD=$build VMMBROKER_DAEMON="$PWD/$build/daemon/vmmbrokerd" \
         python3 tests/gpu/python/park_stall.py 8 >"$out/park-stall.log" 2>&1 || failed
-tail -14 "$out/park-stall.log"
+tail -16 "$out/park-stall.log"
 
 if [ "$(id -u)" -eq 0 ] && [ -x "$build/docs/examples/lease-pattern" ]; then
         step "tenant isolation: user A's canary, then user B (uid 65534) leases the same amount"
