@@ -761,12 +761,10 @@ static int move_commit(Broker *b, Lease *l) {
         return k;
 }
 
-/* A call made again after a move ended gets the failure to store that move, once (Lease.move_error). */
-static int move_error_take(const Caller *c, Lease *l) {
-        int k = l->move_error;
-
-        l->move_error = 0;
-        return c->copy_waited ? k : 0;
+/* A call made again after a move ended gets the failure to store that move (Lease.move_error): every call
+ * that waited for it, until another move starts. */
+static int move_error_take(const Caller *c, const Lease *l) {
+        return c->copy_waited ? l->move_error : 0;
 }
 
 /* The lease's move: committed when its copy is done (0, or the failure), else waited for (HOST_COPYING). */

@@ -272,6 +272,7 @@ void lease_move_add(LeaseTable *t, Lease *l, LeaseMove *move) {
         assert(!l->move);
         move->lease = l;
         l->move = move;
+        l->move_error = 0;              /* the last move's failure is no longer anyone's answer */
         list_link_tail(&t->moves, &move->link);
 }
 

@@ -109,8 +109,8 @@ struct Lease {
         bool parked;                    /* its content is in host memory: slabs are host slabs (pool.h) */
         bool kept;                      /* kept for its one holder's next Alloc of its size (stored) */
         LeaseMove *move;                /* a copy to or from host memory in flight, or NULL (not stored) */
-        int move_error;                 /* why its last move ended uncommitted (a BROKER_E_*), for the call
-                                           waiting for it; 0: none (not stored) */
+        int move_error;                 /* why its last move ended uncommitted (a BROKER_E_*), for the calls
+                                           that waited for it; 0: none, or another move began (not stored) */
         size_t n_slabs;
         Slab **slabs;                   /* in mapping order */
         List holds;                     /* Hold */

@@ -429,32 +429,55 @@ static int method_park(Broker *b, const Caller *c, json_object *params, MethodRe
         return k;
 }
 
-int method_wait_stopping(Broker *b, VarlinkCall *call, json_object **ret) {
+/* The lease a waiting Attach named (by token, or by name as `c` would see it), or NULL. */
+static Lease *attach_lease(Broker *b, const Caller *c, const AttachParams *a) {
+        char buf[VMMB_LEASE_NAME_REF_MAX + 1];
+        const char *name = NULL;
+        uid_t owner = UID_ANY;
+        Token *tok;
+
+        if (a->token) {
+                tok = lease_table_find_token(&b->leases, a->token);
+                return tok ? tok->lease : NULL;
+        }
+        if (!a->name || name_ref(c, a->name, buf, &owner, &name) < 0)
+                return NULL;
+        return lease_table_find_name(&b->leases, owner, name);
+}
+
+int method_wait_stopping(Broker *b, const Caller *c, VarlinkCall *call, json_object **ret) {
         _cleanup_free_ char *message = NULL, *text = NULL;
+        bool attach = strcmp(call->method, VMMB_METHOD_ATTACH) == 0;
         const char *bad = NULL;
+        AttachParams at = {};
         FreeParams a = {};
         Lease *l = NULL;
-        int k = 0;
+        int k;
 
-        if (strcmp(call->method, VMMB_METHOD_ATTACH) == 0)
-                return vmmb_error_out_of_memory(-1, 0, 0, "The broker is stopping: the lease was being copied back "
-                                                "into device memory, and it is still parked. Attach it again once "
-                                                "the broker is back.", ret);
         k = varlink_call_parameters(call);
-        if (k >= 0)
+        if (k >= 0 && attach) {
+                k = attach_params_decode(call->parameters, &at, &bad, &message);
+                if (k >= 0)
+                        l = attach_lease(b, c, &at);
+        } else if (k >= 0) {
                 k = id_params_decode(call->parameters, &a, &bad, &message);
-        if (k >= 0)
-                l = lease_table_find(&b->leases, a.id);
-        if (strcmp(call->method, VMMB_METHOD_UNPARK) == 0) {
-                set_message(&text, "The broker is stopping: lease %s was being copied back into device memory, and "
-                            "it is still parked. Unpark it again once the broker is back.", a.id ?: "?");
-                k = vmmb_error_out_of_memory(l ? l->device : -1, l ? l->size : 0, 0, text ?: "stopping", ret);
-        } else {
-                set_message(&text, "The broker is stopping: lease %s is not parked (its host memory was being "
-                            "made, or its content copied into it). Park it again once the broker is back.",
-                            a.id ?: "?");
-                k = vmmb_error_out_of_host_memory(l ? l->device : -1, l ? l->size : 0, 0, text ?: "stopping", ret);
+                if (k >= 0)
+                        l = lease_table_find(&b->leases, a.id);
         }
+        if (!l)         /* it ended meanwhile: say so, as any call about it would */
+                k = attach ? (at.token ? vmmb_error_no_such_token(ret) : vmmb_error_no_such_name(at.name ?: "", ret))
+                           : vmmb_error_no_such_lease(a.id ?: "", ret);
+        else if (strcmp(call->method, VMMB_METHOD_PARK) == 0) {
+                set_message(&text, "The broker is stopping: lease %s is not parked (its host memory was being "
+                            "made, or its content copied into it). Park it again once the broker is back.", l->id);
+                k = vmmb_error_out_of_host_memory(l->device, l->size, 0, text ?: "stopping", ret);
+        } else {
+                set_message(&text, "The broker is stopping: lease %s was being copied back into device memory, and "
+                            "it is still parked. %s it again once the broker is back.", l->id,
+                            attach ? "Attach" : "Unpark");
+                k = vmmb_error_out_of_memory(l->device, l->size, 0, text ?: "stopping", ret);
+        }
+        attach_params_done(&at);
         free_params_done(&a);
         return k;
 }

@@ -106,10 +106,11 @@ typedef enum AllocTry {
  */
 int method_call(Broker *b, const Caller *c, VarlinkCall *call, MethodReply *r);
 
-/* The answer to a call that waited off the loop (MethodReply.wait_host) when the daemon stops before what it
- * waited for is done: a Park OutOfHostMemory, an Unpark or Attach OutOfMemory, each saying so and that the
- * lease is as it was. Returns 0 or a negative errno. */
-int method_wait_stopping(Broker *b, VarlinkCall *call, json_object **ret);
+/* The answer to `c`'s call that waited off the loop (MethodReply.wait_host) when the daemon stops before what
+ * it waited for is done: a Park OutOfHostMemory, an Unpark or Attach OutOfMemory, each saying so and that the
+ * lease is as it was; NoSuchLease (NoSuchToken, NoSuchName) if the lease ended meanwhile. Returns 0 or a
+ * negative errno. */
+int method_wait_stopping(Broker *b, const Caller *c, VarlinkCall *call, json_object **ret);
 
 /*
  * Tries a waiting Alloc again (`how`, `waited_usec` into its wait, for the

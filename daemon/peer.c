@@ -361,7 +361,7 @@ void peer_host_stopping(Peer *p) {
         text = peer_host_take(p, &len);
         k = varlink_call_parse_text(text, len, &call);
         if (k >= 0 && !call.oneway)
-                k = method_wait_stopping(&p->manager->broker, &call, &msg);
+                k = method_wait_stopping(&p->manager->broker, &p->caller, &call, &msg);
         if (k >= 0 && msg)
                 k = varlink_conn_send(p->conn, msg, NULL, 0);
         peer_flush_or_free(p, k);

@@ -24,6 +24,10 @@
  * of a lease another user held, an Attach of the lease and the daemon's stop do to the waiting Park; then it
  * removes the file. A daemon that copies in its loop answers no Status while the copy is held: those tests fail
  * after ANSWER_MS saying so.
+ *
+ * An Unpark's copy back into device memory (or an Attach's of a parked lease) is held the same way: the Unpark
+ * waits, everybody else is answered, another holder's Unpark or another process's Attach waits for the same
+ * copy, the parking process's own Unpark waits for its Park's copy, and the daemon's stop answers the Unpark.
  */
 
 #include <check.h>
@@ -280,20 +284,32 @@ static int attach_send(VarlinkConn *c, const char *token) {
         return call_send(c, VMMB_METHOD_ATTACH, params, false);
 }
 
-/* Unparks lease `id` on `c` and returns it, its fds open. */
-static TestLease unpark_or_fail(VarlinkConn *c, const char *id) {
+/* Sends an Unpark of lease `id` on `c` without reading its answer. */
+static int unpark_send(VarlinkConn *c, const char *id) {
         _cleanup_(json_object_putp) json_object *params = NULL;
         FreeParams p = { .id = (char *)id };
+        int k = id_params_encode(&p, &params);
+
+        return k < 0 ? k : call_send(c, VMMB_METHOD_UNPARK, params, false);
+}
+
+/* Reads the answer to an Unpark of lease `id` on `c`, which must be the lease, and returns it, its fds open. */
+static TestLease unpark_answer_or_fail(VarlinkConn *c, const char *id) {
         TestLease l;
         Reply r;
 
-        ck_assert_int_eq(id_params_encode(&p, &params), 0);
-        ck_assert_int_eq(call(c, VMMB_METHOD_UNPARK, params, &r), 0);
+        ck_assert_int_eq(reply_read(c, &r, NULL), 0);
         ck_assert_msg(!r.error, "Unpark refused: %s %s", r.error, json_object_to_json_string(r.params));
         ck_assert_int_eq(lease_take(&r, &l), 0);
         reply_done(&r);
         ck_assert_str_eq(l.id, id);
         return l;
+}
+
+/* Unparks lease `id` on `c` and returns it, its fds open. */
+static TestLease unpark_or_fail(VarlinkConn *c, const char *id) {
+        ck_assert_int_eq(unpark_send(c, id), 0);
+        return unpark_answer_or_fail(c, id);
 }
 
 /* Device 0 as Status says, on a connection of its own. */
@@ -356,23 +372,95 @@ static bool listed_parked(const char *id) {
 }
 
 /*
- * Waits, at most ANSWER_MS, for the daemon's copy stream to reach the held copy of the Park of lease `id` just
- * sent; then a Status must be answered at once, the Park must have taken the host slabs cached for it, and the
- * lease must not be parked yet.
+ * Whether List says lease `id` is not parked, nor by any of its holders, and it has `n_holders` of them; else it
+ * fails the test, saying why.
  */
-static void wait_for_copy(const char *id) {
+static void listed_unparked_or_fail(const char *id, size_t n_holders) {
+        const WireLeaseInfo *li;
+        ListReply lr = {};
+
+        ck_assert_int_eq(list_get(h.socket, true, &lr), 0);
+        li = list_find(&lr, id);
+        ck_assert_msg(li, "lease %s is not listed", id);
+        ck_assert_msg(!li->parked, "lease %s is parked though it was unparked", id);
+        ck_assert_uint_eq(li->n_holders, n_holders);
+        for (size_t i = 0; i < li->n_holders; i++)
+                ck_assert_msg(!li->holders[i].parked, "lease %s's holder %" PRId64 " is still parked", id,
+                              li->holders[i].pid);
+        list_reply_done(&lr);
+}
+
+/* Waits, at most ANSWER_MS, for the daemon's copy stream to reach a held copy, `what`'s (for the failure). */
+static void copy_reached_or_fail(const char *what) {
         uint64_t deadline = harness_now_msec() + ANSWER_MS;
-        WireDevice d;
 
         while (access(copied, F_OK) != 0 && harness_now_msec() < deadline)
                 (void)poll(NULL, 0, 1);
         if (access(copied, F_OK) != 0) {
                 release_hold();
-                ck_abort_msg("the Park started no copy within %d s (%s never appeared)", ANSWER_MS / 1000, copied);
+                ck_abort_msg("%s started no copy within %d s (%s never appeared)", what, ANSWER_MS / 1000, copied);
         }
+}
+
+/*
+ * Waits, at most ANSWER_MS, for the daemon's copy stream to reach the held copy of the Park of lease `id` just
+ * sent; then a Status must be answered at once, the Park must have taken the host slabs cached for it, and the
+ * lease must not be parked yet.
+ */
+static void wait_for_copy(const char *id) {
+        WireDevice d;
+
+        copy_reached_or_fail("the Park");
         d = status_while_held();
         ck_assert_msg(d.host_cached == 0, "the Park left %" PRId64 " bytes of host slabs cached", d.host_cached);
         ck_assert_msg(!listed_parked(id), "lease %s is parked though its copy is held", id);
+}
+
+/*
+ * Waits, at most ANSWER_MS, for the daemon's copy stream to reach the held copy of the Unpark of lease `id`
+ * (parked, the device's only lease, of SIZE) just sent; then a Status must be answered at once, the Unpark must
+ * have taken device slabs for it, and the lease must still be parked: its content is in host memory until the
+ * copy is done.
+ */
+static void wait_for_copy_back(const char *id) {
+        WireDevice d;
+
+        copy_reached_or_fail("the Unpark");
+        d = status_while_held();
+        ck_assert_msg(d.leased == SIZE, "%" PRIu64 " bytes leased while the Unpark's copy of %" PRIu64 " was held",
+                      d.leased, SIZE);
+        ck_assert_int_eq(d.parked, (int64_t)SIZE);
+        ck_assert_msg(listed_parked(id), "lease %s is not parked though its copy back is held", id);
+}
+
+/*
+ * Device 0's bytes copied between device and host memory (Metrics' vmmbroker_device_copied_bytes_total), on a
+ * connection of its own, answered within ANSWER_MS (else the hold is released and the test fails). The metrics
+ * are an administrator's: root's here.
+ */
+static uint64_t copied_bytes(void) {
+        static const char key[] = "vmmbroker_device_copied_bytes_total{device=\"0\"} ";
+        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
+        MetricsReply m = {};
+        const char *at;
+        char *end;
+        uint64_t v;
+        Reply r;
+
+        ck_assert_int_eq(conn_open(h.socket, &c), 0);
+        ck_assert_int_eq(call_send(c, VMMB_METHOD_METRICS, NULL, false), 0);
+        ck_assert_msg(answered_within(c), "Metrics was not answered within %d s while %s", ANSWER_MS / 1000,
+                      holding);
+        ck_assert_int_eq(reply_read(c, &r, NULL), 0);
+        ck_assert_msg(!r.error, "Metrics refused: %s", r.error);
+        ck_assert_int_eq(metrics_reply_decode(r.params, &m, NULL), 0);
+        at = strstr(m.text ?: "", key);
+        ck_assert_msg(at, "the metrics have no %s", key);
+        v = strtoull(at + strlen(key), &end, 10);
+        ck_assert_msg(end != at + strlen(key) && *end == '\n', "not a count: %.80s", at);
+        metrics_reply_done(&m);
+        reply_done(&r);
+        return v;
 }
 
 /* Polls Status until no lease is left, `host_cached` bytes of host slabs are cached and nothing is being
@@ -426,15 +514,21 @@ static void cache_host_slabs(VarlinkConn *c, uint64_t size) {
         wait_for_idle((int64_t)size);
 }
 
+/* Maps lease `l` (its fds open) and checks that it holds `word` all over, as it came back from host memory. */
+static void content_or_fail(Gpu *g, const TestLease *l, uint32_t word) {
+        CUdeviceptr va;
+
+        ck_assert_int_eq(gpu_map(g, l, &va), 0);
+        ck_assert_msg(gpu_verify(g, va, l->size, word) == 0, "lease %s did not come back with its content", l->id);
+        ck_assert_int_eq(cuda_unmap(g->cu, va, l->sizes, l->n), 0);
+}
+
 /* Unparks lease `id` on `c`, checks that it holds `word` all over, and frees it. */
 static void unpark_check_free(Gpu *g, VarlinkConn *c, const char *id, uint64_t size, uint32_t word) {
         TestLease l = unpark_or_fail(c, id);
-        CUdeviceptr va;
 
         ck_assert_uint_eq(l.size, size);
-        ck_assert_int_eq(gpu_map(g, &l, &va), 0);
-        ck_assert_msg(gpu_verify(g, va, size, word) == 0, "lease %s did not come back with its content", id);
-        ck_assert_int_eq(cuda_unmap(g->cu, va, l.sizes, l.n), 0);
+        content_or_fail(g, &l, word);
         test_lease_close(&l);
         ck_assert_int_eq(lease_free(c, id), 0);
 }
@@ -559,6 +653,31 @@ START_TEST(test_park_does_not_hold_others) {
 END_TEST
 
 /*
+ * Another park of SIZE, on `c`, takes the host slabs left cached: it is answered parked, and nothing is made,
+ * though creates are held again. Then its lease is freed and the daemon left idle.
+ */
+static void next_park_makes_nothing(VarlinkConn *c) {
+        WireDevice d;
+        TestLease l;
+
+        ck_assert_int_eq(lease_alloc(c, SIZE, &l), 0);
+        test_lease_close(&l);
+        make_hold();
+        ck_assert_int_eq(park_send(c, l.id), 0);
+        ck_assert_msg(answered_within(c), "a Park that cached host slabs can serve was not answered within %d s "
+                      "(it waited for a make: %s is %s)", ANSWER_MS / 1000, reached,
+                      access(reached, F_OK) == 0 ? "there" : "not there");
+        parked_or_fail(c);
+        ck_assert_msg(access(reached, F_OK) != 0, "the next Park made host slabs though %" PRIu64 " bytes of them "
+                      "were cached", SIZE);
+        d = status();
+        ck_assert_int_eq(d.parked, (int64_t)SIZE);
+        ck_assert_int_eq(d.host_cached, 0);
+        ck_assert_int_eq(lease_free(c, l.id), 0);
+        wait_for_idle((int64_t)SIZE);
+}
+
+/*
  * A process killed while its Park waits for host slabs leaves nothing behind: its lease ends at once, as with
  * its last holder, and the slabs made for it, once made, stay cached in the pool. The next park of that size,
  * another process's, takes them without making any (while creates are held, it is answered at once).
@@ -568,7 +687,6 @@ START_TEST(test_park_waiter_exits) {
         char id[VMMB_ID_MAX + 1] = "";
         Parker arg = {};
         HeldChild x;
-        TestLease l;
         WireDevice d = {};
 
         if (!start_holding(__func__, CONFIG, false))
@@ -594,21 +712,7 @@ START_TEST(test_park_waiter_exits) {
 
         /* Another park of that size takes them: answered though creates are held again. */
         ck_assert_int_eq(conn_open(h.socket, &a), 0);
-        ck_assert_int_eq(lease_alloc(a, SIZE, &l), 0);
-        test_lease_close(&l);
-        make_hold();
-        ck_assert_int_eq(park_send(a, l.id), 0);
-        ck_assert_msg(answered_within(a), "a Park that cached host slabs can serve was not answered within %d s "
-                      "(it waited for a make: %s is %s)", ANSWER_MS / 1000, reached,
-                      access(reached, F_OK) == 0 ? "there" : "not there");
-        parked_or_fail(a);
-        ck_assert_msg(access(reached, F_OK) != 0, "the second Park made host slabs though %" PRIu64 " bytes of them "
-                      "were cached", SIZE);
-        d = status();
-        ck_assert_int_eq(d.parked, (int64_t)SIZE);
-        ck_assert_int_eq(d.host_cached, 0);
-        ck_assert_int_eq(lease_free(a, l.id), 0);
-        wait_for_idle((int64_t)SIZE);
+        next_park_makes_nothing(a);
         stop();
 }
 END_TEST
@@ -845,22 +949,7 @@ START_TEST(test_park_copy_parker_killed) {
         release_hold();
         wait_for_idle((int64_t)SIZE);           /* the park's host slabs, scrubbed after the copy */
 
-        /* Another park of that size takes them: answered, and nothing made, though creates are held again. */
-        ck_assert_int_eq(lease_alloc(a, SIZE, &l), 0);
-        test_lease_close(&l);
-        make_hold();
-        ck_assert_int_eq(park_send(a, l.id), 0);
-        ck_assert_msg(answered_within(a), "a Park that cached host slabs can serve was not answered within %d s "
-                      "(it waited for a make: %s is %s)", ANSWER_MS / 1000, reached,
-                      access(reached, F_OK) == 0 ? "there" : "not there");
-        parked_or_fail(a);
-        ck_assert_msg(access(reached, F_OK) != 0, "the next Park made host slabs though %" PRIu64 " bytes of them "
-                      "were cached", SIZE);
-        d = status();
-        ck_assert_int_eq(d.parked, (int64_t)SIZE);
-        ck_assert_int_eq(d.host_cached, 0);
-        ck_assert_int_eq(lease_free(a, l.id), 0);
-        wait_for_idle((int64_t)SIZE);
+        next_park_makes_nothing(a);
         stop();
 }
 END_TEST
@@ -1023,11 +1112,354 @@ START_TEST(test_stop_while_copying) {
 }
 END_TEST
 
+/* ---- the copy back into device memory, held ----------------------------------------------------------- */
+
+/*
+ * An Unpark only waits for its copy back into device memory, and nobody waits for that but the Unpark: while the
+ * copy is held, a Status on another connection is answered, and so are another user's Alloc and Free (as root);
+ * the Unpark is not, and the lease is still parked. Once the copy goes on, the Unpark is answered with the lease,
+ * which holds its content and is no longer parked.
+ */
+START_TEST(test_unpark_copy_does_not_hold_others) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *a = NULL;
+        TestLease l;
+        WireDevice d;
+        Gpu g = {};
+
+        if (!start_holding(__func__, CONFIG, true))
+                return;
+        holding = "an Unpark's copy back into device memory was held";
+        ck_assert_int_eq(conn_open(h.socket, &a), 0);
+        ck_assert_int_eq(gpu_open(&g), 0);
+        l = alloc_written(&g, a, SIZE, 0xba0cba0c);
+        ck_assert_int_eq(park_send(a, l.id), 0);
+        parked_or_fail(a);
+        ck_assert(listed_parked(l.id));
+
+        hold_copies();
+        ck_assert_int_eq(unpark_send(a, l.id), 0);
+        wait_for_copy_back(l.id);
+        if (geteuid() == 0)
+                child_done_within(harness_fork(child_other_user, h.socket), "another user's Alloc and Free");
+        d = status_while_held();
+        ck_assert_uint_eq(d.leased, SIZE);
+        ck_assert_msg(!readable_now(a), "the Unpark was answered while its copy was held");
+        ck_assert_msg(listed_parked(l.id), "lease %s is not parked though its copy back is held", l.id);
+
+        release_hold();
+        ck_assert_msg(answered_within(a), "the Unpark was not answered within %d s of its copy's release",
+                      ANSWER_MS / 1000);
+        l = unpark_answer_or_fail(a, l.id);
+        ck_assert_uint_eq(l.size, SIZE);
+        content_or_fail(&g, &l, 0xba0cba0c);
+        test_lease_close(&l);
+        listed_unparked_or_fail(l.id, 1);
+        d = status();
+        ck_assert_int_eq(d.parked, 0);
+        ck_assert_uint_eq(d.leased, SIZE);
+        ck_assert_int_eq(lease_free(a, l.id), 0);
+        gpu_close(&g);
+        wait_for_idle((int64_t)SIZE);           /* the lease's host slabs, scrubbed after the copy back */
+        stop();
+}
+END_TEST
+
+/*
+ * A process's calls about a lease it is moving are served in the order they came: while its Park's copy is held,
+ * its Unpark of the lease on another connection (the same process: both are the test's) is not answered, nor
+ * does it undo the park (the Park is not answered either). Once the copy goes on, the Park is answered `parked:
+ * true`, then the Unpark brings the lease back with its content; neither the lease nor its holder is parked.
+ */
+START_TEST(test_own_unpark_waits_for_own_park) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *a = NULL, *b = NULL;
+        TestLease l;
+        WireDevice d;
+        Gpu g = {};
+
+        if (!start_holding(__func__, CONFIG, true))
+                return;
+        ck_assert_int_eq(conn_open(h.socket, &a), 0);
+        ck_assert_int_eq(conn_open(h.socket, &b), 0);
+        ck_assert_int_eq(gpu_open(&g), 0);
+        cache_host_slabs(a, SIZE);
+        l = alloc_written(&g, a, SIZE, 0x0de20de2);
+
+        hold_copies();
+        ck_assert_int_eq(park_send(a, l.id), 0);
+        wait_for_copy(l.id);
+        ck_assert_int_eq(unpark_send(b, l.id), 0);
+        /* Two Status round trips, on connections made after the Unpark was sent: the daemon has read it. */
+        (void)status_while_held();
+        d = status_while_held();
+        ck_assert_msg(!readable_now(b), "the Unpark was answered while its own process's Park's copy was held");
+        ck_assert_msg(!readable_now(a), "the Park was answered while its copy was held (its own process's Unpark "
+                      "undid it?)");
+        ck_assert_uint_eq(d.leased, SIZE);
+        ck_assert_msg(!listed_parked(l.id), "lease %s is parked though its copy is held", l.id);
+
+        release_hold();
+        ck_assert_msg(answered_within(a), "the Park was not answered within %d s of its copy's release",
+                      ANSWER_MS / 1000);
+        park_answer_or_fail(a, true);
+        ck_assert_msg(answered_within(b), "the Unpark was not answered within %d s of the Park's copy's release",
+                      ANSWER_MS / 1000);
+        l = unpark_answer_or_fail(b, l.id);
+        content_or_fail(&g, &l, 0x0de20de2);
+        test_lease_close(&l);
+        listed_unparked_or_fail(l.id, 1);
+        d = status();
+        ck_assert_int_eq(d.parked, 0);
+        ck_assert_uint_eq(d.leased, SIZE);
+        ck_assert_int_eq(lease_free(a, l.id), 0);
+        gpu_close(&g);
+        wait_for_idle((int64_t)SIZE);
+        stop();
+}
+END_TEST
+
+/*
+ * Two processes of the owner hold a lease and both parked it: the lease is parked. The first one's Unpark copies
+ * it back, its copy held; the second one's Unpark waits for that same copy rather than making its own: one lease's
+ * device slabs are taken, and (as root, who may read the metrics) one lease's bytes copied; neither Unpark is
+ * answered meanwhile. Once the copy goes on, both are answered with the lease, which holds its content; neither
+ * the lease nor either holder is parked, and nothing more was copied.
+ */
+START_TEST(test_unpark_copy_shared) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *a = NULL, *b = NULL;
+        char token[VMMB_TOKEN_MAX + 1];
+        uint64_t before = 0;
+        Connector x;
+        TestLease l, lb;
+        WireDevice d;
+        Gpu g = {};
+
+        if (!start_holding(__func__, CONFIG, true))
+                return;
+        holding = "an Unpark's copy back into device memory was held";
+        ck_assert_int_eq(conn_open(h.socket, &a), 0);
+        ck_assert_int_eq(gpu_open(&g), 0);
+        l = alloc_written(&g, a, SIZE, 0x5a5ed0b1);
+        share_or_fail(a, l.id, getuid(), token);
+        x = connector_start(h.socket, getuid(), 1, &b);
+        ck_assert_int_eq(attach_send(b, token), 0);
+        lb = lease_reply_or_fail(b);
+        ck_assert_str_eq(lb.id, l.id);
+        /* The lease parks when the last of its holders parks it. */
+        ck_assert_int_eq(park_send(a, l.id), 0);
+        park_answer_or_fail(a, false);
+        ck_assert_int_eq(park_send(b, l.id), 0);
+        parked_or_fail(b);
+        ck_assert(listed_parked(l.id));
+        if (geteuid() == 0)
+                before = copied_bytes();
+
+        hold_copies();
+        ck_assert_int_eq(unpark_send(a, l.id), 0);
+        wait_for_copy_back(l.id);
+        ck_assert_int_eq(unpark_send(b, l.id), 0);
+        /* Two Status round trips, on connections made after the second Unpark was sent: the daemon has read it. */
+        (void)status_while_held();
+        d = status_while_held();
+        ck_assert_msg(d.leased == SIZE, "%" PRIu64 " bytes leased while an Unpark's copy of %" PRIu64 " was held: "
+                      "the second Unpark took device slabs of its own", d.leased, SIZE);
+        if (geteuid() == 0)
+                ck_assert_msg(copied_bytes() - before == SIZE, "%" PRIu64 " bytes copied for two Unparks of a lease "
+                              "of %" PRIu64 ", not one copy", copied_bytes() - before, SIZE);
+        ck_assert_msg(!readable_now(a), "the first Unpark was answered while its copy was held");
+        ck_assert_msg(!readable_now(b), "the second Unpark was answered while the lease's copy back was held");
+        ck_assert_msg(listed_parked(l.id), "lease %s is not parked though its copy back is held", l.id);
+
+        release_hold();
+        ck_assert_msg(answered_within(a), "the first Unpark was not answered within %d s of its copy's release",
+                      ANSWER_MS / 1000);
+        l = unpark_answer_or_fail(a, l.id);
+        ck_assert_msg(answered_within(b), "the second Unpark was not answered within %d s of the copy's release",
+                      ANSWER_MS / 1000);
+        lb = unpark_answer_or_fail(b, l.id);
+        test_lease_close(&lb);
+        content_or_fail(&g, &l, 0x5a5ed0b1);
+        test_lease_close(&l);
+        listed_unparked_or_fail(l.id, 2);
+        d = status();
+        ck_assert_int_eq(d.parked, 0);
+        ck_assert_uint_eq(d.leased, SIZE);
+        if (geteuid() == 0)
+                ck_assert_msg(copied_bytes() - before == SIZE, "%" PRIu64 " bytes copied for two Unparks of a lease "
+                              "of %" PRIu64 ", not one copy", copied_bytes() - before, SIZE);
+        ck_assert_int_eq(lease_free(b, l.id), 0);
+        ck_assert_int_eq(lease_free(a, l.id), 0);
+        connector_finish(&x);
+        gpu_close(&g);
+        wait_for_idle((int64_t)SIZE);
+        stop();
+}
+END_TEST
+
+/*
+ * An Attach of a parked lease by another process of its owner while the owner's Unpark's copy back is held waits
+ * for that copy (unlike one while a park is copied, which undoes the park): it is not answered meanwhile, nor is
+ * the Unpark, while a Status is, and only one lease's device slabs are taken. Once the copy goes on, both are
+ * answered with the lease; the attacher maps it and finds its content, and neither the lease nor either holder
+ * is parked.
+ */
+START_TEST(test_attach_waits_for_unpark_copy) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *a = NULL, *b = NULL;
+        char token[VMMB_TOKEN_MAX + 1];
+        Connector x;
+        TestLease l, lb;
+        WireDevice d;
+        Gpu g = {};
+        Reply r;
+
+        if (!start_holding(__func__, CONFIG, true))
+                return;
+        holding = "an Unpark's copy back into device memory was held";
+        ck_assert_int_eq(conn_open(h.socket, &a), 0);
+        ck_assert_int_eq(gpu_open(&g), 0);
+        l = alloc_written(&g, a, SIZE, 0xa77ac4ba);
+        share_or_fail(a, l.id, getuid(), token);
+        x = connector_start(h.socket, getuid(), 1, &b);
+        ck_assert_int_eq(park_send(a, l.id), 0);
+        parked_or_fail(a);
+
+        hold_copies();
+        ck_assert_int_eq(unpark_send(a, l.id), 0);
+        wait_for_copy_back(l.id);
+        ck_assert_int_eq(attach_send(b, token), 0);
+        /* Two Status round trips, on connections made after the Attach was sent: the daemon has read it. */
+        (void)status_while_held();
+        d = status_while_held();
+        ck_assert_msg(d.leased == SIZE, "%" PRIu64 " bytes leased while an Unpark's copy of %" PRIu64 " was held: "
+                      "the Attach took device slabs of its own", d.leased, SIZE);
+        ck_assert_msg(!readable_now(b), "another process's Attach was answered while the lease's copy back was held");
+        ck_assert_msg(!readable_now(a), "the Unpark was answered while its copy was held");
+        ck_assert_msg(listed_parked(l.id), "lease %s is not parked though its copy back is held", l.id);
+
+        release_hold();
+        ck_assert_msg(answered_within(a), "the Unpark was not answered within %d s of its copy's release",
+                      ANSWER_MS / 1000);
+        l = unpark_answer_or_fail(a, l.id);
+        test_lease_close(&l);
+        ck_assert_msg(answered_within(b), "the Attach was not answered within %d s of the copy's release",
+                      ANSWER_MS / 1000);
+        ck_assert_int_eq(reply_read(b, &r, NULL), 0);
+        ck_assert_msg(!r.error, "Attach refused: %s %s", r.error, json_object_to_json_string(r.params));
+        ck_assert_int_eq(lease_take(&r, &lb), 0);
+        reply_done(&r);
+        ck_assert_str_eq(lb.id, l.id);
+        content_or_fail(&g, &lb, 0xa77ac4ba);
+        test_lease_close(&lb);
+        listed_unparked_or_fail(l.id, 2);
+        d = status();
+        ck_assert_int_eq(d.parked, 0);
+        ck_assert_uint_eq(d.leased, SIZE);
+        ck_assert_int_eq(lease_free(b, l.id), 0);
+        ck_assert_int_eq(lease_free(a, l.id), 0);
+        connector_finish(&x);
+        gpu_close(&g);
+        wait_for_idle((int64_t)SIZE);
+        stop();
+}
+END_TEST
+
+/*
+ * SIGTERM while an Unpark's copy back is held: the waiting Unpark is told at once, the copy still held, that the
+ * broker is stopping and its lease is still parked (OutOfMemory); once the copy goes on, the daemon exits with
+ * status 0.
+ */
+START_TEST(test_stop_while_unparking) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *a = NULL;
+        const char *message;
+        TestLease l;
+        Reply r;
+
+        if (!start_holding(__func__, CONFIG, true))
+                return;
+        holding = "an Unpark's copy back into device memory was held";
+        ck_assert_int_eq(conn_open(h.socket, &a), 0);
+        ck_assert_int_eq(lease_alloc(a, SIZE, &l), 0);
+        test_lease_close(&l);
+        ck_assert_int_eq(park_send(a, l.id), 0);
+        parked_or_fail(a);
+        hold_copies();
+        ck_assert_int_eq(unpark_send(a, l.id), 0);
+        wait_for_copy_back(l.id);
+
+        ck_assert_int_eq(kill(h.pid, SIGTERM), 0);
+        ck_assert_msg(answered_within(a), "the Unpark was not answered within %d s of SIGTERM, its copy held",
+                      ANSWER_MS / 1000);
+        ck_assert_int_eq(reply_read(a, &r, NULL), 0);
+        ck_assert_str_eq(r.error ?: "(none)", VMMB_ERROR_OUT_OF_MEMORY);
+        message = reply_str(&r, "message");
+        ck_assert_msg(message && strstr(message, "stopping") && strstr(message, l.id) &&
+                      strstr(message, "still parked"), "not said: %s", message);
+        reply_done(&r);
+        stop();                                 /* releases the hold; fails unless the daemon exits with 0 */
+}
+END_TEST
+
+/*
+ * SIGTERM while an Unpark's copy back is held and another process's Attach of the lease waits for that copy: the
+ * Attach is told at once, as the Unpark is, that the broker is stopping and the lease is still parked
+ * (OutOfMemory), not hung up on; once the copy goes on, the daemon exits with status 0.
+ */
+START_TEST(test_stop_while_attaching) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *a = NULL, *b = NULL;
+        char token[VMMB_TOKEN_MAX + 1];
+        const char *message;
+        Connector x;
+        TestLease l;
+        Reply r;
+        int k;
+
+        if (!start_holding(__func__, CONFIG, true))
+                return;
+        holding = "an Unpark's copy back into device memory was held";
+        ck_assert_int_eq(conn_open(h.socket, &a), 0);
+        ck_assert_int_eq(lease_alloc(a, SIZE, &l), 0);
+        test_lease_close(&l);
+        share_or_fail(a, l.id, getuid(), token);
+        x = connector_start(h.socket, getuid(), 1, &b);
+        ck_assert_int_eq(park_send(a, l.id), 0);
+        parked_or_fail(a);
+        hold_copies();
+        ck_assert_int_eq(unpark_send(a, l.id), 0);
+        wait_for_copy_back(l.id);
+        ck_assert_int_eq(attach_send(b, token), 0);
+        /* Two Status round trips, on connections made after the Attach was sent: the daemon has read it. */
+        (void)status_while_held();
+        (void)status_while_held();
+        ck_assert_msg(!readable_now(b), "another process's Attach was answered while the lease's copy back was held");
+
+        ck_assert_int_eq(kill(h.pid, SIGTERM), 0);
+        ck_assert_msg(answered_within(a), "the Unpark was not answered within %d s of SIGTERM, its copy held",
+                      ANSWER_MS / 1000);
+        ck_assert_int_eq(reply_read(a, &r, NULL), 0);
+        ck_assert_str_eq(r.error ?: "(none)", VMMB_ERROR_OUT_OF_MEMORY);
+        reply_done(&r);
+        ck_assert_msg(answered_within(b), "the Attach was not answered within %d s of SIGTERM, the copy it waited "
+                      "for held", ANSWER_MS / 1000);
+        k = reply_read(b, &r, NULL);
+        ck_assert_msg(k == 0, "the Attach waiting for the copy was not answered at the stop: %s (hung up on)",
+                      strerror(-k));
+        ck_assert_str_eq(r.error ?: "(none)", VMMB_ERROR_OUT_OF_MEMORY);
+        message = reply_str(&r, "message");
+        ck_assert_msg(message && strstr(message, "stopping") && strstr(message, "still parked"), "not said: %s",
+                      message);
+        reply_done(&r);
+        stop();                                 /* releases the hold; fails unless the daemon exits with 0 */
+        connector_finish(&x);
+}
+END_TEST
+
 int main(void) {
         return run_suite(UNIT_SUITE("park", NULL, test_park_does_not_hold_others, test_park_waiter_exits,
                                     test_park_over_limits_at_once, test_stop_while_making,
                                     test_two_parks_while_making, test_park_copy_does_not_hold_others,
                                     test_park_copy_parker_killed, test_park_copy_foreign_lease_ends,
-                                    test_park_copy_attach_cancels, test_stop_while_copying)) == 0
+                                    test_park_copy_attach_cancels, test_stop_while_copying,
+                                    test_unpark_copy_does_not_hold_others, test_own_unpark_waits_for_own_park,
+                                    test_unpark_copy_shared, test_attach_waits_for_unpark_copy,
+                                    test_stop_while_unparking, test_stop_while_attaching)) == 0
                        ? EXIT_SUCCESS : EXIT_FAILURE;
 }
