@@ -1080,14 +1080,35 @@ START_TEST(test_park_copy_attach_cancels) {
 END_TEST
 
 /*
+ * After SIGTERM: the `what` waiting on `c` for a held copy is answered at once (not hung up on) with `error`,
+ * whose message says the broker is stopping, names lease `id` and says `state` ("not parked", "still parked").
+ */
+static void stopping_answer_or_fail(VarlinkConn *c, const char *what, const char *error, const char *id,
+                                    const char *state) {
+        const char *message;
+        Reply r;
+        int k;
+
+        ck_assert_msg(answered_within(c), "the %s was not answered within %d s of SIGTERM, the copy it waited for "
+                      "held", what, ANSWER_MS / 1000);
+        k = reply_read(c, &r, NULL);
+        ck_assert_msg(k == 0, "the %s waiting for a copy was not answered at the stop: %s (hung up on)", what,
+                      strerror(-k));
+        ck_assert_str_eq(r.error ?: "(none)", error);
+        message = reply_str(&r, "message");
+        ck_assert_msg(message && strstr(message, "stopping") && strstr(message, id) && strstr(message, state),
+                      "the %s's answer does not say the broker stops, lease %s, \"%s\": %s", what, id, state,
+                      message);
+        reply_done(&r);
+}
+
+/*
  * SIGTERM while a Park's copy is held: the waiting Park is told at once, the copy still held, that the broker is
  * stopping and its lease is not parked (OutOfHostMemory); once the copy goes on, the daemon exits with status 0.
  */
 START_TEST(test_stop_while_copying) {
         _cleanup_(varlink_conn_freep) VarlinkConn *a = NULL;
-        const char *message;
         TestLease l;
-        Reply r;
 
         if (!start_holding(__func__, CONFIG, true))
                 return;
@@ -1100,14 +1121,7 @@ START_TEST(test_stop_while_copying) {
         wait_for_copy(l.id);
 
         ck_assert_int_eq(kill(h.pid, SIGTERM), 0);
-        ck_assert_msg(answered_within(a), "the Park was not answered within %d s of SIGTERM, its copy held",
-                      ANSWER_MS / 1000);
-        ck_assert_int_eq(reply_read(a, &r, NULL), 0);
-        ck_assert_str_eq(r.error ?: "(none)", VMMB_ERROR_OUT_OF_HOST_MEMORY);
-        message = reply_str(&r, "message");
-        ck_assert_msg(message && strstr(message, "stopping") && strstr(message, l.id) &&
-                      strstr(message, "not parked"), "not said: %s", message);
-        reply_done(&r);
+        stopping_answer_or_fail(a, "Park", VMMB_ERROR_OUT_OF_HOST_MEMORY, l.id, "not parked");
         stop();                                 /* releases the hold; fails unless the daemon exits with 0 */
 }
 END_TEST
@@ -1369,9 +1383,7 @@ END_TEST
  */
 START_TEST(test_stop_while_unparking) {
         _cleanup_(varlink_conn_freep) VarlinkConn *a = NULL;
-        const char *message;
         TestLease l;
-        Reply r;
 
         if (!start_holding(__func__, CONFIG, true))
                 return;
@@ -1386,14 +1398,7 @@ START_TEST(test_stop_while_unparking) {
         wait_for_copy_back(l.id);
 
         ck_assert_int_eq(kill(h.pid, SIGTERM), 0);
-        ck_assert_msg(answered_within(a), "the Unpark was not answered within %d s of SIGTERM, its copy held",
-                      ANSWER_MS / 1000);
-        ck_assert_int_eq(reply_read(a, &r, NULL), 0);
-        ck_assert_str_eq(r.error ?: "(none)", VMMB_ERROR_OUT_OF_MEMORY);
-        message = reply_str(&r, "message");
-        ck_assert_msg(message && strstr(message, "stopping") && strstr(message, l.id) &&
-                      strstr(message, "still parked"), "not said: %s", message);
-        reply_done(&r);
+        stopping_answer_or_fail(a, "Unpark", VMMB_ERROR_OUT_OF_MEMORY, l.id, "still parked");
         stop();                                 /* releases the hold; fails unless the daemon exits with 0 */
 }
 END_TEST
@@ -1406,11 +1411,8 @@ END_TEST
 START_TEST(test_stop_while_attaching) {
         _cleanup_(varlink_conn_freep) VarlinkConn *a = NULL, *b = NULL;
         char token[VMMB_TOKEN_MAX + 1];
-        const char *message;
         Connector x;
         TestLease l;
-        Reply r;
-        int k;
 
         if (!start_holding(__func__, CONFIG, true))
                 return;
@@ -1432,21 +1434,8 @@ START_TEST(test_stop_while_attaching) {
         ck_assert_msg(!readable_now(b), "another process's Attach was answered while the lease's copy back was held");
 
         ck_assert_int_eq(kill(h.pid, SIGTERM), 0);
-        ck_assert_msg(answered_within(a), "the Unpark was not answered within %d s of SIGTERM, its copy held",
-                      ANSWER_MS / 1000);
-        ck_assert_int_eq(reply_read(a, &r, NULL), 0);
-        ck_assert_str_eq(r.error ?: "(none)", VMMB_ERROR_OUT_OF_MEMORY);
-        reply_done(&r);
-        ck_assert_msg(answered_within(b), "the Attach was not answered within %d s of SIGTERM, the copy it waited "
-                      "for held", ANSWER_MS / 1000);
-        k = reply_read(b, &r, NULL);
-        ck_assert_msg(k == 0, "the Attach waiting for the copy was not answered at the stop: %s (hung up on)",
-                      strerror(-k));
-        ck_assert_str_eq(r.error ?: "(none)", VMMB_ERROR_OUT_OF_MEMORY);
-        message = reply_str(&r, "message");
-        ck_assert_msg(message && strstr(message, "stopping") && strstr(message, "still parked"), "not said: %s",
-                      message);
-        reply_done(&r);
+        stopping_answer_or_fail(a, "Unpark", VMMB_ERROR_OUT_OF_MEMORY, l.id, "still parked");
+        stopping_answer_or_fail(b, "Attach", VMMB_ERROR_OUT_OF_MEMORY, l.id, "still parked");
         stop();                                 /* releases the hold; fails unless the daemon exits with 0 */
         connector_finish(&x);
 }
