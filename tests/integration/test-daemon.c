@@ -1239,6 +1239,43 @@ START_TEST(test_low_fd_limit) {
 }
 END_TEST
 
+/* A field of /proc/PID/status ("FDSize"), or -1. */
+static long proc_status_field(pid_t pid, const char *field) {
+        char path[64], line[256];
+        size_t n = strlen(field);
+        long v = -1;
+        FILE *f;
+
+        snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+        f = fopen(path, "re");
+        ck_assert_ptr_nonnull(f);
+        while (fgets(line, sizeof(line), f))
+                if (strncmp(line, field, n) == 0 && line[n] == ':' && sscanf(line + n + 1, "%ld", &v) == 1)
+                        break;
+        fclose(f);
+        return v;
+}
+
+/*
+ * The daemon grows its fd table at start, before any thread, to its fd limit or 65536 fds: grown later, while
+ * the CUDA driver's threads share it, each doubling waits for an RCU grace period in the loop (10-20 ms on an
+ * H200). /proc/PID/status says the table's size (FDSize).
+ */
+START_TEST(test_fd_table_grown_at_start) {
+        struct rlimit rl;
+        long want, got;
+        Harness h;
+
+        ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);     /* the daemon raises its soft limit to this hard one */
+        want = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > 65536 ? 65536 : (long)rl.rlim_max;
+        start(&h);
+        got = proc_status_field(h.pid, "FDSize");
+        ck_assert_msg(got >= want, "the daemon's fd table has %ld slots, not the %ld it may use: it grows in the "
+                      "loop", got, want);
+        stop(&h);
+}
+END_TEST
+
 START_TEST(test_sigterm_with_leases) {
         static const char partial[] = "{\"method\": \"io.vmmbroker.Sta";
         static const char msg[] = "{\"method\":\"io.vmmbroker.Status\"}";
@@ -1311,6 +1348,7 @@ int main(void) {
         tcase_add_test(tc, test_service_interface);
         tcase_add_test(tc, test_sigterm_with_leases);
         tcase_add_test(tc, test_low_fd_limit);
+        tcase_add_test(tc, test_fd_table_grown_at_start);
         suite_add_tcase(s, tc);
         sr = srunner_create(s);
         srunner_set_fork_status(sr, CK_FORK);
