@@ -336,14 +336,23 @@ static void scrubs_finished(Manager *m) {
         wake_waiters(m);
 }
 
-/* Makes again the Parks that wait for `what`, in the order they came. */
+/*
+ * Makes again the calls that wait for `what`, in the order they came, each once: they are taken off the
+ * broker's list first, so that one that waits again (an Unpark whose lease a Park just parked starts its own
+ * copy) goes back to the list's tail without being tried again in this pass, which would never end.
+ */
 static void host_waiters_try(Manager *m, HostWait what) {
+        List now = LIST_INIT(now);
         Peer *p, *tmp;
 
         list_for_each_entry_safe(p, tmp, &m->broker.host_waiters, link_host)
-                if (p->host_wait == what)
-                        peer_host_try(p);       /* may free p, no other peer */
-        serve_waiters(m, false);                /* a park gives device memory back */
+                if (p->host_wait == what) {
+                        list_unlink(&p->link_host);
+                        list_link_tail(&now, &p->link_host);
+                }
+        while ((p = list_first_entry(&now, Peer, link_host)))
+                peer_host_try(p);       /* takes p off `now`; may free p, no other peer */
+        serve_waiters(m, false);        /* a park gives device memory back */
 }
 
 /* Parks waiting for host slabs are made again once any was made: in order, each takes what it needs. */
