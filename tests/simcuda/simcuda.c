@@ -1049,20 +1049,26 @@ static bool streams_held(void) {
         return sim.held || (sim.hold_file[0] && access(sim.hold_file, F_OK) == 0);
 }
 
+/* Whether the hold file `path` (none when "") is there; when it is, makes `reached` so that its holder knows a
+ * stream waits at it. */
+static bool hold_file_present(const char *path, const char *reached) {
+        int fd;
+
+        if (!path[0] || access(path, F_OK) != 0)
+                return false;
+        fd = open(reached, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+        if (fd >= 0)
+                close(fd);
+        return true;
+}
+
 /*
  * Whether host functions are held: while the file SIMCUDA_HOLD_HOST_FILE names is there, a stream that reaches
  * one waits before running it (what was queued before it is done: its events have completed). It then makes
  * the file's name + ".reached", so that the test holding it knows.
  */
 static bool host_funcs_held(void) {
-        int fd;
-
-        if (!sim.hold_host_file[0] || access(sim.hold_host_file, F_OK) != 0)
-                return false;
-        fd = open(sim.hold_host_reached, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
-        if (fd >= 0)
-                close(fd);
-        return true;
+        return hold_file_present(sim.hold_host_file, sim.hold_host_reached);
 }
 
 /*
@@ -1071,16 +1077,7 @@ static bool host_funcs_held(void) {
  * file's name + ".reached".
  */
 static bool copies_held(void) {
-        int fd;
-
-        if (sim.copies_held)
-                return true;
-        if (!sim.hold_copy_file[0] || access(sim.hold_copy_file, F_OK) != 0)
-                return false;
-        fd = open(sim.hold_copy_reached, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
-        if (fd >= 0)
-                close(fd);
-        return true;
+        return sim.copies_held || hold_file_present(sim.hold_copy_file, sim.hold_copy_reached);
 }
 
 /* Whether the first operation of `s` must wait: the streams are held, or it is a host function or a copy and
