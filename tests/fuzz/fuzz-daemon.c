@@ -55,6 +55,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "codec.h"
@@ -88,6 +89,7 @@ enum {
 #define CROWD 2                         /* MaxConnections= in the configuration below */
 #define REMEMBERED 4                    /* lease identifiers and tokens kept for substitution */
 #define PUMP_MAX 100000                 /* event loop iterations before "it never settles" */
+#define POOL_WAIT_SECONDS 10            /* longest wait for host slabs being made or a copy (pump()) */
 #define PENDING_MAX (64U * 1024U)        /* output the daemon may queue for one connection (one reply) */
 #define REMEMBER_MAX 64                 /* longest identifier or token kept (VMMB_ID_MAX, VMMB_TOKEN_MAX) */
 
@@ -354,6 +356,33 @@ static void check_pending(void) {
                         die("the daemon has %zu bytes queued for one connection", varlink_conn_pending(p->conn));
 }
 
+/*
+ * Waits, at most POOL_WAIT_SECONDS, for the pool's eventfd to become readable. A signal may cut poll() short:
+ * libFuzzer's SIGALRM, which checks -timeout= every few seconds, comes at any time. Such a poll() is made
+ * again for what is left of the wait, rather than taken for a wait that never ended.
+ */
+static void pool_event_wait(void) {
+        struct pollfd pfd = { .fd = pool_get_fd(manager->pool), .events = POLLIN };
+        struct timespec now, end;
+
+        (void)clock_gettime(CLOCK_MONOTONIC, &end);
+        end.tv_sec += POOL_WAIT_SECONDS;
+        for (;;) {
+                long ms;
+                int k;
+
+                (void)clock_gettime(CLOCK_MONOTONIC, &now);
+                ms = (end.tv_sec - now.tv_sec) * 1000 + (end.tv_nsec - now.tv_nsec) / 1000000;
+                if (ms <= 0)
+                        die("a call waited %d s for the pool: host slabs being made, or a copy", POOL_WAIT_SECONDS);
+                k = poll(&pfd, 1, (int)ms);
+                if (k == 1)
+                        return;
+                if (k < 0 && errno != EINTR)
+                        die("poll() on the pool's eventfd: %s", strerror(errno));
+        }
+}
+
 /* Runs the event loop and reads replies until neither has anything left. Returns whether anything happened. */
 static bool pump(Client *cl) {
         bool any = false;
@@ -370,12 +399,9 @@ static bool pump(Client *cl) {
                 check_pending();
                 got = client_drain(cl);
                 if (k == 0 && got == 0 && !list_is_empty(&manager->broker.host_waiters)) {
-                        /* A Park waits for host slabs that the pool's maker thread makes: the loop hears of
-                         * them through the pool's eventfd, which this waits for (bounded). */
-                        struct pollfd pfd = { .fd = pool_get_fd(manager->pool), .events = POLLIN };
-
-                        if (poll(&pfd, 1, 10000) != 1)
-                                die("a Park waited 10 s for host slabs being made");
+                        /* A call waits for host slabs that the pool's maker thread makes, or for a copy on a
+                         * device's stream: the loop hears of either through the pool's eventfd. */
+                        pool_event_wait();
                         any = true;
                         continue;
                 }
