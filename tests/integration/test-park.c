@@ -101,6 +101,22 @@ static void hold_copies(void) {
         make_file(copies);
 }
 
+/* Lets the next `n` held copies run, one at a time, and holds the one after them (SIMCUDA_HOLD_COPY_FILE holding
+ * a count, written whole by a rename); forgets whether a copy was held before. */
+static void let_copies_through(unsigned n) {
+        char tmp[80];
+        int fd;
+
+        ck_assert(copies[0]);
+        (void)unlink(copied);
+        snprintf(tmp, sizeof(tmp), "%s.new", copies);
+        fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        ck_assert_int_ge(fd, 0);
+        ck_assert_int_gt(dprintf(fd, "%u", n), 0);
+        close(fd);
+        ck_assert_int_eq(rename(tmp, copies), 0);
+}
+
 /*
  * Forks the guard: a process that waits for the end of its pipe, which only this process holds (close-on-exec:
  * not the daemon), and then removes the hold files. It is not killed with this one, unlike harness_fork()'s
@@ -1232,6 +1248,64 @@ START_TEST(test_own_unpark_waits_for_own_park) {
 END_TEST
 
 /*
+ * As above, a process's Unpark waits for its own Park's copy, held, and so does a second Unpark of the same
+ * process, sent after it. Then that copy alone is let through: the Park is answered, and the first Unpark, made
+ * again, finds the lease parked and starts its own copy back, held; the second waits for that one. Another
+ * connection's Status must be answered meanwhile: a waiting call made again that waits again is not made again in
+ * the same pass (before 09d1234 the daemon's loop made the two Unparks again, in turn, until the copy ended). Once
+ * let go, both Unparks are answered with the lease, which holds its content.
+ */
+START_TEST(test_own_unparks_after_own_park_copy) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *a = NULL, *b = NULL, *c = NULL;
+        TestLease l, again;
+        Gpu g = {};
+
+        if (!start_holding(__func__, CONFIG, true))
+                return;
+        ck_assert_int_eq(conn_open(h.socket, &a), 0);
+        ck_assert_int_eq(conn_open(h.socket, &b), 0);
+        ck_assert_int_eq(conn_open(h.socket, &c), 0);
+        ck_assert_int_eq(gpu_open(&g), 0);
+        cache_host_slabs(a, SIZE);
+        l = alloc_written(&g, a, SIZE, 0x0de30de3);
+
+        hold_copies();
+        ck_assert_int_eq(park_send(a, l.id), 0);
+        wait_for_copy(l.id);
+        ck_assert_int_eq(unpark_send(b, l.id), 0);
+        (void)status_while_held();      /* two round trips on connections made after it: the Unpark was read */
+        (void)status_while_held();
+        ck_assert_int_eq(unpark_send(c, l.id), 0);
+        (void)status_while_held();
+        (void)status_while_held();
+        ck_assert_msg(!readable_now(b) && !readable_now(c),
+                      "an Unpark was answered while its own process's Park's copy was held");
+
+        let_copies_through(1);
+        holding = "the Unpark's copy back, started once the Park's copy was let through, was held";
+        ck_assert_msg(answered_within(a), "the Park was not answered within %d s of its copy being let through "
+                      "(the daemon's loop busy making the waiting Unparks again?)", ANSWER_MS / 1000);
+        park_answer_or_fail(a, true);
+        wait_for_copy_back(l.id);
+        ck_assert_msg(!readable_now(b) && !readable_now(c), "an Unpark was answered while the copy back was held");
+
+        release_hold();
+        ck_assert_msg(answered_within(b) && answered_within(c),
+                      "the Unparks were not answered within %d s of the copy's release", ANSWER_MS / 1000);
+        l = unpark_answer_or_fail(b, l.id);
+        again = unpark_answer_or_fail(c, l.id);
+        content_or_fail(&g, &l, 0x0de30de3);
+        test_lease_close(&l);
+        test_lease_close(&again);
+        listed_unparked_or_fail(l.id, 1);
+        ck_assert_int_eq(lease_free(a, l.id), 0);
+        gpu_close(&g);
+        wait_for_idle((int64_t)SIZE);
+        stop();
+}
+END_TEST
+
+/*
  * Two processes of the owner hold a lease and both parked it: the lease is parked. The first one's Unpark copies
  * it back, its copy held; the second one's Unpark waits for that same copy rather than making its own: one lease's
  * device slabs are taken, and (as root, who may read the metrics) one lease's bytes copied; neither Unpark is
@@ -1448,7 +1522,7 @@ int main(void) {
                                     test_park_copy_parker_killed, test_park_copy_foreign_lease_ends,
                                     test_park_copy_attach_cancels, test_stop_while_copying,
                                     test_unpark_copy_does_not_hold_others, test_own_unpark_waits_for_own_park,
-                                    test_unpark_copy_shared, test_attach_waits_for_unpark_copy,
+                                    test_own_unparks_after_own_park_copy, test_unpark_copy_shared, test_attach_waits_for_unpark_copy,
                                     test_stop_while_unparking, test_stop_while_attaching)) == 0
                        ? EXIT_SUCCESS : EXIT_FAILURE;
 }

@@ -1072,12 +1072,44 @@ static bool host_funcs_held(void) {
 }
 
 /*
+ * Whether the hold file `path` lets one more held operation run: it holds a count of them (a decimal number;
+ * empty or anything else is none), which this takes one from, writing it back in place.
+ */
+static bool hold_file_passes_one(const char *path) {
+        char buf[32] = "";
+        unsigned long n;
+        ssize_t len;
+        char *end;
+        int fd;
+
+        fd = open(path, O_RDWR | O_CLOEXEC);
+        if (fd < 0)
+                return false;
+        len = pread(fd, buf, sizeof(buf) - 1, 0);
+        n = len > 0 ? strtoul(buf, &end, 10) : 0;
+        if (len <= 0 || end == buf || n == 0) {
+                close(fd);
+                return false;
+        }
+        len = snprintf(buf, sizeof(buf), "%lu", n - 1);
+        if (ftruncate(fd, 0) < 0 || pwrite(fd, buf, (size_t)len, 0) != len)
+                fprintf(stderr, "simcuda: could not write %s back: %m\n", path);
+        close(fd);
+        return true;
+}
+
+/*
  * Whether device-to-device copies are held: by simcuda_hold_copies(1), or while the file SIMCUDA_HOLD_COPY_FILE
  * names is there; a stream that reaches one waits before running it (other streams run on), and makes the
- * file's name + ".reached".
+ * file's name + ".reached". A hold file that holds a number N lets N more copies run first, one at a time, so
+ * that a test lets one copy through and holds the next (test-park's test_own_unpark_after_own_park_held).
  */
 static bool copies_held(void) {
-        return sim.copies_held || hold_file_present(sim.hold_copy_file, sim.hold_copy_reached);
+        if (sim.copies_held)
+                return true;
+        if (sim.hold_copy_file[0] && hold_file_passes_one(sim.hold_copy_file))
+                return false;
+        return hold_file_present(sim.hold_copy_file, sim.hold_copy_reached);
 }
 
 /* Whether the first operation of `s` must wait: the streams are held, or it is a host function or a copy and

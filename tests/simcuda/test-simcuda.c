@@ -1539,6 +1539,54 @@ START_TEST(test_hold_copies) {
 END_TEST
 
 /*
+ * SIMCUDA_HOLD_COPY_FILE holding a number: that many copies run, each taking one from it, and the next one waits
+ * (PATH.reached) until the file goes. An empty file lets none through.
+ */
+START_TEST(test_hold_copy_file_passes) {
+        char hold[64], reached[80], left[8] = "";
+        CUdeviceptr src, dst, held;
+        CUstream s;
+        int fd;
+
+        snprintf(hold, sizeof(hold), "/tmp/simcuda-hold-copy-%d", (int)getpid());
+        snprintf(reached, sizeof(reached), "%s.reached", hold);
+        (void)unlink(reached);
+        fd = open(hold, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        ck_assert_int_ge(fd, 0);
+        ck_assert_int_eq(write(fd, "1", 1), 1);
+        close(fd);
+        setenv("SIMCUDA_HOLD_COPY_FILE", hold, 1);
+        open_ctx();
+        src = map_new(GRAN);
+        dst = map_new(GRAN);
+        held = map_new(GRAN);
+        expect_ok(cu->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+
+        expect_ok(cu->cuMemsetD8Async(src, 0x3c, GRAN, s));
+        expect_ok(cu->cuMemcpyDtoDAsync(dst, src, GRAN, s));    /* the one let through */
+        expect_ok(cu->cuMemcpyDtoDAsync(held, src, GRAN, s));   /* held */
+        wait_for_file(reached);
+        expect_bytes(dst, GRAN, 0x3c);
+        expect_bytes(held, GRAN, 0);
+        expect(cu->cuStreamQuery(s), CUDA_ERROR_NOT_READY);
+        fd = open(hold, O_RDONLY | O_CLOEXEC);
+        ck_assert_int_ge(fd, 0);
+        ck_assert_int_eq(read(fd, left, sizeof(left) - 1), 1);
+        close(fd);
+        ck_assert_str_eq(left, "0");
+
+        ck_assert_int_eq(unlink(hold), 0);
+        expect_ok(cu->cuStreamSynchronize(s));
+        expect_bytes(held, GRAN, 0x3c);
+        ck_assert_int_eq(unlink(reached), 0);
+        expect_ok(cu->cuStreamDestroy(s));
+        unmap_free(src, GRAN);
+        unmap_free(dst, GRAN);
+        unmap_free(held, GRAN);
+}
+END_TEST
+
+/*
  * cuMemcpyDtoDAsync: in stream order with the memsets around it, on the NULL stream too, across the mappings of
  * two allocations mapped back to back; refused when issued (nothing queued, the context goes on working) for a
  * bad stream, without a context, or where the device may not write the destination (test_read_only and
@@ -1771,6 +1819,7 @@ static Suite *simcuda_suite(void) {
         tcase_add_test(tc, test_unmap_under_queued_work);
         tcase_add_test(tc, test_copy_device);
         tcase_add_test(tc, test_hold_copies);
+        tcase_add_test(tc, test_hold_copy_file_passes);
         tcase_add_test(tc, test_copy_into_unmapped_range);
         tcase_add_test(tc, test_events);
         suite_add_tcase(s, tc);
