@@ -56,8 +56,8 @@
 #define UNIT (2 * MiB)                  /* the granularity: one slab */
 #define SIZE (64 * MiB)                 /* a lease to park */
 #define SIZE2 (32 * MiB)                /* another, of another layout: slabs of its own to make */
-#define ANSWER_MS 20000                 /* what must be answered while a make is held, is within this */
-#define POLL_STEPS 20000                /* bounded polling of Status: each step is a round trip */
+#define ANSWER_MS 20000                 /* what must be answered while a make is held, and what a poll of Status
+                                           waits for, are within this (time: a loaded machine makes each slower) */
 #define UID_OTHER 65534                 /* nobody */
 #define CONFIG "[Broker]\nHostCapacity=512M\n"  /* MaxHostBytes= 50% of it: 256 MiB */
 
@@ -365,7 +365,7 @@ static WireDevice status_while_held(void) {
 static void wait_for_waiters_while_held(int64_t n) {
         int64_t waiters = -1;
 
-        for (unsigned i = 0; i < POLL_STEPS && waiters != n; i++)
+        for (uint64_t end = harness_now_msec() + ANSWER_MS; harness_now_msec() < end && waiters != n;)
                 waiters = status_while_held().waiters;
         ck_assert_msg(waiters == n, "the device has %" PRId64 " waiters, not %" PRId64, waiters, n);
 }
@@ -484,7 +484,7 @@ static uint64_t copied_bytes(void) {
 static void wait_for_idle(int64_t host_cached) {
         WireDevice d = {};
 
-        for (unsigned i = 0; i < POLL_STEPS; i++) {
+        for (uint64_t end = harness_now_msec() + ANSWER_MS; harness_now_msec() < end;) {
                 d = status();
                 if (d.leases == 0 && d.leased == 0 && d.scrubbing == 0 && d.parked == 0 &&
                     d.host_cached == host_cached)
@@ -716,7 +716,7 @@ START_TEST(test_park_waiter_exits) {
         ck_assert_int_eq(kill(x.pid, SIGKILL), 0);
         ck_assert_int_eq(held_child_finish(&x), 128 + SIGKILL);
         /* Its lease ends with its process, the make still held. */
-        for (unsigned i = 0; i < POLL_STEPS; i++) {
+        for (uint64_t end = harness_now_msec() + ANSWER_MS; harness_now_msec() < end;) {
                 d = status_while_held();
                 if (d.leases == 0)
                         break;
@@ -950,7 +950,7 @@ START_TEST(test_park_copy_parker_killed) {
         ck_assert_int_eq(kill(x.pid, SIGKILL), 0);
         ck_assert_int_eq(connector_close(&x), 128 + SIGKILL);
         /* Its lease ends with its process, the copy still held (its device slabs wait for the copy to end). */
-        for (unsigned i = 0; i < POLL_STEPS; i++) {
+        for (uint64_t end = harness_now_msec() + ANSWER_MS; harness_now_msec() < end;) {
                 d = status_while_held();
                 if (d.leases == 0)
                         break;
@@ -1012,7 +1012,7 @@ START_TEST(test_park_copy_foreign_lease_ends) {
         wait_for_copy(l.id);
         ck_assert_int_eq(kill(xa.pid, SIGKILL), 0);
         ck_assert_int_eq(connector_close(&xa), 128 + SIGKILL);
-        for (unsigned i = 0; i < POLL_STEPS; i++) {
+        for (uint64_t end = harness_now_msec() + ANSWER_MS; harness_now_msec() < end;) {
                 d = status_while_held();
                 if (d.leases == 0)
                         break;
@@ -1194,6 +1194,27 @@ START_TEST(test_unpark_copy_does_not_hold_others) {
 }
 END_TEST
 
+/* A lease of SIZE on `a`, written with `word`, whose Park is sent with its copy held (host slabs cached first). */
+static TestLease park_held(Gpu *g, VarlinkConn *a, uint32_t word) {
+        TestLease l;
+
+        cache_host_slabs(a, SIZE);
+        l = alloc_written(g, a, SIZE, word);
+        hold_copies();
+        ck_assert_int_eq(park_send(a, l.id), 0);
+        wait_for_copy(l.id);
+        return l;
+}
+
+/* Sends an Unpark of lease `id` on `c`; two Status round trips, on connections made after it, say the daemon has
+ * read it; it must not be answered while its own process's Park's copy is held. */
+static void unpark_waits_for_own_park(VarlinkConn *c, const char *id) {
+        ck_assert_int_eq(unpark_send(c, id), 0);
+        (void)status_while_held();
+        (void)status_while_held();
+        ck_assert_msg(!readable_now(c), "an Unpark was answered while its own process's Park's copy was held");
+}
+
 /*
  * A process's calls about a lease it is moving are served in the order they came: while its Park's copy is held,
  * its Unpark of the lease on another connection (the same process: both are the test's) is not answered, nor
@@ -1211,17 +1232,9 @@ START_TEST(test_own_unpark_waits_for_own_park) {
         ck_assert_int_eq(conn_open(h.socket, &a), 0);
         ck_assert_int_eq(conn_open(h.socket, &b), 0);
         ck_assert_int_eq(gpu_open(&g), 0);
-        cache_host_slabs(a, SIZE);
-        l = alloc_written(&g, a, SIZE, 0x0de20de2);
-
-        hold_copies();
-        ck_assert_int_eq(park_send(a, l.id), 0);
-        wait_for_copy(l.id);
-        ck_assert_int_eq(unpark_send(b, l.id), 0);
-        /* Two Status round trips, on connections made after the Unpark was sent: the daemon has read it. */
-        (void)status_while_held();
+        l = park_held(&g, a, 0x0de20de2);
+        unpark_waits_for_own_park(b, l.id);
         d = status_while_held();
-        ck_assert_msg(!readable_now(b), "the Unpark was answered while its own process's Park's copy was held");
         ck_assert_msg(!readable_now(a), "the Park was answered while its copy was held (its own process's Unpark "
                       "undid it?)");
         ck_assert_uint_eq(d.leased, SIZE);
@@ -1266,20 +1279,10 @@ START_TEST(test_own_unparks_after_own_park_copy) {
         ck_assert_int_eq(conn_open(h.socket, &b), 0);
         ck_assert_int_eq(conn_open(h.socket, &c), 0);
         ck_assert_int_eq(gpu_open(&g), 0);
-        cache_host_slabs(a, SIZE);
-        l = alloc_written(&g, a, SIZE, 0x0de30de3);
-
-        hold_copies();
-        ck_assert_int_eq(park_send(a, l.id), 0);
-        wait_for_copy(l.id);
-        ck_assert_int_eq(unpark_send(b, l.id), 0);
-        (void)status_while_held();      /* two round trips on connections made after it: the Unpark was read */
-        (void)status_while_held();
-        ck_assert_int_eq(unpark_send(c, l.id), 0);
-        (void)status_while_held();
-        (void)status_while_held();
-        ck_assert_msg(!readable_now(b) && !readable_now(c),
-                      "an Unpark was answered while its own process's Park's copy was held");
+        l = park_held(&g, a, 0x0de30de3);
+        unpark_waits_for_own_park(b, l.id);
+        unpark_waits_for_own_park(c, l.id);
+        ck_assert_msg(!readable_now(b), "an Unpark was answered while its own process's Park's copy was held");
 
         let_copies_through(1);
         holding = "the Unpark's copy back, started once the Park's copy was let through, was held";

@@ -42,7 +42,8 @@
 #define UID_A 65533
 #define UID_B 65534
 #define MAX_CONN 64
-#define POLL_STEPS 20000                /* bounded polling of Status: each step is a round trip */
+#define POLL_MS 20000                   /* bounded polling of Status (time, not round trips: a loaded machine
+                                           makes each slower) */
 
 static Harness h;
 
@@ -57,7 +58,7 @@ static WireDevice status(void) {
 static void wait_for_waiters(int64_t n) {
         WireDevice d = {};
 
-        for (unsigned i = 0; i < POLL_STEPS; i++) {
+        for (uint64_t end = harness_now_msec() + POLL_MS; harness_now_msec() < end;) {
                 d = status();
                 if (d.waiters == n)
                         return;
@@ -69,7 +70,7 @@ static void wait_for_waiters(int64_t n) {
 static void wait_for_leased(uint64_t leased) {
         WireDevice d = {};
 
-        for (unsigned i = 0; i < POLL_STEPS; i++) {
+        for (uint64_t end = harness_now_msec() + POLL_MS; harness_now_msec() < end;) {
                 d = status();
                 if (d.leased == leased && d.scrubbing == 0)
                         return;
