@@ -66,6 +66,11 @@ static void peer_unpark(Peer *p, bool served) {
 
 static void peer_update(Peer *p);
 
+/* The broker's count of the calls waiting for `what` (Broker.n_waiting_making, n_waiting_copying). */
+static unsigned *host_waiting_count(Broker *b, HostWait what) {
+        return what == HOST_WAIT_MAKING ? &b->n_waiting_making : &b->n_waiting_copying;
+}
+
 /* Keeps the text of a call that waits for `what`, to make it again (peer_host_try()). Returns 0 or -ENOMEM. */
 static int peer_wait_host(Peer *p, const char *text, size_t len, HostWait what) {
         p->host_call = malloc(len);
@@ -75,12 +80,14 @@ static int peer_wait_host(Peer *p, const char *text, size_t len, HostWait what) 
         p->host_call_len = len;
         p->host_wait = what;
         list_link_tail(&p->manager->broker.host_waiters, &p->link_host);
+        (*host_waiting_count(&p->manager->broker, what))++;
         return 0;
 }
 
 /* Takes the waiting Park's text back from the connection (freed by the caller). */
 static char *peer_host_take(Peer *p, size_t *ret_len) {
         list_unlink(&p->link_host);
+        (*host_waiting_count(&p->manager->broker, p->host_wait))--;
         *ret_len = p->host_call_len;
         p->host_wait = HOST_WAIT_NONE;
         return TAKE_PTR(p->host_call);

@@ -450,12 +450,11 @@ static void wait_for_copy_back(const char *id) {
 }
 
 /*
- * Device 0's bytes copied between device and host memory (Metrics' vmmbroker_device_copied_bytes_total), on a
- * connection of its own, answered within ANSWER_MS (else the hold is released and the test fails). The metrics
- * are an administrator's: root's here.
+ * The value of the metric sample `key` (its name and labels, then a space), from Metrics on a connection of its
+ * own, answered within ANSWER_MS (else the hold is released and the test fails). The metrics are an
+ * administrator's: root's here.
  */
-static uint64_t copied_bytes(void) {
-        static const char key[] = "vmmbroker_device_copied_bytes_total{device=\"0\"} ";
+static uint64_t metric(const char *key) {
         _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
         MetricsReply m = {};
         const char *at;
@@ -477,6 +476,33 @@ static uint64_t copied_bytes(void) {
         metrics_reply_done(&m);
         reply_done(&r);
         return v;
+}
+
+/* Device 0's bytes copied between device and host memory (vmmbroker_device_copied_bytes_total). */
+static uint64_t copied_bytes(void) {
+        return metric("vmmbroker_device_copied_bytes_total{device=\"0\"} ");
+}
+
+/*
+ * Waits, at most ANSWER_MS, until `n` calls wait off the loop for `reason` ("copy" or "host_memory":
+ * vmmbroker_calls_waiting): the call just sent has been read, and waits. Root only (the metrics are an
+ * administrator's); others make two Status round trips on connections made after the call instead, which make
+ * that likely but cannot say it.
+ */
+static void wait_for_calls_waiting(const char *reason, uint64_t n) {
+        char key[64];
+        uint64_t waiting = 0;
+
+        if (geteuid() != 0) {
+                (void)status_while_held();
+                (void)status_while_held();
+                return;
+        }
+        snprintf(key, sizeof(key), "vmmbroker_calls_waiting{reason=\"%s\"} ", reason);
+        for (uint64_t end = harness_now_msec() + ANSWER_MS; harness_now_msec() < end && waiting != n;)
+                waiting = metric(key);
+        ck_assert_msg(waiting == n, "%" PRIu64 " calls wait for %s, not %" PRIu64 " (the call just sent was not "
+                      "read, or did not wait)", waiting, reason, n);
 }
 
 /* Polls Status until no lease is left, `host_cached` bytes of host slabs are cached and nothing is being
@@ -858,7 +884,7 @@ START_TEST(test_two_parks_while_making) {
         ck_assert_int_eq(park_send(a, la.id), 0);
         wait_for_make();
         ck_assert_int_eq(park_send(b, lb.id), 0);
-        (void)status_while_held();
+        wait_for_calls_waiting("host_memory", 2);
         ck_assert_msg(!readable_now(a) && !readable_now(b), "a Park was answered while host slabs were being made");
 
         release_hold();
@@ -1206,12 +1232,11 @@ static TestLease park_held(Gpu *g, VarlinkConn *a, uint32_t word) {
         return l;
 }
 
-/* Sends an Unpark of lease `id` on `c`; two Status round trips, on connections made after it, say the daemon has
- * read it; it must not be answered while its own process's Park's copy is held. */
-static void unpark_waits_for_own_park(VarlinkConn *c, const char *id) {
+/* Sends an Unpark of lease `id` on `c`, which must then be one of `n` calls waiting for a copy, and not be
+ * answered while its own process's Park's copy is held. */
+static void unpark_waits_for_own_park(VarlinkConn *c, const char *id, uint64_t n) {
         ck_assert_int_eq(unpark_send(c, id), 0);
-        (void)status_while_held();
-        (void)status_while_held();
+        wait_for_calls_waiting("copy", n);
         ck_assert_msg(!readable_now(c), "an Unpark was answered while its own process's Park's copy was held");
 }
 
@@ -1233,7 +1258,7 @@ START_TEST(test_own_unpark_waits_for_own_park) {
         ck_assert_int_eq(conn_open(h.socket, &b), 0);
         ck_assert_int_eq(gpu_open(&g), 0);
         l = park_held(&g, a, 0x0de20de2);
-        unpark_waits_for_own_park(b, l.id);
+        unpark_waits_for_own_park(b, l.id, 2);         /* and the Park */
         d = status_while_held();
         ck_assert_msg(!readable_now(a), "the Park was answered while its copy was held (its own process's Unpark "
                       "undid it?)");
@@ -1280,8 +1305,8 @@ START_TEST(test_own_unparks_after_own_park_copy) {
         ck_assert_int_eq(conn_open(h.socket, &c), 0);
         ck_assert_int_eq(gpu_open(&g), 0);
         l = park_held(&g, a, 0x0de30de3);
-        unpark_waits_for_own_park(b, l.id);
-        unpark_waits_for_own_park(c, l.id);
+        unpark_waits_for_own_park(b, l.id, 2);         /* and the Park */
+        unpark_waits_for_own_park(c, l.id, 3);
         ck_assert_msg(!readable_now(b), "an Unpark was answered while its own process's Park's copy was held");
 
         let_copies_through(1);
@@ -1348,8 +1373,7 @@ START_TEST(test_unpark_copy_shared) {
         ck_assert_int_eq(unpark_send(a, l.id), 0);
         wait_for_copy_back(l.id);
         ck_assert_int_eq(unpark_send(b, l.id), 0);
-        /* Two Status round trips, on connections made after the second Unpark was sent: the daemon has read it. */
-        (void)status_while_held();
+        wait_for_calls_waiting("copy", 2);
         d = status_while_held();
         ck_assert_msg(d.leased == SIZE, "%" PRIu64 " bytes leased while an Unpark's copy of %" PRIu64 " was held: "
                       "the second Unpark took device slabs of its own", d.leased, SIZE);
@@ -1417,8 +1441,7 @@ START_TEST(test_attach_waits_for_unpark_copy) {
         ck_assert_int_eq(unpark_send(a, l.id), 0);
         wait_for_copy_back(l.id);
         ck_assert_int_eq(attach_send(b, token), 0);
-        /* Two Status round trips, on connections made after the Attach was sent: the daemon has read it. */
-        (void)status_while_held();
+        wait_for_calls_waiting("copy", 2);      /* and the Unpark */
         d = status_while_held();
         ck_assert_msg(d.leased == SIZE, "%" PRIu64 " bytes leased while an Unpark's copy of %" PRIu64 " was held: "
                       "the Attach took device slabs of its own", d.leased, SIZE);
@@ -1505,9 +1528,7 @@ START_TEST(test_stop_while_attaching) {
         ck_assert_int_eq(unpark_send(a, l.id), 0);
         wait_for_copy_back(l.id);
         ck_assert_int_eq(attach_send(b, token), 0);
-        /* Two Status round trips, on connections made after the Attach was sent: the daemon has read it. */
-        (void)status_while_held();
-        (void)status_while_held();
+        wait_for_calls_waiting("copy", 2);      /* and the Unpark */
         ck_assert_msg(!readable_now(b), "another process's Attach was answered while the lease's copy back was held");
 
         ck_assert_int_eq(kill(h.pid, SIGTERM), 0);
