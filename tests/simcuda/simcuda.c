@@ -1102,7 +1102,7 @@ static bool hold_file_passes_one(const char *path) {
  * Whether device-to-device copies are held: by simcuda_hold_copies(1), or while the file SIMCUDA_HOLD_COPY_FILE
  * names is there; a stream that reaches one waits before running it (other streams run on), and makes the
  * file's name + ".reached". A hold file that holds a number N lets N more copies run first, one at a time, so
- * that a test lets one copy through and holds the next (test-park's test_own_unpark_after_own_park_held).
+ * that a test lets one copy through and holds the next (test-park's test_own_unparks_after_own_park_copy).
  */
 static bool copies_held(void) {
         if (sim.copies_held)
