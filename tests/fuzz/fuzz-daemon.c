@@ -55,7 +55,6 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "codec.h"
@@ -65,6 +64,7 @@
 #include "json.h"
 #include "macro.h"
 #include "manager.h"
+#include "metrics.h"
 #include "peer.h"
 #include "varlink.h"
 
@@ -363,19 +363,15 @@ static void check_pending(void) {
  */
 static void pool_event_wait(void) {
         struct pollfd pfd = { .fd = pool_get_fd(manager->pool), .events = POLLIN };
-        struct timespec now, end;
+        uint64_t end = metrics_clock() + (uint64_t)POOL_WAIT_SECONDS * 1000000;
 
-        (void)clock_gettime(CLOCK_MONOTONIC, &end);
-        end.tv_sec += POOL_WAIT_SECONDS;
         for (;;) {
-                long ms;
+                uint64_t now = metrics_clock();
                 int k;
 
-                (void)clock_gettime(CLOCK_MONOTONIC, &now);
-                ms = (end.tv_sec - now.tv_sec) * 1000 + (end.tv_nsec - now.tv_nsec) / 1000000;
-                if (ms <= 0)
+                if (now >= end)
                         die("a call waited %d s for the pool: host slabs being made, or a copy", POOL_WAIT_SECONDS);
-                k = poll(&pfd, 1, (int)ms);
+                k = poll(&pfd, 1, (int)((end - now + 999) / 1000));
                 if (k == 1)
                         return;
                 if (k < 0 && errno != EINTR)

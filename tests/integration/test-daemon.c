@@ -70,21 +70,29 @@ static void stop(Harness *h) {
         ck_assert_int_eq(harness_stop(h), 0);
 }
 
-/* The daemon's resident memory, from /proc/PID/status, in bytes. */
-static uint64_t vm_rss(pid_t pid) {
+/* A field of /proc/PID/status ("VmRSS", "FDSize"): its number, or -1. */
+static long proc_status_field(pid_t pid, const char *field) {
         char path[64], line[256];
-        uint64_t kib = 0;
+        size_t n = strlen(field);
+        long v = -1;
         FILE *f;
 
         snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
         f = fopen(path, "re");
         ck_assert_ptr_nonnull(f);
         while (fgets(line, sizeof(line), f))
-                if (sscanf(line, "VmRSS: %" SCNu64 " kB", &kib) == 1)
+                if (strncmp(line, field, n) == 0 && line[n] == ':' && sscanf(line + n + 1, "%ld", &v) == 1)
                         break;
         fclose(f);
-        ck_assert_uint_gt(kib, 0);
-        return kib * 1024;
+        return v;
+}
+
+/* The daemon's resident memory, from /proc/PID/status, in bytes. */
+static uint64_t vm_rss(pid_t pid) {
+        long kib = proc_status_field(pid, "VmRSS");
+
+        ck_assert_int_gt(kib, 0);
+        return (uint64_t)kib * 1024;
 }
 
 /* Sends bytes on a raw socket, all of them (an early close by the daemon is the caller's to check). */
@@ -1238,23 +1246,6 @@ START_TEST(test_low_fd_limit) {
         stop(&h);
 }
 END_TEST
-
-/* A field of /proc/PID/status ("FDSize"), or -1. */
-static long proc_status_field(pid_t pid, const char *field) {
-        char path[64], line[256];
-        size_t n = strlen(field);
-        long v = -1;
-        FILE *f;
-
-        snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
-        f = fopen(path, "re");
-        ck_assert_ptr_nonnull(f);
-        while (fgets(line, sizeof(line), f))
-                if (strncmp(line, field, n) == 0 && line[n] == ':' && sscanf(line + n + 1, "%ld", &v) == 1)
-                        break;
-        fclose(f);
-        return v;
-}
 
 /*
  * The daemon grows its fd table at start, before any thread, to its fd limit or 65536 fds: grown later, while
