@@ -112,6 +112,7 @@ static void schedule_idle(Manager *m) {
 static int on_scrub_timer(sd_event_source *s, uint64_t usec, void *userdata) {
         Manager *m = userdata;
 
+        metrics_loop_source(METRICS_LOOP_SCRUB);
         pool_scrub_queued(m->pool);
         return 0;
 }
@@ -260,6 +261,7 @@ static int on_reclaim_timer(sd_event_source *s, uint64_t usec, void *userdata) {
         Manager *m = userdata;
         uint64_t now = usec;
 
+        metrics_loop_source(METRICS_LOOP_RECLAIM);
         (void)sd_event_now(m->event, CLOCK_MONOTONIC, &now);
         if (reclaim_expire(&m->broker.leases.reclaim, now) > 0)
                 for (size_t i = 0; i < pool_n_devices(m->pool); i++)
@@ -274,6 +276,7 @@ static void wake_waiters(Manager *m) {
 }
 
 static int on_waiters(sd_event_source *s, void *userdata) {
+        metrics_loop_source(METRICS_LOOP_WAITERS);
         serve_waiters(userdata, true);
         return 0;
 }
@@ -293,6 +296,7 @@ static void check_waiter_exited(Waiter *w, void *userdata) {
 static int on_accept(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
         Manager *m = userdata;
 
+        metrics_loop_source(METRICS_LOOP_ACCEPT);
         for (unsigned i = 0;; i++) {
                 if (i == ACCEPTS_PER_WAKEUP) {
                         (void)sd_event_source_set_enabled(s, SD_EVENT_OFF);
@@ -403,6 +407,7 @@ static int on_serve(sd_event_source *s, void *userdata) {
         Manager *m = userdata;
         unsigned n = m->fair.n_users;
 
+        metrics_loop_source(METRICS_LOOP_SERVE);
         for (unsigned i = 0; i < n && !fair_queue_is_empty(&m->fair); i++) {
                 List *link = fair_queue_pop(&m->fair);
 
@@ -441,6 +446,7 @@ bool manager_serve_at_once(Manager *m, struct Peer *p) {
 static int on_pool(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
         Manager *m = userdata;
 
+        metrics_loop_source(METRICS_LOOP_DEVICE);
         if (pool_dispatch(m->pool) > 0)
                 schedule_idle(m);
         scrubs_finished(m);
@@ -453,6 +459,7 @@ static int on_holder_exit(sd_event_source *s, int fd, uint32_t revents, void *us
         Manager *m = userdata;
         Peer *p, *tmp;
 
+        metrics_loop_source(METRICS_LOOP_HOLDER_EXIT);
         broker_reap_holders(&m->broker);
         /* A waiting call of an exited process leaves its queue unanswered; its memory came back too. */
         for (size_t i = 0; i < pool_n_devices(m->pool); i++)
@@ -508,6 +515,7 @@ static int on_idle(sd_event_source *s, void *userdata) {
         Manager *m = userdata;
         int old = m->broker.store_error;
 
+        metrics_loop_source(METRICS_LOOP_IDLE);
         /* Keep trying what could not be stored: a table to start from, exited holders' holds. */
         if (broker_store_snapshot(&m->broker, false) < 0 && old == 0)
                 fprintf(stderr, "Failed to store the lease table: %s; changes are refused until it works again.\n",
@@ -524,6 +532,7 @@ static int on_idle(sd_event_source *s, void *userdata) {
 static int on_signal(sd_event_source *s, const struct signalfd_siginfo *si, void *userdata) {
         Manager *m = userdata;
 
+        metrics_loop_source(METRICS_LOOP_SIGNAL);
         return sd_event_exit(m->event, 0);
 }
 
@@ -534,6 +543,7 @@ static int on_signal(sd_event_source *s, const struct signalfd_siginfo *si, void
 static int on_tick(sd_event_source *s, uint64_t usec, void *userdata) {
         Manager *m = userdata;
 
+        metrics_loop_source(METRICS_LOOP_TICK);
         if (m->broker.store_error < 0 || broker_has_unreaped(&m->broker))
                 schedule_idle(m);
         else
@@ -751,13 +761,38 @@ int manager_new(Manager **ret, const ManagerConfig *config, char **ret_message) 
         return 0;
 }
 
+/*
+ * sd_event_loop(), each dispatch timed: one dispatch runs one source's handler, and nobody else is served
+ * until it returns (vmmbroker_loop_dispatch_seconds, by the handler's metrics_loop_source()). Returns the
+ * exit code, or a failure of sd-event.
+ */
+static int loop_run(sd_event *e) {
+        int k, code = 0;
+
+        while (sd_event_get_state(e) != SD_EVENT_FINISHED) {
+                k = sd_event_prepare(e);
+                if (k == 0)
+                        k = sd_event_wait(e, UINT64_MAX);
+                if (k > 0) {
+                        uint64_t start = metrics_loop_begin();
+
+                        k = sd_event_dispatch(e);
+                        metrics_loop_end(start);
+                }
+                if (k < 0)
+                        return k;
+        }
+        k = sd_event_get_exit_code(e, &code);
+        return k < 0 ? k : code;
+}
+
 int manager_run(Manager *m) {
         Peer *p, *tmp;
         int k;
 
         (void)sd_notify(false, "READY=1");
         send_status(m, true);
-        k = sd_event_loop(m->event);
+        k = loop_run(m->event);
         (void)sd_notify(false, "STOPPING=1");
         /* Waiting calls are not kept across a restart: each is told the broker stops, so its client knows
          * it was not served (a closed connection alone would leave that unknown). */

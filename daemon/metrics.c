@@ -83,11 +83,33 @@ static const char *const bucket_le[METRICS_BUCKETS] = {
         "0.025", "0.05", "0.1", "0.25", "0.5", "1.0",
 };
 
+static const char *const loop_names[_METRICS_LOOP_MAX] = {
+        [METRICS_LOOP_CONNECTION] = "connection",
+        [METRICS_LOOP_SERVE] = "serve",
+        [METRICS_LOOP_ACCEPT] = "accept",
+        [METRICS_LOOP_DEVICE] = "device",
+        [METRICS_LOOP_HOLDER_EXIT] = "holder_exit",
+        [METRICS_LOOP_WAITERS] = "waiters",
+        [METRICS_LOOP_IDLE] = "idle",
+        [METRICS_LOOP_TICK] = "tick",
+        [METRICS_LOOP_RECLAIM] = "reclaim",
+        [METRICS_LOOP_SCRUB] = "scrub",
+        [METRICS_LOOP_DEADLINE] = "deadline",
+        [METRICS_LOOP_SIGNAL] = "signal",
+        [METRICS_LOOP_OTHER] = "other",
+};
+
+typedef struct Histogram {
+        uint64_t buckets[METRICS_BUCKETS];      /* not cumulative: one per bucket */
+        uint64_t count;
+        uint64_t sum_usec;
+} Histogram;
+
 static struct {
         uint64_t requests[_METRICS_METHOD_MAX][_METRICS_OUTCOME_MAX];
-        uint64_t buckets[_METRICS_METHOD_MAX][METRICS_BUCKETS];         /* not cumulative: one per bucket */
-        uint64_t count[_METRICS_METHOD_MAX];
-        uint64_t sum_usec[_METRICS_METHOD_MAX];
+        Histogram durations[_METRICS_METHOD_MAX];
+        Histogram loop[_METRICS_LOOP_MAX];
+        MetricsLoop loop_source;        /* of the dispatch under way */
         uint64_t events[_METRICS_EVENT_MAX];
         uint64_t events_dropped;
         uint64_t waits[_METRICS_WAIT_MAX];
@@ -121,16 +143,20 @@ MetricsOutcome metrics_outcome(const char *error, int k) {
         return METRICS_OTHER_ERROR;
 }
 
-void metrics_request(MetricsMethod method, MetricsOutcome outcome, uint64_t usec) {
+static void histogram_add(Histogram *h, uint64_t usec) {
         size_t b = 0;
 
-        m.requests[method][outcome]++;
         while (b < METRICS_BUCKETS && usec > bucket_usec[b])
                 b++;
         if (b < METRICS_BUCKETS)
-                m.buckets[method][b]++;
-        m.count[method]++;
-        m.sum_usec[method] += usec;
+                h->buckets[b]++;
+        h->count++;
+        h->sum_usec += usec;
+}
+
+void metrics_request(MetricsMethod method, MetricsOutcome outcome, uint64_t usec) {
+        m.requests[method][outcome]++;
+        histogram_add(&m.durations[method], usec);
 }
 
 uint64_t metrics_clock(void) {
@@ -148,6 +174,21 @@ void metrics_request_done(const char *method, json_object *reply, int k, uint64_
                 (void)json_object_object_get_ex(reply, "error", &error);
         metrics_request(metrics_method(method), metrics_outcome(error ? json_object_get_string(error) : NULL, k),
                         now > start ? now - start : 0);
+}
+
+uint64_t metrics_loop_begin(void) {
+        m.loop_source = METRICS_LOOP_OTHER;
+        return metrics_clock();
+}
+
+void metrics_loop_source(MetricsLoop source) {
+        m.loop_source = source;
+}
+
+void metrics_loop_end(uint64_t start) {
+        uint64_t now = metrics_clock();
+
+        histogram_add(&m.loop[m.loop_source], now > start ? now - start : 0);
 }
 
 void metrics_event(MetricsEvent event) {
@@ -349,6 +390,22 @@ static int format_users(FILE *f, Broker *b) {
         return 0;
 }
 
+/* The samples of histogram NAME{LABEL="VALUE"}: none while it counted nothing. */
+static void format_histogram(FILE *f, const char *name, const char *label, const char *value, const Histogram *h) {
+        uint64_t cumulative = 0;
+
+        if (h->count == 0)
+                return;
+        for (size_t j = 0; j < METRICS_BUCKETS; j++) {
+                cumulative += h->buckets[j];
+                fprintf(f, "%s_bucket{%s=\"%s\",le=\"%s\"} %" PRIu64 "\n", name, label, value, bucket_le[j],
+                        cumulative);
+        }
+        fprintf(f, "%s_bucket{%s=\"%s\",le=\"+Inf\"} %" PRIu64 "\n", name, label, value, h->count);
+        fprintf(f, "%s_count{%s=\"%s\"} %" PRIu64 "\n", name, label, value, h->count);
+        fprintf(f, "%s_sum{%s=\"%s\"} %.6f\n", name, label, value, (double)h->sum_usec / 1e6);
+}
+
 static void format_requests(FILE *f) {
         family(f, "vmmbroker_requests", "counter", NULL,
                "Requests answered, by method and outcome (ok, the error's name, or failed: the connection was "
@@ -361,23 +418,13 @@ static void format_requests(FILE *f) {
                                         m.requests[i][o]);
         family(f, "vmmbroker_request_duration_seconds", "histogram", "seconds",
                "Time from reading a request to having its reply ready, by method.");
-        for (size_t i = 0; i < _METRICS_METHOD_MAX; i++) {
-                uint64_t cumulative = 0;
-
-                if (m.count[i] == 0)
-                        continue;
-                for (size_t j = 0; j < METRICS_BUCKETS; j++) {
-                        cumulative += m.buckets[i][j];
-                        fprintf(f, "vmmbroker_request_duration_seconds_bucket{method=\"%s\",le=\"%s\"} %" PRIu64
-                                "\n", short_name(method_names[i]), bucket_le[j], cumulative);
-                }
-                fprintf(f, "vmmbroker_request_duration_seconds_bucket{method=\"%s\",le=\"+Inf\"} %" PRIu64 "\n",
-                        short_name(method_names[i]), m.count[i]);
-                fprintf(f, "vmmbroker_request_duration_seconds_count{method=\"%s\"} %" PRIu64 "\n",
-                        short_name(method_names[i]), m.count[i]);
-                fprintf(f, "vmmbroker_request_duration_seconds_sum{method=\"%s\"} %.6f\n",
-                        short_name(method_names[i]), (double)m.sum_usec[i] / 1e6);
-        }
+        for (size_t i = 0; i < _METRICS_METHOD_MAX; i++)
+                format_histogram(f, "vmmbroker_request_duration_seconds", "method", short_name(method_names[i]),
+                                 &m.durations[i]);
+        family(f, "vmmbroker_loop_dispatch_seconds", "histogram", "seconds",
+               "Time of each dispatch of the daemon's event loop, by what it ran: nobody else is served meanwhile.");
+        for (size_t i = 0; i < _METRICS_LOOP_MAX; i++)
+                format_histogram(f, "vmmbroker_loop_dispatch_seconds", "source", loop_names[i], &m.loop[i]);
 }
 
 static void format_broker(FILE *f, Broker *b) {

@@ -10,7 +10,11 @@
  *   - lease events (made, ended, reclaimed from an exited holder, published,
  *     unpublished, parked, unparked, store failed, store recovered): counted
  *     by events.c;
- *   - how this run started: leases taken back from an earlier run's table.
+ *   - how this run started: leases taken back from an earlier run's table;
+ *   - how long each dispatch of the event loop took, by what it dispatched
+ *     (a histogram in seconds): while one runs, nobody else is served.
+ *     manager.c times each dispatch, and each handler names itself first
+ *     (metrics_loop_source()).
  *
  * Everything else the text shows is read when it is asked for, from what the
  * daemon keeps anyway: the pool's per-device statistics, the lease table's
@@ -98,6 +102,25 @@ typedef enum MetricsWait {
         _METRICS_WAIT_MAX,
 } MetricsWait;
 
+/* What one dispatch of the event loop ran: the `source` label of vmmbroker_loop_dispatch_seconds. */
+typedef enum MetricsLoop {
+        METRICS_LOOP_CONNECTION,        /* a connection read, and its request served at once if it was */
+        METRICS_LOOP_SERVE,             /* a round of the fair queue: a request of each user waiting */
+        METRICS_LOOP_ACCEPT,            /* new connections */
+        METRICS_LOOP_DEVICE,            /* the devices' completions (scrubs, copies, host memory made) and the
+                                         * calls they wake */
+        METRICS_LOOP_HOLDER_EXIT,       /* processes that exited */
+        METRICS_LOOP_WAITERS,           /* waiting Allocs tried again */
+        METRICS_LOOP_IDLE,              /* the idle work: snapshots, released slabs' fds closed, STATUS= */
+        METRICS_LOOP_TICK,              /* the one-second tick */
+        METRICS_LOOP_RECLAIM,           /* a reclaim's deadline */
+        METRICS_LOOP_SCRUB,             /* the scrubs queued issued */
+        METRICS_LOOP_DEADLINE,          /* a waiting call's or an answer's deadline */
+        METRICS_LOOP_SIGNAL,            /* SIGTERM, SIGINT */
+        METRICS_LOOP_OTHER,             /* a dispatch no handler named: sd-event's own (exiting) */
+        _METRICS_LOOP_MAX,
+} MetricsLoop;
+
 /* Histogram buckets, upper bounds in microseconds: 10 us .. 1 s, then +Inf. */
 #define METRICS_BUCKETS 16
 
@@ -118,6 +141,14 @@ uint64_t metrics_clock(void);
  * with `reply` (its error, if any, is the outcome) and returned k.
  */
 void metrics_request_done(const char *method, json_object *reply, int k, uint64_t start);
+
+/*
+ * The loop's hooks: metrics_loop_begin() before a dispatch (returns the time it began, metrics_clock()),
+ * metrics_loop_source() first thing in each handler, metrics_loop_end() after the dispatch, which counts it.
+ */
+uint64_t metrics_loop_begin(void);
+void metrics_loop_source(MetricsLoop source);
+void metrics_loop_end(uint64_t start);
 
 /* Counts a waiting Alloc's end (peer.c). */
 void metrics_wait_done(MetricsWait how);

@@ -214,6 +214,7 @@ static int peer_dispatch(Peer *p, const char *text, size_t len) {
 static int on_reply_timeout(sd_event_source *s, uint64_t usec, void *userdata) {
         Peer *p = userdata;
 
+        metrics_loop_source(METRICS_LOOP_DEADLINE);
         if (p->wait) {
                 /* The waiting call's deadline: one last try, then OutOfMemory saying how long it waited. */
                 (void)peer_wait_try(p, ALLOC_TRY_EXPIRED);
@@ -383,6 +384,7 @@ static int on_peer_io(sd_event_source *s, int fd, uint32_t revents, void *userda
         Peer *p = userdata;
         int k = 0;
 
+        metrics_loop_source(METRICS_LOOP_CONNECTION);
         if (p->wait || p->host_call) {
                 /* Parked: only a hangup wakes it, and the call's client is gone. */
                 if (revents & (EPOLLHUP | EPOLLERR))

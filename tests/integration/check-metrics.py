@@ -165,12 +165,14 @@ def main():
                       ("vmmbroker_user_bytes", "gauge"), ("vmmbroker_user_leases", "gauge"),
                       ("vmmbroker_user_connections", "gauge"), ("vmmbroker_requests", "counter"),
                       ("vmmbroker_request_duration_seconds", "histogram"), ("vmmbroker_restarted", "gauge"),
+                      ("vmmbroker_loop_dispatch_seconds", "histogram"),
                       ("vmmbroker_leases_restored", "gauge"), ("vmmbroker_store_failures", "counter"),
                       ("vmmbroker_store_generation", "gauge"), ("vmmbroker_store_commits", "counter"),
                       ("vmmbroker_lease_events", "counter"), ("vmmbroker_build", "info")]:
         check(name in fam and fam[name].type == typ,
               f"{name}: {'missing' if name not in fam else 'type ' + fam[name].type}, not {typ}")
-    for name in ["vmmbroker_device_capacity_bytes", "vmmbroker_request_duration_seconds"]:
+    for name in ["vmmbroker_device_capacity_bytes", "vmmbroker_request_duration_seconds",
+                 "vmmbroker_loop_dispatch_seconds"]:
         unit = name.rsplit("_", 1)[1]
         check(name in fam and fam[name].unit == unit, f"{name} has no UNIT {unit}")
     uid = str(os.getuid())
@@ -196,6 +198,19 @@ def main():
                 method="Alloc") == 2, "the Alloc histogram's count != 2")
     check(value(fam, "vmmbroker_request_duration_seconds", "vmmbroker_request_duration_seconds_bucket",
                 method="Alloc", le="+Inf") == 2, "the Alloc histogram's +Inf bucket != 2")
+    # The loop's dispatches: each named by its handler (none "other" while the daemon runs), by names that
+    # docs/metrics.md gives; this script's requests were read and served by dispatches of its connection.
+    sources = {s.labels.get("source", "") for s in fam["vmmbroker_loop_dispatch_seconds"].samples} \
+        if "vmmbroker_loop_dispatch_seconds" in fam else set()
+    documented = {"connection", "serve", "accept", "device", "holder_exit", "waiters", "idle", "tick", "reclaim",
+                  "scrub", "deadline", "signal"}
+    check(sources and sources <= documented, f"loop dispatch sources {sorted(sources)}, not among {sorted(documented)}")
+    for source in sources:
+        count = value(fam, "vmmbroker_loop_dispatch_seconds", "vmmbroker_loop_dispatch_seconds_count", source=source)
+        check(count == value(fam, "vmmbroker_loop_dispatch_seconds", "vmmbroker_loop_dispatch_seconds_bucket",
+                             source=source, le="+Inf"), f"loop dispatches of {source}: count != the +Inf bucket")
+    check((value(fam, "vmmbroker_loop_dispatch_seconds", "vmmbroker_loop_dispatch_seconds_count",
+                 source="connection") or 0) >= 6, "fewer than 6 dispatches of a connection for this script's requests")
     # Every kind of lease event has its sample, named as docs/metrics.md names them, and no other.
     kinds = sorted(s.labels.get("event", "") for s in fam["vmmbroker_lease_events"].samples) \
         if "vmmbroker_lease_events" in fam else []

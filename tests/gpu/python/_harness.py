@@ -172,6 +172,42 @@ def status_observer(socket_path: str, pipe) -> None:
             pipe.send(calls)
 
 
+def loop_dispatches(socket_path: str) -> Optional[dict]:
+    """The broker's vmmbroker_loop_dispatch_seconds buckets as {(source, le): cumulative count}, by `vmmctl
+    metrics` (an administrator's: None when this user may not read them, or vmmctl is not built)."""
+    vmmctl = os.environ.get("VMMCTL") or os.path.join(_build_dir(), "client", "vmmctl")
+    try:
+        r = subprocess.run([vmmctl, "--socket", socket_path, "metrics"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if r.returncode != 0:
+        return None
+    out = {}
+    for line in r.stdout.splitlines():
+        if line.startswith("vmmbroker_loop_dispatch_seconds_bucket{"):
+            labels, value = line[len("vmmbroker_loop_dispatch_seconds_bucket{"):].split("} ")
+            kv = dict(item.split("=", 1) for item in labels.split(","))
+            out[(kv["source"].strip('"'), float(kv["le"].strip('"')))] = int(value)
+    return out
+
+
+def long_dispatches(before: Optional[dict], after: Optional[dict], over_s: float = 0.001) -> str:
+    """The loop's dispatches longer than OVER_S between two loop_dispatches(): "SOURCE N (<= BOUND ms)" for each
+    source that had any, BOUND the smallest bucket that holds them all; "none", or "-" when not known."""
+    if before is None or after is None:
+        return "-"
+    said = []
+    for source in sorted({s for s, _ in after}):
+        def delta(le):
+            return after.get((source, le), 0) - before.get((source, le), 0)
+        bounds = sorted(le for s, le in after if s == source)
+        n = delta(float("inf")) - delta(max((b for b in bounds if b <= over_s), default=0.0))
+        if n > 0:
+            top = min(b for b in bounds if delta(b) == delta(float("inf")))
+            said.append(f"{source} {n} (<= {top * 1e3:g} ms)" if top != float("inf") else f"{source} {n} (> 1 s)")
+    return ", ".join(said) or "none"
+
+
 def median(xs: Sequence[float]) -> float:
     s = sorted(xs)
     n = len(s)
