@@ -67,12 +67,12 @@ static bool daemon_lists(const char *id) {
 }
 
 /*
- * Whether the daemon lists lease `id` kept (vmmb_free_keep(), which the segments' frees use) within a bound of
- * List calls: after the first keep on the allocator's connection (which is answered) the Frees are one-way,
- * and a List on another connection may come first. Round trips, not sleeps; the bound is a failure guard.
+ * Whether the daemon lists lease `id` kept (vmmb_free_keep(), which the segments' frees use) within
+ * HARNESS_POLL_MS of List calls: after the first keep on the allocator's connection (which is answered) the
+ * Frees are one-way, and a List on another connection may come first.
  */
 static bool daemon_keeps(const char *id) {
-        for (int i = 0; i < 10000; i++)
+        for (uint64_t end = harness_poll_deadline(); harness_now_msec() < end;)
                 if (daemon_list(h.socket, id).kept)
                         return true;
         return false;

@@ -288,6 +288,10 @@ uint64_t harness_now_msec(void) {
         return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
+uint64_t harness_poll_deadline(void) {
+        return harness_now_msec() + HARNESS_POLL_MS;
+}
+
 int harness_fd_count(pid_t pid) {
         char path[64];
         struct dirent *de;

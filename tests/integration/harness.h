@@ -90,6 +90,16 @@ int harness_notify_receive(int fd, int timeout_ms, char *buf, size_t len, pid_t 
 /* CLOCK_MONOTONIC in milliseconds: for the deadlines of bounded polls. */
 uint64_t harness_now_msec(void);
 
+/*
+ * The bound of a test's poll of the daemon until something it does off the test's sight is done (a scrub,
+ * a hang-up seen, a call queued): each try is a round trip, not a sleep, and the bound is only a failure
+ * guard. It is a time, not a number of tries: on a loaded machine a simulated scrub or copy of 64 MiB took
+ * 0.4-3 s, while 20,000 round trips took 2-3 s. Use as
+ *   for (uint64_t end = harness_poll_deadline(); !done && harness_now_msec() < end;) ...
+ */
+#define HARNESS_POLL_MS 20000
+uint64_t harness_poll_deadline(void);
+
 /* Open fds of a process, from /proc/PID/fd; -1 on error. */
 int harness_fd_count(pid_t pid);
 

@@ -486,11 +486,9 @@ START_TEST(test_sigkill_reclaim) {
         ck_assert_ptr_null(list_find(&list, victim.id));
         list_reply_done(&list);
 
-        /*
-         * The scrub runs on the daemon's stream; ask until it is done (each Status is a round trip, not a
-         * sleep; the bound is only a failure guard). Then the next lease of this uid reuses those slabs.
-         */
-        for (int i = 0; i < 100000 && d.cached != LEASE_SIZE; i++)
+        /* The scrub runs on the daemon's stream; ask until it is done. Then the next lease of this uid reuses
+         * those slabs. */
+        for (uint64_t end = harness_poll_deadline(); d.cached != LEASE_SIZE && harness_now_msec() < end;)
                 d = status_of(&h);
         ck_assert_msg(d.cached == LEASE_SIZE && d.scrubbing == 0, "the scrub did not complete: scrubbing %" PRIu64
                       ", cached %" PRIu64, d.scrubbing, d.cached);

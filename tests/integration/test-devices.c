@@ -345,7 +345,7 @@ START_TEST(test_placed_wait_stays) {
         ck_assert_int_eq(varlink_conn_flush(w), 0);
         /* Every device is full and equally so: the tie goes to the lower index, 2. Status is answered
          * after the Alloc was read only once the daemon has queued it: poll (bounded, no sleep). */
-        for (i = 0; i < 100000; i++) {
+        for (uint64_t end = harness_poll_deadline(); harness_now_msec() < end;) {
                 status_devices(d.h.socket, devs, N_DEVICES);
                 if (devs[2].waiters == 1)
                         break;

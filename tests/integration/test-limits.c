@@ -60,12 +60,12 @@ static Use users_on(VarlinkConn *c, bool all, uid_t uid);
 /*
  * Asks Users on `c` until the caller's user has `connections` open: a connection the test closed is
  * counted out when the daemon sees its hang-up, which may come after a request on another connection.
- * Each try is a round trip, not a sleep; the bound is only a failure guard.
+ * Bounded by HARNESS_POLL_MS.
  */
 static Use users_settled(VarlinkConn *c, uint64_t connections) {
         Use u = users_on(c, false, getuid());
 
-        for (int i = 0; i < 100000 && u.connections != connections; i++)
+        for (uint64_t end = harness_poll_deadline(); u.connections != connections && harness_now_msec() < end;)
                 u = users_on(c, false, getuid());
         ck_assert_uint_eq(u.connections, connections);
         return u;

@@ -218,11 +218,11 @@ static WireDevice status_of(const Harness *h) {
         return d;
 }
 
-/* Asks Status until no scrub is in flight (each a round trip, not a sleep; the bound is a failure guard). */
+/* Asks Status until no scrub is in flight (bounded by HARNESS_POLL_MS). */
 static WireDevice status_settled(const Harness *h) {
         WireDevice d = status_of(h);
 
-        for (int i = 0; i < 100000 && d.scrubbing > 0; i++)
+        for (uint64_t end = harness_poll_deadline(); d.scrubbing > 0 && harness_now_msec() < end;)
                 d = status_of(h);
         ck_assert_msg(d.scrubbing == 0, "scrubs did not complete: %" PRIu64 " bytes", d.scrubbing);
         return d;

@@ -783,7 +783,7 @@ static int refused_child(void *arg) {
                 k = conn_open(socket, &charged[i]);
                 CK(k == 0, "connection %zu of %d: %s", i + 1, DEFAULT_MAX_CONNECTIONS, strerror(-k));
         }
-        for (int i = 0; i < 100000 && conns != DEFAULT_MAX_CONNECTIONS; i++) {
+        for (uint64_t end = harness_poll_deadline(); conns != DEFAULT_MAX_CONNECTIONS && harness_now_msec() < end;) {
                 k = users_connections(charged[0], &conns);
                 CK(k == 0, "Users: %s", strerror(-k));
         }

@@ -42,8 +42,6 @@
 #define UID_A 65533
 #define UID_B 65534
 #define MAX_CONN 64
-#define POLL_MS 20000                   /* bounded polling of Status (time, not round trips: a loaded machine
-                                           makes each slower) */
 
 static Harness h;
 
@@ -58,7 +56,7 @@ static WireDevice status(void) {
 static void wait_for_waiters(int64_t n) {
         WireDevice d = {};
 
-        for (uint64_t end = harness_now_msec() + POLL_MS; harness_now_msec() < end;) {
+        for (uint64_t end = harness_poll_deadline(); harness_now_msec() < end;) {
                 d = status();
                 if (d.waiters == n)
                         return;
@@ -70,7 +68,7 @@ static void wait_for_waiters(int64_t n) {
 static void wait_for_leased(uint64_t leased) {
         WireDevice d = {};
 
-        for (uint64_t end = harness_now_msec() + POLL_MS; harness_now_msec() < end;) {
+        for (uint64_t end = harness_poll_deadline(); harness_now_msec() < end;) {
                 d = status();
                 if (d.leased == leased && d.scrubbing == 0)
                         return;
