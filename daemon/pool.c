@@ -88,6 +88,8 @@ struct PoolDevice {
         uint64_t scrubs_issued;         /* completions queued on the stream (scrub_done()) */
         _Atomic uint64_t scrubs_done;   /* of those, reached: written by the driver's thread */
         uint64_t scrubs_dispatched;     /* scrubs_done when pool_dispatch() last looked */
+        bool scrubs_held;               /* device_scrub_queued() left scrubs queued for want of room on the
+                                           stream: pool_dispatch() issues them as completions come */
         uint64_t zero_queued;           /* bytes of zeroing ever queued on the stream: scrubs and in place */
         uint64_t zero_done;             /* of those, the bytes up to the last zeroing known done (its
                                            Slab.zero_mark): the stream zeroes in order */
@@ -659,11 +661,32 @@ void pool_reclaim(Pool *p, Slab *slab) {
                 p->queued(p->queued_userdata);
 }
 
-/* Issues the scrubs of the device's queued slabs, in reclaim order. */
-static void device_scrub_queued(PoolDevice *dev) {
+/*
+ * Scrubs issued on a device's stream and not completed, at most. A stream holds a bounded queue of work:
+ * past about 60 scrubs (a memset, an event, a host function each), measured on an H200, a launch blocks
+ * in the driver until the device finishes one, and the daemon's loop with it. Host memory is zeroed at
+ * about 50 GB/s (20 ms per GiB), so 32 GiB of a parked lease's host slabs freed by an unpark held the
+ * next Free's scrubs, and every client, for 0.47 s (docs/performance.md, "A measured stall"). 16 scrubs
+ * keep the device busy (a completion comes back through the loop long before 16 zeroings are done) and
+ * the stream far from full.
+ */
+#define SCRUBS_AHEAD 16
+
+static uint64_t scrubs_in_flight(const PoolDevice *dev) {
+        return dev->scrubs_issued - atomic_load_explicit(&dev->scrubs_done, memory_order_acquire);
+}
+
+/* Issues the scrubs of the device's queued slabs, in reclaim order, while fewer than `ahead` are in flight;
+ * the rest as completions come (pool_dispatch()). */
+static void device_scrub_ahead(PoolDevice *dev, uint64_t ahead) {
         Slab *slab, *tmp;
 
+        dev->scrubs_held = false;
         list_for_each_entry_safe(slab, tmp, &dev->queued, link_state) {
+                if (scrubs_in_flight(dev) >= ahead) {
+                        dev->scrubs_held = true;
+                        break;
+                }
                 list_unlink(&slab->link_state);
                 dev->pool->n_queued--;
                 if (slab_scrub(dev, slab) < 0) {
@@ -678,6 +701,21 @@ static void device_scrub_queued(PoolDevice *dev) {
                         slab->uid = UID_UNBOUND;        /* zeroed, it holds nobody's data: any park may use it */
                 list_link_tail(&dev->scrubbing, &slab->link_state);
         }
+}
+
+/* Issues the device's queued scrubs while the stream has room for them (SCRUBS_AHEAD). */
+static void device_scrub_queued(PoolDevice *dev) {
+        device_scrub_ahead(dev, SCRUBS_AHEAD);
+}
+
+/* Whether a slab of `space` waits on the device's queue, its scrub not issued. */
+static bool space_has_queued(const SlabSpace *space) {
+        const Slab *s;
+
+        list_for_each_entry(s, &space->device->queued, link_state)
+                if (s->space == space)
+                        return true;
+        return false;
 }
 
 void pool_scrub_queued(Pool *p) {
@@ -865,6 +903,8 @@ unsigned pool_dispatch(Pool *p) {
                         p->scrubs_finished++;
                 dev->scrubs_dispatched = done;
                 n += cached;
+                if (dev->scrubs_held)
+                        device_scrub_queued(dev);       /* the stream has room again */
                 done = atomic_load_explicit(&dev->copies_done, memory_order_acquire);
                 if (done != dev->copies_dispatched)
                         n += after_copy_finish(dev, false);
@@ -881,7 +921,8 @@ int pool_drain(Pool *p) {
                 PoolDevice *dev = &p->devices[i];
                 CUresult r;
 
-                if (list_is_empty(&dev->scrubbing) && dev->copies_issued == dev->copies_dispatched)
+                if (list_is_empty(&dev->scrubbing) && list_is_empty(&dev->queued) &&
+                    dev->copies_issued == dev->copies_dispatched)
                         continue;
                 if (make_current(dev) < 0) {
                         ret = -EIO;
@@ -894,12 +935,14 @@ int pool_drain(Pool *p) {
                         ret = -EIO;
                 }
                 (void)after_copy_finish(dev, false);
-                pool_scrub_queued(p);
-                r = DRV(dev, cuStreamSynchronize)(dev->stream);
-                if (r != CUDA_SUCCESS) {
-                        driver_error(dev, "cuStreamSynchronize", r);
-                        ret = -EIO;
-                }
+                do {    /* SCRUBS_AHEAD at a time */
+                        device_scrub_queued(dev);
+                        r = DRV(dev, cuStreamSynchronize)(dev->stream);
+                        if (r != CUDA_SUCCESS) {
+                                driver_error(dev, "cuStreamSynchronize", r);
+                                ret = -EIO;
+                        }
+                } while (r == CUDA_SUCCESS && !list_is_empty(&dev->queued));
         }
         pool_dispatch(p);
         /* and the host slabs being made: each finished one is told through the eventfd */
@@ -1009,11 +1052,18 @@ static Slab *cache_take_or_wait(SlabSpace *space, uint64_t size, uid_t uid, uint
         if (slab)
                 return slab;
         device_scrub_queued(dev);       /* the slab freed by the last request may not be scrubbing yet */
-        list_for_each_entry(s, &dev->scrubbing, link_state) {
-                if (scrub_serves(s, space, size, uid)) {
-                        found = s;
-                        break;
+        for (bool all = false;; all = true) {
+                list_for_each_entry(s, &dev->scrubbing, link_state) {
+                        if (scrub_serves(s, space, size, uid)) {
+                                found = s;
+                                break;
+                        }
                 }
+                /* One still queued behind SCRUBS_AHEAD: a request that may wait for any zeroing issues them all
+                 * (the stream may be full: it waits anyway); another one makes a new slab. */
+                if (found || all || wait_max != POOL_WAIT_ANY || !space_has_queued(space))
+                        break;
+                device_scrub_ahead(dev, UINT64_MAX);
         }
         if (!found)
                 return NULL;
@@ -1046,7 +1096,9 @@ static bool space_wait_scrubbed(SlabSpace *space, uint64_t fresh, uint64_t wait_
         Slab *s, *last = NULL;
         uint64_t in_use, need, covered = 0;
 
-        device_scrub_queued(dev);       /* a scrub that cannot be issued releases its slab: room too */
+        /* a scrub that cannot be issued releases its slab: room too; one that may wait for any zeroing issues
+         * them all (SCRUBS_AHEAD keeps the others off a full stream) */
+        device_scrub_ahead(dev, wait_max == POOL_WAIT_ANY ? UINT64_MAX : SCRUBS_AHEAD);
         in_use = space_in_use(space);
         if (in_use + fresh <= space->capacity)
                 return true;
@@ -1059,6 +1111,9 @@ static bool space_wait_scrubbed(SlabSpace *space, uint64_t fresh, uint64_t wait_
                 if (covered >= need)
                         break;
         }
+        /* the room is in scrubs not issued yet: tried again once scrubs finished, which issues more */
+        if (covered < need && space_has_queued(space))
+                return false;
         /* a failed wait counts as done: the scrubs are seen as failed when their completions are dispatched */
         return covered < need || slab_wait_zeroed(dev, last, wait_max) != ZEROED_DEFERRED;
 }

@@ -171,7 +171,8 @@ int pool_alloc(Pool *p, int device, uint64_t size, uid_t uid, Slab **ret_slabs, 
 /*
  * pool_alloc(), waiting for scrubs only when the zeroing queued on the device's stream up to the last slab
  * it needs is at most `wait_max` bytes (such a wait holds the caller: about 0.3 ms per GiB); otherwise it
- * returns POOL_E_SCRUBBING with nothing changed but queued scrubs issued, and the caller tries again once
+ * returns POOL_E_SCRUBBING with nothing changed but queued scrubs issued (as many as the device's stream has
+ * room for), and the caller tries again once
  * scrubs have finished (pool_scrubs_finished() moved). POOL_WAIT_ANY: as pool_alloc().
  */
 int pool_alloc_bounded(Pool *p, int device, uint64_t size, uid_t uid, uint64_t wait_max, Slab **ret_slabs,
@@ -188,7 +189,9 @@ void pool_reclaim(Pool *p, Slab *slab);
  * Issues the scrubs of the slabs pool_reclaim() queued. The daemon runs it a little after the reply that
  * freed them (manager.c, SCRUB_DELAY_USEC), so that a Free's answer does not wait for the scrub it starts and
  * the scrub does not run during the client's unmap; pool_alloc() runs it for its device before it waits for
- * a scrubbing slab or creates one, and pool_drain() before anything else.
+ * a scrubbing slab or creates one, and pool_drain() before anything else. At most 16 are in flight on a
+ * device (a stream's queue is bounded, and a launch on a full one blocks the caller): the others stay
+ * queued, and pool_dispatch() issues them as completions come.
  */
 void pool_scrub_queued(Pool *p);
 
@@ -314,7 +317,8 @@ int pool_scrub_wait(Pool *p, Slab *const *slabs, size_t n, uint64_t wait_max);
 /* An eventfd that becomes readable when scrubs have completed; then call pool_dispatch(). */
 int pool_get_fd(Pool *p);
 
-/* Moves slabs whose scrub has completed into the cache. Returns how many. */
+/* Moves slabs whose scrub has completed into the cache, and issues the scrubs held back for room on the
+ * stream (pool_scrub_queued()). Returns how many slabs it cached. */
 unsigned pool_dispatch(Pool *p);
 
 /* Issues the queued scrubs, blocks until every scrub in flight has completed and every host slab being made

@@ -806,6 +806,53 @@ START_TEST(test_scrub_queued_until_told) {
 }
 END_TEST
 
+/*
+ * Scrubs are issued 16 at a time (SCRUBS_AHEAD): a real stream holds about 60 before a launch blocks the daemon's
+ * loop. Held streams keep the first 16 in flight; the rest stay queued, counted as scrubbing, and are issued as
+ * completions come (pool_dispatch()) until every slab is cached. pool_drain() issues and waits for them all.
+ */
+START_TEST(test_scrubs_issued_ahead_bounded) {
+        enum { N = 40, AHEAD = 16 };
+        Slab *s[N][POOL_MAX_SLABS];
+        uint64_t memsets;
+        size_t n;
+
+        open_pool(128 * MiB, 0);
+        for (size_t i = 0; i < N; i++) {
+                ck_assert_int_eq(alloc(2 * MiB, UID_A, s[i], &n), 0);
+                ck_assert_uint_eq(n, 1);
+        }
+        memsets = sim.calls("cuMemsetD8Async");
+        sim.hold_streams(1);
+        for (size_t i = 0; i < N; i++)
+                pool_reclaim(pool, s[i][0]);
+        pool_scrub_queued(pool);
+        ck_assert_uint_eq(sim.calls("cuMemsetD8Async") - memsets, AHEAD);
+        ck_assert(pool_has_queued(pool));
+        ck_assert_uint_eq(stats().scrubbing, N * 2 * MiB);
+        pool_scrub_queued(pool);                /* the stream is no emptier: nothing more */
+        ck_assert_uint_eq(sim.calls("cuMemsetD8Async") - memsets, AHEAD);
+        sim.hold_streams(0);
+        wait_scrubs(N);
+        ck_assert_uint_eq(sim.calls("cuMemsetD8Async") - memsets, N);
+        ck_assert(!pool_has_queued(pool));
+        ck_assert_uint_eq(stats().n_cached, N);
+        ck_assert_uint_eq(stats().scrubbing, 0);
+
+        /* Taken again from the cache, and freed: pool_drain() leaves nothing queued or scrubbing. */
+        for (size_t i = 0; i < N; i++)
+                ck_assert_int_eq(alloc(2 * MiB, UID_A, s[i], &n), 0);
+        ck_assert_uint_eq(stats().created, N);
+        for (size_t i = 0; i < N; i++)
+                pool_reclaim(pool, s[i][0]);
+        pool_scrub_queued(pool);
+        ck_assert_int_eq(pool_drain(pool), 0);
+        ck_assert(!pool_has_queued(pool));
+        ck_assert_uint_eq(stats().n_cached, N);
+        ck_assert_uint_eq(stats().scrubbing, 0);
+}
+END_TEST
+
 static void count_told(void *userdata) {
         (*(unsigned *)userdata)++;
 }
@@ -940,6 +987,7 @@ static Suite *pool_suite(void) {
         tcase_add_test(tc, test_scrub_failure_releases);
         tcase_add_test(tc, test_scrub_queued_until_told);
         tcase_add_test(tc, test_queued_hook);
+        tcase_add_test(tc, test_scrubs_issued_ahead_bounded);
         tcase_add_test(tc, test_free_releases_everything);
         tcase_add_test(tc, test_idle_closes_and_primes);
         suite_add_tcase(s, tc);
