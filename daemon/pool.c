@@ -90,7 +90,8 @@ struct PoolDevice {
         uint64_t scrubs_dispatched;     /* scrubs_done when pool_dispatch() last looked */
         bool scrubs_held;               /* device_scrub_queued() left scrubs queued for want of room on the
                                            stream: pool_dispatch() issues them as completions come */
-        uint64_t zero_queued;           /* bytes of zeroing ever queued on the stream: scrubs and in place */
+        uint64_t zero_queued;           /* bytes of zeroing ever queued on the stream, scrubs and in place, host
+                                           memory's HOST_ZERO_WEIGHT times over (zero_cost()) */
         uint64_t zero_done;             /* of those, the bytes up to the last zeroing known done (its
                                            Slab.zero_mark): the stream zeroes in order */
         uint64_t completion_mark;       /* zero_queued when the last completion was queued */
@@ -519,6 +520,18 @@ static void scrub_done(void *userdata) {
         (void)!write(dev->pool->event_fd, &one, sizeof(one));
 }
 
+/*
+ * Zeroing is counted in what device memory's takes (zeroing_ahead()): the device zeroes its own memory at
+ * about 0.3 ms per GiB and host memory, over the bus, at about 20 ms per GiB (an H200's scrubs, measured:
+ * docs/performance.md, "A measured stall"), so a host slab counts HOST_ZERO_WEIGHT times its bytes. A wait
+ * bounded by ScrubWaitBytes= is then a bound on time whichever memory stands ahead.
+ */
+#define HOST_ZERO_WEIGHT 64
+
+static uint64_t zero_cost(const Slab *slab) {
+        return slab->host ? slab->size * HOST_ZERO_WEIGHT : slab->size;
+}
+
 /* Queues the zeroing of a slab on the device's stream, through the pool's own mapping of it. */
 static int slab_zero(PoolDevice *dev, Slab *slab) {
         CUresult r;
@@ -535,7 +548,7 @@ static int slab_zero(PoolDevice *dev, Slab *slab) {
                 driver_error(dev, "cuMemsetD8Async", r);
                 return -EIO;
         }
-        dev->zero_queued += slab->size;
+        dev->zero_queued += zero_cost(slab);
         slab->zero_mark = dev->zero_queued;
         return 0;
 }
@@ -545,7 +558,8 @@ static void zeroed_through(PoolDevice *dev, const Slab *slab) {
         dev->zero_done = MAX(dev->zero_done, slab->zero_mark);
 }
 
-/* The bytes of zeroing on the device's stream up to and including `slab`'s last that may not be done yet. */
+/* The bytes of zeroing on the device's stream up to and including `slab`'s last that may not be done yet, in
+ * device memory's bytes (zero_cost()). */
 static uint64_t zeroing_ahead(const PoolDevice *dev, const Slab *slab) {
         return slab->zero_mark > dev->zero_done ? slab->zero_mark - dev->zero_done : 0;
 }

@@ -376,6 +376,40 @@ START_TEST(test_scrub_wait_bounded) {
 END_TEST
 
 /*
+ * Host memory's zeroing counts 64 times its bytes before a bounded wait (zero_cost()): the device zeroes host
+ * memory at about 20 ms per GiB, its own at 0.3. A request for its size's device slab, whose scrub is queued
+ * behind 2 MiB of host zeroing, is deferred under a bound of 64 MiB (2 x 64 + 2 MiB ahead), where counting bytes
+ * alone (4 MiB) would have waited in the daemon's loop. Streams are held meanwhile.
+ */
+START_TEST(test_host_zeroing_counts_more) {
+        Slab *a[POOL_MAX_SLABS], *ha[POOL_MAX_SLABS], *d[POOL_MAX_SLABS], *c[POOL_MAX_SLABS];
+        _cleanup_free_ char *message = NULL;
+        PoolConfig config = { .capacity = 64 * MiB, .host_capacity = 8 * MiB };
+        uint64_t syncs;
+        size_t n, m, k;
+
+        open_driver();
+        ck_assert_msg(pool_new(&pool, cu, &config, &message) == 0, "%s", message);
+        ck_assert_int_eq(pool_use_device(pool, 0), 0);
+        ck_assert_int_eq(alloc(2 * MiB, UID_A, a, &n), 0);
+        ck_assert_int_eq(pool_alloc_host(pool, a, n, UID_A, ha), 0);
+        ck_assert_int_eq(alloc(2 * MiB, UID_A, d, &m), 0);
+        sim.hold_streams(1);
+        reclaim_all(ha, n);                     /* issued first, not run */
+        reclaim_all(d, m);                      /* behind it */
+        syncs = sync_calls();
+        ck_assert_int_eq(pool_alloc_bounded(pool, 0, 2 * MiB, UID_A, 64 * MiB, c, &k), POOL_E_SCRUBBING);
+        ck_assert_uint_eq(sync_calls(), syncs);
+        sim.hold_streams(0);
+        ck_assert_int_eq(pool_alloc_bounded(pool, 0, 2 * MiB, UID_A, 256 * MiB, c, &k), 0);
+        ck_assert_ptr_eq(c[0], d[0]);           /* its own, zeroed meanwhile */
+        reclaim_all(a, n);
+        reclaim_all(c, k);
+        ck_assert_int_eq(pool_drain(pool), 0);
+}
+END_TEST
+
+/*
  * pool_scrub_wait(): a kept lease's zeroing in place is waited for under the same bound as a scrub. With more
  * than `wait_max` bytes of zeroing before it, nothing is waited for: POOL_E_SCRUBBING, and one completion is
  * queued after it (not one per try), whose dispatch moves pool_scrubs_finished() though it caches nothing. The
@@ -988,6 +1022,7 @@ static Suite *pool_suite(void) {
         tcase_add_test(tc, test_scrub_queued_until_told);
         tcase_add_test(tc, test_queued_hook);
         tcase_add_test(tc, test_scrubs_issued_ahead_bounded);
+        tcase_add_test(tc, test_host_zeroing_counts_more);
         tcase_add_test(tc, test_free_releases_everything);
         tcase_add_test(tc, test_idle_closes_and_primes);
         suite_add_tcase(s, tc);
