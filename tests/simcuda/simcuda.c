@@ -276,6 +276,8 @@ static struct {
         bool copies_held;               /* simcuda_hold_copies(1) */
         char hold_copy_file[PATH_MAX];  /* SIMCUDA_HOLD_COPY_FILE: device-to-device copies wait while it is there */
         char hold_copy_reached[PATH_MAX];       /* made when a stream waits at a held copy */
+        char hold_memset_file[PATH_MAX];        /* SIMCUDA_HOLD_MEMSET_FILE: memsets wait while it is there */
+        char hold_memset_reached[PATH_MAX];     /* made when a stream waits at a held memset */
         char hold_create_file[PATH_MAX];        /* SIMCUDA_HOLD_CREATE_FILE: host cuMemCreate waits while it is there */
         char hold_create_reached[PATH_MAX];     /* made when a host cuMemCreate starts to wait */
         struct CUctx_st ctx[MAX_DEVICES];
@@ -509,6 +511,19 @@ static void env_size(const char *name, uint64_t *ret) {
                 *ret = size;
 }
 
+/* A hold file variable (SIMCUDA_HOLD_*_FILE): its path into `file` (PATH_MAX) and PATH.reached into `reached`;
+ * a path too long for both leaves them empty. */
+static void env_hold_file(const char *name, char *file, char *reached) {
+        const char *v;
+
+        if (!env_get(name, &v))
+                return;
+        if (snprintf(file, PATH_MAX, "%s", v) >= PATH_MAX || snprintf(reached, PATH_MAX, "%s.reached", v) >= PATH_MAX) {
+                file[0] = reached[0] = 0;
+                env_bad("simcuda: %s=\"%.64s...\" is longer than a path may be", name, v);
+        }
+}
+
 static void setup_once(void) {
         const char *v;
         bool flag;
@@ -554,28 +569,10 @@ static void setup_once(void) {
                 sim.hold_file[0] = 0;
                 env_bad("simcuda: SIMCUDA_HOLD_FILE=\"%.64s...\" is longer than a path may be", v);
         }
-        if (env_get("SIMCUDA_HOLD_HOST_FILE", &v) &&
-            (snprintf(sim.hold_host_file, sizeof(sim.hold_host_file), "%s", v) >= (int)sizeof(sim.hold_host_file) ||
-             snprintf(sim.hold_host_reached, sizeof(sim.hold_host_reached), "%s.reached", v) >=
-                     (int)sizeof(sim.hold_host_reached))) {
-                sim.hold_host_file[0] = sim.hold_host_reached[0] = 0;
-                env_bad("simcuda: SIMCUDA_HOLD_HOST_FILE=\"%.64s...\" is longer than a path may be", v);
-        }
-        if (env_get("SIMCUDA_HOLD_COPY_FILE", &v) &&
-            (snprintf(sim.hold_copy_file, sizeof(sim.hold_copy_file), "%s", v) >= (int)sizeof(sim.hold_copy_file) ||
-             snprintf(sim.hold_copy_reached, sizeof(sim.hold_copy_reached), "%s.reached", v) >=
-                     (int)sizeof(sim.hold_copy_reached))) {
-                sim.hold_copy_file[0] = sim.hold_copy_reached[0] = 0;
-                env_bad("simcuda: SIMCUDA_HOLD_COPY_FILE=\"%.64s...\" is longer than a path may be", v);
-        }
-        if (env_get("SIMCUDA_HOLD_CREATE_FILE", &v) &&
-            (snprintf(sim.hold_create_file, sizeof(sim.hold_create_file), "%s", v) >=
-                     (int)sizeof(sim.hold_create_file) ||
-             snprintf(sim.hold_create_reached, sizeof(sim.hold_create_reached), "%s.reached", v) >=
-                     (int)sizeof(sim.hold_create_reached))) {
-                sim.hold_create_file[0] = sim.hold_create_reached[0] = 0;
-                env_bad("simcuda: SIMCUDA_HOLD_CREATE_FILE=\"%.64s...\" is longer than a path may be", v);
-        }
+        env_hold_file("SIMCUDA_HOLD_HOST_FILE", sim.hold_host_file, sim.hold_host_reached);
+        env_hold_file("SIMCUDA_HOLD_COPY_FILE", sim.hold_copy_file, sim.hold_copy_reached);
+        env_hold_file("SIMCUDA_HOLD_MEMSET_FILE", sim.hold_memset_file, sim.hold_memset_reached);
+        env_hold_file("SIMCUDA_HOLD_CREATE_FILE", sim.hold_create_file, sim.hold_create_reached);
         if (env_get("SIMCUDA_FAIL", &v) && faults_parse(v, &sim.faults) < 0)
                 env_bad("simcuda: SIMCUDA_FAIL=\"%.64s\" is not a list of ENTRY:N[:ERROR] such as "
                         "cuMemCreate:3,cuMemMap:1:CUDA_ERROR_INVALID_VALUE", v);
@@ -1072,6 +1069,15 @@ static bool host_funcs_held(void) {
 }
 
 /*
+ * Whether memsets are held: while the file SIMCUDA_HOLD_MEMSET_FILE names is there, a stream whose next
+ * operation is a memset (the daemon's scrubs and zeroings in place) waits before it, and makes the file's name
+ * + ".reached"; copies and other streams run on.
+ */
+static bool memsets_held(void) {
+        return hold_file_present(sim.hold_memset_file, sim.hold_memset_reached);
+}
+
+/*
  * Whether the hold file `path` lets one more held operation run: it holds a count of them (a decimal number;
  * empty or anything else is none), which this takes one from, writing it back in place.
  */
@@ -1118,14 +1124,15 @@ static bool stream_held(CUstream s) {
         const Op *op = list_first_entry(&s->ops, Op, link);
 
         return streams_held() || (op->kind == OP_HOST_FUNC && host_funcs_held()) ||
-               (op->kind == OP_COPY_DEVICE && copies_held());
+               (op->kind == OP_COPY_DEVICE && copies_held()) || (op->kind == OP_MEMSET && memsets_held());
 }
 
 /* Waits for work, the hold to be lifted, or the end; a hold file is looked at again every millisecond. */
 static void stream_wait(bool busy) {
         struct timespec ts;
 
-        if (!busy || (!sim.hold_file[0] && !sim.hold_host_file[0] && !sim.hold_copy_file[0])) {
+        if (!busy || (!sim.hold_file[0] && !sim.hold_host_file[0] && !sim.hold_copy_file[0] &&
+                      !sim.hold_memset_file[0])) {
                 pthread_cond_wait(&sim.work, &sim.lock);
                 return;
         }

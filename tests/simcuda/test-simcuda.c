@@ -1587,6 +1587,51 @@ START_TEST(test_hold_copy_file_passes) {
 END_TEST
 
 /*
+ * SIMCUDA_HOLD_MEMSET_FILE: while the file is there, a stream whose next operation is a memset waits before it
+ * (and makes the file's name + ".reached"); a copy queued on another stream runs on. Removing the file lets it go.
+ */
+START_TEST(test_hold_memset_file) {
+        char hold[64], reached[80];
+        CUdeviceptr a, b, c;
+        CUstream s, t;
+        int fd;
+
+        snprintf(hold, sizeof(hold), "/tmp/simcuda-hold-memset-%d", (int)getpid());
+        snprintf(reached, sizeof(reached), "%s.reached", hold);
+        (void)unlink(reached);
+        fd = open(hold, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        ck_assert_int_ge(fd, 0);
+        close(fd);
+        setenv("SIMCUDA_HOLD_MEMSET_FILE", hold, 1);
+        open_ctx();
+        a = map_new(GRAN);
+        b = map_new(GRAN);
+        c = map_new(GRAN);
+        expect_ok(cu->cuMemsetD8(c, 0x5a, GRAN));              /* the NULL stream's: run at once, not held */
+        expect_ok(cu->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+        expect_ok(cu->cuStreamCreate(&t, CU_STREAM_NON_BLOCKING));
+
+        expect_ok(cu->cuMemsetD8Async(a, 0x77, GRAN, s));       /* held */
+        expect_ok(cu->cuMemcpyDtoDAsync(b, c, GRAN, t));        /* runs on */
+        wait_for_file(reached);
+        expect_ok(cu->cuStreamSynchronize(t));
+        expect_bytes(b, GRAN, 0x5a);
+        expect_bytes(a, GRAN, 0);
+        expect(cu->cuStreamQuery(s), CUDA_ERROR_NOT_READY);
+
+        ck_assert_int_eq(unlink(hold), 0);
+        expect_ok(cu->cuStreamSynchronize(s));
+        expect_bytes(a, GRAN, 0x77);
+        ck_assert_int_eq(unlink(reached), 0);
+        expect_ok(cu->cuStreamDestroy(s));
+        expect_ok(cu->cuStreamDestroy(t));
+        unmap_free(a, GRAN);
+        unmap_free(b, GRAN);
+        unmap_free(c, GRAN);
+}
+END_TEST
+
+/*
  * cuMemcpyDtoDAsync: in stream order with the memsets around it, on the NULL stream too, across the mappings of
  * two allocations mapped back to back; refused when issued (nothing queued, the context goes on working) for a
  * bad stream, without a context, or where the device may not write the destination (test_read_only and
@@ -1820,6 +1865,7 @@ static Suite *simcuda_suite(void) {
         tcase_add_test(tc, test_copy_device);
         tcase_add_test(tc, test_hold_copies);
         tcase_add_test(tc, test_hold_copy_file_passes);
+        tcase_add_test(tc, test_hold_memset_file);
         tcase_add_test(tc, test_copy_into_unmapped_range);
         tcase_add_test(tc, test_events);
         suite_add_tcase(s, tc);
