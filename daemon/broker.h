@@ -64,8 +64,9 @@ enum {
         BROKER_E_NOT_STORED,            /* the change could not be stored for a restart: it was not made */
         BROKER_E_NO_HOST_MEMORY,        /* no room in the device's host memory for parked leases, or none at
                                            all (pool_last_error() says which) */
-        BROKER_E_SCRUBBING,             /* an Alloc would wait for more zeroing than scrub_wait_bytes: nothing
-                                           changed; try it again once scrubs have completed */
+        BROKER_E_SCRUBBING,             /* an Alloc, or a Park for its host slabs, would wait for more zeroing
+                                           than scrub_wait_bytes: nothing changed; try it again once scrubs have
+                                           completed */
         BROKER_E_HOST_MAKING,           /* a Park needs host slabs, being made off the loop now: nothing changed;
                                            try it again, with Caller.host_waited, once pool_host_made() moved */
         BROKER_E_HOST_COPYING,          /* a Park's, Unpark's or Attach's copy runs off the loop now
@@ -85,9 +86,10 @@ typedef struct Broker {
         List scrub_waiters;             /* Peer.link_scrub: Allocs parked until scrubs complete (AllocWait.scrub),
                                            outside the turns, oldest first */
         List host_waiters;              /* Peer.link_host: Parks waiting for host slabs being made
-                                           (BROKER_E_HOST_MAKING), and Parks, Unparks and Attaches waiting for
+                                           (BROKER_E_HOST_MAKING) or zeroed (BROKER_E_SCRUBBING), and Parks,
+                                           Unparks and Attaches waiting for
                                            a copy (BROKER_E_HOST_COPYING), in the order they came */
-        unsigned n_waiting_making;      /* of host_waiters, those waiting for host slabs being made */
+        unsigned n_waiting_making;      /* of host_waiters, those waiting for host slabs being made or zeroed */
         unsigned n_waiting_copying;     /* and those waiting for a copy (vmmbroker_calls_waiting) */
         unsigned *scrub_waiting;        /* per pool device: how many of scrub_waiters wait on it */
         uint64_t max_alloc_wait_usec;   /* MaxAllocWait=: the longest an Alloc may wait; 0: none may */
@@ -227,7 +229,9 @@ size_t broker_reclaim_pick(Broker *b, size_t device, uint64_t need, const Holder
  * with it, so that a restarted daemon knows who still maps the lease. Parking ends a reclaim mark
  * (an asked lease counts as given back).
  *
- * Neither pinning nor copying is done in the loop. Host slabs that must be
+ * Neither pinning nor copying is done in the loop, nor long waits for host slabs
+ * being zeroed (SCRUBBING past scrub_wait_bytes, nothing changed: made again
+ * once scrubs have completed). Host slabs that must be
  * created first are made off it (pool_make_host()): HOST_MAKING, nothing
  * changed, and the call is to be made again once they are (Caller.host_waited
  * set, so that a second wait for making cannot follow: what others took

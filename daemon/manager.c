@@ -328,6 +328,8 @@ static int on_accept(sd_event_source *s, int fd, uint32_t revents, void *userdat
  * are not all done); a call that asked for no wait takes whatever room there is when it comes, outside the
  * devices' turns (wait.h), and these are such calls. And the memory scrubbed is cached, room for whoever waits.
  */
+static void host_waiters_try(Manager *m, HostWait what);
+
 static void scrubs_finished(Manager *m) {
         uint64_t finished = pool_scrubs_finished(m->pool);
         Peer *p, *tmp;
@@ -337,6 +339,7 @@ static void scrubs_finished(Manager *m) {
         m->scrubs_seen = finished;
         list_for_each_entry_safe(p, tmp, &m->broker.scrub_waiters, link_scrub)
                 (void)peer_wait_try(p, ALLOC_TRY_AGAIN);        /* may free p, no other peer */
+        host_waiters_try(m, HOST_WAIT_ZEROING);                 /* Parks whose host slabs were being zeroed */
         wake_waiters(m);
 }
 

@@ -386,11 +386,13 @@ static int reply_no_room(Broker *b, MethodReply *r, int k, const Lease *l, const
         }
 }
 
-/* A Park, Unpark or Attach that waits off the loop for host slabs being made or a copy: no answer yet, the call
- * is made again (peer_host_try()). Whether `k` says so. */
+/* A Park, Unpark or Attach that waits off the loop for host slabs being made or zeroed, or a copy: no answer
+ * yet, the call is made again (peer_host_try()). Whether `k` says so. */
 static bool reply_waits(MethodReply *r, int k) {
         if (k == BROKER_E_HOST_MAKING)
                 r->wait_host = HOST_WAIT_MAKING;
+        else if (k == BROKER_E_SCRUBBING)
+                r->wait_host = HOST_WAIT_ZEROING;       /* a Park's host slabs (an Alloc's waits as an Alloc) */
         else if (k == BROKER_E_HOST_COPYING)
                 r->wait_host = HOST_WAIT_COPYING;
         return r->wait_host != HOST_WAIT_NONE;

@@ -66,9 +66,10 @@ static void peer_unpark(Peer *p, bool served) {
 
 static void peer_update(Peer *p);
 
-/* The broker's count of the calls waiting for `what` (Broker.n_waiting_making, n_waiting_copying). */
+/* The broker's count of the calls waiting for `what` (Broker.n_waiting_making: host memory being made or
+ * zeroed; n_waiting_copying). */
 static unsigned *host_waiting_count(Broker *b, HostWait what) {
-        return what == HOST_WAIT_MAKING ? &b->n_waiting_making : &b->n_waiting_copying;
+        return what == HOST_WAIT_COPYING ? &b->n_waiting_copying : &b->n_waiting_making;
 }
 
 /* Keeps the text of a call that waits for `what`, to make it again (peer_host_try()). Returns 0 or -ENOMEM. */

@@ -1268,7 +1268,7 @@ bool pool_has_host(Pool *p, size_t i) {
         return false;
 }
 
-int pool_alloc_host(Pool *p, Slab *const *slabs, size_t n, uid_t uid, Slab **ret_host) {
+int pool_alloc_host(Pool *p, Slab *const *slabs, size_t n, uid_t uid, uint64_t wait_max, Slab **ret_host) {
         uint64_t sizes[POOL_MAX_SLABS];
         PoolDevice *dev;
 
@@ -1286,7 +1286,7 @@ int pool_alloc_host(Pool *p, Slab *const *slabs, size_t n, uid_t uid, Slab **ret
                 }
                 sizes[j] = slabs[j]->size;
         }
-        return space_alloc(&dev->host, sizes, n, uid, POOL_WAIT_ANY, ret_host);
+        return space_alloc(&dev->host, sizes, n, uid, wait_max, ret_host);
 }
 
 /* --- host slabs made off the loop ------------------------------------------------------------------- */

@@ -218,11 +218,13 @@ void pool_set_queued_hook(Pool *p, void (*queued)(void *userdata), void *userdat
  * Host slabs to park the content of `slabs` (n device slabs of one device, a lease's) in: one of the same
  * size per device slab, zeroed cached ones first, the rest created on the device's NUMA node (within the
  * device's host capacity, releasing cached host slabs to make room). Fills ret_host[n], leased to `uid`.
+ * Host slabs still being zeroed are waited for as pool_alloc_bounded() waits, within `wait_max` (host memory is
+ * zeroed at about 20 ms per GiB: its bytes count 64 times over); past it, POOL_E_SCRUBBING, nothing changed.
  * Returns 0, POOL_E_NO_HOST (also when the host granularity does not divide a slab's size),
- * POOL_E_HOST_NOMEM, POOL_E_DRIVER, POOL_E_NOT_KEPT, or a negative errno; on failure nothing changed (but
- * cached host slabs released).
+ * POOL_E_HOST_NOMEM, POOL_E_SCRUBBING, POOL_E_DRIVER, POOL_E_NOT_KEPT, or a negative errno; on failure nothing
+ * changed (but cached host slabs released).
  */
-int pool_alloc_host(Pool *p, Slab *const *slabs, size_t n, uid_t uid, Slab **ret_host);
+int pool_alloc_host(Pool *p, Slab *const *slabs, size_t n, uid_t uid, uint64_t wait_max, Slab **ret_host);
 
 /*
  * Makes, off the daemon's loop, the host slabs that pool_alloc_host(p, slabs, n, uid) would have to create now:

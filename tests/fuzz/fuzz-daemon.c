@@ -395,8 +395,8 @@ static bool pump(Client *cl) {
                 check_pending();
                 got = client_drain(cl);
                 if (k == 0 && got == 0 && !list_is_empty(&manager->broker.host_waiters)) {
-                        /* A call waits for host slabs that the pool's maker thread makes, or for a copy on a
-                         * device's stream: the loop hears of either through the pool's eventfd. */
+                        /* A call waits for host slabs that the pool's maker thread makes, or that a device's
+                         * stream zeroes, or for a copy: the loop hears of each through the pool's eventfd. */
                         pool_event_wait();
                         any = true;
                         continue;

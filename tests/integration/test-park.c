@@ -65,6 +65,9 @@ static Harness h;
 static char hold[64], reached[80];      /* this test's hold file and the file the simulator makes under it */
 static char copies[64], copied[80];     /* the file that holds the daemon's copies (SIMCUDA_HOLD_COPY_FILE), or
                                            "", and the file the simulator makes under it */
+static char memsets[64], memset_reached[80];    /* the file that holds the daemon's memsets (scrubs;
+                                                   SIMCUDA_HOLD_MEMSET_FILE) once made, or "", and the simulator's
+                                                   under it */
 static const char *holding;             /* what the test holds, for what it says when a call is not answered */
 static pid_t guard = -1;                /* removes them when this process ends (start_guard()) */
 static int guard_w = -EBADF;            /* its pipe: EOF when this process ends */
@@ -77,6 +80,8 @@ static void release_hold(void) {
                 (void)unlink(hold);
         if (copies[0])
                 (void)unlink(copies);
+        if (memsets[0])
+                (void)unlink(memsets);
 }
 
 /* Makes the file `path` (empty), unless it is there. */
@@ -143,6 +148,10 @@ static void start_guard(void) {
                         (void)unlink(copies);
                         (void)unlink(copied);
                 }
+                if (memsets[0]) {
+                        (void)unlink(memsets);
+                        (void)unlink(memset_reached);
+                }
                 _exit(0);
         }
         close(p[0]);
@@ -187,13 +196,38 @@ static bool start_holding(const char *test, const char *config, bool copy) {
         return true;
 }
 
-/* Lets held creates and copies go on and stops the daemon, which must exit with status 0. */
+/*
+ * start_holding() without copies, and the daemon's memsets (its scrubs) held while the file `memsets` is there
+ * (hold_memsets()): false on a real driver.
+ */
+static bool start_holding_memsets(const char *test, const char *config) {
+        snprintf(memsets, sizeof(memsets), "/tmp/vmmb-hold-memset-%d", (int)getpid());
+        snprintf(memset_reached, sizeof(memset_reached), "%s.reached", memsets);
+        (void)unlink(memset_reached);
+        ck_assert_int_eq(setenv("SIMCUDA_HOLD_MEMSET_FILE", memsets, 1), 0);
+        if (start_holding(test, config, false))         /* its guard removes the memsets' files too */
+                return true;
+        memsets[0] = memset_reached[0] = '\0';
+        ck_assert_int_eq(unsetenv("SIMCUDA_HOLD_MEMSET_FILE"), 0);
+        return false;
+}
+
+/* Holds the daemon's next memset (a scrub's), and forgets whether one was held before. Its copies go on. */
+static void hold_memsets(void) {
+        ck_assert(memsets[0]);
+        (void)unlink(memset_reached);
+        make_file(memsets);
+}
+
+/* Lets held creates, copies and memsets go on and stops the daemon, which must exit with status 0. */
 static void stop(void) {
         release_hold();
         harness_stop_or_fail(&h);
         stop_guard();
         ck_assert_int_eq(unsetenv("SIMCUDA_HOLD_CREATE_FILE"), 0);
         ck_assert_int_eq(unsetenv("SIMCUDA_HOLD_COPY_FILE"), 0);
+        ck_assert_int_eq(unsetenv("SIMCUDA_HOLD_MEMSET_FILE"), 0);
+        memsets[0] = memset_reached[0] = '\0';
 }
 
 /* Waits, at most ANSWER_MS, for the daemon to start a held host cuMemCreate. */
@@ -1220,6 +1254,66 @@ START_TEST(test_unpark_copy_does_not_hold_others) {
 }
 END_TEST
 
+/* Waits, at most ANSWER_MS, for the daemon's stream to reach a held memset (a scrub's). */
+static void memset_reached_or_fail(void) {
+        uint64_t deadline = harness_now_msec() + ANSWER_MS;
+
+        while (access(memset_reached, F_OK) != 0 && harness_now_msec() < deadline)
+                (void)poll(NULL, 0, 1);
+        if (access(memset_reached, F_OK) != 0) {
+                release_hold();
+                ck_abort_msg("no scrub reached the device within %d s (%s never appeared)", ANSWER_MS / 1000,
+                             memset_reached);
+        }
+}
+
+/*
+ * A Park whose host slabs are still being zeroed (the Unpark before it freed them; a real device zeroes host
+ * memory at about 20 ms per GiB) waits for that zeroing off the daemon's loop, as for host slabs being made:
+ * another connection's Status is answered meanwhile, and the Park once the zeroing is done, its content back
+ * at the Unpark after it.
+ */
+START_TEST(test_park_waits_for_host_zeroing) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *a = NULL;
+        WireDevice d = {};
+        TestLease l, back;
+        Gpu g = {};
+
+        if (!start_holding_memsets(__func__, CONFIG))
+                return;
+        holding = "the zeroing of the host slabs a Park needs was held";
+        ck_assert_int_eq(conn_open(h.socket, &a), 0);
+        ck_assert_int_eq(gpu_open(&g), 0);
+        l = alloc_written(&g, a, SIZE, 0x2e50a11c);
+        ck_assert_int_eq(park_send(a, l.id), 0);
+        parked_or_fail(a);                      /* its host slabs made; its device slabs given back */
+        for (uint64_t end = harness_poll_deadline(); harness_now_msec() < end;)
+                if ((d = status()).scrubbing == 0)
+                        break;
+        ck_assert_uint_eq(d.scrubbing, 0);      /* the Unpark takes them back without waiting */
+
+        hold_memsets();
+        back = unpark_or_fail(a, l.id);         /* its host slabs freed: their scrub is held */
+        test_lease_close(&back);
+        memset_reached_or_fail();
+        ck_assert_int_eq(park_send(a, l.id), 0);
+        wait_for_calls_waiting("host_memory", 1);
+        d = status_while_held();
+        ck_assert_uint_eq(d.leased, SIZE);
+        ck_assert_msg(!readable_now(a), "the Park was answered while the zeroing of its host slabs was held");
+        ck_assert_msg(!listed_parked(l.id), "lease %s is parked though its host slabs are not zeroed", l.id);
+
+        release_hold();
+        ck_assert_msg(answered_within(a), "the Park was not answered within %d s of the zeroing's release",
+                      ANSWER_MS / 1000);
+        parked_or_fail(a);
+        unpark_check_free(&g, a, l.id, SIZE, 0x2e50a11c);
+        gpu_close(&g);
+        wait_for_idle((int64_t)SIZE);
+        stop();
+}
+END_TEST
+
 /* A lease of SIZE on `a`, written with `word`, whose Park is sent with its copy held (host slabs cached first). */
 static TestLease park_held(Gpu *g, VarlinkConn *a, uint32_t word) {
         TestLease l;
@@ -1545,7 +1639,8 @@ int main(void) {
                                     test_two_parks_while_making, test_park_copy_does_not_hold_others,
                                     test_park_copy_parker_killed, test_park_copy_foreign_lease_ends,
                                     test_park_copy_attach_cancels, test_stop_while_copying,
-                                    test_unpark_copy_does_not_hold_others, test_own_unpark_waits_for_own_park,
+                                    test_unpark_copy_does_not_hold_others, test_park_waits_for_host_zeroing,
+                                    test_own_unpark_waits_for_own_park,
                                     test_own_unparks_after_own_park_copy, test_unpark_copy_shared, test_attach_waits_for_unpark_copy,
                                     test_stop_while_unparking, test_stop_while_attaching)) == 0
                        ? EXIT_SUCCESS : EXIT_FAILURE;

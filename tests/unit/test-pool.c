@@ -392,7 +392,7 @@ START_TEST(test_host_zeroing_counts_more) {
         ck_assert_msg(pool_new(&pool, cu, &config, &message) == 0, "%s", message);
         ck_assert_int_eq(pool_use_device(pool, 0), 0);
         ck_assert_int_eq(alloc(2 * MiB, UID_A, a, &n), 0);
-        ck_assert_int_eq(pool_alloc_host(pool, a, n, UID_A, ha), 0);
+        ck_assert_int_eq(pool_alloc_host(pool, a, n, UID_A, POOL_WAIT_ANY, ha), 0);
         ck_assert_int_eq(alloc(2 * MiB, UID_A, d, &m), 0);
         sim.hold_streams(1);
         reclaim_all(ha, n);                     /* issued first, not run */
@@ -582,13 +582,13 @@ START_TEST(test_host_eviction_not_counted) {
         ck_assert(pool_has_host(pool, 0));
         ck_assert_int_eq(alloc(2 * MiB, UID_A, a, &n), 0);
         ck_assert_int_eq(alloc(4 * MiB, UID_B, b, &m), 0);
-        ck_assert_int_eq(pool_alloc_host(pool, a, n, UID_A, ha), 0);
+        ck_assert_int_eq(pool_alloc_host(pool, a, n, UID_A, POOL_WAIT_ANY, ha), 0);
         reclaim_all(ha, n);             /* A's host slab, zeroed and cached */
         wait_scrubs(1);
         ck_assert_uint_eq(stats().host_cached, 2 * MiB);
 
         /* B's 4 MiB do not fit beside it, and it is not of B's size: released to make room */
-        ck_assert_int_eq(pool_alloc_host(pool, b, m, UID_B, hb), 0);
+        ck_assert_int_eq(pool_alloc_host(pool, b, m, UID_B, POOL_WAIT_ANY, hb), 0);
         s = stats();
         ck_assert_uint_eq(s.host_created, 2);
         ck_assert_uint_eq(s.host_cached, 0);
