@@ -230,17 +230,24 @@ static void stop(void) {
         memsets[0] = memset_reached[0] = '\0';
 }
 
-/* Waits, at most ANSWER_MS, for the daemon to start a held host cuMemCreate. */
-static void wait_for_make(void) {
+/*
+ * Waits, at most ANSWER_MS, for the simulator to make `file` (a hold's .reached: the daemon reached what is
+ * held); else releases the holds and fails the test, saying that `what` did not happen.
+ */
+static void reached_or_fail(const char *file, const char *what) {
         uint64_t deadline = harness_now_msec() + ANSWER_MS;
 
-        while (access(reached, F_OK) != 0 && harness_now_msec() < deadline)
+        while (access(file, F_OK) != 0 && harness_now_msec() < deadline)
                 (void)poll(NULL, 0, 1);
-        if (access(reached, F_OK) != 0) {
+        if (access(file, F_OK) != 0) {
                 release_hold();
-                ck_abort_msg("the Park made no host slab within %d s (%s never appeared)", ANSWER_MS / 1000,
-                             reached);
+                ck_abort_msg("%s within %d s (%s never appeared)", what, ANSWER_MS / 1000, file);
         }
+}
+
+/* Waits, at most ANSWER_MS, for the daemon to start a held host cuMemCreate. */
+static void wait_for_make(void) {
+        reached_or_fail(reached, "the Park made no host slab");
 }
 
 /* ---- calls ------------------------------------------------------------------------------------------------ */
@@ -442,14 +449,10 @@ static void listed_unparked_or_fail(const char *id, size_t n_holders) {
 
 /* Waits, at most ANSWER_MS, for the daemon's copy stream to reach a held copy, `what`'s (for the failure). */
 static void copy_reached_or_fail(const char *what) {
-        uint64_t deadline = harness_now_msec() + ANSWER_MS;
+        char said[64];
 
-        while (access(copied, F_OK) != 0 && harness_now_msec() < deadline)
-                (void)poll(NULL, 0, 1);
-        if (access(copied, F_OK) != 0) {
-                release_hold();
-                ck_abort_msg("%s started no copy within %d s (%s never appeared)", what, ANSWER_MS / 1000, copied);
-        }
+        snprintf(said, sizeof(said), "%s started no copy", what);
+        reached_or_fail(copied, said);
 }
 
 /*
@@ -1254,19 +1257,6 @@ START_TEST(test_unpark_copy_does_not_hold_others) {
 }
 END_TEST
 
-/* Waits, at most ANSWER_MS, for the daemon's stream to reach a held memset (a scrub's). */
-static void memset_reached_or_fail(void) {
-        uint64_t deadline = harness_now_msec() + ANSWER_MS;
-
-        while (access(memset_reached, F_OK) != 0 && harness_now_msec() < deadline)
-                (void)poll(NULL, 0, 1);
-        if (access(memset_reached, F_OK) != 0) {
-                release_hold();
-                ck_abort_msg("no scrub reached the device within %d s (%s never appeared)", ANSWER_MS / 1000,
-                             memset_reached);
-        }
-}
-
 /*
  * A Park whose host slabs are still being zeroed (the Unpark before it freed them; a real device zeroes host
  * memory at about 20 ms per GiB) waits for that zeroing off the daemon's loop, as for host slabs being made:
@@ -1295,7 +1285,7 @@ START_TEST(test_park_waits_for_host_zeroing) {
         hold_memsets();
         back = unpark_or_fail(a, l.id);         /* its host slabs freed: their scrub is held */
         test_lease_close(&back);
-        memset_reached_or_fail();
+        reached_or_fail(memset_reached, "no scrub reached the device");
         ck_assert_int_eq(park_send(a, l.id), 0);
         wait_for_calls_waiting("host_memory", 1);
         d = status_while_held();
