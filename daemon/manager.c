@@ -322,28 +322,6 @@ static int on_accept(sd_event_source *s, int fd, uint32_t revents, void *userdat
 }
 
 /*
- * Scrubs have finished since the waiters last looked (pool_scrubs_finished(): by the completions' dispatch, or
- * ahead of it by a request that waited for them or a park's copy, which the dispatch then does not see again).
- * The Allocs parked for scrubs are tried, oldest first: each is served, refused, or goes on waiting (its scrubs
- * are not all done); a call that asked for no wait takes whatever room there is when it comes, outside the
- * devices' turns (wait.h), and these are such calls. And the memory scrubbed is cached, room for whoever waits.
- */
-static void host_waiters_try(Manager *m, HostWait what);
-
-static void scrubs_finished(Manager *m) {
-        uint64_t finished = pool_scrubs_finished(m->pool);
-        Peer *p, *tmp;
-
-        if (finished == m->scrubs_seen)
-                return;
-        m->scrubs_seen = finished;
-        list_for_each_entry_safe(p, tmp, &m->broker.scrub_waiters, link_scrub)
-                (void)peer_wait_try(p, ALLOC_TRY_AGAIN);        /* may free p, no other peer */
-        host_waiters_try(m, HOST_WAIT_ZEROING);                 /* Parks whose host slabs were being zeroed */
-        wake_waiters(m);
-}
-
-/*
  * Makes again the calls that wait for `what`, in the order they came, each once: they are taken off the
  * broker's list first, so that one that waits again (an Unpark whose lease a Park just parked starts its own
  * copy) goes back to the list's tail without being tried again in this pass, which would never end.
@@ -359,7 +337,28 @@ static void host_waiters_try(Manager *m, HostWait what) {
                 }
         while ((p = list_first_entry(&now, Peer, link_host)))
                 peer_host_try(p);       /* takes p off `now`; may free p, no other peer */
-        serve_waiters(m, false);        /* a park gives device memory back */
+}
+
+/*
+ * Scrubs have finished since the waiters last looked (pool_scrubs_finished(): by the completions' dispatch, or
+ * ahead of it by a request that waited for them or a park's copy, which the dispatch then does not see again).
+ * The Allocs parked for scrubs are tried, oldest first: each is served, refused, or goes on waiting (its scrubs
+ * are not all done); a call that asked for no wait takes whatever room there is when it comes, outside the
+ * devices' turns (wait.h), and these are such calls. And the memory scrubbed is cached, room for whoever waits.
+ * The Parks waiting for host slabs being zeroed are made again too; they give no device memory back before their
+ * copy, so the waiters' pass that wake_waiters() schedules is all the Allocs need.
+ */
+static void scrubs_finished(Manager *m) {
+        uint64_t finished = pool_scrubs_finished(m->pool);
+        Peer *p, *tmp;
+
+        if (finished == m->scrubs_seen)
+                return;
+        m->scrubs_seen = finished;
+        list_for_each_entry_safe(p, tmp, &m->broker.scrub_waiters, link_scrub)
+                (void)peer_wait_try(p, ALLOC_TRY_AGAIN);        /* may free p, no other peer */
+        host_waiters_try(m, HOST_WAIT_ZEROING);                 /* Parks whose host slabs were being zeroed */
+        wake_waiters(m);
 }
 
 /* Parks waiting for host slabs are made again once any was made: in order, each takes what it needs. */
@@ -370,6 +369,7 @@ static void hosts_made(Manager *m) {
                 return;
         m->hosts_seen = made;
         host_waiters_try(m, HOST_WAIT_MAKING);
+        serve_waiters(m, false);        /* a park gives device memory back */
 }
 
 /*
@@ -385,6 +385,7 @@ static void moves_ended(Manager *m) {
                 return;
         m->moves_seen = ended;
         host_waiters_try(m, HOST_WAIT_COPYING);
+        serve_waiters(m, false);        /* a park gives device memory back */
 }
 
 /* What follows serving requests, in a round or at once. */

@@ -465,7 +465,7 @@ static void format_broker(FILE *f, Broker *b) {
                 fprintf(f, "vmmbroker_alloc_waits_total{outcome=\"%s\"} %" PRIu64 "\n", wait_names[i], m.waits[i]);
         family(f, "vmmbroker_calls_waiting", "gauge", NULL,
                "Park, Unpark and Attach calls waiting off the daemon's loop, by reason (host_memory: pinned "
-               "host memory being made for a park; copy: a lease's content being copied between device and "
+               "host memory being made or zeroed for a park; copy: a lease's content being copied between device and "
                "host memory). Alloc calls waiting for room are vmmbroker_device_waiters.");
         fprintf(f, "vmmbroker_calls_waiting{reason=\"host_memory\"} %u\n", b->n_waiting_making);
         fprintf(f, "vmmbroker_calls_waiting{reason=\"copy\"} %u\n", b->n_waiting_copying);

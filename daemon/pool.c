@@ -1058,26 +1058,30 @@ static bool scrub_serves(const Slab *s, const SlabSpace *space, uint64_t size, u
         return s->space == space && s->size == size && (s->uid == uid || s->uid == UID_UNBOUND);
 }
 
+/* The first slab being scrubbed on the device (issued) that scrub_serves() a request of `size` and `uid`. */
+static Slab *scrubbing_serving(PoolDevice *dev, const SlabSpace *space, uint64_t size, uid_t uid) {
+        Slab *s;
+
+        list_for_each_entry(s, &dev->scrubbing, link_state)
+                if (scrub_serves(s, space, size, uid))
+                        return s;
+        return NULL;
+}
+
 static Slab *cache_take_or_wait(SlabSpace *space, uint64_t size, uid_t uid, uint64_t wait_max,
                                 bool *ret_deferred) {
-        Slab *slab = cache_take(space, size, uid), *s, *found = NULL;
+        Slab *slab = cache_take(space, size, uid), *found;
         PoolDevice *dev = space->device;
 
         if (slab)
                 return slab;
         device_scrub_queued(dev);       /* the slab freed by the last request may not be scrubbing yet */
-        for (bool all = false;; all = true) {
-                list_for_each_entry(s, &dev->scrubbing, link_state) {
-                        if (scrub_serves(s, space, size, uid)) {
-                                found = s;
-                                break;
-                        }
-                }
-                /* One still queued behind SCRUBS_AHEAD: a request that may wait for any zeroing issues them all
-                 * (the stream may be full: it waits anyway); another one makes a new slab. */
-                if (found || all || wait_max != POOL_WAIT_ANY || !space_has_queued(space))
-                        break;
+        found = scrubbing_serving(dev, space, size, uid);
+        /* One still queued behind SCRUBS_AHEAD: a request that may wait for any zeroing issues them all (the
+         * stream may be full: it waits anyway); another one makes a new slab. */
+        if (!found && wait_max == POOL_WAIT_ANY && space_has_queued(space)) {
                 device_scrub_ahead(dev, UINT64_MAX);
+                found = scrubbing_serving(dev, space, size, uid);
         }
         if (!found)
                 return NULL;

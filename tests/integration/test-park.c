@@ -56,8 +56,9 @@
 #define UNIT (2 * MiB)                  /* the granularity: one slab */
 #define SIZE (64 * MiB)                 /* a lease to park */
 #define SIZE2 (32 * MiB)                /* another, of another layout: slabs of its own to make */
-#define ANSWER_MS 20000                 /* what must be answered while a make is held, and what a poll of Status
-                                           waits for, are within this (time: a loaded machine makes each slower) */
+#define ANSWER_MS 20000                 /* what must be answered, or reached, while something is held is within
+                                           this (time: a loaded machine makes each slower); polls of the daemon
+                                           are bounded by HARNESS_POLL_MS */
 #define UID_OTHER 65534                 /* nobody */
 #define CONFIG "[Broker]\nHostCapacity=512M\n"  /* MaxHostBytes= 50% of it: 256 MiB */
 
@@ -406,7 +407,7 @@ static WireDevice status_while_held(void) {
 static void wait_for_waiters_while_held(int64_t n) {
         int64_t waiters = -1;
 
-        for (uint64_t end = harness_now_msec() + ANSWER_MS; harness_now_msec() < end && waiters != n;)
+        for (uint64_t end = harness_poll_deadline(); harness_now_msec() < end && waiters != n;)
                 waiters = status_while_held().waiters;
         ck_assert_msg(waiters == n, "the device has %" PRId64 " waiters, not %" PRId64, waiters, n);
 }
@@ -521,7 +522,7 @@ static uint64_t copied_bytes(void) {
 }
 
 /*
- * Waits, at most ANSWER_MS, until `n` calls wait off the loop for `reason` ("copy" or "host_memory":
+ * Waits, at most HARNESS_POLL_MS, until `n` calls wait off the loop for `reason` ("copy" or "host_memory":
  * vmmbroker_calls_waiting): the call just sent has been read, and waits. Root only (the metrics are an
  * administrator's); others make two Status round trips on connections made after the call instead, which make
  * that likely but cannot say it.
@@ -536,7 +537,7 @@ static void wait_for_calls_waiting(const char *reason, uint64_t n) {
                 return;
         }
         snprintf(key, sizeof(key), "vmmbroker_calls_waiting{reason=\"%s\"} ", reason);
-        for (uint64_t end = harness_now_msec() + ANSWER_MS; harness_now_msec() < end && waiting != n;)
+        for (uint64_t end = harness_poll_deadline(); harness_now_msec() < end && waiting != n;)
                 waiting = metric(key);
         ck_assert_msg(waiting == n, "%" PRIu64 " calls wait for %s, not %" PRIu64 " (the call just sent was not "
                       "read, or did not wait)", waiting, reason, n);
@@ -547,7 +548,7 @@ static void wait_for_calls_waiting(const char *reason, uint64_t n) {
 static void wait_for_idle(int64_t host_cached) {
         WireDevice d = {};
 
-        for (uint64_t end = harness_now_msec() + ANSWER_MS; harness_now_msec() < end;) {
+        for (uint64_t end = harness_poll_deadline(); harness_now_msec() < end;) {
                 d = status();
                 if (d.leases == 0 && d.leased == 0 && d.scrubbing == 0 && d.parked == 0 &&
                     d.host_cached == host_cached)
@@ -779,7 +780,7 @@ START_TEST(test_park_waiter_exits) {
         ck_assert_int_eq(kill(x.pid, SIGKILL), 0);
         ck_assert_int_eq(held_child_finish(&x), 128 + SIGKILL);
         /* Its lease ends with its process, the make still held. */
-        for (uint64_t end = harness_now_msec() + ANSWER_MS; harness_now_msec() < end;) {
+        for (uint64_t end = harness_poll_deadline(); harness_now_msec() < end;) {
                 d = status_while_held();
                 if (d.leases == 0)
                         break;
@@ -1013,7 +1014,7 @@ START_TEST(test_park_copy_parker_killed) {
         ck_assert_int_eq(kill(x.pid, SIGKILL), 0);
         ck_assert_int_eq(connector_close(&x), 128 + SIGKILL);
         /* Its lease ends with its process, the copy still held (its device slabs wait for the copy to end). */
-        for (uint64_t end = harness_now_msec() + ANSWER_MS; harness_now_msec() < end;) {
+        for (uint64_t end = harness_poll_deadline(); harness_now_msec() < end;) {
                 d = status_while_held();
                 if (d.leases == 0)
                         break;
@@ -1075,7 +1076,7 @@ START_TEST(test_park_copy_foreign_lease_ends) {
         wait_for_copy(l.id);
         ck_assert_int_eq(kill(xa.pid, SIGKILL), 0);
         ck_assert_int_eq(connector_close(&xa), 128 + SIGKILL);
-        for (uint64_t end = harness_now_msec() + ANSWER_MS; harness_now_msec() < end;) {
+        for (uint64_t end = harness_poll_deadline(); harness_now_msec() < end;) {
                 d = status_while_held();
                 if (d.leases == 0)
                         break;

@@ -1155,6 +1155,24 @@ static void wait_for_file(const char *path) {
 }
 
 /*
+ * Names this process's hold file of `kind` ("copy", ...) into `hold` (64 bytes) and its ".reached" into `reached`
+ * (80 bytes), forgets an old .reached, makes the file holding `content` ("" for none: a plain hold), and sets
+ * the variable `var` (SIMCUDA_HOLD_*_FILE) to it, for the simulator to read when the context is opened.
+ */
+static void hold_file_start(const char *var, const char *kind, const char *content, char *hold, char *reached) {
+        int fd;
+
+        snprintf(hold, 64, "/tmp/simcuda-hold-%s-%d", kind, (int)getpid());
+        snprintf(reached, 80, "%s.reached", hold);
+        (void)unlink(reached);
+        fd = open(hold, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        ck_assert_int_ge(fd, 0);
+        ck_assert_int_eq(write(fd, content, strlen(content)), (ssize_t)strlen(content));
+        close(fd);
+        setenv(var, hold, 1);
+}
+
+/*
  * SIMCUDA_HOLD_CREATE_FILE: while the file is there, a cuMemCreate of host memory on another thread waits,
  * having made PATH.reached, and the simulator goes on serving this thread meanwhile (device memory is not held,
  * and nothing is charged for the held call yet); it finishes once the file goes. Without the file, host memory
@@ -1166,15 +1184,8 @@ START_TEST(test_hold_create) {
         CUmemAllocationProp prop = cuda_host_prop(0);
         CUmemGenericAllocationHandle h;
         pthread_t thread;
-        int fd;
 
-        snprintf(hold, sizeof(hold), "/tmp/simcuda-hold-create-%d", (int)getpid());
-        snprintf(reached, sizeof(reached), "%s.reached", hold);
-        (void)unlink(reached);
-        fd = open(hold, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
-        ck_assert_int_ge(fd, 0);
-        close(fd);
-        setenv("SIMCUDA_HOLD_CREATE_FILE", hold, 1);
+        hold_file_start("SIMCUDA_HOLD_CREATE_FILE", "create", "", hold, reached);
         open_ctx();
 
         ck_assert_int_eq(pthread_create(&thread, NULL, host_create, &c), 0);
@@ -1548,14 +1559,7 @@ START_TEST(test_hold_copy_file_passes) {
         CUstream s;
         int fd;
 
-        snprintf(hold, sizeof(hold), "/tmp/simcuda-hold-copy-%d", (int)getpid());
-        snprintf(reached, sizeof(reached), "%s.reached", hold);
-        (void)unlink(reached);
-        fd = open(hold, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-        ck_assert_int_ge(fd, 0);
-        ck_assert_int_eq(write(fd, "1", 1), 1);
-        close(fd);
-        setenv("SIMCUDA_HOLD_COPY_FILE", hold, 1);
+        hold_file_start("SIMCUDA_HOLD_COPY_FILE", "copy", "1", hold, reached);
         open_ctx();
         src = map_new(GRAN);
         dst = map_new(GRAN);
@@ -1594,15 +1598,8 @@ START_TEST(test_hold_memset_file) {
         char hold[64], reached[80];
         CUdeviceptr a, b, c;
         CUstream s, t;
-        int fd;
 
-        snprintf(hold, sizeof(hold), "/tmp/simcuda-hold-memset-%d", (int)getpid());
-        snprintf(reached, sizeof(reached), "%s.reached", hold);
-        (void)unlink(reached);
-        fd = open(hold, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-        ck_assert_int_ge(fd, 0);
-        close(fd);
-        setenv("SIMCUDA_HOLD_MEMSET_FILE", hold, 1);
+        hold_file_start("SIMCUDA_HOLD_MEMSET_FILE", "memset", "", hold, reached);
         open_ctx();
         a = map_new(GRAN);
         b = map_new(GRAN);
