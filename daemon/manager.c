@@ -530,6 +530,9 @@ static int on_idle(sd_event_source *s, void *userdata) {
         if (old < 0 && m->broker.store_error == 0)
                 fprintf(stderr, "Storing the lease table works again.\n");
         send_status(m, false);
+        /* The pool maps slabs ahead one per call, each a dispatch of its own, requests served between them. */
+        if (pool_has_idle_work(m->pool))
+                schedule_idle(m);
         return 0;
 }
 
@@ -558,8 +561,12 @@ static int on_tick(sd_event_source *s, uint64_t usec, void *userdata) {
         }
         m->served_at_tick = m->served;
         /* Released slabs' fds are closed (their memory given back to the driver) when the loop is idle; a loop
-         * that requests keep busy is never idle, so also here, at least once a second. */
+         * that requests keep busy is never idle, so also here, at least once a second. The tick also makes
+         * the slabs of a second ago due to be mapped ahead, in the idle dispatches that follow. */
+        pool_tick(m->pool);
         (void)pool_idle(m->pool);
+        if (pool_has_idle_work(m->pool))
+                schedule_idle(m);
         wake_waiters(m);                /* the driver's memory may have come back from outside the pool */
         (void)sd_event_source_set_time_relative(s, 1000000);
         return 0;

@@ -78,6 +78,8 @@ struct PoolDevice {
         List queued;                    /* Slab of either space reclaimed, its scrub not issued yet: in reclaim
                                            order, SLAB_SCRUBBING and counted so (pool_scrub_queued()) */
         List scrubbing;                 /* Slab of either space, in stream order */
+        List unmapped;                  /* Slab of either space that the pool has no mapping of, oldest first:
+                                           mapped ahead by pool_idle() (map_ahead()) */
         CUstream copy_stream;           /* the copies of parks and unparks (pool_copy_start()): not behind scrubs,
                                            and no scrub behind them */
         uint64_t copies_issued;         /* completions queued on copy_stream (copy_done()) */
@@ -104,6 +106,7 @@ struct Pool {
         PoolDevice *devices;
         size_t n_devices;
         uint64_t clock;                 /* orders cached slabs for LRU */
+        uint64_t ticks;                 /* pool_tick()s: when slabs are mapped ahead */
         uint64_t scrubs_finished;       /* moves when zeroing has finished, by any path: pool_scrubs_finished() */
         uint64_t last_slab_id;          /* the id of the last slab created */
         int event_fd;
@@ -343,6 +346,7 @@ static void slab_release(Slab *slab) {
 
         if (dev->pool->hooks.slab_released)
                 dev->pool->hooks.slab_released(slab, dev->pool->hooks_userdata);
+        list_unlink(&slab->link_unmapped);
         slab_wait_copy(dev, slab);
         if (slab->zeroed) {
                 /* A zeroing in place may still run on the pool's mapping: unmapping under it would fault the
@@ -394,6 +398,10 @@ static void slab_init(SlabSpace *space, Slab *slab, uint64_t id, int fd, uint64_
         slab->fd = fd;
         list_init(&slab->link_state);
         list_init(&slab->link_lru);
+        list_init(&slab->link_unmapped);
+        slab->made_tick = space->device->pool->ticks;
+        if (!slab->scrub_va)
+                list_link_tail(&space->device->unmapped, &slab->link_unmapped);
         space->created_bytes += size;
 }
 
@@ -452,7 +460,6 @@ static int slab_create(SlabSpace *space, uint64_t size, uid_t uid, Slab **ret) {
         return 0;
 }
 
-/* Maps a slab into the pool's own address space for scrubbing, once per slab. */
 /*
  * The pool's own mapping of an allocation, read-write for the device: reserve, map, set access, counting the
  * driver calls into *calls (the maker thread may not touch the device's stats). On failure *ret_failed names
@@ -508,6 +515,7 @@ static int slab_map(PoolDevice *dev, Slab *slab) {
                 driver_error(dev, failed, r);
                 return -EIO;
         }
+        list_unlink(&slab->link_unmapped);
         return 0;
 }
 
@@ -1720,6 +1728,7 @@ static int device_init(Pool *p, PoolDevice *dev, int index, const PoolConfig *co
         dev->pool = p;
         list_init(&dev->queued);
         list_init(&dev->scrubbing);
+        list_init(&dev->unmapped);
         list_init(&dev->after_copy);
         k = space_init(dev, &dev->mem, false);
         if (k < 0)
@@ -1923,14 +1932,54 @@ int pool_new(Pool **ret, CudaDriver *cu, const PoolConfig *config, char **ret_me
         return 0;
 }
 
+/*
+ * Ticks after a slab is made before the pool maps it ahead: 2, so that at least a whole tick (a second) passes.
+ * Its client imports and maps it as soon as the Alloc is answered; the pool's mapping of the same memory at the
+ * same time would contend with it in the driver, and the client's time is the request's.
+ */
+#define MAP_AHEAD_TICKS 2
+
+/* The oldest slab of the device that is due to be mapped ahead, or NULL. */
+static Slab *map_due(const PoolDevice *dev) {
+        Slab *slab = list_first_entry(&dev->unmapped, Slab, link_unmapped);
+
+        return slab && slab->made_tick + MAP_AHEAD_TICKS <= dev->pool->ticks ? slab : NULL;
+}
+
+/*
+ * Maps one due slab ahead (pool_idle()), of the first device that has one. A slab that cannot be mapped now
+ * leaves the list all the same (each call makes progress): its first zeroing or copy maps it, or fails and says
+ * why, as without mapping ahead. Returns whether it tried one.
+ */
+static bool map_ahead(Pool *p) {
+        for (size_t i = 0; i < p->n_devices; i++) {
+                PoolDevice *dev = &p->devices[i];
+                Slab *slab = map_due(dev);
+
+                if (!slab)
+                        continue;
+                if (make_current(dev) < 0 || slab_map(dev, slab) < 0)
+                        list_unlink(&slab->link_unmapped);
+                else
+                        dev->stats.mapped_ahead++;
+                return true;
+        }
+        return false;
+}
+
+void pool_tick(Pool *p) {
+        p->ticks++;
+}
+
 bool pool_idle(Pool *p) {
         PoolDevice *dev = &p->devices[0];
         uint64_t size = dev->info.granularity;
-        bool closed = flush_closes(p) > 0;
+        bool done = flush_closes(p) > 0;
         Slab *slab;
 
+        done |= map_ahead(p);
         if (!p->prime)
-                return closed;
+                return done;
         /* One export absorbs the driver's slow path; its slab waits, unbound, for the next request. */
         p->prime = false;
         if (dev->mem.created_bytes + size > dev->mem.capacity || slab_create(&dev->mem, size, UID_UNBOUND, &slab) != 0)
@@ -1944,7 +1993,12 @@ bool pool_idle(Pool *p) {
 }
 
 bool pool_has_idle_work(const Pool *p) {
-        return p->n_closing > 0 || p->prime;
+        if (p->n_closing > 0 || p->prime)
+                return true;
+        for (size_t i = 0; i < p->n_devices; i++)
+                if (map_due(&p->devices[i]))
+                        return true;
+        return false;
 }
 
 unsigned pool_trim(Pool *p) {

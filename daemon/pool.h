@@ -94,7 +94,8 @@ typedef struct Slab {
         SlabState state;
         CUmemGenericAllocationHandle handle;
         int fd;                         /* exported once, at creation */
-        CUdeviceptr scrub_va;           /* the pool's own mapping, made at its first zeroing or copy; 0 if none */
+        CUdeviceptr scrub_va;           /* the pool's own mapping, made ahead by pool_idle() or at its first zeroing
+                                           or copy; 0 if none */
         CUevent zeroed;                 /* recorded after its last zeroing (a scrub, or in place:
                                            pool_scrub_leased()); NULL until the first */
         uint64_t scrub_seq;             /* which completion of the device's stream ends its scrub */
@@ -108,6 +109,8 @@ typedef struct Slab {
         CacheBucket *bucket;            /* while cached */
         List link_state;                /* in the leased list, the scrub queue or its cache bucket */
         List link_lru;                  /* in the device's least-recently-used list, while cached */
+        uint64_t made_tick;             /* pool_tick()s before it was made or imported */
+        List link_unmapped;             /* in the device's list of slabs the pool has no mapping of, while so */
 } Slab;
 
 typedef struct PoolDeviceStats {
@@ -132,6 +135,8 @@ typedef struct PoolDeviceStats {
         uint64_t primed;                /* unbound slabs created by pool_idle() */
         uint64_t scrub_waits;           /* requests that needed memory still scrubbing (waited if not done) */
         uint64_t driver_calls;          /* Driver API calls the pool made for this device */
+        uint64_t mapped_ahead;          /* slabs the pool mapped for itself in pool_idle(), before a zeroing or
+                                           copy needed the mapping */
         /* host memory for parked leases */
         uint64_t host_granularity;      /* 0: the device cannot park */
         uint64_t host_capacity;
@@ -332,13 +337,22 @@ int pool_drain(Pool *p);
  * Work the pool keeps out of requests; the daemon calls it when it has nothing else to do. It closes the
  * exported fds of released slabs (which frees their memory) and, when it closed any, creates one unbound slab
  * of the smallest size, the granularity: closing an exported fd makes the driver's next export slow, and that
- * export is better paid here than in a client's request. Queued scrubs are not its work: their time is the
- * daemon's (pool_scrub_queued()). Returns true if it did anything.
+ * export is better paid here than in a client's request. It also maps ahead, for the pool, one slab made or
+ * imported before the last pool_tick() but one (MAP_AHEAD_TICKS) that it has no mapping of yet: a slab's first
+ * scrub or copy would otherwise map it in a request's or a scrub's dispatch (about 1 ms per GiB of device
+ * memory and 10 ms per GiB of host memory, on an H200), holding every other client for a whole lease's worth.
+ * One slab per call, so that requests are served between them. Queued scrubs are not its work: their time is
+ * the daemon's (pool_scrub_queued()). Returns true if it did anything.
  */
 bool pool_idle(Pool *p);
 
-/* Whether pool_idle() has anything to do: fds of released slabs to close, or a slab to prime. */
+/* Whether pool_idle() has anything to do: fds of released slabs to close, a slab to prime, or one to map
+ * ahead. Each call of pool_idle() makes progress: a caller may call it again while this is true. */
 bool pool_has_idle_work(const Pool *p);
+
+/* Counts a tick of the daemon's clock (once a second): slabs are mapped ahead MAP_AHEAD_TICKS ticks after
+ * they were made, once their client has mapped them (the two mappings at once would contend in the driver). */
+void pool_tick(Pool *p);
 
 /* Releases every cached slab on every device back to the driver. Returns how many. */
 unsigned pool_trim(Pool *p);

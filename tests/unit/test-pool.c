@@ -991,6 +991,76 @@ START_TEST(test_idle_closes_and_primes) {
 }
 END_TEST
 
+/* Slabs are mapped for the pool ahead, in pool_idle(), two ticks after they were made, one per call; a slab
+ * mapped so is scrubbed with no mapping call, one released first leaves the list, one that fails to map is
+ * mapped at its scrub as before. */
+START_TEST(test_idle_maps_ahead) {
+        Slab *a[POOL_MAX_SLABS], *c[POOL_MAX_SLABS], *d[POOL_MAX_SLABS];
+        uint64_t maps;
+        size_t n, m, k;
+
+        open_pool(64 * MiB, 4 * MiB);
+        ck_assert_int_eq(alloc(6 * MiB, UID_A, a, &n), 0);      /* 4 + 2 MiB */
+        ck_assert_uint_eq(n, 2);
+        ck_assert(a[0]->scrub_va == 0 && a[1]->scrub_va == 0);
+        ck_assert(!pool_has_idle_work(pool));
+
+        /* Not in the tick they were made in, nor the next: their client maps them then. */
+        pool_tick(pool);
+        ck_assert(!pool_has_idle_work(pool));
+        ck_assert(!pool_idle(pool));
+        ck_assert(a[0]->scrub_va == 0);
+
+        /* This one was made after the first tick: due a tick after the others. */
+        ck_assert_int_eq(alloc(2 * MiB, UID_B, c, &m), 0);
+        pool_tick(pool);
+        maps = sim.calls("cuMemMap");
+        ck_assert(pool_has_idle_work(pool));
+        ck_assert(pool_idle(pool));
+        ck_assert(a[0]->scrub_va != 0 && a[1]->scrub_va == 0);    /* one per call, the oldest first */
+        ck_assert_uint_eq(stats().mapped_ahead, 1);
+        ck_assert(pool_idle(pool));
+        ck_assert(a[1]->scrub_va != 0 && c[0]->scrub_va == 0);
+        ck_assert_uint_eq(sim.calls("cuMemMap") - maps, 2);
+        ck_assert(!pool_has_idle_work(pool));
+        ck_assert(!pool_idle(pool));
+
+        /* Their scrubs map nothing more, and zero them. */
+        lease_io(a, n, 0x5a, -1);
+        maps = sim.calls("cuMemMap");
+        reclaim_all(a, n);
+        wait_scrubs(2);
+        ck_assert_uint_eq(sim.calls("cuMemMap"), maps);
+        ck_assert_int_eq(alloc(6 * MiB, UID_A, a, &n), 0);
+        lease_io(a, n, -1, 0);
+
+        /* Released before it was due: off the list (ASan would see it used after free otherwise). */
+        pool_release(pool, c[0]);
+        ck_assert_int_eq(alloc(2 * MiB, UID_C, d, &k), 0);
+        pool_tick(pool);
+        pool_tick(pool);
+        ck_assert(pool_has_idle_work(pool));
+        /* A slab the driver does not map leaves the list all the same: its scrub maps it. */
+        ck_assert_int_eq(sim.inject("cuMemMap:1:CUDA_ERROR_UNKNOWN"), 0);
+        ck_assert(pool_idle(pool));
+        ck_assert(d[0]->scrub_va == 0);
+        ck_assert_uint_eq(stats().mapped_ahead, 2);
+        ck_assert(!pool_has_idle_work(pool));
+        ck_assert(!pool_idle(pool));
+        lease_io(d, k, 0x33, -1);
+        c[0] = d[0];
+        reclaim_all(d, k);
+        wait_scrubs(1);
+        ck_assert_int_eq(alloc(2 * MiB, UID_C, d, &k), 0);
+        ck_assert_ptr_eq(d[0], c[0]);           /* its own slab back (before the one primed meanwhile) */
+        ck_assert(d[0]->scrub_va != 0);
+        lease_io(d, k, -1, 0);
+        reclaim_all(d, k);
+        reclaim_all(a, n);
+        ck_assert_int_eq(pool_drain(pool), 0);
+}
+END_TEST
+
 static Suite *pool_suite(void) {
         Suite *s = suite_create("pool");
         TCase *tc;
@@ -1025,6 +1095,7 @@ static Suite *pool_suite(void) {
         tcase_add_test(tc, test_host_zeroing_counts_more);
         tcase_add_test(tc, test_free_releases_everything);
         tcase_add_test(tc, test_idle_closes_and_primes);
+        tcase_add_test(tc, test_idle_maps_ahead);
         suite_add_tcase(s, tc);
 
         return s;
