@@ -66,10 +66,17 @@ static void peer_unpark(Peer *p, bool served) {
 
 static void peer_update(Peer *p);
 
-/* The broker's count of the calls waiting for `what` (Broker.n_waiting_making: host memory being made or
- * zeroed; n_waiting_copying). */
+/* The broker's count of the calls waiting for `what` (Broker.n_waiting_making: host memory being made;
+ * n_waiting_zeroing: host memory being zeroed; n_waiting_copying: a copy). */
 static unsigned *host_waiting_count(Broker *b, HostWait what) {
-        return what == HOST_WAIT_COPYING ? &b->n_waiting_copying : &b->n_waiting_making;
+        switch (what) {
+        case HOST_WAIT_ZEROING:
+                return &b->n_waiting_zeroing;
+        case HOST_WAIT_COPYING:
+                return &b->n_waiting_copying;
+        default:
+                return &b->n_waiting_making;
+        }
 }
 
 /* Keeps the text of a call that waits for `what`, to make it again (peer_host_try()). Returns 0 or -ENOMEM. */

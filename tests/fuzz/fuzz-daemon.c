@@ -520,9 +520,10 @@ static void reset(void) {
                 ;
         pump(NULL);
         if (!list_is_empty(&manager->broker.host_waiters) || manager->broker.n_waiting_making > 0 ||
-            manager->broker.n_waiting_copying > 0)
-                die("calls still wait off the loop with every connection closed (%u for host memory, %u for a "
-                    "copy)", manager->broker.n_waiting_making, manager->broker.n_waiting_copying);
+            manager->broker.n_waiting_zeroing > 0 || manager->broker.n_waiting_copying > 0)
+                die("calls still wait off the loop with every connection closed (%u for host memory being made, "
+                    "%u for host memory being zeroed, %u for a copy)", manager->broker.n_waiting_making,
+                    manager->broker.n_waiting_zeroing, manager->broker.n_waiting_copying);
 }
 
 static void run_input(const uint8_t *data, size_t size);

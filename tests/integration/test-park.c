@@ -521,14 +521,22 @@ static uint64_t copied_bytes(void) {
         return metric("vmmbroker_device_copied_bytes_total{device=\"0\"} ");
 }
 
-/*
- * Waits, at most HARNESS_POLL_MS, until `n` calls wait off the loop for `reason` ("copy" or "host_memory":
- * vmmbroker_calls_waiting): the call just sent has been read, and waits. Root only (the metrics are an
- * administrator's); others make two Status round trips on connections made after the call instead, which make
- * that likely but cannot say it.
- */
-static void wait_for_calls_waiting(const char *reason, uint64_t n) {
+/* How many calls wait off the loop for `reason` now (vmmbroker_calls_waiting). Root only. */
+static uint64_t calls_waiting(const char *reason) {
         char key[64];
+
+        snprintf(key, sizeof(key), "vmmbroker_calls_waiting{reason=\"%s\"} ", reason);
+        return metric(key);
+}
+
+/*
+ * Waits, at most HARNESS_POLL_MS, until `n` calls wait off the loop for `reason` (vmmbroker_calls_waiting:
+ * "host_memory", host slabs being made; "host_zeroing", host slabs being zeroed; "copy", a copy between device
+ * and host memory): the call just sent has been read, and waits. Then none waits for `other` (NULL: no check),
+ * the reason it must not be counted under. Root only (the metrics are an administrator's); others make two
+ * Status round trips on connections made after the call instead, which make that likely but cannot say it.
+ */
+static void wait_for_calls_waiting(const char *reason, uint64_t n, const char *other) {
         uint64_t waiting = 0;
 
         if (geteuid() != 0) {
@@ -536,11 +544,15 @@ static void wait_for_calls_waiting(const char *reason, uint64_t n) {
                 (void)status_while_held();
                 return;
         }
-        snprintf(key, sizeof(key), "vmmbroker_calls_waiting{reason=\"%s\"} ", reason);
         for (uint64_t end = harness_poll_deadline(); harness_now_msec() < end && waiting != n;)
-                waiting = metric(key);
+                waiting = calls_waiting(reason);
         ck_assert_msg(waiting == n, "%" PRIu64 " calls wait for %s, not %" PRIu64 " (the call just sent was not "
                       "read, or did not wait)", waiting, reason, n);
+        if (other) {
+                waiting = calls_waiting(other);
+                ck_assert_msg(waiting == 0, "%" PRIu64 " calls wait for %s, not 0, while %" PRIu64 " wait for %s",
+                              waiting, other, n, reason);
+        }
 }
 
 /* Polls Status until no lease is left, `host_cached` bytes of host slabs are cached and nothing is being
@@ -922,7 +934,7 @@ START_TEST(test_two_parks_while_making) {
         ck_assert_int_eq(park_send(a, la.id), 0);
         wait_for_make();
         ck_assert_int_eq(park_send(b, lb.id), 0);
-        wait_for_calls_waiting("host_memory", 2);
+        wait_for_calls_waiting("host_memory", 2, "host_zeroing");
         ck_assert_msg(!readable_now(a) && !readable_now(b), "a Park was answered while host slabs were being made");
 
         release_hold();
@@ -1260,9 +1272,9 @@ END_TEST
 
 /*
  * A Park whose host slabs are still being zeroed (the Unpark before it freed them; a real device zeroes host
- * memory at about 20 ms per GiB) waits for that zeroing off the daemon's loop, as for host slabs being made:
- * another connection's Status is answered meanwhile, and the Park once the zeroing is done, its content back
- * at the Unpark after it.
+ * memory at about 20 ms per GiB) waits for that zeroing off the daemon's loop, as for host slabs being made but
+ * counted apart (vmmbroker_calls_waiting's host_zeroing, not host_memory): another connection's Status is
+ * answered meanwhile, and the Park once the zeroing is done, its content back at the Unpark after it.
  */
 START_TEST(test_park_waits_for_host_zeroing) {
         _cleanup_(varlink_conn_freep) VarlinkConn *a = NULL;
@@ -1288,7 +1300,7 @@ START_TEST(test_park_waits_for_host_zeroing) {
         test_lease_close(&back);
         reached_or_fail(memset_reached, "no scrub reached the device");
         ck_assert_int_eq(park_send(a, l.id), 0);
-        wait_for_calls_waiting("host_memory", 1);
+        wait_for_calls_waiting("host_zeroing", 1, "host_memory");
         d = status_while_held();
         ck_assert_uint_eq(d.leased, SIZE);
         ck_assert_msg(!readable_now(a), "the Park was answered while the zeroing of its host slabs was held");
@@ -1321,7 +1333,7 @@ static TestLease park_held(Gpu *g, VarlinkConn *a, uint32_t word) {
  * answered while its own process's Park's copy is held. */
 static void unpark_waits_for_own_park(VarlinkConn *c, const char *id, uint64_t n) {
         ck_assert_int_eq(unpark_send(c, id), 0);
-        wait_for_calls_waiting("copy", n);
+        wait_for_calls_waiting("copy", n, NULL);
         ck_assert_msg(!readable_now(c), "an Unpark was answered while its own process's Park's copy was held");
 }
 
@@ -1458,7 +1470,7 @@ START_TEST(test_unpark_copy_shared) {
         ck_assert_int_eq(unpark_send(a, l.id), 0);
         wait_for_copy_back(l.id);
         ck_assert_int_eq(unpark_send(b, l.id), 0);
-        wait_for_calls_waiting("copy", 2);
+        wait_for_calls_waiting("copy", 2, NULL);
         d = status_while_held();
         ck_assert_msg(d.leased == SIZE, "%" PRIu64 " bytes leased while an Unpark's copy of %" PRIu64 " was held: "
                       "the second Unpark took device slabs of its own", d.leased, SIZE);
@@ -1526,7 +1538,7 @@ START_TEST(test_attach_waits_for_unpark_copy) {
         ck_assert_int_eq(unpark_send(a, l.id), 0);
         wait_for_copy_back(l.id);
         ck_assert_int_eq(attach_send(b, token), 0);
-        wait_for_calls_waiting("copy", 2);      /* and the Unpark */
+        wait_for_calls_waiting("copy", 2, NULL);        /* and the Unpark */
         d = status_while_held();
         ck_assert_msg(d.leased == SIZE, "%" PRIu64 " bytes leased while an Unpark's copy of %" PRIu64 " was held: "
                       "the Attach took device slabs of its own", d.leased, SIZE);
@@ -1613,7 +1625,7 @@ START_TEST(test_stop_while_attaching) {
         ck_assert_int_eq(unpark_send(a, l.id), 0);
         wait_for_copy_back(l.id);
         ck_assert_int_eq(attach_send(b, token), 0);
-        wait_for_calls_waiting("copy", 2);      /* and the Unpark */
+        wait_for_calls_waiting("copy", 2, NULL);        /* and the Unpark */
         ck_assert_msg(!readable_now(b), "another process's Attach was answered while the lease's copy back was held");
 
         ck_assert_int_eq(kill(h.pid, SIGTERM), 0);
