@@ -1939,11 +1939,18 @@ int pool_new(Pool **ret, CudaDriver *cu, const PoolConfig *config, char **ret_me
  */
 #define MAP_AHEAD_TICKS 2
 
-/* The oldest slab of the device that is due to be mapped ahead, or NULL. */
+/*
+ * The oldest slab of the device that is due to be mapped ahead, or NULL. None while the maker thread makes host
+ * slabs: the driver pins their memory under a lock that a mapping in the loop then waits for, for up to a
+ * second (the first park of a fresh 32 GiB lease, on an H200: idle dispatches of up to 1 s). They are due
+ * again once the pool has dispatched every slab made (Pool.making back at 0).
+ */
 static Slab *map_due(const PoolDevice *dev) {
         Slab *slab = list_first_entry(&dev->unmapped, Slab, link_unmapped);
 
-        return slab && slab->made_tick + MAP_AHEAD_TICKS <= dev->pool->ticks ? slab : NULL;
+        if (!slab || dev->pool->making > 0)
+                return NULL;
+        return slab->made_tick + MAP_AHEAD_TICKS <= dev->pool->ticks ? slab : NULL;
 }
 
 /*

@@ -991,13 +991,13 @@ START_TEST(test_idle_closes_and_primes) {
 }
 END_TEST
 
-/* Slabs are mapped for the pool ahead, in pool_idle(), two ticks after they were made, one per call; a slab
- * mapped so is scrubbed with no mapping call, one released first leaves the list, one that fails to map is
- * mapped at its scrub as before. */
+/* Slabs are mapped for the pool ahead, in pool_idle(), two ticks after they were made, one per call, and not
+ * while host slabs are being made; a slab mapped so is scrubbed with no mapping call, one released first leaves
+ * the list, one that fails to map is mapped at its scrub as before. */
 START_TEST(test_idle_maps_ahead) {
-        Slab *a[POOL_MAX_SLABS], *c[POOL_MAX_SLABS], *d[POOL_MAX_SLABS];
-        uint64_t maps;
-        size_t n, m, k;
+        Slab *a[POOL_MAX_SLABS], *c[POOL_MAX_SLABS], *d[POOL_MAX_SLABS], *e[POOL_MAX_SLABS];
+        uint64_t maps, made;
+        size_t n, m, k, l;
 
         open_pool(64 * MiB, 4 * MiB);
         ck_assert_int_eq(alloc(6 * MiB, UID_A, a, &n), 0);      /* 4 + 2 MiB */
@@ -1034,28 +1034,53 @@ START_TEST(test_idle_maps_ahead) {
         ck_assert_int_eq(alloc(6 * MiB, UID_A, a, &n), 0);
         lease_io(a, n, -1, 0);
 
-        /* Released before it was due: off the list (ASan would see it used after free otherwise). */
-        pool_release(pool, c[0]);
-        ck_assert_int_eq(alloc(2 * MiB, UID_C, d, &k), 0);
+        /* Nothing is mapped ahead while host slabs are made off the loop: the driver pins them under a lock
+         * that the mapping would wait for. Once they are dispatched, it goes on. */
+        made = pool_host_made(pool);
+        ck_assert_int_eq(pool_make_host(pool, c, m, UID_B), POOL_E_MAKING);
         pool_tick(pool);
         pool_tick(pool);
+        ck_assert(!pool_has_idle_work(pool));
+        ck_assert(!pool_idle(pool));
+        ck_assert(c[0]->scrub_va == 0);
+        for (unsigned i = 0; pool_host_made(pool) == made; i++) {
+                struct pollfd p = { .fd = pool_get_fd(pool), .events = POLLIN };
+
+                ck_assert_msg(i < 100, "the host slab asked for was not made in 10 s");
+                (void)poll(&p, 1, 100);
+                (void)pool_dispatch(pool);
+        }
         ck_assert(pool_has_idle_work(pool));
+        ck_assert(pool_idle(pool));
+        ck_assert(c[0]->scrub_va != 0);
+        ck_assert_uint_eq(stats().mapped_ahead, 3);
+        ck_assert(!pool_has_idle_work(pool));
+
+        /* Released before it was due: off the list (ASan would see it used after free otherwise). */
+        ck_assert_int_eq(alloc(2 * MiB, UID_C, e, &l), 0);
+        pool_release(pool, e[0]);
+        ck_assert(pool_idle(pool));                             /* closes its fd, primes a slab */
+        ck_assert_int_eq(alloc(2 * MiB, UID_C, d, &k), 0);      /* that slab, unbound till now */
+        pool_tick(pool);
+        pool_tick(pool);
         /* A slab the driver does not map leaves the list all the same: its scrub maps it. */
+        ck_assert(pool_has_idle_work(pool));
         ck_assert_int_eq(sim.inject("cuMemMap:1:CUDA_ERROR_UNKNOWN"), 0);
         ck_assert(pool_idle(pool));
         ck_assert(d[0]->scrub_va == 0);
-        ck_assert_uint_eq(stats().mapped_ahead, 2);
+        ck_assert_uint_eq(stats().mapped_ahead, 3);
         ck_assert(!pool_has_idle_work(pool));
         ck_assert(!pool_idle(pool));
         lease_io(d, k, 0x33, -1);
-        c[0] = d[0];
+        e[0] = d[0];
         reclaim_all(d, k);
         wait_scrubs(1);
         ck_assert_int_eq(alloc(2 * MiB, UID_C, d, &k), 0);
-        ck_assert_ptr_eq(d[0], c[0]);           /* its own slab back (before the one primed meanwhile) */
+        ck_assert_ptr_eq(d[0], e[0]);           /* its own slab back, mapped by its scrub */
         ck_assert(d[0]->scrub_va != 0);
         lease_io(d, k, -1, 0);
         reclaim_all(d, k);
+        reclaim_all(c, m);
         reclaim_all(a, n);
         ck_assert_int_eq(pool_drain(pool), 0);
 }
