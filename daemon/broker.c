@@ -868,7 +868,10 @@ static int lease_unpark(Broker *b, Lease *l, Hold *hold, UserQuota *ret_quota) {
 
         if (user_charge(l->charge_host.user, &charge, USER_BYTES, l->pool_device, l->size, ret_quota) < 0)
                 return BROKER_E_QUOTA;
-        k = pool_alloc(b->pool, l->device, l->size, l->uid, slabs, &n);
+        /* Device memory still being zeroed past the broker's bound is waited for off the loop, as an Alloc's
+         * (BROKER_E_SCRUBBING, made again once scrubs finished): it may stand behind host memory's zeroing, 20 ms
+         * per GiB. */
+        k = pool_alloc_bounded(b->pool, l->device, l->size, l->uid, b->scrub_wait_bytes, slabs, &n);
         if (k != 0) {
                 user_charge_release(&charge);
                 return pool_outcome(k);

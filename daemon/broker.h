@@ -90,7 +90,8 @@ typedef struct Broker {
                                            Unparks and Attaches waiting for
                                            a copy (BROKER_E_HOST_COPYING), in the order they came */
         unsigned n_waiting_making;      /* of host_waiters, those waiting for host slabs being made */
-        unsigned n_waiting_zeroing;     /* those waiting for host slabs being zeroed */
+        unsigned n_waiting_zeroing;     /* those waiting for memory being zeroed: a Park's host slabs, an Unpark's or
+                                           an Attach's device memory */
         unsigned n_waiting_copying;     /* and those waiting for a copy (vmmbroker_calls_waiting) */
         unsigned *scrub_waiting;        /* per pool device: how many of scrub_waiters wait on it */
         uint64_t max_alloc_wait_usec;   /* MaxAllocWait=: the longest an Alloc may wait; 0: none may */

@@ -357,7 +357,7 @@ static void scrubs_finished(Manager *m) {
         m->scrubs_seen = finished;
         list_for_each_entry_safe(p, tmp, &m->broker.scrub_waiters, link_scrub)
                 (void)peer_wait_try(p, ALLOC_TRY_AGAIN);        /* may free p, no other peer */
-        host_waiters_try(m, HOST_WAIT_ZEROING);                 /* Parks whose host slabs were being zeroed */
+        host_waiters_try(m, HOST_WAIT_ZEROING);                 /* calls whose memory was being zeroed */
         wake_waiters(m);
 }
 

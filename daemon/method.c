@@ -392,7 +392,7 @@ static bool reply_waits(MethodReply *r, int k) {
         if (k == BROKER_E_HOST_MAKING)
                 r->wait_host = HOST_WAIT_MAKING;
         else if (k == BROKER_E_SCRUBBING)
-                r->wait_host = HOST_WAIT_ZEROING;       /* a Park's host slabs (an Alloc's waits as an Alloc) */
+                r->wait_host = HOST_WAIT_ZEROING;       /* a Park's host slabs, an Unpark's device memory */
         else if (k == BROKER_E_HOST_COPYING)
                 r->wait_host = HOST_WAIT_COPYING;
         return r->wait_host != HOST_WAIT_NONE;
@@ -474,8 +474,8 @@ int method_wait_stopping(Broker *b, const Caller *c, VarlinkCall *call, json_obj
                             "made, or its content copied into it). Park it again once the broker is back.", l->id);
                 k = vmmb_error_out_of_host_memory(l->device, l->size, 0, text ?: "stopping", ret);
         } else {
-                set_message(&text, "The broker is stopping: lease %s was being copied back into device memory, and "
-                            "it is still parked. %s it again once the broker is back.", l->id,
+                set_message(&text, "The broker is stopping: lease %s was waiting for device memory being zeroed, "
+                            "or being copied back into it, and it is still parked. %s it again once the broker is back.", l->id,
                             attach ? "Attach" : "Unpark");
                 k = vmmb_error_out_of_memory(l->device, l->size, 0, text ?: "stopping", ret);
         }

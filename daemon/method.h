@@ -41,7 +41,8 @@ typedef enum HostWait {
         HOST_WAIT_NONE,
         HOST_WAIT_MAKING,               /* host slabs being made (BROKER_E_HOST_MAKING) */
         HOST_WAIT_COPYING,              /* the lease's content being copied into them (BROKER_E_HOST_COPYING) */
-        HOST_WAIT_ZEROING,              /* host slabs being zeroed (a Park's BROKER_E_SCRUBBING) */
+        HOST_WAIT_ZEROING,              /* memory being zeroed (BROKER_E_SCRUBBING): a Park's host slabs, an
+                                           Unpark's or Attach's device memory */
 } HostWait;
 
 typedef struct MethodReply {

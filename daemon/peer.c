@@ -67,7 +67,7 @@ static void peer_unpark(Peer *p, bool served) {
 static void peer_update(Peer *p);
 
 /* The broker's count of the calls waiting for `what` (Broker.n_waiting_making: host memory being made;
- * n_waiting_zeroing: host memory being zeroed; n_waiting_copying: a copy). */
+ * n_waiting_zeroing: memory being zeroed; n_waiting_copying: a copy). */
 static unsigned *host_waiting_count(Broker *b, HostWait what) {
         switch (what) {
         case HOST_WAIT_ZEROING:

@@ -224,7 +224,7 @@ def main():
     # Nothing waits off the loop here; the three reasons are there all the same (test-park counts real waits).
     reasons = sorted(s.labels.get("reason", "") for s in fam["vmmbroker_calls_waiting"].samples) \
         if "vmmbroker_calls_waiting" in fam else []
-    check(reasons == ["copy", "host_memory", "host_zeroing"], f"calls_waiting reasons: {reasons}")
+    check(reasons == ["copy", "host_memory", "zeroing"], f"calls_waiting reasons: {reasons}")
     for reason in reasons:
         check(value(fam, "vmmbroker_calls_waiting", "vmmbroker_calls_waiting", reason=reason) == 0,
               f"calls_waiting{{{reason}}} != 0 with no call waiting")

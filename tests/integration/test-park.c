@@ -531,7 +531,7 @@ static uint64_t calls_waiting(const char *reason) {
 
 /*
  * Waits, at most HARNESS_POLL_MS, until `n` calls wait off the loop for `reason` (vmmbroker_calls_waiting:
- * "host_memory", host slabs being made; "host_zeroing", host slabs being zeroed; "copy", a copy between device
+ * "host_memory", host slabs being made; "zeroing", memory being zeroed; "copy", a copy between device
  * and host memory): the call just sent has been read, and waits. Then none waits for `other` (NULL: no check),
  * the reason it must not be counted under. Root only (the metrics are an administrator's); others make two
  * Status round trips on connections made after the call instead, which make that likely but cannot say it.
@@ -934,7 +934,7 @@ START_TEST(test_two_parks_while_making) {
         ck_assert_int_eq(park_send(a, la.id), 0);
         wait_for_make();
         ck_assert_int_eq(park_send(b, lb.id), 0);
-        wait_for_calls_waiting("host_memory", 2, "host_zeroing");
+        wait_for_calls_waiting("host_memory", 2, "zeroing");
         ck_assert_msg(!readable_now(a) && !readable_now(b), "a Park was answered while host slabs were being made");
 
         release_hold();
@@ -1273,7 +1273,7 @@ END_TEST
 /*
  * A Park whose host slabs are still being zeroed (the Unpark before it freed them; a real device zeroes host
  * memory at about 20 ms per GiB) waits for that zeroing off the daemon's loop, as for host slabs being made but
- * counted apart (vmmbroker_calls_waiting's host_zeroing, not host_memory): another connection's Status is
+ * counted apart (vmmbroker_calls_waiting's zeroing, not host_memory): another connection's Status is
  * answered meanwhile, and the Park once the zeroing is done, its content back at the Unpark after it.
  */
 START_TEST(test_park_waits_for_host_zeroing) {
@@ -1300,7 +1300,7 @@ START_TEST(test_park_waits_for_host_zeroing) {
         test_lease_close(&back);
         reached_or_fail(memset_reached, "no scrub reached the device");
         ck_assert_int_eq(park_send(a, l.id), 0);
-        wait_for_calls_waiting("host_zeroing", 1, "host_memory");
+        wait_for_calls_waiting("zeroing", 1, "host_memory");
         d = status_while_held();
         ck_assert_uint_eq(d.leased, SIZE);
         ck_assert_msg(!readable_now(a), "the Park was answered while the zeroing of its host slabs was held");
@@ -1311,6 +1311,49 @@ START_TEST(test_park_waits_for_host_zeroing) {
                       ANSWER_MS / 1000);
         parked_or_fail(a);
         unpark_check_free(&g, a, l.id, SIZE, 0x2e50a11c);
+        gpu_close(&g);
+        wait_for_idle((int64_t)SIZE);
+        stop();
+}
+END_TEST
+
+/*
+ * An Unpark whose device memory is still being zeroed, past the broker's bound (ScrubWaitBytes=16M, the lease
+ * 64 MiB), waits for it off the loop: the Park gave the lease's device slabs back, their scrub is held, and the
+ * Unpark, which takes that slab back, is counted as waiting for zeroing (not for a copy) while another
+ * connection's Status is answered and the lease stays parked. Once the zeroing goes on, the Unpark is answered
+ * with the lease and its content. (Before, it waited in the loop, behind host memory's zeroing too.)
+ */
+START_TEST(test_unpark_waits_for_device_zeroing) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *a = NULL;
+        TestLease l, back;
+        Gpu g = {};
+
+        if (!start_holding_memsets(__func__, CONFIG "ScrubWaitBytes=16M\n"))
+                return;
+        holding = "the zeroing of the device memory an Unpark needs was held";
+        ck_assert_int_eq(conn_open(h.socket, &a), 0);
+        ck_assert_int_eq(gpu_open(&g), 0);
+        l = alloc_written(&g, a, SIZE, 0x0ba5eba1);
+        hold_memsets();
+        ck_assert_int_eq(park_send(a, l.id), 0);
+        parked_or_fail(a);                      /* its device slabs given back: their scrub is held */
+        reached_or_fail(memset_reached, "no scrub reached the device");
+
+        ck_assert_int_eq(unpark_send(a, l.id), 0);
+        wait_for_calls_waiting("zeroing", 1, "copy");
+        ck_assert_uint_eq(status_while_held().scrubbing, SIZE);
+        ck_assert_msg(!readable_now(a), "the Unpark was answered while the zeroing of its device memory was held");
+        ck_assert_msg(listed_parked(l.id), "lease %s is not parked though its device memory is not zeroed", l.id);
+
+        release_hold();
+        ck_assert_msg(answered_within(a), "the Unpark was not answered within %d s of the zeroing's release",
+                      ANSWER_MS / 1000);
+        back = unpark_answer_or_fail(a, l.id);
+        ck_assert_uint_eq(back.size, SIZE);
+        content_or_fail(&g, &back, 0x0ba5eba1);
+        test_lease_close(&back);
+        ck_assert_int_eq(lease_free(a, l.id), 0);
         gpu_close(&g);
         wait_for_idle((int64_t)SIZE);
         stop();
@@ -1643,6 +1686,7 @@ int main(void) {
                                     test_park_copy_parker_killed, test_park_copy_foreign_lease_ends,
                                     test_park_copy_attach_cancels, test_stop_while_copying,
                                     test_unpark_copy_does_not_hold_others, test_park_waits_for_host_zeroing,
+                                    test_unpark_waits_for_device_zeroing,
                                     test_own_unpark_waits_for_own_park,
                                     test_own_unparks_after_own_park_copy, test_unpark_copy_shared, test_attach_waits_for_unpark_copy,
                                     test_stop_while_unparking, test_stop_while_attaching)) == 0
