@@ -475,8 +475,8 @@ int method_wait_stopping(Broker *b, const Caller *c, VarlinkCall *call, json_obj
                 k = vmmb_error_out_of_host_memory(l->device, l->size, 0, text ?: "stopping", ret);
         } else {
                 set_message(&text, "The broker is stopping: lease %s was waiting for device memory being zeroed, "
-                            "or being copied back into it, and it is still parked. %s it again once the broker is back.", l->id,
-                            attach ? "Attach" : "Unpark");
+                            "or being copied back into it, and it is still parked. %s it again once the broker is "
+                            "back.", l->id, attach ? "Attach" : "Unpark");
                 k = vmmb_error_out_of_memory(l->device, l->size, 0, text ?: "stopping", ret);
         }
         attach_params_done(&at);

@@ -470,9 +470,9 @@ static void format_broker(FILE *f, Broker *b) {
         family(f, "vmmbroker_calls_waiting", "gauge", NULL,
                "Park, Unpark and Attach calls waiting off the daemon's loop, by reason (host_memory: a park "
                "waiting for pinned host memory being made for it; zeroing: a park waiting for host memory "
-               "being zeroed, or an unpark or attach of a parked lease for device memory being zeroed; copy: a park, unpark or attach waiting for a lease's content being "
-               "copied between device and host memory). Alloc calls waiting for room are "
-               "vmmbroker_device_waiters.");
+               "being zeroed, or an unpark or attach of a parked lease for device memory being zeroed; copy: a "
+               "park, unpark or attach waiting for a lease's content being copied between device and host "
+               "memory). Alloc calls waiting for room are vmmbroker_device_waiters.");
         fprintf(f, "vmmbroker_calls_waiting{reason=\"host_memory\"} %u\n", b->n_waiting_making);
         fprintf(f, "vmmbroker_calls_waiting{reason=\"zeroing\"} %u\n", b->n_waiting_zeroing);
         fprintf(f, "vmmbroker_calls_waiting{reason=\"copy\"} %u\n", b->n_waiting_copying);

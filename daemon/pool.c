@@ -1934,8 +1934,9 @@ int pool_new(Pool **ret, CudaDriver *cu, const PoolConfig *config, char **ret_me
 
 /*
  * Ticks after a slab is made before the pool maps it ahead: 2, so that at least a whole tick (a second) passes.
- * Its client imports and maps it as soon as the Alloc is answered; the pool's mapping of the same memory at the
- * same time would contend with it in the driver, and the client's time is the request's.
+ * Its client imports and maps it as soon as the Alloc is answered, and that time is the request's: the pool's
+ * mapping of the same memory then could only compete with it in the driver (not measured; the driver's lock
+ * while it pins host memory, measured, is map_due()'s).
  */
 #define MAP_AHEAD_TICKS 2
 
