@@ -848,7 +848,7 @@ END_TEST
 START_TEST(test_scrubs_issued_ahead_bounded) {
         enum { N = 40, AHEAD = 16 };
         Slab *s[N][POOL_MAX_SLABS];
-        uint64_t memsets;
+        uint64_t memsets, syncs;
         size_t n;
 
         open_pool(128 * MiB, 0);
@@ -873,14 +873,23 @@ START_TEST(test_scrubs_issued_ahead_bounded) {
         ck_assert_uint_eq(stats().n_cached, N);
         ck_assert_uint_eq(stats().scrubbing, 0);
 
-        /* Taken again from the cache, and freed: pool_drain() leaves nothing queued or scrubbing. */
+        /* Taken again from the cache, and freed: pool_drain() starts with 24 still queued behind the bound
+         * (the stream held while they are issued) and leaves nothing queued or scrubbing, issuing and
+         * synchronizing as many times as that takes (at least twice, and the copy stream once). */
         for (size_t i = 0; i < N; i++)
                 ck_assert_int_eq(alloc(2 * MiB, UID_A, s[i], &n), 0);
         ck_assert_uint_eq(stats().created, N);
+        memsets = sim.calls("cuMemsetD8Async");
+        sim.hold_streams(1);
         for (size_t i = 0; i < N; i++)
                 pool_reclaim(pool, s[i][0]);
         pool_scrub_queued(pool);
+        ck_assert_uint_eq(sim.calls("cuMemsetD8Async") - memsets, AHEAD);
+        syncs = sim.calls("cuStreamSynchronize");
+        sim.hold_streams(0);
         ck_assert_int_eq(pool_drain(pool), 0);
+        ck_assert_uint_eq(sim.calls("cuMemsetD8Async") - memsets, N);
+        ck_assert_uint_ge(sim.calls("cuStreamSynchronize") - syncs, 3);
         ck_assert(!pool_has_queued(pool));
         ck_assert_uint_eq(stats().n_cached, N);
         ck_assert_uint_eq(stats().scrubbing, 0);
