@@ -208,6 +208,21 @@ static void print_host_capacity(const Config *c, FILE *f) {
                 fprintf(f, "%u%%", pool->host_capacity_percent ?: POOL_DEFAULT_HOST_CAPACITY_PERCENT);
 }
 
+/* HostReserve=: a size (checked against MaxSlab= and HostCapacity= when the pool starts), or 0: none. */
+static int parse_host_reserve(Config *c, const char *value, char **ret_message) {
+        uint64_t bytes = 0;
+
+        if (*value && parse_size(value, &bytes) < 0)
+                return set_message_error(ret_message, -EINVAL, "expected a size such as 16G (a multiple of MaxSlab=), "
+                                         "or 0 for none");
+        c->manager.pool.host_reserve = bytes;
+        return 0;
+}
+
+static void print_host_reserve(const Config *c, FILE *f) {
+        print_size(c->manager.pool.host_reserve, f);
+}
+
 static int parse_max_slab(Config *c, const char *value, char **ret_message) {
         uint64_t bytes = 0;
 
@@ -495,6 +510,7 @@ static const ConfigKey keys[] = {
         { "Broker", "Placement", parse_placement, print_placement },
         { "Broker", "ReclaimTimeout", parse_reclaim_timeout, print_reclaim_timeout },
         { "Broker", "HostCapacity", parse_host_capacity, print_host_capacity },
+        { "Broker", "HostReserve", parse_host_reserve, print_host_reserve },
         { "Broker", "ScrubWaitBytes", parse_scrub_wait_bytes, print_scrub_wait_bytes },
         /* also valid in [User:NAME] and [Group:NAME]; printed by print_limits() */
         { "Limits", "MaxBytes", parse_max_bytes, NULL },

@@ -764,6 +764,11 @@ int manager_new(Manager **ret, const ManagerConfig *config, char **ret_message) 
         if (k < 0)
                 return k;
         metrics_started(restored_table && m->broker.leases.n_leases > 0, m->broker.leases.n_leases);
+        /* After the leases restored, whose parked host slabs count: off the loop, while it serves. */
+        k = pool_reserve_host(m->pool);
+        if (k < 0)
+                fprintf(stderr, "Could not start making the host memory of HostReserve=: %s. Parks make it as they "
+                        "need it.\n", strerror(-k));
         k = manager_add_sources(m);
         if (k < 0)
                 return k;

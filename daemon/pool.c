@@ -107,6 +107,7 @@ struct Pool {
         size_t n_devices;
         uint64_t clock;                 /* orders cached slabs for LRU */
         uint64_t ticks;                 /* pool_tick()s: when slabs are mapped ahead */
+        uint64_t host_reserve;          /* host bytes per device made at start (pool_reserve_host()) */
         uint64_t scrubs_finished;       /* moves when zeroing has finished, by any path: pool_scrubs_finished() */
         uint64_t last_slab_id;          /* the id of the last slab created */
         int event_fd;
@@ -1436,46 +1437,13 @@ static unsigned space_available(SlabSpace *space, uint64_t size, uid_t uid) {
         return n;
 }
 
-int pool_make_host(Pool *p, Slab *const *slabs, size_t n, uid_t uid) {
-        uint64_t sizes[POOL_MAX_SLABS], fresh = 0;
-        size_t n_make = 0;
+/* Queues the making of `n_make` host slabs of `sizes` for `dev` (their room, `fresh` bytes, taken), and
+ * starts the maker thread if it is not running. POOL_E_MAKING, or a negative errno with nothing queued. */
+static int make_start(Pool *p, PoolDevice *dev, const uint64_t *sizes, size_t n_make, uint64_t fresh) {
         List jobs = LIST_INIT(jobs);
-        SlabSpace *space;
-        PoolDevice *dev;
         bool start;
         MakeJob *j;
         int r;
-
-        if (n == 0 || n > POOL_MAX_SLABS)
-                return -EINVAL;
-        dev = slabs[0]->device;
-        space = &dev->host;
-        if (!pool_has_host(p, (size_t)(dev - p->devices)))
-                return POOL_E_NO_HOST;
-        /* Of each size, the slabs that pool_alloc_host() would find (cached or being scrubbed) are not made. */
-        for (size_t i = 0; i < n; i++) {
-                uint64_t size = slabs[i]->size;
-                unsigned wanted = 0;
-                bool counted = false;
-
-                if (size % space->granularity != 0)
-                        return 0;       /* pool_alloc_host() refuses it, and says why */
-                for (size_t k = 0; k < i && !counted; k++)
-                        counted = slabs[k]->size == size;
-                if (counted)
-                        continue;       /* the first slab of each size counts for all of that size */
-                for (size_t k = i; k < n; k++)
-                        wanted += slabs[k]->size == size;
-                for (unsigned have = space_available(space, size, uid); have < wanted; have++) {
-                        sizes[n_make++] = size;
-                        fresh += size;
-                }
-        }
-        if (n_make == 0)
-                return 0;
-        r = space_make_room(space, fresh);
-        if (r != 0)
-                return r;
 
         for (size_t i = 0; i < n_make; i++) {
                 j = calloc(1, sizeof(*j));
@@ -1515,9 +1483,95 @@ int pool_make_host(Pool *p, Slab *const *slabs, size_t n, uid_t uid) {
                 }
                 p->maker_joinable = true;
         }
-        space->making_bytes += fresh;
+        dev->host.making_bytes += fresh;
         p->making += n_make;
         return POOL_E_MAKING;
+}
+
+int pool_make_host(Pool *p, Slab *const *slabs, size_t n, uid_t uid) {
+        uint64_t sizes[POOL_MAX_SLABS], fresh = 0;
+        size_t n_make = 0;
+        SlabSpace *space;
+        PoolDevice *dev;
+        int r;
+
+        if (n == 0 || n > POOL_MAX_SLABS)
+                return -EINVAL;
+        dev = slabs[0]->device;
+        space = &dev->host;
+        if (!pool_has_host(p, (size_t)(dev - p->devices)))
+                return POOL_E_NO_HOST;
+        /* Of each size, the slabs that pool_alloc_host() would find (cached or being scrubbed) are not made. */
+        for (size_t i = 0; i < n; i++) {
+                uint64_t size = slabs[i]->size;
+                unsigned wanted = 0;
+                bool counted = false;
+
+                if (size % space->granularity != 0)
+                        return 0;       /* pool_alloc_host() refuses it, and says why */
+                for (size_t k = 0; k < i && !counted; k++)
+                        counted = slabs[k]->size == size;
+                if (counted)
+                        continue;       /* the first slab of each size counts for all of that size */
+                for (size_t k = i; k < n; k++)
+                        wanted += slabs[k]->size == size;
+                for (unsigned have = space_available(space, size, uid); have < wanted; have++) {
+                        sizes[n_make++] = size;
+                        fresh += size;
+                }
+        }
+        if (n_make == 0)
+                return 0;
+        r = space_make_room(space, fresh);
+        if (r != 0)
+                return r;
+        return make_start(p, dev, sizes, n_make, fresh);
+}
+
+/* The space's slabs of `size`, whatever their state: leased, queued or being scrubbed, cached. */
+static unsigned space_count(const SlabSpace *space, uint64_t size) {
+        const PoolDevice *dev = space->device;
+        const List *lists[] = { &space->leased, &dev->queued, &dev->scrubbing };
+        unsigned n = 0;
+        Slab *s;
+
+        for (size_t i = 0; i < ELEMENTSOF(lists); i++)
+                list_for_each_entry(s, lists[i], link_state)
+                        n += s->space == space && s->size == size;
+        list_for_each_entry(s, &space->lru, link_lru)
+                n += s->size == size;
+        return n;
+}
+
+int pool_reserve_host(Pool *p) {
+        uint64_t want = p->host_reserve / p->max_slab;
+        int asked = 0;
+
+        for (size_t i = 0; i < p->n_devices && want > 0; i++) {
+                PoolDevice *dev = &p->devices[i];
+                SlabSpace *space = &dev->host;
+                uint64_t sizes[POOL_MAX_SLABS], have, room, n;
+                int k;
+
+                if (!pool_has_host(p, i) || p->max_slab % space->granularity != 0)
+                        continue;
+                have = space_count(space, p->max_slab);
+                room = (space->capacity - MIN(space->capacity, space->created_bytes + space->making_bytes)) /
+                       p->max_slab;
+                n = MIN(want > have ? want - have : 0, room);
+                while (n > 0) {         /* POOL_MAX_SLABS jobs at a time */
+                        size_t batch = (size_t)MIN(n, (uint64_t)POOL_MAX_SLABS);
+
+                        for (size_t b = 0; b < batch; b++)
+                                sizes[b] = p->max_slab;
+                        k = make_start(p, dev, sizes, batch, batch * p->max_slab);
+                        if (k < 0)
+                                return k;
+                        asked += (int)batch;
+                        n -= batch;
+                }
+        }
+        return asked;
 }
 
 uint64_t pool_host_made(const Pool *p) {
@@ -1653,6 +1707,28 @@ static char *config_size(uint64_t bytes, char *buf, size_t len) {
         }
         snprintf(buf, len, "%" PRIu64 "%.*s", bytes, i >= 0, i >= 0 ? &suffixes[i] : "");
         return buf;
+}
+
+/* HostReserve= against the rest of the configuration: whole slabs of the largest size, and parking on. */
+static int host_reserve_check(const PoolConfig *config, uint64_t max_slab, char **ret_message) {
+        char b1[32], b2[32];
+
+        if (config->host_reserve == 0)
+                return 0;
+        if (config->no_host) {
+                set_message(ret_message, "HostReserve=%s asks for host memory for parked leases, but HostCapacity=0 "
+                            "turns parking off: remove one of the two.",
+                            config_size(config->host_reserve, b1, sizeof(b1)));
+                return -EINVAL;
+        }
+        if (config->host_reserve % max_slab != 0) {
+                set_message(ret_message, "HostReserve=%s is not a whole number of slabs of MaxSlab=%s, the size host "
+                            "memory is made in: make it a multiple of %s.",
+                            config_size(config->host_reserve, b1, sizeof(b1)), config_size(max_slab, b2, sizeof(b2)),
+                            b2);
+                return -EINVAL;
+        }
+        return 0;
 }
 
 /*
@@ -1891,6 +1967,10 @@ int pool_new(Pool **ret, CudaDriver *cu, const PoolConfig *config, char **ret_me
                                             "power of two.", p->max_slab);
                 return -EINVAL;
         }
+        k = host_reserve_check(config, p->max_slab, ret_message);
+        if (k < 0)
+                return k;
+        p->host_reserve = config->host_reserve;
 
         p->event_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         if (p->event_fd < 0)
@@ -1926,6 +2006,18 @@ int pool_new(Pool **ret, CudaDriver *cu, const PoolConfig *config, char **ret_me
                         return k;
                 }
                 p->n_devices++;
+        }
+        for (size_t i = 0; i < p->n_devices; i++) {
+                const SlabSpace *host = &p->devices[i].host;
+                char b1[32], b2[32];
+
+                if (host->granularity > 0 && p->host_reserve > host->capacity) {
+                        set_message(ret_message, "HostReserve=%s is more than the host memory device %d may pin "
+                                    "for parked leases (HostCapacity= gives it %s): lower HostReserve= or raise "
+                                    "HostCapacity=.", config_size(p->host_reserve, b1, sizeof(b1)),
+                                    p->devices[i].info.device, config_size(host->capacity, b2, sizeof(b2)));
+                        return -EINVAL;
+                }
         }
 
         *ret = TAKE_PTR(p);

@@ -70,6 +70,8 @@ typedef struct PoolConfig {
         unsigned host_capacity_percent; /* 1-100 of the physical memory, divided among the devices, when
                                            host_capacity is 0; 0 = POOL_DEFAULT_HOST_CAPACITY_PERCENT */
         bool no_host;           /* no host memory at all: leases cannot be parked (HostCapacity=0) */
+        uint64_t host_reserve;  /* host bytes per device pinned at start for parks (pool_reserve_host()), a multiple
+                                   of max_slab; 0: none (HostReserve=) */
 } PoolConfig;
 
 typedef enum SlabState {
@@ -245,6 +247,19 @@ int pool_alloc_host(Pool *p, Slab *const *slabs, size_t n, uid_t uid, uint64_t w
  * pool_last_error() when it is dispatched; pool_alloc_host() then tries, and fails, as before.
  */
 int pool_make_host(Pool *p, Slab *const *slabs, size_t n, uid_t uid);
+
+/*
+ * Makes, off the loop, the host slabs of the configured reserve (PoolConfig.host_reserve) that each device that
+ * can park lacks: host slabs of the maximum slab size, counted whatever they hold (parked leases' too) and
+ * whoever they are cached for, up to the reserve and within the device's free host capacity (nothing cached
+ * is released for it; room taken by slabs being made counts as used, but they are not counted as the reserve's:
+ * the daemon calls it once, at start, when none are). Pinning host memory holds a lock of the driver's for the whole host (every process's
+ * GPU allocations wait behind each slab, about 0.3 s per GiB on an H200), so the daemon does it once, at start,
+ * rather than at the first parks of a busy host. They are then cached, unbound, as pool_make_host()'s are, and
+ * used, evicted and trimmed like any. Returns how many it asked for, or a negative errno (the maker thread could
+ * not start).
+ */
+int pool_reserve_host(Pool *p);
 
 /* A count that moves each time every slab pool_make_host() was asked for is made (or failed): a caller that
  * waits for them tries again when it has moved. */

@@ -1318,6 +1318,23 @@ START_TEST(test_park_waits_for_host_zeroing) {
 END_TEST
 
 /*
+ * HostReserve= makes host memory when the daemon starts, off its loop: once it is up, Status shows the reserve
+ * cached, and the first park of a lease of whole slabs of it makes nothing (it is answered while the simulated
+ * device holds every host cuMemCreate).
+ */
+START_TEST(test_host_reserve_made_at_start) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *a = NULL;
+
+        if (!start_holding(__func__, CONFIG "MaxSlab=64M\nHostReserve=64M\n", false))
+                return;
+        ck_assert_int_eq(conn_open(h.socket, &a), 0);
+        wait_for_idle((int64_t)SIZE);           /* the reserve, made and cached */
+        next_park_makes_nothing(a);
+        stop();
+}
+END_TEST
+
+/*
  * An Unpark whose device memory is still being zeroed, past the broker's bound (ScrubWaitBytes=16M, the lease
  * 64 MiB), waits for it off the loop: the Park gave the lease's device slabs back, their scrub is held, and the
  * Unpark, which takes that slab back, is counted as waiting for zeroing (not for a copy) while another
@@ -1686,7 +1703,7 @@ int main(void) {
                                     test_park_copy_parker_killed, test_park_copy_foreign_lease_ends,
                                     test_park_copy_attach_cancels, test_stop_while_copying,
                                     test_unpark_copy_does_not_hold_others, test_park_waits_for_host_zeroing,
-                                    test_unpark_waits_for_device_zeroing,
+                                    test_unpark_waits_for_device_zeroing, test_host_reserve_made_at_start,
                                     test_own_unpark_waits_for_own_park,
                                     test_own_unparks_after_own_park_copy, test_unpark_copy_shared, test_attach_waits_for_unpark_copy,
                                     test_stop_while_unparking, test_stop_while_attaching)) == 0

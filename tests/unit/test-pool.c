@@ -1095,6 +1095,73 @@ START_TEST(test_idle_maps_ahead) {
 }
 END_TEST
 
+/* pool_new() refuses a HostReserve= that is not whole slabs, exceeds the host capacity or asks for host memory
+ * with parking off, and says which; pool_reserve_host() makes the reserve off the loop, once. */
+START_TEST(test_host_reserve) {
+        PoolConfig config = { .capacity = 64 * MiB, .max_slab = 4 * MiB, .host_capacity = 32 * MiB };
+        Slab *a[POOL_MAX_SLABS], *host[POOL_MAX_SLABS];
+        static const struct {
+                uint64_t reserve;
+                bool no_host;
+                const char *says;
+        } bad[] = {
+                { 6 * MiB, false, "a multiple of 4M" },
+                { 64 * MiB, false, "HostCapacity= gives it 32M" },
+                { 16 * MiB, true, "HostCapacity=0 turns parking off" },
+        };
+        PoolDeviceStats st;
+        uint64_t made;
+        size_t n;
+
+        open_driver();
+        for (size_t i = 0; i < ELEMENTSOF(bad); i++) {
+                _cleanup_free_ char *message = NULL;
+
+                config.host_reserve = bad[i].reserve;
+                config.no_host = bad[i].no_host;
+                ck_assert_int_eq(pool_new(&pool, cu, &config, &message), -EINVAL);
+                ck_assert_msg(message && strstr(message, bad[i].says), "%s", message ?: "no message");
+        }
+        config.host_reserve = 16 * MiB;
+        config.no_host = false;
+        {
+                _cleanup_free_ char *message = NULL;
+
+                ck_assert_msg(pool_new(&pool, cu, &config, &message) == 0, "%s", message);
+        }
+        ck_assert_int_eq(pool_use_device(pool, 0), 0);
+
+        /* Four slabs of the largest size, made off the loop, cached unbound once dispatched. */
+        made = pool_host_made(pool);
+        ck_assert_int_eq(pool_reserve_host(pool), 4);
+        for (unsigned i = 0; pool_host_made(pool) == made; i++) {
+                struct pollfd p = { .fd = pool_get_fd(pool), .events = POLLIN };
+
+                ck_assert_msg(i < 100, "the host reserve was not made in 10 s");
+                (void)poll(&p, 1, 100);
+                (void)pool_dispatch(pool);
+        }
+        st = stats();
+        ck_assert_uint_eq(st.host_cached, 16 * MiB);
+        ck_assert_uint_eq(st.host_created, 4);
+        ck_assert_int_eq(pool_reserve_host(pool), 0);           /* there already */
+
+        /* A park of 8 MiB makes nothing and takes two of them; leased, they still count as the reserve. */
+        ck_assert_int_eq(alloc(8 * MiB, UID_A, a, &n), 0);
+        ck_assert_uint_eq(n, 2);
+        ck_assert_int_eq(pool_make_host(pool, a, n, UID_A), 0);
+        ck_assert_int_eq(pool_alloc_host(pool, a, n, UID_A, POOL_WAIT_ANY, host), 0);
+        ck_assert_int_eq(pool_reserve_host(pool), 0);
+        st = stats();
+        ck_assert_uint_eq(st.host_created, 4);
+        ck_assert_uint_eq(st.parked, 8 * MiB);
+        ck_assert_uint_eq(st.host_cached, 8 * MiB);
+        reclaim_all(host, n);
+        reclaim_all(a, n);
+        ck_assert_int_eq(pool_drain(pool), 0);
+}
+END_TEST
+
 static Suite *pool_suite(void) {
         Suite *s = suite_create("pool");
         TCase *tc;
@@ -1130,6 +1197,7 @@ static Suite *pool_suite(void) {
         tcase_add_test(tc, test_free_releases_everything);
         tcase_add_test(tc, test_idle_closes_and_primes);
         tcase_add_test(tc, test_idle_maps_ahead);
+        tcase_add_test(tc, test_host_reserve);
         suite_add_tcase(s, tc);
 
         return s;
