@@ -615,6 +615,24 @@ static void content_or_fail(Gpu *g, const TestLease *l, uint32_t word) {
         ck_assert_int_eq(cuda_unmap(g->cu, va, l->sizes, l->n), 0);
 }
 
+/*
+ * The Unpark of lease `id` sent on `a` while `what` is held: not answered, and the lease still parked; once the
+ * hold is released, answered with the lease (of SIZE), which holds `word` all over. Its fds are closed after.
+ */
+static void unpark_waits_for_hold(Gpu *g, VarlinkConn *a, const char *id, uint32_t word, const char *what) {
+        TestLease l;
+
+        ck_assert_msg(!readable_now(a), "the Unpark was answered while %s was held", what);
+        ck_assert_msg(listed_parked(id), "lease %s is not parked though %s is held", id, what);
+        release_hold();
+        ck_assert_msg(answered_within(a), "the Unpark was not answered within %d s of the release of %s",
+                      ANSWER_MS / 1000, what);
+        l = unpark_answer_or_fail(a, id);
+        ck_assert_uint_eq(l.size, SIZE);
+        content_or_fail(g, &l, word);
+        test_lease_close(&l);
+}
+
 /* Unparks lease `id` on `c`, checks that it holds `word` all over, and frees it. */
 static void unpark_check_free(Gpu *g, VarlinkConn *c, const char *id, uint64_t size, uint32_t word) {
         TestLease l = unpark_or_fail(c, id);
@@ -1249,16 +1267,7 @@ START_TEST(test_unpark_copy_does_not_hold_others) {
                 child_done_within(harness_fork(child_other_user, h.socket), "another user's Alloc and Free");
         d = status_while_held();
         ck_assert_uint_eq(d.leased, SIZE);
-        ck_assert_msg(!readable_now(a), "the Unpark was answered while its copy was held");
-        ck_assert_msg(listed_parked(l.id), "lease %s is not parked though its copy back is held", l.id);
-
-        release_hold();
-        ck_assert_msg(answered_within(a), "the Unpark was not answered within %d s of its copy's release",
-                      ANSWER_MS / 1000);
-        l = unpark_answer_or_fail(a, l.id);
-        ck_assert_uint_eq(l.size, SIZE);
-        content_or_fail(&g, &l, 0xba0cba0c);
-        test_lease_close(&l);
+        unpark_waits_for_hold(&g, a, l.id, 0xba0cba0c, "its copy back");
         listed_unparked_or_fail(l.id, 1);
         d = status();
         ck_assert_int_eq(d.parked, 0);
@@ -1343,7 +1352,7 @@ END_TEST
  */
 START_TEST(test_unpark_waits_for_device_zeroing) {
         _cleanup_(varlink_conn_freep) VarlinkConn *a = NULL;
-        TestLease l, back;
+        TestLease l;
         Gpu g = {};
 
         if (!start_holding_memsets(__func__, CONFIG "ScrubWaitBytes=16M\n"))
@@ -1360,16 +1369,7 @@ START_TEST(test_unpark_waits_for_device_zeroing) {
         ck_assert_int_eq(unpark_send(a, l.id), 0);
         wait_for_calls_waiting("zeroing", 1, "copy");
         ck_assert_uint_eq(status_while_held().scrubbing, SIZE);
-        ck_assert_msg(!readable_now(a), "the Unpark was answered while the zeroing of its device memory was held");
-        ck_assert_msg(listed_parked(l.id), "lease %s is not parked though its device memory is not zeroed", l.id);
-
-        release_hold();
-        ck_assert_msg(answered_within(a), "the Unpark was not answered within %d s of the zeroing's release",
-                      ANSWER_MS / 1000);
-        back = unpark_answer_or_fail(a, l.id);
-        ck_assert_uint_eq(back.size, SIZE);
-        content_or_fail(&g, &back, 0x0ba5eba1);
-        test_lease_close(&back);
+        unpark_waits_for_hold(&g, a, l.id, 0x0ba5eba1, "the zeroing of its device memory");
         ck_assert_int_eq(lease_free(a, l.id), 0);
         gpu_close(&g);
         wait_for_idle((int64_t)SIZE);
