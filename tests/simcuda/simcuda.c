@@ -270,6 +270,7 @@ static struct {
 
         bool initialized;               /* cuInit() succeeded */
         bool held;                      /* simcuda_hold_streams(1) */
+        bool no_wait;                   /* simcuda_hold_streams(SIMCUDA_HOLD_NO_WAIT): a wait for held work aborts */
         char hold_file[PATH_MAX];       /* SIMCUDA_HOLD_FILE: streams are held while a file is there; "": none */
         char hold_host_file[PATH_MAX];  /* SIMCUDA_HOLD_HOST_FILE: host functions are held while a file is there */
         char hold_host_reached[PATH_MAX];       /* made when a stream waits at a held host function */
@@ -1982,6 +1983,15 @@ static CUresult sim_cuStreamDestroy(CUstream hStream) {
         return ctx->sticky;
 }
 
+/* simcuda_hold_streams(SIMCUDA_HOLD_NO_WAIT): `call` was about to wait for held work, which its test forbids. */
+static void no_wait_check(const char *call, bool would_wait) {
+        if (would_wait && sim.no_wait && sim.held) {
+                fprintf(stderr, "simcuda: %s would wait for work held by simcuda_hold_streams(SIMCUDA_HOLD_NO_WAIT): "
+                        "the code under test waited where it must not\n", call);
+                abort();
+        }
+}
+
 static CUresult sim_cuStreamSynchronize(CUstream hStream) {
         ENTER(cuStreamSynchronize);
         CUcontext ctx;
@@ -1994,9 +2004,11 @@ static CUresult sim_cuStreamSynchronize(CUstream hStream) {
         r = stream_find(ctx, hStream, &s);
         if (r != CUDA_SUCCESS)
                 return r;
-        if (s)
+        if (s) {
+                no_wait_check("cuStreamSynchronize", !list_is_empty(&s->ops));
                 while (!list_is_empty(&s->ops))
                         pthread_cond_wait(&sim.idle, &sim.lock);
+        }
         else if (hStream != CU_STREAM_PER_THREAD)
                 streams_wait(ctx, true);
         return ctx->sticky;
@@ -2109,6 +2121,7 @@ static CUresult sim_cuEventSynchronize(CUevent hEvent) {
 
         if (!e)
                 return CUDA_ERROR_INVALID_HANDLE;
+        no_wait_check("cuEventSynchronize", e->done < e->recorded && e->ctx->sticky == CUDA_SUCCESS);
         while (e->done < e->recorded && e->ctx->sticky == CUDA_SUCCESS)
                 pthread_cond_wait(&sim.idle, &sim.lock);
         return e->ctx->sticky;
@@ -2194,6 +2207,7 @@ _public_ void simcuda_hold_streams(int hold) {
         _cleanup_(sim_unlockp) _unused_ pthread_mutex_t *locked = sim_lock();
 
         sim.held = hold != 0;
+        sim.no_wait = hold == SIMCUDA_HOLD_NO_WAIT;
         pthread_cond_broadcast(&sim.work);
 }
 

@@ -17,6 +17,7 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1346,6 +1347,32 @@ static void trace(void *data) {
         t->live = sim.live_allocations();
 }
 
+/*
+ * simcuda_hold_streams(SIMCUDA_HOLD_NO_WAIT) holds the streams, and lets through what does not wait: a query, a
+ * synchronize of a stream with nothing held on it. A wait for held work aborts the process (the test expects
+ * SIGABRT): a test of code that must not wait fails at once.
+ */
+START_TEST(test_hold_no_wait_aborts) {
+        CUstream s, idle;
+        CUevent e;
+        CUdeviceptr va;
+
+        open_ctx();
+        va = map_new(GRAN);
+        expect_ok(cu->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+        expect_ok(cu->cuStreamCreate(&idle, CU_STREAM_NON_BLOCKING));
+        expect_ok(cu->cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+        sim.hold_streams(SIMCUDA_HOLD_NO_WAIT);
+        expect_ok(cu->cuMemsetD8Async(va, 1, GRAN, s));
+        expect_ok(cu->cuEventRecord(e, s));
+        expect(cu->cuStreamQuery(s), CUDA_ERROR_NOT_READY);
+        expect(cu->cuEventQuery(e), CUDA_ERROR_NOT_READY);
+        expect_ok(cu->cuStreamSynchronize(idle));       /* nothing held on it: no wait */
+        (void)cu->cuEventSynchronize(e);                /* aborts */
+        ck_abort_msg("cuEventSynchronize waited for held work under SIMCUDA_HOLD_NO_WAIT");
+}
+END_TEST
+
 START_TEST(test_streams_in_order_while_held) {
         Trace t = { 0 };
         CUstream s;
@@ -1863,6 +1890,7 @@ static Suite *simcuda_suite(void) {
         tcase_add_test(tc, test_hold_copies);
         tcase_add_test(tc, test_hold_copy_file_passes);
         tcase_add_test(tc, test_hold_memset_file);
+        tcase_add_test_raise_signal(tc, test_hold_no_wait_aborts, SIGABRT);
         tcase_add_test(tc, test_copy_into_unmapped_range);
         tcase_add_test(tc, test_events);
         suite_add_tcase(s, tc);
