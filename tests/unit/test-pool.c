@@ -848,7 +848,7 @@ END_TEST
 START_TEST(test_scrubs_issued_ahead_bounded) {
         enum { N = 40, AHEAD = 16 };
         Slab *s[N][POOL_MAX_SLABS];
-        uint64_t memsets, syncs;
+        uint64_t memsets;
         size_t n;
 
         open_pool(128 * MiB, 0);
@@ -875,7 +875,8 @@ START_TEST(test_scrubs_issued_ahead_bounded) {
 
         /* Taken again from the cache, and freed: pool_drain() starts with 24 still queued behind the bound
          * (the stream held while they are issued) and leaves nothing queued or scrubbing, issuing and
-         * synchronizing as many times as that takes (at least twice, and the copy stream once). */
+         * synchronizing as many times as that takes. How many passes that is depends on how fast completions
+         * come in while it issues: a drain of one pass left 8 queued in the plain build, and passed under ASan. */
         for (size_t i = 0; i < N; i++)
                 ck_assert_int_eq(alloc(2 * MiB, UID_A, s[i], &n), 0);
         ck_assert_uint_eq(stats().created, N);
@@ -885,11 +886,9 @@ START_TEST(test_scrubs_issued_ahead_bounded) {
                 pool_reclaim(pool, s[i][0]);
         pool_scrub_queued(pool);
         ck_assert_uint_eq(sim.calls("cuMemsetD8Async") - memsets, AHEAD);
-        syncs = sim.calls("cuStreamSynchronize");
         sim.hold_streams(0);
         ck_assert_int_eq(pool_drain(pool), 0);
         ck_assert_uint_eq(sim.calls("cuMemsetD8Async") - memsets, N);
-        ck_assert_uint_ge(sim.calls("cuStreamSynchronize") - syncs, 3);
         ck_assert(!pool_has_queued(pool));
         ck_assert_uint_eq(stats().n_cached, N);
         ck_assert_uint_eq(stats().scrubbing, 0);
