@@ -415,37 +415,46 @@ typedef struct ScrubFault {
         uint64_t size;                  /* the lease freed */
         uint64_t scrubbed;              /* bytes of it whose scrub worked, cached afterwards */
         unsigned n_scrubbed;            /* in so many slabs */
+        bool ahead;                     /* the fault is the pool's mapping's, which the daemon may make ahead, while
+                                           idle, a second or two after the Alloc (pool_idle()): a slow run (TSan)
+                                           may meet it there, and then the scrub maps the slab and caches it */
 } ScrubFault;
 
 static const ScrubFault scrub_faults[] = {
-        { "memset fails", "cuMemsetD8Async:1", 64 * MiB, 0, 0 },
-        { "memset out of memory", "cuMemsetD8Async:1:CUDA_ERROR_OUT_OF_MEMORY", 64 * MiB, 0, 0 },
-        { "completion callback fails", "cuLaunchHostFunc:1", 64 * MiB, 0, 0 },
-        { "scrub mapping: reserve fails", "cuMemAddressReserve:1", 64 * MiB, 0, 0 },
-        { "scrub mapping: map fails", "cuMemMap:1:CUDA_ERROR_INVALID_VALUE", 64 * MiB, 0, 0 },
-        { "scrub mapping: set access fails", "cuMemSetAccess:1", 64 * MiB, 0, 0 },
-        /* The first cuCtxSetCurrent is the pool's start; the second is the first scrub's. */
-        { "context switch fails", "cuCtxSetCurrent:2:CUDA_ERROR_CONTEXT_IS_DESTROYED", 64 * MiB, 0, 0 },
+        { "memset fails", "cuMemsetD8Async:1", 64 * MiB, 0, 0, false },
+        { "memset out of memory", "cuMemsetD8Async:1:CUDA_ERROR_OUT_OF_MEMORY", 64 * MiB, 0, 0, false },
+        { "completion callback fails", "cuLaunchHostFunc:1", 64 * MiB, 0, 0, false },
+        { "scrub mapping: reserve fails", "cuMemAddressReserve:1", 64 * MiB, 0, 0, true },
+        { "scrub mapping: map fails", "cuMemMap:1:CUDA_ERROR_INVALID_VALUE", 64 * MiB, 0, 0, true },
+        { "scrub mapping: set access fails", "cuMemSetAccess:1", 64 * MiB, 0, 0, true },
+        /* The first cuCtxSetCurrent is the pool's start; the second is the first scrub's (or mapping ahead's). */
+        { "context switch fails", "cuCtxSetCurrent:2:CUDA_ERROR_CONTEXT_IS_DESTROYED", 64 * MiB, 0, 0, true },
         /* Two slabs (64 + 2 MiB): the first is scrubbed and cached, the second released. */
-        { "2nd of 2 slabs", "cuMemsetD8Async:2", 66 * MiB, 64 * MiB, 1 },
+        { "2nd of 2 slabs", "cuMemsetD8Async:2", 66 * MiB, 64 * MiB, 1, false },
 };
 
 START_TEST(test_scrub_fault) {
         const ScrubFault *c = &scrub_faults[_i];
-        State before, want;
+        State before, want, alt;
         Fixture f;
 
         fprintf(stderr, "case: %s (SIMCUDA_FAIL=%s)\n", c->name, c->faults);
         fixture_start(&f, c->faults, NULL, SLABS_64M);
         state_settled(&f, &before);
 
-        /* A client leases, leaves CANARY in the memory and frees it; the daemon's scrub of it fails. */
+        /* A client leases, leaves CANARY in the memory and frees it; the daemon's scrub of it fails. Or, for a
+         * fault of the pool's mapping, the daemon mapped the slab ahead, met the fault there and left the slab
+         * to its scrub, which mapped it, zeroed it and cached it (`alt`, one slab). Either way no CANARY below. */
         use_lease(&f, c->size);
         want = before;
         want.d.cached += c->scrubbed;
         want.fds += (int)c->n_scrubbed * FDS_PER_SLAB;
         want = primed(want, 1);
-        expect_state(&f, &want, c->name);
+        alt = before;
+        alt.d.cached += c->size;
+        alt.fds += FDS_PER_SLAB;
+        ck_assert(!c->ahead || c->size == 64 * MiB);    /* one slab of SLABS_64M */
+        expect_states(&f, &want, c->ahead ? &alt : NULL, c->name);
 
         /* The same user leases as much again: whatever it gets reads zero, never CANARY. */
         check_healthy(&f, c->size);
