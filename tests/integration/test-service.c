@@ -274,6 +274,7 @@ START_TEST(test_print_config) {
                               "Placement=most-free\n"
                               "ReclaimTimeout=5s\n"
                               "HostCapacity=25%\n"
+                              "HostReserve=0\n"
                               "ScrubWaitBytes=256M\n"
                               "\n"
                               "[Limits]\n"
