@@ -64,8 +64,9 @@ enum {
         BROKER_E_NOT_STORED,            /* the change could not be stored for a restart: it was not made */
         BROKER_E_NO_HOST_MEMORY,        /* no room in the device's host memory for parked leases, or none at
                                            all (pool_last_error() says which) */
-        BROKER_E_SCRUBBING,             /* an Alloc, or a Park for its host slabs, would wait for more zeroing
-                                           than scrub_wait_bytes: nothing changed; try it again once scrubs have
+        BROKER_E_SCRUBBING,             /* an Alloc, a Park for its host slabs, or an Unpark or Attach for a
+                                           parked lease's device memory would wait for more zeroing than
+                                           scrub_wait_bytes: nothing changed; try it again once scrubs have
                                            completed */
         BROKER_E_HOST_MAKING,           /* a Park needs host slabs, being made off the loop now: nothing changed;
                                            try it again, with Caller.host_waited, once pool_host_made() moved */
@@ -86,9 +87,9 @@ typedef struct Broker {
         List scrub_waiters;             /* Peer.link_scrub: Allocs parked until scrubs complete (AllocWait.scrub),
                                            outside the turns, oldest first */
         List host_waiters;              /* Peer.link_host: Parks waiting for host slabs being made
-                                           (BROKER_E_HOST_MAKING) or zeroed (BROKER_E_SCRUBBING), and Parks,
-                                           Unparks and Attaches waiting for
-                                           a copy (BROKER_E_HOST_COPYING), in the order they came */
+                                           (BROKER_E_HOST_MAKING), Parks, Unparks and Attaches waiting for
+                                           memory being zeroed (BROKER_E_SCRUBBING) or for a copy
+                                           (BROKER_E_HOST_COPYING), in the order they came */
         unsigned n_waiting_making;      /* of host_waiters, those waiting for host slabs being made */
         unsigned n_waiting_zeroing;     /* those waiting for memory being zeroed: a Park's host slabs, an Unpark's or
                                            an Attach's device memory */

@@ -345,8 +345,9 @@ static void host_waiters_try(Manager *m, HostWait what) {
  * The Allocs parked for scrubs are tried, oldest first: each is served, refused, or goes on waiting (its scrubs
  * are not all done); a call that asked for no wait takes whatever room there is when it comes, outside the
  * devices' turns (wait.h), and these are such calls. And the memory scrubbed is cached, room for whoever waits.
- * The Parks waiting for host slabs being zeroed are made again too; they give no device memory back before their
- * copy, so the waiters' pass that wake_waiters() schedules is all the Allocs need.
+ * The calls waiting for memory being zeroed (a Park's host slabs, an Unpark's or Attach's device memory) are made
+ * again too; none gives device memory back before its copy, so the waiters' pass that wake_waiters() schedules
+ * is all the Allocs need.
  */
 static void scrubs_finished(Manager *m) {
         uint64_t finished = pool_scrubs_finished(m->pool);

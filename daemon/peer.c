@@ -74,7 +74,8 @@ static unsigned *host_waiting_count(Broker *b, HostWait what) {
                 return &b->n_waiting_zeroing;
         case HOST_WAIT_COPYING:
                 return &b->n_waiting_copying;
-        default:
+        case HOST_WAIT_MAKING:
+        default:                        /* HOST_WAIT_NONE: no call counts it */
                 return &b->n_waiting_making;
         }
 }

@@ -1544,13 +1544,15 @@ static unsigned space_count(const SlabSpace *space, uint64_t size) {
 }
 
 int pool_reserve_host(Pool *p) {
-        uint64_t want = p->host_reserve / p->max_slab;
+        uint64_t want = p->host_reserve / p->max_slab, sizes[POOL_MAX_SLABS];
         int asked = 0;
 
+        for (size_t b = 0; b < POOL_MAX_SLABS; b++)
+                sizes[b] = p->max_slab;
         for (size_t i = 0; i < p->n_devices && want > 0; i++) {
                 PoolDevice *dev = &p->devices[i];
                 SlabSpace *space = &dev->host;
-                uint64_t sizes[POOL_MAX_SLABS], have, room, n;
+                uint64_t have, room, n;
                 int k;
 
                 if (!pool_has_host(p, i) || p->max_slab % space->granularity != 0)
@@ -1562,8 +1564,6 @@ int pool_reserve_host(Pool *p) {
                 while (n > 0) {         /* POOL_MAX_SLABS jobs at a time */
                         size_t batch = (size_t)MIN(n, (uint64_t)POOL_MAX_SLABS);
 
-                        for (size_t b = 0; b < batch; b++)
-                                sizes[b] = p->max_slab;
                         k = make_start(p, dev, sizes, batch, batch * p->max_slab);
                         if (k < 0)
                                 return k;

@@ -840,6 +840,27 @@ START_TEST(test_scrub_queued_until_told) {
 }
 END_TEST
 
+/* Holds the streams, gives back the first slab of each of `s[0..n)` and issues their scrubs: `ahead` are issued.
+ * Returns the memset count before, for all_issued_and_cached(); the streams stay held. */
+static uint64_t reclaim_held(Slab *s[][POOL_MAX_SLABS], size_t n, unsigned ahead) {
+        uint64_t memsets = sim.calls("cuMemsetD8Async");
+
+        sim.hold_streams(1);
+        for (size_t i = 0; i < n; i++)
+                pool_reclaim(pool, s[i][0]);
+        pool_scrub_queued(pool);
+        ck_assert_uint_eq(sim.calls("cuMemsetD8Async") - memsets, ahead);
+        return memsets;
+}
+
+/* `n` memsets issued since `memsets`, nothing left queued or scrubbing, `n` slabs cached. */
+static void all_issued_and_cached(uint64_t memsets, size_t n) {
+        ck_assert_uint_eq(sim.calls("cuMemsetD8Async") - memsets, n);
+        ck_assert(!pool_has_queued(pool));
+        ck_assert_uint_eq(stats().n_cached, n);
+        ck_assert_uint_eq(stats().scrubbing, 0);
+}
+
 /*
  * Scrubs are issued 16 at a time (SCRUBS_AHEAD): a real stream holds about 60 before a launch blocks the daemon's
  * loop. Held streams keep the first 16 in flight; the rest stay queued, counted as scrubbing, and are issued as
@@ -856,22 +877,14 @@ START_TEST(test_scrubs_issued_ahead_bounded) {
                 ck_assert_int_eq(alloc(2 * MiB, UID_A, s[i], &n), 0);
                 ck_assert_uint_eq(n, 1);
         }
-        memsets = sim.calls("cuMemsetD8Async");
-        sim.hold_streams(1);
-        for (size_t i = 0; i < N; i++)
-                pool_reclaim(pool, s[i][0]);
-        pool_scrub_queued(pool);
-        ck_assert_uint_eq(sim.calls("cuMemsetD8Async") - memsets, AHEAD);
+        memsets = reclaim_held(s, N, AHEAD);
         ck_assert(pool_has_queued(pool));
         ck_assert_uint_eq(stats().scrubbing, N * 2 * MiB);
         pool_scrub_queued(pool);                /* the stream is no emptier: nothing more */
         ck_assert_uint_eq(sim.calls("cuMemsetD8Async") - memsets, AHEAD);
         sim.hold_streams(0);
         wait_scrubs(N);
-        ck_assert_uint_eq(sim.calls("cuMemsetD8Async") - memsets, N);
-        ck_assert(!pool_has_queued(pool));
-        ck_assert_uint_eq(stats().n_cached, N);
-        ck_assert_uint_eq(stats().scrubbing, 0);
+        all_issued_and_cached(memsets, N);
 
         /* Taken again from the cache, and freed: pool_drain() starts with 24 still queued behind the bound
          * (the stream held while they are issued) and leaves nothing queued or scrubbing, issuing and
@@ -880,18 +893,10 @@ START_TEST(test_scrubs_issued_ahead_bounded) {
         for (size_t i = 0; i < N; i++)
                 ck_assert_int_eq(alloc(2 * MiB, UID_A, s[i], &n), 0);
         ck_assert_uint_eq(stats().created, N);
-        memsets = sim.calls("cuMemsetD8Async");
-        sim.hold_streams(1);
-        for (size_t i = 0; i < N; i++)
-                pool_reclaim(pool, s[i][0]);
-        pool_scrub_queued(pool);
-        ck_assert_uint_eq(sim.calls("cuMemsetD8Async") - memsets, AHEAD);
+        memsets = reclaim_held(s, N, AHEAD);
         sim.hold_streams(0);
         ck_assert_int_eq(pool_drain(pool), 0);
-        ck_assert_uint_eq(sim.calls("cuMemsetD8Async") - memsets, N);
-        ck_assert(!pool_has_queued(pool));
-        ck_assert_uint_eq(stats().n_cached, N);
-        ck_assert_uint_eq(stats().scrubbing, 0);
+        all_issued_and_cached(memsets, N);
 }
 END_TEST
 
