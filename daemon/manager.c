@@ -823,7 +823,9 @@ int manager_run(Manager *m) {
                 (void)peer_wait_try(p, ALLOC_TRY_STOPPING);     /* answered: it leaves the list */
         list_for_each_entry_safe(p, tmp, &m->broker.host_waiters, link_host)
                 peer_host_stopping(p);                          /* answered: it leaves the list */
-        /* What the service manager keeps stays there: the next run takes the leases back. */
+        /* What the service manager keeps stays there: the next run takes the leases back, and the host
+         * memory cached for parks. */
+        restore_keep_host_cache(m);
         restore_stop_storing(m);
         return k;
 }

@@ -342,6 +342,10 @@ static int format_devices(FILE *f, Broker *b) {
                        "Slabs (device or host memory) the daemon mapped for its scrubs and copies while idle, a "
                        "second or two after it made them, rather than at their first scrub or copy.",
                        offsetof(PoolDeviceStats, mapped_ahead));
+        device_counter(f, rows, n, "vmmbroker_device_host_slabs_kept",
+                       "Host slabs the previous run of the daemon had cached for parks and this one took back at "
+                       "start, rather than pin them again.",
+                       offsetof(PoolDeviceStats, host_adopted));
         return 0;
 }
 

@@ -1304,6 +1304,20 @@ int pool_alloc_host(Pool *p, Slab *const *slabs, size_t n, uid_t uid, uint64_t w
 
 /* --- host slabs made off the loop ------------------------------------------------------------------- */
 
+/*
+ * Caches a host slab that no request asked for (one the maker thread made, or one of a previous run's cache
+ * taken back), unbound, once the hooks have stored it; released if they could not (a slab a restart would lose
+ * is not handed out). Returns whether it was cached.
+ */
+static bool host_slab_cache(Pool *p, Slab *slab) {
+        slab->last_used = ++p->clock;
+        if ((p->hooks.slab_created && p->hooks.slab_created(slab, p->hooks_userdata) < 0) || cache_insert(slab) < 0) {
+                slab_release(slab);
+                return false;
+        }
+        return true;
+}
+
 /* Makes and exports one host slab on the maker thread: only the driver is touched, nothing of the pool's. */
 static void make_one(Pool *p, MakeJob *j) {
         CUmemAllocationProp prop = cuda_host_prop(j->dev->info.numa_node);
@@ -1405,11 +1419,7 @@ static unsigned makes_finish(Pool *p) {
                         slab_init(space, slab, ++p->last_slab_id, j->fd, j->size, UID_UNBOUND);
                         p->prime = false;
                         dev->stats.host_created++;
-                        slab->last_used = ++p->clock;
-                        if ((p->hooks.slab_created && p->hooks.slab_created(slab, p->hooks_userdata) < 0) ||
-                            cache_insert(slab) < 0)
-                                slab_release(slab);     /* not kept across a restart: not handed out */
-                        else
+                        if (host_slab_cache(p, slab))
                                 n++;
                 }
                 free(j);
@@ -1576,6 +1586,77 @@ int pool_reserve_host(Pool *p) {
 
 uint64_t pool_host_made(const Pool *p) {
         return p->host_made;
+}
+
+int pool_adopt_host(Pool *p, int device, int fd, uint64_t size) {
+        int i = pool_find_device(p, device);
+        _cleanup_free_ Slab *slab = NULL;
+        SlabSpace *space;
+        PoolDevice *dev;
+        CUresult r;
+        int k;
+
+        if (i < 0) {
+                set_error(p, "no device %d", device);
+                k = -ENODEV;
+                goto fail;
+        }
+        dev = &p->devices[i];
+        space = &dev->host;
+        if (!pool_has_host(p, (size_t)i)) {
+                k = POOL_E_NO_HOST;
+                goto fail;
+        }
+        if (size == 0 || size % space->granularity != 0 || size > ALIGN_UP(p->max_slab, space->granularity)) {
+                set_error(p, "a host slab of %" PRIu64 " bytes is not a multiple of device %d's host granularity "
+                          "(%" PRIu64 ") up to MaxSlab= (%" PRIu64 ")", size, dev->info.index, space->granularity,
+                          p->max_slab);
+                k = -EINVAL;
+                goto fail;
+        }
+        if (size > space->capacity - MIN(space->capacity, space->created_bytes + space->making_bytes)) {
+                set_error(p, "device %d's HostCapacity= (%" PRIu64 " bytes) has no room for %" PRIu64 " more",
+                          dev->info.index, space->capacity, size);
+                k = -ENOSPC;
+                goto fail;
+        }
+        slab = calloc(1, sizeof(*slab));
+        if (!slab) {
+                k = -ENOMEM;
+                goto fail;
+        }
+        if (make_current(dev) < 0) {
+                k = POOL_E_DRIVER;
+                goto fail;
+        }
+        r = DRV(dev, cuMemImportFromShareableHandle)(&slab->handle, (void *)(intptr_t)fd,
+                                                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        if (r != CUDA_SUCCESS) {
+                driver_error(dev, "cuMemImportFromShareableHandle", r);
+                k = POOL_E_DRIVER;
+                goto fail;
+        }
+        slab_init(space, slab, ++p->last_slab_id, fd, size, UID_UNBOUND);
+        if (!host_slab_cache(p, TAKE_PTR(slab))) {
+                set_error(p, "it could not be stored with the service manager");
+                return -EIO;
+        }
+        dev->stats.host_adopted++;
+        return 0;
+
+fail:
+        safe_close(fd);
+        return k;
+}
+
+void pool_foreach_host_cached(Pool *p, void (*fn)(const Slab *slab, int device, void *userdata), void *userdata) {
+        for (size_t i = 0; i < p->n_devices; i++) {
+                PoolDevice *dev = &p->devices[i];
+                Slab *slab, *tmp;
+
+                list_for_each_entry_safe(slab, tmp, &dev->host.lru, link_lru)
+                        fn(slab, dev->info.index, userdata);
+        }
 }
 
 /* Stops the maker thread: the slab it makes now is finished (the driver cannot be interrupted), those queued

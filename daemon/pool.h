@@ -148,6 +148,7 @@ typedef struct PoolDeviceStats {
         uint64_t host_cached;           /* zeroed host slabs kept for the next park */
         unsigned n_parked;
         uint64_t host_created;          /* host slabs created */
+        uint64_t host_adopted;          /* host slabs of a previous run's cache taken back (pool_adopt_host()) */
         uint64_t copied_bytes;          /* by pool_copy() and pool_copy_start() */
         uint64_t after_copy;            /* slabs given back while a copy used them, given back after it */
         uint64_t copy_waits;            /* slab releases that waited for a copy still using the slab */
@@ -264,6 +265,21 @@ int pool_reserve_host(Pool *p);
 /* A count that moves each time every slab pool_make_host() was asked for is made (or failed): a caller that
  * waits for them tries again when it has moved. */
 uint64_t pool_host_made(const Pool *p);
+
+/*
+ * Takes back a host slab that a previous run of the daemon had cached (restore.c: its exported fd, stored at
+ * exit under a name that says its device and size): imports it and caches it, unbound, as a made host slab is
+ * (the hooks store it under its new id first). It was zeroed, or fresh from the driver, when that run cached
+ * it, and nobody but that run and the service manager has held it since. Taken only into free room: never over
+ * HostCapacity=, and nothing cached is released for it. The fd is the pool's in every case (closed on failure).
+ * Returns 0, -ENODEV (no such device), POOL_E_NO_HOST, -EINVAL (a size no slab has), -ENOSPC (no room), -ENOMEM,
+ * POOL_E_DRIVER, or -EIO (it could not be stored, and was released); pool_last_error() says why.
+ */
+int pool_adopt_host(Pool *p, int device, int fd, uint64_t size);
+
+/* Calls fn for each cached host slab of every device (its CUDA device index): what a stopping daemon keeps for
+ * the next run (restore.c). fn must not change the pool. */
+void pool_foreach_host_cached(Pool *p, void (*fn)(const Slab *slab, int device, void *userdata), void *userdata);
 
 /* Whether pool device i has host memory for parking; when not, pool_last_error() says why. */
 bool pool_has_host(Pool *p, size_t i);

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,7 @@
 #include "store.h"
 
 #define LEGACY_NAME_PREFIX "state-"     /* the previous version's whole-table JSON (state_read()) */
+#define HOST_CACHE_PREFIX "hcache-"     /* a cached host slab kept at exit: "hcache-<device>-<size>-<id>" */
 
 /* --- the service manager's fd store ----------------------------------------------------------------- */
 
@@ -41,6 +43,10 @@ static int fdstore_remove(void *userdata, const char *name) {
 
 static void slab_name(uint64_t id, char buf[static 32]) {
         snprintf(buf, 32, "slab-%" PRIu64, id);
+}
+
+static void host_cache_name(int device, uint64_t size, uint64_t id, char buf[static 80]) {
+        snprintf(buf, 80, HOST_CACHE_PREFIX "%d-%" PRIu64 "-%" PRIu64, device, size, id);
 }
 
 static int on_slab_created(const Slab *slab, void *userdata) {
@@ -112,6 +118,28 @@ int restore_start_storing(Manager *m, char **ret_message) {
         return 0;
 }
 
+static void keep_host_slab(const Slab *slab, int device, void *userdata) {
+        unsigned *kept = userdata;
+        char name[80];
+
+        slab_name(slab->id, name);
+        if (fdstore_remove(NULL, name) < 0)
+                return;
+        host_cache_name(device, slab->size, slab->id, name);
+        if (fdstore_save(NULL, name, slab->fd) == 0)
+                (*kept)++;
+}
+
+void restore_keep_host_cache(Manager *m) {
+        unsigned kept = 0;
+
+        if (!m->storing)
+                return;
+        pool_foreach_host_cached(m->pool, keep_host_slab, &kept);
+        if (kept > 0)
+                fprintf(stderr, "Keeping %u cached host slabs for the next run.\n", kept);
+}
+
 void restore_stop_storing(Manager *m) {
         if (!m->storing)
                 return;
@@ -131,6 +159,31 @@ static bool parse_numbered(const char *name, const char *prefix, uint64_t *ret) 
         errno = 0;
         *ret = strtoull(name + n, &end, 10);
         return errno == 0 && !*end;
+}
+
+/* "hcache-<device>-<size>-<id>" to its parts (fd left -EBADF); false if it is not that. */
+static bool parse_host_cache(const char *name, InheritedCached *ret) {
+        size_t n = strlen(HOST_CACHE_PREFIX);
+        const char *p = name + n;
+        uint64_t v[3];
+
+        if (strncmp(name, HOST_CACHE_PREFIX, n) != 0)
+                return false;
+        for (size_t i = 0; i < ELEMENTSOF(v); i++) {
+                char *end;
+
+                if (*p < '0' || *p > '9')
+                        return false;
+                errno = 0;
+                v[i] = strtoull(p, &end, 10);
+                if (errno != 0 || *end != (i + 1 < ELEMENTSOF(v) ? '-' : '\0'))
+                        return false;
+                p = end + 1;
+        }
+        if (v[0] > INT_MAX)
+                return false;
+        *ret = (InheritedCached){ .device = (int)v[0], .size = v[1], .id = v[2], .fd = -EBADF };
+        return true;
 }
 
 static void drop(Inherited *in, int fd, const char *name) {
@@ -177,11 +230,13 @@ int inherited_take(Inherited *ret, char **ret_message) {
                 return n;
         }
         in.slabs = calloc(n ?: 1, sizeof(InheritedSlab));
-        if (!in.slabs)
+        in.cached = calloc(n ?: 1, sizeof(InheritedCached));
+        if (!in.slabs || !in.cached)
                 k = -ENOMEM;
         for (int i = 0; i < n; i++) {
                 int fd = SD_LISTEN_FDS_START + i;
                 const char *name = names && names[i] ? names[i] : "unknown";
+                InheritedCached c;
                 uint64_t v;
 
                 (void)fcntl(fd, F_SETFD, FD_CLOEXEC);
@@ -189,7 +244,10 @@ int inherited_take(Inherited *ret, char **ret_message) {
                         safe_close(fd);
                 else if (parse_numbered(name, "slab-", &v))
                         in.slabs[in.n_slabs++] = (InheritedSlab){ .id = v, .fd = fd };
-                else if (parse_numbered(name, STORE_NAME_PREFIX, &v))
+                else if (parse_host_cache(name, &c)) {
+                        c.fd = fd;
+                        in.cached[in.n_cached++] = c;
+                } else if (parse_numbered(name, STORE_NAME_PREFIX, &v))
                         take_table(&in, fd, v, false);
                 else if (parse_numbered(name, LEGACY_NAME_PREFIX, &v))
                         take_table(&in, fd, v, true);
@@ -226,6 +284,9 @@ void inherited_done(Inherited *in) {
         for (size_t i = 0; i < in->n_slabs; i++)
                 safe_close(in->slabs[i].fd);
         free(in->slabs);
+        for (size_t i = 0; i < in->n_cached; i++)
+                safe_close(in->cached[i].fd);
+        free(in->cached);
         *in = INHERITED_NULL;
 }
 
@@ -458,6 +519,39 @@ static void store_rebuilt(Manager *m, Inherited *in) {
         }
 }
 
+/*
+ * Takes back the host slabs the previous run kept (restore_keep_host_cache()), after the leases and the unused
+ * slabs are done with (a dropped "slab-<id>" must not remove a new slab of the same id). Each "hcache-" entry is
+ * removed first: the pool stores the slab again under its new id, and the service manager would refuse a second
+ * entry of the same open file. A slab it cannot take (no room, no such device, a size no slab has) is closed.
+ */
+static void adopt_host_cache(Manager *m, Inherited *in) {
+        unsigned kept = 0, dropped = 0;
+        uint64_t bytes = 0;
+
+        for (size_t i = 0; i < in->n_cached; i++) {
+                InheritedCached *c = &in->cached[i];
+                char name[80];
+                int k, fd = c->fd;
+
+                c->fd = -EBADF;
+                host_cache_name(c->device, c->size, c->id, name);
+                (void)fdstore_remove(NULL, name);
+                k = pool_adopt_host(m->pool, c->device, fd, c->size);
+                if (k == 0) {
+                        kept++;
+                        bytes += c->size;
+                        continue;
+                }
+                fprintf(stderr, "Not keeping host slab %s of the previous run: %s.\n", name,
+                        k == -ENOMEM ? strerror(ENOMEM) : pool_last_error(m->pool));
+                dropped++;
+        }
+        if (kept + dropped > 0)
+                fprintf(stderr, "Kept %u host slabs (%" PRIu64 " MiB) that the previous run had cached for parks; "
+                        "%u could not be kept.\n", kept, bytes >> 20, dropped);
+}
+
 int restore_leases(Manager *m, Inherited *in) {
         _cleanup_free_ char *message = NULL;
         unsigned restored = 0, dropped = 0, holds = 0, gone = 0, unused = 0;
@@ -469,6 +563,7 @@ int restore_leases(Manager *m, Inherited *in) {
                 if (in->n_slabs > 0)
                         fprintf(stderr, "The service manager kept %u slabs but no lease table: releasing them.\n",
                                 drop_unused_slabs(in));
+                adopt_host_cache(m, in);
                 store_rebuilt(m, in);
                 return 0;
         }
@@ -484,6 +579,7 @@ int restore_leases(Manager *m, Inherited *in) {
                 drop(in, in->table_fd, name);
                 in->table_fd = -EBADF;
                 drop_unused_slabs(in);
+                adopt_host_cache(m, in);
                 store_rebuilt(m, in);
                 return 0;
         }
@@ -504,6 +600,7 @@ int restore_leases(Manager *m, Inherited *in) {
         unused = drop_unused_slabs(in);         /* no lease names them: their owner is unknown, never cached */
         fprintf(stderr, "Restored %u leases (%u holds; %u holders had exited, %u leases could not be restored, "
                 "%u stored slabs were unused).\n", restored, holds, gone, dropped, unused);
+        adopt_host_cache(m, in);
         store_rebuilt(m, in);
         return 0;
 }

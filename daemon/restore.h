@@ -12,6 +12,10 @@
  *   - the lease table is kept by the Store (store.h): one memfd, stored once
  *     as "table-<generation>", to which every change is appended before it is
  *     made (broker.c); it is stored again only when it is compacted;
+ *   - at exit, the host slabs the pool keeps cached for parks are stored
+ *     again as "hcache-<device>-<size>-<id>" (their "slab-<id>" removed),
+ *     so that the next run takes them back rather than pin that memory again
+ *     (restore_keep_host_cache()); a crash keeps none;
  *   - at start, the stored fds come back with the listening socket
  *     (LISTEN_FDS, named by LISTEN_FDNAMES): the newest table is read, its
  *     slabs imported, its leases rebuilt, the holders still alive re-attached
@@ -41,6 +45,14 @@ typedef struct InheritedSlab {
         int fd;                         /* -EBADF once taken */
 } InheritedSlab;
 
+/* A host slab the previous run had cached, stored at its exit as "hcache-<device>-<size>-<id>". */
+typedef struct InheritedCached {
+        int device;                     /* the CUDA device index */
+        uint64_t size;
+        uint64_t id;                    /* its id in the previous run: only makes the name unique */
+        int fd;                         /* -EBADF once taken */
+} InheritedCached;
+
 /* What the service manager passed. */
 typedef struct Inherited {
         int socket;                     /* the listening socket, or -EBADF */
@@ -49,6 +61,8 @@ typedef struct Inherited {
         bool table_legacy;              /* a "state-" JSON table of the previous version, not a "table-" store */
         InheritedSlab *slabs;
         size_t n_slabs;
+        InheritedCached *cached;
+        size_t n_cached;
         unsigned n_dropped;             /* fds closed: older tables, unknown names */
 } Inherited;
 
@@ -77,12 +91,25 @@ int restore_start_storing(Manager *m, char **ret_message);
 
 /*
  * Rebuilds the lease table from `in` (its table and slabs), re-attaching
- * holders still alive, then stores the table anew. Prints a line per lease
+ * holders still alive, then takes back the host slabs the previous run had
+ * cached, as far as HostCapacity= has room (pool_adopt_host(); the others are
+ * closed and removed), then stores the table anew. Prints a line per lease
  * dropped and a summary on stderr. Returns 0, or a negative errno for a
  * failure of the daemon itself (out of memory); a table that cannot be used
  * is reported and ignored.
  */
 int restore_leases(Manager *m, Inherited *in);
+
+/*
+ * At exit, before restore_stop_storing(): stores each host slab the pool has
+ * cached as "hcache-<device>-<size>-<id>" instead of "slab-<id>" (removed
+ * first: the service manager keeps an open file once), so that the next run
+ * finds what it is and takes it back (restore_leases()) rather than pin that
+ * memory again, which holds every process's GPU allocations on the host
+ * (docs/pool.md). Slabs still being zeroed are not kept. Nothing when not
+ * storing.
+ */
+void restore_keep_host_cache(Manager *m);
 
 /*
  * At exit: stops storing slab fds, so that releasing the pool does not take

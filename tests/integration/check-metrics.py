@@ -163,6 +163,7 @@ def main():
                       ("vmmbroker_device_leases", "gauge"), ("vmmbroker_device_waiters", "gauge"),
                       ("vmmbroker_device_scrub_waits", "counter"),
                       ("vmmbroker_device_slabs_mapped_ahead", "counter"),
+                      ("vmmbroker_device_host_slabs_kept", "counter"),
                       ("vmmbroker_user_bytes", "gauge"), ("vmmbroker_user_leases", "gauge"),
                       ("vmmbroker_user_connections", "gauge"), ("vmmbroker_requests", "counter"),
                       ("vmmbroker_request_duration_seconds", "histogram"), ("vmmbroker_restarted", "gauge"),

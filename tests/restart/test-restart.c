@@ -23,11 +23,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "harness.h"
 #include "macro.h"
 #include "rawclient.h"
+#include "size.h"
 #include "supervisor.h"
 #include "unit.h"
 
@@ -153,7 +155,8 @@ static bool client_check(Client *x) {
 
 /* ---- the daemon under the supervisor -------------------------------------------------------------------- */
 
-static Supervisor *daemon_start(char *dir, size_t dir_len) {
+/* The daemon under the supervisor, with `config` as its vmmbroker.conf (NULL: none, the defaults). */
+static Supervisor *daemon_start_with(char *dir, size_t dir_len, const char *config) {
         static char socket_arg[128], config_arg[128];
         const char *daemon = getenv("VMMBROKER_DAEMON");
         Supervisor *s = NULL;
@@ -164,6 +167,13 @@ static Supervisor *daemon_start(char *dir, size_t dir_len) {
         ck_assert_ptr_nonnull(mkdtemp(dir));
         snprintf(socket_arg, sizeof(socket_arg), "%s/not-inherited", dir);
         snprintf(config_arg, sizeof(config_arg), "%s/vmmbroker.conf", dir);   /* missing: the defaults */
+        if (config) {
+                FILE *f = fopen(config_arg, "we");
+
+                ck_assert_ptr_nonnull(f);
+                ck_assert_int_ge(fputs(config, f), 0);
+                ck_assert_int_eq(fclose(f), 0);
+        }
         ck_assert_int_eq(supervisor_new(&(SupervisorOptions){
                                  .path = daemon,
                                  .argv = (const char *const[]){ daemon, "--socket", socket_arg, "--config", config_arg,
@@ -176,9 +186,17 @@ static Supervisor *daemon_start(char *dir, size_t dir_len) {
         return s;
 }
 
+static Supervisor *daemon_start(char *dir, size_t dir_len) {
+        return daemon_start_with(dir, dir_len, NULL);
+}
+
 static void daemon_done(Supervisor *s, char *dir) {
+        char config[128];
+
         ck_assert_int_eq(supervisor_stop(s, SIGTERM), 0);
         supervisor_free(s);
+        snprintf(config, sizeof(config), "%s/vmmbroker.conf", dir);
+        (void)unlink(config);
         (void)rmdir(dir);
 }
 
@@ -520,10 +538,189 @@ START_TEST(test_restart_keeps_kept_lease) {
 }
 END_TEST
 
+/* Waits until the daemon has `bytes` of host memory cached for parks (scrubbed, after an unpark freed it). */
+static void host_cached_or_fail(Supervisor *s, int64_t bytes) {
+        WireDevice d = {};
+
+        for (uint64_t end = harness_poll_deadline(); harness_now_msec() < end;) {
+                ck_assert_int_eq(harness_status(supervisor_socket_path(s), &d), 0);
+                if (d.host_cached == bytes && d.scrubbing == 0)
+                        return;
+        }
+        ck_abort_msg("%" PRId64 " bytes of host memory cached, not %" PRId64, d.host_cached, bytes);
+}
+
+/* Unparks lease `id` on `c` and returns it (its fds open), or fails the test. */
+static TestLease unpark_or_fail(VarlinkConn *c, const char *id) {
+        char params[128];
+        Reply r = {};
+        TestLease l;
+
+        snprintf(params, sizeof(params), "{\"id\": \"%s\"}", id);
+        ck_assert_int_eq(call_text(c, "io.vmmbroker.Unpark", params, &r), 0);
+        ck_assert_msg(!r.error, "Unpark: %s", r.error);
+        ck_assert_int_eq(lease_take(&r, &l), 0);
+        reply_done(&r);
+        return l;
+}
+
+/* Stores, as the daemon's previous run might have, a memfd of `size` bytes that is not a slab, named `name`. */
+static void store_not_a_slab(Supervisor *s, const char *name, uint64_t size) {
+        int fd = memfd_create("not-a-slab", MFD_CLOEXEC);
+
+        ck_assert_int_ge(fd, 0);
+        ck_assert_int_eq(ftruncate(fd, (off_t)size), 0);
+        ck_assert_int_eq(supervisor_store_put(s, fd, name), 0);
+        safe_close(fd);
+}
+
+/*
+ * Host memory cached for parks is kept across a stop (stored at exit as "hcache-<device>-<size>-<id>", taken back
+ * at start) rather than pinned again: the next park uses it, a crash while it is parked there keeps the lease
+ * (the slab was stored again under its new id), and its content comes back. A crash keeps no cache (its
+ * "slab-<id>" is one no lease names, and is dropped). Entries of that prefix that are not such a slab (no such
+ * device, a size no slab has, memory that is not a slab, names that do not parse) are closed and removed, and the
+ * daemon starts.
+ */
+START_TEST(test_restart_keeps_host_cache) {
+        static const char *const bogus[] = { "hcache-7-6291456-1", "hcache-0-1000-2", "hcache-0-6291456-3",
+                                             "hcache-0-6291456", "hcache-0-6291456-4-5", "hcache--1-6291456-6",
+                                             "hcache-99999999999999999999-6291456-7", "hcache-0-0-8" };
+        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
+        char dir[64];
+        Supervisor *s = daemon_start(dir, sizeof(dir));
+        const char *socket = supervisor_socket_path(s);
+        CUdeviceptr va = 0;
+        WireDevice d = {};
+        TestLease l;
+        Gpu g = {};
+
+        /* A first park makes host memory for 6 MiB; the unpark frees it, and it is zeroed and cached. */
+        ck_assert_int_eq(conn_open(socket, &c), 0);
+        ck_assert_int_eq(lease_alloc(c, 6 * MiB, &l), 0);
+        test_lease_close(&l);
+        ck_assert_int_eq(park(socket, l.id), 0);
+        l = unpark_or_fail(c, l.id);
+        test_lease_close(&l);
+        ck_assert_int_eq(lease_free(c, l.id), 0);
+        c = varlink_conn_free(c);
+        host_cached_or_fail(s, (int64_t)(6 * MiB));
+
+        ck_assert_int_ge(supervisor_restart(s, SIGTERM, 60000), 0);
+        ck_assert_int_eq(harness_status(socket, &d), 0);
+        ck_assert_msg(d.host_cached == (int64_t)(6 * MiB), "a stop kept %" PRId64 " bytes of host memory cached, "
+                      "not 6 MiB", d.host_cached);
+
+        /* The next park takes it (nothing is left cached) and its content comes back through it. */
+        ck_assert_int_eq(gpu_open(&g), 0);
+        ck_assert_int_eq(conn_open(socket, &c), 0);
+        ck_assert_int_eq(lease_alloc(c, 6 * MiB, &l), 0);
+        ck_assert_int_eq(gpu_map(&g, &l, &va), 0);
+        ck_assert_int_eq(g.cu->cuMemsetD32(va, 0x4ca7c4ed, 6 * MiB / 4), CUDA_SUCCESS);
+        ck_assert_int_eq(g.cu->cuCtxSynchronize(), CUDA_SUCCESS);
+        ck_assert_int_eq(cuda_unmap(g.cu, va, l.sizes, l.n), 0);
+        test_lease_close(&l);
+        ck_assert_int_eq(park(socket, l.id), 0);
+        ck_assert_int_eq(harness_status(socket, &d), 0);
+        ck_assert_msg(d.host_cached == 0 && d.parked == (int64_t)(6 * MiB), "the park did not take the kept host "
+                      "memory: %" PRId64 " bytes cached, %" PRId64 " parked", d.host_cached, d.parked);
+        /* It was stored again under its new id: a crash now keeps the lease parked in it. */
+        c = varlink_conn_free(c);
+        ck_assert_int_ge(supervisor_restart(s, SIGKILL, 60000), 0);
+        ck_assert_int_eq(conn_open(socket, &c), 0);
+        l = unpark_or_fail(c, l.id);
+        ck_assert_int_eq(gpu_map(&g, &l, &va), 0);
+        ck_assert_msg(gpu_verify(&g, va, 6 * MiB, 0x4ca7c4ed) == 0, "the content did not come back");
+        ck_assert_int_eq(cuda_unmap(g.cu, va, l.sizes, l.n), 0);
+        test_lease_close(&l);
+        ck_assert_int_eq(lease_free(c, l.id), 0);
+        c = varlink_conn_free(c);
+        host_cached_or_fail(s, (int64_t)(6 * MiB));
+
+        ck_assert_int_ge(supervisor_restart(s, SIGKILL, 60000), 0);
+        host_cached_or_fail(s, 0);
+
+        ck_assert_int_eq(supervisor_stop(s, SIGTERM), 0);
+        for (size_t i = 0; i < ELEMENTSOF(bogus); i++)
+                store_not_a_slab(s, bogus[i], 6 * MiB);
+        ck_assert_int_eq(supervisor_start(s), 0);
+        ck_assert_int_ge(supervisor_wait_ready(s, 60000), 0);
+        host_cached_or_fail(s, 0);
+        for (size_t i = 0; i < ELEMENTSOF(bogus); i++)
+                ck_assert_msg(supervisor_store_find(s, bogus[i], NULL) == 0, "%s is still stored", bogus[i]);
+        ck_assert_uint_eq(supervisor_stats(s).fds_duplicate, 0);     /* each entry removed before it was stored again */
+        gpu_close(&g);
+        daemon_done(s, dir);
+}
+END_TEST
+
+/* The value of metric sample `key` (its name and labels, then a space) from the daemon's Metrics. */
+static uint64_t metric(Supervisor *s, const char *key) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
+        const char *text, *at;
+        Reply r = {};
+        char *end;
+        uint64_t v;
+
+        ck_assert_int_eq(conn_open(supervisor_socket_path(s), &c), 0);
+        ck_assert_int_eq(call_text(c, "io.vmmbroker.Metrics", NULL, &r), 0);
+        ck_assert_msg(!r.error, "Metrics: %s", r.error);
+        text = reply_str(&r, "text");
+        at = text ? strstr(text, key) : NULL;
+        ck_assert_msg(at, "the metrics have no %s", key);
+        v = strtoull(at + strlen(key), &end, 10);
+        ck_assert_msg(end != at + strlen(key) && *end == '\n', "not a count: %.80s", at);
+        reply_done(&r);
+        return v;
+}
+
+/* Milliseconds until the daemon has `bytes` of host memory cached, polled from `start` (harness_now_msec()). */
+static uint64_t until_host_cached(Supervisor *s, int64_t bytes, uint64_t start) {
+        host_cached_or_fail(s, bytes);
+        return harness_now_msec() - start;
+}
+
+/*
+ * HostReserve= is pinned at the first start only: a restart with SIGTERM takes it all back (counted as kept, and
+ * cached when the daemon says it is ready). VMMB_RESTART_RESERVE sets the reserve (default 8M, with MaxSlab=4M;
+ * the GPU run uses 8G of the default 1G slabs). The time until it was cached, after each start, is printed, never
+ * judged.
+ */
+START_TEST(test_restart_keeps_reserve) {
+        const char *e = getenv("VMMB_RESTART_RESERVE");
+        uint64_t reserve = 8 * MiB, slab = e ? 1024 * MiB : 4 * MiB, first, again;
+        char dir[64], config[128];
+        WireDevice d = {};
+        Supervisor *s;
+        uint64_t t0;
+
+        ck_assert_msg(!e || (parse_size(e, &reserve) == 0 && reserve > 0 && reserve % slab == 0),
+                      "VMMB_RESTART_RESERVE=%s is not a multiple of 1G", e);
+        snprintf(config, sizeof(config), "[Broker]\nMaxSlab=%" PRIu64 "M\nHostReserve=%" PRIu64 "M\n", slab / MiB,
+                 reserve / MiB);
+        t0 = harness_now_msec();
+        s = daemon_start_with(dir, sizeof(dir), config);
+        first = until_host_cached(s, (int64_t)reserve, t0);
+        ck_assert_uint_eq(metric(s, "vmmbroker_device_host_slabs_kept_total{device=\"0\"} "), 0);
+
+        t0 = harness_now_msec();
+        ck_assert_int_ge(supervisor_restart(s, SIGTERM, 60000), 0);
+        ck_assert_int_eq(harness_status(supervisor_socket_path(s), &d), 0);
+        ck_assert_msg(d.host_cached == (int64_t)reserve, "%" PRId64 " bytes of the reserve cached when the daemon "
+                      "said it was ready after a restart, not %" PRIu64, d.host_cached, reserve);
+        again = until_host_cached(s, (int64_t)reserve, t0);
+        ck_assert_uint_eq(metric(s, "vmmbroker_device_host_slabs_kept_total{device=\"0\"} "), reserve / slab);
+        fprintf(stderr, "restart: HostReserve=%" PRIu64 "M cached %" PRIu64 " ms after the first start (pinned), %"
+                PRIu64 " ms after a restart with SIGTERM (kept)\n", reserve / MiB, first, again);
+        daemon_done(s, dir);
+}
+END_TEST
+
 int main(void) {
         return run_suite(UNIT_SUITE("restart", NULL, test_restart_keeps_leases, test_many_restarts,
                                     test_ready_with_many_leases, test_restart_keeps_hold_parking,
-                                    test_restart_keeps_kept_lease)) == 0
+                                    test_restart_keeps_kept_lease, test_restart_keeps_host_cache,
+                                    test_restart_keeps_reserve)) == 0
                        ? EXIT_SUCCESS
                        : EXIT_FAILURE;
 }

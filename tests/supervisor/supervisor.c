@@ -1088,6 +1088,21 @@ int supervisor_store_find(Supervisor *s, const char *name, int *ret_fd) {
         return n;
 }
 
+int supervisor_store_put(Supervisor *s, int fd, const char *name) {
+        int k, copy = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+
+        if (copy < 0)
+                return -errno;
+        pthread_mutex_lock(&s->lock);
+        k = sync_locked(s);
+        if (k == 0)
+                k = store_add(s, copy, name, false);
+        else
+                safe_close(copy);
+        pthread_mutex_unlock(&s->lock);
+        return k < 0 ? k : k == 0 ? -EEXIST : 0;
+}
+
 void supervisor_store_clear(Supervisor *s) {
         pthread_mutex_lock(&s->lock);
         s->clear_requested = true;

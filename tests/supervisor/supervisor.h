@@ -122,6 +122,11 @@ int supervisor_store_count(Supervisor *s);
  * close-on-exec fd for the oldest of them, for the caller to close. */
 int supervisor_store_find(Supervisor *s, const char *name, int *ret_fd);
 
+/* Stores a copy of `fd` as `name` (not polled), as the daemon's FDSTORE=1 would: for a test of what the next
+ * start does with an entry it did not store. Returns 0, -EEXIST (that open file is stored already), -EXFULL, or
+ * a negative errno. */
+int supervisor_store_put(Supervisor *s, int fd, const char *name);
+
 /* Empties the store (`systemctl stop`: the next start gets the socket alone). */
 void supervisor_store_clear(Supervisor *s);
 

@@ -8,6 +8,8 @@
 
 #include <check.h>
 #include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <poll.h>
 #include <stdlib.h>
@@ -1166,6 +1168,75 @@ START_TEST(test_host_reserve) {
 }
 END_TEST
 
+/* An exported host allocation of `size`, as the previous run of the daemon leaves a cached host slab stored. */
+static int host_slab_fd(uint64_t size) {
+        CUmemAllocationProp prop = cuda_host_prop(0);
+        CUmemGenericAllocationHandle h;
+        int fd = -1;
+
+        ck_assert_int_eq(cu->cuMemCreate(&h, size, &prop, 0), CUDA_SUCCESS);
+        ck_assert_int_eq(cu->cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+                         CUDA_SUCCESS);
+        ck_assert_int_eq(cu->cuMemRelease(h), CUDA_SUCCESS);
+        return fd;
+}
+
+/* pool_adopt_host() with a slab it must refuse: the result, and the fd closed (the pool's in every case). */
+static int adopt_refused(int device, uint64_t size, uint64_t real_size) {
+        int fd = host_slab_fd(real_size), k = pool_adopt_host(pool, device, fd, size);
+
+        ck_assert_msg(fcntl(fd, F_GETFD) < 0 && errno == EBADF, "the refused fd was left open");
+        return k;
+}
+
+/*
+ * A host slab of the previous run's cache is taken back into free room only: cached unbound and counted, and a
+ * park of its size takes it and makes nothing. Refused, and its fd closed: no such device, a size no slab has,
+ * no room left in HostCapacity=, a pool without host memory.
+ */
+START_TEST(test_adopt_host) {
+        PoolConfig config = { .capacity = 64 * MiB, .max_slab = 4 * MiB, .host_capacity = 8 * MiB };
+        Slab *a[POOL_MAX_SLABS], *host[POOL_MAX_SLABS];
+        PoolDeviceStats st;
+        size_t n;
+
+        open_driver();
+        ck_assert_int_eq(pool_new(&pool, cu, &config, NULL), 0);
+        ck_assert_int_eq(pool_use_device(pool, 0), 0);
+        ck_assert_int_eq(pool_adopt_host(pool, 0, host_slab_fd(4 * MiB), 4 * MiB), 0);
+        st = stats();
+        ck_assert_uint_eq(st.host_cached, 4 * MiB);
+        ck_assert_uint_eq(st.host_adopted, 1);
+        ck_assert_uint_eq(st.host_created, 0);
+
+        ck_assert_int_eq(adopt_refused(5, 4 * MiB, 4 * MiB), -ENODEV);
+        ck_assert_int_eq(adopt_refused(0, 3 * MiB, 4 * MiB), -EINVAL);         /* not of the granularity */
+        ck_assert_int_eq(adopt_refused(0, 6 * MiB, 6 * MiB), -EINVAL);         /* over MaxSlab= */
+        ck_assert_int_eq(adopt_refused(0, 0, 2 * MiB), -EINVAL);
+        ck_assert_int_eq(pool_adopt_host(pool, 0, host_slab_fd(4 * MiB), 4 * MiB), 0);
+        ck_assert_int_eq(adopt_refused(0, 2 * MiB, 2 * MiB), -ENOSPC);         /* 8 of 8 MiB cached */
+        ck_assert_msg(strstr(pool_last_error(pool), "HostCapacity="), "%s", pool_last_error(pool));
+        st = stats();
+        ck_assert_uint_eq(st.host_cached, 8 * MiB);
+        ck_assert_uint_eq(st.host_adopted, 2);
+
+        ck_assert_int_eq(alloc(4 * MiB, UID_A, a, &n), 0);
+        ck_assert_int_eq(pool_make_host(pool, a, n, UID_A), 0);
+        ck_assert_int_eq(pool_alloc_host(pool, a, n, UID_A, POOL_WAIT_ANY, host), 0);
+        st = stats();
+        ck_assert_uint_eq(st.host_created, 0);
+        ck_assert_uint_eq(st.parked, 4 * MiB);
+        reclaim_all(host, n);
+        reclaim_all(a, n);
+        ck_assert_int_eq(pool_drain(pool), 0);
+        pool = pool_free(pool);
+
+        config.no_host = true;
+        ck_assert_int_eq(pool_new(&pool, cu, &config, NULL), 0);
+        ck_assert_int_eq(adopt_refused(0, 4 * MiB, 4 * MiB), POOL_E_NO_HOST);
+}
+END_TEST
+
 static Suite *pool_suite(void) {
         Suite *s = suite_create("pool");
         TCase *tc;
@@ -1202,6 +1273,7 @@ static Suite *pool_suite(void) {
         tcase_add_test(tc, test_idle_closes_and_primes);
         tcase_add_test(tc, test_idle_maps_ahead);
         tcase_add_test(tc, test_host_reserve);
+        tcase_add_test(tc, test_adopt_host);
         suite_add_tcase(s, tc);
 
         return s;
