@@ -112,8 +112,9 @@ if [ "$(id -u)" -eq 0 ] && [ -x "$build/docs/examples/lease-pattern" ]; then
 fi
 
 if [ -x "$build/tests/restart/test-restart" ]; then
-        step "restarts without loss: 20 restarts (half SIGKILL) with clients holding canaries; READY with 1000 leases"
-        CK_DEFAULT_TIMEOUT=500 VMMB_RESTARTS=20 VMMB_RESTART_LEASES=1000 "$build/tests/restart/test-restart" \
+        step "restarts without loss: 20 restarts (half SIGKILL) with clients holding canaries; READY with 1000 leases; an 8G HostReserve= kept"
+        CK_DEFAULT_TIMEOUT=500 VMMB_RESTARTS=20 VMMB_RESTART_LEASES=1000 VMMB_RESTART_RESERVE=8G \
+                "$build/tests/restart/test-restart" \
                 >"$out/test-restart.log" 2>&1 || failed
         grep -E '%:|:F:|:E:|^restart:' "$out/test-restart.log"
         "$build/tests/client/test-reconnect" >"$out/test-reconnect.log" 2>&1 || failed
