@@ -804,9 +804,10 @@ uint64_t broker_moves_ended(const Broker *b) {
 
 int broker_park(Broker *b, const Caller *c, const char *id, bool *ret_parked, UserQuota *ret_quota) {
         Hold *hold = caller_hold(b, c, id), *other;
-        Slab *host[POOL_MAX_SLABS];
+        _cleanup_free_ Slab **host = NULL;
         UserCharge charge = USER_CHARGE_NULL;
         bool alone = true;
+        size_t n_host = 0;
         Lease *l;
         int k;
 
@@ -847,13 +848,15 @@ int broker_park(Broker *b, const Caller *c, const char *id, bool *ret_parked, Us
         }
         /* Host slabs freed by an unpark are zeroed at about 20 ms per GiB: waited for off the loop, past the
          * bound of what the loop waits for (BROKER_E_SCRUBBING, made again once scrubs finished). */
-        k = pool_alloc_host(b->pool, l->slabs, l->n_slabs, l->uid, b->scrub_wait_bytes, host);
+        host = calloc(POOL_MAX_HOST_SLABS, sizeof(Slab *));
+        k = host ? pool_alloc_host(b->pool, l->slabs, l->n_slabs, l->uid, b->scrub_wait_bytes, host, &n_host)
+                 : -ENOMEM;
         if (k != 0) {
                 user_charge_release(&charge);
                 return pool_outcome(k);
         }
         /* Nor the copy, some 20 ms per GiB. */
-        return lease_move_start(b, l, host, l->n_slabs, true, &charge, hold);
+        return lease_move_start(b, l, host, n_host, true, &charge, hold);
 }
 
 /*

@@ -223,6 +223,22 @@ static void print_host_reserve(const Config *c, FILE *f) {
         print_size(c->manager.pool.host_reserve, f);
 }
 
+/* HostSlab=: the largest host slab, a power of two (checked against MaxSlab= when the pool starts), or empty. */
+static int parse_host_slab(Config *c, const char *value, char **ret_message) {
+        uint64_t bytes = 0;
+
+        if (*value && (parse_size(value, &bytes) < 0 || bytes < (UINT64_C(2) << 20) || (bytes & (bytes - 1)) != 0))
+                return set_message_error(ret_message, -EINVAL, "expected a power of two of at least 2M, such as 64M");
+        c->manager.pool.host_slab = bytes;
+        return 0;
+}
+
+static void print_host_slab(const Config *c, FILE *f) {
+        const PoolConfig *pool = &c->manager.pool;
+
+        print_size(pool_host_slab(pool->max_slab ?: POOL_DEFAULT_MAX_SLAB, pool->host_slab), f);
+}
+
 static int parse_max_slab(Config *c, const char *value, char **ret_message) {
         uint64_t bytes = 0;
 
@@ -511,6 +527,7 @@ static const ConfigKey keys[] = {
         { "Broker", "ReclaimTimeout", parse_reclaim_timeout, print_reclaim_timeout },
         { "Broker", "HostCapacity", parse_host_capacity, print_host_capacity },
         { "Broker", "HostReserve", parse_host_reserve, print_host_reserve },
+        { "Broker", "HostSlab", parse_host_slab, print_host_slab },
         { "Broker", "ScrubWaitBytes", parse_scrub_wait_bytes, print_scrub_wait_bytes },
         /* also valid in [User:NAME] and [Group:NAME]; printed by print_limits() */
         { "Limits", "MaxBytes", parse_max_bytes, NULL },

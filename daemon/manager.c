@@ -394,7 +394,7 @@ static void served(Manager *m) {
         /* A Free, an Unpublish, a scrub that failed may have given memory back at once. */
         serve_waiters(m, false);
         scrubs_finished(m);             /* a request may have finished scrubs ahead of their dispatch */
-        hosts_made(m);                  /* and dispatched made host slabs (pool_copy()) */
+        hosts_made(m);                  /* and dispatched made host slabs */
         moves_ended(m);                 /* or cancelled a park's copy, or saw it done */
         /* A round has been served: new connections may come in again (on_accept()). */
         (void)sd_event_source_set_enabled(m->listen_source, SD_EVENT_ON);

@@ -108,6 +108,7 @@ struct Pool {
         uint64_t clock;                 /* orders cached slabs for LRU */
         uint64_t ticks;                 /* pool_tick()s: when slabs are mapped ahead */
         uint64_t host_reserve;          /* host bytes per device made at start (pool_reserve_host()) */
+        uint64_t host_slab;             /* the largest host slab (pool_host_slab()) */
         uint64_t scrubs_finished;       /* moves when zeroing has finished, by any path: pool_scrubs_finished() */
         uint64_t last_slab_id;          /* the id of the last slab created */
         int event_fd;
@@ -189,6 +190,12 @@ size_t pool_plan(uint64_t size, uint64_t granularity, uint64_t max_slab, uint64_
                 n++;
         }
         return n;
+}
+
+uint64_t pool_host_slab(uint64_t max_slab, uint64_t host_slab) {
+        if (host_slab == 0)
+                host_slab = MAX(POOL_DEFAULT_HOST_SLAB, max_slab / POOL_HOST_PIECES_MAX);
+        return MIN(host_slab, max_slab);
 }
 
 /* Stream work needs the device's context current on this thread. (Callers may switch it, so always set it.) */
@@ -1188,13 +1195,13 @@ static void alloc_rollback(Slab **slabs, size_t n) {
  */
 static int space_alloc(SlabSpace *space, const uint64_t *sizes, size_t n, uid_t uid, uint64_t wait_max,
                        Slab **ret_slabs) {
-        Slab *slabs[POOL_MAX_SLABS] = {};
+        Slab *slabs[POOL_MAX_HOST_SLABS] = {};
         uint64_t fresh = 0, in_use;
         PoolDevice *dev = space->device;
         bool deferred = false;
         int k;
 
-        assert(n <= POOL_MAX_SLABS);
+        assert(n <= (space->host ? POOL_MAX_HOST_SLABS : POOL_MAX_SLABS));
         /* Cached slabs first. They stay marked SLAB_CACHED until the request succeeds, for the rollback. */
         for (size_t j = 0; j < n && !deferred; j++) {
                 slabs[j] = cache_take_or_wait(space, sizes[j], uid, wait_max, &deferred);
@@ -1281,25 +1288,49 @@ bool pool_has_host(Pool *p, size_t i) {
         return false;
 }
 
-int pool_alloc_host(Pool *p, Slab *const *slabs, size_t n, uid_t uid, uint64_t wait_max, Slab **ret_host) {
-        uint64_t sizes[POOL_MAX_SLABS];
+/*
+ * The sizes of the host slabs that hold the content of device slabs `slabs` (one lease's, in mapping order):
+ * each cut into slabs of the host slab size and one of the rest, so that the driver pins no more than
+ * Pool.host_slab per call. Returns their number (at most POOL_MAX_HOST_SLABS: pool_new() keeps max_slab /
+ * host_slab within POOL_HOST_PIECES_MAX), or 0 when the host granularity does not divide a slab (said).
+ */
+static size_t host_sizes(Pool *p, PoolDevice *dev, Slab *const *slabs, size_t n, uint64_t sizes[static POOL_MAX_HOST_SLABS]) {
+        size_t n_host = 0;
+
+        for (size_t j = 0; j < n; j++) {
+                if (slabs[j]->size % dev->host.granularity != 0) {
+                        set_error(p, "device %d's host granularity (%" PRIu64 " bytes) does not divide a slab of "
+                                  "%" PRIu64 " bytes", dev->info.index, dev->host.granularity, slabs[j]->size);
+                        return 0;
+                }
+                n_host += pool_plan(slabs[j]->size, dev->host.granularity, p->host_slab, sizes + n_host,
+                                    POOL_MAX_HOST_SLABS - n_host);
+        }
+        assert(n_host <= POOL_MAX_HOST_SLABS);
+        return n_host;
+}
+
+int pool_alloc_host(Pool *p, Slab *const *slabs, size_t n, uid_t uid, uint64_t wait_max, Slab **ret_host,
+                    size_t *ret_n) {
+        uint64_t sizes[POOL_MAX_HOST_SLABS];
         PoolDevice *dev;
+        size_t n_host;
+        int k;
 
         if (n == 0 || n > POOL_MAX_SLABS)
                 return -EINVAL;
         dev = slabs[0]->device;
         if (!pool_has_host(p, (size_t)(dev - p->devices)))
                 return POOL_E_NO_HOST;
-        for (size_t j = 0; j < n; j++) {
-                /* Same sizes, so that the content maps back slab for slab, whatever the layout at unpark. */
-                if (slabs[j]->size % dev->host.granularity != 0) {
-                        set_error(p, "device %d's host granularity (%" PRIu64 " bytes) does not divide a slab of "
-                                  "%" PRIu64 " bytes", dev->info.index, dev->host.granularity, slabs[j]->size);
-                        return POOL_E_NO_HOST;
-                }
-                sizes[j] = slabs[j]->size;
-        }
-        return space_alloc(&dev->host, sizes, n, uid, wait_max, ret_host);
+        /* The copies go by offset (pool_copy_start()): any cut of the same bytes maps back, whatever the layout of
+         * the device slabs at unpark. */
+        n_host = host_sizes(p, dev, slabs, n, sizes);
+        if (n_host == 0)
+                return POOL_E_NO_HOST;
+        k = space_alloc(&dev->host, sizes, n_host, uid, wait_max, ret_host);
+        if (k == 0)
+                *ret_n = n_host;
+        return k;
 }
 
 /* --- host slabs made off the loop ------------------------------------------------------------------- */
@@ -1498,9 +1529,15 @@ static int make_start(Pool *p, PoolDevice *dev, const uint64_t *sizes, size_t n_
         return POOL_E_MAKING;
 }
 
+static int cmp_u64(const void *a, const void *b) {
+        uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+        return x < y ? -1 : x > y;
+}
+
 int pool_make_host(Pool *p, Slab *const *slabs, size_t n, uid_t uid) {
-        uint64_t sizes[POOL_MAX_SLABS], fresh = 0;
-        size_t n_make = 0;
+        uint64_t sizes[POOL_MAX_HOST_SLABS], make[POOL_MAX_HOST_SLABS], fresh = 0;
+        size_t n_sizes, n_make = 0;
         SlabSpace *space;
         PoolDevice *dev;
         int r;
@@ -1511,23 +1548,21 @@ int pool_make_host(Pool *p, Slab *const *slabs, size_t n, uid_t uid) {
         space = &dev->host;
         if (!pool_has_host(p, (size_t)(dev - p->devices)))
                 return POOL_E_NO_HOST;
-        /* Of each size, the slabs that pool_alloc_host() would find (cached or being scrubbed) are not made. */
-        for (size_t i = 0; i < n; i++) {
-                uint64_t size = slabs[i]->size;
-                unsigned wanted = 0;
-                bool counted = false;
+        n_sizes = host_sizes(p, dev, slabs, n, sizes);
+        if (n_sizes == 0)
+                return 0;               /* pool_alloc_host() refuses it, and says why */
+        /* Of each size, the slabs that pool_alloc_host() would find (cached or being scrubbed) are not made. The
+         * sizes are mostly one (the host slab size): sorted, each size is a run. */
+        qsort(sizes, n_sizes, sizeof(uint64_t), cmp_u64);
+        for (size_t i = 0, run; i < n_sizes; i += run) {
+                unsigned have;
 
-                if (size % space->granularity != 0)
-                        return 0;       /* pool_alloc_host() refuses it, and says why */
-                for (size_t k = 0; k < i && !counted; k++)
-                        counted = slabs[k]->size == size;
-                if (counted)
-                        continue;       /* the first slab of each size counts for all of that size */
-                for (size_t k = i; k < n; k++)
-                        wanted += slabs[k]->size == size;
-                for (unsigned have = space_available(space, size, uid); have < wanted; have++) {
-                        sizes[n_make++] = size;
-                        fresh += size;
+                for (run = 1; i + run < n_sizes && sizes[i + run] == sizes[i]; run++)
+                        ;
+                have = space_available(space, sizes[i], uid);
+                for (size_t j = have; j < run; j++) {
+                        make[n_make++] = sizes[i];
+                        fresh += sizes[i];
                 }
         }
         if (n_make == 0)
@@ -1535,7 +1570,7 @@ int pool_make_host(Pool *p, Slab *const *slabs, size_t n, uid_t uid) {
         r = space_make_room(space, fresh);
         if (r != 0)
                 return r;
-        return make_start(p, dev, sizes, n_make, fresh);
+        return make_start(p, dev, make, n_make, fresh);
 }
 
 /* The space's slabs of `size`, whatever their state: leased, queued or being scrubbed, cached. */
@@ -1554,27 +1589,27 @@ static unsigned space_count(const SlabSpace *space, uint64_t size) {
 }
 
 int pool_reserve_host(Pool *p) {
-        uint64_t want = p->host_reserve / p->max_slab, sizes[POOL_MAX_SLABS];
+        uint64_t want = p->host_reserve / p->host_slab, sizes[POOL_MAX_SLABS];
         int asked = 0;
 
         for (size_t b = 0; b < POOL_MAX_SLABS; b++)
-                sizes[b] = p->max_slab;
+                sizes[b] = p->host_slab;
         for (size_t i = 0; i < p->n_devices && want > 0; i++) {
                 PoolDevice *dev = &p->devices[i];
                 SlabSpace *space = &dev->host;
                 uint64_t have, room, n;
                 int k;
 
-                if (!pool_has_host(p, i) || p->max_slab % space->granularity != 0)
+                if (!pool_has_host(p, i) || p->host_slab % space->granularity != 0)
                         continue;
-                have = space_count(space, p->max_slab);
+                have = space_count(space, p->host_slab);
                 room = (space->capacity - MIN(space->capacity, space->created_bytes + space->making_bytes)) /
-                       p->max_slab;
+                       p->host_slab;
                 n = MIN(want > have ? want - have : 0, room);
                 while (n > 0) {         /* POOL_MAX_SLABS jobs at a time */
                         size_t batch = (size_t)MIN(n, (uint64_t)POOL_MAX_SLABS);
 
-                        k = make_start(p, dev, sizes, batch, batch * p->max_slab);
+                        k = make_start(p, dev, sizes, batch, batch * p->host_slab);
                         if (k < 0)
                                 return k;
                         asked += (int)batch;
@@ -1943,6 +1978,12 @@ static int device_init(Pool *p, PoolDevice *dev, int index, const PoolConfig *co
         dev->mem.capacity -= dev->mem.capacity % dev->info.granularity;
         dev->mem.granularity = dev->info.granularity;
         host_init(p, dev, config, n_devices);
+        if (dev->host.granularity > 0 && p->host_slab % dev->host.granularity != 0) {
+                set_message(ret_message, "HostSlab= (%" PRIu64 " bytes) is not a multiple of device %d's host memory "
+                            "granularity (%" PRIu64 " bytes): raise it.", p->host_slab, index, dev->host.granularity);
+                k = -EINVAL;
+                goto release;
+        }
 
         dev->stats.index = index;
         dev->stats.name = dev->info.name;
@@ -2046,6 +2087,16 @@ int pool_new(Pool **ret, CudaDriver *cu, const PoolConfig *config, char **ret_me
         if (!IS_POWER_OF_2(p->max_slab)) {
                 set_message(ret_message, "The maximum slab size (%" PRIu64 " bytes) is not a "
                                             "power of two.", p->max_slab);
+                return -EINVAL;
+        }
+        p->host_slab = pool_host_slab(p->max_slab, config->host_slab);
+        if (!IS_POWER_OF_2(p->host_slab) || p->max_slab / p->host_slab > POOL_HOST_PIECES_MAX) {
+                char b1[32], b2[32];
+
+                set_message(ret_message, "HostSlab=%s must be a power of two of at least MaxSlab=%s / %d, so that a "
+                            "parked lease needs at most %d host slabs: raise it, or lower MaxSlab=.",
+                            config_size(config->host_slab, b1, sizeof(b1)), config_size(p->max_slab, b2, sizeof(b2)),
+                            POOL_HOST_PIECES_MAX, POOL_MAX_HOST_SLABS);
                 return -EINVAL;
         }
         k = host_reserve_check(config, p->max_slab, ret_message);

@@ -24,7 +24,7 @@
  *   on its NUMA node (cuMemCreate at CU_MEM_LOCATION_TYPE_HOST_NUMA), exported
  *   and kept in the fd store like device slabs, up to a host capacity of their
  *   own. A parked lease's content is copied into them (pool_alloc_host(),
- *   pool_copy()); they are never sent to a client. Freed, they are scrubbed
+ *   pool_copy_start()); they are never sent to a client. Freed, they are scrubbed
  *   like device slabs and then cached for any user (zeroed, they hold nobody's
  *   data).
  *
@@ -42,6 +42,9 @@
 
 #define POOL_MAX_SLABS 253                      /* the kernel's limit on fds in one message */
 #define POOL_DEFAULT_MAX_SLAB (UINT64_C(1) << 30)
+#define POOL_DEFAULT_HOST_SLAB (UINT64_C(64) << 20)  /* pinned per cuMemCreate: the driver's lock is held that long */
+#define POOL_HOST_PIECES_MAX 16                 /* host slabs per device slab, at most (max_slab / host_slab) */
+#define POOL_MAX_HOST_SLABS (POOL_MAX_SLABS * POOL_HOST_PIECES_MAX) /* of one parked lease */
 #define POOL_DEFAULT_CAPACITY_PERCENT 95        /* of the device memory free when the pool starts */
 #define POOL_DEFAULT_HOST_CAPACITY_PERCENT 25   /* of the host's physical memory, shared by the devices */
 #define UID_UNBOUND ((uid_t)-1)                 /* owner of a slab never leased: any uid may have it */
@@ -72,7 +75,17 @@ typedef struct PoolConfig {
         bool no_host;           /* no host memory at all: leases cannot be parked (HostCapacity=0) */
         uint64_t host_reserve;  /* host bytes per device pinned at start for parks (pool_reserve_host()), a multiple
                                    of max_slab; 0: none (HostReserve=) */
+        uint64_t host_slab;     /* the largest host slab (HostSlab=): a power of two, at least max_slab /
+                                   POOL_HOST_PIECES_MAX; 0 = pool_host_slab()'s default */
 } PoolConfig;
+
+/*
+ * The largest host slab the pool makes with `max_slab` and HostSlab= `host_slab` (0: not set): host_slab, or
+ * POOL_DEFAULT_HOST_SLAB but at least max_slab / POOL_HOST_PIECES_MAX; never more than max_slab. A device slab's
+ * content is parked in host slabs of this size and one of the rest (pool_alloc_host()), because the driver pins
+ * each host slab under a lock that every process's GPU allocations on the host wait for.
+ */
+uint64_t pool_host_slab(uint64_t max_slab, uint64_t host_slab);
 
 typedef enum SlabState {
         SLAB_LEASED,            /* handed out; reclaim it with pool_reclaim() */
@@ -149,7 +162,7 @@ typedef struct PoolDeviceStats {
         unsigned n_parked;
         uint64_t host_created;          /* host slabs created */
         uint64_t host_adopted;          /* host slabs of a previous run's cache taken back (pool_adopt_host()) */
-        uint64_t copied_bytes;          /* by pool_copy() and pool_copy_start() */
+        uint64_t copied_bytes;          /* by pool_copy_start() */
         uint64_t after_copy;            /* slabs given back while a copy used them, given back after it */
         uint64_t copy_waits;            /* slab releases that waited for a copy still using the slab */
 } PoolDeviceStats;
@@ -209,7 +222,7 @@ bool pool_has_queued(const Pool *p);
 /*
  * A count that moves when zeroing has finished: scrubs (their slabs cached, or released when a scrub could not
  * be issued) whichever way they were finished, by pool_dispatch(), or ahead of it by a request that waited for
- * them, pool_copy() or pool_drain(); and the completion pool_scrub_wait() queues after zeroings in place it did
+ * them, or pool_drain(); and the completion pool_scrub_wait() queues after zeroings in place it did
  * not wait for. A caller that deferred requests for zeroing (POOL_E_SCRUBBING) tries them again when this has
  * moved.
  */
@@ -223,21 +236,23 @@ uint64_t pool_scrubs_finished(const Pool *p);
 void pool_set_queued_hook(Pool *p, void (*queued)(void *userdata), void *userdata);
 
 /*
- * Host slabs to park the content of `slabs` (n device slabs of one device, a lease's) in: one of the same
- * size per device slab, zeroed cached ones first, the rest created on the device's NUMA node (within the
- * device's host capacity, releasing cached host slabs to make room). Fills ret_host[n], leased to `uid`.
+ * Host slabs to park the content of `slabs` (n device slabs of one device, a lease's) in: each device slab cut
+ * into host slabs of the host slab size (pool_host_slab()) and one of the rest, in the same order, zeroed cached
+ * ones first, the rest created on the device's NUMA node (within the device's host capacity, releasing cached
+ * host slabs to make room). Fills ret_host (room for POOL_MAX_HOST_SLABS), leased to `uid`, and *ret_n.
  * Host slabs still being zeroed are waited for as pool_alloc_bounded() waits, within `wait_max` (host memory is
  * zeroed at about 20 ms per GiB: its bytes count 64 times over); past it, POOL_E_SCRUBBING, nothing changed.
  * Returns 0, POOL_E_NO_HOST (also when the host granularity does not divide a slab's size),
  * POOL_E_HOST_NOMEM, POOL_E_SCRUBBING, POOL_E_DRIVER, POOL_E_NOT_KEPT, or a negative errno; on failure nothing
  * changed (but cached host slabs released).
  */
-int pool_alloc_host(Pool *p, Slab *const *slabs, size_t n, uid_t uid, uint64_t wait_max, Slab **ret_host);
+int pool_alloc_host(Pool *p, Slab *const *slabs, size_t n, uid_t uid, uint64_t wait_max, Slab **ret_host,
+                    size_t *ret_n);
 
 /*
  * Makes, off the daemon's loop, the host slabs that pool_alloc_host(p, slabs, n, uid) would have to create now:
- * those of the sizes of `slabs` (a lease's device slabs, of one device) that no cached host slab, nor one
- * being scrubbed, of that size and `uid` (or unbound) would give. Creating pinned host memory takes about
+ * those of the sizes it would cut `slabs` into (a lease's device slabs, of one device) that no cached host
+ * slab, nor one being scrubbed, of that size and `uid` (or unbound) would give. Creating pinned host memory takes about
  * 0.3 s per GiB, which a request made in the loop would make every other client wait for. The pool's maker
  * thread makes them one at a time and exports them; pool_dispatch() (the pool's eventfd) then adds each,
  * unbound and zeroed (new memory), to the host cache, tells the slab_created hook, and moves
@@ -286,15 +301,9 @@ bool pool_has_host(Pool *p, size_t i);
 
 /*
  * Copies the content of the src slabs, back to back, into the dst slabs, back to back (as many bytes as the
- * smaller of the two holds), on the device's stream through the pool's own mappings, after the scrubs
- * queued before it, and waits for it: a copy the daemon cannot see complete is a failure. Every slab is of
- * one device. Returns 0 or POOL_E_DRIVER (pool_last_error() says why).
- */
-int pool_copy(Pool *p, Slab *const *dst, size_t n_dst, Slab *const *src, size_t n_src);
-
-/*
- * pool_copy() without the wait: queues the copy, then a completion, on the device's stream, and returns the
- * completion's ticket in *ret_ticket. pool_copy_finished() says when it is reached; the pool's eventfd is
+ * smaller of the two holds, by offset: the two may be cut differently), through the pool's own mappings, on
+ * the device's copy stream, without waiting: queues the copy, then a completion, and returns the
+ * completion's ticket in *ret_ticket. Every slab is of one device. pool_copy_finished() says when it is reached; the pool's eventfd is
  * told then (pool_dispatch() moves pool_scrubs_finished()). The slabs stay as they are, leased: whatever
  * gives them back queues their scrub after the copy on the same stream, and a release waits for the copy
  * first (unmapping memory a copy still uses would fault the stream). Returns 0, -EINVAL (no slabs), or

@@ -463,12 +463,12 @@ static void restore_kept(Broker *b, Lease *l) {
 }
 
 static int restore_one(Manager *m, Inherited *in, const StateLease *sl, unsigned *ret_holds, unsigned *ret_gone) {
-        Slab *slabs[POOL_MAX_SLABS];
+        Slab *slabs[POOL_MAX_HOST_SLABS];
         Broker *b = &m->broker;
         Lease *l;
         int i = pool_find_device(m->pool, sl->device), k;
 
-        if (i < 0 || sl->n_slabs > POOL_MAX_SLABS)
+        if (i < 0 || sl->n_slabs > (sl->parked ? POOL_MAX_HOST_SLABS : POOL_MAX_SLABS))
                 return -ENODEV;
         k = import_slabs(m, in, sl, slabs);
         if (k != 0)

@@ -565,6 +565,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
                 "Socket=%s\n"
                 "Capacity=32M\n"
                 "MaxSlab=8M\n"
+                "HostSlab=2M\n"
                 "[Limits]\n"
                 "MaxBytes=75%%\n"
                 "MaxLeases=8\n"

@@ -275,6 +275,7 @@ START_TEST(test_print_config) {
                               "ReclaimTimeout=5s\n"
                               "HostCapacity=25%\n"
                               "HostReserve=0\n"
+                              "HostSlab=64M\n"
                               "ScrubWaitBytes=256M\n"
                               "\n"
                               "[Limits]\n"

@@ -328,7 +328,8 @@ END_TEST
 START_TEST(test_restart_keeps_leases) {
         Client clients[N_CLIENTS];
         char dir[64];
-        Supervisor *s = daemon_start(dir, sizeof(dir));
+        /* Host slabs of 2 MiB: the parked leases of 6 and 18 MiB are in 3 and 9 of them. */
+        Supervisor *s = daemon_start_with(dir, sizeof(dir), "[Broker]\nMaxSlab=16M\nHostSlab=2M\n");
 
         /* Every other client keeps its lease parked; the first, which dies below, among them. */
         for (size_t i = 0; i < N_CLIENTS; i++)

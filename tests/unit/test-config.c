@@ -102,6 +102,7 @@ START_TEST(test_defaults_without_file) {
                                "ReclaimTimeout=5s\n"
                                "HostCapacity=25%\n"
                                "HostReserve=0\n"
+                               "HostSlab=64M\n"
                                "ScrubWaitBytes=256M\n"
                                "\n"
                                "[Limits]\n"
@@ -235,6 +236,8 @@ START_TEST(test_errors_name_the_line) {
         expect_error("[Broker]\nCapacity=%\n", 2, "a percentage must be 1%-100%");
         expect_error("[Broker]\nMaxSlab=3G\n", 2, "expected a power of two");
         expect_error("[Broker]\nHostReserve=lots\n", 2, "expected a size such as 16G");
+        expect_error("[Broker]\nHostSlab=48M\n", 2, "expected a power of two of at least 2M");
+        expect_error("[Broker]\nHostSlab=1M\n", 2, "expected a power of two of at least 2M");
         expect_error("[Broker]\nAdminGroup=vmmb-no-such-group\n", 2, "no such group");
         expect_error("[Broker]\nScrubWaitBytes=-1\n", 2, "ScrubWaitBytes=-1: expected a size such as 256M, or 0");
         expect_error("[Broker]\nScrubWaitBytes=1P\n", 2, "expected a size such as 256M");
@@ -309,7 +312,7 @@ START_TEST(test_print_round_trip) {
 
         ck_assert_int_eq(load(&c, "[Broker]\nSocket=/run/x\nDevices=1,0\nCapacity=1536M\nMaxSlab=2G\n"
                                   "AdminGroup=root\nReplyTimeout=2min\nMaxConnectionsTotal=500\nMaxAllocWait=0\n"
-                                  "Placement=first\nHostCapacity=0\nHostReserve=4G\nScrubWaitBytes=0\n"
+                                  "Placement=first\nHostCapacity=0\nHostReserve=4G\nHostSlab=256M\nScrubWaitBytes=0\n"
                                   "[Limits]\nMaxBytes=40G\nMaxProcesses=12\n"
                                   "MaxHostBytes=8G\n[User:0]\nMaxLeases=7\nMaxProcesses=1\nMaxHostBytes=10%\n"
                                   "[Group:root]\nMaxBytes=50%\nMaxConnections=3\n",
@@ -328,6 +331,7 @@ START_TEST(test_print_round_trip) {
                                 "ReclaimTimeout=5s\n"
                                 "HostCapacity=0\n"
                                 "HostReserve=4G\n"
+                                "HostSlab=256M\n"
                                 "ScrubWaitBytes=0\n"
                                 "\n"
                                 "[Limits]\n"

@@ -384,7 +384,7 @@ END_TEST
  * alone (4 MiB) would have waited in the daemon's loop. Streams are held meanwhile, and a wait for them aborts.
  */
 START_TEST(test_host_zeroing_counts_more) {
-        Slab *a[POOL_MAX_SLABS], *ha[POOL_MAX_SLABS], *d[POOL_MAX_SLABS], *c[POOL_MAX_SLABS];
+        Slab *a[POOL_MAX_SLABS], *ha[POOL_MAX_HOST_SLABS], *d[POOL_MAX_SLABS], *c[POOL_MAX_SLABS];
         _cleanup_free_ char *message = NULL;
         PoolConfig config = { .capacity = 64 * MiB, .host_capacity = 8 * MiB };
         uint64_t syncs;
@@ -394,7 +394,7 @@ START_TEST(test_host_zeroing_counts_more) {
         ck_assert_msg(pool_new(&pool, cu, &config, &message) == 0, "%s", message);
         ck_assert_int_eq(pool_use_device(pool, 0), 0);
         ck_assert_int_eq(alloc(2 * MiB, UID_A, a, &n), 0);
-        ck_assert_int_eq(pool_alloc_host(pool, a, n, UID_A, POOL_WAIT_ANY, ha), 0);
+        ck_assert_int_eq(pool_alloc_host(pool, a, n, UID_A, POOL_WAIT_ANY, ha, &n), 0);
         ck_assert_int_eq(alloc(2 * MiB, UID_A, d, &m), 0);
         sim.hold_streams(SIMCUDA_HOLD_NO_WAIT); /* a wait for the held zeroing fails the test at once */
         reclaim_all(ha, n);                     /* issued first, not run */
@@ -572,7 +572,7 @@ END_TEST
 /* Host slabs released to make room for a park count in neither `evicted` nor `released`, which are the
  * device's (the metrics' vmmbroker_device_evictions_total is a part of vmmbroker_device_slabs_released_total). */
 START_TEST(test_host_eviction_not_counted) {
-        Slab *a[POOL_MAX_SLABS], *b[POOL_MAX_SLABS], *ha[POOL_MAX_SLABS], *hb[POOL_MAX_SLABS];
+        Slab *a[POOL_MAX_SLABS], *b[POOL_MAX_SLABS], *ha[POOL_MAX_HOST_SLABS], *hb[POOL_MAX_HOST_SLABS];
         _cleanup_free_ char *message = NULL;
         PoolConfig config = { .capacity = 64 * MiB, .host_capacity = 4 * MiB };
         PoolDeviceStats s;
@@ -584,13 +584,13 @@ START_TEST(test_host_eviction_not_counted) {
         ck_assert(pool_has_host(pool, 0));
         ck_assert_int_eq(alloc(2 * MiB, UID_A, a, &n), 0);
         ck_assert_int_eq(alloc(4 * MiB, UID_B, b, &m), 0);
-        ck_assert_int_eq(pool_alloc_host(pool, a, n, UID_A, POOL_WAIT_ANY, ha), 0);
+        ck_assert_int_eq(pool_alloc_host(pool, a, n, UID_A, POOL_WAIT_ANY, ha, &n), 0);
         reclaim_all(ha, n);             /* A's host slab, zeroed and cached */
         wait_scrubs(1);
         ck_assert_uint_eq(stats().host_cached, 2 * MiB);
 
         /* B's 4 MiB do not fit beside it, and it is not of B's size: released to make room */
-        ck_assert_int_eq(pool_alloc_host(pool, b, m, UID_B, POOL_WAIT_ANY, hb), 0);
+        ck_assert_int_eq(pool_alloc_host(pool, b, m, UID_B, POOL_WAIT_ANY, hb, &m), 0);
         s = stats();
         ck_assert_uint_eq(s.host_created, 2);
         ck_assert_uint_eq(s.host_cached, 0);
@@ -1105,7 +1105,7 @@ END_TEST
  * with parking off, and says which; pool_reserve_host() makes the reserve off the loop, once. */
 START_TEST(test_host_reserve) {
         PoolConfig config = { .capacity = 64 * MiB, .max_slab = 4 * MiB, .host_capacity = 32 * MiB };
-        Slab *a[POOL_MAX_SLABS], *host[POOL_MAX_SLABS];
+        Slab *a[POOL_MAX_SLABS], *host[POOL_MAX_HOST_SLABS];
         static const struct {
                 uint64_t reserve;
                 bool no_host;
@@ -1156,7 +1156,7 @@ START_TEST(test_host_reserve) {
         ck_assert_int_eq(alloc(8 * MiB, UID_A, a, &n), 0);
         ck_assert_uint_eq(n, 2);
         ck_assert_int_eq(pool_make_host(pool, a, n, UID_A), 0);
-        ck_assert_int_eq(pool_alloc_host(pool, a, n, UID_A, POOL_WAIT_ANY, host), 0);
+        ck_assert_int_eq(pool_alloc_host(pool, a, n, UID_A, POOL_WAIT_ANY, host, &n), 0);
         ck_assert_int_eq(pool_reserve_host(pool), 0);
         st = stats();
         ck_assert_uint_eq(st.host_created, 4);
@@ -1164,6 +1164,114 @@ START_TEST(test_host_reserve) {
         ck_assert_uint_eq(st.host_cached, 8 * MiB);
         reclaim_all(host, n);
         reclaim_all(a, n);
+        ck_assert_int_eq(pool_drain(pool), 0);
+}
+END_TEST
+
+/* Maps a lease as a client would and fills each MiB of it with a byte of its own (`write`), or checks that. */
+static void lease_chunks(Slab **slabs, size_t n, bool write) {
+        uint64_t sizes[POOL_MAX_SLABS] = {}, total = 0;
+        int fds[POOL_MAX_SLABS] = {};
+        _cleanup_free_ char *message = NULL;
+        uint8_t chunk[4096];
+        CUdeviceptr va;
+
+        for (size_t i = 0; i < n; i++) {
+                fds[i] = slabs[i]->fd;
+                sizes[i] = slabs[i]->size;
+                total += sizes[i];
+        }
+        ck_assert_msg(cuda_map_fds(cu, 0, fds, sizes, n, false, &va, &message) == 0, "%s", message);
+        for (uint64_t k = 0; k < total / MiB; k++) {
+                uint8_t byte = (uint8_t)(k * 7 + 1);
+
+                if (write) {
+                        ck_assert_int_eq(cu->cuMemsetD8(va + k * MiB, byte, MiB), CUDA_SUCCESS);
+                        continue;
+                }
+                ck_assert_int_eq(cu->cuMemcpyDtoH(chunk, va + k * MiB + MiB - sizeof(chunk), sizeof(chunk)),
+                                 CUDA_SUCCESS);
+                for (size_t i = 0; i < sizeof(chunk); i++)
+                        ck_assert_msg(chunk[i] == byte, "MiB %" PRIu64 " of the lease reads %#x, not %#x", k,
+                                      chunk[i], byte);
+        }
+        ck_assert_int_eq(cu->cuCtxSynchronize(), CUDA_SUCCESS);
+        ck_assert_int_eq(cuda_unmap(cu, va, sizes, n), 0);
+}
+
+/* Copies src into dst (pool_copy_start()) and dispatches the pool until the copy is done. */
+static void copy_and_wait(Slab **dst, size_t n_dst, Slab **src, size_t n_src) {
+        uint64_t ticket = 0;
+
+        ck_assert_int_eq(pool_copy_start(pool, dst, n_dst, src, n_src, &ticket), 0);
+        for (unsigned i = 0; !pool_copy_finished(pool, dst[0], ticket); i++) {
+                struct pollfd p = { .fd = pool_get_fd(pool), .events = POLLIN };
+
+                ck_assert_msg(i < 100, "the copy was not done in 10 s");
+                (void)poll(&p, 1, 100);
+                (void)pool_dispatch(pool);
+        }
+}
+
+/*
+ * A park's host memory comes in host slabs of HostSlab= and one of each device slab's rest, so that the driver
+ * pins no more than that per call: with HostSlab=4M, a 14 MiB lease of 8 + 6 MiB device slabs parks in 4 + 4 and
+ * 4 + 2 MiB. They are made off the loop, each size as often as it is missing; the content goes into them and back into other device slabs, every MiB
+ * in its place; a second park of the size finds them cached and makes nothing. A HostSlab= under MaxSlab= / 16
+ * is refused.
+ */
+START_TEST(test_host_pieces) {
+        PoolConfig config = { .capacity = 64 * MiB, .max_slab = 8 * MiB, .host_capacity = 32 * MiB,
+                              .host_slab = 4 * MiB };
+        Slab *a[POOL_MAX_SLABS], *b[POOL_MAX_SLABS], *host[POOL_MAX_HOST_SLABS];
+        static const uint64_t want[] = { 4 * MiB, 4 * MiB, 4 * MiB, 2 * MiB };
+        _cleanup_free_ char *message = NULL;
+        PoolDeviceStats st;
+        size_t n, m, nh;
+        uint64_t made;
+
+        open_driver();
+        config.host_slab = 2 * MiB;
+        config.max_slab = 64 * MiB;
+        ck_assert_int_eq(pool_new(&pool, cu, &config, &message), -EINVAL);
+        ck_assert_msg(message && strstr(message, "HostSlab=2M must be a power of two of at least MaxSlab=64M / 16"),
+                      "%s", message ?: "no message");
+        config.host_slab = 4 * MiB;
+        config.max_slab = 8 * MiB;
+        ck_assert_int_eq(pool_new(&pool, cu, &config, NULL), 0);
+        ck_assert_int_eq(pool_use_device(pool, 0), 0);
+
+        ck_assert_int_eq(alloc(14 * MiB, UID_A, a, &n), 0);
+        ck_assert_uint_eq(n, 2);
+        lease_chunks(a, n, true);
+        made = pool_host_made(pool);
+        ck_assert_int_eq(pool_make_host(pool, a, n, UID_A), POOL_E_MAKING);
+        for (unsigned i = 0; pool_host_made(pool) == made; i++) {
+                struct pollfd p = { .fd = pool_get_fd(pool), .events = POLLIN };
+
+                ck_assert_msg(i < 100, "the host slabs were not made in 10 s");
+                (void)poll(&p, 1, 100);
+                (void)pool_dispatch(pool);
+        }
+        ck_assert_uint_eq(stats().host_created, 4);
+        ck_assert_int_eq(pool_make_host(pool, a, n, UID_A), 0);         /* all there */
+        ck_assert_int_eq(pool_alloc_host(pool, a, n, UID_A, POOL_WAIT_ANY, host, &nh), 0);
+        ck_assert_uint_eq(nh, ELEMENTSOF(want));
+        for (size_t i = 0; i < nh; i++)
+                ck_assert_uint_eq(host[i]->size, want[i]);
+        copy_and_wait(host, nh, a, n);
+        reclaim_all(a, n);
+
+        ck_assert_int_eq(alloc(14 * MiB, UID_B, b, &m), 0);              /* other slabs than A's */
+        copy_and_wait(b, m, host, nh);
+        lease_chunks(b, m, false);
+        reclaim_all(host, nh);
+        wait_scrubs(4);
+        st = stats();
+        ck_assert_uint_eq(st.host_cached, 14 * MiB);
+        ck_assert_int_eq(pool_make_host(pool, b, m, UID_B), 0);         /* cached, unbound: any park's */
+        ck_assert_uint_eq(st.host_created, 4);
+        reclaim_all(b, m);
         ck_assert_int_eq(pool_drain(pool), 0);
 }
 END_TEST
@@ -1196,7 +1304,7 @@ static int adopt_refused(int device, uint64_t size, uint64_t real_size) {
  */
 START_TEST(test_adopt_host) {
         PoolConfig config = { .capacity = 64 * MiB, .max_slab = 4 * MiB, .host_capacity = 8 * MiB };
-        Slab *a[POOL_MAX_SLABS], *host[POOL_MAX_SLABS];
+        Slab *a[POOL_MAX_SLABS], *host[POOL_MAX_HOST_SLABS];
         PoolDeviceStats st;
         size_t n;
 
@@ -1222,7 +1330,7 @@ START_TEST(test_adopt_host) {
 
         ck_assert_int_eq(alloc(4 * MiB, UID_A, a, &n), 0);
         ck_assert_int_eq(pool_make_host(pool, a, n, UID_A), 0);
-        ck_assert_int_eq(pool_alloc_host(pool, a, n, UID_A, POOL_WAIT_ANY, host), 0);
+        ck_assert_int_eq(pool_alloc_host(pool, a, n, UID_A, POOL_WAIT_ANY, host, &n), 0);
         st = stats();
         ck_assert_uint_eq(st.host_created, 0);
         ck_assert_uint_eq(st.parked, 4 * MiB);
@@ -1274,6 +1382,7 @@ static Suite *pool_suite(void) {
         tcase_add_test(tc, test_idle_maps_ahead);
         tcase_add_test(tc, test_host_reserve);
         tcase_add_test(tc, test_adopt_host);
+        tcase_add_test(tc, test_host_pieces);
         suite_add_tcase(s, tc);
 
         return s;
