@@ -1642,10 +1642,11 @@ int pool_adopt_host(Pool *p, int device, int fd, uint64_t size) {
                 k = POOL_E_NO_HOST;
                 goto fail;
         }
-        if (size == 0 || size % space->granularity != 0 || size > ALIGN_UP(p->max_slab, space->granularity)) {
+        /* Larger ones (a run with a larger HostSlab=) would serve no park of this run's, and take room. */
+        if (size == 0 || size % space->granularity != 0 || size > p->host_slab) {
                 set_error(p, "a host slab of %" PRIu64 " bytes is not a multiple of device %d's host granularity "
-                          "(%" PRIu64 ") up to MaxSlab= (%" PRIu64 ")", size, dev->info.index, space->granularity,
-                          p->max_slab);
+                          "(%" PRIu64 ") up to HostSlab= (%" PRIu64 ")", size, dev->info.index, space->granularity,
+                          p->host_slab);
                 k = -EINVAL;
                 goto fail;
         }

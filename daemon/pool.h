@@ -287,7 +287,8 @@ uint64_t pool_host_made(const Pool *p);
  * (the hooks store it under its new id first). It was zeroed, or fresh from the driver, when that run cached
  * it, and nobody but that run and the service manager has held it since. Taken only into free room: never over
  * HostCapacity=, and nothing cached is released for it. The fd is the pool's in every case (closed on failure).
- * Returns 0, -ENODEV (no such device), POOL_E_NO_HOST, -EINVAL (a size no slab has), -ENOSPC (no room), -ENOMEM,
+ * Returns 0, -ENODEV (no such device), POOL_E_NO_HOST, -EINVAL (a size this run's host slabs cannot have: over
+ * HostSlab=, or not of the host granularity), -ENOSPC (no room), -ENOMEM,
  * POOL_E_DRIVER, or -EIO (it could not be stored, and was released); pool_last_error() says why.
  */
 int pool_adopt_host(Pool *p, int device, int fd, uint64_t size);

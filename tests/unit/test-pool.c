@@ -1319,7 +1319,7 @@ START_TEST(test_adopt_host) {
 
         ck_assert_int_eq(adopt_refused(5, 4 * MiB, 4 * MiB), -ENODEV);
         ck_assert_int_eq(adopt_refused(0, 3 * MiB, 4 * MiB), -EINVAL);         /* not of the granularity */
-        ck_assert_int_eq(adopt_refused(0, 6 * MiB, 6 * MiB), -EINVAL);         /* over MaxSlab= */
+        ck_assert_int_eq(adopt_refused(0, 6 * MiB, 6 * MiB), -EINVAL);         /* over HostSlab= (MaxSlab=) */
         ck_assert_int_eq(adopt_refused(0, 0, 2 * MiB), -EINVAL);
         ck_assert_int_eq(pool_adopt_host(pool, 0, host_slab_fd(4 * MiB), 4 * MiB), 0);
         ck_assert_int_eq(adopt_refused(0, 2 * MiB, 2 * MiB), -ENOSPC);         /* 8 of 8 MiB cached */
