@@ -478,15 +478,21 @@ START_TEST(test_ready_with_many_leases) {
 END_TEST
 
 
+/* Calls `method` on `c` with {"id": ID} and `more` (JSON members, or ""); fails the test on an error reply. */
+static void call_id_or_fail(VarlinkConn *c, const char *method, const char *id, const char *more, Reply *ret) {
+        char params[160];
+
+        snprintf(params, sizeof(params), "{\"id\": \"%s\"%s}", id, more);
+        ck_assert_int_eq(call_text(c, method, params, ret), 0);
+        ck_assert_msg(!ret->error, "%s: %s", method, ret->error);
+}
+
 /* Free with keep on `c`: whether the daemon kept the lease. */
 static bool free_keep(VarlinkConn *c, const char *id) {
-        char params[128];
         Reply r = {};
         bool kept;
 
-        snprintf(params, sizeof(params), "{\"id\": \"%s\", \"keep\": true}", id);
-        ck_assert_int_eq(call_text(c, "io.vmmbroker.Free", params, &r), 0);
-        ck_assert_msg(!r.error, "Free: %s", r.error);
+        call_id_or_fail(c, "io.vmmbroker.Free", id, ", \"keep\": true", &r);
         kept = json_object_get_boolean(json_object_object_get(r.params, "kept"));
         reply_done(&r);
         return kept;
@@ -553,13 +559,10 @@ static void host_cached_or_fail(Supervisor *s, int64_t bytes) {
 
 /* Unparks lease `id` on `c` and returns it (its fds open), or fails the test. */
 static TestLease unpark_or_fail(VarlinkConn *c, const char *id) {
-        char params[128];
         Reply r = {};
         TestLease l;
 
-        snprintf(params, sizeof(params), "{\"id\": \"%s\"}", id);
-        ck_assert_int_eq(call_text(c, "io.vmmbroker.Unpark", params, &r), 0);
-        ck_assert_msg(!r.error, "Unpark: %s", r.error);
+        call_id_or_fail(c, "io.vmmbroker.Unpark", id, "", &r);
         ck_assert_int_eq(lease_take(&r, &l), 0);
         reply_done(&r);
         return l;

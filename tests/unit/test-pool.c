@@ -106,20 +106,28 @@ static void reclaim_all(Slab **slabs, size_t n) {
         pool_scrub_queued(pool);
 }
 
-/* Maps a lease as a client would and either fills it with `fill` or checks it reads `expect`. */
-static void lease_io(Slab **slabs, size_t n, int fill, int expect) {
-        uint64_t sizes[POOL_MAX_SLABS], total = 0;
-        int fds[POOL_MAX_SLABS];
+/* Maps a lease's slabs as a client would: its address; sizes[] (for cuda_unmap()) and *ret_total filled. */
+static CUdeviceptr lease_map(Slab **slabs, size_t n, uint64_t sizes[static POOL_MAX_SLABS], uint64_t *ret_total) {
         _cleanup_free_ char *message = NULL;
-        _cleanup_free_ uint8_t *host = NULL;
+        int fds[POOL_MAX_SLABS] = {};
         CUdeviceptr va;
 
+        *ret_total = 0;
         for (size_t i = 0; i < n; i++) {
                 fds[i] = slabs[i]->fd;
                 sizes[i] = slabs[i]->size;
-                total += sizes[i];
+                *ret_total += sizes[i];
         }
         ck_assert_msg(cuda_map_fds(cu, 0, fds, sizes, n, false, &va, &message) == 0, "%s", message);
+        return va;
+}
+
+/* Maps a lease as a client would and either fills it with `fill` or checks it reads `expect`. */
+static void lease_io(Slab **slabs, size_t n, int fill, int expect) {
+        uint64_t sizes[POOL_MAX_SLABS] = {}, total;
+        _cleanup_free_ uint8_t *host = NULL;
+        CUdeviceptr va = lease_map(slabs, n, sizes, &total);
+
         if (fill >= 0)
                 ck_assert_int_eq(cu->cuMemsetD8(va, (unsigned char)fill, total), CUDA_SUCCESS);
         else {
@@ -1170,18 +1178,10 @@ END_TEST
 
 /* Maps a lease as a client would and fills each MiB of it with a byte of its own (`write`), or checks that. */
 static void lease_chunks(Slab **slabs, size_t n, bool write) {
-        uint64_t sizes[POOL_MAX_SLABS] = {}, total = 0;
-        int fds[POOL_MAX_SLABS] = {};
-        _cleanup_free_ char *message = NULL;
+        uint64_t sizes[POOL_MAX_SLABS] = {}, total;
+        CUdeviceptr va = lease_map(slabs, n, sizes, &total);
         uint8_t chunk[4096];
-        CUdeviceptr va;
 
-        for (size_t i = 0; i < n; i++) {
-                fds[i] = slabs[i]->fd;
-                sizes[i] = slabs[i]->size;
-                total += sizes[i];
-        }
-        ck_assert_msg(cuda_map_fds(cu, 0, fds, sizes, n, false, &va, &message) == 0, "%s", message);
         for (uint64_t k = 0; k < total / MiB; k++) {
                 uint8_t byte = (uint8_t)(k * 7 + 1);
 
