@@ -5,10 +5,10 @@
 # of this machine's / (tmpfs upper layer, so nothing of the host changes), boots that tree's systemd in a
 # container (systemd-nspawn -b), and checks, on the simulated device, with clients holding leases that carry
 # canaries: socket activation, READY=1 and STATUS=, the watchdog aborting a SIGSTOPped daemon, `systemctl
-# restart`, `kill -9` and `daemon-reexec` keeping every lease and canary, `systemctl stop` ending every
-# lease, the `systemd-analyze security` score, and a daemon that cannot serve (no driver, no device, a bad
-# configuration) ending failed with its reason after one start, a failure that may pass retried only within
-# the start limit. Prints a table: check, result, detail.
+# restart` (and the host memory kept for parks), `kill -9` and `daemon-reexec` keeping every lease and canary,
+# `systemctl stop` ending every lease, the `systemd-analyze security` score, and a daemon that cannot serve
+# (no driver, no device, a bad configuration) ending failed with its reason after one start, a failure that
+# may pass retried only within the start limit. Prints a table: check, result, detail.
 #
 #   boot-test.sh MESON BUILD_DIR SIMCUDA_LIB HOLDER BINDIR SBINDIR UNIT_DIR SYSUSERS_DIR LIBDIR SANITIZE
 #
@@ -289,7 +289,18 @@ else
 fi
 check_kept "after the watchdog" "restarted in $(elapsed "$t") s"
 
-# --- 7. systemctl restart.
+# --- 7. systemctl restart, with host memory kept for parks: holder 1 parks and unparks its lease first, which
+# leaves 64M of host memory zeroed and cached; the restart keeps it (stored as hcache-..., taken back).
+metric() { ct vmmctl metrics 2>/dev/null | sed -n "s/^$1{device=\"0\"} //p"; }
+host_cached_is() { [ "$(metric vmmbroker_device_host_cached_bytes)" = "$1" ]; }
+echo park >&"$holder1_fd"
+if ! poll 30 grep -q '^park 1: ' "$tmp/holder1.out" || ! grep -q '^park 1: intact' "$tmp/holder1.out"; then
+        record "a park and unpark leave host memory cached" FAIL "$(grep '^park 1: ' "$tmp/holder1.out" || echo 'no answer')"
+elif ! poll 30 host_cached_is 67108864; then
+        record "a park and unpark leave host memory cached" FAIL "vmmbroker_device_host_cached_bytes $(metric vmmbroker_device_host_cached_bytes)"
+else
+        record "a park and unpark leave host memory cached" ok "canary intact; 64M of host memory cached"
+fi
 pid=$(prop vmmbroker.service MainPID)
 t=$EPOCHREALTIME
 ct systemctl restart vmmbroker.service
@@ -299,6 +310,12 @@ else
         fatal "systemctl restart" "$(prop vmmbroker.service ActiveState)/$(prop vmmbroker.service SubState)"
 fi
 check_kept "after systemctl restart" "restarted in $(elapsed "$t") s"
+kept=$(metric vmmbroker_device_host_slabs_kept_total)
+if host_cached_is 67108864 && [ "$kept" = 1 ]; then
+        record "after systemctl restart: host memory for parks kept" ok "64M cached, vmmbroker_device_host_slabs_kept_total $kept"
+else
+        record "after systemctl restart: host memory for parks kept" FAIL "vmmbroker_device_host_cached_bytes $(metric vmmbroker_device_host_cached_bytes), kept $kept; journal: $(journal_since "$t" | grep -E 'host slab|Kept' | head -3)"
+fi
 
 # --- 8. kill -9.
 pid=$(prop vmmbroker.service MainPID) restarts=$(prop vmmbroker.service NRestarts)

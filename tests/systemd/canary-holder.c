@@ -14,6 +14,10 @@
  *
  *     check    reads the whole lease back through its own mapping and prints
  *              "check N: intact" or "check N: WRONG W of T words"
+ *     park     parks the lease (its content goes to host memory), unparks it
+ *              (the host memory is freed, zeroed and kept for the next park),
+ *              reads it back and prints "park N: intact", "park N: WRONG ..."
+ *              or "park N: " and the broker's message
  *
  * The mapping is the holder's: the daemon restarting, crashing or stopping
  * does not touch it, and a restart must not give the memory to anyone else.
@@ -23,6 +27,7 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,7 +69,7 @@ int main(int argc, char *argv[]) {
         uint64_t size;
         CUdeviceptr ptr;
         CUcontext ctx;
-        unsigned n_checks = 0;
+        unsigned n_checks = 0, n_parks = 0;
         int64_t wrong;
         int status = EXIT_FAILURE;
 
@@ -104,19 +109,27 @@ int main(int argc, char *argv[]) {
         printf("leased %s %" PRIu64 "\n", vmmb_lease_id(lease), size);
 
         while (fgets(line, sizeof(line), stdin)) {
-                if (strcmp(line, "check\n") != 0) {
+                bool park = strcmp(line, "park\n") == 0;
+                const char *what = park ? "park" : "check";
+                unsigned *n = park ? &n_parks : &n_checks;
+
+                if (!park && strcmp(line, "check\n") != 0) {
                         printf("unknown command\n");
+                        continue;
+                }
+                if (park && (vmmb_lease_park(lease, NULL) < 0 || vmmb_lease_unpark(lease) < 0)) {
+                        printf("park %u: %s\n", ++*n, vmmb_error_message());
                         continue;
                 }
                 wrong = check(cu, ptr, size, seed, host);
                 if (wrong < 0) {
-                        printf("check %u: cannot read the lease\n", ++n_checks);
+                        printf("%s %u: cannot read the lease\n", what, ++*n);
                         goto out;
                 }
                 if (wrong == 0)
-                        printf("check %u: intact\n", ++n_checks);
+                        printf("%s %u: intact\n", what, ++*n);
                 else
-                        printf("check %u: WRONG %" PRId64 " of %" PRIu64 " words\n", ++n_checks, wrong, size / 4);
+                        printf("%s %u: WRONG %" PRId64 " of %" PRIu64 " words\n", what, ++*n, wrong, size / 4);
         }
         if (vmmb_free(lease) < 0)
                 printf("free: %s\n", vmmb_error_message());
