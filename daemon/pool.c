@@ -1294,7 +1294,8 @@ bool pool_has_host(Pool *p, size_t i) {
  * Pool.host_slab per call. Returns their number (at most POOL_MAX_HOST_SLABS: pool_new() keeps max_slab /
  * host_slab within POOL_HOST_PIECES_MAX), or 0 when the host granularity does not divide a slab (said).
  */
-static size_t host_sizes(Pool *p, PoolDevice *dev, Slab *const *slabs, size_t n, uint64_t sizes[static POOL_MAX_HOST_SLABS]) {
+static size_t host_sizes(Pool *p, PoolDevice *dev, Slab *const *slabs, size_t n,
+                         uint64_t sizes[static POOL_MAX_HOST_SLABS]) {
         size_t n_host = 0;
 
         for (size_t j = 0; j < n; j++) {

@@ -1216,9 +1216,9 @@ static void copy_and_wait(Slab **dst, size_t n_dst, Slab **src, size_t n_src) {
 /*
  * A park's host memory comes in host slabs of HostSlab= and one of each device slab's rest, so that the driver
  * pins no more than that per call: with HostSlab=4M, a 14 MiB lease of 8 + 6 MiB device slabs parks in 4 + 4 and
- * 4 + 2 MiB. They are made off the loop, each size as often as it is missing; the content goes into them and back into other device slabs, every MiB
- * in its place; a second park of the size finds them cached and makes nothing. A HostSlab= under MaxSlab= / 16
- * is refused.
+ * 4 + 2 MiB. They are made off the loop, each size as often as it is missing; the content goes into them and
+ * back into other device slabs, every MiB in its place; a second park of the size finds them cached and makes
+ * nothing. A HostSlab= under MaxSlab= / 16 is refused.
  */
 START_TEST(test_host_pieces) {
         PoolConfig config = { .capacity = 64 * MiB, .max_slab = 8 * MiB, .host_capacity = 32 * MiB,
