@@ -773,21 +773,12 @@ void pool_set_hooks(Pool *p, const PoolHooks *hooks, void *userdata) {
         p->hooks_userdata = userdata;
 }
 
-int pool_import(Pool *p, int device, uint64_t id, int fd, uint64_t size, uid_t uid, bool host, Slab **ret) {
-        int i = pool_find_device(p, device);
-        _cleanup_free_ Slab *slab = NULL;
-        SlabSpace *space;
-        PoolDevice *dev;
+/* A slab of a previous run from its exported fd (the fd stays the caller's): a new Slab with the imported handle
+ * and nothing else set (slab_init() next). 0, -ENOMEM, or POOL_E_DRIVER (said). */
+static int slab_import(PoolDevice *dev, int fd, Slab **ret) {
+        _cleanup_free_ Slab *slab = calloc(1, sizeof(*slab));
         CUresult r;
 
-        if (i < 0)
-                return -EINVAL;
-        dev = &p->devices[i];
-        space = host ? &dev->host : &dev->mem;
-        if (space->granularity == 0 || size == 0 || size % space->granularity != 0 ||
-            size > ALIGN_UP(p->max_slab, space->granularity) || id == 0)
-                return -EINVAL;
-        slab = calloc(1, sizeof(*slab));
         if (!slab)
                 return -ENOMEM;
         if (make_current(dev) < 0)
@@ -798,10 +789,30 @@ int pool_import(Pool *p, int device, uint64_t id, int fd, uint64_t size, uid_t u
                 driver_error(dev, "cuMemImportFromShareableHandle", r);
                 return POOL_E_DRIVER;
         }
+        *ret = TAKE_PTR(slab);
+        return 0;
+}
+
+int pool_import(Pool *p, int device, uint64_t id, int fd, uint64_t size, uid_t uid, bool host, Slab **ret) {
+        int i = pool_find_device(p, device), k;
+        SlabSpace *space;
+        PoolDevice *dev;
+        Slab *slab;
+
+        if (i < 0)
+                return -EINVAL;
+        dev = &p->devices[i];
+        space = host ? &dev->host : &dev->mem;
+        if (space->granularity == 0 || size == 0 || size % space->granularity != 0 ||
+            size > ALIGN_UP(p->max_slab, space->granularity) || id == 0)
+                return -EINVAL;
+        k = slab_import(dev, fd, &slab);
+        if (k != 0)
+                return k;
         slab_init(space, slab, id, fd, size, uid);
         p->last_slab_id = MAX(p->last_slab_id, id);
         slab_lease(slab, uid);
-        *ret = TAKE_PTR(slab);
+        *ret = slab;
         return 0;
 }
 
@@ -1574,6 +1585,11 @@ int pool_make_host(Pool *p, Slab *const *slabs, size_t n, uid_t uid) {
         return make_start(p, dev, make, n_make, fresh);
 }
 
+/* Bytes of the space's capacity that no slab has nor is being made into: room without evicting anything. */
+static uint64_t space_free(const SlabSpace *space) {
+        return space->capacity - MIN(space->capacity, space->created_bytes + space->making_bytes);
+}
+
 /* The space's slabs of `size`, whatever their state: leased, queued or being scrubbed, cached. */
 static unsigned space_count(const SlabSpace *space, uint64_t size) {
         const PoolDevice *dev = space->device;
@@ -1601,11 +1617,10 @@ int pool_reserve_host(Pool *p) {
                 uint64_t have, room, n;
                 int k;
 
-                if (!pool_has_host(p, i) || p->host_slab % space->granularity != 0)
-                        continue;
+                if (!pool_has_host(p, i))
+                        continue;       /* (device_init() refused a HostSlab= its host granularity does not divide) */
                 have = space_count(space, p->host_slab);
-                room = (space->capacity - MIN(space->capacity, space->created_bytes + space->making_bytes)) /
-                       p->host_slab;
+                room = space_free(space) / p->host_slab;
                 n = MIN(want > have ? want - have : 0, room);
                 while (n > 0) {         /* POOL_MAX_SLABS jobs at a time */
                         size_t batch = (size_t)MIN(n, (uint64_t)POOL_MAX_SLABS);
@@ -1625,12 +1640,10 @@ uint64_t pool_host_made(const Pool *p) {
 }
 
 int pool_adopt_host(Pool *p, int device, int fd, uint64_t size) {
-        int i = pool_find_device(p, device);
-        _cleanup_free_ Slab *slab = NULL;
+        int i = pool_find_device(p, device), k;
         SlabSpace *space;
         PoolDevice *dev;
-        CUresult r;
-        int k;
+        Slab *slab;
 
         if (i < 0) {
                 set_error(p, "no device %d", device);
@@ -1651,30 +1664,17 @@ int pool_adopt_host(Pool *p, int device, int fd, uint64_t size) {
                 k = -EINVAL;
                 goto fail;
         }
-        if (size > space->capacity - MIN(space->capacity, space->created_bytes + space->making_bytes)) {
+        if (size > space_free(space)) {
                 set_error(p, "device %d's HostCapacity= (%" PRIu64 " bytes) has no room for %" PRIu64 " more",
                           dev->info.index, space->capacity, size);
                 k = -ENOSPC;
                 goto fail;
         }
-        slab = calloc(1, sizeof(*slab));
-        if (!slab) {
-                k = -ENOMEM;
+        k = slab_import(dev, fd, &slab);
+        if (k != 0)
                 goto fail;
-        }
-        if (make_current(dev) < 0) {
-                k = POOL_E_DRIVER;
-                goto fail;
-        }
-        r = DRV(dev, cuMemImportFromShareableHandle)(&slab->handle, (void *)(intptr_t)fd,
-                                                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-        if (r != CUDA_SUCCESS) {
-                driver_error(dev, "cuMemImportFromShareableHandle", r);
-                k = POOL_E_DRIVER;
-                goto fail;
-        }
         slab_init(space, slab, ++p->last_slab_id, fd, size, UID_UNBOUND);
-        if (!host_slab_cache(p, TAKE_PTR(slab))) {
+        if (!host_slab_cache(p, slab)) {
                 set_error(p, "it could not be stored with the service manager");
                 return -EIO;
         }
@@ -1689,9 +1689,9 @@ fail:
 void pool_foreach_host_cached(Pool *p, void (*fn)(const Slab *slab, int device, void *userdata), void *userdata) {
         for (size_t i = 0; i < p->n_devices; i++) {
                 PoolDevice *dev = &p->devices[i];
-                Slab *slab, *tmp;
+                Slab *slab;
 
-                list_for_each_entry_safe(slab, tmp, &dev->host.lru, link_lru)
+                list_for_each_entry(slab, &dev->host.lru, link_lru)
                         fn(slab, dev->info.index, userdata);
         }
 }

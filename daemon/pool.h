@@ -45,6 +45,11 @@
 #define POOL_DEFAULT_HOST_SLAB (UINT64_C(64) << 20)  /* pinned per cuMemCreate: the driver's lock is held that long */
 #define POOL_HOST_PIECES_MAX 16                 /* host slabs per device slab, at most (max_slab / host_slab) */
 #define POOL_MAX_HOST_SLABS (POOL_MAX_SLABS * POOL_HOST_PIECES_MAX) /* of one parked lease */
+
+/* The most slabs a lease may have: POOL_MAX_HOST_SLABS parked (host slabs), else POOL_MAX_SLABS. */
+static inline size_t pool_max_slabs(bool parked) {
+        return parked ? POOL_MAX_HOST_SLABS : POOL_MAX_SLABS;
+}
 #define POOL_DEFAULT_CAPACITY_PERCENT 95        /* of the device memory free when the pool starts */
 #define POOL_DEFAULT_HOST_CAPACITY_PERCENT 25   /* of the host's physical memory, shared by the devices */
 #define UID_UNBOUND ((uid_t)-1)                 /* owner of a slab never leased: any uid may have it */

@@ -468,7 +468,7 @@ static int restore_one(Manager *m, Inherited *in, const StateLease *sl, unsigned
         Lease *l;
         int i = pool_find_device(m->pool, sl->device), k;
 
-        if (i < 0 || sl->n_slabs > (sl->parked ? POOL_MAX_HOST_SLABS : POOL_MAX_SLABS))
+        if (i < 0 || sl->n_slabs > pool_max_slabs(sl->parked))
                 return -ENODEV;
         k = import_slabs(m, in, sl, slabs);
         if (k != 0)
@@ -563,9 +563,7 @@ int restore_leases(Manager *m, Inherited *in) {
                 if (in->n_slabs > 0)
                         fprintf(stderr, "The service manager kept %u slabs but no lease table: releasing them.\n",
                                 drop_unused_slabs(in));
-                adopt_host_cache(m, in);
-                store_rebuilt(m, in);
-                return 0;
+                goto done;
         }
         k = read_table(in, &s, &message);
         if (k == -ENOMEM)
@@ -579,9 +577,7 @@ int restore_leases(Manager *m, Inherited *in) {
                 drop(in, in->table_fd, name);
                 in->table_fd = -EBADF;
                 drop_unused_slabs(in);
-                adopt_host_cache(m, in);
-                store_rebuilt(m, in);
-                return 0;
+                goto done;
         }
         for (size_t i = 0; i < s.n_leases; i++) {
                 k = restore_one(m, in, &s.leases[i], &holds, &gone);
@@ -600,6 +596,7 @@ int restore_leases(Manager *m, Inherited *in) {
         unused = drop_unused_slabs(in);         /* no lease names them: their owner is unknown, never cached */
         fprintf(stderr, "Restored %u leases (%u holds; %u holders had exited, %u leases could not be restored, "
                 "%u stored slabs were unused).\n", restored, holds, gone, dropped, unused);
+done:
         adopt_host_cache(m, in);
         store_rebuilt(m, in);
         return 0;

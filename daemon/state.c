@@ -341,9 +341,9 @@ static int check_lease(const StateLease *l, size_t i, char **ret_message) {
 
         if (l->n_slabs == 0)
                 return set_message_error(ret_message, -EBADMSG, "Lease %s has no slabs.", l->id);
-        if (l->n_slabs > (l->parked ? POOL_MAX_HOST_SLABS : POOL_MAX_SLABS))
-                return set_message_error(ret_message, -EBADMSG, "Lease %s has more than %d slabs.", l->id,
-                                         l->parked ? POOL_MAX_HOST_SLABS : POOL_MAX_SLABS);
+        if (l->n_slabs > pool_max_slabs(l->parked))
+                return set_message_error(ret_message, -EBADMSG, "Lease %s has more than %zu slabs.", l->id,
+                                         pool_max_slabs(l->parked));
         for (size_t j = 0; j < l->n_slabs; j++) {
                 if (l->slabs[j].id == 0)
                         return set_message_error(ret_message, -EBADMSG, "Lease %s has a slab of id 0.", l->id);

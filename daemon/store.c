@@ -1149,8 +1149,7 @@ static int apply_put_lease(Replay *r, Cursor *c) {
                 free(v.label);
                 return error < 0 ? error : bad(r, "a lease that cannot be decoded");
         }
-        if (v.n_slabs == 0 || v.n_slabs > (v.parked ? POOL_MAX_HOST_SLABS : POOL_MAX_SLABS) ||
-            !cursor_need(c, v.n_slabs * 16)) {
+        if (v.n_slabs == 0 || v.n_slabs > pool_max_slabs(v.parked) || !cursor_need(c, v.n_slabs * 16)) {
                 free(v.label);
                 return bad(r, "a lease with no slabs or too many");
         }
