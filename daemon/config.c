@@ -208,12 +208,12 @@ static void print_host_capacity(const Config *c, FILE *f) {
                 fprintf(f, "%u%%", pool->host_capacity_percent ?: POOL_DEFAULT_HOST_CAPACITY_PERCENT);
 }
 
-/* HostReserve=: a size (checked against MaxSlab= and HostCapacity= when the pool starts), or 0: none. */
+/* HostReserve=: a size (checked against HostSlab= and HostCapacity= when the pool starts), or 0: none. */
 static int parse_host_reserve(Config *c, const char *value, char **ret_message) {
         uint64_t bytes = 0;
 
         if (*value && parse_size(value, &bytes) < 0)
-                return set_message_error(ret_message, -EINVAL, "expected a size such as 16G (a multiple of MaxSlab=), "
+                return set_message_error(ret_message, -EINVAL, "expected a size such as 16G (a multiple of HostSlab=), "
                                          "or 0 for none");
         c->manager.pool.host_reserve = bytes;
         return 0;

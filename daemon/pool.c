@@ -1827,8 +1827,8 @@ static char *config_size(uint64_t bytes, char *buf, size_t len) {
         return buf;
 }
 
-/* HostReserve= against the rest of the configuration: whole slabs of the largest size, and parking on. */
-static int host_reserve_check(const PoolConfig *config, uint64_t max_slab, char **ret_message) {
+/* HostReserve= against the rest of the configuration: whole host slabs of HostSlab=, and parking on. */
+static int host_reserve_check(const PoolConfig *config, uint64_t host_slab, char **ret_message) {
         char b1[32], b2[32];
 
         if (config->host_reserve == 0)
@@ -1839,10 +1839,10 @@ static int host_reserve_check(const PoolConfig *config, uint64_t max_slab, char 
                             config_size(config->host_reserve, b1, sizeof(b1)));
                 return -EINVAL;
         }
-        if (config->host_reserve % max_slab != 0) {
-                set_message(ret_message, "HostReserve=%s is not a whole number of slabs of MaxSlab=%s, the size host "
-                            "memory is made in: make it a multiple of %s.",
-                            config_size(config->host_reserve, b1, sizeof(b1)), config_size(max_slab, b2, sizeof(b2)),
+        if (config->host_reserve % host_slab != 0) {
+                set_message(ret_message, "HostReserve=%s is not a whole number of host slabs of HostSlab=%s, the "
+                            "pieces it is pinned in: make it a multiple of %s.",
+                            config_size(config->host_reserve, b1, sizeof(b1)), config_size(host_slab, b2, sizeof(b2)),
                             b2);
                 return -EINVAL;
         }
@@ -2101,7 +2101,7 @@ int pool_new(Pool **ret, CudaDriver *cu, const PoolConfig *config, char **ret_me
                             POOL_HOST_PIECES_MAX, POOL_MAX_HOST_SLABS);
                 return -EINVAL;
         }
-        k = host_reserve_check(config, p->max_slab, ret_message);
+        k = host_reserve_check(config, p->host_slab, ret_message);
         if (k < 0)
                 return k;
         p->host_reserve = config->host_reserve;

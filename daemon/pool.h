@@ -79,7 +79,7 @@ typedef struct PoolConfig {
                                            host_capacity is 0; 0 = POOL_DEFAULT_HOST_CAPACITY_PERCENT */
         bool no_host;           /* no host memory at all: leases cannot be parked (HostCapacity=0) */
         uint64_t host_reserve;  /* host bytes per device pinned at start for parks (pool_reserve_host()), a multiple
-                                   of max_slab; 0: none (HostReserve=) */
+                                   of host_slab; 0: none (HostReserve=) */
         uint64_t host_slab;     /* the largest host slab (HostSlab=): a power of two, at least max_slab /
                                    POOL_HOST_PIECES_MAX; 0 = pool_host_slab()'s default */
 } PoolConfig;

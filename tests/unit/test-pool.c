@@ -1109,19 +1109,22 @@ START_TEST(test_idle_maps_ahead) {
 }
 END_TEST
 
-/* pool_new() refuses a HostReserve= that is not whole slabs, exceeds the host capacity or asks for host memory
- * with parking off, and says which; pool_reserve_host() makes the reserve off the loop, once. */
+/* pool_new() refuses a HostReserve= that is not whole host slabs (of HostSlab=, which defaults to MaxSlab= this
+ * small), exceeds the host capacity or asks for host memory with parking off, and says which; it takes one that
+ * is whole host slabs but not whole device slabs; pool_reserve_host() makes the reserve off the loop, once. */
 START_TEST(test_host_reserve) {
         PoolConfig config = { .capacity = 64 * MiB, .max_slab = 4 * MiB, .host_capacity = 32 * MiB };
         Slab *a[POOL_MAX_SLABS], *host[POOL_MAX_HOST_SLABS];
         static const struct {
-                uint64_t reserve;
+                uint64_t reserve, host_slab;
                 bool no_host;
                 const char *says;
         } bad[] = {
-                { 6 * MiB, false, "a multiple of 4M" },
-                { 64 * MiB, false, "HostCapacity= gives it 32M" },
-                { 16 * MiB, true, "HostCapacity=0 turns parking off" },
+                { 6 * MiB, 0, false, "not a whole number of host slabs of HostSlab=4M, the pieces it is pinned in: "
+                                     "make it a multiple of 4M" },
+                { 3 * MiB, 2 * MiB, false, "HostSlab=2M, the pieces it is pinned in: make it a multiple of 2M" },
+                { 64 * MiB, 0, false, "HostCapacity= gives it 32M" },
+                { 16 * MiB, 0, true, "HostCapacity=0 turns parking off" },
         };
         PoolDeviceStats st;
         uint64_t made;
@@ -1132,12 +1135,22 @@ START_TEST(test_host_reserve) {
                 _cleanup_free_ char *message = NULL;
 
                 config.host_reserve = bad[i].reserve;
+                config.host_slab = bad[i].host_slab;
                 config.no_host = bad[i].no_host;
                 ck_assert_int_eq(pool_new(&pool, cu, &config, &message), -EINVAL);
                 ck_assert_msg(message && strstr(message, bad[i].says), "%s", message ?: "no message");
         }
-        config.host_reserve = 16 * MiB;
         config.no_host = false;
+        {
+                _cleanup_free_ char *message = NULL;
+
+                config.host_reserve = 6 * MiB;  /* three host slabs of 2M, one and a half device slabs */
+                config.host_slab = 2 * MiB;
+                ck_assert_msg(pool_new(&pool, cu, &config, &message) == 0, "%s", message);
+                pool = pool_free(pool);
+        }
+        config.host_reserve = 16 * MiB;
+        config.host_slab = 0;
         {
                 _cleanup_free_ char *message = NULL;
 
