@@ -410,6 +410,22 @@ int harness_status(const char *path, WireDevice *ret) {
         return k;
 }
 
+int harness_metric(const char *text, const char *key, uint64_t *ret) {
+        const char *at = strstr(text ?: "", key), *value;
+        char *end;
+
+        if (!at)
+                return -ENOENT;
+        value = at + strlen(key);
+        if (*value < '0' || *value > '9')
+                return -EINVAL;
+        errno = 0;
+        *ret = strtoull(value, &end, 10);
+        if (errno != 0 || *end != '\n')
+                return -EINVAL;
+        return 0;
+}
+
 int harness_write_config(const char *text, char path[static 64]) {
         size_t len = strlen(text);
         int fd, k = 0;

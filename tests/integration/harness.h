@@ -9,6 +9,7 @@
  */
 
 #include <stdbool.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 #include "codec.h"
@@ -125,3 +126,9 @@ int harness_status_on(VarlinkConn *c, WireDevice *ret);
 
 /* The same on a connection of its own to `path`. */
 int harness_status(const char *path, WireDevice *ret);
+
+/*
+ * The count of the sample `key` (its name and labels, then a space, e.g. "vmmbroker_calls_waiting{reason=\"copy\"} ")
+ * in Metrics' `text`. Returns 0, -ENOENT when no sample is so named, -EINVAL when its value is not a count.
+ */
+int harness_metric(const char *text, const char *key, uint64_t *ret);

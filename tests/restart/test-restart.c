@@ -661,19 +661,13 @@ END_TEST
 /* The value of metric sample `key` (its name and labels, then a space) from the daemon's Metrics. */
 static uint64_t metric(Supervisor *s, const char *key) {
         _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
-        const char *text, *at;
         Reply r = {};
-        char *end;
         uint64_t v;
 
         ck_assert_int_eq(conn_open(supervisor_socket_path(s), &c), 0);
         ck_assert_int_eq(call_text(c, "io.vmmbroker.Metrics", NULL, &r), 0);
         ck_assert_msg(!r.error, "Metrics: %s", r.error);
-        text = reply_str(&r, "text");
-        at = text ? strstr(text, key) : NULL;
-        ck_assert_msg(at, "the metrics have no %s", key);
-        v = strtoull(at + strlen(key), &end, 10);
-        ck_assert_msg(end != at + strlen(key) && *end == '\n', "not a count: %.80s", at);
+        ck_assert_msg(harness_metric(reply_str(&r, "text"), key, &v) == 0, "the metrics have no count %s", key);
         reply_done(&r);
         return v;
 }
