@@ -118,6 +118,7 @@ int restore_start_storing(Manager *m, char **ret_message) {
         return 0;
 }
 
+/* Stores one cached host slab as "hcache-": `kept` counts the messages sent, which the manager may still refuse. */
 static void keep_host_slab(const Slab *slab, int device, void *userdata) {
         unsigned *kept = userdata;
         char name[80];
@@ -137,7 +138,8 @@ void restore_keep_host_cache(Manager *m) {
                 return;
         pool_foreach_host_cached(m->pool, keep_host_slab, &kept);
         if (kept > 0)
-                fprintf(stderr, "Keeping %u cached host slabs for the next run.\n", kept);
+                fprintf(stderr, "Handed %u cached host slabs to the service manager for the next run (it may "
+                        "refuse some; the next start says how many it kept).\n", kept);
 }
 
 void restore_stop_storing(Manager *m) {
