@@ -802,7 +802,8 @@ uint64_t broker_moves_ended(const Broker *b) {
         return b->leases.moves_ended;
 }
 
-int broker_park(Broker *b, const Caller *c, const char *id, bool *ret_parked, UserQuota *ret_quota) {
+int broker_park(Broker *b, const Caller *c, const char *id, bool *ret_parked, UserQuota *ret_quota,
+                uint64_t *ret_ticket) {
         Hold *hold = caller_hold(b, c, id), *other;
         _cleanup_free_ Slab **host = NULL;
         UserCharge charge = USER_CHARGE_NULL;
@@ -841,7 +842,7 @@ int broker_park(Broker *b, const Caller *c, const char *id, bool *ret_parked, Us
         if (user_charge(l->charge_bytes.user, &charge, USER_HOST_BYTES, l->pool_device, l->size, ret_quota) < 0)
                 return BROKER_E_QUOTA;
         /* Pinning new host memory takes about 0.3 s per GiB: not in the loop, which serves everyone else. */
-        k = c->host_waited ? 0 : pool_make_host(b->pool, l->slabs, l->n_slabs, l->uid);
+        k = c->host_waited ? 0 : pool_make_host(b->pool, l->slabs, l->n_slabs, l->uid, ret_ticket);
         if (k != 0) {
                 user_charge_release(&charge);
                 return pool_outcome(k);

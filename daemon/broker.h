@@ -236,7 +236,8 @@ size_t broker_reclaim_pick(Broker *b, size_t device, uint64_t need, const Holder
  * being zeroed (SCRUBBING past scrub_wait_bytes, nothing changed: made again
  * once scrubs have completed). Host slabs that must be
  * created first are made off it (pool_make_host()): HOST_MAKING, nothing
- * changed, and the call is to be made again once they are (Caller.host_waited
+ * changed, the making's ticket in *ret_ticket (may be NULL), and the call is to
+ * be made again once pool_make_done() says so (Caller.host_waited
  * set, so that a second wait for making cannot follow: what others took
  * meanwhile is created in the call). Then the copy is queued on the device's
  * stream and the lease gets a move (Lease.move): HOST_COPYING, the lease as it
@@ -249,7 +250,8 @@ size_t broker_reclaim_pick(Broker *b, size_t device, uint64_t need, const Holder
  * copy: only the owner's own processes can undo its moves). A Park of the
  * same hold while its move runs waits for that one.
  */
-int broker_park(Broker *b, const Caller *c, const char *id, bool *ret_parked, UserQuota *ret_quota);
+int broker_park(Broker *b, const Caller *c, const char *id, bool *ret_parked, UserQuota *ret_quota,
+                uint64_t *ret_ticket);
 
 /*
  * Commits every move (broker_park()) whose copy is done, oldest first; one that cannot be stored is

@@ -331,7 +331,8 @@ static void host_waiters_try(Manager *m, HostWait what) {
         Peer *p, *tmp;
 
         list_for_each_entry_safe(p, tmp, &m->broker.host_waiters, link_host)
-                if (p->host_wait == what) {
+                if (p->host_wait == what &&
+                    (what != HOST_WAIT_MAKING || pool_make_done(m->pool, p->host_ticket))) {
                         list_unlink(&p->link_host);
                         list_link_tail(&now, &p->link_host);
                 }
@@ -362,7 +363,9 @@ static void scrubs_finished(Manager *m) {
         wake_waiters(m);
 }
 
-/* Parks waiting for host slabs are made again once any was made: in order, each takes what it needs. */
+/* Parks waiting for host slabs are made again once theirs are made (pool_make_done()), each taking the slabs
+ * made for it, in order: one park's few slabs are not held back by another's many (the maker takes one job of
+ * each request in turn). */
 static void hosts_made(Manager *m) {
         uint64_t made = pool_host_made(m->pool);
 

@@ -410,7 +410,7 @@ static int method_park(Broker *b, const Caller *c, json_object *params, MethodRe
         k = id_params_decode(params, &a, &bad, &message);
         if (k < 0)
                 return reply_decode_failed(r, k, bad, message);
-        k = broker_park(b, c, a.id, &reply.parked, &quota);
+        k = broker_park(b, c, a.id, &reply.parked, &quota, &r->host_ticket);
         if (reply_waits(r, k))
                 k = 0;
         else if (k == 0) {

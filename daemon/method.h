@@ -54,6 +54,7 @@ typedef struct MethodReply {
         AllocWait *wait;                /* instead of msg: the call waits for room; the caller takes it */
         HostWait wait_host;             /* instead of msg: the call (a Park) waits for host slabs being made or
                                            its copy, to be made again once that is done */
+        uint64_t host_ticket;           /* for HOST_WAIT_MAKING: the making it waits for (pool_make_done()) */
 } MethodReply;
 
 /* Whether *r holds an answer to send: msg or text. */

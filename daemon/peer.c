@@ -199,6 +199,7 @@ static int peer_dispatch(Peer *p, const char *text, size_t len) {
                 if (r.wait_host) {
                         /* Its host slabs are being made, or its copy: counted when it is answered
                          * (peer_host_try()). */
+                        p->host_ticket = r.host_ticket;
                         k = peer_wait_host(p, text, len, r.wait_host);
                         method_reply_done(&r, &p->manager->reply_text);
                         varlink_call_done(&call);

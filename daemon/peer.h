@@ -65,6 +65,7 @@ typedef struct Peer {
                                            or Attach waiting for its copy (MethodReply.wait_host): its text,
                                            made again by peer_host_try(); nothing more is read meanwhile */
         HostWait host_wait;             /* what it waits for */
+        uint64_t host_ticket;           /* for HOST_WAIT_MAKING: its host slabs' making (pool_make_done()) */
         size_t host_call_len;
         List link_host;                 /* while host_call: in Broker.host_waiters */
         bool watching;                  /* its WatchReclaim goes on: it reads nothing more, it is sent requests */

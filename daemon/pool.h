@@ -259,15 +259,17 @@ int pool_alloc_host(Pool *p, Slab *const *slabs, size_t n, uid_t uid, uint64_t w
  * those of the sizes it would cut `slabs` into (a lease's device slabs, of one device) that no cached host
  * slab, nor one being scrubbed, of that size and `uid` (or unbound) would give. Creating pinned host memory takes about
  * 0.3 s per GiB, which a request made in the loop would make every other client wait for. The pool's maker
- * thread makes them one at a time and exports them; pool_dispatch() (the pool's eventfd) then adds each,
- * unbound and zeroed (new memory), to the host cache, tells the slab_created hook, and moves
- * pool_host_made(). Their room in the device's host capacity is taken from now (cached host slabs released
- * for it). Returns 0 when none need making (pool_alloc_host() will not create any, unless others take
- * what it counted meanwhile); POOL_E_MAKING when their making has begun; POOL_E_NO_HOST, POOL_E_HOST_NOMEM
+ * thread makes them one at a time, one of each call's in turn, and exports them; pool_dispatch() (the pool's
+ * eventfd) then adds each to the host cache, cached for `uid` (new memory, zeroed: bound so that no other
+ * user's call takes it first), and tells the slab_created hook; once the call's are all made, pool_host_made()
+ * moves and pool_make_done(*ret_ticket) is true. Their room in the device's host capacity is taken from now
+ * (cached host slabs released for it). Returns 0 when none need making (pool_alloc_host() will not create any,
+ * unless others of `uid` take what it counted meanwhile); POOL_E_MAKING, the ticket in *ret_ticket (may be
+ * NULL), when their making has begun; POOL_E_NO_HOST, POOL_E_HOST_NOMEM
  * (no room for them), or a negative errno, nothing begun. A slab that fails to be made is told through
  * pool_last_error() when it is dispatched; pool_alloc_host() then tries, and fails, as before.
  */
-int pool_make_host(Pool *p, Slab *const *slabs, size_t n, uid_t uid);
+int pool_make_host(Pool *p, Slab *const *slabs, size_t n, uid_t uid, uint64_t *ret_ticket);
 
 /*
  * Makes, off the loop, the host slabs of the configured reserve (PoolConfig.host_reserve) that each device that
@@ -282,9 +284,12 @@ int pool_make_host(Pool *p, Slab *const *slabs, size_t n, uid_t uid);
  */
 int pool_reserve_host(Pool *p);
 
-/* A count that moves each time every slab pool_make_host() was asked for is made (or failed): a caller that
- * waits for them tries again when it has moved. */
+/* A count that moves each time the slabs of one pool_make_host() (one ticket) are all made (or failed): a caller
+ * that waits for them looks again (pool_make_done()) when it has moved. */
 uint64_t pool_host_made(const Pool *p);
+
+/* Whether the slabs of pool_make_host()'s `ticket` are all made (or failed) and cached for its caller. */
+bool pool_make_done(const Pool *p, uint64_t ticket);
 
 /*
  * Takes back a host slab that a previous run of the daemon had cached (restore.c: its exported fd, stored at

@@ -107,20 +107,30 @@ static void hold_copies(void) {
         make_file(copies);
 }
 
-/* Lets the next `n` held copies run, one at a time, and holds the one after them (SIMCUDA_HOLD_COPY_FILE holding
- * a count, written whole by a rename); forgets whether a copy was held before. */
-static void let_copies_through(unsigned n) {
+/* Lets the next `n` operations that the hold file `file` holds run, one at a time, and holds the one after them
+ * (the file holding a count, written whole by a rename); forgets whether one was held before (`reached_file`). */
+static void let_through(const char *file, const char *reached_file, unsigned n) {
         char tmp[80];
         int fd;
 
-        ck_assert(copies[0]);
-        (void)unlink(copied);
-        snprintf(tmp, sizeof(tmp), "%s.new", copies);
+        ck_assert(file[0]);
+        (void)unlink(reached_file);
+        snprintf(tmp, sizeof(tmp), "%s.new", file);
         fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
         ck_assert_int_ge(fd, 0);
         ck_assert_int_gt(dprintf(fd, "%u", n), 0);
         close(fd);
-        ck_assert_int_eq(rename(tmp, copies), 0);
+        ck_assert_int_eq(rename(tmp, file), 0);
+}
+
+/* Lets the next `n` held copies run and holds the one after them (SIMCUDA_HOLD_COPY_FILE). */
+static void let_copies_through(unsigned n) {
+        let_through(copies, copied, n);
+}
+
+/* Lets the next `n` held host cuMemCreates run and holds the one after them (SIMCUDA_HOLD_CREATE_FILE). */
+static void let_creates_through(unsigned n) {
+        let_through(hold, reached, n);
 }
 
 /*
@@ -964,6 +974,89 @@ START_TEST(test_two_parks_while_making) {
 }
 END_TEST
 
+/* In a child: becomes nobody, Allocs one slab and Parks it, which must be answered parked (its host slab made
+ * while another user's park still makes its own), then Frees it. */
+static int child_other_parker(void *arg) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
+        const char *socket = arg;
+        ParkReply p = {};
+        TestLease l;
+        Reply r;
+        int k;
+
+        CHILD_CHECK(setgroups(0, NULL) == 0 && setresgid(UID_OTHER, UID_OTHER, UID_OTHER) == 0 &&
+                    setresuid(UID_OTHER, UID_OTHER, UID_OTHER) == 0, "cannot become uid %u: %m", UID_OTHER);
+        k = conn_open(socket, &c);
+        CHILD_CHECK(k == 0, "connect: %s", strerror(-k));
+        k = lease_alloc(c, UNIT, &l);
+        CHILD_CHECK(k == 0, "Alloc: %s", strerror(-k));
+        test_lease_close(&l);
+        k = park_send(c, l.id);
+        CHILD_CHECK(k == 0, "Park: %s", strerror(-k));
+        k = reply_read(c, &r, NULL);
+        CHILD_CHECK(k == 0 && !r.error, "Park: %s", k < 0 ? strerror(-k) : r.error);
+        CHILD_CHECK(park_reply_decode(r.params, &p, NULL) == 0 && p.parked, "Park: not parked");
+        park_reply_done(&p);
+        reply_done(&r);
+        k = lease_free(c, l.id);
+        CHILD_CHECK(k == 0, "Free: %s", strerror(-k));
+        return 0;
+}
+
+/*
+ * One user's Park of one host slab is not made after all of another user's many: the daemon's maker thread
+ * takes one slab of each waiting Park in turn, and a Park is made again as soon as its own are made. A's Park of
+ * SIZE needs 32 host slabs of HostSlab=2M; while its first is held, another user (nobody, as root; else another
+ * connection) parks one slab. Two creates are let through, A's first and the next, and the one after is held:
+ * B's Park must be answered parked while A's still waits, with 31 of its slabs to make. (With one queue in
+ * order, the second create is A's, and B's Park waits for all of A's.)
+ */
+START_TEST(test_park_not_behind_anothers) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *a = NULL, *b = NULL;
+        TestLease la, lb = {};
+        pid_t child = -1;
+        Gpu g = {};
+
+        if (!start_holding(__func__, CONFIG "MaxSlab=32M\nHostSlab=2M\n", false))
+                return;
+        ck_assert_int_eq(conn_open(h.socket, &a), 0);
+        ck_assert_int_eq(gpu_open(&g), 0);
+        la = alloc_written(&g, a, SIZE, 0xaaaa0003);
+
+        make_hold();
+        ck_assert_int_eq(park_send(a, la.id), 0);
+        wait_for_make();
+        if (geteuid() == 0) {
+                child = harness_fork(child_other_parker, h.socket);
+                wait_for_calls_waiting("host_memory", 2, NULL);
+        } else {
+                ck_assert_int_eq(conn_open(h.socket, &b), 0);
+                lb = alloc_written(&g, b, UNIT, 0xbbbb0003);
+                ck_assert_int_eq(park_send(b, lb.id), 0);
+                wait_for_calls_waiting("host_memory", 2, NULL);
+        }
+
+        let_creates_through(2);
+        reached_or_fail(reached, "no third host slab was made");
+        if (child > 0)
+                child_done_within(child, "another user's Park of one slab while a Park of 32 was being made");
+        else
+                parked_or_fail(b);
+        ck_assert_msg(!readable_now(a), "the Park of 32 host slabs was answered with 30 of them held");
+        if (geteuid() == 0)
+                ck_assert_uint_eq(calls_waiting("host_memory"), 1);
+
+        release_hold();
+        parked_or_fail(a);
+        unpark_check_free(&g, a, la.id, SIZE, 0xaaaa0003);
+        if (b)
+                unpark_check_free(&g, b, lb.id, UNIT, 0xbbbb0003);
+        gpu_close(&g);
+        wait_for_idle((int64_t)(SIZE + UNIT));
+        stop();
+}
+END_TEST
+
 /* ---- the copy into host memory, held ------------------------------------------------------------------- */
 
 /*
@@ -1694,7 +1787,8 @@ END_TEST
 int main(void) {
         return run_suite(UNIT_SUITE("park", NULL, test_park_does_not_hold_others, test_park_waiter_exits,
                                     test_park_over_limits_at_once, test_stop_while_making,
-                                    test_two_parks_while_making, test_park_copy_does_not_hold_others,
+                                    test_two_parks_while_making, test_park_not_behind_anothers,
+                                    test_park_copy_does_not_hold_others,
                                     test_park_copy_parker_killed, test_park_copy_foreign_lease_ends,
                                     test_park_copy_attach_cancels, test_stop_while_copying,
                                     test_unpark_copy_does_not_hold_others, test_park_waits_for_host_zeroing,

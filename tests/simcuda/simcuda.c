@@ -1515,9 +1515,11 @@ static CUresult sim_cuMemGetAllocationGranularity(size_t *granularity, const CUm
  * SIMCUDA_HOLD_CREATE_FILE: while the file is there, a cuMemCreate of host memory waits before it does anything
  * (it is not counted yet), where pinning takes its time on a real driver (about 0.3 s per GiB), and makes the
  * file's name + ".reached" when it starts to wait, so that the test holding it knows the create is under way.
- * It waits without the simulator's lock, so other threads' calls go on meanwhile, as they do while a thread
- * pins on the real driver; nothing wakes it when the file goes, so it looks every millisecond. Device memory
- * is never held. The names are fixed by setup() before any call can get here.
+ * A file that holds a number N lets N more creates through first, one at a time (hold_file_passes_one()), so
+ * that a test sees which create comes next (test-park's test_park_not_behind_anothers). It waits without the
+ * simulator's lock, so other threads' calls go on meanwhile, as they do while a thread pins on the real driver;
+ * nothing wakes it when the file goes, so it looks every millisecond. Device memory is never held. The names
+ * are fixed by setup() before any call can get here.
  */
 static void host_create_hold(const CUmemAllocationProp *prop) {
         const struct timespec ms = { .tv_nsec = 1000000 };
@@ -1525,7 +1527,7 @@ static void host_create_hold(const CUmemAllocationProp *prop) {
 
         if (!sim.hold_create_file[0] || !prop || !location_is_host(prop->location))
                 return;
-        while (access(sim.hold_create_file, F_OK) == 0) {
+        while (access(sim.hold_create_file, F_OK) == 0 && !hold_file_passes_one(sim.hold_create_file)) {
                 if (!reached) {
                         int fd = open(sim.hold_create_reached, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
 

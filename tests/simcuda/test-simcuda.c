@@ -1209,6 +1209,42 @@ START_TEST(test_hold_create) {
 }
 END_TEST
 
+/*
+ * A SIMCUDA_HOLD_CREATE_FILE that holds a number lets that many host creates through, one at a time, counting
+ * down in the file, and holds the next: here one made at once on this thread, then one on another that waits.
+ */
+START_TEST(test_hold_create_count) {
+        HostCreate c = { .result = CUDA_ERROR_UNKNOWN };
+        CUmemAllocationProp prop = cuda_host_prop(0);
+        char hold[64], reached[80], left[8] = "";
+        CUmemGenericAllocationHandle h;
+        pthread_t thread;
+        int fd;
+
+        hold_file_start("SIMCUDA_HOLD_CREATE_FILE", "create-count", "1", hold, reached);
+        open_ctx();
+
+        expect_ok(cu->cuMemCreate(&h, GRAN, &prop, 0));
+        ck_assert_int_ne(access(reached, F_OK), 0);
+        fd = open(hold, O_RDONLY | O_CLOEXEC);
+        ck_assert_int_ge(fd, 0);
+        ck_assert_int_gt(read(fd, left, sizeof(left) - 1), 0);
+        close(fd);
+        ck_assert_str_eq(left, "0");
+        ck_assert_int_eq(pthread_create(&thread, NULL, host_create, &c), 0);
+        wait_for_file(reached);
+        ck_assert_uint_eq(sim.host_charged(), GRAN);
+        ck_assert_int_eq(pthread_tryjoin_np(thread, NULL), EBUSY);
+
+        ck_assert_int_eq(unlink(hold), 0);
+        ck_assert_int_eq(pthread_join(thread, NULL), 0);
+        expect_ok(c.result);
+        expect_ok(cu->cuMemRelease(c.handle));
+        expect_ok(cu->cuMemRelease(h));
+        (void)unlink(reached);
+}
+END_TEST
+
 START_TEST(test_mem_alloc) {
         CUdeviceptr p, q;
         uint32_t word = 0;
@@ -1870,6 +1906,7 @@ static Suite *simcuda_suite(void) {
         tcase_add_test(tc, test_export_import);
         tcase_add_test(tc, test_host_numa);
         tcase_add_test(tc, test_hold_create);
+        tcase_add_test(tc, test_hold_create_count);
         tcase_add_test(tc, test_mem_alloc);
         suite_add_tcase(s, tc);
 

@@ -1911,8 +1911,9 @@ static void fill(unsigned char *buf, size_t n, unsigned seed) {
 }
 
 /* Dispatches the pool's completions until pool_host_made() moves from `since` (bounded: 10 s). */
-static void wait_host_made(uint64_t since) {
-        for (unsigned i = 0; pool_host_made(pool) == since; i++) {
+/* Dispatches the pool until the host slabs of pool_make_host()'s `ticket` are made (pool_make_done()). */
+static void wait_made(uint64_t ticket) {
+        for (unsigned i = 0; !pool_make_done(pool, ticket); i++) {
                 struct pollfd p = { .fd = pool_get_fd(pool), .events = POLLIN };
 
                 ck_assert_msg(i < 100, "the host slabs asked for were not made in 10 s");
@@ -1931,7 +1932,7 @@ static int park_copied(const Caller *c, int k, const char *id, bool *ret_parked,
                 uint64_t ended = broker_moves_ended(&b);
 
                 wait_moves_ended(ended);
-                k = broker_park(&b, &again, id, ret_parked, ret_quota);
+                k = broker_park(&b, &again, id, ret_parked, ret_quota, NULL);
         }
         return k;
 }
@@ -1941,7 +1942,7 @@ static int park_again(const Caller *c, const char *id, bool *ret_parked, UserQuo
         Caller again = *c;
 
         again.host_waited = again.copy_waited = true;
-        return broker_park(&b, &again, id, ret_parked, ret_quota);
+        return broker_park(&b, &again, id, ret_parked, ret_quota, NULL);
 }
 
 /* A Park made again once the host slabs it waited for were made (host_waited), then answered. */
@@ -1949,7 +1950,7 @@ static int park_made_again(const Caller *c, const char *id, bool *ret_parked, Us
         Caller again = *c;
 
         again.host_waited = true;
-        return park_copied(c, broker_park(&b, &again, id, ret_parked, ret_quota), id, ret_parked, ret_quota);
+        return park_copied(c, broker_park(&b, &again, id, ret_parked, ret_quota, NULL), id, ret_parked, ret_quota);
 }
 
 /*
@@ -1958,13 +1959,13 @@ static int park_made_again(const Caller *c, const char *id, bool *ret_parked, Us
  * copy runs off the loop (BROKER_E_HOST_COPYING), waits for it and makes it again, copy_waited.
  */
 static int park_call(const Caller *c, const char *id, bool *ret_parked, UserQuota *ret_quota) {
-        uint64_t made = pool_host_made(pool);
+        uint64_t ticket = 0;
         int k;
 
-        k = broker_park(&b, c, id, ret_parked, ret_quota);
+        k = broker_park(&b, c, id, ret_parked, ret_quota, &ticket);
         if (k != BROKER_E_HOST_MAKING)
                 return park_copied(c, k, id, ret_parked, ret_quota);
-        wait_host_made(made);
+        wait_made(ticket);
         return park_made_again(c, id, ret_parked, ret_quota);
 }
 
@@ -2174,7 +2175,7 @@ START_TEST(test_park_makes_host_off_the_loop) {
         UserQuota q = {};
         Hold *hold = NULL;
         bool parked = true;
-        uint64_t made, created;
+        uint64_t made, created, ta = 0, tb = 0;
         Lease *l, *lb;
 
         setup_broker_host(8 * MiB, false);
@@ -2183,17 +2184,18 @@ START_TEST(test_park_makes_host_off_the_loop) {
         e = new_process(UID_E);
         l = alloc_ok(a, 4 * MiB);
         lb = alloc_ok(bb, 4 * MiB);
-        made = pool_host_made(pool);
         created = host_created();
-        ck_assert_int_eq(broker_park(&b, a, l->id, &parked, &q), BROKER_E_HOST_MAKING);
+        ck_assert_int_eq(broker_park(&b, a, l->id, &parked, &q, &ta), BROKER_E_HOST_MAKING);
         ck_assert(!l->parked && !lease_find_hold(l, a->holder)->parked);
         ck_assert_uint_eq(a->user->host_bytes[0], 0);
         ck_assert_uint_eq(a->user->bytes[0], 4 * MiB);
-        ck_assert_int_eq(broker_park(&b, bb, lb->id, &parked, &q), BROKER_E_HOST_MAKING);
+        ck_assert_int_eq(broker_park(&b, bb, lb->id, &parked, &q, &tb), BROKER_E_HOST_MAKING);
+        ck_assert_uint_gt(tb, ta);
         /* 8 MiB of host memory are being made: E's 2 MiB do not fit beside them */
-        ck_assert_int_eq(broker_park(&b, e, alloc_ok(e, 2 * MiB)->id, &parked, &q), BROKER_E_NO_HOST_MEMORY);
+        ck_assert_int_eq(broker_park(&b, e, alloc_ok(e, 2 * MiB)->id, &parked, &q, NULL), BROKER_E_NO_HOST_MEMORY);
 
-        wait_host_made(made);
+        wait_made(ta);
+        wait_made(tb);
         ck_assert_uint_eq(host_created(), created + 2);
         ck_assert_int_eq(park_made_again(a, l->id, &parked, &q), 0);
         ck_assert(parked && l->parked);
@@ -2276,7 +2278,7 @@ static Hold *park_copying(const Caller *c, const Lease *l) {
         bool parked = true;
 
         sim_hold_streams(1);
-        ck_assert_int_eq(broker_park(&b, c, l->id, &parked, &q), BROKER_E_HOST_COPYING);
+        ck_assert_int_eq(broker_park(&b, c, l->id, &parked, &q, NULL), BROKER_E_HOST_COPYING);
         ck_assert_ptr_nonnull(l->move);
         return lease_find_hold(l, c->holder);
 }
@@ -2314,7 +2316,7 @@ START_TEST(test_park_copies_off_the_loop) {
         pool_device_stats(pool, 0, &s);
         ck_assert_uint_eq(s.copied_bytes, copied + size);
         ck_assert_uint_eq(s.parked, size);                      /* the host slabs are the move's */
-        ck_assert_int_eq(broker_park(&b, a, l->id, &parked, &q), BROKER_E_HOST_COPYING);  /* the same move */
+        ck_assert_int_eq(broker_park(&b, a, l->id, &parked, &q, NULL), BROKER_E_HOST_COPYING);  /* the same move */
         ck_assert_uint_eq(broker_finish_moves(&b), 0);          /* not done: the stream is held */
         ck_assert_uint_eq(broker_moves_ended(&b), ended);
         ck_assert(!l->parked);
@@ -2433,7 +2435,7 @@ START_TEST(test_park_copy_not_before_scrubs) {
         lb = alloc_ok(bb, 4 * MiB);
 
         sim_hold_copies(1);
-        ck_assert_int_eq(broker_park(&b, a, l->id, &parked, &q), BROKER_E_HOST_COPYING);
+        ck_assert_int_eq(broker_park(&b, a, l->id, &parked, &q, NULL), BROKER_E_HOST_COPYING);
         ck_assert_int_eq(broker_free(&b, bb, lb->id, false, NULL), 0);
         pool_scrub_queued(pool);
         pool_device_stats(pool, 0, &s);
@@ -2592,7 +2594,7 @@ START_TEST(test_unpark_copy_undone) {
         /* Its own Park meanwhile waits for the unpark: unparked, then parked again, in the order they came. */
         sim_hold_streams(1);
         ck_assert_int_eq(broker_unpark(&b, a, l->id, &hold, &q), BROKER_E_HOST_COPYING);
-        ck_assert_int_eq(broker_park(&b, a, l->id, &parked, &q), BROKER_E_HOST_COPYING);
+        ck_assert_int_eq(broker_park(&b, a, l->id, &parked, &q, NULL), BROKER_E_HOST_COPYING);
         ck_assert(l->move && !l->move->parked);                 /* not undone */
         sim_hold_streams(0);
         ck_assert_int_eq(unpark_call(a, l->id, &hold, &q), 0);

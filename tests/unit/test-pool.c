@@ -12,9 +12,11 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <poll.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "driver.h"
 #include "macro.h"
@@ -1060,7 +1062,7 @@ START_TEST(test_idle_maps_ahead) {
         /* Nothing is mapped ahead while host slabs are made off the loop: the driver pins them under a lock
          * that the mapping would wait for. Once they are dispatched, it goes on. */
         made = pool_host_made(pool);
-        ck_assert_int_eq(pool_make_host(pool, c, m, UID_B), POOL_E_MAKING);
+        ck_assert_int_eq(pool_make_host(pool, c, m, UID_B, NULL), POOL_E_MAKING);
         pool_tick(pool);
         pool_tick(pool);
         ck_assert(!pool_has_idle_work(pool));
@@ -1176,7 +1178,7 @@ START_TEST(test_host_reserve) {
         /* A park of 8 MiB makes nothing and takes two of them; leased, they still count as the reserve. */
         ck_assert_int_eq(alloc(8 * MiB, UID_A, a, &n), 0);
         ck_assert_uint_eq(n, 2);
-        ck_assert_int_eq(pool_make_host(pool, a, n, UID_A), 0);
+        ck_assert_int_eq(pool_make_host(pool, a, n, UID_A, NULL), 0);
         ck_assert_int_eq(pool_alloc_host(pool, a, n, UID_A, POOL_WAIT_ANY, host, &n), 0);
         ck_assert_int_eq(pool_reserve_host(pool), 0);
         st = stats();
@@ -1186,6 +1188,97 @@ START_TEST(test_host_reserve) {
         reclaim_all(host, n);
         reclaim_all(a, n);
         ck_assert_int_eq(pool_drain(pool), 0);
+}
+END_TEST
+
+/* Dispatches the pool until the host slabs of `ticket` are made (pool_make_done()), at most 10 s. */
+static void wait_made(uint64_t ticket) {
+        for (unsigned i = 0; !pool_make_done(pool, ticket); i++) {
+                struct pollfd p = { .fd = pool_get_fd(pool), .events = POLLIN };
+
+                ck_assert_msg(i < 100, "the host slabs of ticket %" PRIu64 " were not made in 10 s", ticket);
+                (void)poll(&p, 1, 100);
+                (void)pool_dispatch(pool);
+        }
+}
+
+/* Writes `text` into the file `path` whole (by a rename). */
+static void write_file(const char *path, const char *text) {
+        char tmp[80];
+        int fd;
+
+        snprintf(tmp, sizeof(tmp), "%s.new", path);
+        fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        ck_assert_int_ge(fd, 0);
+        ck_assert_int_eq(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+        close(fd);
+        ck_assert_int_eq(rename(tmp, path), 0);
+}
+
+/*
+ * The maker thread takes one host slab of each pool_make_host() in turn, and each is done (pool_make_done()) once
+ * its own are made: B's one slab, asked for while A's first of four is held, is the second made (the simulated
+ * device lets two creates through, SIMCUDA_HOLD_CREATE_FILE holding a count, and holds the third). What is made
+ * for a call is cached for its user: C's park does not count B's slab, B's does. Nothing more is made when each
+ * takes its slabs.
+ */
+START_TEST(test_make_in_turn) {
+        PoolConfig config = { .capacity = 64 * MiB, .max_slab = 4 * MiB, .host_capacity = 32 * MiB,
+                              .host_slab = 2 * MiB };
+        Slab *a[POOL_MAX_SLABS], *b[POOL_MAX_SLABS], *c[POOL_MAX_SLABS], *host[POOL_MAX_HOST_SLABS];
+        char hold[64], reached[80];
+        uint64_t ta = 0, tb = 0, tc = 0;
+        size_t n, m, o, nh;
+
+        snprintf(hold, sizeof(hold), "/tmp/vmmb-pool-hold-%d", (int)getpid());
+        snprintf(reached, sizeof(reached), "%s.reached", hold);
+        (void)unlink(reached);
+        write_file(hold, "");
+        ck_assert_int_eq(setenv("SIMCUDA_HOLD_CREATE_FILE", hold, 1), 0);
+        open_driver();
+        {
+                _cleanup_free_ char *message = NULL;
+
+                ck_assert_msg(pool_new(&pool, cu, &config, &message) == 0, "%s", message);
+        }
+        ck_assert_int_eq(pool_use_device(pool, 0), 0);
+        ck_assert_int_eq(alloc(8 * MiB, UID_A, a, &n), 0);              /* 4 host slabs of 2M */
+        ck_assert_int_eq(alloc(2 * MiB, UID_B, b, &m), 0);
+        ck_assert_int_eq(alloc(2 * MiB, UID_C, c, &o), 0);
+
+        ck_assert_int_eq(pool_make_host(pool, a, n, UID_A, &ta), POOL_E_MAKING);
+        for (unsigned i = 0; access(reached, F_OK) != 0; i++) {
+                ck_assert_msg(i < 10000, "no host slab was made in 10 s");
+                (void)usleep(1000);
+        }
+        ck_assert_int_eq(pool_make_host(pool, b, m, UID_B, &tb), POOL_E_MAKING);
+        ck_assert_uint_gt(tb, ta);
+        (void)unlink(reached);
+        write_file(hold, "2");
+        wait_made(tb);
+        ck_assert_msg(!pool_make_done(pool, ta), "A's four slabs were made before B's one");
+        ck_assert_uint_eq(stats().host_created, 2);
+
+        ck_assert_int_eq(pool_make_host(pool, b, m, UID_B, NULL), 0);
+        ck_assert_int_eq(pool_make_host(pool, c, o, UID_C, &tc), POOL_E_MAKING);
+        ck_assert_int_eq(unlink(hold), 0);
+        wait_made(ta);
+        wait_made(tc);
+        ck_assert_uint_eq(stats().host_created, 6);
+        ck_assert_int_eq(pool_alloc_host(pool, a, n, UID_A, POOL_WAIT_ANY, host, &nh), 0);
+        ck_assert_uint_eq(nh, 4);
+        reclaim_all(host, nh);
+        ck_assert_int_eq(pool_alloc_host(pool, b, m, UID_B, POOL_WAIT_ANY, host, &nh), 0);
+        reclaim_all(host, nh);
+        ck_assert_int_eq(pool_alloc_host(pool, c, o, UID_C, POOL_WAIT_ANY, host, &nh), 0);
+        reclaim_all(host, nh);
+        ck_assert_uint_eq(stats().host_created, 6);
+        reclaim_all(a, n);
+        reclaim_all(b, m);
+        reclaim_all(c, o);
+        ck_assert_int_eq(pool_drain(pool), 0);
+        (void)unlink(reached);
+        ck_assert_int_eq(unsetenv("SIMCUDA_HOLD_CREATE_FILE"), 0);
 }
 END_TEST
 
@@ -1258,7 +1351,7 @@ START_TEST(test_host_pieces) {
         ck_assert_uint_eq(n, 2);
         lease_chunks(a, n, true);
         made = pool_host_made(pool);
-        ck_assert_int_eq(pool_make_host(pool, a, n, UID_A), POOL_E_MAKING);
+        ck_assert_int_eq(pool_make_host(pool, a, n, UID_A, NULL), POOL_E_MAKING);
         for (unsigned i = 0; pool_host_made(pool) == made; i++) {
                 struct pollfd p = { .fd = pool_get_fd(pool), .events = POLLIN };
 
@@ -1267,7 +1360,7 @@ START_TEST(test_host_pieces) {
                 (void)pool_dispatch(pool);
         }
         ck_assert_uint_eq(stats().host_created, 4);
-        ck_assert_int_eq(pool_make_host(pool, a, n, UID_A), 0);         /* all there */
+        ck_assert_int_eq(pool_make_host(pool, a, n, UID_A, NULL), 0);         /* all there */
         ck_assert_int_eq(pool_alloc_host(pool, a, n, UID_A, POOL_WAIT_ANY, host, &nh), 0);
         ck_assert_uint_eq(nh, ELEMENTSOF(want));
         for (size_t i = 0; i < nh; i++)
@@ -1291,7 +1384,7 @@ START_TEST(test_host_pieces) {
                 (void)pool_dispatch(pool);
         }
         ck_assert_uint_eq(st.host_cached, 14 * MiB);
-        ck_assert_int_eq(pool_make_host(pool, b, m, UID_B), 0);         /* cached, unbound: any park's */
+        ck_assert_int_eq(pool_make_host(pool, b, m, UID_B, NULL), 0);         /* cached, unbound: any park's */
         ck_assert_uint_eq(st.host_created, 4);
         reclaim_all(b, m);
         ck_assert_int_eq(pool_drain(pool), 0);
@@ -1351,7 +1444,7 @@ START_TEST(test_adopt_host) {
         ck_assert_uint_eq(st.host_adopted, 2);
 
         ck_assert_int_eq(alloc(4 * MiB, UID_A, a, &n), 0);
-        ck_assert_int_eq(pool_make_host(pool, a, n, UID_A), 0);
+        ck_assert_int_eq(pool_make_host(pool, a, n, UID_A, NULL), 0);
         ck_assert_int_eq(pool_alloc_host(pool, a, n, UID_A, POOL_WAIT_ANY, host, &n), 0);
         st = stats();
         ck_assert_uint_eq(st.host_created, 0);
@@ -1405,6 +1498,7 @@ static Suite *pool_suite(void) {
         tcase_add_test(tc, test_host_reserve);
         tcase_add_test(tc, test_adopt_host);
         tcase_add_test(tc, test_host_pieces);
+        tcase_add_test(tc, test_make_in_turn);
         suite_add_tcase(s, tc);
 
         return s;
