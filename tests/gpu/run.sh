@@ -106,6 +106,11 @@ VMMBROKER_BUILD=$build VMMBROKER_DAEMON="$PWD/$build/daemon/vmmbrokerd" \
         python3 tests/gpu/python/park_stall.py 8 >"$out/park-stall.log" 2>&1 || failed
 tail -16 "$out/park-stall.log"
 
+step "a 64 MiB first park while another process's first park of 8 GiB pins: it does not wait for all of it (tests/gpu/python/park_turns.py)"
+VMMBROKER_BUILD=$build VMMBROKER_DAEMON="$PWD/$build/daemon/vmmbrokerd" \
+        python3 tests/gpu/python/park_turns.py 8 3 >"$out/park-turns.log" 2>&1 || failed
+tail -9 "$out/park-turns.log"
+
 if [ "$(id -u)" -eq 0 ] && [ -x "$build/docs/examples/lease-pattern" ]; then
         step "tenant isolation: user A's canary, then user B (uid 65534) leases the same amount"
         bash tests/gpu/canary.sh "$build" 1G 65534 || failed
