@@ -2888,17 +2888,32 @@ VMMB_EXPORT int vmmb_give_back_kept(vmmb_client *client) {
 
 /*
  * Makes sure the calling thread has a current context: its own, or else `device`'s primary context, retained and
- * made current until context_drop(); *ret_primary is that context (NULL when the thread had one).
+ * made current until context_drop(); *ret_primary is that context (NULL when the thread had one). With `ret_none`
+ * (a caller that only waits for work in the context), when the thread has no context and the primary context is
+ * not active either, *ret_none is set and nothing is retained: no work can be queued in a context that does not
+ * exist, and retaining it would create it (about 0.2 s on an H200, 1 s while another process pins host memory),
+ * only for context_drop() to destroy it again.
  */
-static CUresult context_hold(CudaDriver *cu, int device, CUcontext *ret_primary, CUdevice *ret_dev) {
+static CUresult context_hold(CudaDriver *cu, int device, CUcontext *ret_primary, CUdevice *ret_dev, bool *ret_none) {
         CUcontext current = NULL;
+        unsigned flags = 0;
+        int active = 0;
         CUresult r;
 
         *ret_primary = NULL;
+        if (ret_none)
+                *ret_none = false;
         r = cu->cuCtxGetCurrent(&current);
         if (r != CUDA_SUCCESS || current)
                 return r;
         r = cu->cuDeviceGet(ret_dev, device);
+        if (r == CUDA_SUCCESS && ret_none) {
+                r = cu->cuDevicePrimaryCtxGetState(*ret_dev, &flags, &active);
+                if (r == CUDA_SUCCESS && !active) {
+                        *ret_none = true;
+                        return CUDA_SUCCESS;
+                }
+        }
         if (r == CUDA_SUCCESS)
                 r = cu->cuDevicePrimaryCtxRetain(ret_primary, *ret_dev);
         if (r != CUDA_SUCCESS)
@@ -2921,15 +2936,18 @@ static void context_drop(CudaDriver *cu, CUcontext primary, CUdevice dev) {
 
 /*
  * Waits for the work queued on `stream` (cuStreamSynchronize), or for all the work of the context when
- * `whole_context` (cuCtxSynchronize), in the context context_hold() gives. Returns the driver's result.
+ * `whole_context` (cuCtxSynchronize), in the context context_hold() gives. For the context's own work (whole, or
+ * its NULL stream), nothing when there is no context: none current, and the primary one not active. A stream
+ * given is waited for as it is: it may be another context's. Returns the driver's result.
  */
 static CUresult wait_queued(CudaDriver *cu, int device, void *stream, bool whole_context) {
         CUcontext primary = NULL;
         CUdevice dev = 0;
+        bool none = false;
         CUresult r;
 
-        r = context_hold(cu, device, &primary, &dev);
-        if (r == CUDA_SUCCESS)
+        r = context_hold(cu, device, &primary, &dev, whole_context || !stream ? &none : NULL);
+        if (r == CUDA_SUCCESS && !none)
                 r = whole_context ? cu->cuCtxSynchronize() : cu->cuStreamSynchronize((CUstream)stream);
         context_drop(cu, primary, dev);
         return r;
@@ -3341,7 +3359,7 @@ VMMB_EXPORT int vmmb_lease_read(vmmb_lease *lease, uint64_t offset, void *buf, s
         if (k < 0)
                 return k;
 
-        r = context_hold(cu, lease->device, &primary, &dev);
+        r = context_hold(cu, lease->device, &primary, &dev, NULL);
         if (r == CUDA_SUCCESS)
                 r = cu->cuMemcpyDtoH(buf, lease->va + offset, n);
         context_drop(cu, primary, dev);

@@ -828,7 +828,9 @@ int vmmb_lease_reclaimed(const vmmb_lease *lease);
  * @stream: a CUstream (cudaStream_t) whose queued work may still use the lease, waited for with
  *          cuStreamSynchronize(); NULL waits for all the work of the context (cuCtxSynchronize()).
  *          Either in the calling thread's current context, or, when the thread has none, in the
- *          primary context of the lease's device (as vmmb_free_stream()).
+ *          primary context of the lease's device (as vmmb_free_stream()). With NULL, when the thread
+ *          has no context and the primary context is not active, nothing can be queued: nothing is
+ *          waited for, and no context is created.
  *
  * Waits for the queued work, unmaps each slab of the lease (the address
  * range from vmmb_lease_ptr() stays reserved for it: no other allocation of

@@ -41,6 +41,7 @@
         X(cuDeviceGetAttribute, 2000)                   \
         X(cuDeviceTotalMem, 3020)                       \
         X(cuDeviceCanAccessPeer, 4000)                  \
+        X(cuDevicePrimaryCtxGetState, 7000)             \
         X(cuDevicePrimaryCtxRetain, 7000)               \
         X(cuDevicePrimaryCtxRelease, 11000)             \
         X(cuCtxSetCurrent, 4000)                        \

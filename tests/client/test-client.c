@@ -1530,6 +1530,46 @@ START_TEST(test_park_unpark) {
 }
 END_TEST
 
+/*
+ * A park waits for the work of the context (stream NULL): in a thread with no context of its own, the device's
+ * primary context. When that is not active either, nothing can be queued, and the library does not retain it:
+ * a retain would create the context (about 0.2 s on an H200, and 1 s while another process pins host memory)
+ * and the release destroy it again. When it is active, the park retains it and waits for its work. Counted on the
+ * simulated device; the parks run on a real driver too.
+ */
+START_TEST(test_park_without_context) {
+        vmmb_client *c = connect_or_fail(h.socket);
+        vmmb_lease *l = alloc_or_fail(c, 4 * MiB, 0, "no context");
+        uint64_t retains, syncs;
+
+        ck_assert(write_pattern(vmmb_lease_ptr(l), 4 * MiB, 0x5EED0003));
+        ck_assert_int_eq(cu->cuCtxSynchronize(), CUDA_SUCCESS);
+        ck_assert_int_eq(cu->cuCtxSetCurrent(NULL), CUDA_SUCCESS);
+        ck_assert_int_eq(cu->cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);      /* driver_open_or_fail()'s */
+
+        retains = driver_calls("cuDevicePrimaryCtxRetain");
+        syncs = driver_calls("cuCtxSynchronize");
+        ck_assert_int_eq(park_or_fail(l, NULL), 1);
+        ck_assert_uint_eq(driver_calls("cuDevicePrimaryCtxRetain"), retains);
+        ck_assert_uint_eq(driver_calls("cuCtxSynchronize"), syncs);
+        unpark_or_fail(l);
+
+        /* Active, not current: retained for the wait, and waited in. */
+        ck_assert_int_eq(cu->cuDevicePrimaryCtxRetain(&ctx, 0), CUDA_SUCCESS);
+        retains = driver_calls("cuDevicePrimaryCtxRetain");
+        syncs = driver_calls("cuCtxSynchronize");
+        ck_assert_int_eq(park_or_fail(l, NULL), 1);
+        if (driver_counts()) {
+                ck_assert_uint_eq(driver_calls("cuDevicePrimaryCtxRetain"), retains + 1);
+                ck_assert_uint_eq(driver_calls("cuCtxSynchronize"), syncs + 1);
+        }
+        unpark_or_fail(l);
+        ck_assert_int_eq(cu->cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+        ck_assert(reads_pattern(vmmb_lease_ptr(l), 4 * MiB, 0x5EED0003));
+        free_last_and_close(c, l);
+}
+END_TEST
+
 START_TEST(test_free_parked) {
         vmmb_client *c = connect_or_fail(h.socket);
         vmmb_lease *l = alloc_or_fail(c, 4 * MiB, 0, NULL), *l2 = alloc_or_fail(c, 4 * MiB, 0, NULL);
@@ -1966,6 +2006,7 @@ int main(void) {
         tcase_add_test(tc, test_other_user);
         tcase_add_test(tc, test_tokens);
         tcase_add_test(tc, test_park_unpark);
+        tcase_add_test(tc, test_park_without_context);
         tcase_add_test(tc, test_free_parked);
         tcase_add_test(tc, test_park_shared);
         tcase_add_test(tc, test_park_other_user);

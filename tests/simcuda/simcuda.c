@@ -1418,6 +1418,19 @@ static CUresult sim_cuDeviceTotalMem(size_t *bytes, CUdevice dev) {
 
 /* ---- Entry points: contexts -------------------------------------------------------------------------- */
 
+/* Active while retained (the driver's primary context lives from the first retain to the last release); no flags. */
+static CUresult sim_cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active) {
+        ENTER(cuDevicePrimaryCtxGetState);
+
+        if (!flags || !active)
+                return CUDA_ERROR_INVALID_VALUE;
+        if (!device_valid(dev))
+                return CUDA_ERROR_INVALID_DEVICE;
+        *flags = 0;
+        *active = sim.ctx[dev].refs > 0;
+        return CUDA_SUCCESS;
+}
+
 static CUresult sim_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
         ENTER(cuDevicePrimaryCtxRetain);
 

@@ -810,7 +810,8 @@ class Lease(_Exportable):
         Waits for the work queued on ``stream`` (a CUstream / cudaStream_t as
         an int), or with None (or 0) for all the work of the context (the
         thread's current one, else the device's primary context: PyTorch's,
-        CuPy's, the CUDA runtime's), then unmaps the memory while ``ptr``
+        CuPy's, the CUDA runtime's; when neither exists, nothing is queued,
+        and no context is created to wait in), then unmaps the memory while ``ptr``
         stays reserved, and tells the broker. Until unpark(), nothing is
         mapped at ``ptr``: tensors and arrays made from the lease keep their
         pointers but must not be used (a kernel touching them faults, and the
