@@ -7,9 +7,10 @@
 Each round starts a broker of its own (HostCapacity= above GIB + 1, MaxHostBytes=100%, HostSlab= its default
 64M), so that no host memory is cached: every park pins new host memory, about 0.3 s per GiB, in pieces of
 HostSlab=, which the broker's maker thread makes off its loop. Process A leases GIB GiB (default 8) and parks
-it; 0.2 s into that park, process B leases 64 MiB (one piece) on its own connection and parks it. The maker
+it; 0.2 s into that park, process B leases 100 MiB (a piece of 64 MiB and one of 36 MiB, a size A's park
+does not make) on its own connection and parks it. The maker
 takes one piece of each waiting park in turn, and a park goes on as soon as its own pieces are made, so B's
-park takes about two pieces' pinning and a 64 MiB copy; a broker that made A's pieces first, or let B's park
+park takes about four pieces' pinning and a 100 MiB copy; a broker that made A's pieces first, or let B's park
 go on only once nothing was left to make, holds B for the rest of A's pinning. Both leases are unparked and
 freed after each round. Times are CLOCK_MONOTONIC around each call; A's and B's clocks are the same clock.
 
@@ -28,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _harness as h  # noqa: E402
 
 GiB = 1 << 30
-SMALL = 64 << 20
+SMALL = 100 << 20               # a piece of HostSlab= and one of 36 MiB, a size the large park does not make
 
 
 def small_parker(socket_path: str, pipe) -> None:
@@ -81,11 +82,11 @@ def main() -> int:
         r = one_round(gib)
         good = r["b_ms"] <= r["a_ms"] / 10
         ok = ok and good
-        print(f"round {i + 1}: A's park of {gib} GiB {r['a_ms']:.1f} ms; B's park of 64 MiB from {r['b_start_ms']:.1f} "
+        print(f"round {i + 1}: A's park of {gib} GiB {r['a_ms']:.1f} ms; B's park of 100 MiB from {r['b_start_ms']:.1f} "
               f"to {r['b_end_ms']:.1f} ms into it: {r['b_ms']:.1f} ms: {'PASS' if good else 'FAIL'}", flush=True)
         rows.append([str(i + 1), f"{r['a_ms']:.1f}", f"{r['b_ms']:.1f}", f"{r['b_start_ms']:.1f}",
                      "PASS" if good else "FAIL"])
-    h.table(f"a 64 MiB first park 0.2 s into another process's first park of {gib} GiB (target: B <= a tenth of A)",
+    h.table(f"a 100 MiB first park 0.2 s into another process's first park of {gib} GiB (target: B <= a tenth of A)",
             ["round", "A's park ms", "B's park ms", "B started at ms", "verdict"], rows)
     return 0 if ok else 1
 
