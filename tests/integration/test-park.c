@@ -678,10 +678,12 @@ static void child_done_within(pid_t pid, const char *what) {
         ck_assert_msg(harness_wait(pid) == 0, "%s failed (see the child's stderr)", what);
 }
 
-/* In a child: becomes nobody, and Allocs and Frees a slab. */
-static int child_other_user(void *arg) {
+/*
+ * In a child: becomes nobody, Allocs a slab and Frees it; with `park`, Parks it first, which must be answered
+ * parked (its host slab made while another user's park still makes its own).
+ */
+static int other_user_slab(const char *socket, bool park) {
         _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
-        const char *socket = arg;
         TestLease l;
         int k;
 
@@ -692,9 +694,31 @@ static int child_other_user(void *arg) {
         k = lease_alloc(c, UNIT, &l);
         CHILD_CHECK(k == 0, "Alloc: %s", strerror(-k));
         test_lease_close(&l);
+        if (park) {
+                ParkReply p = {};
+                Reply r;
+
+                k = park_send(c, l.id);
+                CHILD_CHECK(k == 0, "Park: %s", strerror(-k));
+                k = reply_read(c, &r, NULL);
+                CHILD_CHECK(k == 0 && !r.error, "Park: %s", k < 0 ? strerror(-k) : r.error);
+                CHILD_CHECK(park_reply_decode(r.params, &p, NULL) == 0 && p.parked, "Park: not parked");
+                park_reply_done(&p);
+                reply_done(&r);
+        }
         k = lease_free(c, l.id);
         CHILD_CHECK(k == 0, "Free: %s", strerror(-k));
         return 0;
+}
+
+/* In a child: becomes nobody, and Allocs and Frees a slab. */
+static int child_other_user(void *arg) {
+        return other_user_slab(arg, false);
+}
+
+/* In a child: becomes nobody, Allocs a slab, Parks it (answered parked) and Frees it. */
+static int child_other_parker(void *arg) {
+        return other_user_slab(arg, true);
 }
 
 typedef struct Parker {
@@ -973,35 +997,6 @@ START_TEST(test_two_parks_while_making) {
         stop();
 }
 END_TEST
-
-/* In a child: becomes nobody, Allocs one slab and Parks it, which must be answered parked (its host slab made
- * while another user's park still makes its own), then Frees it. */
-static int child_other_parker(void *arg) {
-        _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
-        const char *socket = arg;
-        ParkReply p = {};
-        TestLease l;
-        Reply r;
-        int k;
-
-        CHILD_CHECK(setgroups(0, NULL) == 0 && setresgid(UID_OTHER, UID_OTHER, UID_OTHER) == 0 &&
-                    setresuid(UID_OTHER, UID_OTHER, UID_OTHER) == 0, "cannot become uid %u: %m", UID_OTHER);
-        k = conn_open(socket, &c);
-        CHILD_CHECK(k == 0, "connect: %s", strerror(-k));
-        k = lease_alloc(c, UNIT, &l);
-        CHILD_CHECK(k == 0, "Alloc: %s", strerror(-k));
-        test_lease_close(&l);
-        k = park_send(c, l.id);
-        CHILD_CHECK(k == 0, "Park: %s", strerror(-k));
-        k = reply_read(c, &r, NULL);
-        CHILD_CHECK(k == 0 && !r.error, "Park: %s", k < 0 ? strerror(-k) : r.error);
-        CHILD_CHECK(park_reply_decode(r.params, &p, NULL) == 0 && p.parked, "Park: not parked");
-        park_reply_done(&p);
-        reply_done(&r);
-        k = lease_free(c, l.id);
-        CHILD_CHECK(k == 0, "Free: %s", strerror(-k));
-        return 0;
-}
 
 /*
  * One user's Park of one host slab is not made after all of another user's many: the daemon's maker thread
