@@ -1367,8 +1367,8 @@ int pool_alloc_host(Pool *p, Slab *const *slabs, size_t n, uid_t uid, uint64_t w
 /* --- host slabs made off the loop ------------------------------------------------------------------- */
 
 /*
- * Caches a host slab that no request asked for (one the maker thread made, or one of a previous run's cache
- * taken back), unbound, once the hooks have stored it; released if they could not (a slab a restart would lose
+ * Caches a host slab that is not leased (one the maker thread made, for the user of the call it was made for or
+ * unbound for the reserve, or one of a previous run's cache taken back, unbound), once the hooks have stored it; released if they could not (a slab a restart would lose
  * is not handed out). Returns whether it was cached.
  */
 static bool host_slab_cache(Pool *p, Slab *slab) {
@@ -1451,7 +1451,6 @@ static void *maker_thread(void *userdata) {
         return NULL;
 }
 
-/* Adds the host slabs the maker thread has made to their spaces' caches, unbound. Returns how many it added. */
 /* Undoes the pool's mapping of a made slab that the pool will not take. */
 static void job_unmap(Pool *p, MakeJob *j) {
         if (j->va) {
@@ -1470,6 +1469,8 @@ static void request_finished(Pool *p, MakeRequest *req) {
         p->host_made++;
 }
 
+/* Adds the host slabs the maker thread has made to their spaces' caches, each for the user of its request (the
+ * reserve's unbound), and finishes their requests. Returns how many it added. */
 static unsigned makes_finish(Pool *p) {
         List done = LIST_INIT(done);
         unsigned n = 0;

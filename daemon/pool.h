@@ -278,7 +278,7 @@ int pool_make_host(Pool *p, Slab *const *slabs, size_t n, uid_t uid, uint64_t *r
  * is released for it; room taken by slabs being made counts as used, but they are not counted as the reserve's:
  * the daemon calls it once, at start, when none are). Pinning host memory holds a lock of the driver's for the whole host (every process's
  * GPU allocations wait behind each slab, about 0.3 s per GiB on an H200), so the daemon does it once, at start,
- * rather than at the first parks of a busy host. They are then cached, unbound, as pool_make_host()'s are, and
+ * rather than at the first parks of a busy host. They are then cached unbound (pool_make_host()'s are cached for the caller's user), and
  * used, evicted and trimmed like any. Returns how many it asked for, or a negative errno (the maker thread could
  * not start).
  */
@@ -293,7 +293,7 @@ bool pool_make_done(const Pool *p, uint64_t ticket);
 
 /*
  * Takes back a host slab that a previous run of the daemon had cached (restore.c: its exported fd, stored at
- * exit under a name that says its device and size): imports it and caches it, unbound, as a made host slab is
+ * exit under a name that says its device and size): imports it and caches it, unbound, as the reserve's are
  * (the hooks store it under its new id first). It was zeroed, or fresh from the driver, when that run cached
  * it, and nobody but that run and the service manager has held it since. Taken only into free room: never over
  * HostCapacity=, and nothing cached is released for it. The fd is the pool's in every case (closed on failure).
