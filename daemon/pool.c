@@ -53,9 +53,10 @@ struct SlabSpace {
 
 /*
  * One call's host slabs to make off the loop (pool_make_host(), or a batch of pool_reserve_host()'s), under a
- * ticket its caller waits for (pool_make_done()). The maker thread takes one job of each request in turn, so
- * that a park of a few slabs is not made after all of another's (an 8 GiB first park pins for 2.3 s on an
- * H200). `todo` and `link` are under Pool.make_lock; `left` and `link_live` belong to the loop.
+ * ticket its caller waits for (pool_make_done()). The maker thread takes one job at a time, users in turn and
+ * each user's requests in turn (queue_rotate()), so that a park of a few slabs is not made after all of
+ * another's (an 8 GiB first park pins for 2.3 s on an H200), nor after one job of each of many parks of one
+ * user. `todo` and `link` are under Pool.make_lock; `left` and `link_live` belong to the loop.
  */
 typedef struct MakeRequest {
         uint64_t ticket;
@@ -1415,8 +1416,30 @@ static void make_one(Pool *p, MakeJob *j) {
                 j->va = 0;
 }
 
-/* The maker thread: one job at a time, of each request in turn, each handed back through the pool's eventfd;
- * it ends once none is left (or the pool stops it). */
+/*
+ * After a job of user `uid` (its request `served`, or NULL when that had no more jobs): every queued request of
+ * that user goes to the tail of the queue, in order, `served` last. The next job is then another user's
+ * whenever one waits (users take turns, however many requests each has queued), and the user's own requests
+ * take turns among themselves. Under make_lock.
+ */
+static void queue_rotate(Pool *p, uid_t uid, MakeRequest *served) {
+        List mine = LIST_INIT(mine);
+        MakeRequest *r, *tmp;
+
+        list_for_each_entry_safe(r, tmp, &p->make_queue, link)
+                if (r != served && r->uid == uid) {
+                        list_unlink(&r->link);
+                        list_link_tail(&mine, &r->link);
+                }
+        if (served) {
+                list_unlink(&served->link);
+                list_link_tail(&mine, &served->link);
+        }
+        list_splice_tail(&p->make_queue, &mine);
+}
+
+/* The maker thread: one job at a time, users and their requests in turn (queue_rotate()), each handed back
+ * through the pool's eventfd; it ends once none is left (or the pool stops it). */
 static void *maker_thread(void *userdata) {
         Pool *p = userdata;
 
@@ -1425,12 +1448,14 @@ static void *maker_thread(void *userdata) {
                 MakeRequest *req;
                 MakeJob *j;
                 bool more;
+                uid_t uid;
 
                 if (p->make_quit || list_is_empty(&p->make_queue)) {
                         p->maker_running = false;
                         break;
                 }
                 req = list_first_entry(&p->make_queue, MakeRequest, link);
+                uid = req->uid;
                 j = list_first_entry(&req->todo, MakeJob, link);
                 list_unlink(&j->link);
                 more = !list_is_empty(&req->todo);
@@ -1439,11 +1464,9 @@ static void *maker_thread(void *userdata) {
                 (void)pthread_mutex_unlock(&p->make_lock);
                 make_one(p, j);
                 (void)pthread_mutex_lock(&p->make_lock);
-                /* Its next job after those of every request queued meanwhile (not freed: it has jobs left). */
-                if (more) {
-                        list_unlink(&req->link);
-                        list_link_tail(&p->make_queue, &req->link);
-                }
+                /* Its user's next job after every other user's queued by now, even those queued meanwhile (req is
+                 * not freed when it has jobs left; when it has none, the loop may have freed it). */
+                queue_rotate(p, uid, more ? req : NULL);
                 list_link_tail(&p->make_done, &j->link);
                 (void)eventfd_write(p->event_fd, 1);
         }

@@ -259,7 +259,7 @@ int pool_alloc_host(Pool *p, Slab *const *slabs, size_t n, uid_t uid, uint64_t w
  * those of the sizes it would cut `slabs` into (a lease's device slabs, of one device) that no cached host
  * slab, nor one being scrubbed, of that size and `uid` (or unbound) would give. Creating pinned host memory takes about
  * 0.3 s per GiB, which a request made in the loop would make every other client wait for. The pool's maker
- * thread makes them one at a time, one of each call's in turn, and exports them; pool_dispatch() (the pool's
+ * thread makes them one at a time, users in turn and each user's calls in turn, and exports them; pool_dispatch() (the pool's
  * eventfd) then adds each to the host cache, cached for `uid` (new memory, zeroed: bound so that no other
  * user's call takes it first), and tells the slab_created hook; once the call's are all made, pool_host_made()
  * moves and pool_make_done(*ret_ticket) is true. Their room in the device's host capacity is taken from now

@@ -999,55 +999,67 @@ START_TEST(test_two_parks_while_making) {
 END_TEST
 
 /*
- * One user's Park of one host slab is not made after all of another user's many: the daemon's maker thread
- * takes one slab of each waiting Park in turn, and a Park is made again as soon as its own are made. A's Park of
- * SIZE needs 32 host slabs of HostSlab=2M; while its first is held, another user (nobody, as root; else another
- * connection) parks one slab. Two creates are let through, A's first and the next, and the one after is held:
- * B's Park must be answered parked while A's still waits, with 31 of its slabs to make. (With one queue in
- * order, the second create is A's, and B's Park waits for all of A's.)
+ * One user's Park of one host slab is not made after all of another user's many, however many Parks that user
+ * has waiting: the daemon's maker thread takes one slab at a time, users in turn, and a Park is made again as
+ * soon as its own are made. A's Parks of SIZE need 32 host slabs of HostSlab=2M each; while the first one's first
+ * is held, A sends two more (as root; else none), and another user (nobody, as root; else another connection of
+ * A's user) parks one slab. Two creates are let through, A's first and the next, and the one after is held: B's
+ * Park must be answered parked while A's all wait. (With one queue in order, the second create is A's, and B's
+ * Park waits for all of A's; with A's Parks taking turns with B's as equals, it is A's second Park's.)
  */
 START_TEST(test_park_not_behind_anothers) {
-        _cleanup_(varlink_conn_freep) VarlinkConn *a = NULL, *b = NULL;
-        TestLease la, lb = {};
+        _cleanup_(varlink_conn_freep) VarlinkConn *b = NULL;
+        VarlinkConn *a[3] = {};         /* freed at the end (a failed check ends the test's process) */
+        size_t n_a = geteuid() == 0 ? ELEMENTSOF(a) : 1;
+        TestLease la[ELEMENTSOF(a)], lb = {};
         pid_t child = -1;
         Gpu g = {};
 
         if (!start_holding(__func__, CONFIG "MaxSlab=32M\nHostSlab=2M\n", false))
                 return;
-        ck_assert_int_eq(conn_open(h.socket, &a), 0);
         ck_assert_int_eq(gpu_open(&g), 0);
-        la = alloc_written(&g, a, SIZE, 0xaaaa0003);
+        for (size_t i = 0; i < n_a; i++) {
+                ck_assert_int_eq(conn_open(h.socket, &a[i]), 0);
+                la[i] = alloc_written(&g, a[i], SIZE, 0xaaaa0003 + (uint32_t)i);
+        }
 
         make_hold();
-        ck_assert_int_eq(park_send(a, la.id), 0);
+        ck_assert_int_eq(park_send(a[0], la[0].id), 0);
         wait_for_make();
+        for (size_t i = 1; i < n_a; i++)
+                ck_assert_int_eq(park_send(a[i], la[i].id), 0);
         if (geteuid() == 0) {
+                wait_for_calls_waiting("host_memory", n_a, NULL);
                 child = harness_fork(child_other_parker, h.socket);
-                wait_for_calls_waiting("host_memory", 2, NULL);
+                wait_for_calls_waiting("host_memory", n_a + 1, NULL);
         } else {
                 ck_assert_int_eq(conn_open(h.socket, &b), 0);
                 lb = alloc_written(&g, b, UNIT, 0xbbbb0003);
                 ck_assert_int_eq(park_send(b, lb.id), 0);
-                wait_for_calls_waiting("host_memory", 2, NULL);
+                wait_for_calls_waiting("host_memory", n_a + 1, NULL);
         }
 
         let_creates_through(2);
         reached_or_fail(reached, "no third host slab was made");
         if (child > 0)
-                child_done_within(child, "another user's Park of one slab while a Park of 32 was being made");
+                child_done_within(child, "another user's Park of one slab while Parks of 32 were being made");
         else
                 parked_or_fail(b);
-        ck_assert_msg(!readable_now(a), "the Park of 32 host slabs was answered with 30 of them held");
+        for (size_t i = 0; i < n_a; i++)
+                ck_assert_msg(!readable_now(a[i]), "a Park of 32 host slabs was answered with its slabs held");
         if (geteuid() == 0)
-                ck_assert_uint_eq(calls_waiting("host_memory"), 1);
+                ck_assert_uint_eq(calls_waiting("host_memory"), n_a);
 
         release_hold();
-        parked_or_fail(a);
-        unpark_check_free(&g, a, la.id, SIZE, 0xaaaa0003);
+        for (size_t i = 0; i < n_a; i++) {
+                parked_or_fail(a[i]);
+                unpark_check_free(&g, a[i], la[i].id, SIZE, 0xaaaa0003 + (uint32_t)i);
+                a[i] = varlink_conn_free(a[i]);
+        }
         if (b)
                 unpark_check_free(&g, b, lb.id, UNIT, 0xbbbb0003);
         gpu_close(&g);
-        wait_for_idle((int64_t)(SIZE + UNIT));
+        wait_for_idle((int64_t)(n_a * SIZE + UNIT));
         stop();
 }
 END_TEST

@@ -1216,8 +1216,9 @@ static void write_file(const char *path, const char *text) {
 }
 
 /*
- * The maker thread takes one host slab of each pool_make_host() in turn, and each is done (pool_make_done()) once
- * its own are made: B's one slab, asked for while A's first of four is held, is the second made (the simulated
+ * The maker thread takes one host slab at a time, users in turn, and each pool_make_host() is done
+ * (pool_make_done()) once its own are made: B's one slab, asked for while the first of A's four is held and
+ * after A's second call (two more), is the second made, not after a slab of each of A's calls (the simulated
  * device lets two creates through, SIMCUDA_HOLD_CREATE_FILE holding a count, and holds the third). What is made
  * for a call is cached for its user: C's park does not count B's slab, B's does. Nothing more is made when each
  * takes its slabs.
@@ -1225,10 +1226,11 @@ static void write_file(const char *path, const char *text) {
 START_TEST(test_make_in_turn) {
         PoolConfig config = { .capacity = 64 * MiB, .max_slab = 4 * MiB, .host_capacity = 32 * MiB,
                               .host_slab = 2 * MiB };
-        Slab *a[POOL_MAX_SLABS], *b[POOL_MAX_SLABS], *c[POOL_MAX_SLABS], *host[POOL_MAX_HOST_SLABS];
+        Slab *a[POOL_MAX_SLABS], *a2[POOL_MAX_SLABS], *b[POOL_MAX_SLABS], *c[POOL_MAX_SLABS];
+        Slab *host[POOL_MAX_HOST_SLABS];
         char hold[64], reached[80];
-        uint64_t ta = 0, tb = 0, tc = 0;
-        size_t n, m, o, nh;
+        uint64_t ta = 0, ta2 = 0, tb = 0, tc = 0;
+        size_t n, n2, m, o, nh;
 
         snprintf(hold, sizeof(hold), "/tmp/vmmb-pool-hold-%d", (int)getpid());
         snprintf(reached, sizeof(reached), "%s.reached", hold);
@@ -1243,6 +1245,7 @@ START_TEST(test_make_in_turn) {
         }
         ck_assert_int_eq(pool_use_device(pool, 0), 0);
         ck_assert_int_eq(alloc(8 * MiB, UID_A, a, &n), 0);              /* 4 host slabs of 2M */
+        ck_assert_int_eq(alloc(4 * MiB, UID_A, a2, &n2), 0);            /* 2 more */
         ck_assert_int_eq(alloc(2 * MiB, UID_B, b, &m), 0);
         ck_assert_int_eq(alloc(2 * MiB, UID_C, c, &o), 0);
 
@@ -1251,29 +1254,35 @@ START_TEST(test_make_in_turn) {
                 ck_assert_msg(i < 10000, "no host slab was made in 10 s");
                 (void)usleep(1000);
         }
+        ck_assert_int_eq(pool_make_host(pool, a2, n2, UID_A, &ta2), POOL_E_MAKING);
         ck_assert_int_eq(pool_make_host(pool, b, m, UID_B, &tb), POOL_E_MAKING);
-        ck_assert_uint_gt(tb, ta);
+        ck_assert_uint_gt(tb, ta2);
         (void)unlink(reached);
         write_file(hold, "2");
         wait_made(tb);
-        ck_assert_msg(!pool_make_done(pool, ta), "A's four slabs were made before B's one");
+        ck_assert_msg(!pool_make_done(pool, ta) && !pool_make_done(pool, ta2), "A's slabs were made before B's one");
         ck_assert_uint_eq(stats().host_created, 2);
 
         ck_assert_int_eq(pool_make_host(pool, b, m, UID_B, NULL), 0);
         ck_assert_int_eq(pool_make_host(pool, c, o, UID_C, &tc), POOL_E_MAKING);
         ck_assert_int_eq(unlink(hold), 0);
         wait_made(ta);
+        wait_made(ta2);
         wait_made(tc);
-        ck_assert_uint_eq(stats().host_created, 6);
+        ck_assert_uint_eq(stats().host_created, 8);
         ck_assert_int_eq(pool_alloc_host(pool, a, n, UID_A, POOL_WAIT_ANY, host, &nh), 0);
         ck_assert_uint_eq(nh, 4);
+        reclaim_all(host, nh);
+        ck_assert_int_eq(pool_alloc_host(pool, a2, n2, UID_A, POOL_WAIT_ANY, host, &nh), 0);
+        ck_assert_uint_eq(nh, 2);
         reclaim_all(host, nh);
         ck_assert_int_eq(pool_alloc_host(pool, b, m, UID_B, POOL_WAIT_ANY, host, &nh), 0);
         reclaim_all(host, nh);
         ck_assert_int_eq(pool_alloc_host(pool, c, o, UID_C, POOL_WAIT_ANY, host, &nh), 0);
         reclaim_all(host, nh);
-        ck_assert_uint_eq(stats().host_created, 6);
+        ck_assert_uint_eq(stats().host_created, 8);
         reclaim_all(a, n);
+        reclaim_all(a2, n2);
         reclaim_all(b, m);
         reclaim_all(c, o);
         ck_assert_int_eq(pool_drain(pool), 0);
