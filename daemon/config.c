@@ -227,7 +227,7 @@ static void print_host_reserve(const Config *c, FILE *f) {
 static int parse_host_slab(Config *c, const char *value, char **ret_message) {
         uint64_t bytes = 0;
 
-        if (*value && (parse_size(value, &bytes) < 0 || bytes < (UINT64_C(2) << 20) || (bytes & (bytes - 1)) != 0))
+        if (*value && (parse_size(value, &bytes) < 0 || bytes < (UINT64_C(2) << 20) || !IS_POWER_OF_2(bytes)))
                 return set_message_error(ret_message, -EINVAL, "expected a power of two of at least 2M, such as 64M");
         c->manager.pool.host_slab = bytes;
         return 0;

@@ -364,8 +364,8 @@ static void scrubs_finished(Manager *m) {
 }
 
 /* Parks waiting for host slabs are made again once theirs are made (pool_make_done()), each taking the slabs
- * made for it, in order: one park's few slabs are not held back by another's many (the maker takes one job of
- * each request in turn). */
+ * made for it, in order: one park's few slabs are not held back by another user's many (the maker takes users
+ * in turn). */
 static void hosts_made(Manager *m) {
         uint64_t made = pool_host_made(m->pool);
 

@@ -148,11 +148,17 @@ struct Pool {
         List make_done;                 /* MakeJobs made (or failed), under make_lock */
         bool maker_running;             /* under make_lock: it takes the jobs in make_queue; false once it ends */
         bool make_quit;                 /* under make_lock */
-        unsigned making;                /* jobs asked for and not finished (makes_finish()) */
-        List make_live;                 /* MakeRequests not finished (the loop's) */
+        List make_live;                 /* MakeRequests not finished (the loop's): host slabs are being made while it
+                                           is not empty (pool_making()) */
         uint64_t last_ticket;           /* of the last MakeRequest */
         uint64_t host_made;             /* moves when a request's jobs are all finished (pool_host_made()) */
 };
+
+/* Whether host slabs are being made off the loop: asked for and not yet dispatched (every job is of a live
+ * request until makes_finish() has counted it). */
+static bool pool_making(const Pool *p) {
+        return !list_is_empty(&p->make_live);
+}
 
 /* Every Driver API call of the pool goes through this, so stats.driver_calls counts them. */
 #define DRV(dev, fn) ((dev)->stats.driver_calls++, (dev)->pool->cu->fn)
@@ -1007,7 +1013,7 @@ int pool_drain(Pool *p) {
         }
         pool_dispatch(p);
         /* and the host slabs being made: each finished one is told through the eventfd */
-        while (p->making > 0) {
+        while (pool_making(p)) {
                 struct pollfd pfd = { .fd = p->event_fd, .events = POLLIN };
 
                 if (poll(&pfd, 1, -1) < 0 && errno != EINTR)
@@ -1369,8 +1375,8 @@ int pool_alloc_host(Pool *p, Slab *const *slabs, size_t n, uid_t uid, uint64_t w
 
 /*
  * Caches a host slab that is not leased (one the maker thread made, for the user of the call it was made for or
- * unbound for the reserve, or one of a previous run's cache taken back, unbound), once the hooks have stored it; released if they could not (a slab a restart would lose
- * is not handed out). Returns whether it was cached.
+ * unbound for the reserve, or one of a previous run's cache taken back, unbound), once the hooks have stored it;
+ * released if they could not (a slab a restart would lose is not handed out). Returns whether it was cached.
  */
 static bool host_slab_cache(Pool *p, Slab *slab) {
         slab->last_used = ++p->clock;
@@ -1512,7 +1518,6 @@ static unsigned makes_finish(Pool *p) {
 
                 list_unlink(&j->link);
                 space->making_bytes -= j->size;
-                p->making--;
                 dev->stats.driver_calls += j->calls;
                 if (j->failed)
                         driver_error(dev, j->failed, j->result);
@@ -1612,7 +1617,6 @@ static int make_start(Pool *p, PoolDevice *dev, const uint64_t *sizes, size_t n_
         p->last_ticket = req->ticket;
         list_link_tail(&p->make_live, &req->link_live);
         dev->host.making_bytes += fresh;
-        p->making += n_make;
         if (ret_ticket)
                 *ret_ticket = req->ticket;
         return POOL_E_MAKING;
@@ -1799,14 +1803,12 @@ static void maker_stop(Pool *p) {
                         while ((j = list_first_entry(&req->todo, MakeJob, link))) {
                                 list_unlink(&j->link);
                                 j->dev->host.making_bytes -= j->size;
-                                p->making--;
                                 free(j);
                         }
                 }
                 while ((j = list_first_entry(&p->make_done, MakeJob, link))) {
                         list_unlink(&j->link);
                         j->dev->host.making_bytes -= j->size;
-                        p->making--;
                         if (!j->failed) {
                                 job_unmap(p, j);
                                 (void)p->cu->cuMemRelease(j->handle);
@@ -2265,12 +2267,12 @@ int pool_new(Pool **ret, CudaDriver *cu, const PoolConfig *config, char **ret_me
  * The oldest slab of the device that is due to be mapped ahead, or NULL. None while the maker thread makes host
  * slabs: the driver pins their memory under a lock that a mapping in the loop then waits for, for up to a
  * second (the first park of a fresh 32 GiB lease, on an H200: idle dispatches of up to 1 s). They are due
- * again once the pool has dispatched every slab made (Pool.making back at 0).
+ * again once the pool has dispatched every slab made (pool_making() false).
  */
 static Slab *map_due(const PoolDevice *dev) {
         Slab *slab = list_first_entry(&dev->unmapped, Slab, link_unmapped);
 
-        if (!slab || dev->pool->making > 0)
+        if (!slab || pool_making(dev->pool))
                 return NULL;
         return slab->made_tick + MAP_AHEAD_TICKS <= dev->pool->ticks ? slab : NULL;
 }

@@ -255,32 +255,31 @@ int pool_alloc_host(Pool *p, Slab *const *slabs, size_t n, uid_t uid, uint64_t w
                     size_t *ret_n);
 
 /*
- * Makes, off the daemon's loop, the host slabs that pool_alloc_host(p, slabs, n, uid) would have to create now:
- * those of the sizes it would cut `slabs` into (a lease's device slabs, of one device) that no cached host
- * slab, nor one being scrubbed, of that size and `uid` (or unbound) would give. Creating pinned host memory takes about
- * 0.3 s per GiB, which a request made in the loop would make every other client wait for. The pool's maker
- * thread makes them one at a time, users in turn and each user's calls in turn, and exports them; pool_dispatch() (the pool's
- * eventfd) then adds each to the host cache, cached for `uid` (new memory, zeroed: bound so that no other
- * user's call takes it first), and tells the slab_created hook; once the call's are all made, pool_host_made()
- * moves and pool_make_done(*ret_ticket) is true. Their room in the device's host capacity is taken from now
- * (cached host slabs released for it). Returns 0 when none need making (pool_alloc_host() will not create any,
- * unless others of `uid` take what it counted meanwhile); POOL_E_MAKING, the ticket in *ret_ticket (may be
- * NULL), when their making has begun; POOL_E_NO_HOST, POOL_E_HOST_NOMEM
- * (no room for them), or a negative errno, nothing begun. A slab that fails to be made is told through
- * pool_last_error() when it is dispatched; pool_alloc_host() then tries, and fails, as before.
+ * Makes, off the daemon's loop, the host slabs that pool_alloc_host(p, slabs, n, uid) would have to create now: those
+ * of the sizes it would cut `slabs` into (a lease's device slabs, of one device) that no cached host slab, nor one
+ * being scrubbed, of that size and `uid` (or unbound) would give. Creating pinned host memory takes about 0.3 s per
+ * GiB, which a request made in the loop would make every other client wait for. The pool's maker thread makes them one
+ * at a time, users in turn and each user's calls in turn, and exports them; pool_dispatch() (the pool's eventfd) then
+ * adds each to the host cache, cached for `uid` (new memory, zeroed: bound so that no other user's call takes it
+ * first), and tells the slab_created hook; once the call's are all made, pool_host_made() moves and
+ * pool_make_done(*ret_ticket) is true. Their room in the device's host capacity is taken from now (cached host slabs
+ * released for it). Returns 0 when none need making (pool_alloc_host() will not create any, unless others of `uid` take
+ * what it counted meanwhile); POOL_E_MAKING, the ticket in *ret_ticket (may be NULL), when their making has begun;
+ * POOL_E_NO_HOST, POOL_E_HOST_NOMEM (no room for them), or a negative errno, nothing begun. A slab that fails to be
+ * made is told through pool_last_error() when it is dispatched; pool_alloc_host() then tries, and fails, as before.
  */
 int pool_make_host(Pool *p, Slab *const *slabs, size_t n, uid_t uid, uint64_t *ret_ticket);
 
 /*
  * Makes, off the loop, the host slabs of the configured reserve (PoolConfig.host_reserve) that each device that
- * can park lacks: host slabs of the maximum slab size, counted whatever they hold (parked leases' too) and
- * whoever they are cached for, up to the reserve and within the device's free host capacity (nothing cached
- * is released for it; room taken by slabs being made counts as used, but they are not counted as the reserve's:
- * the daemon calls it once, at start, when none are). Pinning host memory holds a lock of the driver's for the whole host (every process's
- * GPU allocations wait behind each slab, about 0.3 s per GiB on an H200), so the daemon does it once, at start,
- * rather than at the first parks of a busy host. They are then cached unbound (pool_make_host()'s are cached for the caller's user), and
- * used, evicted and trimmed like any. Returns how many it asked for, or a negative errno (the maker thread could
- * not start).
+ * can park lacks: host slabs of the host slab size (pool_host_slab()), counted whatever they hold (parked
+ * leases' too) and whoever they are cached for, up to the reserve and within the device's free host capacity
+ * (nothing cached is released for it; room taken by slabs being made counts as used, but they are not counted as
+ * the reserve's: the daemon calls it once, at start, when none are). Pinning host memory holds a lock of the
+ * driver's for the whole host (every process's GPU allocations wait behind each slab), so the daemon does it
+ * once, at start, rather than at the first parks of a busy host. They are then cached unbound
+ * (pool_make_host()'s are cached for the caller's user), and used, evicted and trimmed like any. Returns how
+ * many it asked for, or a negative errno (the maker thread could not start).
  */
 int pool_reserve_host(Pool *p);
 
@@ -311,14 +310,14 @@ void pool_foreach_host_cached(Pool *p, void (*fn)(const Slab *slab, int device, 
 bool pool_has_host(Pool *p, size_t i);
 
 /*
- * Copies the content of the src slabs, back to back, into the dst slabs, back to back (as many bytes as the
- * smaller of the two holds, by offset: the two may be cut differently), through the pool's own mappings, on
- * the device's copy stream, without waiting: queues the copy, then a completion, and returns the
- * completion's ticket in *ret_ticket. Every slab is of one device. pool_copy_finished() says when it is reached; the pool's eventfd is
- * told then (pool_dispatch() moves pool_scrubs_finished()). The slabs stay as they are, leased: whatever
- * gives them back queues their scrub after the copy on the same stream, and a release waits for the copy
- * first (unmapping memory a copy still uses would fault the stream). Returns 0, -EINVAL (no slabs), or
- * POOL_E_DRIVER (pool_last_error() says why; nothing is left in flight).
+ * Copies the content of the src slabs, back to back, into the dst slabs, back to back (as many bytes as the smaller of
+ * the two holds, by offset: the two may be cut differently), through the pool's own mappings, on the device's copy
+ * stream, without waiting: queues the copy, then a completion, and returns the completion's ticket in *ret_ticket.
+ * Every slab is of one device. pool_copy_finished() says when it is reached; the pool's eventfd is told then
+ * (pool_dispatch() moves pool_scrubs_finished()). The slabs stay as they are, leased: whatever gives them back queues
+ * their scrub after the copy on the same stream, and a release waits for the copy first (unmapping memory a copy still
+ * uses would fault the stream). Returns 0, -EINVAL (no slabs), or POOL_E_DRIVER (pool_last_error() says why; nothing is
+ * left in flight).
  */
 int pool_copy_start(Pool *p, Slab *const *dst, size_t n_dst, Slab *const *src, size_t n_src,
                     uint64_t *ret_ticket);
