@@ -365,7 +365,7 @@ static void scrubs_finished(Manager *m) {
 
 /* Parks waiting for host slabs are made again once theirs are made (pool_make_done()), each taking the slabs
  * made for it, in order: one park's few slabs are not held back by another user's many (the maker takes users
- * in turn). */
+ * in turn). What they left of them (their caller went away meanwhile) is anyone's then (pool_unbind_made()). */
 static void hosts_made(Manager *m) {
         uint64_t made = pool_host_made(m->pool);
 
@@ -373,6 +373,7 @@ static void hosts_made(Manager *m) {
                 return;
         m->hosts_seen = made;
         host_waiters_try(m, HOST_WAIT_MAKING);
+        (void)pool_unbind_made(m->pool);
         serve_waiters(m, false);        /* a park gives device memory back */
 }
 

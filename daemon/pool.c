@@ -151,6 +151,7 @@ struct Pool {
         List make_live;                 /* MakeRequests not finished (the loop's): host slabs are being made while it
                                            is not empty (pool_making()) */
         uint64_t last_ticket;           /* of the last MakeRequest */
+        List made_bound;                /* cached host Slabs bound by their making (Slab.made_for), oldest first */
         uint64_t host_made;             /* moves when a request's jobs are all finished (pool_host_made()) */
 };
 
@@ -313,6 +314,8 @@ static void cache_remove(Slab *slab) {
 
         list_unlink(&slab->link_state);
         list_unlink(&slab->link_lru);
+        list_unlink(&slab->link_made);          /* taken or released: no longer bound by its making */
+        slab->made_for = 0;
         slab->bucket = NULL;
         space->cached_bytes -= slab->size;
         space->n_cached--;
@@ -1533,8 +1536,13 @@ static unsigned makes_finish(Pool *p) {
                         slab_init(space, slab, ++p->last_slab_id, j->fd, j->size, j->request->uid);
                         p->prime = false;
                         dev->stats.host_created++;
-                        if (host_slab_cache(p, slab))
+                        if (host_slab_cache(p, slab)) {
                                 n++;
+                                if (slab->uid != UID_UNBOUND) {
+                                        slab->made_for = j->request->ticket;
+                                        list_link_tail(&p->made_bound, &slab->link_made);
+                                }
+                        }
                 }
                 request_finished(p, j->request);
                 free(j);
@@ -1727,6 +1735,23 @@ bool pool_make_done(const Pool *p, uint64_t ticket) {
                 if (req->ticket == ticket)
                         return false;
         return true;
+}
+
+unsigned pool_unbind_made(Pool *p) {
+        unsigned n = 0;
+        Slab *slab, *tmp;
+
+        list_for_each_entry_safe(slab, tmp, &p->made_bound, link_made) {
+                if (!pool_make_done(p, slab->made_for))
+                        continue;
+                cache_remove(slab);             /* unlinks it from made_bound */
+                slab->uid = UID_UNBOUND;
+                if (cache_insert(slab) < 0)
+                        slab_release(slab);
+                else
+                        n++;
+        }
+        return n;
 }
 
 int pool_adopt_host(Pool *p, int device, int fd, uint64_t size) {
@@ -2182,6 +2207,7 @@ int pool_new(Pool **ret, CudaDriver *cu, const PoolConfig *config, char **ret_me
         list_init(&p->make_queue);
         list_init(&p->make_done);
         list_init(&p->make_live);
+        list_init(&p->made_bound);
         p->max_slab = config->max_slab ? config->max_slab : POOL_DEFAULT_MAX_SLAB;
         if (!IS_POWER_OF_2(p->max_slab)) {
                 set_message(ret_message, "The maximum slab size (%" PRIu64 " bytes) is not a "

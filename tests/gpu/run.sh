@@ -106,7 +106,7 @@ VMMBROKER_BUILD=$build VMMBROKER_DAEMON="$PWD/$build/daemon/vmmbrokerd" \
         python3 tests/gpu/python/park_stall.py 8 >"$out/park-stall.log" 2>&1 || failed
 tail -16 "$out/park-stall.log"
 
-step "a 64 MiB first park while another process's first park of 8 GiB pins: it does not wait for all of it (tests/gpu/python/park_turns.py)"
+step "a 100 MiB first park 0.2 s in while another process's first park of 8 GiB pins: it does not wait for all of it (tests/gpu/python/park_turns.py)"
 VMMBROKER_BUILD=$build VMMBROKER_DAEMON="$PWD/$build/daemon/vmmbrokerd" \
         python3 tests/gpu/python/park_turns.py 8 3 >"$out/park-turns.log" 2>&1 || failed
 tail -9 "$out/park-turns.log"

@@ -679,10 +679,10 @@ static void child_done_within(pid_t pid, const char *what) {
 }
 
 /*
- * In a child: becomes nobody, Allocs a slab and Frees it; with `park`, Parks it first, which must be answered
- * parked (its host slab made while another user's park still makes its own).
+ * In a child: becomes nobody, Allocs `size` and Frees it; with `park`, Parks it first, which must be answered
+ * parked (its host slabs made while another user's park still makes its own, or taken from the cache).
  */
-static int other_user_slab(const char *socket, bool park) {
+static int other_user_lease(const char *socket, uint64_t size, bool park) {
         _cleanup_(varlink_conn_freep) VarlinkConn *c = NULL;
         TestLease l;
         int k;
@@ -691,7 +691,7 @@ static int other_user_slab(const char *socket, bool park) {
                     setresuid(UID_OTHER, UID_OTHER, UID_OTHER) == 0, "cannot become uid %u: %m", UID_OTHER);
         k = conn_open(socket, &c);
         CHILD_CHECK(k == 0, "connect: %s", strerror(-k));
-        k = lease_alloc(c, UNIT, &l);
+        k = lease_alloc(c, size, &l);
         CHILD_CHECK(k == 0, "Alloc: %s", strerror(-k));
         test_lease_close(&l);
         if (park) {
@@ -713,12 +713,17 @@ static int other_user_slab(const char *socket, bool park) {
 
 /* In a child: becomes nobody, and Allocs and Frees a slab. */
 static int child_other_user(void *arg) {
-        return other_user_slab(arg, false);
+        return other_user_lease(arg, UNIT, false);
 }
 
 /* In a child: becomes nobody, Allocs a slab, Parks it (answered parked) and Frees it. */
 static int child_other_parker(void *arg) {
-        return other_user_slab(arg, true);
+        return other_user_lease(arg, UNIT, true);
+}
+
+/* In a child: becomes nobody, Allocs SIZE, Parks it (answered parked) and Frees it. */
+static int child_other_parker_size(void *arg) {
+        return other_user_lease(arg, SIZE, true);
 }
 
 typedef struct Parker {
@@ -818,8 +823,10 @@ static void next_park_makes_nothing(VarlinkConn *c) {
 
 /*
  * A process killed while its Park waits for host slabs leaves nothing behind: its lease ends at once, as with
- * its last holder, and the slabs made for it, once made, stay cached in the pool. The next park of that size,
- * another process's, takes them without making any (while creates are held, it is answered at once).
+ * its last holder, and the slabs made for it, once made, stay cached in the pool, for anyone: the made slabs are
+ * bound to their user only until the making is done (pool_unbind_made()). The next park of that size, another
+ * user's (as root) and another process's, takes them without making any (while creates are held, it is
+ * answered at once).
  */
 START_TEST(test_park_waiter_exits) {
         _cleanup_(varlink_conn_freep) VarlinkConn *a = NULL;
@@ -849,6 +856,15 @@ START_TEST(test_park_waiter_exits) {
         release_hold();
         wait_for_idle((int64_t)SIZE);
 
+        if (geteuid() == 0) {
+                /* another user's park of that size takes them, not bound to the user they were made for */
+                make_hold();
+                child_done_within(harness_fork(child_other_parker_size, h.socket),
+                                  "another user's Park of the host slabs made for a killed process's");
+                ck_assert_msg(access(reached, F_OK) != 0, "another user's Park made host slabs though %" PRIu64
+                              " bytes of them, made for a park that went away, were cached", SIZE);
+                wait_for_idle((int64_t)SIZE);
+        }
         /* Another park of that size takes them: answered though creates are held again. */
         ck_assert_int_eq(conn_open(h.socket, &a), 0);
         next_park_makes_nothing(a);
