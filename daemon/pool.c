@@ -151,7 +151,7 @@ struct Pool {
         List make_live;                 /* MakeRequests not finished (the loop's): host slabs are being made while it
                                            is not empty (pool_making()) */
         uint64_t last_ticket;           /* of the last MakeRequest */
-        List made_bound;                /* cached host Slabs bound by their making (Slab.made_for), oldest first */
+        List made_bound;                /* cached host Slabs bound to a user by their making (Slab.link_made) */
         uint64_t host_made;             /* moves when a request's jobs are all finished (pool_host_made()) */
 };
 
@@ -315,7 +315,6 @@ static void cache_remove(Slab *slab) {
         list_unlink(&slab->link_state);
         list_unlink(&slab->link_lru);
         list_unlink(&slab->link_made);          /* taken or released: no longer bound by its making */
-        slab->made_for = 0;
         slab->bucket = NULL;
         space->cached_bytes -= slab->size;
         space->n_cached--;
@@ -1538,10 +1537,8 @@ static unsigned makes_finish(Pool *p) {
                         dev->stats.host_created++;
                         if (host_slab_cache(p, slab)) {
                                 n++;
-                                if (slab->uid != UID_UNBOUND) {
-                                        slab->made_for = j->request->ticket;
+                                if (slab->uid != UID_UNBOUND)
                                         list_link_tail(&p->made_bound, &slab->link_made);
-                                }
                         }
                 }
                 request_finished(p, j->request);
@@ -1737,12 +1734,24 @@ bool pool_make_done(const Pool *p, uint64_t ticket) {
         return true;
 }
 
+/* Whether host slabs are being made for `uid`: one of its requests is live. */
+static bool making_for(const Pool *p, uid_t uid) {
+        const MakeRequest *req;
+
+        list_for_each_entry(req, &p->make_live, link_live)
+                if (req->uid == uid)
+                        return true;
+        return false;
+}
+
 unsigned pool_unbind_made(Pool *p) {
         unsigned n = 0;
         Slab *slab, *tmp;
 
+        /* Not while its user has other slabs being made: a call made again takes its user's slabs whichever
+         * call they were made for, so another's may be what is left, for a call still waiting. */
         list_for_each_entry_safe(slab, tmp, &p->made_bound, link_made) {
-                if (!pool_make_done(p, slab->made_for))
+                if (making_for(p, slab->uid))
                         continue;
                 cache_remove(slab);             /* unlinks it from made_bound */
                 slab->uid = UID_UNBOUND;

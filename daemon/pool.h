@@ -131,9 +131,8 @@ typedef struct Slab {
         List link_lru;                  /* in the device's least-recently-used list, while cached */
         uint64_t made_tick;             /* pool_tick()s before it was made or imported */
         List link_unmapped;             /* in the device's list of slabs the pool has no mapping of, while so */
-        uint64_t made_for;              /* cached bound to its user by its making (pool_make_host()): that call's
-                                           ticket, until pool_unbind_made() or its taking; else 0 */
-        List link_made;                 /* in Pool.made_bound while made_for is not 0 */
+        List link_made;                 /* in Pool.made_bound while cached bound to its user by its making
+                                           (pool_make_host()), until pool_unbind_made() or its taking */
 } Slab;
 
 typedef struct PoolDeviceStats {
@@ -294,11 +293,13 @@ uint64_t pool_host_made(const Pool *p);
 bool pool_make_done(const Pool *p, uint64_t ticket);
 
 /*
- * Unbinds the host slabs still cached for the user they were made for (pool_make_host()) once their call's making
- * is done (pool_make_done()): its caller, made again, has taken what it needed by then, and what is left (the call
- * went away: the client exited or the lease was freed while it waited, or needed less) is new memory that holds
- * nobody's data, so any user's park may take it rather than pin more while it waits, bound, for an eviction. The
- * daemon calls it after the calls waiting for those tickets were made again. Returns how many it unbound.
+ * Unbinds the host slabs still cached for the user they were made for (pool_make_host()) once nothing more is
+ * being made for that user (every one of its tickets pool_make_done()): its calls, made again, have taken what
+ * they needed by then, and what is left (a call went away: the client exited or the lease was freed while it
+ * waited, or it needed less) is new memory that holds nobody's data, so any user's park may take it rather than
+ * pin more while it waits, bound, for an eviction. Not sooner: a call made again takes its user's slabs whichever
+ * of its calls they were made for. The daemon calls it after the calls waiting for the tickets done were made
+ * again. Returns how many it unbound.
  */
 unsigned pool_unbind_made(Pool *p);
 

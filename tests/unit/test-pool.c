@@ -1292,22 +1292,23 @@ START_TEST(test_make_in_turn) {
 END_TEST
 
 /*
- * Host slabs made for a park whose caller went away: bound to that user while the making is under way (the
- * slabs made so far stay A's), anyone's once it is done (pool_unbind_made()), so that another user's park takes
- * them rather than pinning as much again.
+ * Host slabs made for a park whose caller went away: bound to that user while anything is being made for it
+ * (the slabs made so far stay A's; and A's first call done, its slabs wait for A's second, which may take either
+ * call's), anyone's once nothing is (pool_unbind_made()), so that another user's park takes them rather than
+ * pinning as much again.
  */
 START_TEST(test_made_unbound_after) {
         PoolConfig config = { .capacity = 64 * MiB, .max_slab = 4 * MiB, .host_capacity = 32 * MiB,
                               .host_slab = 2 * MiB };
-        Slab *a[POOL_MAX_SLABS], *b[POOL_MAX_SLABS], *host[POOL_MAX_HOST_SLABS];
+        Slab *a[POOL_MAX_SLABS], *a2[POOL_MAX_SLABS], *b[POOL_MAX_SLABS], *host[POOL_MAX_HOST_SLABS];
         char hold[64], reached[80];
-        uint64_t ta = 0;
-        size_t n, m, nh;
+        uint64_t ta = 0, ta2 = 0;
+        size_t n, n2, m, nh;
 
         snprintf(hold, sizeof(hold), "/tmp/vmmb-pool-hold-%d", (int)getpid());
         snprintf(reached, sizeof(reached), "%s.reached", hold);
         (void)unlink(reached);
-        write_file(hold, "2");                                          /* two creates, then held */
+        write_file(hold, "3");                                          /* three creates, then held */
         ck_assert_int_eq(setenv("SIMCUDA_HOLD_CREATE_FILE", hold, 1), 0);
         open_driver();
         {
@@ -1316,24 +1317,22 @@ START_TEST(test_made_unbound_after) {
                 ck_assert_msg(pool_new(&pool, cu, &config, &message) == 0, "%s", message);
         }
         ck_assert_int_eq(pool_use_device(pool, 0), 0);
-        ck_assert_int_eq(alloc(8 * MiB, UID_A, a, &n), 0);              /* 4 host slabs of 2M */
+        ck_assert_int_eq(alloc(4 * MiB, UID_A, a, &n), 0);              /* 2 host slabs of 2M */
+        ck_assert_int_eq(alloc(4 * MiB, UID_A, a2, &n2), 0);            /* 2 more, another call */
         ck_assert_int_eq(alloc(8 * MiB, UID_B, b, &m), 0);
 
+        /* in turn: a, a2, a; then a2's second is held */
         ck_assert_int_eq(pool_make_host(pool, a, n, UID_A, &ta), POOL_E_MAKING);
-        for (unsigned i = 0; stats().host_created < 2; i++) {
-                struct pollfd p = { .fd = pool_get_fd(pool), .events = POLLIN };
-
-                ck_assert_msg(i < 100, "two host slabs were not made in 10 s");
-                (void)poll(&p, 1, 100);
-                (void)pool_dispatch(pool);
-        }
-        ck_assert(!pool_make_done(pool, ta));
-        ck_assert_uint_eq(pool_unbind_made(pool), 0);                   /* still being made: A's */
+        ck_assert_int_eq(pool_make_host(pool, a2, n2, UID_A, &ta2), POOL_E_MAKING);
+        wait_made(ta);
+        ck_assert(!pool_make_done(pool, ta2));
+        ck_assert_uint_eq(stats().host_created, 3);
+        ck_assert_uint_eq(pool_unbind_made(pool), 0);                   /* A's second call is still being made */
 
         ck_assert_int_eq(unlink(hold), 0);
-        wait_made(ta);
+        wait_made(ta2);
         ck_assert_uint_eq(stats().host_created, 4);
-        /* A's park went away without taking them */
+        /* A's parks went away without taking them */
         ck_assert_uint_eq(pool_unbind_made(pool), 4);
         ck_assert_uint_eq(pool_unbind_made(pool), 0);
         ck_assert_int_eq(pool_make_host(pool, b, m, UID_B, NULL), 0);
@@ -1342,6 +1341,7 @@ START_TEST(test_made_unbound_after) {
         ck_assert_uint_eq(stats().host_created, 4);
         reclaim_all(host, nh);
         reclaim_all(a, n);
+        reclaim_all(a2, n2);
         reclaim_all(b, m);
         ck_assert_int_eq(pool_drain(pool), 0);
         (void)unlink(reached);
