@@ -842,7 +842,7 @@ int broker_park(Broker *b, const Caller *c, const char *id, bool *ret_parked, Us
         if (user_charge(l->charge_bytes.user, &charge, USER_HOST_BYTES, l->pool_device, l->size, ret_quota) < 0)
                 return BROKER_E_QUOTA;
         /* Pinning new host memory takes about 0.3 s per GiB: not in the loop, which serves everyone else. */
-        k = c->host_waited ? 0 : pool_make_host(b->pool, l->slabs, l->n_slabs, l->uid, ret_ticket);
+        k = c->host_make_failed ? 0 : pool_make_host(b->pool, l->slabs, l->n_slabs, l->uid, ret_ticket);
         if (k != 0) {
                 user_charge_release(&charge);
                 return pool_outcome(k);

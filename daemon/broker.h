@@ -69,7 +69,7 @@ enum {
                                            scrub_wait_bytes: nothing changed; try it again once scrubs have
                                            completed */
         BROKER_E_HOST_MAKING,           /* a Park needs host slabs, being made off the loop now: nothing changed;
-                                           try it again, with Caller.host_waited, once pool_host_made() moved */
+                                           try it again once pool_make_done() (Caller.host_make_failed) */
         BROKER_E_HOST_COPYING,          /* a Park's, Unpark's or Attach's copy runs off the loop now
                                            (Lease.move): try it again, with Caller.copy_waited, once
                                            broker_moves_ended() moved */
@@ -113,8 +113,10 @@ typedef struct Caller {
         Holder *holder;
         User *user;
         bool admin;
-        bool host_waited;               /* the call is a Park tried again after the host slabs it waited for
-                                           were made: it makes what it still lacks itself (broker_park()) */
+        bool host_make_failed;          /* the call is a Park tried again after the host slabs it waited for
+                                           were made, and a host slab failed to be made meanwhile: it creates
+                                           what it still lacks itself (broker_park()), to be answered with the
+                                           driver's refusal rather than wait for another making */
         bool copy_waited;               /* the call is tried again after a move ended: the lease's move_error,
                                            if any, is its answer */
 } Caller;
@@ -237,9 +239,11 @@ size_t broker_reclaim_pick(Broker *b, size_t device, uint64_t need, const Holder
  * once scrubs have completed). Host slabs that must be
  * created first are made off it (pool_make_host()): HOST_MAKING, nothing
  * changed, the making's ticket in *ret_ticket (may be NULL), and the call is to
- * be made again once pool_make_done() says so (Caller.host_waited
- * set, so that a second wait for making cannot follow: what others took
- * meanwhile is created in the call). Then the copy is queued on the device's
+ * be made again once pool_make_done() says so. What its user's other calls
+ * took meanwhile is made off the loop again (HOST_MAKING again), unless a host
+ * slab failed to be made since the making began (Caller.host_make_failed):
+ * then it is created in the call, which fails with the driver's refusal
+ * rather than wait for makings that fail for ever. Then the copy is queued on the device's
  * stream and the lease gets a move (Lease.move): HOST_COPYING, the lease as it
  * was, its host slabs and host bytes taken. broker_finish_moves() commits the
  * move once the copy is done; the call, made again then (Caller.copy_waited),

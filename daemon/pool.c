@@ -151,6 +151,7 @@ struct Pool {
         List make_live;                 /* MakeRequests not finished (the loop's): host slabs are being made while it
                                            is not empty (pool_making()) */
         uint64_t last_ticket;           /* of the last MakeRequest */
+        uint64_t make_failed;           /* host slabs that failed to be made (pool_make_failures()) */
         List made_bound;                /* cached host Slabs bound to a user by their making (Slab.link_made) */
         uint64_t host_made;             /* moves when a request's jobs are all finished (pool_host_made()) */
 };
@@ -1521,9 +1522,11 @@ static unsigned makes_finish(Pool *p) {
                 list_unlink(&j->link);
                 space->making_bytes -= j->size;
                 dev->stats.driver_calls += j->calls;
-                if (j->failed)
+                if (j->failed) {
                         driver_error(dev, j->failed, j->result);
-                else if (!(slab = calloc(1, sizeof(*slab)))) {
+                        p->make_failed++;
+                } else if (!(slab = calloc(1, sizeof(*slab)))) {
+                        p->make_failed++;
                         job_unmap(p, j);
                         (void)DRV(dev, cuMemRelease)(j->handle);
                         defer_close(p, j->fd);
@@ -1723,6 +1726,10 @@ int pool_reserve_host(Pool *p) {
 
 uint64_t pool_host_made(const Pool *p) {
         return p->host_made;
+}
+
+uint64_t pool_make_failures(const Pool *p) {
+        return p->make_failed;
 }
 
 bool pool_make_done(const Pool *p, uint64_t ticket) {

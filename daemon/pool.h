@@ -292,6 +292,11 @@ uint64_t pool_host_made(const Pool *p);
 /* Whether the slabs of pool_make_host()'s `ticket` are all made (or failed) and cached for its caller. */
 bool pool_make_done(const Pool *p, uint64_t ticket);
 
+/* How many host slabs have failed to be made off the loop so far (the driver refused, or memory ran out): a call
+ * that waited for a making compares it with the count when it began, to tell whether what it lacks now may be
+ * the driver's refusal rather than what its user's other calls took. */
+uint64_t pool_make_failures(const Pool *p);
+
 /*
  * Unbinds the host slabs still cached for the user they were made for (pool_make_host()) once nothing more is
  * being made for that user (every one of its tickets pool_make_done()): its calls, made again, have taken what

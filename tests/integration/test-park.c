@@ -1080,6 +1080,58 @@ START_TEST(test_park_not_behind_anothers) {
 }
 END_TEST
 
+/*
+ * A Park whose host slabs its own user's other Park took while they were being made is made again off the loop:
+ * nothing is pinned in the loop for it, which would hold every other client up (0.3 s per GiB on an H200). A's
+ * first Park needs 32 host slabs of HostSlab=2M; 31 are made, the 32nd held; A's second Park, of 16 slabs, takes
+ * 16 of those 31 in the loop. Once the 32nd is let through, the first Park is made again, lacks 16, and waits
+ * for them to be made while a Status on another connection is answered (with the creates held again).
+ */
+START_TEST(test_park_taken_meanwhile_made_again) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *a1 = NULL, *a2 = NULL;
+        TestLease l1, l2;
+        WireDevice d = {};
+        Gpu g = {};
+
+        if (!start_holding(__func__, CONFIG "MaxSlab=32M\nHostSlab=2M\n", false))
+                return;
+        ck_assert_int_eq(gpu_open(&g), 0);
+        ck_assert_int_eq(conn_open(h.socket, &a1), 0);
+        ck_assert_int_eq(conn_open(h.socket, &a2), 0);
+        l1 = alloc_written(&g, a1, SIZE, 0xaaaa0010);
+        l2 = alloc_written(&g, a2, SIZE2, 0xaaaa0020);
+
+        make_hold();
+        ck_assert_int_eq(park_send(a1, l1.id), 0);
+        wait_for_make();
+        let_creates_through(31);
+        reached_or_fail(reached, "the first Park's 32nd host slab was not reached");
+        for (uint64_t end = harness_poll_deadline(); harness_now_msec() < end;) {
+                d = status_while_held();
+                if (d.host_cached == (int64_t)(31 * UNIT))
+                        break;
+        }
+        ck_assert_msg(d.host_cached == (int64_t)(31 * UNIT), "%" PRId64 " bytes of host slabs cached, not the 31 "
+                      "made", d.host_cached);
+        ck_assert_int_eq(park_send(a2, l2.id), 0);
+        parked_or_fail(a2);                             /* 16 of the first Park's slabs, taken in the loop */
+
+        let_creates_through(1);                         /* the first Park's last: it is made again, lacks 16 */
+        reached_or_fail(reached, "the first Park, made again, made no host slab for what the second took");
+        (void)status_while_held();                      /* not pinning in the loop */
+        ck_assert_msg(!readable_now(a1), "the first Park was answered with its host slabs held");
+        ck_assert_uint_eq(calls_waiting("host_memory"), 1);
+
+        release_hold();
+        parked_or_fail(a1);
+        unpark_check_free(&g, a1, l1.id, SIZE, 0xaaaa0010);
+        unpark_check_free(&g, a2, l2.id, SIZE2, 0xaaaa0020);
+        gpu_close(&g);
+        wait_for_idle((int64_t)(SIZE + SIZE2));
+        stop();
+}
+END_TEST
+
 /* ---- the copy into host memory, held ------------------------------------------------------------------- */
 
 /*
@@ -1811,6 +1863,7 @@ int main(void) {
         return run_suite(UNIT_SUITE("park", NULL, test_park_does_not_hold_others, test_park_waiter_exits,
                                     test_park_over_limits_at_once, test_stop_while_making,
                                     test_two_parks_while_making, test_park_not_behind_anothers,
+                                    test_park_taken_meanwhile_made_again,
                                     test_park_copy_does_not_hold_others,
                                     test_park_copy_parker_killed, test_park_copy_foreign_lease_ends,
                                     test_park_copy_attach_cancels, test_stop_while_copying,

@@ -295,7 +295,7 @@ static int unpark_call(const Caller *c, const char *id, Hold **ret, UserQuota *r
         Caller again = *c;
         int k = broker_unpark(&b, c, id, ret, ret_quota);
 
-        again.host_waited = again.copy_waited = true;
+        again.copy_waited = true;
         while (k == BROKER_E_HOST_COPYING) {
                 wait_moves_ended(ended);
                 ended = broker_moves_ended(&b);
@@ -310,7 +310,7 @@ static int attach_call(const Caller *c, const char *token, uid_t owner, const ch
         Caller again = *c;
         int k = broker_attach(&b, c, token, owner, name, readonly, ret, NULL);
 
-        again.host_waited = again.copy_waited = true;
+        again.copy_waited = true;
         while (k == BROKER_E_HOST_COPYING) {
                 wait_moves_ended(ended);
                 ended = broker_moves_ended(&b);
@@ -1927,7 +1927,7 @@ static void wait_made(uint64_t ticket) {
 static int park_copied(const Caller *c, int k, const char *id, bool *ret_parked, UserQuota *ret_quota) {
         Caller again = *c;
 
-        again.host_waited = again.copy_waited = true;
+        again.copy_waited = true;
         while (k == BROKER_E_HOST_COPYING) {
                 uint64_t ended = broker_moves_ended(&b);
 
@@ -1941,22 +1941,25 @@ static int park_copied(const Caller *c, int k, const char *id, bool *ret_parked,
 static int park_again(const Caller *c, const char *id, bool *ret_parked, UserQuota *ret_quota) {
         Caller again = *c;
 
-        again.host_waited = again.copy_waited = true;
+        again.copy_waited = true;
         return broker_park(&b, &again, id, ret_parked, ret_quota, NULL);
 }
 
-/* A Park made again once the host slabs it waited for were made (host_waited), then answered. */
+/* A Park made again once the host slabs it waited for were made, as peer_host_try() makes it when no host slab
+ * failed meanwhile: while it lacks some (others took them), it waits for another making; then answered. */
 static int park_made_again(const Caller *c, const char *id, bool *ret_parked, UserQuota *ret_quota) {
-        Caller again = *c;
+        uint64_t ticket = 0;
+        int k;
 
-        again.host_waited = true;
-        return park_copied(c, broker_park(&b, &again, id, ret_parked, ret_quota, NULL), id, ret_parked, ret_quota);
+        while ((k = broker_park(&b, c, id, ret_parked, ret_quota, &ticket)) == BROKER_E_HOST_MAKING)
+                wait_made(ticket);
+        return park_copied(c, k, id, ret_parked, ret_quota);
 }
 
 /*
  * broker_park() as the daemon makes it: when the host slabs it needs are being made off the loop
- * (BROKER_E_HOST_MAKING, nothing changed), waits for them and makes the call again, host_waited; when its
- * copy runs off the loop (BROKER_E_HOST_COPYING), waits for it and makes it again, copy_waited.
+ * (BROKER_E_HOST_MAKING, nothing changed), waits for them and makes the call again; when its copy runs off the
+ * loop (BROKER_E_HOST_COPYING), waits for it and makes it again, copy_waited.
  */
 static int park_call(const Caller *c, const char *id, bool *ret_parked, UserQuota *ret_quota) {
         uint64_t ticket = 0;
@@ -2168,7 +2171,8 @@ static uint64_t host_created(void) {
  * A park that needs new host slabs does not make them in the call: BROKER_E_HOST_MAKING, nothing changed (the
  * lease, the hold, the owner's charges), their room taken from the host capacity at once, so that a park that
  * would not fit beside them is refused at once. Once made, the call made again parks without creating any;
- * a later park the cache serves makes nothing; a call made again (host_waited) creates what it lacks itself.
+ * a later park the cache serves makes nothing; a call made again whose slabs others took waits for another
+ * making, unless a host slab failed to be made meanwhile (host_make_failed): then it creates what it lacks.
  */
 START_TEST(test_park_makes_host_off_the_loop) {
         Caller *a, *bb, *e;
@@ -2210,12 +2214,69 @@ START_TEST(test_park_makes_host_off_the_loop) {
         ck_assert_int_eq(park_call(a, l->id, &parked, &q), 0);
         ck_assert(parked && pool_host_made(pool) == made && host_created() == created + 2);
 
-        /* Made again after a wait, a park whose host slabs others took meanwhile creates them itself. */
+        /* Made again after a wait, a park whose host slabs others took meanwhile waits for another making: none
+         * is pinned in the call, which would hold up every other client. */
         ck_assert_int_eq(unpark_call(a, l->id, &hold, &q), 0);
         ck_assert_int_eq(broker_free(&b, a, l->id, false, NULL), 0);
         ck_assert_int_eq(pool_drain(pool), 0);
-        ck_assert_int_eq(park_made_again(a, alloc_ok(a, 2 * MiB)->id, &parked, &q), 0);
-        ck_assert(parked && pool_host_made(pool) == made && host_created() == created + 3);
+        l = alloc_ok(a, 2 * MiB);
+        ck_assert_int_eq(broker_park(&b, a, l->id, &parked, &q, &ta), BROKER_E_HOST_MAKING);
+        ck_assert_uint_eq(host_created(), created + 2);
+        wait_made(ta);
+        ck_assert_int_eq(park_made_again(a, l->id, &parked, &q), 0);
+        ck_assert(parked && host_created() == created + 3);
+
+        /* When a host slab failed to be made since it began (host_make_failed), it creates what it lacks itself,
+         * to be answered with the driver's refusal rather than wait for makings that fail for ever. */
+        {
+                Caller failed = *a;
+
+                failed.host_make_failed = true;
+                made = pool_host_made(pool);
+                l = alloc_ok(a, 2 * MiB);
+                ck_assert_int_eq(park_copied(&failed, broker_park(&b, &failed, l->id, &parked, &q, NULL), l->id, &parked,
+                                             &q), 0);
+                ck_assert(parked && pool_host_made(pool) == made && host_created() == created + 4);
+        }
+}
+END_TEST
+
+/*
+ * A host slab that fails to be made off the loop is counted (pool_make_failures()). The Park made again lacks it;
+ * with host_make_failed (the daemon sets it when the count moved while the call waited) it creates what it
+ * lacks itself and is answered with the driver's refusal, where without it it would only ask for another
+ * making, which could fail for ever with its client never answered. Without a fault, that making parks it.
+ */
+START_TEST(test_park_after_failed_making) {
+        UserQuota q = {};
+        bool parked = false;
+        uint64_t ticket = 0, failures;
+        Caller *a, failed;
+        Lease *l;
+
+        setup_broker_host(8 * MiB, false);
+        a = this_process(UID_A);
+        l = alloc_ok(a, 2 * MiB);
+        failures = pool_make_failures(pool);
+        ck_assert_int_eq(sim_fail("cuMemCreate:1:CUDA_ERROR_OUT_OF_MEMORY"), 0);
+        ck_assert_int_eq(broker_park(&b, a, l->id, &parked, &q, &ticket), BROKER_E_HOST_MAKING);
+        wait_made(ticket);
+        ck_assert_uint_eq(pool_make_failures(pool), failures + 1);
+        ck_assert_ptr_nonnull(strstr(pool_last_error(pool), "cuMemCreate"));
+        ck_assert(!l->parked);
+
+        failed = *a;
+        failed.host_make_failed = true;
+        ck_assert_int_eq(sim_fail("cuMemCreate:1:CUDA_ERROR_OUT_OF_MEMORY"), 0);
+        ck_assert_int_eq(broker_park(&b, &failed, l->id, &parked, &q, NULL), BROKER_E_NO_HOST_MEMORY);
+        ck_assert(!l->parked);
+        ck_assert_uint_eq(a->user->host_bytes[0], 0);
+
+        ck_assert_int_eq(broker_park(&b, a, l->id, &parked, &q, &ticket), BROKER_E_HOST_MAKING);
+        wait_made(ticket);
+        ck_assert_uint_eq(pool_make_failures(pool), failures + 1);
+        ck_assert_int_eq(park_made_again(a, l->id, &parked, &q), 0);
+        ck_assert(parked && l->parked);
 }
 END_TEST
 
@@ -3014,7 +3075,8 @@ int main(void) {
                                     test_reap_not_stored_keeps_holds, test_reap_not_stored_second_holder,
                                     test_reap_holder_without_holds_needs_no_store, test_snapshot, test_park_unpark,
                                     test_park_every_holder, test_park_who, test_park_no_room,
-                                    test_park_makes_host_off_the_loop, test_park_without_host_memory, test_park_end,
+                                    test_park_makes_host_off_the_loop, test_park_after_failed_making,
+                                    test_park_without_host_memory, test_park_end,
                                     test_park_write_ahead, test_park_copies_off_the_loop, test_park_copy_undone,
                                     test_park_copy_not_reclaimed, test_park_copy_not_before_scrubs,
                                     test_park_after_undone_creates_nothing,
