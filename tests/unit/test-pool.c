@@ -1308,7 +1308,7 @@ START_TEST(test_made_unbound_after) {
         snprintf(hold, sizeof(hold), "/tmp/vmmb-pool-hold-%d", (int)getpid());
         snprintf(reached, sizeof(reached), "%s.reached", hold);
         (void)unlink(reached);
-        write_file(hold, "3");                                          /* three creates, then held */
+        write_file(hold, "");                                           /* every create held */
         ck_assert_int_eq(setenv("SIMCUDA_HOLD_CREATE_FILE", hold, 1), 0);
         open_driver();
         {
@@ -1321,9 +1321,15 @@ START_TEST(test_made_unbound_after) {
         ck_assert_int_eq(alloc(4 * MiB, UID_A, a2, &n2), 0);            /* 2 more, another call */
         ck_assert_int_eq(alloc(8 * MiB, UID_B, b, &m), 0);
 
-        /* in turn: a, a2, a; then a2's second is held */
+        /* a's first is held while a2 is asked for; then, in turn, a, a2, a, and a2's second is held */
         ck_assert_int_eq(pool_make_host(pool, a, n, UID_A, &ta), POOL_E_MAKING);
+        for (unsigned i = 0; access(reached, F_OK) != 0; i++) {
+                ck_assert_msg(i < 10000, "no host slab was made in 10 s");
+                (void)usleep(1000);
+        }
         ck_assert_int_eq(pool_make_host(pool, a2, n2, UID_A, &ta2), POOL_E_MAKING);
+        (void)unlink(reached);
+        write_file(hold, "3");
         wait_made(ta);
         ck_assert(!pool_make_done(pool, ta2));
         ck_assert_uint_eq(stats().host_created, 3);
