@@ -85,20 +85,11 @@ typedef struct MakeJob {
         List link;                      /* in its MakeRequest.todo, then Pool.make_done */
 } MakeJob;
 
-/* A copy lane of a device (POOL_COPY_LANES): its stream and the completions queued on it, in order. */
-typedef struct CopyLane {
-        PoolDevice *device;
-        CUstream stream;
-        uint64_t issued;                /* completions queued on the stream (copy_done()) */
-        _Atomic uint64_t done;          /* of those, reached: written by the driver's thread */
-        uint64_t dispatched;            /* `done` when pool_dispatch() last looked */
-} CopyLane;
-
 struct PoolDevice {
         Pool *pool;
         CudaDeviceInfo info;
         CUcontext ctx;
-        CUstream stream;                /* the scrub stream (the copies have their lanes: `copy`) */
+        CUstream stream;                /* the scrub and copy stream */
         SlabSpace mem;                  /* the device's memory */
         SlabSpace host;                 /* host memory on its NUMA node, for parked leases */
         List queued;                    /* Slab of either space reclaimed, its scrub not issued yet: in reclaim
@@ -106,8 +97,11 @@ struct PoolDevice {
         List scrubbing;                 /* Slab of either space, in stream order */
         List unmapped;                  /* Slab of either space that the pool has no mapping of, oldest first:
                                            mapped ahead by pool_idle() (map_ahead()) */
-        CopyLane copy[POOL_COPY_LANES]; /* the copies of parks and unparks (pool_copy_start()): not behind scrubs,
+        CUstream copy_stream;           /* the copies of parks and unparks (pool_copy_start()): not behind scrubs,
                                            and no scrub behind them */
+        uint64_t copies_issued;         /* completions queued on copy_stream (copy_done()) */
+        _Atomic uint64_t copies_done;   /* of those, reached: written by the driver's thread */
+        uint64_t copies_dispatched;     /* copies_done when pool_dispatch() last looked */
         List after_copy;                /* leased Slab given back (pool_reclaim(), pool_release()) while a copy
                                            still uses it: given back for good once the copy is done */
         uint64_t scrubs_issued;         /* completions queued on the stream (scrub_done()) */
@@ -365,59 +359,19 @@ static void defer_close(Pool *p, int fd) {
         p->closing[p->n_closing++] = fd;
 }
 
-/* Whether a copy on lane `lane` may still use the slab's memory (Slab.copy_ticket). */
-static bool slab_copying_on(const PoolDevice *dev, const Slab *slab, size_t lane) {
-        return slab->copy_ticket[lane] > atomic_load_explicit(&dev->copy[lane].done, memory_order_acquire);
-}
-
-/* Whether a copy on any lane may still use the slab's memory: a lease's slabs may be read by a copy that an
- * undone move left running while another of its moves copies them on the other lane. */
+/* Whether a copy may still use the slab's memory (Slab.copy_ticket, of the device's copy stream). */
 static bool slab_copying(const PoolDevice *dev, const Slab *slab) {
-        for (size_t lane = 0; lane < POOL_COPY_LANES; lane++)
-                if (slab_copying_on(dev, slab, lane))
-                        return true;
-        return false;
-}
-
-/* Whether a copy lane's completions moved since pool_dispatch() last looked (it looks now). */
-static bool copies_moved(PoolDevice *dev) {
-        bool moved = false;
-
-        for (size_t i = 0; i < POOL_COPY_LANES; i++) {
-                CopyLane *lane = &dev->copy[i];
-                uint64_t done = atomic_load_explicit(&lane->done, memory_order_acquire);
-
-                moved |= done != lane->dispatched;
-                lane->dispatched = done;
-        }
-        return moved;
-}
-
-/* Whether copies were queued that pool_dispatch() has not seen end. */
-static bool copies_issued(const PoolDevice *dev) {
-        for (size_t i = 0; i < POOL_COPY_LANES; i++)
-                if (dev->copy[i].issued != dev->copy[i].dispatched)
-                        return true;
-        return false;
-}
-
-static void copy_streams_destroy(PoolDevice *dev) {
-        for (size_t i = 0; i < POOL_COPY_LANES; i++) {
-                if (dev->copy[i].stream)
-                        (void)DRV(dev, cuStreamDestroy)(dev->copy[i].stream);
-                dev->copy[i].stream = NULL;
-        }
+        return slab->copy_ticket > atomic_load_explicit(&dev->copies_done, memory_order_acquire);
 }
 
 /* Waits for whatever copy still uses the slab's memory: its release must not unmap it under the copy, which
  * would fault the stream for good. pool_reclaim() and pool_release() wait for nothing (slab_after_copy());
  * this guards the paths that cannot meet such a slab. */
 static void slab_wait_copy(PoolDevice *dev, const Slab *slab) {
-        if (slab_copying(dev, slab))
+        if (slab_copying(dev, slab)) {
                 dev->stats.copy_waits++;
-        for (size_t lane = 0; lane < POOL_COPY_LANES; lane++)
-                if (slab_copying_on(dev, slab, lane))
-                        (void)DRV(dev, cuStreamSynchronize)(dev->copy[lane].stream);
+                (void)DRV(dev, cuStreamSynchronize)(dev->copy_stream);
+        }
 }
 
 /*
@@ -907,7 +861,7 @@ static unsigned after_copy_finish(PoolDevice *dev, bool all) {
                 list_unlink(&slab->link_state);
                 list_link_tail(&slab->space->leased, &slab->link_state);
                 if (all)
-                        memset(slab->copy_ticket, 0, sizeof(slab->copy_ticket));
+                        slab->copy_ticket = 0;
                 if (slab->release_after_copy)
                         pool_release(dev->pool, slab);
                 else
@@ -1021,8 +975,10 @@ unsigned pool_dispatch(Pool *p) {
                 n += cached;
                 if (dev->scrubs_held)
                         device_scrub_queued(dev);       /* the stream has room again */
-                if (copies_moved(dev))
+                done = atomic_load_explicit(&dev->copies_done, memory_order_acquire);
+                if (done != dev->copies_dispatched)
                         n += after_copy_finish(dev, false);
+                dev->copies_dispatched = done;
         }
         return n;
 }
@@ -1035,19 +991,18 @@ int pool_drain(Pool *p) {
                 PoolDevice *dev = &p->devices[i];
                 CUresult r;
 
-                if (list_is_empty(&dev->scrubbing) && list_is_empty(&dev->queued) && !copies_issued(dev))
+                if (list_is_empty(&dev->scrubbing) && list_is_empty(&dev->queued) &&
+                    dev->copies_issued == dev->copies_dispatched)
                         continue;
                 if (make_current(dev) < 0) {
                         ret = -EIO;
                         continue;
                 }
                 /* the copies first: what waited for them is scrubbed then */
-                for (size_t lane = 0; lane < POOL_COPY_LANES; lane++) {
-                        r = DRV(dev, cuStreamSynchronize)(dev->copy[lane].stream);
-                        if (r != CUDA_SUCCESS) {
-                                driver_error(dev, "cuStreamSynchronize (copies)", r);
-                                ret = -EIO;
-                        }
+                r = DRV(dev, cuStreamSynchronize)(dev->copy_stream);
+                if (r != CUDA_SUCCESS) {
+                        driver_error(dev, "cuStreamSynchronize (copies)", r);
+                        ret = -EIO;
                 }
                 (void)after_copy_finish(dev, false);
                 do {    /* SCRUBS_AHEAD at a time */
@@ -1909,14 +1864,13 @@ static void maker_stop(Pool *p) {
         }
 }
 
-/* Queues the copy of `bytes` from src + src_off to dst + dst_off on `stream`, one of the device's copy lanes'. */
-static int copy_part(PoolDevice *dev, CUstream stream, Slab *dst, uint64_t dst_off, Slab *src, uint64_t src_off,
-                     uint64_t bytes) {
+/* Queues the copy of `bytes` from src + src_off to dst + dst_off on the device's copy stream. */
+static int copy_part(PoolDevice *dev, Slab *dst, uint64_t dst_off, Slab *src, uint64_t src_off, uint64_t bytes) {
         CUresult r;
 
         if (slab_map(dev, dst) < 0 || slab_map(dev, src) < 0)
                 return -EIO;
-        r = DRV(dev, cuMemcpyDtoDAsync)(dst->scrub_va + dst_off, src->scrub_va + src_off, bytes, stream);
+        r = DRV(dev, cuMemcpyDtoDAsync)(dst->scrub_va + dst_off, src->scrub_va + src_off, bytes, dev->copy_stream);
         if (r != CUDA_SUCCESS) {
                 driver_error(dev, "cuMemcpyDtoDAsync", r);
                 return -EIO;
@@ -1924,10 +1878,8 @@ static int copy_part(PoolDevice *dev, CUstream stream, Slab *dst, uint64_t dst_o
         return 0;
 }
 
-/* Queues the copy of the src slabs into the dst slabs, back to back, on `stream`. 0 or -EIO (then some of it may be
- * queued). */
-static int copy_queue(PoolDevice *dev, CUstream stream, Slab *const *dst, size_t n_dst, Slab *const *src,
-                      size_t n_src) {
+/* Queues the copy of the src slabs into the dst slabs, back to back. 0 or -EIO (then some of it may be queued). */
+static int copy_queue(PoolDevice *dev, Slab *const *dst, size_t n_dst, Slab *const *src, size_t n_src) {
         uint64_t dst_off = 0, src_off = 0;
         size_t i = 0, j = 0;
         int k = 0;
@@ -1938,7 +1890,7 @@ static int copy_queue(PoolDevice *dev, CUstream stream, Slab *const *dst, size_t
         while (i < n_dst && j < n_src && k == 0) {
                 uint64_t bytes = MIN(dst[i]->size - dst_off, src[j]->size - src_off);
 
-                k = copy_part(dev, stream, dst[i], dst_off, src[j], src_off, bytes);
+                k = copy_part(dev, dst[i], dst_off, src[j], src_off, bytes);
                 if (k == 0)
                         dev->stats.copied_bytes += bytes;
                 dst_off += bytes;
@@ -1955,68 +1907,46 @@ static int copy_queue(PoolDevice *dev, CUstream stream, Slab *const *dst, size_t
         return k;
 }
 
-/* Runs on the driver's thread when a copy lane's stream reaches it: no Driver API calls here. */
+/* Runs on the driver's thread when the copy stream reaches it: no Driver API calls here. */
 static void copy_done(void *userdata) {
-        CopyLane *lane = userdata;
+        PoolDevice *dev = userdata;
         uint64_t one = 1;
 
-        atomic_fetch_add_explicit(&lane->done, 1, memory_order_release);
-        (void)!write(lane->device->pool->event_fd, &one, sizeof(one));
-}
-
-/* Bytes a copy of the src slabs into the dst slabs moves: as many as the smaller run holds. */
-static uint64_t copy_bytes(Slab *const *dst, size_t n_dst, Slab *const *src, size_t n_src) {
-        uint64_t d = 0, s = 0;
-
-        for (size_t i = 0; i < n_dst; i++)
-                d += dst[i]->size;
-        for (size_t j = 0; j < n_src; j++)
-                s += src[j]->size;
-        return MIN(d, s);
-}
-
-/* The ticket of the `n`th completion of `lane` (pool_copy_start()), and back. */
-static uint64_t copy_ticket_make(size_t lane, uint64_t n) {
-        return n * POOL_COPY_LANES + lane;
+        atomic_fetch_add_explicit(&dev->copies_done, 1, memory_order_release);
+        (void)!write(dev->pool->event_fd, &one, sizeof(one));
 }
 
 int pool_copy_start(Pool *p, Slab *const *dst, size_t n_dst, Slab *const *src, size_t n_src,
                     uint64_t *ret_ticket) {
         PoolDevice *dev;
-        CopyLane *lane;
-        size_t lane_index;
         CUresult r;
 
         if (n_dst == 0 || n_src == 0)
                 return -EINVAL;
         dev = dst[0]->device;
-        lane_index = copy_bytes(dst, n_dst, src, n_src) <= POOL_COPY_SMALL ? POOL_COPY_SMALL_LANE : POOL_COPY_LARGE;
-        lane = &dev->copy[lane_index];
-        if (copy_queue(dev, lane->stream, dst, n_dst, src, n_src) < 0)
+        if (copy_queue(dev, dst, n_dst, src, n_src) < 0)
                 goto fail;
-        r = DRV(dev, cuLaunchHostFunc)(lane->stream, copy_done, lane);
+        r = DRV(dev, cuLaunchHostFunc)(dev->copy_stream, copy_done, dev);
         if (r != CUDA_SUCCESS) {
                 driver_error(dev, "cuLaunchHostFunc (copy)", r);
                 goto fail;
         }
-        lane->issued++;
+        dev->copies_issued++;
         for (size_t i = 0; i < n_dst; i++)
-                dst[i]->copy_ticket[lane_index] = lane->issued;
+                dst[i]->copy_ticket = dev->copies_issued;
         for (size_t j = 0; j < n_src; j++)
-                src[j]->copy_ticket[lane_index] = lane->issued;
-        *ret_ticket = copy_ticket_make(lane_index, lane->issued);
+                src[j]->copy_ticket = dev->copies_issued;
+        *ret_ticket = dev->copies_issued;
         return 0;
 
 fail:
         /* Some of it may be queued, and nothing would say when it is done: wait for it, then fail. */
-        (void)DRV(dev, cuStreamSynchronize)(lane->stream);
+        (void)DRV(dev, cuStreamSynchronize)(dev->copy_stream);
         return POOL_E_DRIVER;
 }
 
 bool pool_copy_finished(const Pool *p, const Slab *slab, uint64_t ticket) {
-        const CopyLane *lane = &slab->device->copy[ticket % POOL_COPY_LANES];
-
-        return atomic_load_explicit(&lane->done, memory_order_acquire) >= ticket / POOL_COPY_LANES;
+        return atomic_load_explicit(&slab->device->copies_done, memory_order_acquire) >= ticket;
 }
 
 /* --- the pool ------------------------------------------------------------------------------------------- */
@@ -2158,10 +2088,8 @@ static int device_init(Pool *p, PoolDevice *dev, int index, const PoolConfig *co
         if (k < 0)
                 goto fail;
         r = DRV(dev, cuStreamCreate)(&dev->stream, CU_STREAM_NON_BLOCKING);
-        for (size_t lane = 0; lane < POOL_COPY_LANES && r == CUDA_SUCCESS; lane++) {
-                dev->copy[lane].device = dev;
-                r = DRV(dev, cuStreamCreate)(&dev->copy[lane].stream, CU_STREAM_NON_BLOCKING);
-        }
+        if (r == CUDA_SUCCESS)
+                r = DRV(dev, cuStreamCreate)(&dev->copy_stream, CU_STREAM_NON_BLOCKING);
         if (r != CUDA_SUCCESS) {
                 driver_error(dev, "cuStreamCreate", r);
                 k = -EIO;
@@ -2208,8 +2136,9 @@ fail:
 release:
         if (dev->stream)
                 (void)DRV(dev, cuStreamDestroy)(dev->stream);
-        dev->stream = NULL;
-        copy_streams_destroy(dev);
+        if (dev->copy_stream)
+                (void)DRV(dev, cuStreamDestroy)(dev->copy_stream);
+        dev->stream = dev->copy_stream = NULL;
         (void)DRV(dev, cuDevicePrimaryCtxRelease)(dev->info.device);
         dev->ctx = NULL;
         return k;
@@ -2235,10 +2164,8 @@ static void device_done(PoolDevice *dev) {
                 hashmap_done(&dev->host.cache);
                 return;
         }
-        if (make_current(dev) == 0)
-                for (size_t lane = 0; lane < POOL_COPY_LANES; lane++)
-                        if (dev->copy[lane].stream)
-                                (void)DRV(dev, cuStreamSynchronize)(dev->copy[lane].stream);
+        if (make_current(dev) == 0 && dev->copy_stream)
+                (void)DRV(dev, cuStreamSynchronize)(dev->copy_stream);
         (void)after_copy_finish(dev, true);
         if (dev->stream)
                 (void)DRV(dev, cuStreamSynchronize)(dev->stream);
@@ -2255,7 +2182,8 @@ static void device_done(PoolDevice *dev) {
         space_done(&dev->host);
         if (dev->stream)
                 (void)DRV(dev, cuStreamDestroy)(dev->stream);
-        copy_streams_destroy(dev);
+        if (dev->copy_stream)
+                (void)DRV(dev, cuStreamDestroy)(dev->copy_stream);
         (void)DRV(dev, cuDevicePrimaryCtxRelease)(dev->info.device);
         dev->ctx = NULL;
 }

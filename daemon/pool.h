@@ -100,15 +100,6 @@ typedef enum SlabState {
 
 typedef struct Pool Pool;
 typedef struct PoolDevice PoolDevice;
-/*
- * The copies of parks and unparks run on streams of their own, one per lane, each first come, first served: a
- * copy of at most POOL_COPY_SMALL bytes on the small lane, a larger one on the large lane, so that a small park
- * or unpark does not wait for another's copy of gigabytes (a 100 MiB park 20 ms into another's 8 GiB took 139 ms,
- * against 3.5 ms alone, when there was one stream; measured on an H200). A small copy waits for small ones only.
- */
-enum { POOL_COPY_LARGE, POOL_COPY_SMALL_LANE, POOL_COPY_LANES };
-#define POOL_COPY_SMALL (UINT64_C(256) << 20)   /* 256 MiB: about 5 ms of copy on a PCIe 5 or NVLink-C2C host */
-
 typedef struct SlabSpace SlabSpace;
 typedef struct CacheBucket CacheBucket;
 
@@ -128,8 +119,8 @@ typedef struct Slab {
         CUevent zeroed;                 /* recorded after its last zeroing (a scrub, or in place:
                                            pool_scrub_leased()); NULL until the first */
         uint64_t scrub_seq;             /* which completion of the device's stream ends its scrub */
-        uint64_t copy_ticket[POOL_COPY_LANES];  /* which completion of each copy lane's stream ends the last copy
-                                                   from or into it there (pool_copy_start()); 0: none */
+        uint64_t copy_ticket;           /* which completion of the device's copy stream ends the last copy from
+                                           or into it (pool_copy_start()); 0: none */
         bool release_after_copy;        /* given back while that copy ran: released (else reclaimed) after it */
         uint64_t zero_mark;             /* the device's zeroing queued in all (bytes, PoolDevice.zero_queued) once
                                            its last zeroing was queued: how much stands before it is this less

@@ -275,7 +275,6 @@ static struct {
         char hold_host_file[PATH_MAX];  /* SIMCUDA_HOLD_HOST_FILE: host functions are held while a file is there */
         char hold_host_reached[PATH_MAX];       /* made when a stream waits at a held host function */
         bool copies_held;               /* simcuda_hold_copies(1) */
-        uint64_t copies_held_from;      /* simcuda_hold_copies_from(): the smallest copy it holds */
         char hold_copy_file[PATH_MAX];  /* SIMCUDA_HOLD_COPY_FILE: device-to-device copies wait while it is there */
         char hold_copy_reached[PATH_MAX];       /* made when a stream waits at a held copy */
         char hold_memset_file[PATH_MAX];        /* SIMCUDA_HOLD_MEMSET_FILE: memsets wait while it is there */
@@ -1112,8 +1111,8 @@ static bool hold_file_passes_one(const char *path) {
  * file's name + ".reached". A hold file that holds a number N lets N more copies run first, one at a time, so
  * that a test lets one copy through and holds the next (test-park's test_own_unparks_after_own_park_copy).
  */
-static bool copies_held(const Op *op) {
-        if (sim.copies_held && op->bytes >= sim.copies_held_from)
+static bool copies_held(void) {
+        if (sim.copies_held)
                 return true;
         if (sim.hold_copy_file[0] && hold_file_passes_one(sim.hold_copy_file))
                 return false;
@@ -1126,7 +1125,7 @@ static bool stream_held(CUstream s) {
         const Op *op = list_first_entry(&s->ops, Op, link);
 
         return streams_held() || (op->kind == OP_HOST_FUNC && host_funcs_held()) ||
-               (op->kind == OP_COPY_DEVICE && copies_held(op)) || (op->kind == OP_MEMSET && memsets_held());
+               (op->kind == OP_COPY_DEVICE && copies_held()) || (op->kind == OP_MEMSET && memsets_held());
 }
 
 /* Waits for work, the hold to be lifted, or the end; a hold file is looked at again every millisecond. */
@@ -2231,13 +2230,6 @@ _public_ void simcuda_hold_copies(int hold) {
         _cleanup_(sim_unlockp) _unused_ pthread_mutex_t *locked = sim_lock();
 
         sim.copies_held = hold != 0;
-        pthread_cond_broadcast(&sim.work);
-}
-
-_public_ void simcuda_hold_copies_from(uint64_t bytes) {
-        _cleanup_(sim_unlockp) _unused_ pthread_mutex_t *locked = sim_lock();
-
-        sim.copies_held_from = bytes;
         pthread_cond_broadcast(&sim.work);
 }
 

@@ -33,12 +33,6 @@ void simcuda_hold_streams(int hold);
  */
 void simcuda_hold_copies(int hold);
 
-/*
- * While copies are held by simcuda_hold_copies(1), only device-to-device copies of at least `bytes` wait
- * (0, the default: every one), so that a test holds one stream's large copy while another's small one runs.
- */
-void simcuda_hold_copies_from(uint64_t bytes);
-
 /* Allocations alive in this process: those that a handle or a mapping refers to. */
 unsigned long simcuda_live_allocations(void);
 

@@ -35,8 +35,6 @@ static Pool *pool;
 /* The simulator's test hooks, from the same library the driver layer loaded. */
 static struct {
         void (*hold_streams)(int);
-        void (*hold_copies)(int);
-        void (*hold_copies_from)(uint64_t);
         unsigned long (*live_allocations)(void);
         int (*inject)(const char *);
         uint64_t (*calls)(const char *entry);
@@ -50,13 +48,10 @@ static void open_driver(void) {
         lib = dlopen(cu->path, RTLD_NOW | RTLD_NOLOAD);
         ck_assert_ptr_nonnull(lib);
         sim.hold_streams = (void (*)(int))dlsym(lib, "simcuda_hold_streams");
-        sim.hold_copies = (void (*)(int))dlsym(lib, "simcuda_hold_copies");
-        sim.hold_copies_from = (void (*)(uint64_t))dlsym(lib, "simcuda_hold_copies_from");
         sim.live_allocations = (unsigned long (*)(void))dlsym(lib, "simcuda_live_allocations");
         sim.inject = (int (*)(const char *))dlsym(lib, "simcuda_fail");
         sim.calls = (uint64_t (*)(const char *))dlsym(lib, "simcuda_calls");
-        ck_assert(sim.hold_streams && sim.hold_copies && sim.hold_copies_from && sim.live_allocations && sim.inject &&
-                  sim.calls);
+        ck_assert(sim.hold_streams && sim.live_allocations && sim.inject && sim.calls);
         dlclose(lib);
 }
 
@@ -1397,81 +1392,6 @@ static void copy_and_wait(Slab **dst, size_t n_dst, Slab **src, size_t n_src) {
         }
 }
 
-/* The host slabs a park of the device slabs `slabs` takes, made first (pool_make_host()) as a Park's are. */
-static void host_for(Slab **slabs, size_t n, uid_t uid, Slab **host, size_t *ret_n) {
-        uint64_t ticket = 0;
-        int k = pool_make_host(pool, slabs, n, uid, &ticket);
-
-        ck_assert(k == 0 || k == POOL_E_MAKING);
-        if (k == POOL_E_MAKING)
-                wait_made(ticket);
-        ck_assert_int_eq(pool_alloc_host(pool, slabs, n, uid, POOL_WAIT_ANY, host, ret_n), 0);
-}
-
-/*
- * A copy of at most POOL_COPY_SMALL bytes does not wait for a larger one queued before it: the two run on lanes of
- * their own. A's 320 MiB are copied into host slabs with copies of 64 MiB held (simcuda_hold_copies_from()); B's
- * 2 MiB, queued after, are copied meanwhile; then A's go on, and both contents arrive whole.
- */
-START_TEST(test_copy_lanes) {
-        PoolConfig config = { .capacity = 384 * MiB, .max_slab = 64 * MiB, .host_capacity = 384 * MiB,
-                              .host_slab = 64 * MiB };
-        Slab *a[POOL_MAX_SLABS], *b[POOL_MAX_SLABS], *ha[POOL_MAX_HOST_SLABS], *hb[POOL_MAX_HOST_SLABS];
-        Slab *a2[POOL_MAX_SLABS], *b2[POOL_MAX_SLABS];
-        uint64_t ta = 0, tb = 0;
-        size_t n, m, nha, nhb, n2, m2;
-
-        open_driver();
-        ck_assert_int_eq(pool_new(&pool, cu, &config, NULL), 0);
-        ck_assert_int_eq(pool_use_device(pool, 0), 0);
-        ck_assert_int_eq(alloc(320 * MiB, UID_A, a, &n), 0);
-        ck_assert_int_eq(alloc(2 * MiB, UID_B, b, &m), 0);
-        lease_chunks(a, n, true);
-        lease_chunks(b, m, true);
-        host_for(a, n, UID_A, ha, &nha);
-        host_for(b, m, UID_B, hb, &nhb);
-
-        sim.hold_copies_from(64 * MiB);
-        sim.hold_copies(1);
-        ck_assert_int_eq(pool_copy_start(pool, ha, nha, a, n, &ta), 0);
-        ck_assert_int_eq(pool_copy_start(pool, hb, nhb, b, m, &tb), 0);
-        for (unsigned i = 0; !pool_copy_finished(pool, hb[0], tb); i++) {
-                struct pollfd p = { .fd = pool_get_fd(pool), .events = POLLIN };
-
-                ck_assert_msg(i < 100, "a copy of 2 MiB was not done in 10 s while one of 320 MiB queued before it "
-                              "was held");
-                (void)poll(&p, 1, 100);
-                (void)pool_dispatch(pool);
-        }
-        ck_assert_msg(!pool_copy_finished(pool, ha[0], ta), "the held copy of 320 MiB is done");
-        sim.hold_copies(0);
-        sim.hold_copies_from(0);
-        for (unsigned i = 0; !pool_copy_finished(pool, ha[0], ta); i++) {
-                struct pollfd p = { .fd = pool_get_fd(pool), .events = POLLIN };
-
-                ck_assert_msg(i < 100, "the copy of 320 MiB was not done in 10 s");
-                (void)poll(&p, 1, 100);
-                (void)pool_dispatch(pool);
-        }
-        reclaim_all(a, n);
-        reclaim_all(b, m);
-        ck_assert_int_eq(pool_drain(pool), 0);
-
-        /* back into other device slabs, every MiB in its place */
-        ck_assert_int_eq(alloc(320 * MiB, UID_A, a2, &n2), 0);
-        ck_assert_int_eq(alloc(2 * MiB, UID_B, b2, &m2), 0);
-        copy_and_wait(a2, n2, ha, nha);
-        copy_and_wait(b2, m2, hb, nhb);
-        lease_chunks(a2, n2, false);
-        lease_chunks(b2, m2, false);
-        reclaim_all(ha, nha);
-        reclaim_all(hb, nhb);
-        reclaim_all(a2, n2);
-        reclaim_all(b2, m2);
-        ck_assert_int_eq(pool_drain(pool), 0);
-}
-END_TEST
-
 /*
  * A park's host memory comes in host slabs of HostSlab= and one of each device slab's rest, so that the driver
  * pins no more than that per call: with HostSlab=4M, a 14 MiB lease of 8 + 6 MiB device slabs parks in 4 + 4 and
@@ -1653,7 +1573,6 @@ static Suite *pool_suite(void) {
         tcase_add_test(tc, test_host_pieces);
         tcase_add_test(tc, test_make_in_turn);
         tcase_add_test(tc, test_made_unbound_after);
-        tcase_add_test(tc, test_copy_lanes);
         suite_add_tcase(s, tc);
 
         return s;
