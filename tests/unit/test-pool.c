@@ -1215,6 +1215,38 @@ static void write_file(const char *path, const char *text) {
         ck_assert_int_eq(rename(tmp, path), 0);
 }
 
+static char create_hold[64], create_reached[80];     /* SIMCUDA_HOLD_CREATE_FILE, and the file it makes */
+
+/* Opens the pool of `config` on device 0 with every host slab's cuMemCreate held (SIMCUDA_HOLD_CREATE_FILE): the
+ * test lets them through with write_file(create_hold, "N"), or all of them by removing create_hold. */
+static void open_pool_holding_creates(const PoolConfig *config) {
+        _cleanup_free_ char *message = NULL;
+
+        snprintf(create_hold, sizeof(create_hold), "/tmp/vmmb-pool-hold-%d", (int)getpid());
+        snprintf(create_reached, sizeof(create_reached), "%s.reached", create_hold);
+        (void)unlink(create_reached);
+        write_file(create_hold, "");
+        ck_assert_int_eq(setenv("SIMCUDA_HOLD_CREATE_FILE", create_hold, 1), 0);
+        open_driver();
+        ck_assert_msg(pool_new(&pool, cu, config, &message) == 0, "%s", message);
+        ck_assert_int_eq(pool_use_device(pool, 0), 0);
+}
+
+/* Waits (at most 10 s) for a host cuMemCreate to be held. */
+static void wait_create_held(void) {
+        for (unsigned i = 0; access(create_reached, F_OK) != 0; i++) {
+                ck_assert_msg(i < 10000, "no host slab was made in 10 s");
+                (void)usleep(1000);
+        }
+}
+
+/* Drains the pool of open_pool_holding_creates() (its hold removed by then) and forgets the hold. */
+static void close_pool_holding_creates(void) {
+        ck_assert_int_eq(pool_drain(pool), 0);
+        (void)unlink(create_reached);
+        ck_assert_int_eq(unsetenv("SIMCUDA_HOLD_CREATE_FILE"), 0);
+}
+
 /*
  * The maker thread takes one host slab at a time, users in turn, and each pool_make_host() is done
  * (pool_make_done()) once its own are made: B's one slab, asked for while the first of A's four is held and
@@ -1228,44 +1260,29 @@ START_TEST(test_make_in_turn) {
                               .host_slab = 2 * MiB };
         Slab *a[POOL_MAX_SLABS], *a2[POOL_MAX_SLABS], *b[POOL_MAX_SLABS], *c[POOL_MAX_SLABS];
         Slab *host[POOL_MAX_HOST_SLABS];
-        char hold[64], reached[80];
         uint64_t ta = 0, ta2 = 0, tb = 0, tc = 0;
         size_t n, n2, m, o, nh;
 
-        snprintf(hold, sizeof(hold), "/tmp/vmmb-pool-hold-%d", (int)getpid());
-        snprintf(reached, sizeof(reached), "%s.reached", hold);
-        (void)unlink(reached);
-        write_file(hold, "");
-        ck_assert_int_eq(setenv("SIMCUDA_HOLD_CREATE_FILE", hold, 1), 0);
-        open_driver();
-        {
-                _cleanup_free_ char *message = NULL;
-
-                ck_assert_msg(pool_new(&pool, cu, &config, &message) == 0, "%s", message);
-        }
-        ck_assert_int_eq(pool_use_device(pool, 0), 0);
+        open_pool_holding_creates(&config);                     /* every host create held */
         ck_assert_int_eq(alloc(8 * MiB, UID_A, a, &n), 0);              /* 4 host slabs of 2M */
         ck_assert_int_eq(alloc(4 * MiB, UID_A, a2, &n2), 0);            /* 2 more */
         ck_assert_int_eq(alloc(2 * MiB, UID_B, b, &m), 0);
         ck_assert_int_eq(alloc(2 * MiB, UID_C, c, &o), 0);
 
         ck_assert_int_eq(pool_make_host(pool, a, n, UID_A, &ta), POOL_E_MAKING);
-        for (unsigned i = 0; access(reached, F_OK) != 0; i++) {
-                ck_assert_msg(i < 10000, "no host slab was made in 10 s");
-                (void)usleep(1000);
-        }
+        wait_create_held();
         ck_assert_int_eq(pool_make_host(pool, a2, n2, UID_A, &ta2), POOL_E_MAKING);
         ck_assert_int_eq(pool_make_host(pool, b, m, UID_B, &tb), POOL_E_MAKING);
         ck_assert_uint_gt(tb, ta2);
-        (void)unlink(reached);
-        write_file(hold, "2");
+        (void)unlink(create_reached);
+        write_file(create_hold, "2");
         wait_made(tb);
         ck_assert_msg(!pool_make_done(pool, ta) && !pool_make_done(pool, ta2), "A's slabs were made before B's one");
         ck_assert_uint_eq(stats().host_created, 2);
 
         ck_assert_int_eq(pool_make_host(pool, b, m, UID_B, NULL), 0);
         ck_assert_int_eq(pool_make_host(pool, c, o, UID_C, &tc), POOL_E_MAKING);
-        ck_assert_int_eq(unlink(hold), 0);
+        ck_assert_int_eq(unlink(create_hold), 0);
         wait_made(ta);
         wait_made(ta2);
         wait_made(tc);
@@ -1285,9 +1302,7 @@ START_TEST(test_make_in_turn) {
         reclaim_all(a2, n2);
         reclaim_all(b, m);
         reclaim_all(c, o);
-        ck_assert_int_eq(pool_drain(pool), 0);
-        (void)unlink(reached);
-        ck_assert_int_eq(unsetenv("SIMCUDA_HOLD_CREATE_FILE"), 0);
+        close_pool_holding_creates();
 }
 END_TEST
 
@@ -1301,41 +1316,26 @@ START_TEST(test_made_unbound_after) {
         PoolConfig config = { .capacity = 64 * MiB, .max_slab = 4 * MiB, .host_capacity = 32 * MiB,
                               .host_slab = 2 * MiB };
         Slab *a[POOL_MAX_SLABS], *a2[POOL_MAX_SLABS], *b[POOL_MAX_SLABS], *host[POOL_MAX_HOST_SLABS];
-        char hold[64], reached[80];
         uint64_t ta = 0, ta2 = 0;
         size_t n, n2, m, nh;
 
-        snprintf(hold, sizeof(hold), "/tmp/vmmb-pool-hold-%d", (int)getpid());
-        snprintf(reached, sizeof(reached), "%s.reached", hold);
-        (void)unlink(reached);
-        write_file(hold, "");                                           /* every create held */
-        ck_assert_int_eq(setenv("SIMCUDA_HOLD_CREATE_FILE", hold, 1), 0);
-        open_driver();
-        {
-                _cleanup_free_ char *message = NULL;
-
-                ck_assert_msg(pool_new(&pool, cu, &config, &message) == 0, "%s", message);
-        }
-        ck_assert_int_eq(pool_use_device(pool, 0), 0);
+        open_pool_holding_creates(&config);                     /* every host create held */
         ck_assert_int_eq(alloc(4 * MiB, UID_A, a, &n), 0);              /* 2 host slabs of 2M */
         ck_assert_int_eq(alloc(4 * MiB, UID_A, a2, &n2), 0);            /* 2 more, another call */
         ck_assert_int_eq(alloc(8 * MiB, UID_B, b, &m), 0);
 
         /* a's first is held while a2 is asked for; then, in turn, a, a2, a, and a2's second is held */
         ck_assert_int_eq(pool_make_host(pool, a, n, UID_A, &ta), POOL_E_MAKING);
-        for (unsigned i = 0; access(reached, F_OK) != 0; i++) {
-                ck_assert_msg(i < 10000, "no host slab was made in 10 s");
-                (void)usleep(1000);
-        }
+        wait_create_held();
         ck_assert_int_eq(pool_make_host(pool, a2, n2, UID_A, &ta2), POOL_E_MAKING);
-        (void)unlink(reached);
-        write_file(hold, "3");
+        (void)unlink(create_reached);
+        write_file(create_hold, "3");
         wait_made(ta);
         ck_assert(!pool_make_done(pool, ta2));
         ck_assert_uint_eq(stats().host_created, 3);
         ck_assert_uint_eq(pool_unbind_made(pool), 0);                   /* A's second call is still being made */
 
-        ck_assert_int_eq(unlink(hold), 0);
+        ck_assert_int_eq(unlink(create_hold), 0);
         wait_made(ta2);
         ck_assert_uint_eq(stats().host_created, 4);
         /* A's parks went away without taking them */
@@ -1349,9 +1349,7 @@ START_TEST(test_made_unbound_after) {
         reclaim_all(a, n);
         reclaim_all(a2, n2);
         reclaim_all(b, m);
-        ck_assert_int_eq(pool_drain(pool), 0);
-        (void)unlink(reached);
-        ck_assert_int_eq(unsetenv("SIMCUDA_HOLD_CREATE_FILE"), 0);
+        close_pool_holding_creates();
 }
 END_TEST
 
