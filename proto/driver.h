@@ -72,6 +72,7 @@
         X(cuStreamSynchronize, 2000)                    \
         X(cuStreamQuery, 2000)                          \
         X(cuLaunchHostFunc, 10000)                      \
+        X(cuStreamWaitEvent, 3020)                      \
         X(cuEventCreate, 2000)                          \
         X(cuEventRecord, 2000)                          \
         X(cuEventQuery, 2000)                           \

@@ -194,6 +194,7 @@ typedef enum OpKind {
         OP_COPY_DEVICE,                 /* cuMemcpyDtoDAsync: device memory to device memory */
         OP_HOST_FUNC,
         OP_EVENT,                       /* cuEventRecord: marks the event's record `seq` done */
+        OP_WAIT_EVENT,                  /* cuStreamWaitEvent: the stream waits until the event's record `seq` ran */
 } OpKind;
 
 /* One operation on a stream. */
@@ -209,7 +210,7 @@ typedef struct Op {
         void *dst;                      /* OP_COPY_FROM_DEVICE */
         CUhostFn fn;                    /* OP_HOST_FUNC */
         void *data;
-        CUevent event;                  /* OP_EVENT */
+        CUevent event;                  /* OP_EVENT, OP_WAIT_EVENT */
         uint64_t seq;
 } Op;
 
@@ -241,7 +242,7 @@ struct CUevent_st {
         List link;                      /* in CUctx_st.events, until destroyed */
         CUcontext ctx;
         uint64_t recorded, done;        /* records made, and the last one that ran */
-        unsigned queued;                /* OP_EVENT operations still on a stream */
+        unsigned queued;                /* OP_EVENT and OP_WAIT_EVENT operations still on a stream */
         bool destroyed;
 };
 
@@ -981,6 +982,7 @@ static bool op_accessible(CUcontext ctx, const Op *op) {
                        accessible(ctx->device, op->from, op->bytes, false);
         case OP_HOST_FUNC:
         case OP_EVENT:
+        case OP_WAIT_EVENT:
                 break;
         }
         return true;
@@ -1005,8 +1007,11 @@ static void op_run(CUcontext ctx, const Op *op) {
         }
         if (op->kind == OP_EVENT) {
                 op->event->done = MAX(op->event->done, op->seq);
+                pthread_cond_broadcast(&sim.work);      /* a stream may wait for it (OP_WAIT_EVENT) */
                 return;
         }
+        if (op->kind == OP_WAIT_EVENT)
+                return;                                 /* the stream waited for it (stream_held()) */
         if (op->bytes == 0)
                 return;
         if (!op_accessible(ctx, op)) {
@@ -1028,13 +1033,14 @@ static void op_run(CUcontext ctx, const Op *op) {
                 break;
         case OP_HOST_FUNC:
         case OP_EVENT:
+        case OP_WAIT_EVENT:
                 break;
         }
 }
 
 /* A queued operation leaves its stream (run, or skipped in a poisoned context): what it held goes. */
 static void op_done(Op *op) {
-        if (op->kind == OP_EVENT && --op->event->queued == 0 && op->event->destroyed)
+        if ((op->kind == OP_EVENT || op->kind == OP_WAIT_EVENT) && --op->event->queued == 0 && op->event->destroyed)
                 free(op->event);
         free(op);
 }
@@ -1120,10 +1126,12 @@ static bool copies_held(void) {
 }
 
 /* Whether the first operation of `s` must wait: the streams are held, or it is a host function or a copy and
- * those are. */
+ * those are, or it waits for an event's record that has not run (in a context that still runs anything). */
 static bool stream_held(CUstream s) {
         const Op *op = list_first_entry(&s->ops, Op, link);
 
+        if (op->kind == OP_WAIT_EVENT && op->event->done < op->seq && op->event->ctx->sticky == CUDA_SUCCESS)
+                return true;
         return streams_held() || (op->kind == OP_HOST_FUNC && host_funcs_held()) ||
                (op->kind == OP_COPY_DEVICE && copies_held()) || (op->kind == OP_MEMSET && memsets_held());
 }
@@ -1243,7 +1251,7 @@ static CUresult submit(CUcontext ctx, CUstream hStream, const Op *op) {
         if (!queued)
                 return CUDA_ERROR_OUT_OF_MEMORY;
         *queued = *op;
-        if (op->kind == OP_EVENT)
+        if (op->kind == OP_EVENT || op->kind == OP_WAIT_EVENT)
                 op->event->queued++;
         list_link_tail(&s->ops, &queued->link);
         pthread_cond_broadcast(&sim.work);
@@ -2063,6 +2071,40 @@ static CUresult sim_cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *userDa
 }
 
 /* ---- Entry points: events ---------------------------------------------------------------------------- */
+
+static CUevent event_find(CUevent hEvent);
+
+/*
+ * Work queued on the stream after this waits until the event's last record (made before this call) has run; a
+ * record made later does not count. An event never recorded is no wait. On the NULL and per-thread streams the
+ * caller waits. The event may be another context's, as on the real driver. CU_EVENT_WAIT_EXTERNAL (for graphs)
+ * is accepted and changes nothing.
+ */
+static CUresult sim_cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags) {
+        ENTER(cuStreamWaitEvent);
+        CUcontext ctx;
+        CUstream s;
+        CUevent e;
+        CUresult r;
+
+        r = ctx_usable(&ctx);
+        if (r != CUDA_SUCCESS)
+                return r;
+        e = event_find(hEvent);
+        if (!e)
+                return CUDA_ERROR_INVALID_HANDLE;
+        if (Flags & ~(unsigned)CU_EVENT_WAIT_EXTERNAL)  /* the driver's flags: it makes no difference here */
+                return CUDA_ERROR_INVALID_VALUE;
+        r = stream_find(ctx, hStream, &s);
+        if (r != CUDA_SUCCESS)
+                return r;
+        if (!s) {
+                while (e->done < e->recorded && e->ctx->sticky == CUDA_SUCCESS)
+                        pthread_cond_wait(&sim.idle, &sim.lock);
+                return ctx->sticky;
+        }
+        return submit(ctx, hStream, &(Op){ .kind = OP_WAIT_EVENT, .event = e, .seq = e->recorded });
+}
 
 /* A live event of any context, or NULL. */
 static CUevent event_find(CUevent hEvent) {

@@ -1613,6 +1613,61 @@ START_TEST(test_hold_copies) {
 END_TEST
 
 /*
+ * cuStreamWaitEvent(): work queued on a stream after the wait runs once the event's last record made before the
+ * wait has run on its stream, here behind a held copy; a record made after the wait does not count. A wait for an
+ * event never recorded is no wait; the NULL stream's caller waits itself. Flags other than
+ * CU_EVENT_WAIT_EXTERNAL are refused, and so is an event that does not exist.
+ */
+START_TEST(test_stream_wait_event) {
+        CUdeviceptr src, dst, other;
+        CUevent e, never;
+        CUstream s, t;
+
+        open_ctx();
+        src = map_new(GRAN);
+        dst = map_new(GRAN);
+        other = map_new(GRAN);
+        expect_ok(cu->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+        expect_ok(cu->cuStreamCreate(&t, CU_STREAM_NON_BLOCKING));
+        expect_ok(cu->cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+        expect_ok(cu->cuEventCreate(&never, CU_EVENT_DISABLE_TIMING));
+        expect_ok(cu->cuMemsetD8Async(src, 0x3c, GRAN, s));
+        expect_ok(cu->cuStreamSynchronize(s));
+
+        sim.hold_copies(1);
+        expect_ok(cu->cuMemcpyDtoDAsync(dst, src, GRAN, s));
+        expect_ok(cu->cuEventRecord(e, s));
+        expect_ok(cu->cuStreamWaitEvent(t, e, 0));
+        expect_ok(cu->cuMemsetD8Async(other, 0x77, GRAN, t));
+        expect_ok(cu->cuEventRecord(e, s));             /* after the wait: not waited for */
+        expect(cu->cuStreamQuery(t), CUDA_ERROR_NOT_READY);
+        expect_bytes(other, GRAN, 0);
+        sim.hold_copies(0);
+        expect_ok(cu->cuStreamSynchronize(t));
+        expect_bytes(dst, GRAN, 0x3c);                  /* the copy ran first */
+        expect_bytes(other, GRAN, 0x77);
+        expect_ok(cu->cuStreamSynchronize(s));
+
+        expect_ok(cu->cuStreamWaitEvent(t, never, 0));
+        expect_ok(cu->cuStreamWaitEvent(t, never, CU_EVENT_WAIT_EXTERNAL));
+        expect_ok(cu->cuMemsetD8Async(other, 0x11, GRAN, t));
+        expect_ok(cu->cuStreamSynchronize(t));
+        expect_bytes(other, GRAN, 0x11);
+        expect_ok(cu->cuStreamWaitEvent(NULL, e, 0));   /* its records ran: returns */
+        expect(cu->cuStreamWaitEvent(t, e, 4), CUDA_ERROR_INVALID_VALUE);
+        expect_ok(cu->cuEventDestroy(never));
+        expect(cu->cuStreamWaitEvent(t, never, 0), CUDA_ERROR_INVALID_HANDLE);
+
+        expect_ok(cu->cuEventDestroy(e));
+        expect_ok(cu->cuStreamDestroy(s));
+        expect_ok(cu->cuStreamDestroy(t));
+        unmap_free(src, GRAN);
+        unmap_free(dst, GRAN);
+        unmap_free(other, GRAN);
+}
+END_TEST
+
+/*
  * SIMCUDA_HOLD_COPY_FILE holding a number: that many copies run, each taking one from it, and the next one waits
  * (PATH.reached) until the file goes. An empty file lets none through.
  */
@@ -1925,6 +1980,7 @@ static Suite *simcuda_suite(void) {
         tcase_add_test(tc, test_unmap_under_queued_work);
         tcase_add_test(tc, test_copy_device);
         tcase_add_test(tc, test_hold_copies);
+        tcase_add_test(tc, test_stream_wait_event);
         tcase_add_test(tc, test_hold_copy_file_passes);
         tcase_add_test(tc, test_hold_memset_file);
         tcase_add_test_raise_signal(tc, test_hold_no_wait_aborts, SIGABRT);
