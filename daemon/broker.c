@@ -734,7 +734,7 @@ static int lease_move_start(Broker *b, Lease *l, Slab **to, size_t n_to, bool pa
         int k = move && slabs ? 0 : -ENOMEM;
 
         if (k == 0)
-                k = pool_copy_start(b->pool, to, n_to, l->slabs, l->n_slabs, &move->ticket);
+                k = pool_copy_start(b->pool, l->uid, to, n_to, l->slabs, l->n_slabs);
         if (k != 0) {
                 slabs_give_back(b, to, n_to, false);    /* the owner's content at most: scrubbed, kept for it */
                 user_charge_release(charge);
@@ -751,11 +751,21 @@ static int lease_move_start(Broker *b, Lease *l, Slab **to, size_t n_to, bool pa
         return BROKER_E_HOST_COPYING;
 }
 
-/* Commits a move whose copy is done (lease_move_start()). On failure the lease is as it was. */
-static int move_commit(Broker *b, Lease *l) {
+/*
+ * Ends a move whose copy is over (lease_move_start()): committed when it copied (`copied`, pool_copy_result(): 0),
+ * else given up, its slabs and charge given back. On failure the lease is as it was.
+ */
+static int move_end(Broker *b, Lease *l, int copied) {
         LeaseMove *move = lease_move_take(&b->leases, l);
-        int k = lease_move_commit(b, l, move->slabs, move->n_slabs, move->parked, &move->charge, move->hold);
+        int k;
 
+        if (copied == 0) {
+                k = lease_move_commit(b, l, move->slabs, move->n_slabs, move->parked, &move->charge, move->hold);
+        } else {
+                slabs_give_back(b, move->slabs, move->n_slabs, false);  /* the owner's content at most */
+                user_charge_release(&move->charge);
+                k = pool_outcome(copied);
+        }
         free(move->slabs);
         free(move);
         return k;
@@ -767,11 +777,13 @@ static int move_error_take(const Caller *c, const Lease *l) {
         return c->copy_waited ? l->move_error : 0;
 }
 
-/* The lease's move: committed when its copy is done (0, or the failure), else waited for (HOST_COPYING). */
+/* The lease's move: ended when its copy is over (0, or the failure), else waited for (HOST_COPYING). */
 static int move_wait(Broker *b, Lease *l) {
-        if (!pool_copy_finished(b->pool, l->move->slabs[0], l->move->ticket))
+        int copied = pool_copy_result(b->pool, l->move->slabs[0]);
+
+        if (copied == POOL_E_COPYING)
                 return BROKER_E_HOST_COPYING;
-        return move_commit(b, l);
+        return move_end(b, l, copied);
 }
 
 /*
@@ -789,10 +801,11 @@ unsigned broker_finish_moves(Broker *b) {
 
         list_for_each_entry_safe(move, tmp, &b->leases.moves, link) {
                 Lease *l = move->lease;
+                int copied = pool_copy_result(b->pool, move->slabs[0]);
 
-                if (!pool_copy_finished(b->pool, move->slabs[0], move->ticket))
+                if (copied == POOL_E_COPYING)
                         continue;
-                l->move_error = move_commit(b, l);      /* for the call waiting for it */
+                l->move_error = move_end(b, l, copied); /* for the call waiting for it */
                 n++;
         }
         return n;

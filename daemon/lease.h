@@ -88,7 +88,6 @@ typedef struct LeaseMove {
         Slab **slabs;
         size_t n_slabs;
         UserCharge charge;              /* the owner's host bytes (a park) or device bytes for them */
-        uint64_t ticket;                /* pool_copy_start()'s */
         List link;                      /* in LeaseTable.moves, in the order they began */
 } LeaseMove;
 

@@ -52,17 +52,26 @@ struct SlabSpace {
 };
 
 /*
+ * A place in a queue served a piece at a time, users in turn (turns_rotate()): the maker thread's requests
+ * (MakeRequest) and the copy stream's copies (CopyJob).
+ */
+typedef struct Turn {
+        uid_t uid;
+        List link;
+} Turn;
+
+/*
  * One call's host slabs to make off the loop (pool_make_host(), or a batch of pool_reserve_host()'s), under a
  * ticket its caller waits for (pool_make_done()). The maker thread takes one job at a time, users in turn and
- * each user's requests in turn (queue_rotate()), so that a park of a few slabs is not made after all of
+ * each user's requests in turn (turns_rotate()), so that a park of a few slabs is not made after all of
  * another's (an 8 GiB first park pins for 2.3 s on an H200), nor after one job of each of many parks of one
- * user. `todo` and `link` are under Pool.make_lock; `left` and `link_live` belong to the loop.
+ * user. `todo` and `turn.link` are under Pool.make_lock; `left` and `link_live` belong to the loop.
  */
 typedef struct MakeRequest {
         uint64_t ticket;
-        uid_t uid;                      /* whom its slabs are cached for (UID_UNBOUND: the reserve's) */
+        Turn turn;                      /* in Pool.make_queue while `todo` is not empty; uid: whom its slabs are
+                                           cached for (UID_UNBOUND: the reserve's) */
         List todo;                      /* its MakeJobs not taken by the maker thread yet */
-        List link;                      /* in Pool.make_queue while `todo` is not empty */
         unsigned left;                  /* its jobs not finished (makes_finish()) yet */
         List link_live;                 /* in Pool.make_live until `left` is 0 */
 } MakeRequest;
@@ -99,7 +108,12 @@ struct PoolDevice {
                                            mapped ahead by pool_idle() (map_ahead()) */
         CUstream copy_stream;           /* the copies of parks and unparks (pool_copy_start()): not behind scrubs,
                                            and no scrub behind them */
-        uint64_t copies_issued;         /* completions queued on copy_stream (copy_done()) */
+        List copies;                    /* CopyJobs with pieces left to queue, in turn (copy_pump()) */
+        CUevent piece_copied;           /* recorded on copy_stream after each piece, for notify_stream */
+        CUstream notify_stream;         /* each piece's completion (copy_done()), after piece_copied: not on
+                                           copy_stream, where a host function holds the copies queued behind it
+                                           until the driver's thread has run it */
+        uint64_t copies_issued;         /* pieces queued on copy_stream, each with its completion (copy_done()) */
         _Atomic uint64_t copies_done;   /* of those, reached: written by the driver's thread */
         uint64_t copies_dispatched;     /* copies_done when pool_dispatch() last looked */
         List after_copy;                /* leased Slab given back (pool_reclaim(), pool_release()) while a copy
@@ -126,6 +140,7 @@ struct Pool {
         uint64_t ticks;                 /* pool_tick()s: when slabs are mapped ahead */
         uint64_t host_reserve;          /* host bytes per device made at start (pool_reserve_host()) */
         uint64_t host_slab;             /* the largest host slab (pool_host_slab()) */
+        uint64_t copy_piece;            /* the most bytes of a copy queued at once (CopyJob) */
         uint64_t scrubs_finished;       /* moves when zeroing has finished, by any path: pool_scrubs_finished() */
         uint64_t last_slab_id;          /* the id of the last slab created */
         int event_fd;
@@ -359,9 +374,20 @@ static void defer_close(Pool *p, int fd) {
         p->closing[p->n_closing++] = fd;
 }
 
-/* Whether a copy may still use the slab's memory (Slab.copy_ticket, of the device's copy stream). */
+/* Whether a copy may still use the slab's memory (Slab.copy_ticket, of the device's copy stream; COPY_PENDING while
+ * its copy has pieces left to queue). */
 static bool slab_copying(const PoolDevice *dev, const Slab *slab) {
         return slab->copy_ticket > atomic_load_explicit(&dev->copies_done, memory_order_acquire);
+}
+
+static void copy_pump(PoolDevice *dev, bool all);
+
+/* Waits for the copies queued, and for their completions (copy_done()): the first failure, or CUDA_SUCCESS. */
+static CUresult copies_sync(PoolDevice *dev) {
+        CUresult r = DRV(dev, cuStreamSynchronize)(dev->copy_stream), n;
+
+        n = DRV(dev, cuStreamSynchronize)(dev->notify_stream);
+        return r != CUDA_SUCCESS ? r : n;
 }
 
 /* Waits for whatever copy still uses the slab's memory: its release must not unmap it under the copy, which
@@ -370,7 +396,8 @@ static bool slab_copying(const PoolDevice *dev, const Slab *slab) {
 static void slab_wait_copy(PoolDevice *dev, const Slab *slab) {
         if (slab_copying(dev, slab)) {
                 dev->stats.copy_waits++;
-                (void)DRV(dev, cuStreamSynchronize)(dev->copy_stream);
+                copy_pump(dev, true);
+                (void)copies_sync(dev);
         }
 }
 
@@ -976,8 +1003,10 @@ unsigned pool_dispatch(Pool *p) {
                 if (dev->scrubs_held)
                         device_scrub_queued(dev);       /* the stream has room again */
                 done = atomic_load_explicit(&dev->copies_done, memory_order_acquire);
-                if (done != dev->copies_dispatched)
+                if (done != dev->copies_dispatched) {
+                        copy_pump(dev, false);          /* the stream has room again: the next pieces, in turn */
                         n += after_copy_finish(dev, false);
+                }
                 dev->copies_dispatched = done;
         }
         return n;
@@ -991,15 +1020,16 @@ int pool_drain(Pool *p) {
                 PoolDevice *dev = &p->devices[i];
                 CUresult r;
 
-                if (list_is_empty(&dev->scrubbing) && list_is_empty(&dev->queued) &&
+                if (list_is_empty(&dev->scrubbing) && list_is_empty(&dev->queued) && list_is_empty(&dev->copies) &&
                     dev->copies_issued == dev->copies_dispatched)
                         continue;
                 if (make_current(dev) < 0) {
                         ret = -EIO;
                         continue;
                 }
-                /* the copies first: what waited for them is scrubbed then */
-                r = DRV(dev, cuStreamSynchronize)(dev->copy_stream);
+                /* the copies first, every piece left queued: what waited for them is scrubbed then */
+                copy_pump(dev, true);
+                r = copies_sync(dev);
                 if (r != CUDA_SUCCESS) {
                         driver_error(dev, "cuStreamSynchronize (copies)", r);
                         ret = -EIO;
@@ -1426,28 +1456,32 @@ static void make_one(Pool *p, MakeJob *j) {
 }
 
 /*
- * After a job of user `uid` (its request `served`, or NULL when that had no more jobs): every queued request of
- * that user goes to the tail of the queue, in order, `served` last. The next job is then another user's
- * whenever one waits (users take turns, however many requests each has queued), and the user's own requests
- * take turns among themselves. Under make_lock.
+ * After a piece of work of user `uid` (for `served`, or NULL when that has no more): every entry of that user in
+ * `queue` goes to its tail, in order, `served` last. The next piece is then another user's whenever one waits
+ * (users take turns, however many entries each has queued), and the user's own entries take turns among
+ * themselves.
  */
-static void queue_rotate(Pool *p, uid_t uid, MakeRequest *served) {
-        List mine = LIST_INIT(mine);
-        MakeRequest *r, *tmp;
+static void turns_rotate(List *queue, uid_t uid, Turn *served) {
+        Turn *t, *tmp, *last = list_last_entry(queue, Turn, link);
 
-        list_for_each_entry_safe(r, tmp, &p->make_queue, link)
-                if (r != served && r->uid == uid) {
-                        list_unlink(&r->link);
-                        list_link_tail(&mine, &r->link);
+        /* Once over the entries there were, each of the user's moved to the tail as it is met. */
+        list_for_each_entry_safe(t, tmp, queue, link) {
+                bool end = t == last;
+
+                if (t != served && t->uid == uid) {
+                        list_unlink(&t->link);
+                        list_link_tail(queue, &t->link);
                 }
+                if (end)
+                        break;
+        }
         if (served) {
                 list_unlink(&served->link);
-                list_link_tail(&mine, &served->link);
+                list_link_tail(queue, &served->link);
         }
-        list_splice_tail(&p->make_queue, &mine);
 }
 
-/* The maker thread: one job at a time, users and their requests in turn (queue_rotate()), each handed back
+/* The maker thread: one job at a time, users and their requests in turn (turns_rotate()), each handed back
  * through the pool's eventfd; it ends once none is left (or the pool stops it). */
 static void *maker_thread(void *userdata) {
         Pool *p = userdata;
@@ -1463,19 +1497,19 @@ static void *maker_thread(void *userdata) {
                         p->maker_running = false;
                         break;
                 }
-                req = list_first_entry(&p->make_queue, MakeRequest, link);
-                uid = req->uid;
+                req = list_first_entry(&p->make_queue, MakeRequest, turn.link);
+                uid = req->turn.uid;
                 j = list_first_entry(&req->todo, MakeJob, link);
                 list_unlink(&j->link);
                 more = !list_is_empty(&req->todo);
                 if (!more)
-                        list_unlink(&req->link);        /* the loop frees it once its last job is finished */
+                        list_unlink(&req->turn.link);   /* the loop frees it once its last job is finished */
                 (void)pthread_mutex_unlock(&p->make_lock);
                 make_one(p, j);
                 (void)pthread_mutex_lock(&p->make_lock);
                 /* Its user's next job after every other user's queued by now, even those queued meanwhile (req is
                  * not freed when it has jobs left; when it has none, the loop may have freed it). */
-                queue_rotate(p, uid, more ? req : NULL);
+                turns_rotate(&p->make_queue, uid, more ? &req->turn : NULL);
                 list_link_tail(&p->make_done, &j->link);
                 (void)eventfd_write(p->event_fd, 1);
         }
@@ -1535,7 +1569,7 @@ static unsigned makes_finish(Pool *p) {
                         slab->scrub_va = j->va;
                         /* Cached for the user whose call it was made for (new memory, zeroed: the reserve's
                          * are unbound), so that no other user's call takes it before that call does. */
-                        slab_init(space, slab, ++p->last_slab_id, j->fd, j->size, j->request->uid);
+                        slab_init(space, slab, ++p->last_slab_id, j->fd, j->size, j->request->turn.uid);
                         p->prime = false;
                         dev->stats.host_created++;
                         if (host_slab_cache(p, slab)) {
@@ -1587,7 +1621,7 @@ static int make_start(Pool *p, PoolDevice *dev, const uint64_t *sizes, size_t n_
 
         if (!req)
                 return -ENOMEM;
-        *req = (MakeRequest){ .ticket = p->last_ticket + 1, .uid = uid, .left = (unsigned)n_make };
+        *req = (MakeRequest){ .ticket = p->last_ticket + 1, .turn.uid = uid, .left = (unsigned)n_make };
         list_init(&req->todo);
         for (size_t i = 0; i < n_make; i++) {
                 MakeJob *j = calloc(1, sizeof(*j));
@@ -1602,7 +1636,7 @@ static int make_start(Pool *p, PoolDevice *dev, const uint64_t *sizes, size_t n_
         /* Queued under the lock; a thread that runs takes them, else one is started (after the one that ended
          * is joined: it ended, or is about to, having found nothing to do). */
         (void)pthread_mutex_lock(&p->make_lock);
-        list_link_tail(&p->make_queue, &req->link);
+        list_link_tail(&p->make_queue, &req->turn.link);
         start = !p->maker_running;
         p->maker_running = true;
         (void)pthread_mutex_unlock(&p->make_lock);
@@ -1615,7 +1649,7 @@ static int make_start(Pool *p, PoolDevice *dev, const uint64_t *sizes, size_t n_
                         /* no thread ran since it was not running: the queue is this request only */
                         (void)pthread_mutex_lock(&p->make_lock);
                         p->maker_running = false;
-                        list_unlink(&req->link);
+                        list_unlink(&req->turn.link);
                         (void)pthread_mutex_unlock(&p->make_lock);
                         request_free(req);
                         return -r;
@@ -1746,7 +1780,7 @@ static bool making_for(const Pool *p, uid_t uid) {
         const MakeRequest *req;
 
         list_for_each_entry(req, &p->make_live, link_live)
-                if (req->uid == uid)
+                if (req->turn.uid == uid)
                         return true;
         return false;
 }
@@ -1839,8 +1873,8 @@ static void maker_stop(Pool *p) {
                 (void)pthread_mutex_unlock(&p->make_lock);
                 (void)pthread_join(p->maker, NULL);
                 p->maker_joinable = false;
-                while ((req = list_first_entry(&p->make_queue, MakeRequest, link))) {
-                        list_unlink(&req->link);
+                while ((req = list_first_entry(&p->make_queue, MakeRequest, turn.link))) {
+                        list_unlink(&req->turn.link);
                         while ((j = list_first_entry(&req->todo, MakeJob, link))) {
                                 list_unlink(&j->link);
                                 j->dev->host.making_bytes -= j->size;
@@ -1864,6 +1898,28 @@ static void maker_stop(Pool *p) {
         }
 }
 
+/*
+ * A copy of pool_copy_start()'s, queued on the device's copy stream a piece at a time (copy_pump()). The device
+ * runs the copies queued on it in the order they were queued, those of its other streams too: on an H200 a
+ * 100 MiB park queued behind another process's 8 GiB park took 139 ms, against 3.5 ms alone. So the stream holds
+ * at most POOL_COPY_AHEAD pieces of at most Pool.copy_piece bytes, and the next piece queued is the next user's
+ * in turn (turns_rotate()): a copy waits for what was on the stream when it came and for a piece of each other
+ * user's copy per turn, not for whole copies. While the stream copies one piece, the loop has the time of the
+ * others to queue the next (a 64 MiB piece is about 1.3 ms on an H200). Freed once its last piece is queued: its
+ * slabs' copy_ticket then says when it is done.
+ */
+typedef struct CopyJob {
+        Turn turn;                      /* in PoolDevice.copies; uid: whose content it copies */
+        Slab **dst, **src;
+        size_t n_dst, n_src;
+        size_t i, j;                    /* the dst and src slabs where its next piece starts, */
+        uint64_t dst_off, src_off;      /* and where in them */
+        Slab *slabs[];                  /* dst, then src */
+} CopyJob;
+
+/* Slab.copy_ticket while the slab's copy has pieces left to queue: copying whatever the stream has done. */
+#define COPY_PENDING UINT64_MAX
+
 /* Queues the copy of `bytes` from src + src_off to dst + dst_off on the device's copy stream. */
 static int copy_part(PoolDevice *dev, Slab *dst, uint64_t dst_off, Slab *src, uint64_t src_off, uint64_t bytes) {
         CUresult r;
@@ -1878,36 +1934,7 @@ static int copy_part(PoolDevice *dev, Slab *dst, uint64_t dst_off, Slab *src, ui
         return 0;
 }
 
-/* Queues the copy of the src slabs into the dst slabs, back to back. 0 or -EIO (then some of it may be queued). */
-static int copy_queue(PoolDevice *dev, Slab *const *dst, size_t n_dst, Slab *const *src, size_t n_src) {
-        uint64_t dst_off = 0, src_off = 0;
-        size_t i = 0, j = 0;
-        int k = 0;
-
-        if (make_current(dev) < 0)
-                return -EIO;
-        /* Two cursors over the two runs of slabs: each part is the most that fits in both slabs at hand. */
-        while (i < n_dst && j < n_src && k == 0) {
-                uint64_t bytes = MIN(dst[i]->size - dst_off, src[j]->size - src_off);
-
-                k = copy_part(dev, dst[i], dst_off, src[j], src_off, bytes);
-                if (k == 0)
-                        dev->stats.copied_bytes += bytes;
-                dst_off += bytes;
-                src_off += bytes;
-                if (dst_off == dst[i]->size) {
-                        i++;
-                        dst_off = 0;
-                }
-                if (src_off == src[j]->size) {
-                        j++;
-                        src_off = 0;
-                }
-        }
-        return k;
-}
-
-/* Runs on the driver's thread when the copy stream reaches it: no Driver API calls here. */
+/* Runs on the driver's thread when the notify stream reaches it, a piece copied: no Driver API calls here. */
 static void copy_done(void *userdata) {
         PoolDevice *dev = userdata;
         uint64_t one = 1;
@@ -1916,37 +1943,132 @@ static void copy_done(void *userdata) {
         (void)!write(dev->pool->event_fd, &one, sizeof(one));
 }
 
-int pool_copy_start(Pool *p, Slab *const *dst, size_t n_dst, Slab *const *src, size_t n_src,
-                    uint64_t *ret_ticket) {
-        PoolDevice *dev;
+static bool copy_has_more(const CopyJob *job) {
+        return job->i < job->n_dst && job->j < job->n_src;
+}
+
+/*
+ * Queues the job's next piece, at most Pool.copy_piece bytes cut where its slabs are (two cursors over the two runs
+ * of slabs), then its completion on the notify stream. 0, or -EIO (then some of the piece may be queued without
+ * its completion).
+ */
+static int copy_piece(PoolDevice *dev, CopyJob *job) {
+        uint64_t left = dev->pool->copy_piece;
         CUresult r;
+
+        while (left > 0 && copy_has_more(job)) {
+                Slab *dst = job->dst[job->i], *src = job->src[job->j];
+                uint64_t bytes = MIN(MIN(dst->size - job->dst_off, src->size - job->src_off), left);
+
+                if (copy_part(dev, dst, job->dst_off, src, job->src_off, bytes) < 0)
+                        return -EIO;
+                dev->stats.copied_bytes += bytes;
+                left -= bytes;
+                job->dst_off += bytes;
+                job->src_off += bytes;
+                if (job->dst_off == dst->size) {
+                        job->i++;
+                        job->dst_off = 0;
+                }
+                if (job->src_off == src->size) {
+                        job->j++;
+                        job->src_off = 0;
+                }
+        }
+        r = DRV(dev, cuEventRecord)(dev->piece_copied, dev->copy_stream);
+        if (r != CUDA_SUCCESS) {
+                driver_error(dev, "cuEventRecord (copy)", r);
+                return -EIO;
+        }
+        r = DRV(dev, cuStreamWaitEvent)(dev->notify_stream, dev->piece_copied, 0);
+        if (r != CUDA_SUCCESS) {
+                driver_error(dev, "cuStreamWaitEvent (copy)", r);
+                return -EIO;
+        }
+        r = DRV(dev, cuLaunchHostFunc)(dev->notify_stream, copy_done, dev);
+        if (r != CUDA_SUCCESS) {
+                driver_error(dev, "cuLaunchHostFunc (copy)", r);
+                return -EIO;
+        }
+        dev->copies_issued++;
+        return 0;
+}
+
+/*
+ * Ends a job: its last piece is queued, so its slabs' copy is done with the last completion queued; or it failed,
+ * and what it queued is done (the stream was synchronized): its dst slabs say so (pool_copy_result()).
+ */
+static void copy_end(PoolDevice *dev, CopyJob *job, bool failed) {
+        for (size_t k = 0; k < job->n_dst + job->n_src; k++)
+                job->slabs[k]->copy_ticket = failed ? 0 : dev->copies_issued;
+        for (size_t k = 0; k < job->n_dst; k++)
+                job->dst[k]->copy_failed = failed;
+        list_unlink(&job->turn.link);
+        free(job);
+}
+
+/*
+ * Queues pieces of the device's copies, users in turn, while the stream holds fewer than POOL_COPY_AHEAD (every piece
+ * left, when `all`: before waiting for the stream). A job that fails to queue a piece ends failed, after what it
+ * queued is done, and the pool's eventfd says so.
+ */
+static void copy_pump(PoolDevice *dev, bool all) {
+        bool current = false;
+
+        while (!list_is_empty(&dev->copies)) {
+                CopyJob *job = list_first_entry(&dev->copies, CopyJob, turn.link);
+                uid_t uid = job->turn.uid;
+                uint64_t one = 1;
+
+                if (!all && dev->copies_issued - atomic_load_explicit(&dev->copies_done, memory_order_acquire) >=
+                                    POOL_COPY_AHEAD)
+                        return;
+                if ((!current && make_current(dev) < 0) || copy_piece(dev, job) < 0) {
+                        /* Some of it may be queued, and nothing would say when it is done: wait for it. */
+                        (void)copies_sync(dev);
+                        copy_end(dev, job, true);
+                        (void)!write(dev->pool->event_fd, &one, sizeof(one));
+                        continue;
+                }
+                current = true;
+                if (!copy_has_more(job)) {
+                        copy_end(dev, job, false);
+                        job = NULL;
+                }
+                turns_rotate(&dev->copies, uid, job ? &job->turn : NULL);
+        }
+}
+
+int pool_copy_start(Pool *p, uid_t uid, Slab *const *dst, size_t n_dst, Slab *const *src, size_t n_src) {
+        PoolDevice *dev;
+        CopyJob *job;
 
         if (n_dst == 0 || n_src == 0)
                 return -EINVAL;
         dev = dst[0]->device;
-        if (copy_queue(dev, dst, n_dst, src, n_src) < 0)
-                goto fail;
-        r = DRV(dev, cuLaunchHostFunc)(dev->copy_stream, copy_done, dev);
-        if (r != CUDA_SUCCESS) {
-                driver_error(dev, "cuLaunchHostFunc (copy)", r);
-                goto fail;
-        }
-        dev->copies_issued++;
-        for (size_t i = 0; i < n_dst; i++)
-                dst[i]->copy_ticket = dev->copies_issued;
-        for (size_t j = 0; j < n_src; j++)
-                src[j]->copy_ticket = dev->copies_issued;
-        *ret_ticket = dev->copies_issued;
-        return 0;
-
-fail:
-        /* Some of it may be queued, and nothing would say when it is done: wait for it, then fail. */
-        (void)DRV(dev, cuStreamSynchronize)(dev->copy_stream);
-        return POOL_E_DRIVER;
+        job = calloc(1, sizeof(*job) + (n_dst + n_src) * sizeof(Slab *));
+        if (!job)
+                return -ENOMEM;
+        job->turn.uid = uid;
+        job->dst = job->slabs;
+        job->src = job->slabs + n_dst;
+        job->n_dst = n_dst;
+        job->n_src = n_src;
+        memcpy(job->dst, dst, n_dst * sizeof(Slab *));
+        memcpy(job->src, src, n_src * sizeof(Slab *));
+        for (size_t k = 0; k < n_dst + n_src; k++)
+                job->slabs[k]->copy_ticket = COPY_PENDING;
+        for (size_t k = 0; k < n_dst; k++)
+                dst[k]->copy_failed = false;
+        list_link_tail(&dev->copies, &job->turn.link);
+        copy_pump(dev, false);
+        return dst[0]->copy_failed ? POOL_E_DRIVER : 0;
 }
 
-bool pool_copy_finished(const Pool *p, const Slab *slab, uint64_t ticket) {
-        return atomic_load_explicit(&slab->device->copies_done, memory_order_acquire) >= ticket;
+int pool_copy_result(const Pool *p, const Slab *slab) {
+        if (slab_copying(slab->device, slab))
+                return POOL_E_COPYING;
+        return slab->copy_failed ? POOL_E_DRIVER : 0;
 }
 
 /* --- the pool ------------------------------------------------------------------------------------------- */
@@ -2050,6 +2172,20 @@ static void host_init(Pool *p, PoolDevice *dev, const PoolConfig *config, size_t
         dev->host.capacity = capacity - capacity % granularity;
 }
 
+/* Destroys the device's streams and the copy stream's event, those that were made. */
+static void streams_destroy(PoolDevice *dev) {
+        if (dev->stream)
+                (void)DRV(dev, cuStreamDestroy)(dev->stream);
+        if (dev->copy_stream)
+                (void)DRV(dev, cuStreamDestroy)(dev->copy_stream);
+        if (dev->notify_stream)
+                (void)DRV(dev, cuStreamDestroy)(dev->notify_stream);
+        if (dev->piece_copied)
+                (void)DRV(dev, cuEventDestroy)(dev->piece_copied);
+        dev->stream = dev->copy_stream = dev->notify_stream = NULL;
+        dev->piece_copied = NULL;
+}
+
 static int device_init(Pool *p, PoolDevice *dev, int index, const PoolConfig *config, size_t n_devices,
                        char **ret_message) {
         size_t free_mem = 0, total = 0;
@@ -2061,6 +2197,7 @@ static int device_init(Pool *p, PoolDevice *dev, int index, const PoolConfig *co
         list_init(&dev->scrubbing);
         list_init(&dev->unmapped);
         list_init(&dev->after_copy);
+        list_init(&dev->copies);
         k = space_init(dev, &dev->mem, false);
         if (k < 0)
                 return k;
@@ -2090,8 +2227,16 @@ static int device_init(Pool *p, PoolDevice *dev, int index, const PoolConfig *co
         r = DRV(dev, cuStreamCreate)(&dev->stream, CU_STREAM_NON_BLOCKING);
         if (r == CUDA_SUCCESS)
                 r = DRV(dev, cuStreamCreate)(&dev->copy_stream, CU_STREAM_NON_BLOCKING);
+        if (r == CUDA_SUCCESS)
+                r = DRV(dev, cuStreamCreate)(&dev->notify_stream, CU_STREAM_NON_BLOCKING);
         if (r != CUDA_SUCCESS) {
                 driver_error(dev, "cuStreamCreate", r);
+                k = -EIO;
+                goto fail;
+        }
+        r = DRV(dev, cuEventCreate)(&dev->piece_copied, CU_EVENT_DISABLE_TIMING);
+        if (r != CUDA_SUCCESS) {
+                driver_error(dev, "cuEventCreate", r);
                 k = -EIO;
                 goto fail;
         }
@@ -2134,11 +2279,7 @@ static int device_init(Pool *p, PoolDevice *dev, int index, const PoolConfig *co
 fail:
         set_message(ret_message, "Cannot set up CUDA device %d: %s.", index, p->last_error);
 release:
-        if (dev->stream)
-                (void)DRV(dev, cuStreamDestroy)(dev->stream);
-        if (dev->copy_stream)
-                (void)DRV(dev, cuStreamDestroy)(dev->copy_stream);
-        dev->stream = dev->copy_stream = NULL;
+        streams_destroy(dev);
         (void)DRV(dev, cuDevicePrimaryCtxRelease)(dev->info.device);
         dev->ctx = NULL;
         return k;
@@ -2164,8 +2305,9 @@ static void device_done(PoolDevice *dev) {
                 hashmap_done(&dev->host.cache);
                 return;
         }
+        copy_pump(dev, true);
         if (make_current(dev) == 0 && dev->copy_stream)
-                (void)DRV(dev, cuStreamSynchronize)(dev->copy_stream);
+                (void)copies_sync(dev);
         (void)after_copy_finish(dev, true);
         if (dev->stream)
                 (void)DRV(dev, cuStreamSynchronize)(dev->stream);
@@ -2180,10 +2322,7 @@ static void device_done(PoolDevice *dev) {
         }
         space_done(&dev->mem);
         space_done(&dev->host);
-        if (dev->stream)
-                (void)DRV(dev, cuStreamDestroy)(dev->stream);
-        if (dev->copy_stream)
-                (void)DRV(dev, cuStreamDestroy)(dev->copy_stream);
+        streams_destroy(dev);
         (void)DRV(dev, cuDevicePrimaryCtxRelease)(dev->info.device);
         dev->ctx = NULL;
 }
@@ -2231,6 +2370,7 @@ int pool_new(Pool **ret, CudaDriver *cu, const PoolConfig *config, char **ret_me
                 return -EINVAL;
         }
         p->host_slab = pool_host_slab(p->max_slab, config->host_slab);
+        p->copy_piece = config->copy_piece ?: POOL_DEFAULT_COPY_PIECE;
         if (!IS_POWER_OF_2(p->host_slab) || p->max_slab / p->host_slab > POOL_HOST_PIECES_MAX) {
                 char b1[32], b2[32];
 

@@ -43,6 +43,8 @@
 #define POOL_MAX_SLABS 253                      /* the kernel's limit on fds in one message */
 #define POOL_DEFAULT_MAX_SLAB (UINT64_C(1) << 30)
 #define POOL_DEFAULT_HOST_SLAB (UINT64_C(64) << 20)  /* pinned per cuMemCreate: the driver's lock is held that long */
+#define POOL_DEFAULT_COPY_PIECE (UINT64_C(64) << 20) /* a park's or unpark's copy is queued in pieces of this */
+#define POOL_COPY_AHEAD 3                       /* pieces of copies on a device's copy stream at once */
 #define POOL_HOST_PIECES_MAX 16                 /* host slabs per device slab, at most (max_slab / host_slab) */
 #define POOL_MAX_HOST_SLABS (POOL_MAX_SLABS * POOL_HOST_PIECES_MAX) /* of one parked lease */
 
@@ -66,6 +68,7 @@ enum {
                                    cannot make it: pool_last_error() says why) */
         POOL_E_SCRUBBING,       /* the request would wait for more zeroing than it may (pool_alloc_bounded()) */
         POOL_E_MAKING,          /* the host slabs it needs are being made off the loop (pool_make_host()) */
+        POOL_E_COPYING,         /* the copy is under way (pool_copy_result()) */
 };
 
 typedef struct PoolConfig {
@@ -82,6 +85,8 @@ typedef struct PoolConfig {
                                    of host_slab; 0: none (HostReserve=) */
         uint64_t host_slab;     /* the largest host slab (HostSlab=): a power of two, at least max_slab /
                                    POOL_HOST_PIECES_MAX; 0 = pool_host_slab()'s default */
+        uint64_t copy_piece;    /* the most bytes of a park's or unpark's copy queued at once (pool_copy_start());
+                                   0 = POOL_DEFAULT_COPY_PIECE. Not a setting: tests make it small */
 } PoolConfig;
 
 /*
@@ -121,6 +126,7 @@ typedef struct Slab {
         uint64_t scrub_seq;             /* which completion of the device's stream ends its scrub */
         uint64_t copy_ticket;           /* which completion of the device's copy stream ends the last copy from
                                            or into it (pool_copy_start()); 0: none */
+        bool copy_failed;               /* the last copy into it failed (pool_copy_result()) */
         bool release_after_copy;        /* given back while that copy ran: released (else reclaimed) after it */
         uint64_t zero_mark;             /* the device's zeroing queued in all (bytes, PoolDevice.zero_queued) once
                                            its last zeroing was queued: how much stands before it is this less
@@ -330,18 +336,23 @@ bool pool_has_host(Pool *p, size_t i);
 /*
  * Copies the content of the src slabs, back to back, into the dst slabs, back to back (as many bytes as the smaller of
  * the two holds, by offset: the two may be cut differently), through the pool's own mappings, on the device's copy
- * stream, without waiting: queues the copy, then a completion, and returns the completion's ticket in *ret_ticket.
- * Every slab is of one device. pool_copy_finished() says when it is reached; the pool's eventfd is told then
- * (pool_dispatch() moves pool_scrubs_finished()). The slabs stay as they are, leased: whatever gives them back queues
- * their scrub after the copy on the same stream, and a release waits for the copy first (unmapping memory a copy still
- * uses would fault the stream). Returns 0, -EINVAL (no slabs), or POOL_E_DRIVER (pool_last_error() says why; nothing is
- * left in flight).
+ * stream, without waiting. The copy is queued in pieces of at most POOL_DEFAULT_COPY_PIECE bytes, a few on the
+ * stream at once, and the next piece is the next user's in turn (`uid`: whose content it is), each user's copies in
+ * turn: a small copy waits for the pieces on the stream, not for another user's whole copy (the device runs what
+ * is queued in order). pool_dispatch() queues the next pieces as the stream finishes them; the pool's eventfd is
+ * told of each. Every slab is of one device. pool_copy_result() on a dst slab says when the copy is done. The slabs
+ * stay as they are, leased: whatever gives them back waits for the copy, off the loop (pool_reclaim(),
+ * pool_release()), and the scrub of a slab that waited is queued after it. Returns 0, -EINVAL (no slabs), -ENOMEM,
+ * or POOL_E_DRIVER (its first piece could not be queued; pool_last_error() says why; nothing is left in flight).
  */
-int pool_copy_start(Pool *p, Slab *const *dst, size_t n_dst, Slab *const *src, size_t n_src,
-                    uint64_t *ret_ticket);
+int pool_copy_start(Pool *p, uid_t uid, Slab *const *dst, size_t n_dst, Slab *const *src, size_t n_src);
 
-/* Whether the copy pool_copy_start() gave `ticket` for, of `slab`'s device, is done. */
-bool pool_copy_finished(const Pool *p, const Slab *slab, uint64_t ticket);
+/*
+ * Of the copy into `slab` (a dst slab of pool_copy_start()'s, until its next copy): POOL_E_COPYING while it runs, 0
+ * once it is done, POOL_E_DRIVER once it failed (a later piece could not be queued; what was queued is done, and the
+ * dst slabs hold part of the content at most).
+ */
+int pool_copy_result(const Pool *p, const Slab *slab);
 
 /*
  * Told of every slab the pool creates (after its export) and releases (before its fd is closed), so that

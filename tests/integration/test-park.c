@@ -1179,6 +1179,60 @@ START_TEST(test_park_copy_does_not_hold_others) {
 END_TEST
 
 /*
+ * Copies go on the device a piece at a time (64 MiB), a few on its stream at once, the next piece the next user's
+ * in turn: a Park of one slab sent while the copy of another's Park of 512 MiB (8 pieces, host slabs cached) is
+ * held waits for the pieces queued when it came and one more, not for the whole copy. With its copy the 5th on
+ * the stream, the Park of one slab (another user's as root, else another connection's) is answered once 5 copies
+ * are let through, while the large one still waits; both contents come back whole. Queued whole, the large copy
+ * goes first and the small Park is not answered.
+ */
+START_TEST(test_park_copy_in_turn) {
+        const uint64_t big = 512 * MiB;
+        _cleanup_(varlink_conn_freep) VarlinkConn *a = NULL, *b = NULL;
+        TestLease la, lb = {};
+        pid_t child = -1;
+        Gpu g = {};
+
+        if (!start_holding(__func__, "[Broker]\nHostCapacity=640M\n[Limits]\nMaxHostBytes=100%\n", true))
+                return;
+        ck_assert_int_eq(conn_open(h.socket, &a), 0);
+        ck_assert_int_eq(gpu_open(&g), 0);
+        cache_host_slabs(a, big);
+        la = alloc_written(&g, a, big, 0xc0b1ed07);
+        if (geteuid() != 0) {
+                ck_assert_int_eq(conn_open(h.socket, &b), 0);
+                lb = alloc_written(&g, b, UNIT, 0xc0b1ed08);
+        }
+
+        hold_copies();
+        ck_assert_int_eq(park_send(a, la.id), 0);
+        copy_reached_or_fail("the Park of 512 MiB");
+        if (b)
+                ck_assert_int_eq(park_send(b, lb.id), 0);
+        else
+                child = harness_fork(child_other_parker, h.socket);
+        wait_for_calls_waiting("copy", 2, NULL);        /* the small Park's host slab made, its copy queued */
+
+        let_copies_through(5);
+        reached_or_fail(copied, "the copy after the fifth was not reached");
+        if (b)
+                parked_or_fail(b);
+        else
+                child_done_within(child, "another user's Park of one slab behind a Park of 512 MiB");
+        ck_assert_msg(!readable_now(a), "the Park of 512 MiB was answered with three of its eight pieces held");
+
+        release_hold();
+        parked_or_fail(a);
+        unpark_check_free(&g, a, la.id, big, 0xc0b1ed07);
+        if (b)
+                unpark_check_free(&g, b, lb.id, UNIT, 0xc0b1ed08);
+        gpu_close(&g);
+        wait_for_idle((int64_t)(big + UNIT));
+        stop();
+}
+END_TEST
+
+/*
  * The parking process killed while its copy is held: its hold ends, and with it the park and the lease, the copy
  * still held; everybody else is answered meanwhile, and so is the Park left on the connection (the test keeps
  * it, not the dead process): hung up, or anything but `parked: true`. Once the copy goes on, nothing is parked
@@ -1864,7 +1918,7 @@ int main(void) {
                                     test_park_over_limits_at_once, test_stop_while_making,
                                     test_two_parks_while_making, test_park_not_behind_anothers,
                                     test_park_taken_meanwhile_made_again,
-                                    test_park_copy_does_not_hold_others,
+                                    test_park_copy_does_not_hold_others, test_park_copy_in_turn,
                                     test_park_copy_parker_killed, test_park_copy_foreign_lease_ends,
                                     test_park_copy_attach_cancels, test_stop_while_copying,
                                     test_unpark_copy_does_not_hold_others, test_park_waits_for_host_zeroing,

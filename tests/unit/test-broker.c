@@ -1860,16 +1860,21 @@ END_TEST
 
 /* ---- parking ------------------------------------------------------------------------------------------------- */
 
-static void setup_broker_host(uint64_t host_capacity, bool no_host) {
+static void setup_broker_config(const PoolConfig *config) {
         _cleanup_free_ char *message = NULL;
-        PoolConfig config = { .capacity = CAPACITY, .max_slab = 4 * MiB, .host_capacity = host_capacity,
-                              .no_host = no_host };
 
         open_driver();
-        ck_assert_msg(pool_new(&pool, cu, &config, &message) == 0, "%s", message);
+        ck_assert_msg(pool_new(&pool, cu, config, &message) == 0, "%s", message);
         limits = (LimitsConfig){ .defaults = user_limits_default() };
         ck_assert_int_eq(broker_init(&b, pool, &limits), 0);
         broker_up = true;
+}
+
+static void setup_broker_host(uint64_t host_capacity, bool no_host) {
+        PoolConfig config = { .capacity = CAPACITY, .max_slab = 4 * MiB, .host_capacity = host_capacity,
+                              .no_host = no_host };
+
+        setup_broker_config(&config);
 }
 
 /* Maps the lease's slabs in this process as a client would, copies `bytes` of `buf` in or out, unmaps. */
@@ -2389,6 +2394,48 @@ START_TEST(test_park_copies_off_the_loop) {
         ck_assert_uint_eq(broker_moves_ended(&b), ended + 1);
         ck_assert_uint_eq(a->user->bytes[0], 0);
         ck_assert_uint_eq(a->user->host_bytes[0], size);
+        unpark_ok(a, l);
+        assert_lease_holds(l, want);
+        free(want);
+}
+END_TEST
+
+/*
+ * A park's copy that fails part way (a later piece of it could not be queued: pieces of 2 MiB here) ends its move
+ * uncommitted: the Park made again is answered with the driver's failure, and the lease is as it was, in device
+ * memory with its content whole; its host slabs and host bytes went back. The next Park parks it.
+ */
+START_TEST(test_park_copy_fails_part_way) {
+        const uint64_t size = 10 * MiB;         /* 4 + 4 + 2 MiB slabs: 5 pieces */
+        PoolConfig config = { .capacity = CAPACITY, .max_slab = 4 * MiB, .host_capacity = 64 * MiB,
+                              .copy_piece = 2 * MiB };
+        unsigned char *want = malloc(size);
+        PoolDeviceStats s;
+        UserQuota q = {};
+        bool parked = true;
+        Caller *a;
+        Lease *l;
+
+        ck_assert(want);
+        setup_broker_config(&config);
+        a = this_process(UID_A);
+        l = alloc_parked_once(a, size);
+        fill(want, size, 5);
+        lease_copy(l, want, true);
+
+        (void)park_copying(a, l);                               /* POOL_COPY_AHEAD pieces queued, held */
+        ck_assert_int_eq(sim_fail("cuMemcpyDtoDAsync:2"), 0);   /* the fifth */
+        sim_hold_streams(0);
+        ck_assert_int_eq(park_copied(a, BROKER_E_HOST_COPYING, l->id, &parked, &q), BROKER_E_DRIVER);
+        ck_assert(!l->parked);
+        ck_assert_ptr_null(l->move);
+        ck_assert_uint_eq(a->user->bytes[0], size);
+        ck_assert_uint_eq(a->user->host_bytes[0], 0);
+        pool_device_stats(pool, 0, &s);
+        ck_assert_uint_eq(s.parked, 0);
+        assert_lease_holds(l, want);
+
+        ck_assert(park_ok(a, l));
         unpark_ok(a, l);
         assert_lease_holds(l, want);
         free(want);
@@ -3077,7 +3124,8 @@ int main(void) {
                                     test_park_every_holder, test_park_who, test_park_no_room,
                                     test_park_makes_host_off_the_loop, test_park_after_failed_making,
                                     test_park_without_host_memory, test_park_end,
-                                    test_park_write_ahead, test_park_copies_off_the_loop, test_park_copy_undone,
+                                    test_park_write_ahead, test_park_copies_off_the_loop,
+                                    test_park_copy_fails_part_way, test_park_copy_undone,
                                     test_park_copy_not_reclaimed, test_park_copy_not_before_scrubs,
                                     test_park_after_undone_creates_nothing,
                                     test_unpark_copies_off_the_loop,

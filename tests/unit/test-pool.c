@@ -1376,18 +1376,24 @@ static void lease_chunks(Slab **slabs, size_t n, bool write) {
         ck_assert_int_eq(cuda_unmap(cu, va, sizes, n), 0);
 }
 
-/* Copies src into dst (pool_copy_start()) and dispatches the pool until the copy is done. */
-static void copy_and_wait(Slab **dst, size_t n_dst, Slab **src, size_t n_src) {
-        uint64_t ticket = 0;
+/* Dispatches the pool until the copy into dst[0] is over: pool_copy_result(), 0 or its failure. */
+static int copy_wait(Slab **dst) {
+        int k;
 
-        ck_assert_int_eq(pool_copy_start(pool, dst, n_dst, src, n_src, &ticket), 0);
-        for (unsigned i = 0; !pool_copy_finished(pool, dst[0], ticket); i++) {
+        for (unsigned i = 0; (k = pool_copy_result(pool, dst[0])) == POOL_E_COPYING; i++) {
                 struct pollfd p = { .fd = pool_get_fd(pool), .events = POLLIN };
 
                 ck_assert_msg(i < 100, "the copy was not done in 10 s");
                 (void)poll(&p, 1, 100);
                 (void)pool_dispatch(pool);
         }
+        return k;
+}
+
+/* Copies src into dst (pool_copy_start(), `uid`'s) and dispatches the pool until the copy is done. */
+static void copy_and_wait(uid_t uid, Slab **dst, size_t n_dst, Slab **src, size_t n_src) {
+        ck_assert_int_eq(pool_copy_start(pool, uid, dst, n_dst, src, n_src), 0);
+        ck_assert_int_eq(copy_wait(dst), 0);
 }
 
 /*
@@ -1436,11 +1442,11 @@ START_TEST(test_host_pieces) {
         ck_assert_uint_eq(nh, ELEMENTSOF(want));
         for (size_t i = 0; i < nh; i++)
                 ck_assert_uint_eq(host[i]->size, want[i]);
-        copy_and_wait(host, nh, a, n);
+        copy_and_wait(UID_A, host, nh, a, n);
         reclaim_all(a, n);
 
         ck_assert_int_eq(alloc(14 * MiB, UID_B, b, &m), 0);              /* other slabs than A's */
-        copy_and_wait(b, m, host, nh);
+        copy_and_wait(UID_B, b, m, host, nh);
         lease_chunks(b, m, false);
         reclaim_all(host, nh);
         /* A's device slabs may still be scrubbing too: wait for nothing to be (wait_scrubs() counts them). */
@@ -1458,6 +1464,129 @@ START_TEST(test_host_pieces) {
         ck_assert_int_eq(pool_make_host(pool, b, m, UID_B, NULL), 0);         /* cached, unbound: any park's */
         ck_assert_uint_eq(st.host_created, 4);
         reclaim_all(b, m);
+        ck_assert_int_eq(pool_drain(pool), 0);
+}
+END_TEST
+
+/* Host slabs to park the lease `slabs` of `uid` in: made off the loop if they must be (waited for), then taken. */
+static void host_for(Slab **slabs, size_t n, uid_t uid, Slab **host, size_t *n_host) {
+        uint64_t made = pool_host_made(pool);
+        int k = pool_make_host(pool, slabs, n, uid, NULL);
+
+        for (unsigned i = 0; k == POOL_E_MAKING && pool_host_made(pool) == made; i++) {
+                struct pollfd p = { .fd = pool_get_fd(pool), .events = POLLIN };
+
+                ck_assert_msg(i < 100, "the host slabs were not made in 10 s");
+                (void)poll(&p, 1, 100);
+                (void)pool_dispatch(pool);
+        }
+        ck_assert_int_eq(pool_make_host(pool, slabs, n, uid, NULL), 0);
+        ck_assert_int_eq(pool_alloc_host(pool, slabs, n, uid, POOL_WAIT_ANY, host, n_host), 0);
+}
+
+/* A pool whose copies go in pieces of 2 MiB (PoolConfig.copy_piece), with slabs of 8 MiB and host memory. */
+static void open_pool_copying(void) {
+        PoolConfig config = { .capacity = 128 * MiB, .max_slab = 8 * MiB, .host_capacity = 64 * MiB,
+                              .copy_piece = 2 * MiB };
+
+        open_driver();
+        ck_assert_int_eq(pool_new(&pool, cu, &config, NULL), 0);
+        ck_assert_int_eq(pool_use_device(pool, 0), 0);
+}
+
+/*
+ * The content of the host slabs `host` copied back into a new lease of `size` for `uid`, as an unpark does: every
+ * MiB in its place (lease_chunks()). The lease and the host slabs are given back after.
+ */
+static void copy_back_check(uid_t uid, uint64_t size, Slab **host, size_t n_host) {
+        Slab *slabs[POOL_MAX_SLABS];
+        size_t n;
+
+        ck_assert_int_eq(alloc(size, uid, slabs, &n), 0);
+        copy_and_wait(uid, slabs, n, host, n_host);
+        lease_chunks(slabs, n, false);
+        reclaim_all(slabs, n);
+        reclaim_all(host, n_host);
+}
+
+/*
+ * A copy is queued a piece at a time, POOL_COPY_AHEAD pieces on the stream, users in turn and each user's copies in
+ * turn: a copy of one piece started right after A's of 16 (the stream held, so that none is done yet) is done
+ * while A's still copies, whether it is another user's or A's own. Queued whole, A's would be done first: the
+ * stream runs its work in order, as the device does. Every MiB of both arrives in its place.
+ */
+START_TEST(test_copies_in_turn) {
+        static const uid_t second[] = { UID_B, UID_A };
+        Slab *a[POOL_MAX_SLABS], *b[POOL_MAX_SLABS], *ha[POOL_MAX_HOST_SLABS], *hb[POOL_MAX_HOST_SLABS];
+        size_t n, m, nha, nhb;
+        uint64_t copied;
+
+        open_pool_copying();
+        for (size_t t = 0; t < ELEMENTSOF(second); t++) {
+                ck_assert_int_eq(alloc(32 * MiB, UID_A, a, &n), 0);
+                ck_assert_int_eq(alloc(2 * MiB, second[t], b, &m), 0);
+                lease_chunks(a, n, true);
+                lease_chunks(b, m, true);
+                host_for(a, n, UID_A, ha, &nha);
+                host_for(b, m, second[t], hb, &nhb);
+                copied = stats().copied_bytes;
+
+                sim.hold_streams(1);
+                ck_assert_int_eq(pool_copy_start(pool, UID_A, ha, nha, a, n), 0);
+                ck_assert_int_eq(pool_copy_start(pool, second[t], hb, nhb, b, m), 0);
+                ck_assert_uint_eq(stats().copied_bytes - copied, POOL_COPY_AHEAD * 2 * MiB);  /* A's pieces only */
+                ck_assert_int_eq(pool_copy_result(pool, ha[0]), POOL_E_COPYING);
+                ck_assert_int_eq(pool_copy_result(pool, hb[0]), POOL_E_COPYING);
+                sim.hold_streams(0);
+
+                ck_assert_int_eq(copy_wait(hb), 0);
+                ck_assert_msg(pool_copy_result(pool, ha[0]) == POOL_E_COPYING, "A's copy of 16 pieces was done "
+                              "before %s copy of one, started after it", t == 0 ? "another user's" : "A's own");
+                ck_assert_int_eq(copy_wait(ha), 0);
+                ck_assert_uint_eq(stats().copied_bytes - copied, 34 * MiB);
+
+                reclaim_all(a, n);
+                reclaim_all(b, m);
+                copy_back_check(UID_A, 32 * MiB, ha, nha);
+                copy_back_check(second[t], 2 * MiB, hb, nhb);
+        }
+        ck_assert_int_eq(pool_drain(pool), 0);
+}
+END_TEST
+
+/*
+ * A copy whose later piece cannot be queued fails once what it queued is done: pool_copy_result() says
+ * POOL_E_DRIVER, its slabs are no longer in use by a copy (given back at once, not after it), and the next copy
+ * of the same slabs runs. One whose first piece cannot be queued fails at once, nothing left in flight.
+ */
+START_TEST(test_copy_piece_fails) {
+        Slab *a[POOL_MAX_SLABS], *host[POOL_MAX_HOST_SLABS];
+        uint64_t after;
+        size_t n, nh;
+
+        open_pool_copying();
+        ck_assert_int_eq(alloc(32 * MiB, UID_A, a, &n), 0);
+        lease_chunks(a, n, true);
+        host_for(a, n, UID_A, host, &nh);
+
+        sim.hold_streams(1);
+        ck_assert_int_eq(pool_copy_start(pool, UID_A, host, nh, a, n), 0);     /* POOL_COPY_AHEAD pieces queued */
+        ck_assert_int_eq(sim.inject("cuMemcpyDtoDAsync:2"), 0);                 /* and the second after them */
+        sim.hold_streams(0);
+        ck_assert_int_eq(copy_wait(host), POOL_E_DRIVER);
+        ck_assert_msg(strstr(pool_last_error(pool), "cuMemcpyDtoDAsync"), "%s", pool_last_error(pool));
+        ck_assert_uint_eq(stats().copied_bytes, (POOL_COPY_AHEAD + 1) * 2 * MiB);
+        after = stats().after_copy;
+        reclaim_all(host, nh);
+        ck_assert_uint_eq(stats().after_copy, after);           /* no copy used them any more */
+
+        host_for(a, n, UID_A, host, &nh);
+        ck_assert_int_eq(sim.inject("cuMemcpyDtoDAsync:1"), 0);
+        ck_assert_int_eq(pool_copy_start(pool, UID_A, host, nh, a, n), POOL_E_DRIVER);
+        ck_assert_int_eq(pool_copy_result(pool, host[0]), POOL_E_DRIVER);
+        copy_and_wait(UID_A, host, nh, a, n);
+        reclaim_all(a, n);
+        copy_back_check(UID_A, 32 * MiB, host, nh);
         ck_assert_int_eq(pool_drain(pool), 0);
 }
 END_TEST
@@ -1569,6 +1698,8 @@ static Suite *pool_suite(void) {
         tcase_add_test(tc, test_host_reserve);
         tcase_add_test(tc, test_adopt_host);
         tcase_add_test(tc, test_host_pieces);
+        tcase_add_test(tc, test_copies_in_turn);
+        tcase_add_test(tc, test_copy_piece_fails);
         tcase_add_test(tc, test_make_in_turn);
         tcase_add_test(tc, test_made_unbound_after);
         suite_add_tcase(s, tc);
