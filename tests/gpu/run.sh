@@ -111,6 +111,11 @@ VMMBROKER_BUILD=$build VMMBROKER_DAEMON="$PWD/$build/daemon/vmmbrokerd" \
         python3 tests/gpu/python/park_turns.py 8 3 >"$out/park-turns.log" 2>&1 || failed
 tail -9 "$out/park-turns.log"
 
+step "a 100 MiB park 20 ms into another process's park of 8 GiB, host memory cached: it does not wait for the whole copy (tests/gpu/python/copy_turns.py)"
+VMMBROKER_BUILD=$build VMMBROKER_DAEMON="$PWD/$build/daemon/vmmbrokerd" \
+        python3 tests/gpu/python/copy_turns.py 8 3 >"$out/copy-turns.log" 2>&1 || failed
+tail -9 "$out/copy-turns.log"
+
 if [ "$(id -u)" -eq 0 ] && [ -x "$build/docs/examples/lease-pattern" ]; then
         step "tenant isolation: user A's canary, then user B (uid 65534) leases the same amount"
         bash tests/gpu/canary.sh "$build" 1G 65534 || failed

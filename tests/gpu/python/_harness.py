@@ -148,6 +148,25 @@ def table(title: str, header: Sequence[str], rows: List[Sequence[object]]) -> No
     sys.stdout.flush()
 
 
+def start_child(target, socket_path: str):
+    """TARGET(SOCKET_PATH, pipe) in a new process (multiprocessing's spawn: no CUDA state inherited), once it has
+    sent "ready" on the pipe: (this end of the pipe, the process). The process is a daemon: not waited for at exit."""
+    import multiprocessing
+    ctx = multiprocessing.get_context("spawn")
+    mine, theirs = ctx.Pipe()
+    child = ctx.Process(target=target, args=(socket_path, theirs), daemon=True)
+    child.start()
+    got = mine.recv()
+    if got != "ready":
+        raise SystemExit(f"the child process said {got!r}, not ready")
+    return mine, child
+
+
+def park_config(gib: int) -> str:
+    """vmmbroker.conf for a park of GIB GiB by one user: HostCapacity= above it, MaxHostBytes=100%."""
+    return f"[Broker]\nHostCapacity={gib + 1}G\n[Limits]\nMaxHostBytes=100%\n"
+
+
 def status_observer(socket_path: str, pipe) -> None:
     """A process that calls Status on the broker at SOCKET_PATH while another times something (kept_stall.py,
     park_stall.py): on "go" from PIPE (a multiprocessing Pipe end), Status back to back, "ready" after the

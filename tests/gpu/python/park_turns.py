@@ -19,7 +19,6 @@ A table comes last; exit status 0 when, in every round, B's park took at most a 
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import sys
 import threading
@@ -49,14 +48,9 @@ def small_parker(socket_path: str, pipe) -> None:
 
 def one_round(gib: int) -> dict:
     """A's and B's park times (ms) on a broker of its own, and where B's fell in A's."""
-    config = f"[Broker]\nHostCapacity={gib + 1}G\n[Limits]\nMaxHostBytes=100%\n"
-    with h.broker(config=config) as path:
+    with h.broker(config=h.park_config(gib)) as path:
         import vmmbroker
-        ctx = multiprocessing.get_context("spawn")
-        mine, theirs = ctx.Pipe()
-        child = ctx.Process(target=small_parker, args=(path, theirs), daemon=True)
-        child.start()
-        assert mine.recv() == "ready"
+        mine, child = h.start_child(small_parker, path)
         with vmmbroker.connect(path) as c:
             lease = c.alloc(gib * GiB, device=0)
             timer = threading.Timer(0.2, lambda: mine.send("park"))
