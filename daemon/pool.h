@@ -175,7 +175,7 @@ typedef struct PoolDeviceStats {
         unsigned n_parked;
         uint64_t host_created;          /* host slabs created */
         uint64_t host_adopted;          /* host slabs of a previous run's cache taken back (pool_adopt_host()) */
-        uint64_t copied_bytes;          /* by pool_copy_start() */
+        uint64_t copied_bytes;          /* queued on the copy stream, piece by piece (pool_copy_start()) */
         uint64_t after_copy;            /* slabs given back while a copy used them, given back after it */
         uint64_t copy_waits;            /* slab releases that waited for a copy still using the slab */
 } PoolDeviceStats;
