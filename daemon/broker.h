@@ -114,7 +114,7 @@ typedef struct Caller {
         User *user;
         bool admin;
         bool host_make_failed;          /* the call is a Park tried again after the host slabs it waited for
-                                           were made, and a host slab failed to be made meanwhile: it creates
+                                           were made, and a host slab of that making failed: it creates
                                            what it still lacks itself (broker_park()), to be answered with the
                                            driver's refusal rather than wait for another making */
         bool copy_waited;               /* the call is tried again after a move ended: the lease's move_error,
@@ -241,7 +241,7 @@ size_t broker_reclaim_pick(Broker *b, size_t device, uint64_t need, const Holder
  * changed, the making's ticket in *ret_ticket (may be NULL), and the call is to
  * be made again once pool_make_done() says so. What its user's other calls
  * took meanwhile is made off the loop again (HOST_MAKING again), unless a host
- * slab failed to be made since the making began (Caller.host_make_failed):
+ * slab of its making failed to be made (Caller.host_make_failed):
  * then it is created in the call, which fails with the driver's refusal
  * rather than wait for makings that fail for ever. Then the copy is queued on the device's
  * stream and the lease gets a move (Lease.move): HOST_COPYING, the lease as it

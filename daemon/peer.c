@@ -200,7 +200,6 @@ static int peer_dispatch(Peer *p, const char *text, size_t len) {
                         /* Its host slabs are being made, or its copy: counted when it is answered
                          * (peer_host_try()). */
                         p->host_ticket = r.host_ticket;
-                        p->host_failures = pool_make_failures(p->manager->pool);
                         k = peer_wait_host(p, text, len, r.wait_host);
                         method_reply_done(&r, &p->manager->reply_text);
                         varlink_call_done(&call);
@@ -358,11 +357,11 @@ void peer_host_try(Peer *p) {
 
         /* Made again after its making, a Park whose slabs its user's other calls took meanwhile waits for another
          * making rather than pin in the loop, which would hold every other client up (0.3 s per GiB); only when a
-         * host slab failed to be made since its making began does it create what it lacks itself, and is
-         * answered with the driver's refusal rather than make and fail for ever. */
+         * host slab of its own making failed to be made does it create what it lacks itself, and is answered with
+         * the driver's refusal rather than make and fail for ever. */
         p->caller.copy_waited = p->host_wait == HOST_WAIT_COPYING;
         p->caller.host_make_failed = p->host_wait == HOST_WAIT_MAKING &&
-                                     pool_make_failures(p->manager->pool) != p->host_failures;
+                                     pool_make_failed(p->manager->pool, p->host_ticket);
         text = peer_host_take(p, &len);
         k = peer_dispatch(p, text, len);
         p->caller.host_make_failed = false;

@@ -66,7 +66,6 @@ typedef struct Peer {
                                            made again by peer_host_try(); nothing more is read meanwhile */
         HostWait host_wait;             /* what it waits for */
         uint64_t host_ticket;           /* for HOST_WAIT_MAKING: its host slabs' making (pool_make_done()) */
-        uint64_t host_failures;         /* for HOST_WAIT_MAKING: pool_make_failures() when it began */
         size_t host_call_len;
         List link_host;                 /* while host_call: in Broker.host_waiters */
         bool watching;                  /* its WatchReclaim goes on: it reads nothing more, it is sent requests */
@@ -90,7 +89,7 @@ void peer_serve(Peer *p);
 
 /*
  * Makes again the call that waits (Peer.host_call), now that what it waits for moved: its host slabs were made
- * (pool_make_done()), with Caller.host_make_failed when a host slab failed to be made since it began, so that
+ * (pool_make_done()), with Caller.host_make_failed when a host slab of that making failed (pool_make_failed()), so that
  * it is answered with that failure rather than wait for making again; or a move
  * ended (broker_moves_ended()), with Caller.copy_waited too, so that it waits for nothing more but a copy
  * of its own still running. It is answered as any call; the connection then reads its next request. May free

@@ -73,6 +73,7 @@ typedef struct MakeRequest {
                                            cached for (UID_UNBOUND: the reserve's) */
         List todo;                      /* its MakeJobs not taken by the maker thread yet */
         unsigned left;                  /* its jobs not finished (makes_finish()) yet */
+        bool failed;                    /* one of them failed to be made (pool_make_failed()) */
         List link_live;                 /* in Pool.make_live until `left` is 0 */
 } MakeRequest;
 
@@ -166,7 +167,9 @@ struct Pool {
         List make_live;                 /* MakeRequests not finished (the loop's): host slabs are being made while it
                                            is not empty (pool_making()) */
         uint64_t last_ticket;           /* of the last MakeRequest */
-        uint64_t make_failed;           /* host slabs that failed to be made (pool_make_failures()) */
+        uint64_t failed_tickets[POOL_FAILED_TICKETS];   /* the last requests of which a slab failed to be made,
+                                                           a ring (pool_make_failed()) */
+        unsigned n_failed_tickets;      /* ever put in it */
         List made_bound;                /* cached host Slabs bound to a user by their making (Slab.link_made) */
         uint64_t host_made;             /* moves when a request's jobs are all finished (pool_host_made()) */
 };
@@ -1530,6 +1533,8 @@ static void job_unmap(Pool *p, MakeJob *j) {
 static void request_finished(Pool *p, MakeRequest *req) {
         if (--req->left > 0)
                 return;
+        if (req->failed)
+                p->failed_tickets[p->n_failed_tickets++ % POOL_FAILED_TICKETS] = req->ticket;
         list_unlink(&req->link_live);
         free(req);
         p->host_made++;
@@ -1558,9 +1563,9 @@ static unsigned makes_finish(Pool *p) {
                 dev->stats.driver_calls += j->calls;
                 if (j->failed) {
                         driver_error(dev, j->failed, j->result);
-                        p->make_failed++;
+                        j->request->failed = true;
                 } else if (!(slab = calloc(1, sizeof(*slab)))) {
-                        p->make_failed++;
+                        j->request->failed = true;
                         job_unmap(p, j);
                         (void)DRV(dev, cuMemRelease)(j->handle);
                         defer_close(p, j->fd);
@@ -1762,8 +1767,11 @@ uint64_t pool_host_made(const Pool *p) {
         return p->host_made;
 }
 
-uint64_t pool_make_failures(const Pool *p) {
-        return p->make_failed;
+bool pool_make_failed(const Pool *p, uint64_t ticket) {
+        for (unsigned i = 0; i < MIN(p->n_failed_tickets, POOL_FAILED_TICKETS); i++)
+                if (p->failed_tickets[i] == ticket)
+                        return true;
+        return false;
 }
 
 bool pool_make_done(const Pool *p, uint64_t ticket) {

@@ -44,6 +44,7 @@
 #define POOL_DEFAULT_MAX_SLAB (UINT64_C(1) << 30)
 #define POOL_DEFAULT_HOST_SLAB (UINT64_C(64) << 20)  /* pinned per cuMemCreate: the driver's lock is held that long */
 #define POOL_DEFAULT_COPY_PIECE (UINT64_C(64) << 20) /* a park's or unpark's copy is queued in pieces of this */
+#define POOL_FAILED_TICKETS 64                  /* makings that failed, remembered (pool_make_failed()) */
 #define POOL_COPY_AHEAD 3                       /* pieces of copies on a device's copy stream at once */
 #define POOL_HOST_PIECES_MAX 16                 /* host slabs per device slab, at most (max_slab / host_slab) */
 #define POOL_MAX_HOST_SLABS (POOL_MAX_SLABS * POOL_HOST_PIECES_MAX) /* of one parked lease */
@@ -298,10 +299,14 @@ uint64_t pool_host_made(const Pool *p);
 /* Whether the slabs of pool_make_host()'s `ticket` are all made (or failed) and cached for its caller. */
 bool pool_make_done(const Pool *p, uint64_t ticket);
 
-/* How many host slabs have failed to be made off the loop so far (the driver refused, or memory ran out): a call
- * that waited for a making compares it with the count when it began, to tell whether what it lacks now may be
- * the driver's refusal rather than what its user's other calls took. */
-uint64_t pool_make_failures(const Pool *p);
+/*
+ * Whether a host slab of pool_make_host()'s `ticket` failed to be made (the driver refused, or memory ran out), once
+ * pool_make_done(): a call that waited for that making tells so whether what it lacks now may be the driver's
+ * refusal rather than what its user's other calls took; another user's failures say nothing about it. The last
+ * POOL_FAILED_TICKETS such tickets are kept: one forgotten asks for its making again, which fails again and is
+ * known then.
+ */
+bool pool_make_failed(const Pool *p, uint64_t ticket);
 
 /*
  * Unbinds the host slabs still cached for the user they were made for (pool_make_host()) once nothing more is

@@ -1353,6 +1353,36 @@ START_TEST(test_made_unbound_after) {
 }
 END_TEST
 
+/*
+ * A making of which a host slab failed is known by its ticket once done (pool_make_failed()); another user's,
+ * made after it, is not: a park that waited for B's making does not take A's failure for its own (and pin what it
+ * lacks in the daemon's loop).
+ */
+START_TEST(test_make_failed_per_ticket) {
+        PoolConfig config = { .capacity = 64 * MiB, .max_slab = 4 * MiB, .host_capacity = 32 * MiB };
+        Slab *a[POOL_MAX_SLABS], *b[POOL_MAX_SLABS];
+        uint64_t ta = 0, tb = 0;
+        size_t n, m;
+
+        open_driver();
+        ck_assert_int_eq(pool_new(&pool, cu, &config, NULL), 0);
+        ck_assert_int_eq(pool_use_device(pool, 0), 0);
+        ck_assert_int_eq(alloc(4 * MiB, UID_A, a, &n), 0);
+        ck_assert_int_eq(alloc(4 * MiB, UID_B, b, &m), 0);
+        ck_assert_int_eq(sim.inject("cuMemCreate:1:CUDA_ERROR_OUT_OF_MEMORY"), 0);
+        ck_assert_int_eq(pool_make_host(pool, a, n, UID_A, &ta), POOL_E_MAKING);
+        wait_made(ta);
+        ck_assert(pool_make_failed(pool, ta));
+        ck_assert_int_eq(pool_make_host(pool, b, m, UID_B, &tb), POOL_E_MAKING);
+        wait_made(tb);
+        ck_assert(!pool_make_failed(pool, tb));
+        ck_assert(pool_make_failed(pool, ta));
+        ck_assert_uint_eq(stats().host_created, 1);
+        reclaim_all(a, n);
+        reclaim_all(b, m);
+}
+END_TEST
+
 /* Maps a lease as a client would and fills each MiB of it with a byte of its own (`write`), or checks that. */
 static void lease_chunks(Slab **slabs, size_t n, bool write) {
         uint64_t sizes[POOL_MAX_SLABS] = {}, total;
@@ -1698,6 +1728,7 @@ static Suite *pool_suite(void) {
         tcase_add_test(tc, test_host_reserve);
         tcase_add_test(tc, test_adopt_host);
         tcase_add_test(tc, test_host_pieces);
+        tcase_add_test(tc, test_make_failed_per_ticket);
         tcase_add_test(tc, test_copies_in_turn);
         tcase_add_test(tc, test_copy_piece_fails);
         tcase_add_test(tc, test_make_in_turn);
