@@ -1621,6 +1621,41 @@ START_TEST(test_copy_piece_fails) {
 }
 END_TEST
 
+/*
+ * Pieces of a copy not yet queued when the pool must wait for its copies: pool_drain() queues them all and waits
+ * (the copy is done and whole after it), a release of one of its slabs (here: a lease given back while its copy
+ * runs waits on after_copy, then goes) does not free memory under it, and pool_free() with a copy still pending
+ * queues the rest and waits before it releases anything (ASan sees no use after free; the simulated device no
+ * allocation left).
+ */
+START_TEST(test_copy_pending_at_drain_and_end) {
+        Slab *a[POOL_MAX_SLABS], *host[POOL_MAX_HOST_SLABS];
+        size_t n, nh;
+
+        open_pool_copying();
+        ck_assert_int_eq(alloc(32 * MiB, UID_A, a, &n), 0);
+        lease_chunks(a, n, true);
+        host_for(a, n, UID_A, host, &nh);
+        sim.hold_streams(1);
+        ck_assert_int_eq(pool_copy_start(pool, UID_A, host, nh, a, n), 0);
+        ck_assert_uint_eq(stats().copied_bytes, POOL_COPY_AHEAD * 2 * MiB);
+        sim.hold_streams(0);
+        ck_assert_int_eq(pool_drain(pool), 0);
+        ck_assert_uint_eq(stats().copied_bytes, 32 * MiB);
+        ck_assert_int_eq(pool_copy_result(pool, host[0]), 0);
+        copy_back_check(UID_A, 32 * MiB, host, nh);
+
+        host_for(a, n, UID_A, host, &nh);
+        sim.hold_streams(1);
+        ck_assert_int_eq(pool_copy_start(pool, UID_A, host, nh, a, n), 0);
+        for (size_t i = 0; i < nh; i++)
+                pool_reclaim(pool, host[i]);            /* the move undone: they wait for the copy */
+        ck_assert_uint_eq(stats().after_copy, nh);
+        sim.hold_streams(0);
+        pool = pool_free(pool);                         /* the source's copy still pending */
+}
+END_TEST
+
 /* An exported host allocation of `size`, as the previous run of the daemon leaves a cached host slab stored. */
 static int host_slab_fd(uint64_t size) {
         CUmemAllocationProp prop = cuda_host_prop(0);
@@ -1731,6 +1766,7 @@ static Suite *pool_suite(void) {
         tcase_add_test(tc, test_make_failed_per_ticket);
         tcase_add_test(tc, test_copies_in_turn);
         tcase_add_test(tc, test_copy_piece_fails);
+        tcase_add_test(tc, test_copy_pending_at_drain_and_end);
         tcase_add_test(tc, test_make_in_turn);
         tcase_add_test(tc, test_made_unbound_after);
         suite_add_tcase(s, tc);
