@@ -119,6 +119,8 @@ struct PoolDevice {
         uint64_t copies_dispatched;     /* copies_done when pool_dispatch() last looked */
         List after_copy;                /* leased Slab given back (pool_reclaim(), pool_release()) while a copy
                                            still uses it: given back for good once the copy is done */
+        bool after_copy_due;            /* a copy was dropped (copy_dst_gone()): pool_dispatch() looks at
+                                           after_copy even if no completion came */
         uint64_t scrubs_issued;         /* completions queued on the stream (scrub_done()) */
         _Atomic uint64_t scrubs_done;   /* of those, reached: written by the driver's thread */
         uint64_t scrubs_dispatched;     /* scrubs_done when pool_dispatch() last looked */
@@ -384,6 +386,7 @@ static bool slab_copying(const PoolDevice *dev, const Slab *slab) {
 }
 
 static void copy_pump(PoolDevice *dev, bool all);
+static void copy_dst_gone(PoolDevice *dev, CopyJob *job);
 
 /* Waits for the copies queued, and for their completions (copy_done()): the first failure, or CUDA_SUCCESS. */
 static CUresult copies_sync(PoolDevice *dev) {
@@ -734,6 +737,8 @@ static bool slab_after_copy(Slab *slab, bool release) {
         list_link_tail(&dev->after_copy, &slab->link_state);
         slab->release_after_copy = release;
         dev->stats.after_copy++;
+        if (slab->copy_job)
+                copy_dst_gone(dev, slab->copy_job);
         return true;
 }
 
@@ -1006,7 +1011,8 @@ unsigned pool_dispatch(Pool *p) {
                 if (dev->scrubs_held)
                         device_scrub_queued(dev);       /* the stream has room again */
                 done = atomic_load_explicit(&dev->copies_done, memory_order_acquire);
-                if (done != dev->copies_dispatched) {
+                if (done != dev->copies_dispatched || dev->after_copy_due) {
+                        dev->after_copy_due = false;
                         copy_pump(dev, false);          /* the stream has room again: the next pieces, in turn */
                         n += after_copy_finish(dev, false);
                 }
@@ -1922,6 +1928,7 @@ typedef struct CopyJob {
         size_t n_dst, n_src;
         size_t i, j;                    /* the dst and src slabs where its next piece starts, */
         uint64_t dst_off, src_off;      /* and where in them */
+        size_t dst_gone;                /* dst slabs given back meanwhile (copy_dst_gone()) */
         Slab *slabs[];                  /* dst, then src */
 } CopyJob;
 
@@ -2009,10 +2016,29 @@ static int copy_piece(PoolDevice *dev, CopyJob *job) {
 static void copy_end(PoolDevice *dev, CopyJob *job, bool failed) {
         for (size_t k = 0; k < job->n_dst + job->n_src; k++)
                 job->slabs[k]->copy_ticket = failed ? 0 : dev->copies_issued;
-        for (size_t k = 0; k < job->n_dst; k++)
+        for (size_t k = 0; k < job->n_dst; k++) {
                 job->dst[k]->copy_failed = failed;
+                job->dst[k]->copy_job = NULL;
+        }
         list_unlink(&job->turn.link);
         free(job);
+}
+
+/*
+ * One of the job's dst slabs was given back while its pieces are still to be queued (slab_after_copy()): once they
+ * all are (the move was undone, or its lease ended), nobody will read the copy, so its other pieces are not
+ * queued; its slabs wait for those that were.
+ */
+static void copy_dst_gone(PoolDevice *dev, CopyJob *job) {
+        uint64_t one = 1;
+
+        if (++job->dst_gone < job->n_dst)
+                return;
+        dev->stats.copies_dropped++;
+        copy_end(dev, job, false);
+        /* Its slabs wait for the pieces queued; when those are done already, no completion will say so. */
+        dev->after_copy_due = true;
+        (void)!write(dev->pool->event_fd, &one, sizeof(one));
 }
 
 /*
@@ -2066,8 +2092,10 @@ int pool_copy_start(Pool *p, uid_t uid, Slab *const *dst, size_t n_dst, Slab *co
         memcpy(job->src, src, n_src * sizeof(Slab *));
         for (size_t k = 0; k < n_dst + n_src; k++)
                 job->slabs[k]->copy_ticket = COPY_PENDING;
-        for (size_t k = 0; k < n_dst; k++)
+        for (size_t k = 0; k < n_dst; k++) {
                 dst[k]->copy_failed = false;
+                dst[k]->copy_job = job;
+        }
         list_link_tail(&dev->copies, &job->turn.link);
         copy_pump(dev, false);
         return dst[0]->copy_failed ? POOL_E_DRIVER : 0;

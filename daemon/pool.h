@@ -108,6 +108,7 @@ typedef struct Pool Pool;
 typedef struct PoolDevice PoolDevice;
 typedef struct SlabSpace SlabSpace;
 typedef struct CacheBucket CacheBucket;
+typedef struct CopyJob CopyJob;
 
 typedef struct Slab {
         uint64_t id;                    /* unique in the pool, from 1, never reused: names the slab's fd in the
@@ -128,6 +129,7 @@ typedef struct Slab {
         uint64_t copy_ticket;           /* which completion of the device's copy stream ends the last copy from
                                            or into it (pool_copy_start()); 0: none */
         bool copy_failed;               /* the last copy into it failed (pool_copy_result()) */
+        CopyJob *copy_job;              /* the copy into it while pieces of it are still to be queued */
         bool release_after_copy;        /* given back while that copy ran: released (else reclaimed) after it */
         uint64_t zero_mark;             /* the device's zeroing queued in all (bytes, PoolDevice.zero_queued) once
                                            its last zeroing was queued: how much stands before it is this less
@@ -179,6 +181,8 @@ typedef struct PoolDeviceStats {
         uint64_t copied_bytes;          /* queued on the copy stream, piece by piece (pool_copy_start()) */
         uint64_t after_copy;            /* slabs given back while a copy used them, given back after it */
         uint64_t copy_waits;            /* slab releases that waited for a copy still using the slab */
+        uint64_t copies_dropped;        /* copies whose destination was all given back before their last piece
+                                           was queued: the rest was not queued */
 } PoolDeviceStats;
 
 /*

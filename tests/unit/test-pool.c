@@ -1622,6 +1622,47 @@ START_TEST(test_copy_piece_fails) {
 END_TEST
 
 /*
+ * A copy whose destination is all given back before its last piece is queued (its move undone, or its lease
+ * ended) queues no more pieces: nobody will read it. Its slabs wait only for the pieces on the stream; then the
+ * destination is scrubbed and cached, the source given back at once, and pool_drain() copies nothing more.
+ */
+START_TEST(test_copy_dropped) {
+        Slab *a[POOL_MAX_SLABS], *host[POOL_MAX_HOST_SLABS];
+        PoolDeviceStats st;
+        uint64_t copied;
+        size_t n, nh;
+
+        open_pool_copying();
+        ck_assert_int_eq(alloc(32 * MiB, UID_A, a, &n), 0);
+        host_for(a, n, UID_A, host, &nh);
+        copied = stats().copied_bytes;
+        sim.hold_streams(1);
+        ck_assert_int_eq(pool_copy_start(pool, UID_A, host, nh, a, n), 0);
+        for (size_t i = 0; i < nh; i++)
+                pool_reclaim(pool, host[i]);
+        st = stats();
+        ck_assert_uint_eq(st.after_copy, nh);
+        ck_assert_uint_eq(st.copies_dropped, 1);
+        sim.hold_streams(0);
+        for (unsigned i = 0;; i++) {
+                struct pollfd p = { .fd = pool_get_fd(pool), .events = POLLIN };
+
+                st = stats();
+                if (st.host_cached == 32 * MiB)
+                        break;
+                ck_assert_msg(i < 100, "the dropped copy's destination was not cached in 10 s");
+                (void)poll(&p, 1, 100);
+                (void)pool_dispatch(pool);
+                pool_scrub_queued(pool);        /* given back after the copy: queued for their scrub */
+        }
+        ck_assert_int_eq(pool_drain(pool), 0);
+        ck_assert_uint_eq(stats().copied_bytes - copied, POOL_COPY_AHEAD * 2 * MiB);
+        reclaim_all(a, n);
+        ck_assert_uint_eq(stats().after_copy, nh);              /* the source did not wait */
+}
+END_TEST
+
+/*
  * Pieces of a copy not yet queued when the pool must wait for its copies: pool_drain() queues them all and waits
  * (the copy is done and whole after it), a release of one of its slabs (here: a lease given back while its copy
  * runs waits on after_copy, then goes) does not free memory under it, and pool_free() with a copy still pending
@@ -1767,6 +1808,7 @@ static Suite *pool_suite(void) {
         tcase_add_test(tc, test_copies_in_turn);
         tcase_add_test(tc, test_copy_piece_fails);
         tcase_add_test(tc, test_copy_pending_at_drain_and_end);
+        tcase_add_test(tc, test_copy_dropped);
         tcase_add_test(tc, test_make_in_turn);
         tcase_add_test(tc, test_made_unbound_after);
         suite_add_tcase(s, tc);
