@@ -1540,6 +1540,20 @@ static void copy_back_check(uid_t uid, uint64_t size, Slab **host, size_t n_host
 }
 
 /*
+ * A pool of open_pool_copying(), a lease of 32 MiB of A's written (lease_chunks()) and host slabs for it, and its
+ * copy into them started with the streams held: POOL_COPY_AHEAD pieces of its 16 queued, none done.
+ */
+static void copy_started_held(Slab **a, size_t *n, Slab **host, size_t *n_host) {
+        open_pool_copying();
+        ck_assert_int_eq(alloc(32 * MiB, UID_A, a, n), 0);
+        lease_chunks(a, *n, true);
+        host_for(a, *n, UID_A, host, n_host);
+        sim.hold_streams(1);
+        ck_assert_int_eq(pool_copy_start(pool, UID_A, host, *n_host, a, *n), 0);
+        ck_assert_uint_eq(stats().copied_bytes, POOL_COPY_AHEAD * 2 * MiB);
+}
+
+/*
  * A copy is queued a piece at a time, POOL_COPY_AHEAD pieces on the stream, users in turn and each user's copies in
  * turn: a copy of one piece started right after A's of 16 (the stream held, so that none is done yet) is done
  * while A's still copies, whether it is another user's or A's own. Queued whole, A's would be done first: the
@@ -1594,14 +1608,8 @@ START_TEST(test_copy_piece_fails) {
         uint64_t after;
         size_t n, nh;
 
-        open_pool_copying();
-        ck_assert_int_eq(alloc(32 * MiB, UID_A, a, &n), 0);
-        lease_chunks(a, n, true);
-        host_for(a, n, UID_A, host, &nh);
-
-        sim.hold_streams(1);
-        ck_assert_int_eq(pool_copy_start(pool, UID_A, host, nh, a, n), 0);     /* POOL_COPY_AHEAD pieces queued */
-        ck_assert_int_eq(sim.inject("cuMemcpyDtoDAsync:2"), 0);                 /* and the second after them */
+        copy_started_held(a, &n, host, &nh);
+        ck_assert_int_eq(sim.inject("cuMemcpyDtoDAsync:2"), 0);                 /* the second after those queued */
         sim.hold_streams(0);
         ck_assert_int_eq(copy_wait(host), POOL_E_DRIVER);
         ck_assert_msg(strstr(pool_last_error(pool), "cuMemcpyDtoDAsync"), "%s", pool_last_error(pool));
@@ -1629,15 +1637,9 @@ END_TEST
 START_TEST(test_copy_dropped) {
         Slab *a[POOL_MAX_SLABS], *host[POOL_MAX_HOST_SLABS];
         PoolDeviceStats st;
-        uint64_t copied;
         size_t n, nh;
 
-        open_pool_copying();
-        ck_assert_int_eq(alloc(32 * MiB, UID_A, a, &n), 0);
-        host_for(a, n, UID_A, host, &nh);
-        copied = stats().copied_bytes;
-        sim.hold_streams(1);
-        ck_assert_int_eq(pool_copy_start(pool, UID_A, host, nh, a, n), 0);
+        copy_started_held(a, &n, host, &nh);
         for (size_t i = 0; i < nh; i++)
                 pool_reclaim(pool, host[i]);
         st = stats();
@@ -1656,7 +1658,7 @@ START_TEST(test_copy_dropped) {
                 pool_scrub_queued(pool);        /* given back after the copy: queued for their scrub */
         }
         ck_assert_int_eq(pool_drain(pool), 0);
-        ck_assert_uint_eq(stats().copied_bytes - copied, POOL_COPY_AHEAD * 2 * MiB);
+        ck_assert_uint_eq(stats().copied_bytes, POOL_COPY_AHEAD * 2 * MiB);
         reclaim_all(a, n);
         ck_assert_uint_eq(stats().after_copy, nh);              /* the source did not wait */
 }
@@ -1673,13 +1675,7 @@ START_TEST(test_copy_pending_at_drain_and_end) {
         Slab *a[POOL_MAX_SLABS], *host[POOL_MAX_HOST_SLABS];
         size_t n, nh;
 
-        open_pool_copying();
-        ck_assert_int_eq(alloc(32 * MiB, UID_A, a, &n), 0);
-        lease_chunks(a, n, true);
-        host_for(a, n, UID_A, host, &nh);
-        sim.hold_streams(1);
-        ck_assert_int_eq(pool_copy_start(pool, UID_A, host, nh, a, n), 0);
-        ck_assert_uint_eq(stats().copied_bytes, POOL_COPY_AHEAD * 2 * MiB);
+        copy_started_held(a, &n, host, &nh);
         sim.hold_streams(0);
         ck_assert_int_eq(pool_drain(pool), 0);
         ck_assert_uint_eq(stats().copied_bytes, 32 * MiB);
