@@ -338,6 +338,10 @@ static int format_devices(FILE *f, Broker *b) {
         device_counter(f, rows, n, "vmmbroker_device_copied_bytes",
                        "Bytes copied between device and host memory by parks and unparks.",
                        offsetof(PoolDeviceStats, copied_bytes));
+        device_counter(f, rows, n, "vmmbroker_device_copies_dropped",
+                       "Copies of parks and unparks left unfinished because nobody would read them (the move was "
+                       "undone, or its lease ended, before their last piece was queued).",
+                       offsetof(PoolDeviceStats, copies_dropped));
         device_counter(f, rows, n, "vmmbroker_device_slabs_mapped_ahead",
                        "Slabs (device or host memory) the daemon mapped for its scrubs and copies while idle, a "
                        "second or two after it made them, rather than at their first scrub or copy.",

@@ -1233,29 +1233,28 @@ START_TEST(test_park_copy_in_turn) {
 END_TEST
 
 /*
- * The parking process killed while its copy is held: its hold ends, and with it the park and the lease, the copy
- * still held; everybody else is answered meanwhile, and so is the Park left on the connection (the test keeps
- * it, not the dead process): hung up, or anything but `parked: true`. Once the copy goes on, nothing is parked
- * or leased, the host slabs the park had taken are cached again, and the next park of that size, another
- * process's, takes them without making any.
+ * The parking process (of a lease of `size`, whose host slabs a park and unpark on `a` leave cached first) killed
+ * while its copy is held: its hold ends, and with it the park and the lease, the copy still held; everybody else
+ * is answered meanwhile, and so is the Park left on the connection (the test keeps it, not the dead process):
+ * hung up, or anything but `parked: true`. Once the copy goes on, nothing is parked or leased and the host slabs
+ * the park had taken are cached again. Returns the bytes the daemon copied for that park.
  */
-START_TEST(test_park_copy_parker_killed) {
-        _cleanup_(varlink_conn_freep) VarlinkConn *a = NULL, *p = NULL;
+static uint64_t parker_killed_while_copying(VarlinkConn *a, uint64_t size) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *p = NULL;
+        uint64_t moved;
         Connector x;
         TestLease l;
         WireDevice d = {};
 
-        if (!start_holding(__func__, CONFIG, true))
-                return;
-        ck_assert_int_eq(conn_open(h.socket, &a), 0);
-        cache_host_slabs(a, SIZE);
+        cache_host_slabs(a, size);
         /* The parking process: a connector of this user, the holder of what is leased on its connection. */
         x = connector_start(h.socket, getuid(), 1, &p);
-        ck_assert_int_eq(lease_alloc(p, SIZE, &l), 0);
+        ck_assert_int_eq(lease_alloc(p, size, &l), 0);
         test_lease_close(&l);
 
         make_hold();
         hold_copies();
+        moved = copied_bytes();
         ck_assert_int_eq(park_send(p, l.id), 0);
         wait_for_copy(l.id);
         ck_assert_int_eq(kill(x.pid, SIGKILL), 0);
@@ -1274,9 +1273,40 @@ START_TEST(test_park_copy_parker_killed) {
         killed_park_answer_or_fail(p);
 
         release_hold();
-        wait_for_idle((int64_t)SIZE);           /* the park's host slabs, scrubbed after the copy */
+        wait_for_idle((int64_t)size);           /* the park's host slabs, scrubbed after the copy */
+        return copied_bytes() - moved;
+}
 
+/* parker_killed_while_copying() with a lease of one piece; then the next park of that size, another process's, takes
+ * the host slabs without making any. */
+START_TEST(test_park_copy_parker_killed) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *a = NULL;
+
+        if (!start_holding(__func__, CONFIG, true))
+                return;
+        ck_assert_int_eq(conn_open(h.socket, &a), 0);
+        ck_assert_uint_eq(parker_killed_while_copying(a, SIZE), SIZE);   /* one piece, queued when it began */
         next_park_makes_nothing(a);
+        stop();
+}
+END_TEST
+
+/*
+ * The same with a lease of 512 MiB, whose copy goes in 8 pieces of 64 MiB: once its lease has ended, nobody will
+ * read the copy, so the pieces not yet queued when it ended (the first three are) are dropped; the daemon's
+ * metrics say one copy dropped and 192 MiB copied.
+ */
+START_TEST(test_park_copy_dropped) {
+        _cleanup_(varlink_conn_freep) VarlinkConn *a = NULL;
+        uint64_t moved;
+
+        if (!start_holding(__func__, "[Broker]\nHostCapacity=640M\n[Limits]\nMaxHostBytes=100%\n", true))
+                return;
+        ck_assert_int_eq(conn_open(h.socket, &a), 0);
+        moved = parker_killed_while_copying(a, 8 * SIZE);
+        ck_assert_msg(moved == 3 * SIZE, "%" PRIu64 " bytes copied for a park of %" PRIu64 " whose lease ended "
+                      "with three pieces of it queued", moved, 8 * SIZE);
+        ck_assert_uint_eq(metric("vmmbroker_device_copies_dropped_total{device=\"0\"} "), 1);
         stop();
 }
 END_TEST
@@ -1919,7 +1949,8 @@ int main(void) {
                                     test_two_parks_while_making, test_park_not_behind_anothers,
                                     test_park_taken_meanwhile_made_again,
                                     test_park_copy_does_not_hold_others, test_park_copy_in_turn,
-                                    test_park_copy_parker_killed, test_park_copy_foreign_lease_ends,
+                                    test_park_copy_parker_killed, test_park_copy_dropped,
+                                    test_park_copy_foreign_lease_ends,
                                     test_park_copy_attach_cancels, test_stop_while_copying,
                                     test_unpark_copy_does_not_hold_others, test_park_waits_for_host_zeroing,
                                     test_unpark_waits_for_device_zeroing, test_host_reserve_made_at_start,
