@@ -110,6 +110,7 @@ struct PoolDevice {
         CUstream copy_stream;           /* the copies of parks and unparks (pool_copy_start()): not behind scrubs,
                                            and no scrub behind them */
         List copies;                    /* CopyJobs with pieces left to queue, in turn (copy_pump()) */
+        uid_t copy_last_uid;            /* whose piece was queued last (turns_next()) */
         CUevent piece_copied;           /* recorded on copy_stream after each piece, for notify_stream */
         CUstream notify_stream;         /* each piece's completion (copy_done()), after piece_copied: not on
                                            copy_stream, where a host function holds the copies queued behind it
@@ -1490,6 +1491,20 @@ static void turns_rotate(List *queue, uid_t uid, Turn *served) {
         }
 }
 
+/*
+ * The entry to serve next: the first whose user is not `last` (the user served last), or else the first. After
+ * turns_rotate() the user served last has its entries at the tail, and a user who came since, queued behind
+ * them, goes first, as in a round of turns (the copies; the maker thread takes the head of its queue).
+ */
+static Turn *turns_next(List *queue, uid_t last) {
+        Turn *t;
+
+        list_for_each_entry(t, queue, link)
+                if (t->uid != last)
+                        return t;
+        return list_first_entry(queue, Turn, link);
+}
+
 /* The maker thread: one job at a time, users and their requests in turn (turns_rotate()), each handed back
  * through the pool's eventfd; it ends once none is left (or the pool stops it). */
 static void *maker_thread(void *userdata) {
@@ -2050,7 +2065,7 @@ static void copy_pump(PoolDevice *dev, bool all) {
         bool current = false;
 
         while (!list_is_empty(&dev->copies)) {
-                CopyJob *job = list_first_entry(&dev->copies, CopyJob, turn.link);
+                CopyJob *job = container_of(turns_next(&dev->copies, dev->copy_last_uid), CopyJob, turn);
                 uid_t uid = job->turn.uid;
                 uint64_t one = 1;
 
@@ -2065,6 +2080,7 @@ static void copy_pump(PoolDevice *dev, bool all) {
                         continue;
                 }
                 current = true;
+                dev->copy_last_uid = uid;
                 if (!copy_has_more(job)) {
                         copy_end(dev, job, false);
                         job = NULL;
@@ -2234,6 +2250,7 @@ static int device_init(Pool *p, PoolDevice *dev, int index, const PoolConfig *co
         list_init(&dev->unmapped);
         list_init(&dev->after_copy);
         list_init(&dev->copies);
+        dev->copy_last_uid = UID_UNBOUND;
         k = space_init(dev, &dev->mem, false);
         if (k < 0)
                 return k;
