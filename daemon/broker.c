@@ -652,6 +652,14 @@ static void slabs_give_back(Broker *b, Slab *const *slabs, size_t n, bool foreig
         }
 }
 
+/* A move that does not happen, for failure `k`: its slabs `to` (the owner's content at most: scrubbed, kept for it)
+ * and `charge` go back; returns the failure as the broker says it. */
+static int move_undo(Broker *b, Slab *const *to, size_t n_to, UserCharge *charge, int k) {
+        slabs_give_back(b, to, n_to, false);
+        user_charge_release(charge);
+        return pool_outcome(k);
+}
+
 /* Sets a hold parked or not, stored first. */
 static int hold_set_parked(Broker *b, Hold *hold, bool parked) {
         int k;
@@ -693,11 +701,8 @@ static int lease_move_commit(Broker *b, Lease *l, Slab **to, size_t n_to, bool p
                         k = put_hold(b, l, hold->holder, hold->refs, hold->readonly, parked);
                 k = change_commit(b, k);
         }
-        if (k != 0) {
-                slabs_give_back(b, to, n_to, false);    /* the owner's content at most: scrubbed, kept for it */
-                user_charge_release(charge);
-                return pool_outcome(k);
-        }
+        if (k != 0)
+                return move_undo(b, to, n_to, charge, k);
         /* Device slabs another user mapped are released; host slabs were never mapped by anyone else. */
         slabs_give_back(b, old, n_old, l->foreign && parked);
         free(old);
@@ -735,11 +740,8 @@ static int lease_move_start(Broker *b, Lease *l, Slab **to, size_t n_to, bool pa
 
         if (k == 0)
                 k = pool_copy_start(b->pool, l->uid, to, n_to, l->slabs, l->n_slabs);
-        if (k != 0) {
-                slabs_give_back(b, to, n_to, false);    /* the owner's content at most: scrubbed, kept for it */
-                user_charge_release(charge);
-                return pool_outcome(k);
-        }
+        if (k != 0)
+                return move_undo(b, to, n_to, charge, k);
         memcpy(slabs, to, n_to * sizeof(Slab *));
         move->slabs = TAKE_PTR(slabs);
         move->n_slabs = n_to;
@@ -759,13 +761,10 @@ static int move_end(Broker *b, Lease *l, int copied) {
         LeaseMove *move = lease_move_take(&b->leases, l);
         int k;
 
-        if (copied == 0) {
+        if (copied == 0)
                 k = lease_move_commit(b, l, move->slabs, move->n_slabs, move->parked, &move->charge, move->hold);
-        } else {
-                slabs_give_back(b, move->slabs, move->n_slabs, false);  /* the owner's content at most */
-                user_charge_release(&move->charge);
-                k = pool_outcome(copied);
-        }
+        else
+                k = move_undo(b, move->slabs, move->n_slabs, &move->charge, copied);
         free(move->slabs);
         free(move);
         return k;

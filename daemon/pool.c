@@ -120,8 +120,6 @@ struct PoolDevice {
         uint64_t copies_dispatched;     /* copies_done when pool_dispatch() last looked */
         List after_copy;                /* leased Slab given back (pool_reclaim(), pool_release()) while a copy
                                            still uses it: given back for good once the copy is done */
-        bool after_copy_due;            /* a copy was dropped (copy_dst_gone()): pool_dispatch() looks at
-                                           after_copy even if no completion came */
         uint64_t scrubs_issued;         /* completions queued on the stream (scrub_done()) */
         _Atomic uint64_t scrubs_done;   /* of those, reached: written by the driver's thread */
         uint64_t scrubs_dispatched;     /* scrubs_done when pool_dispatch() last looked */
@@ -1012,8 +1010,7 @@ unsigned pool_dispatch(Pool *p) {
                 if (dev->scrubs_held)
                         device_scrub_queued(dev);       /* the stream has room again */
                 done = atomic_load_explicit(&dev->copies_done, memory_order_acquire);
-                if (done != dev->copies_dispatched || dev->after_copy_due) {
-                        dev->after_copy_due = false;
+                if (done != dev->copies_dispatched) {
                         copy_pump(dev, false);          /* the stream has room again: the next pieces, in turn */
                         n += after_copy_finish(dev, false);
                 }
@@ -2045,15 +2042,13 @@ static void copy_end(PoolDevice *dev, CopyJob *job, bool failed) {
  * queued; its slabs wait for those that were.
  */
 static void copy_dst_gone(PoolDevice *dev, CopyJob *job) {
-        uint64_t one = 1;
-
         if (++job->dst_gone < job->n_dst)
                 return;
         dev->stats.copies_dropped++;
+        /* Its slabs wait for the last piece queued. A job with pieces left always has pieces on the stream
+         * (copy_pump() stops only at POOL_COPY_AHEAD), so a completion still comes, and pool_dispatch() gives
+         * them back then. */
         copy_end(dev, job, false);
-        /* Its slabs wait for the pieces queued; when those are done already, no completion will say so. */
-        dev->after_copy_due = true;
-        (void)!write(dev->pool->event_fd, &one, sizeof(one));
 }
 
 /*
