@@ -771,9 +771,14 @@ static int move_end(Broker *b, Lease *l, int copied) {
 }
 
 /* A call made again after a move ended gets the failure to store that move (Lease.move_error): every call
- * that waited for it, until another move starts. */
-static int move_error_take(const Caller *c, const Lease *l) {
-        return c->copy_waited ? l->move_error : 0;
+ * that waited for it, until another move starts; a copy's failure in its own words (Lease.move_message), whatever
+ * failed in the pool since. */
+static int move_error_take(Broker *b, const Caller *c, const Lease *l) {
+        if (!c->copy_waited)
+                return 0;
+        if (l->move_error == BROKER_E_DRIVER && l->move_message)
+                pool_restate_error(b->pool, l->move_message);
+        return l->move_error;
 }
 
 /* The lease's move: ended when its copy is over (0, or the failure), else waited for (HOST_COPYING). */
@@ -805,6 +810,10 @@ unsigned broker_finish_moves(Broker *b) {
                 if (copied == POOL_E_COPYING)
                         continue;
                 l->move_error = move_end(b, l, copied); /* for the call waiting for it */
+                if (l->move_error == BROKER_E_DRIVER) {
+                        free(l->move_message);
+                        l->move_message = strdup(pool_last_error(b->pool));
+                }
                 n++;
         }
         return n;
@@ -831,7 +840,7 @@ int broker_park(Broker *b, const Caller *c, const char *id, bool *ret_parked, Us
                 return BROKER_E_NOT_OWNER;
         if (hold->readonly)
                 return BROKER_E_READONLY;
-        k = move_error_take(c, l);
+        k = move_error_take(b, c, l);
         if (k == 0 && move_is_own(l, c))
                 k = move_wait(b, l);            /* its process's park (this call's, or another's) or unpark */
         if (k != 0)
@@ -903,7 +912,7 @@ int broker_unpark(Broker *b, const Caller *c, const char *id, Hold **ret, UserQu
         if (!hold)
                 return BROKER_E_NO_SUCH_LEASE;
         l = hold->lease;
-        k = move_error_take(c, l);
+        k = move_error_take(b, c, l);
         if (k == 0 && (move_is_own(l, c) || (l->move && !l->move->parked)))
                 k = move_wait(b, l);            /* its own park or unpark, or the lease's unpark, any holder's */
         if (k != 0)
@@ -950,7 +959,7 @@ int broker_attach(Broker *b, const Caller *c, const char *token, uid_t owner, co
                 if (!fresh)
                         return -ENOMEM;
         }
-        k = move_error_take(c, l);
+        k = move_error_take(b, c, l);
         if (k == 0 && (move_is_own(l, c) || (l->move && !l->move->parked)))
                 k = move_wait(b, l);            /* its own park or unpark, or the lease's unpark */
         if (k != 0)

@@ -183,6 +183,7 @@ void lease_end(LeaseTable *t, Lease *l) {
         free(l->name_uids);
         free(l->slabs);
         free(l->label);
+        free(l->move_message);
         free(l);
 }
 
@@ -273,6 +274,7 @@ void lease_move_add(LeaseTable *t, Lease *l, LeaseMove *move) {
         move->lease = l;
         l->move = move;
         l->move_error = 0;              /* the last move's failure is no longer anyone's answer */
+        l->move_message = mfree(l->move_message);
         list_link_tail(&t->moves, &move->link);
 }
 

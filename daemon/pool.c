@@ -200,6 +200,10 @@ const char *pool_last_error(Pool *p) {
         return p->last_error;
 }
 
+void pool_restate_error(Pool *p, const char *message) {
+        set_error(p, "%s", message);
+}
+
 const char *pool_strerror(int r) {
         switch (r) {
         case 0:
@@ -432,6 +436,7 @@ static void slab_release(Slab *slab) {
         slab->space->created_bytes -= slab->size;
         if (!slab->host)
                 dev->stats.released++;          /* device slabs: the metric's */
+        free(slab->copy_error);
         free(slab);
 }
 
@@ -2022,16 +2027,19 @@ static int copy_piece(PoolDevice *dev, CopyJob *job) {
 }
 
 /*
- * Ends a job: its last piece is queued, so its slabs' copy is done with the last completion queued; or it failed,
- * and what it queued is done (the stream was synchronized): its dst slabs say so (pool_copy_result()).
+ * Ends a job: its last piece is queued, so its slabs' copy is done with the last completion queued; or it failed
+ * (`failure`: why, in the driver's words), and what it queued is done (the stream was synchronized): its first dst
+ * slab says so (pool_copy_result()).
  */
-static void copy_end(PoolDevice *dev, CopyJob *job, bool failed) {
+static void copy_end(PoolDevice *dev, CopyJob *job, const char *failure) {
         for (size_t k = 0; k < job->n_dst + job->n_src; k++)
-                job->slabs[k]->copy_ticket = failed ? 0 : dev->copies_issued;
+                job->slabs[k]->copy_ticket = failure ? 0 : dev->copies_issued;
         for (size_t k = 0; k < job->n_dst; k++) {
-                job->dst[k]->copy_failed = failed;
+                job->dst[k]->copy_failed = failure != NULL;
                 job->dst[k]->copy_job = NULL;
         }
+        if (failure)
+                job->dst[0]->copy_error = strdup(failure);
         list_unlink(&job->turn.link);
         free(job);
 }
@@ -2048,7 +2056,7 @@ static void copy_dst_gone(PoolDevice *dev, CopyJob *job) {
         /* Its slabs wait for the last piece queued. A job with pieces left always has pieces on the stream
          * (copy_pump() stops only at POOL_COPY_AHEAD), so a completion still comes, and pool_dispatch() gives
          * them back then. */
-        copy_end(dev, job, false);
+        copy_end(dev, job, NULL);
 }
 
 /*
@@ -2068,16 +2076,19 @@ static void copy_pump(PoolDevice *dev, bool all) {
                                     POOL_COPY_AHEAD)
                         return;
                 if ((!current && make_current(dev) < 0) || copy_piece(dev, job) < 0) {
+                        char failure[sizeof(dev->pool->last_error)];
+
                         /* Some of it may be queued, and nothing would say when it is done: wait for it. */
+                        memcpy(failure, dev->pool->last_error, sizeof(failure));
                         (void)copies_sync(dev);
-                        copy_end(dev, job, true);
+                        copy_end(dev, job, failure);
                         (void)!write(dev->pool->event_fd, &one, sizeof(one));
                         continue;
                 }
                 current = true;
                 dev->copy_last_uid = uid;
                 if (!copy_has_more(job)) {
-                        copy_end(dev, job, false);
+                        copy_end(dev, job, NULL);
                         job = NULL;
                 }
                 turns_rotate(&dev->copies, uid, job ? &job->turn : NULL);
@@ -2105,17 +2116,22 @@ int pool_copy_start(Pool *p, uid_t uid, Slab *const *dst, size_t n_dst, Slab *co
                 job->slabs[k]->copy_ticket = COPY_PENDING;
         for (size_t k = 0; k < n_dst; k++) {
                 dst[k]->copy_failed = false;
+                dst[k]->copy_error = mfree(dst[k]->copy_error);
                 dst[k]->copy_job = job;
         }
         list_link_tail(&dev->copies, &job->turn.link);
         copy_pump(dev, false);
-        return dst[0]->copy_failed ? POOL_E_DRIVER : 0;
+        return dst[0]->copy_failed ? pool_copy_result(p, dst[0]) : 0;    /* POOL_E_DRIVER, said as it failed */
 }
 
-int pool_copy_result(const Pool *p, const Slab *slab) {
+int pool_copy_result(Pool *p, const Slab *slab) {
         if (slab_copying(slab->device, slab))
                 return POOL_E_COPYING;
-        return slab->copy_failed ? POOL_E_DRIVER : 0;
+        if (!slab->copy_failed)
+                return 0;
+        if (slab->copy_error)
+                set_error(p, "%s", slab->copy_error);  /* the copy's own failure, not the pool's last since */
+        return POOL_E_DRIVER;
 }
 
 /* --- the pool ------------------------------------------------------------------------------------------- */

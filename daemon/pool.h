@@ -129,6 +129,8 @@ typedef struct Slab {
         uint64_t copy_ticket;           /* which completion of the device's copy stream ends the last copy from
                                            or into it (pool_copy_start()); 0: none */
         bool copy_failed;               /* the last copy into it failed (pool_copy_result()) */
+        char *copy_error;               /* why, in the driver's words, on the copy's first dst slab (NULL: no
+                                           memory to say it) */
         CopyJob *copy_job;              /* the copy into it while pieces of it are still to be queued */
         bool release_after_copy;        /* given back while that copy ran: released (else reclaimed) after it */
         uint64_t zero_mark;             /* the device's zeroing queued in all (bytes, PoolDevice.zero_queued) once
@@ -349,7 +351,7 @@ bool pool_has_host(Pool *p, size_t i);
  * stream at once, and the next piece is the next user's in turn (`uid`: whose content it is), each user's copies in
  * turn: a small copy waits for the pieces on the stream, not for another user's whole copy (the device runs what
  * is queued in order). pool_dispatch() queues the next pieces as the stream finishes them; the pool's eventfd is
- * told of each. Every slab is of one device. pool_copy_result() on a dst slab says when the copy is done. The slabs
+ * told of each. Every slab is of one device. pool_copy_result() on dst[0] says when the copy is done. The slabs
  * stay as they are, leased: whatever gives them back waits for the copy, off the loop (pool_reclaim(),
  * pool_release()), and the scrub of a slab that waited is queued after it. Returns 0, -EINVAL (no slabs), -ENOMEM,
  * or POOL_E_DRIVER (its first piece could not be queued; pool_last_error() says why; nothing is left in flight).
@@ -357,11 +359,12 @@ bool pool_has_host(Pool *p, size_t i);
 int pool_copy_start(Pool *p, uid_t uid, Slab *const *dst, size_t n_dst, Slab *const *src, size_t n_src);
 
 /*
- * Of the copy into `slab` (a dst slab of pool_copy_start()'s, until its next copy): POOL_E_COPYING while it runs, 0
- * once it is done, POOL_E_DRIVER once it failed (a later piece could not be queued; what was queued is done, and the
- * dst slabs hold part of the content at most).
+ * Of the copy into `slab` (the first dst slab of pool_copy_start()'s, until its next copy): POOL_E_COPYING while it
+ * runs, 0 once it is done, POOL_E_DRIVER once it failed (a later piece could not be queued; what was queued is done,
+ * and the dst slabs hold part of the content at most). On POOL_E_DRIVER pool_last_error() says why that copy failed,
+ * whatever failed in the pool since.
  */
-int pool_copy_result(const Pool *p, const Slab *slab);
+int pool_copy_result(Pool *p, const Slab *slab);
 
 /*
  * Told of every slab the pool creates (after its export) and releases (before its fd is closed), so that
@@ -458,6 +461,10 @@ int pool_find_device(Pool *p, int device);
 
 /* The last driver failure, "cuMemCreate: CUDA_ERROR_OUT_OF_MEMORY", for POOL_E_DRIVER and POOL_E_NOMEM. */
 const char *pool_last_error(Pool *p);
+
+/* Makes pool_last_error() say `message` again: a failure the pool said earlier, kept by whoever answers it later
+ * (Lease.move_message, a move's copy that failed). */
+void pool_restate_error(Pool *p, const char *message);
 
 /* The requested size rounded up to the granularity, split into the slab sizes that serve it: whole maximum
  * slabs, then one slab of the rest.

@@ -34,6 +34,12 @@
                 _take_;             \
         })
 
+/* Frees `p`; returns NULL, so that `x = mfree(x);` leaves nothing dangling. */
+static inline void *mfree(void *p) {
+        free(p);
+        return NULL;
+}
+
 static inline void freep(void *p) {
         free(*(void **)p);
 }

@@ -2412,20 +2412,31 @@ START_TEST(test_park_copy_fails_part_way) {
         PoolDeviceStats s;
         UserQuota q = {};
         bool parked = true;
-        Caller *a;
-        Lease *l;
+        uint64_t ended;
+        Caller *a, *bb;
+        Lease *l, *other = NULL;
 
         ck_assert(want);
         setup_broker_config(&config);
         a = this_process(UID_A);
+        bb = new_process(UID_B);
         l = alloc_parked_once(a, size);
         fill(want, size, 5);
         lease_copy(l, want, true);
 
         (void)park_copying(a, l);                               /* POOL_COPY_AHEAD pieces queued, held */
         ck_assert_int_eq(sim_fail("cuMemcpyDtoDAsync:2"), 0);   /* the fifth */
+        ended = broker_moves_ended(&b);
         sim_hold_streams(0);
-        ck_assert_int_eq(park_copied(a, BROKER_E_HOST_COPYING, l->id, &parked, &q), BROKER_E_DRIVER);
+        wait_moves_ended(ended);
+        /* Another user's call fails in the driver before the Park is made again: the Park's answer still says
+         * why its own copy failed. */
+        ck_assert_int_eq(sim_fail("cuMemCreate:1:CUDA_ERROR_UNKNOWN"), 0);
+        ck_assert_int_eq(broker_alloc(&b, bb, 0, 6 * MiB, NULL, &other, &q), BROKER_E_DRIVER);
+        ck_assert_ptr_nonnull(strstr(pool_last_error(pool), "cuMemCreate"));
+        ck_assert_int_eq(park_again(a, l->id, &parked, &q), BROKER_E_DRIVER);
+        ck_assert_msg(strstr(pool_last_error(pool), "cuMemcpyDtoDAsync"), "the Park's copy failed, and its answer "
+                      "says: %s", pool_last_error(pool));
         ck_assert(!l->parked);
         ck_assert_ptr_null(l->move);
         ck_assert_uint_eq(a->user->bytes[0], size);

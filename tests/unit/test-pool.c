@@ -1600,8 +1600,9 @@ END_TEST
 
 /*
  * A copy whose later piece cannot be queued fails once what it queued is done: pool_copy_result() says
- * POOL_E_DRIVER, its slabs are no longer in use by a copy (given back at once, not after it), and the next copy
- * of the same slabs runs. One whose first piece cannot be queued fails at once, nothing left in flight.
+ * POOL_E_DRIVER and, whenever asked, why (in pool_last_error()), its slabs are no longer in use by a copy (given
+ * back at once, not after it), and the next copy of the same slabs runs. One whose first piece cannot be queued
+ * fails at once, nothing left in flight.
  */
 START_TEST(test_copy_piece_fails) {
         Slab *a[POOL_MAX_SLABS], *host[POOL_MAX_HOST_SLABS];
@@ -1612,6 +1613,9 @@ START_TEST(test_copy_piece_fails) {
         ck_assert_int_eq(sim.inject("cuMemcpyDtoDAsync:2"), 0);                 /* the second after those queued */
         sim.hold_streams(0);
         ck_assert_int_eq(copy_wait(host), POOL_E_DRIVER);
+        ck_assert_msg(strstr(pool_last_error(pool), "cuMemcpyDtoDAsync"), "%s", pool_last_error(pool));
+        pool_restate_error(pool, "another failure since");     /* asked again, it says its own */
+        ck_assert_int_eq(pool_copy_result(pool, host[0]), POOL_E_DRIVER);
         ck_assert_msg(strstr(pool_last_error(pool), "cuMemcpyDtoDAsync"), "%s", pool_last_error(pool));
         ck_assert_uint_eq(stats().copied_bytes, (POOL_COPY_AHEAD + 1) * 2 * MiB);
         after = stats().after_copy;
