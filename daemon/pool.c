@@ -1496,7 +1496,9 @@ static void turns_rotate(List *queue, uid_t uid, Turn *served) {
 /*
  * The entry to serve next: the first whose user is not `last` (the user served last), or else the first. After
  * turns_rotate() the user served last has its entries at the tail, and a user who came since, queued behind
- * them, goes first, as in a round of turns (the copies; the maker thread takes the head of its queue).
+ * them, goes first, as in a round of turns. The copies need it: copy_pump() rotates as it queues a piece, and a
+ * user comes while that piece runs. The maker thread does not: it rotates once its job is made, so whoever came
+ * meanwhile is queued already and goes before the user served, and the head is this entry.
  */
 static Turn *turns_next(List *queue, uid_t last) {
         Turn *t;
