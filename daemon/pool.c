@@ -75,6 +75,7 @@ typedef struct MakeRequest {
         unsigned left;                  /* its jobs not finished (makes_finish()) yet */
         bool failed;                    /* one of them failed to be made (pool_make_failed()) */
         List link_live;                 /* in Pool.make_live until `left` is 0 */
+        HashLink link_ticket;           /* in Pool.live_tickets while in make_live */
 } MakeRequest;
 
 /*
@@ -167,6 +168,8 @@ struct Pool {
         bool make_quit;                 /* under make_lock */
         List make_live;                 /* MakeRequests not finished (the loop's): host slabs are being made while it
                                            is not empty (pool_making()) */
+        HashMap live_tickets;           /* the same by ticket: pool_make_done() in O(1), for each waiting call each
+                                           time a request finishes */
         uint64_t last_ticket;           /* of the last MakeRequest */
         uint64_t failed_tickets[POOL_FAILED_TICKETS];   /* the last requests of which a slab failed to be made,
                                                            a ring (pool_make_failed()) */
@@ -174,6 +177,27 @@ struct Pool {
         List made_bound;                /* cached host Slabs bound to a user by their making (Slab.link_made) */
         uint64_t host_made;             /* moves when a request's jobs are all finished (pool_host_made()) */
 };
+
+static const void *request_ticket(const HashLink *link) {
+        return &container_of(link, MakeRequest, link_ticket)->ticket;
+}
+
+static bool u64_equal(const void *a, const void *b) {
+        return *(const uint64_t *)a == *(const uint64_t *)b;
+}
+
+static const HashMapType request_by_ticket = { request_ticket, hashmap_hash_u64, u64_equal };
+
+/* A request is live from its making's start until its last job is finished: in make_live and live_tickets. */
+static void request_live(Pool *p, MakeRequest *req) {
+        list_link_tail(&p->make_live, &req->link_live);
+        hashmap_add(&p->live_tickets, &req->link_ticket);
+}
+
+static void request_unlive(Pool *p, MakeRequest *req) {
+        list_unlink(&req->link_live);
+        hashmap_remove(&p->live_tickets, &req->link_ticket);
+}
 
 /* Whether host slabs are being made off the loop: asked for and not yet dispatched (every job is of a live
  * request until makes_finish() has counted it). */
@@ -1560,7 +1584,7 @@ static void request_finished(Pool *p, MakeRequest *req) {
                 return;
         if (req->failed)
                 p->failed_tickets[p->n_failed_tickets++ % POOL_FAILED_TICKETS] = req->ticket;
-        list_unlink(&req->link_live);
+        request_unlive(p, req);
         free(req);
         p->host_made++;
 }
@@ -1687,7 +1711,7 @@ static int make_start(Pool *p, PoolDevice *dev, const uint64_t *sizes, size_t n_
                 p->maker_joinable = true;
         }
         p->last_ticket = req->ticket;
-        list_link_tail(&p->make_live, &req->link_live);
+        request_live(p, req);
         dev->host.making_bytes += fresh;
         if (ret_ticket)
                 *ret_ticket = req->ticket;
@@ -1800,12 +1824,7 @@ bool pool_make_failed(const Pool *p, uint64_t ticket) {
 }
 
 bool pool_make_done(const Pool *p, uint64_t ticket) {
-        const MakeRequest *req;
-
-        list_for_each_entry(req, &p->make_live, link_live)
-                if (req->ticket == ticket)
-                        return false;
-        return true;
+        return !hashmap_find(&p->live_tickets, &ticket);
 }
 
 /* Whether host slabs are being made for `uid`: one of its requests is live. */
@@ -1926,7 +1945,7 @@ static void maker_stop(Pool *p) {
                 }
         }
         while ((req = list_first_entry(&p->make_live, MakeRequest, link_live))) {
-                list_unlink(&req->link_live);
+                request_unlive(p, req);
                 free(req);
         }
 }
@@ -2404,6 +2423,7 @@ Pool *pool_free(Pool *p) {
         free(p->devices);
         safe_close(p->event_fd);
         (void)pthread_mutex_destroy(&p->make_lock);
+        hashmap_done(&p->live_tickets);
         free(p);
         return NULL;
 }
@@ -2429,6 +2449,9 @@ int pool_new(Pool **ret, CudaDriver *cu, const PoolConfig *config, char **ret_me
         list_init(&p->make_done);
         list_init(&p->make_live);
         list_init(&p->made_bound);
+        k = hashmap_init(&p->live_tickets, &request_by_ticket);
+        if (k < 0)
+                return k;
         p->max_slab = config->max_slab ? config->max_slab : POOL_DEFAULT_MAX_SLAB;
         if (!IS_POWER_OF_2(p->max_slab)) {
                 set_message(ret_message, "The maximum slab size (%" PRIu64 " bytes) is not a "
