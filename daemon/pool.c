@@ -1827,24 +1827,38 @@ bool pool_make_done(const Pool *p, uint64_t ticket) {
         return !hashmap_find(&p->live_tickets, &ticket);
 }
 
-/* Whether host slabs are being made for `uid`: one of its requests is live. */
-static bool making_for(const Pool *p, uid_t uid) {
-        const MakeRequest *req;
+static int cmp_uid(const void *a, const void *b) {
+        uid_t x = *(const uid_t *)a, y = *(const uid_t *)b;
 
-        list_for_each_entry(req, &p->make_live, link_live)
-                if (req->turn.uid == uid)
-                        return true;
-        return false;
+        return x < y ? -1 : x > y;
 }
 
 unsigned pool_unbind_made(Pool *p) {
+        _cleanup_free_ uid_t *making = NULL;
+        const MakeRequest *req;
+        size_t n_making = 0;
         unsigned n = 0;
         Slab *slab, *tmp;
 
+        if (list_is_empty(&p->made_bound))
+                return 0;
+        /* The users for whom slabs are being made (a live request), sorted: a lookup per bound slab is then
+         * O(log requests), not a walk of them all, each time a request finishes. */
+        list_for_each_entry(req, &p->make_live, link_live)
+                n_making++;
+        if (n_making > 0) {
+                making = malloc(n_making * sizeof(uid_t));
+                if (!making)
+                        return 0;       /* bound a while longer: the next finished request tries again */
+                n_making = 0;
+                list_for_each_entry(req, &p->make_live, link_live)
+                        making[n_making++] = req->turn.uid;
+                qsort(making, n_making, sizeof(uid_t), cmp_uid);
+        }
         /* Not while its user has other slabs being made: a call made again takes its user's slabs whichever
          * call they were made for, so another's may be what is left, for a call still waiting. */
         list_for_each_entry_safe(slab, tmp, &p->made_bound, link_made) {
-                if (making_for(p, slab->uid))
+                if (n_making > 0 && bsearch(&slab->uid, making, n_making, sizeof(uid_t), cmp_uid))
                         continue;
                 cache_remove(slab);             /* unlinks it from made_bound */
                 slab->uid = UID_UNBOUND;
