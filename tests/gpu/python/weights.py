@@ -320,6 +320,8 @@ def main() -> int:
           f"{' '.join(f'{t:.1f}' for t in fresh['load'])}")
     print("restarts: first attach's phases, median ms: " +
           ", ".join(f"{k} {h.median([p[k] for p in fresh['phases']]):.3f}" for k in fresh["phases"][0]))
+    for i, (ms, p) in enumerate(zip(fresh["attach"], fresh["phases"])):    # which phases a slow one spent
+        print(f"restart {i + 1}: first attach {ms:.3f} ms: " + ", ".join(f"{k} {v:.3f}" for k, v in p.items()))
     m_attach = h.median(fresh["model-attach"])
     m_load = h.median(fresh["model-load"])
     print(f"restarts, model built first: first attach (ms): {' '.join(f'{t:.3f}' for t in fresh['model-attach'])}")
