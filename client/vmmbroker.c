@@ -2934,11 +2934,19 @@ static void context_drop(CudaDriver *cu, CUcontext primary, CUdevice dev) {
         (void)cu->cuDevicePrimaryCtxRelease(dev);
 }
 
+/* A stream the caller created: not NULL, CU_STREAM_LEGACY or CU_STREAM_PER_THREAD, which name a context's own. */
+static bool stream_is_created(const void *stream) {
+        return stream && (CUstream)stream != CU_STREAM_LEGACY && (CUstream)stream != CU_STREAM_PER_THREAD;
+}
+
 /*
  * Waits for the work queued on `stream` (cuStreamSynchronize), or for all the work of the context when
- * `whole_context` (cuCtxSynchronize), in the context context_hold() gives. For the context's own work (whole, or
- * its NULL stream), nothing when there is no context: none current, and the primary one not active. A stream
- * given is waited for as it is: it may be another context's. Returns the driver's result.
+ * `whole_context` (cuCtxSynchronize). A created stream is waited for as it is, in any thread: the driver finds
+ * its context from it (measured on an H200: from a thread with no current context, a stream of the primary
+ * context and one of another context both synchronized), so a thread with no context retains none for it (a
+ * retain would create the primary context when it is not active, about 0.2 s). The context's own work (whole,
+ * or a stream that names the context's) is waited for in the context context_hold() gives: nothing when there
+ * is no context, none current and the primary one not active. Returns the driver's result.
  */
 static CUresult wait_queued(CudaDriver *cu, int device, void *stream, bool whole_context) {
         CUcontext primary = NULL;
@@ -2946,7 +2954,9 @@ static CUresult wait_queued(CudaDriver *cu, int device, void *stream, bool whole
         bool none = false;
         CUresult r;
 
-        r = context_hold(cu, device, &primary, &dev, whole_context || !stream ? &none : NULL);
+        if (!whole_context && stream_is_created(stream))
+                return cu->cuStreamSynchronize((CUstream)stream);
+        r = context_hold(cu, device, &primary, &dev, &none);
         if (r == CUDA_SUCCESS && !none)
                 r = whole_context ? cu->cuCtxSynchronize() : cu->cuStreamSynchronize((CUstream)stream);
         context_drop(cu, primary, dev);

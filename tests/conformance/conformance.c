@@ -1021,6 +1021,43 @@ START_TEST(wait_event_orders_two_streams) {
 END_TEST
 
 /*
+ * A stream the caller created is waited for (and asked about) by a thread with no current context: the driver
+ * finds the stream's context from it. vmmb_free_stream() and vmmb_lease_park() count on it to wait for such a
+ * stream without retaining the primary context, which a retain would create when it is not active. The NULL
+ * stream names the current context's own, and there is none: CUDA_ERROR_INVALID_CONTEXT. Measured first on an
+ * H200 (2026-11-30) from a second thread, for a stream of the primary context and one of a context of its own.
+ */
+START_TEST(stream_synchronized_without_context) {
+        const size_t size = 64 * MiB, words = size / sizeof(uint32_t);
+        const uint32_t word = UINT32_C(0x5eed0021);
+        _cleanup_free_ uint32_t *buf = NULL;
+        CUmemGenericAllocationHandle h;
+        CUdeviceptr va;
+        CUstream s;
+        CUresult synced, queried, legacy;
+
+        ASSERT_OK(mem_create(size, &h));
+        ASSERT_OK(mem_map(h, size, &va));
+        ASSERT_CU(gpu.cu->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+        ASSERT_CU(gpu.cu->cuMemsetD32Async(va, word, words, s));
+        ASSERT_CU(gpu.cu->cuCtxSetCurrent(NULL));
+        synced = gpu.cu->cuStreamSynchronize(s);
+        queried = gpu.cu->cuStreamQuery(s);
+        legacy = gpu.cu->cuStreamSynchronize(NULL);
+        ASSERT_CU(gpu.cu->cuCtxSetCurrent(gpu.ctx));
+        expect_result("synchronize a created stream with no current context", synced, CUDA_SUCCESS);
+        expect_result("query a created stream after that, no current context", queried, CUDA_SUCCESS);
+        expect_result("synchronize the NULL stream with no current context", legacy, CUDA_ERROR_INVALID_CONTEXT);
+
+        ASSERT_OK(mem_read(va, size, &buf));
+        ASSERT_OK(fill_check(buf, 0, words, word, "the range the stream wrote before it was waited for"));
+        ASSERT_CU(gpu.cu->cuStreamDestroy(s));
+        ASSERT_OK(mem_unmap(va, size));
+        ASSERT_OK(mem_release(h));
+}
+END_TEST
+
+/*
  * --- Peer access (issue 18: leases several GPUs can use), what one GPU can tell.
  *
  * vmmb_lease_grant_access() asks cuDeviceCanAccessPeer(&can, B, A) for each
@@ -1409,6 +1446,7 @@ static Suite *conformance_suite(void) {
         tc = tcase(s, "streams");
         tcase_add_test(tc, async_memset_then_host_function);
         tcase_add_test(tc, wait_event_orders_two_streams);
+        tcase_add_test(tc, stream_synchronized_without_context);
 
         tc = tcase(s, "host");
         tcase_add_test(tc, host_numa_granularity);

@@ -1217,6 +1217,29 @@ static bool streams_busy(CUcontext ctx, bool blocking_only) {
         return false;
 }
 
+/*
+ * The context in which to wait for or ask about `hStream`: the current one; with none current, the one a created
+ * stream belongs to, as the driver finds it (measured on an H200: cuStreamSynchronize and cuStreamQuery of a
+ * created stream from a thread with no current context succeed; of the NULL stream, CUDA_ERROR_INVALID_CONTEXT).
+ */
+static CUresult stream_context(CUstream hStream, CUcontext *ret) {
+        if (current || stream_is_special(hStream))
+                return ctx_usable(ret);
+        for (int i = 0; i < sim.n_devices; i++) {
+                CUcontext ctx = &sim.ctx[i];
+                CUstream s;
+
+                if (ctx->refs == 0)
+                        continue;
+                list_for_each_entry(s, &ctx->streams, link)
+                        if (s == hStream && !s->quit) {
+                                *ret = ctx;
+                                return ctx->sticky;
+                        }
+        }
+        return CUDA_ERROR_INVALID_CONTEXT;      /* not a stream of an active context: none to use */
+}
+
 static void streams_wait(CUcontext ctx, bool blocking_only) {
         while (streams_busy(ctx, blocking_only))
                 pthread_cond_wait(&sim.idle, &sim.lock);
@@ -2021,7 +2044,7 @@ static CUresult sim_cuStreamSynchronize(CUstream hStream) {
         CUstream s;
         CUresult r;
 
-        r = ctx_usable(&ctx);
+        r = stream_context(hStream, &ctx);
         if (r != CUDA_SUCCESS)
                 return r;
         r = stream_find(ctx, hStream, &s);
@@ -2044,7 +2067,7 @@ static CUresult sim_cuStreamQuery(CUstream hStream) {
         CUresult r;
         bool busy;
 
-        r = ctx_usable(&ctx);
+        r = stream_context(hStream, &ctx);
         if (r != CUDA_SUCCESS)
                 return r;
         r = stream_find(ctx, hStream, &s);

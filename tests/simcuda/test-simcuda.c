@@ -768,8 +768,19 @@ START_TEST(test_context_rules) {
         expect(cu->cuStreamCreate(&s, 4), CUDA_ERROR_INVALID_VALUE);
         expect(cu->cuStreamSynchronize((CUstream)&bogus), CUDA_ERROR_INVALID_HANDLE);
         expect(cu->cuStreamDestroy(NULL), CUDA_ERROR_INVALID_HANDLE);
+        expect_ok(cu->cuStreamCreate(&s, 0));
         expect_ok(cu->cuCtxSetCurrent(NULL));
         expect(cu->cuMemGetInfo(&free_mem, &total), CUDA_ERROR_INVALID_CONTEXT);
+        /* A created stream is waited for and asked about with no context current, as the driver does; the
+         * streams that name a context's own, and a handle that is no stream, need one. */
+        expect_ok(cu->cuStreamSynchronize(s));
+        expect_ok(cu->cuStreamQuery(s));
+        expect(cu->cuStreamSynchronize(CU_STREAM_LEGACY), CUDA_ERROR_INVALID_CONTEXT);
+        expect(cu->cuStreamQuery(CU_STREAM_PER_THREAD), CUDA_ERROR_INVALID_CONTEXT);
+        expect(cu->cuStreamSynchronize((CUstream)&bogus), CUDA_ERROR_INVALID_CONTEXT);
+        expect_ok(cu->cuCtxSetCurrent(ctx));
+        expect_ok(cu->cuStreamDestroy(s));
+        expect_ok(cu->cuCtxSetCurrent(NULL));
 }
 END_TEST
 
