@@ -381,19 +381,19 @@ int vmmb_give_back_kept(vmmb_client *client);
  *
  * Waits for every piece of work queued on @stream so far (cuStreamSynchronize),
  * then frees the lease as vmmb_free() does. Work on other streams is not
- * waited for. The stream is waited for in the calling thread's current CUDA
- * context, which must be the stream's (as for any driver call with a stream).
- * In a thread with no current context, a stream the caller created is waited
- * for as it is (the driver finds its context; no context is retained), and
- * NULL, CU_STREAM_LEGACY or CU_STREAM_PER_THREAD in the primary context of
- * the lease's device, when it is active (else nothing can be queued there,
- * and nothing is waited for). When the wait fails, nothing is unmapped or freed: the lease
+ * waited for. A stream the caller created is waited for as it is, in any
+ * thread, whatever context is current or none (the driver finds the stream's
+ * context; no context is retained). NULL, CU_STREAM_LEGACY and
+ * CU_STREAM_PER_THREAD name the calling thread's current context's own
+ * streams; in a thread with none, those of the primary context of the
+ * lease's device, when it is active (else nothing can be queued there, and
+ * nothing is waited for). When the wait fails, nothing is unmapped or freed: the lease
  * stays mapped and held (its work may still run), and the caller may
  * vmmb_free() it once sure that nothing uses it, or leave it to the end of the
  * process.
  *
  * Return: 0, or a negative errno: those of vmmb_free(), -EINVAL when the driver
- * does not know the stream (or it is of another context), -EIO (or another
+ * does not know the stream, -EIO (or another
  * errno of the driver) when the context failed (a fault in work queued
  * earlier: CUDA_ERROR_ILLEGAL_ADDRESS is sticky); then the lease is left as it was.
  */
@@ -830,11 +830,10 @@ int vmmb_lease_reclaimed(const vmmb_lease *lease);
  * @lease: a lease this process holds read-write, of its own user, mapped here.
  * @stream: a CUstream (cudaStream_t) whose queued work may still use the lease, waited for with
  *          cuStreamSynchronize(); NULL waits for all the work of the context (cuCtxSynchronize()).
- *          Either in the calling thread's current context, or, when the thread has none, as
- *          vmmb_free_stream() does: a stream the caller created as it is, the context's own work in
- *          the primary context of the lease's device. When the thread has no context and the primary
- *          context is not active, the context's own work is nothing: nothing is waited for, and no
- *          context is created.
+ *          As vmmb_free_stream() does: a stream the caller created as it is, in any thread; NULL
+ *          in the calling thread's current context, or when the thread has none, in the primary
+ *          context of the lease's device. When the thread has no context and the primary context is
+ *          not active, nothing can be queued: nothing is waited for, and no context is created.
  *
  * Waits for the queued work, unmaps each slab of the lease (the address
  * range from vmmb_lease_ptr() stays reserved for it: no other allocation of

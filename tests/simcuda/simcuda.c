@@ -1218,12 +1218,13 @@ static bool streams_busy(CUcontext ctx, bool blocking_only) {
 }
 
 /*
- * The context in which to wait for or ask about `hStream`: the current one; with none current, the one a created
- * stream belongs to, as the driver finds it (measured on an H200: cuStreamSynchronize and cuStreamQuery of a
- * created stream from a thread with no current context succeed; of the NULL stream, CUDA_ERROR_INVALID_CONTEXT).
+ * The context in which to wait for or ask about `hStream`: for the NULL, legacy and per-thread streams, the current
+ * one; for a created stream, the one it belongs to, whatever context is current or none, as the driver finds it
+ * (measured on an H200: cuStreamSynchronize and cuStreamQuery of a created stream from a thread with no current
+ * context, or with another context current, succeed; of the NULL stream with none, CUDA_ERROR_INVALID_CONTEXT).
  */
 static CUresult stream_context(CUstream hStream, CUcontext *ret) {
-        if (current || stream_is_special(hStream))
+        if (stream_is_special(hStream))
                 return ctx_usable(ret);
         for (int i = 0; i < sim.n_devices; i++) {
                 CUcontext ctx = &sim.ctx[i];
@@ -1237,7 +1238,8 @@ static CUresult stream_context(CUstream hStream, CUcontext *ret) {
                                 return ctx->sticky;
                         }
         }
-        return CUDA_ERROR_INVALID_CONTEXT;      /* not a stream of an active context: none to use */
+        /* not a stream of an active context: what the current one says of it, or that there is none */
+        return ctx_usable(ret);
 }
 
 static void streams_wait(CUcontext ctx, bool blocking_only) {

@@ -795,6 +795,7 @@ START_TEST(test_two_devices) {
         CUmemGenericAllocationHandle h, imported;
         size_t free_mem, total;
         CUcontext c1;
+        CUstream s1;
         CUdeviceptr va;
         int fd = -1;
 
@@ -826,6 +827,16 @@ START_TEST(test_two_devices) {
         expect(cu->cuMemsetD8(va, 0x66, 1), CUDA_ERROR_INVALID_VALUE);         /* device 0 reads only now */
         expect_bytes(va, 1, 0x55);
         expect_bytes(va + 1, 4 * MiB - 1, 0x44);
+        /* A stream of device 1's context is waited for and asked about with device 0's current, as the driver
+         * does (a stream of another context) */
+        expect_ok(cu->cuCtxSetCurrent(c1));
+        expect_ok(cu->cuStreamCreate(&s1, 0));
+        expect_ok(cu->cuCtxSetCurrent(ctx));
+        expect_ok(cu->cuStreamSynchronize(s1));
+        expect_ok(cu->cuStreamQuery(s1));
+        expect_ok(cu->cuCtxSetCurrent(c1));
+        expect_ok(cu->cuStreamDestroy(s1));
+        expect_ok(cu->cuCtxSetCurrent(ctx));
 
         unmap_free(va, 4 * MiB);
         expect_ok(cu->cuMemRelease(h));
