@@ -753,9 +753,18 @@ static int lease_move_start(Broker *b, Lease *l, Slab **to, size_t n_to, bool pa
         return BROKER_E_HOST_COPYING;
 }
 
+/* Returns a move's outcome `k` as the answer says it: a copy's failure in its own words (Lease.move_message), whatever
+ * failed in the pool since. */
+static int move_outcome(Broker *b, const Lease *l, int k) {
+        if (k == BROKER_E_DRIVER && l->move_message)
+                pool_restate_error(b->pool, l->move_message);
+        return k;
+}
+
 /*
  * Ends a move whose copy is over (lease_move_start()): committed when it copied (`copied`, pool_copy_result(): 0),
- * else given up, its slabs and charge given back. On failure the lease is as it was.
+ * else given up, its slabs and charge given back, and a copy's failure kept in the driver's words
+ * (Lease.move_message: giving the slabs back may fail in the pool too). On failure the lease is as it was.
  */
 static int move_end(Broker *b, Lease *l, int copied) {
         LeaseMove *move = lease_move_take(&b->leases, l);
@@ -763,22 +772,22 @@ static int move_end(Broker *b, Lease *l, int copied) {
 
         if (copied == 0)
                 k = lease_move_commit(b, l, move->slabs, move->n_slabs, move->parked, &move->charge, move->hold);
-        else
+        else {
+                if (copied == POOL_E_DRIVER) {
+                        free(l->move_message);
+                        l->move_message = strdup(pool_last_error(b->pool));     /* pool_copy_result()'s */
+                }
                 k = move_undo(b, move->slabs, move->n_slabs, &move->charge, copied);
+        }
         free(move->slabs);
         free(move);
-        return k;
+        return move_outcome(b, l, k);
 }
 
 /* A call made again after a move ended gets the failure to store that move (Lease.move_error): every call
- * that waited for it, until another move starts; a copy's failure in its own words (Lease.move_message), whatever
- * failed in the pool since. */
+ * that waited for it, until another move starts. */
 static int move_error_take(Broker *b, const Caller *c, const Lease *l) {
-        if (!c->copy_waited)
-                return 0;
-        if (l->move_error == BROKER_E_DRIVER && l->move_message)
-                pool_restate_error(b->pool, l->move_message);
-        return l->move_error;
+        return c->copy_waited ? move_outcome(b, l, l->move_error) : 0;
 }
 
 /* The lease's move: ended when its copy is over (0, or the failure), else waited for (HOST_COPYING). */
@@ -810,10 +819,6 @@ unsigned broker_finish_moves(Broker *b) {
                 if (copied == POOL_E_COPYING)
                         continue;
                 l->move_error = move_end(b, l, copied); /* for the call waiting for it */
-                if (l->move_error == BROKER_E_DRIVER) {
-                        free(l->move_message);
-                        l->move_message = strdup(pool_last_error(b->pool));
-                }
                 n++;
         }
         return n;

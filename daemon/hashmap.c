@@ -66,6 +66,10 @@ uint64_t hashmap_hash_u64(const void *key) {
         return siphash13(key, sizeof(uint64_t));
 }
 
+bool hashmap_equal_u64(const void *a, const void *b) {
+        return *(const uint64_t *)a == *(const uint64_t *)b;
+}
+
 /* --- the map -------------------------------------------------------------------------------------- */
 
 void hashmap_done(HashMap *m) {

@@ -58,3 +58,6 @@ void hashmap_remove(HashMap *m, HashLink *link);
 /* Keyed hashes of a NUL-terminated string and of a number. */
 uint64_t hashmap_hash_string(const void *key);
 uint64_t hashmap_hash_u64(const void *key);
+
+/* Whether two uint64_t keys are equal: the `equal` that goes with hashmap_hash_u64(). */
+bool hashmap_equal_u64(const void *a, const void *b);

@@ -110,8 +110,8 @@ struct Lease {
         LeaseMove *move;                /* a copy to or from host memory in flight, or NULL (not stored) */
         int move_error;                 /* why its last move ended uncommitted (a BROKER_E_*), for the calls
                                            that waited for it; 0: none, or another move began (not stored) */
-        char *move_message;             /* with move_error BROKER_E_DRIVER: the driver's words for it
-                                           (pool_last_error() then), or NULL */
+        char *move_message;             /* with move_error BROKER_E_DRIVER: the driver's words for the copy's
+                                           failure (move_end()), or NULL */
         size_t n_slabs;
         Slab **slabs;                   /* in mapping order */
         List holds;                     /* Hold */

@@ -182,11 +182,7 @@ static const void *request_ticket(const HashLink *link) {
         return &container_of(link, MakeRequest, link_ticket)->ticket;
 }
 
-static bool u64_equal(const void *a, const void *b) {
-        return *(const uint64_t *)a == *(const uint64_t *)b;
-}
-
-static const HashMapType request_by_ticket = { request_ticket, hashmap_hash_u64, u64_equal };
+static const HashMapType request_by_ticket = { request_ticket, hashmap_hash_u64, hashmap_equal_u64 };
 
 /* A request is live from its making's start until its last job is finished: in make_live and live_tickets. */
 static void request_live(Pool *p, MakeRequest *req) {
@@ -1844,13 +1840,10 @@ unsigned pool_unbind_made(Pool *p) {
                 return 0;
         /* The users for whom slabs are being made (a live request), sorted: a lookup per bound slab is then
          * O(log requests), not a walk of them all, each time a request finishes. */
-        list_for_each_entry(req, &p->make_live, link_live)
-                n_making++;
-        if (n_making > 0) {
-                making = malloc(n_making * sizeof(uid_t));
+        if (p->live_tickets.n > 0) {
+                making = malloc(p->live_tickets.n * sizeof(uid_t));
                 if (!making)
                         return 0;       /* bound a while longer: the next finished request tries again */
-                n_making = 0;
                 list_for_each_entry(req, &p->make_live, link_live)
                         making[n_making++] = req->turn.uid;
                 qsort(making, n_making, sizeof(uid_t), cmp_uid);
@@ -2069,12 +2062,12 @@ static int copy_piece(PoolDevice *dev, CopyJob *job) {
 static void copy_end(PoolDevice *dev, CopyJob *job, const char *failure) {
         for (size_t k = 0; k < job->n_dst + job->n_src; k++)
                 job->slabs[k]->copy_ticket = failure ? 0 : dev->copies_issued;
-        for (size_t k = 0; k < job->n_dst; k++) {
-                job->dst[k]->copy_failed = failure != NULL;
+        for (size_t k = 0; k < job->n_dst; k++)
                 job->dst[k]->copy_job = NULL;
-        }
-        if (failure)
+        if (failure) {
+                job->dst[0]->copy_failed = true;
                 job->dst[0]->copy_error = strdup(failure);
+        }
         list_unlink(&job->turn.link);
         free(job);
 }

@@ -128,9 +128,9 @@ typedef struct Slab {
         uint64_t scrub_seq;             /* which completion of the device's stream ends its scrub */
         uint64_t copy_ticket;           /* which completion of the device's copy stream ends the last copy from
                                            or into it (pool_copy_start()); 0: none */
-        bool copy_failed;               /* the last copy into it failed (pool_copy_result()) */
-        char *copy_error;               /* why, in the driver's words, on the copy's first dst slab (NULL: no
-                                           memory to say it) */
+        bool copy_failed;               /* as a copy's first dst slab: the last copy into it failed
+                                           (pool_copy_result()) */
+        char *copy_error;               /* and why, in the driver's words (NULL: no memory to say it) */
         CopyJob *copy_job;              /* the copy into it while pieces of it are still to be queued */
         bool release_after_copy;        /* given back while that copy ran: released (else reclaimed) after it */
         uint64_t zero_mark;             /* the device's zeroing queued in all (bytes, PoolDevice.zero_queued) once

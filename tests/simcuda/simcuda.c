@@ -1230,13 +1230,10 @@ static CUresult stream_context(CUstream hStream, CUcontext *ret) {
                 CUcontext ctx = &sim.ctx[i];
                 CUstream s;
 
-                if (ctx->refs == 0)
-                        continue;
-                list_for_each_entry(s, &ctx->streams, link)
-                        if (s == hStream && !s->quit) {
-                                *ret = ctx;
-                                return ctx->sticky;
-                        }
+                if (ctx->refs > 0 && stream_find(ctx, hStream, &s) == CUDA_SUCCESS) {
+                        *ret = ctx;
+                        return ctx->sticky;
+                }
         }
         /* not a stream of an active context: what the current one says of it, or that there is none */
         return ctx_usable(ret);

@@ -18,8 +18,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from typing import Iterator, List, Optional, Sequence
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -160,6 +161,19 @@ def start_child(target, socket_path: str):
     if got != "ready":
         raise SystemExit(f"the child process said {got!r}, not ready")
     return mine, child
+
+
+def park_while_other_parks(lease, pipe, delay_s: float) -> Tuple[int, int, int, int]:
+    """Parks LEASE, telling the child at the other end of PIPE (start_child()) to "park" DELAY_S into it; returns
+    (start, end) of this park and (start, end) of the child's as it sent them back, in CLOCK_MONOTONIC ns."""
+    timer = threading.Timer(delay_s, lambda: pipe.send("park"))
+    t0 = time.monotonic_ns()
+    timer.start()
+    lease.park()
+    t1 = time.monotonic_ns()
+    timer.join()
+    b0, b1 = pipe.recv()
+    return t0, t1, b0, b1
 
 
 def park_config(gib: int) -> str:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import functools
 import os
 import sys
-import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -103,13 +102,7 @@ def one_round(gib: int, other_uid) -> dict:
             b0, b1 = mine.recv()
             alone_ms = (b1 - b0) / 1e6
             _wait_cached(c, gib * GiB + SMALL)
-            timer = threading.Timer(START_S, lambda: mine.send("park"))
-            t0 = time.monotonic_ns()
-            timer.start()
-            lease.park()
-            t1 = time.monotonic_ns()
-            timer.join()
-            b0, b1 = mine.recv()
+            t0, t1, b0, b1 = h.park_while_other_parks(lease, mine, START_S)
             mine.send("done")
             child.join(60)
             lease.unpark()

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -53,13 +52,7 @@ def one_round(gib: int) -> dict:
         mine, child = h.start_child(small_parker, path)
         with vmmbroker.connect(path) as c:
             lease = c.alloc(gib * GiB, device=0)
-            timer = threading.Timer(0.2, lambda: mine.send("park"))
-            t0 = time.monotonic_ns()
-            timer.start()
-            lease.park()
-            t1 = time.monotonic_ns()
-            timer.join()
-            b0, b1 = mine.recv()
+            t0, t1, b0, b1 = h.park_while_other_parks(lease, mine, 0.2)
             child.join(60)
             lease.unpark()
             lease.free()
