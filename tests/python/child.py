@@ -61,6 +61,9 @@ def attach(a: dict) -> None:
                     lease.publish("stolen-name")
                 elif what == "list-all":
                     c.list(all=True)
+                elif what in ("users", "users-all"):
+                    out[what] = sorted(u["uid"] for u in c.users(all=what == "users-all"))
+                    continue
                 elif what == "attach-missing":
                     c.attach(name=a["missing"])
                 elif what == "mark":

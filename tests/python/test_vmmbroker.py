@@ -204,6 +204,29 @@ class TestLeases(ClientTestCase):
             self.assertEqual(mine[lease.id]["uid"], os.getuid())
             self.assertEqual(mine[lease.id]["pid"], os.getpid())
 
+    def test_users_own(self) -> None:
+        def mine() -> dict:
+            us = self.client.users()
+            self.assertEqual([u["uid"] for u in us], [os.getuid()])
+            return us[0]
+
+        def on(user: dict, device: int) -> dict:
+            return {d["index"]: d for d in user["devices"]}[device]
+
+        before = mine()
+        with self.client.alloc(3 * MiB) as lease:
+            during = mine()
+            self.assertEqual(during["leases"], before["leases"] + 1)
+            self.assertEqual(on(during, lease.device)["bytes"], on(before, lease.device)["bytes"] + lease.size)
+            self.assertGreaterEqual(on(during, lease.device)["max_bytes"], on(during, lease.device)["bytes"])
+            self.assertGreaterEqual(during["max_leases"], during["leases"])
+            self.assertGreaterEqual(during["connections"], 1)
+            if os.getuid() == 0:            # an administrator: every user, this one among them
+                self.assertIn(os.getuid(), [u["uid"] for u in self.client.users(all=True)])
+        after = mine()
+        self.assertEqual(after["leases"], before["leases"])
+        self.assertEqual(on(after, lease.device)["bytes"], on(before, lease.device)["bytes"])
+
     def test_threads(self) -> None:
         results: list = []
 
@@ -599,7 +622,7 @@ class TestSharing(ClientTestCase):
             token = lease.share(uid=uid)
             self.assertRegex(token, r"^[0-9a-f]{32}$")
             r = child_result("attach", {"token": token, "check_len": 4096, "write": [4096, 0xCD, 4096],
-                                        "try": ["share", "tokens", "list-all", "mark"]})
+                                        "try": ["share", "tokens", "list-all", "mark", "users", "users-all"]})
             self.assertEqual(r["uid"], uid)
             self.assertEqual(r["lease"], {"id": lease.id, "size": lease.size, "device": 0, "readonly": False,
                                           "owner": os.getuid(),
@@ -611,9 +634,12 @@ class TestSharing(ClientTestCase):
                 self.assertEqual(r["share"]["errno"], errno.EACCES)
                 self.assertEqual(r["tokens"]["errno"], errno.EACCES)
                 self.assertEqual(r["list-all"]["type"], "PermissionDenied")
+                self.assertEqual(r["users-all"]["type"], "PermissionDenied")
+                self.assertEqual(r["users-all"]["errno"], errno.EACCES)
                 self.assertEqual(r["mark"]["type"], "PermissionDenied")   # another user's memory
             else:
                 self.assertEqual(r["mark"], "ok")
+            self.assertEqual(r["users"], [uid])          # its own user only, not the lease owner's
             self.assertEqual([h["pid"] for h in listed()[lease.id]["holders"]], [os.getpid()])  # child freed
 
     def test_readonly_token_tokens_and_revoke(self) -> None:

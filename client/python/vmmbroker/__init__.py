@@ -92,8 +92,10 @@ PARKING
 STATUS
     Client.status() lists the pool on each device; Client.list(all=False)
     the leases the calling user made or holds (all=True: every lease, for the
-    broker's administrators only). Both are the broker's own answers, as dicts
-    (docs/protocol.md: Device, LeaseInfo).
+    broker's administrators only); Client.users(all=False) the calling user's
+    use of the broker and its limits (all=True: every user's, administrators
+    only). All three are the broker's own answers, as dicts
+    (docs/protocol.md: Device, LeaseInfo, User).
 
 ERRORS
     Failures raise Error, an OSError whose errno is the error number and

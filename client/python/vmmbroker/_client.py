@@ -340,6 +340,27 @@ class Client:
         reply = _varlink.call(self._socket_path, "List", {"all": True} if all else {})
         return list(reply.get("leases") or [])
 
+    def users(self, all: bool = False) -> list[dict[str, Any]]:
+        """The calling user's use of the broker and its limits; every user's with ``all=True``
+        (administrators only) (the broker's Users call, what ``vmmctl users`` shows).
+
+        One dict per user: uid, leases and max_leases (leases the user owns,
+        published ones included), connections and max_connections (its
+        processes' connections open now, this call's own included), requests
+        (replies queued for its connections and not read yet) and devices: a
+        list of dicts, one per device served, with index, bytes and max_bytes
+        (device memory it owns and may own), host_bytes and max_host_bytes
+        (its parked leases' host memory and the most it may park), as
+        docs/protocol.md describes User and UserDevice; optional fields may be
+        absent (from brokers older than parking).
+
+        Raises PermissionDenied (EACCES) for ``all=True`` by a user who is not
+        an administrator. Sent as status() is.
+        """
+        self._check()
+        reply = _varlink.call(self._socket_path, "Users", {"all": True} if all else {})
+        return list(reply.get("users") or [])
+
 
 def _exiting_late() -> bool:
     return _exiting
