@@ -764,6 +764,7 @@ class TestReclaim(OwnBrokerTestCase):
 
         def give_back(l: vmmbroker.Lease) -> bool:
             seen["lease"] = l
+            seen["left_s"] = l.reclaim_deadline - time.monotonic()     # ReclaimTimeout=60s, asked just now
             seen["thread"] = threading.current_thread() is not threading.main_thread()
             seen["data"] = ctypes.string_at(l.ptr, 4)            # still mapped while the callback runs
             for name, call in (("free", l.free), ("share", l.share), ("mark", lambda: l.set_reclaimable(0)),
@@ -777,6 +778,7 @@ class TestReclaim(OwnBrokerTestCase):
 
         lease.set_reclaimable(3, give_back)
         self.assertEqual(lease.reclaim_priority, 3)
+        self.assertIsNone(lease.reclaim_deadline)                      # only in its own callback
         info = self.info(lease.id)
         self.assertEqual((info["reclaim_priority"], info["reclaim"]), (3, "marked"))
         p = self.waiter()
@@ -785,6 +787,8 @@ class TestReclaim(OwnBrokerTestCase):
         self.assertEqual(r["lease"]["size"], 8 * MiB)              # served with the memory given back
         wait_until("the library to finish giving it back", lambda: lease.reclaimed)
         self.assertIs(seen["lease"], lease)
+        self.assertTrue(30 < seen["left_s"] <= 60, seen["left_s"])
+        self.assertIsNone(lease.reclaim_deadline)
         self.assertTrue(seen["thread"])
         self.assertEqual(seen["data"], b"\x5a" * 4)
         for name in ("free", "share", "mark", "close"):        # refused in the callback, nothing broken

@@ -10,6 +10,7 @@ import logging
 import math
 import os
 import threading
+import time
 import weakref
 from typing import Any, Callable, Iterable, Optional, Sequence
 
@@ -451,6 +452,7 @@ class Lease(_Exportable):
         self._given_back = False       # its reclaim callback said "give it back": the memory is not ours
         self._reclaimed = False        # ... and the library did (vmmb_lease_reclaimed()), as last seen
         self._reclaim_priority: Optional[int] = None
+        self._reclaim_deadline: Optional[float] = None     # set while its reclaim callback runs
         self._reclaim_fns: list = []   # the RECLAIM_FN the library may call: kept alive until it cannot
         self._free_asked = False
         self._free_stream: Optional[int] = None
@@ -537,6 +539,23 @@ class Lease(_Exportable):
         """The priority set_reclaimable() marked the lease with; None when not marked (by this object),
         given back, or refused (a refusal unmarks it)."""
         return None if self._given_back else self._reclaim_priority
+
+    @property
+    def reclaim_deadline(self) -> Optional[float]:
+        """In this lease's own reclaim callback, the time.monotonic() by which the broker wants the
+        callback's answer; None anywhere else.
+
+        The broker waits its ReclaimTimeout= (5 s by default) for the answer,
+        counted from when it asked; this deadline is counted from when the
+        library called the callback, so the broker's is earlier by the time the
+        request took to arrive (normally well under a millisecond). A callback
+        that cannot stop using the memory by then should refuse (return False)
+        rather than answer late: at the deadline the broker calls the lease
+        unresponsive, stops asking for it (it is not reclaimable until marked
+        again) and asks the next lease; a late give-back is still freed, but
+        no longer counted as the answer.
+        """
+        return self._reclaim_deadline if _reclaiming_now() is self else None
 
     @property
     def client(self) -> Client:
@@ -788,12 +807,14 @@ class Lease(_Exportable):
         if rc < 0:
             raise error(rc, message)
 
-    def _on_reclaim(self, callback: Optional[Callable[["Lease"], bool]]) -> int:
-        """On the library's watch thread, with the GIL: 0 gives the lease back, -1 refuses."""
+    def _on_reclaim(self, callback: Optional[Callable[["Lease"], bool]], timeout_usec: int) -> int:
+        """On the library's watch thread, with the GIL: 0 gives the lease back, -1 refuses. TIMEOUT_USEC is
+        how long the broker waits for the answer (reclaim_deadline)."""
         give = True
         if callback is not None:
             before = _reclaiming_now()
             _tls.lease = self
+            self._reclaim_deadline = time.monotonic() + timeout_usec / 1e6
             try:
                 give = bool(callback(self))
             except BaseException:
@@ -802,6 +823,7 @@ class Lease(_Exportable):
                 give = False
             finally:
                 _tls.lease = before
+                self._reclaim_deadline = None
         if give:
             with self._state:
                 exports = self._exports
@@ -1043,12 +1065,12 @@ def _reclaim_fn(lease_ref: "weakref.ref[Lease]", callback: Optional[Callable[[Le
     It holds the Lease by a weak reference, so that marking makes no cycle that keeps the lease alive; a lease
     being collected is freed by its __del__, whose vmmb_free() waits for a callback under way.
     """
-    def trampoline(_handle: Any, _timeout_usec: int, _userdata: Any) -> int:
+    def trampoline(_handle: Any, timeout_usec: int, _userdata: Any) -> int:
         try:
             lease = lease_ref()
             if lease is None or _exiting_late():
                 return -1
-            return lease._on_reclaim(callback)
+            return lease._on_reclaim(callback, timeout_usec)
         except BaseException:           # nothing may unwind into the library: ctypes would answer 0, "give back"
             try:
                 _log.error("vmmbroker: reclaim callback failed; the lease is kept (refused)", exc_info=True)
