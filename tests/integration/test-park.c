@@ -1181,26 +1181,26 @@ END_TEST
 /*
  * Copies go on the device a piece at a time (64 MiB), three on its stream at once, the next piece the next user's
  * in turn: a Park of one slab sent while the copy of another's Park of 512 MiB (8 pieces, host slabs cached) is
- * held waits for the pieces queued when it came, not for the whole copy. As root, the Park of one slab is
- * another user's, which goes before the user served last: its copy is the 4th on the stream, and it is answered
- * once 4 copies are let through. Otherwise it is another connection's of the same user, whose copies take turns
- * among themselves: its copy is the 5th. The large Park still waits; both contents come back whole. Queued whole,
- * the large copy goes first and the small Park is not answered.
+ * held waits for the pieces queued when it came, not for the whole copy. With `other_user`, the Park of one slab is
+ * another user's (a child process as UID_OTHER), which goes before the user served last: its copy is the 4th on
+ * the stream, and it is answered once 4 copies are let through. Otherwise it is another connection's of the same
+ * user, whose copies take turns among themselves: its copy is the 5th. The large Park still waits; both contents
+ * come back whole. Queued whole, the large copy goes first and the small Park is not answered.
  */
-START_TEST(test_park_copy_in_turn) {
+static void park_copy_in_turn(const char *test, bool other_user) {
         const uint64_t big = 512 * MiB;
         _cleanup_(varlink_conn_freep) VarlinkConn *a = NULL, *b = NULL;
         TestLease la, lb = {};
         pid_t child = -1;
         Gpu g = {};
 
-        if (!start_holding(__func__, "[Broker]\nHostCapacity=640M\n[Limits]\nMaxHostBytes=100%\n", true))
+        if (!start_holding(test, "[Broker]\nHostCapacity=640M\n[Limits]\nMaxHostBytes=100%\n", true))
                 return;
         ck_assert_int_eq(conn_open(h.socket, &a), 0);
         ck_assert_int_eq(gpu_open(&g), 0);
         cache_host_slabs(a, big);
         la = alloc_written(&g, a, big, 0xc0b1ed07);
-        if (geteuid() != 0) {
+        if (!other_user) {
                 ck_assert_int_eq(conn_open(h.socket, &b), 0);
                 lb = alloc_written(&g, b, UNIT, 0xc0b1ed08);
         }
@@ -1230,6 +1230,22 @@ START_TEST(test_park_copy_in_turn) {
         gpu_close(&g);
         wait_for_idle((int64_t)(big + UNIT));
         stop();
+}
+
+/* park_copy_in_turn() with the small Park another connection's of the same user: run by anyone, root included. */
+START_TEST(test_park_copy_in_turn_same_user) {
+        park_copy_in_turn(__func__, false);
+}
+END_TEST
+
+/* park_copy_in_turn() with the small Park another user's. */
+START_TEST(test_park_copy_in_turn_other_user) {
+        if (geteuid() != 0) {
+                fprintf(stderr, "%s: not run: it needs another user (uid %u), which only root can be\n", __func__,
+                        UID_OTHER);
+                return;
+        }
+        park_copy_in_turn(__func__, true);
 }
 END_TEST
 
@@ -1949,7 +1965,8 @@ int main(void) {
                                     test_park_over_limits_at_once, test_stop_while_making,
                                     test_two_parks_while_making, test_park_not_behind_anothers,
                                     test_park_taken_meanwhile_made_again,
-                                    test_park_copy_does_not_hold_others, test_park_copy_in_turn,
+                                    test_park_copy_does_not_hold_others, test_park_copy_in_turn_same_user,
+                                    test_park_copy_in_turn_other_user,
                                     test_park_copy_parker_killed, test_park_copy_dropped,
                                     test_park_copy_foreign_lease_ends,
                                     test_park_copy_attach_cancels, test_stop_while_copying,
