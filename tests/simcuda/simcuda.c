@@ -1239,7 +1239,19 @@ static CUresult stream_context(CUstream hStream, CUcontext *ret) {
         return ctx_usable(ret);
 }
 
-static void streams_wait(CUcontext ctx, bool blocking_only) {
+/* simcuda_hold_streams(SIMCUDA_HOLD_NO_WAIT): `call` was about to wait for held work, which its test forbids. */
+static void no_wait_check(const char *call, bool would_wait) {
+        if (would_wait && sim.no_wait && sim.held) {
+                fprintf(stderr, "simcuda: %s would wait for work held by simcuda_hold_streams(SIMCUDA_HOLD_NO_WAIT): "
+                        "the code under test waited where it must not\n", call);
+                abort();
+        }
+}
+
+/* Waits until the streams of `ctx` are idle (only the blocking ones: what the NULL stream waits for); `call`, the
+ * entry point waiting, is named when SIMCUDA_HOLD_NO_WAIT forbids the wait. */
+static void streams_wait(CUcontext ctx, bool blocking_only, const char *call) {
+        no_wait_check(call, streams_busy(ctx, blocking_only));
         while (streams_busy(ctx, blocking_only))
                 pthread_cond_wait(&sim.idle, &sim.lock);
 }
@@ -1265,7 +1277,7 @@ static CUresult submit(CUcontext ctx, CUstream hStream, const Op *op) {
                 return CUDA_ERROR_INVALID_VALUE;
         if (!s) {
                 if (hStream != CU_STREAM_PER_THREAD)
-                        streams_wait(ctx, true);
+                        streams_wait(ctx, true, "an operation on the NULL stream");
                 op_run(ctx, op);
                 return ctx->sticky;
         }
@@ -1521,7 +1533,7 @@ static CUresult sim_cuCtxSynchronize(void) {
         r = ctx_usable(&ctx);
         if (r != CUDA_SUCCESS)
                 return r;
-        streams_wait(ctx, false);
+        streams_wait(ctx, false, "cuCtxSynchronize");
         return ctx->sticky;
 }
 
@@ -2028,15 +2040,6 @@ static CUresult sim_cuStreamDestroy(CUstream hStream) {
         return ctx->sticky;
 }
 
-/* simcuda_hold_streams(SIMCUDA_HOLD_NO_WAIT): `call` was about to wait for held work, which its test forbids. */
-static void no_wait_check(const char *call, bool would_wait) {
-        if (would_wait && sim.no_wait && sim.held) {
-                fprintf(stderr, "simcuda: %s would wait for work held by simcuda_hold_streams(SIMCUDA_HOLD_NO_WAIT): "
-                        "the code under test waited where it must not\n", call);
-                abort();
-        }
-}
-
 static CUresult sim_cuStreamSynchronize(CUstream hStream) {
         ENTER(cuStreamSynchronize);
         CUcontext ctx;
@@ -2055,7 +2058,7 @@ static CUresult sim_cuStreamSynchronize(CUstream hStream) {
                         pthread_cond_wait(&sim.idle, &sim.lock);
         }
         else if (hStream != CU_STREAM_PER_THREAD)
-                streams_wait(ctx, true);
+                streams_wait(ctx, true, "cuStreamSynchronize of the NULL stream");
         return ctx->sticky;
 }
 

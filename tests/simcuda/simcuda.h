@@ -19,10 +19,11 @@
  * While held (hold != 0), work queued on created streams waits, host
  * functions included; cuStreamQuery() says CUDA_ERROR_NOT_READY and anything
  * that waits for those streams blocks. hold == 0 lets it run.
- * SIMCUDA_HOLD_NO_WAIT holds them too, and a cuStreamSynchronize() or
- * cuEventSynchronize() that would wait for held work aborts the process
- * instead, saying which: for a test of code that must not wait, which then
- * fails at once rather than hanging until its timeout.
+ * SIMCUDA_HOLD_NO_WAIT holds them too, and any call that would wait for held
+ * work (cuStreamSynchronize(), cuEventSynchronize(), cuCtxSynchronize(), and
+ * an operation on the NULL stream, which waits for the blocking streams)
+ * aborts the process instead, saying which: for a test of code that must not
+ * wait, which then fails at once rather than hanging until its timeout.
  */
 #define SIMCUDA_HOLD_NO_WAIT 2
 void simcuda_hold_streams(int hold);

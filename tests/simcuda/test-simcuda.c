@@ -1431,6 +1431,37 @@ START_TEST(test_hold_no_wait_aborts) {
 }
 END_TEST
 
+/* The same for a context's synchronize: it waits for every stream, the non-blocking held one too. */
+START_TEST(test_hold_no_wait_aborts_ctx_sync) {
+        CUstream s;
+        CUdeviceptr va;
+
+        open_ctx();
+        va = map_new(GRAN);
+        expect_ok(cu->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+        sim.hold_streams(SIMCUDA_HOLD_NO_WAIT);
+        expect_ok(cu->cuMemsetD8Async(va, 1, GRAN, s));
+        expect_ok(cu->cuMemsetD8(va, 2, GRAN));         /* the NULL stream does not wait for a non-blocking one */
+        (void)cu->cuCtxSynchronize();                   /* aborts */
+        ck_abort_msg("cuCtxSynchronize waited for held work under SIMCUDA_HOLD_NO_WAIT");
+}
+END_TEST
+
+/* And for an operation on the NULL stream while a blocking stream has held work: it waits for that stream. */
+START_TEST(test_hold_no_wait_aborts_null_stream) {
+        CUstream s;
+        CUdeviceptr va;
+
+        open_ctx();
+        va = map_new(GRAN);
+        expect_ok(cu->cuStreamCreate(&s, CU_STREAM_DEFAULT));
+        sim.hold_streams(SIMCUDA_HOLD_NO_WAIT);
+        expect_ok(cu->cuMemsetD8Async(va, 1, GRAN, s));
+        (void)cu->cuMemsetD8(va, 2, GRAN);              /* aborts */
+        ck_abort_msg("a memset on the NULL stream waited for held work under SIMCUDA_HOLD_NO_WAIT");
+}
+END_TEST
+
 START_TEST(test_streams_in_order_while_held) {
         Trace t = { 0 };
         CUstream s;
@@ -2006,6 +2037,8 @@ static Suite *simcuda_suite(void) {
         tcase_add_test(tc, test_hold_copy_file_passes);
         tcase_add_test(tc, test_hold_memset_file);
         tcase_add_test_raise_signal(tc, test_hold_no_wait_aborts, SIGABRT);
+        tcase_add_test_raise_signal(tc, test_hold_no_wait_aborts_ctx_sync, SIGABRT);
+        tcase_add_test_raise_signal(tc, test_hold_no_wait_aborts_null_stream, SIGABRT);
         tcase_add_test(tc, test_copy_into_unmapped_range);
         tcase_add_test(tc, test_events);
         suite_add_tcase(s, tc);
