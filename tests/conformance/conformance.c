@@ -1058,6 +1058,59 @@ START_TEST(stream_synchronized_without_context) {
 END_TEST
 
 /*
+ * Work queued on a created stream from a thread with no current context: a memset, a device-to-device copy, a
+ * host function, a record of the stream's context's event and a wait for it, then the stream destroyed, all
+ * CUDA_SUCCESS, and the work done in order. The stream names its context (measured on H200s, driver 580.159.04;
+ * what simcuda's stream_context() copies). The library waits for a caller's stream this way (wait_queued()).
+ */
+START_TEST(stream_work_without_context) {
+        const size_t size = 4 * MiB, words = size / sizeof(uint32_t), half = size / 2;
+        const uint32_t word = UINT32_C(0x5eed0022);
+        _cleanup_free_ uint32_t *buf = NULL;
+        HostCalls calls = { .order = { -1, -1, -1, -1 } };
+        CUresult r[7];
+        CUmemGenericAllocationHandle h;
+        CUdeviceptr va;
+        CUstream s;
+        CUevent e;
+
+        ASSERT_OK(mem_create(size, &h));
+        ASSERT_OK(mem_map(h, size, &va));
+        ASSERT_CU(gpu.cu->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+        ASSERT_CU(gpu.cu->cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+        ASSERT_CU(gpu.cu->cuCtxSetCurrent(NULL));
+        r[0] = gpu.cu->cuMemsetD32Async(va, word, words / 2, s);
+        r[1] = gpu.cu->cuMemcpyDtoDAsync(va + half, va, half, s);
+        r[2] = gpu.cu->cuLaunchHostFunc(s, host_call, &calls);
+        r[3] = gpu.cu->cuEventRecord(e, s);
+        r[4] = gpu.cu->cuStreamWaitEvent(s, e, 0);
+        r[5] = gpu.cu->cuEventSynchronize(e);
+        r[6] = gpu.cu->cuStreamSynchronize(s);
+        ASSERT_CU(gpu.cu->cuCtxSetCurrent(gpu.ctx));
+        expect_result("queue a memset on a created stream with no current context", r[0], CUDA_SUCCESS);
+        expect_result("queue a device-to-device copy on it, no current context", r[1], CUDA_SUCCESS);
+        expect_result("queue a host function on it, no current context", r[2], CUDA_SUCCESS);
+        expect_result("record its context's event on it, no current context", r[3], CUDA_SUCCESS);
+        expect_result("make it wait for that event, no current context", r[4], CUDA_SUCCESS);
+        expect_result("synchronize that event, no current context", r[5], CUDA_SUCCESS);
+        expect_result("synchronize the stream after that, no current context", r[6], CUDA_SUCCESS);
+        ck_assert_msg(atomic_load(&calls.count) == 1, "The host function ran %d times, not once.",
+                      atomic_load(&calls.count));
+
+        ASSERT_OK(mem_read(va, size, &buf));
+        ASSERT_OK(fill_check(buf, 0, words, word, "the memset's half and the copy of it, queued with no context"));
+        ASSERT_CU(gpu.cu->cuCtxSetCurrent(NULL));
+        r[0] = gpu.cu->cuStreamDestroy(s);
+        r[1] = gpu.cu->cuEventDestroy(e);
+        ASSERT_CU(gpu.cu->cuCtxSetCurrent(gpu.ctx));
+        expect_result("destroy a created stream with no current context", r[0], CUDA_SUCCESS);
+        expect_result("destroy an event with no current context", r[1], CUDA_SUCCESS);
+        ASSERT_OK(mem_unmap(va, size));
+        ASSERT_OK(mem_release(h));
+}
+END_TEST
+
+/*
  * --- Peer access (issue 18: leases several GPUs can use), what one GPU can tell.
  *
  * vmmb_lease_grant_access() asks cuDeviceCanAccessPeer(&can, B, A) for each
@@ -1275,6 +1328,62 @@ START_TEST(pair_peer_writes_read_only) {
 END_TEST
 
 /*
+ * Work on a stream of B's context with A's context current goes in B's context, as with none current
+ * (stream_work_without_context): a memset of B's memory, a record of B's event, a wait for A's event (an event
+ * may be another context's), the stream destroyed, all CUDA_SUCCESS. A record of A's event on B's stream is
+ * CUDA_ERROR_INVALID_HANDLE (an event is recorded in its own context's streams), a memset of A's memory on it,
+ * which B was not given, CUDA_ERROR_INVALID_VALUE. Measured on two H200s (driver 580.159.04), the same with a
+ * second context of one device.
+ */
+START_TEST(pair_stream_work_in_its_own_context) {
+        const uint32_t word = UINT32_C(0x5eed0023);
+        CUdeviceptr mine, theirs;
+        CUresult r[7];
+        uint32_t got = 0;
+        CUcontext cb;
+        CUevent ea, eb;
+        CUstream sb;
+        CUdevice b;
+
+        if (!pair_device("pair_stream_work_in_its_own_context", &b))
+                return;
+        ASSERT_CU(gpu.cu->cuMemAlloc(&mine, MiB));
+        ASSERT_CU(gpu.cu->cuEventCreate(&ea, CU_EVENT_DISABLE_TIMING));
+        ASSERT_CU(gpu.cu->cuEventRecord(ea, NULL));
+        ASSERT_OK(gpu_enter_device(b, &cb));
+        ASSERT_CU(gpu.cu->cuMemAlloc(&theirs, MiB));
+        ASSERT_CU(gpu.cu->cuStreamCreate(&sb, CU_STREAM_NON_BLOCKING));
+        ASSERT_CU(gpu.cu->cuEventCreate(&eb, CU_EVENT_DISABLE_TIMING));
+        ASSERT_OK(gpu_leave_device());
+
+        r[0] = gpu.cu->cuMemsetD32Async(theirs, word, MiB / sizeof(uint32_t), sb);
+        r[1] = gpu.cu->cuEventRecord(eb, sb);
+        r[2] = gpu.cu->cuStreamWaitEvent(sb, ea, 0);
+        r[3] = gpu.cu->cuEventRecord(ea, sb);
+        r[4] = gpu.cu->cuMemsetD32Async(mine, word, 1, sb);
+        r[5] = gpu.cu->cuStreamSynchronize(sb);
+        r[6] = gpu.cu->cuStreamDestroy(sb);
+        expect_result("queue a memset of B's memory on B's stream, A's context current", r[0], CUDA_SUCCESS);
+        expect_result("record B's event on B's stream, A's context current", r[1], CUDA_SUCCESS);
+        expect_result("make B's stream wait for A's event, A's context current", r[2], CUDA_SUCCESS);
+        expect_result("record A's event on B's stream", r[3], CUDA_ERROR_INVALID_HANDLE);
+        expect_result("queue a memset of A's memory (not B's to write) on B's stream", r[4], CUDA_ERROR_INVALID_VALUE);
+        expect_result("synchronize B's stream, A's context current", r[5], CUDA_SUCCESS);
+        expect_result("destroy B's stream, A's context current", r[6], CUDA_SUCCESS);
+
+        ASSERT_OK(gpu_enter_device(b, &cb));
+        ASSERT_CU(gpu.cu->cuMemcpyDtoH(&got, theirs, sizeof(got)));
+        ck_assert_msg(got == word, "B's memory holds %#x after the memset queued on B's stream, not %#x", got, word);
+        ASSERT_CU(gpu.cu->cuEventDestroy(eb));
+        ASSERT_CU(gpu.cu->cuMemFree(theirs));
+        ASSERT_OK(gpu_leave_device());
+        ASSERT_CU(gpu.cu->cuDevicePrimaryCtxRelease(b));
+        ASSERT_CU(gpu.cu->cuEventDestroy(ea));
+        ASSERT_CU(gpu.cu->cuMemFree(mine));
+}
+END_TEST
+
+/*
  * --- 14. Host memory, where a parked lease's content lives (the parking notes; cuda_host_prop()).
  *
  * The daemon creates host slabs on the device's NUMA node (CU_MEM_LOCATION_TYPE_HOST_NUMA), keeps them as
@@ -1447,6 +1556,7 @@ static Suite *conformance_suite(void) {
         tcase_add_test(tc, async_memset_then_host_function);
         tcase_add_test(tc, wait_event_orders_two_streams);
         tcase_add_test(tc, stream_synchronized_without_context);
+        tcase_add_test(tc, stream_work_without_context);
 
         tc = tcase(s, "host");
         tcase_add_test(tc, host_numa_granularity);
@@ -1458,6 +1568,7 @@ static Suite *conformance_suite(void) {
         tcase_add_test(tc, pair_read_only_peer_reads);
         tcase_add_test(tc, pair_peer_without_access_writes);
         tcase_add_test(tc, pair_peer_writes_read_only);
+        tcase_add_test(tc, pair_stream_work_in_its_own_context);
 
         return s;
 }

@@ -1218,10 +1218,13 @@ static bool streams_busy(CUcontext ctx, bool blocking_only) {
 }
 
 /*
- * The context in which to wait for or ask about `hStream`: for the NULL, legacy and per-thread streams, the current
- * one; for a created stream, the one it belongs to, whatever context is current or none, as the driver finds it
- * (measured on an H200: cuStreamSynchronize and cuStreamQuery of a created stream from a thread with no current
- * context, or with another context current, succeed; of the NULL stream with none, CUDA_ERROR_INVALID_CONTEXT).
+ * The context of `hStream`, in which work is queued on it, waited for or asked about: for the NULL, legacy and
+ * per-thread streams, the current one; for a created stream, the one it belongs to, whatever context is current
+ * or none, as the driver finds it. Measured on H200s (driver 580.159.04): from a thread with no current context,
+ * or with another context current (another device's, or a second one of the same device), cuStreamSynchronize,
+ * cuStreamQuery, cuMemsetD32Async, cuMemcpyDtoDAsync, cuLaunchHostFunc, cuEventRecord (of the stream's own
+ * context's event), cuStreamWaitEvent and cuStreamDestroy of a created stream succeed; the NULL stream's with
+ * none is CUDA_ERROR_INVALID_CONTEXT.
  */
 static CUresult stream_context(CUstream hStream, CUcontext *ret) {
         if (stream_is_special(hStream))
@@ -1944,7 +1947,7 @@ static CUresult sim_cuMemcpyDtoDAsync(CUdeviceptr dstDevice, CUdeviceptr srcDevi
         CUcontext ctx;
         CUresult r;
 
-        r = ctx_usable(&ctx);
+        r = stream_context(hStream, &ctx);
         if (r != CUDA_SUCCESS)
                 return r;
         return submit(ctx, hStream,
@@ -1957,7 +1960,7 @@ static CUresult memset_submit(CUdeviceptr dst, uint32_t value, unsigned width, s
         size_t bytes;
         CUresult r;
 
-        r = ctx_usable(&ctx);
+        r = stream_context(hStream, &ctx);
         if (r != CUDA_SUCCESS)
                 return r;
         if (__builtin_mul_overflow(n, width, &bytes) || dst % width != 0)
@@ -2024,12 +2027,13 @@ static CUresult sim_cuStreamCreate(CUstream *phStream, unsigned int Flags) {
 
 static CUresult sim_cuStreamDestroy(CUstream hStream) {
         ENTER(cuStreamDestroy);
-        CUcontext ctx;
+        CUcontext ctx = NULL;
         CUstream s;
         CUresult r;
 
-        r = ctx_current(&ctx);
-        if (r != CUDA_SUCCESS)
+        /* the stream's context, whatever is current (a poisoned one too: its streams can still be destroyed) */
+        r = stream_context(hStream, &ctx);
+        if (!ctx)
                 return r;
         r = stream_find(ctx, hStream, &s);
         if (r != CUDA_SUCCESS)
@@ -2087,7 +2091,7 @@ static CUresult sim_cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *userDa
         CUcontext ctx;
         CUresult r;
 
-        r = ctx_usable(&ctx);
+        r = stream_context(hStream, &ctx);
         if (r != CUDA_SUCCESS)
                 return r;
         if (!fn)
@@ -2112,7 +2116,7 @@ static CUresult sim_cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned
         CUevent e;
         CUresult r;
 
-        r = ctx_usable(&ctx);
+        r = stream_context(hStream, &ctx);
         if (r != CUDA_SUCCESS)
                 return r;
         e = event_find(hEvent);
@@ -2165,14 +2169,15 @@ static CUresult sim_cuEventCreate(CUevent *phEvent, unsigned int Flags) {
         return CUDA_SUCCESS;
 }
 
-/* The event and the stream must be of the current context. */
+/* The event must be of the stream's context (the current one's for the NULL and per-thread streams), whatever
+ * context is current: measured on H200s, as for the other work queued on a created stream (stream_context()). */
 static CUresult sim_cuEventRecord(CUevent hEvent, CUstream hStream) {
         ENTER(cuEventRecord);
         CUcontext ctx;
         CUevent e;
         CUresult r;
 
-        r = ctx_usable(&ctx);
+        r = stream_context(hStream, &ctx);
         if (r != CUDA_SUCCESS)
                 return r;
         e = event_find(hEvent);

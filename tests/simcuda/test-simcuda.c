@@ -796,6 +796,7 @@ START_TEST(test_two_devices) {
         size_t free_mem, total;
         CUcontext c1;
         CUstream s1;
+        CUevent e0, e1;
         CUdeviceptr va;
         int fd = -1;
 
@@ -827,16 +828,30 @@ START_TEST(test_two_devices) {
         expect(cu->cuMemsetD8(va, 0x66, 1), CUDA_ERROR_INVALID_VALUE);         /* device 0 reads only now */
         expect_bytes(va, 1, 0x55);
         expect_bytes(va + 1, 4 * MiB - 1, 0x44);
-        /* A stream of device 1's context is waited for and asked about with device 0's current, as the driver
-         * does (a stream of another context) */
+        /* Work on a stream of device 1's context goes in that context whatever is current, device 0's or none,
+         * as on the driver (tests/conformance's pair_stream_work_in_its_own_context): queued, waited for, asked
+         * about, destroyed. An event recorded must be the stream's context's; one waited for may be any. */
         expect_ok(cu->cuCtxSetCurrent(c1));
         expect_ok(cu->cuStreamCreate(&s1, 0));
+        expect_ok(cu->cuEventCreate(&e1, CU_EVENT_DISABLE_TIMING));
         expect_ok(cu->cuCtxSetCurrent(ctx));
+        expect_ok(cu->cuEventCreate(&e0, CU_EVENT_DISABLE_TIMING));
+        expect_ok(cu->cuMemsetD8Async(va, 0x77, 1, s1));       /* device 1 may write, device 0 (current) not */
+        expect(cu->cuEventRecord(e0, s1), CUDA_ERROR_INVALID_HANDLE);
+        expect_ok(cu->cuEventRecord(e1, s1));
+        expect_ok(cu->cuStreamWaitEvent(s1, e0, 0));
         expect_ok(cu->cuStreamSynchronize(s1));
         expect_ok(cu->cuStreamQuery(s1));
-        expect_ok(cu->cuCtxSetCurrent(c1));
-        expect_ok(cu->cuStreamDestroy(s1));
+        expect_bytes(va, 1, 0x77);
+        expect_ok(cu->cuCtxSetCurrent(NULL));
+        expect_ok(cu->cuMemsetD8Async(va, 0x78, 1, s1));
+        expect_ok(cu->cuEventRecord(e1, s1));
+        expect_ok(cu->cuEventSynchronize(e1));
         expect_ok(cu->cuCtxSetCurrent(ctx));
+        expect_bytes(va, 1, 0x78);
+        expect_ok(cu->cuStreamDestroy(s1));
+        expect_ok(cu->cuEventDestroy(e0));
+        expect_ok(cu->cuEventDestroy(e1));
 
         unmap_free(va, 4 * MiB);
         expect_ok(cu->cuMemRelease(h));
