@@ -1446,16 +1446,23 @@ START_TEST(test_hold_no_wait_aborts) {
 }
 END_TEST
 
-/* The same for a context's synchronize: it waits for every stream, the non-blocking held one too. */
-START_TEST(test_hold_no_wait_aborts_ctx_sync) {
-        CUstream s;
+/* A memset of a new mapping queued on a new stream of `flags`, held by SIMCUDA_HOLD_NO_WAIT; returns the mapping. */
+static CUdeviceptr memset_held_no_wait(unsigned flags) {
         CUdeviceptr va;
+        CUstream s;
 
         open_ctx();
         va = map_new(GRAN);
-        expect_ok(cu->cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+        expect_ok(cu->cuStreamCreate(&s, flags));
         sim.hold_streams(SIMCUDA_HOLD_NO_WAIT);
         expect_ok(cu->cuMemsetD8Async(va, 1, GRAN, s));
+        return va;
+}
+
+/* The same for a context's synchronize: it waits for every stream, the non-blocking held one too. */
+START_TEST(test_hold_no_wait_aborts_ctx_sync) {
+        CUdeviceptr va = memset_held_no_wait(CU_STREAM_NON_BLOCKING);
+
         expect_ok(cu->cuMemsetD8(va, 2, GRAN));         /* the NULL stream does not wait for a non-blocking one */
         (void)cu->cuCtxSynchronize();                   /* aborts */
         ck_abort_msg("cuCtxSynchronize waited for held work under SIMCUDA_HOLD_NO_WAIT");
@@ -1464,14 +1471,8 @@ END_TEST
 
 /* And for an operation on the NULL stream while a blocking stream has held work: it waits for that stream. */
 START_TEST(test_hold_no_wait_aborts_null_stream) {
-        CUstream s;
-        CUdeviceptr va;
+        CUdeviceptr va = memset_held_no_wait(CU_STREAM_DEFAULT);
 
-        open_ctx();
-        va = map_new(GRAN);
-        expect_ok(cu->cuStreamCreate(&s, CU_STREAM_DEFAULT));
-        sim.hold_streams(SIMCUDA_HOLD_NO_WAIT);
-        expect_ok(cu->cuMemsetD8Async(va, 1, GRAN, s));
         (void)cu->cuMemsetD8(va, 2, GRAN);              /* aborts */
         ck_abort_msg("a memset on the NULL stream waited for held work under SIMCUDA_HOLD_NO_WAIT");
 }
