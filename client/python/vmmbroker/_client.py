@@ -552,8 +552,8 @@ class Lease(_Exportable):
         that cannot stop using the memory by then should refuse (return False)
         rather than answer late: at the deadline the broker calls the lease
         unresponsive, stops asking for it (it is not reclaimable until marked
-        again) and asks the next lease; a late give-back is still freed, but
-        no longer counted as the answer.
+        again) and asks the next lease. A late give-back still frees the
+        lease, and its memory still serves a call that waits.
         """
         return self._reclaim_deadline if _reclaiming_now() is self else None
 
