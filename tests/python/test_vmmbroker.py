@@ -213,6 +213,7 @@ class TestLeases(ClientTestCase):
         def on(user: dict, device: int) -> dict:
             return {d["index"]: d for d in user["devices"]}[device]
 
+        gc.collect()                        # no lease of an earlier test left for a collection to free meanwhile
         before = mine()
         with self.client.alloc(3 * MiB) as lease:
             during = mine()
