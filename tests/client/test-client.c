@@ -1534,24 +1534,31 @@ END_TEST
  * A park waits for the work of the context (stream NULL): in a thread with no context of its own, the device's
  * primary context. When that is not active either, nothing can be queued, and the library does not retain it:
  * a retain would create the context (about 0.2 s on an H200, and 1 s while another process pins host memory)
- * and the release destroy it again. When it is active, the park retains it and waits for its work. Counted on the
- * simulated device; the parks run on a real driver too.
+ * and the release destroy it again. When it is active, the park retains it and waits for its work. The calls are
+ * counted on the simulated device; on both, the primary context must be as inactive after the first park as
+ * before it (a retain the library kept would leave it active).
  */
 START_TEST(test_park_without_context) {
         vmmb_client *c = connect_or_fail(h.socket);
         vmmb_lease *l = alloc_or_fail(c, 4 * MiB, 0, "no context");
         uint64_t retains, syncs;
+        unsigned flags;
+        int active = -1;
 
         ck_assert(write_pattern(vmmb_lease_ptr(l), 4 * MiB, 0x5EED0003));
         ck_assert_int_eq(cu->cuCtxSynchronize(), CUDA_SUCCESS);
         ck_assert_int_eq(cu->cuCtxSetCurrent(NULL), CUDA_SUCCESS);
         ck_assert_int_eq(cu->cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);      /* driver_open_or_fail()'s */
+        ck_assert_int_eq(cu->cuDevicePrimaryCtxGetState(0, &flags, &active), CUDA_SUCCESS);
+        ck_assert_msg(active == 0, "the primary context is still active with the test's retain released");
 
         retains = driver_calls("cuDevicePrimaryCtxRetain");
         syncs = driver_calls("cuCtxSynchronize");
         ck_assert_int_eq(park_or_fail(l, NULL), 1);
         ck_assert_uint_eq(driver_calls("cuDevicePrimaryCtxRetain"), retains);
         ck_assert_uint_eq(driver_calls("cuCtxSynchronize"), syncs);
+        ck_assert_int_eq(cu->cuDevicePrimaryCtxGetState(0, &flags, &active), CUDA_SUCCESS);
+        ck_assert_msg(active == 0, "a park from a thread with no context left the primary context active");
         unpark_or_fail(l);
 
         /* Active, not current: retained for the wait, and waited in. */
