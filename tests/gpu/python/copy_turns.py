@@ -10,11 +10,12 @@ queues each park's and unpark's copy in pieces of 64 MiB, a few on the device at
 user's in turn (docs/pool.md, "Copies in turn").
 
 Each round runs twice: B as A's user, whose copies take turns with A's own, and B as another user (uid 65534,
-when run as root), who goes before the user whose piece went last. Each run starts a broker of its own (HostCapacity= above GIB + 1, MaxHostBytes=100%) and leaves host memory
-cached for both parks at once (A parks, B parks and unparks, A unparks; then the broker's Status is polled
-until it is all zeroed and cached), so that the timed parks are copies only, nothing pinned. Then process B parks its
-100 MiB lease alone (timed, then unparked); then process A parks a lease of GIB GiB (default 8) and, 20 ms
-into that park, B parks its lease again on its own connection. Times are CLOCK_MONOTONIC around each call;
+when run as root), who goes before the user whose piece went last. Each run starts a broker of its own
+(HostCapacity= above GIB + 1, MaxHostBytes=100%) and leaves host memory cached for both parks at once (A parks,
+B parks and unparks, A unparks; then the broker's Status is polled until it is all zeroed and cached), so that
+the timed parks are copies only, nothing pinned. Then process B parks its 100 MiB lease alone (timed, then
+unparked); then process A parks a lease of GIB GiB (default 8) and, 20 ms into that park, B parks its lease
+again on its own connection. Times are CLOCK_MONOTONIC around each call;
 A's and B's clocks are the same clock.
 
 A table comes last; exit status 0 when, in every run, B's park during A's took at most a tenth of A's.
